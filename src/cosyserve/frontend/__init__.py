@@ -1,0 +1,1 @@
+"""frontend layer (see DESIGN.md)."""
