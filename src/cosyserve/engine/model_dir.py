@@ -57,11 +57,13 @@ class ModelDir:
             raise ModelDirError(f"model directory {root} does not exist; {FIX_HINT}")
         if (root / "cosyvoice2.yaml").is_file() and not (root / "cosyvoice3.yaml").is_file():
             raise ModelDirError(
-                f"{root} is a CosyVoice2 model (cosyvoice2.yaml); cosyserve supports CosyVoice3 only for now: "
+                f"{root} is a CosyVoice2 model (cosyvoice2.yaml): only CosyVoice3 is supported for now: "
                 "download FunAudioLLM/Fun-CosyVoice3-0.5B-2512 with `cosyserve download`"
             )
         if (root / "cosyvoice.yaml").is_file() and not (root / "cosyvoice3.yaml").is_file():
-            raise ModelDirError(f"{root} is a CosyVoice 1 model (cosyvoice.yaml); cosyserve supports CosyVoice3 only")
+            raise ModelDirError(
+                f"{root} is a CosyVoice 1 model (cosyvoice.yaml); cosyserve supports CosyVoice3 only"
+            )
         problems = []
         for name, min_size in REQUIRED_FILES.items():
             if name in ONNX_FILES and not require_onnx:
@@ -76,7 +78,9 @@ class ModelDir:
 
     @cached_property
     def config(self) -> CosyVoice3Config:
-        return read_cosyvoice3_config(self.path / "cosyvoice3.yaml", self.path / TOKENIZER_DIR / "config.json")
+        return read_cosyvoice3_config(
+            self.path / "cosyvoice3.yaml", self.path / TOKENIZER_DIR / "config.json"
+        )
 
     @property
     def tokenizer_dir(self) -> Path:

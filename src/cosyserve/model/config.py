@@ -262,7 +262,9 @@ def _flow_config(yaml_data: dict[str, Any]) -> FlowConfig:
     pre = flow.section("pre_lookahead_layer")
     decoder = flow.section("decoder")
     cfm_params = decoder.get("cfm_params")
-    cfm_content = cfm_params.kwargs.get("content", cfm_params.kwargs) if isinstance(cfm_params, Tagged) else {}
+    cfm_content = (
+        cfm_params.kwargs.get("content", cfm_params.kwargs) if isinstance(cfm_params, Tagged) else {}
+    )
     dit = decoder.section("estimator", "DiT")
     return FlowConfig(
         input_size=flow.int("input_size"),
@@ -320,7 +322,9 @@ def _hift_config(yaml_data: dict[str, Any]) -> HiFTConfig:
         resblock_kernel_sizes=_int_tuple(hift.get("resblock_kernel_sizes")),
         resblock_dilation_sizes=tuple(_int_tuple(d) for d in hift.get("resblock_dilation_sizes")),
         source_resblock_kernel_sizes=_int_tuple(hift.get("source_resblock_kernel_sizes")),
-        source_resblock_dilation_sizes=tuple(_int_tuple(d) for d in hift.get("source_resblock_dilation_sizes")),
+        source_resblock_dilation_sizes=tuple(
+            _int_tuple(d) for d in hift.get("source_resblock_dilation_sizes")
+        ),
         lrelu_slope=hift.float("lrelu_slope", 0.1),
         audio_limit=hift.float("audio_limit", 0.99),
         conv_pre_look_right=hift.int("conv_pre_look_right", 4),

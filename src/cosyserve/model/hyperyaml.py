@@ -102,7 +102,9 @@ def _eval_node(node: ast.AST, values: dict[str, Any], expression: str) -> Any:
         return _ARITHMETIC[type(node.op)](left, right)
     if isinstance(node, ast.UnaryOp) and isinstance(node.op, ast.USub):
         return -_eval_node(node.operand, values, expression)
-    raise ConfigError(f"unsupported !ref expression {expression!r}: only numbers, <refs> and + - * / are allowed")
+    raise ConfigError(
+        f"unsupported !ref expression {expression!r}: only numbers, <refs> and + - * / are allowed"
+    )
 
 
 def _lookup(dotted: str, scope: dict[str, Any], resolving: tuple[str, ...]) -> Any:
@@ -145,7 +147,7 @@ def load_hyperyaml(path: Path) -> dict[str, Any]:
     except OSError as exc:
         raise ConfigError(f"cannot read {path}: {exc.strerror}") from exc
     try:
-        raw = yaml.load(text, Loader=_DataLoader)  # noqa: S506 - _DataLoader is a SafeLoader
+        raw = yaml.load(text, Loader=_DataLoader)
     except yaml.YAMLError as exc:
         raise ConfigError(f"{path.name} is not valid YAML: {exc}") from exc
     if not isinstance(raw, dict):

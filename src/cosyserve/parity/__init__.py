@@ -29,6 +29,8 @@ def compare(name: str, actual: np.ndarray, expected: np.ndarray, tolerance: floa
     """Max absolute difference of two arrays; a shape mismatch fails with the shapes in `detail`."""
     actual, expected = np.asarray(actual), np.asarray(expected)
     if actual.shape != expected.shape:
-        return CheckResult(name, float("inf"), tolerance, f"shape {actual.shape} != expected {expected.shape}")
+        return CheckResult(
+            name, float("inf"), tolerance, f"shape {actual.shape} != expected {expected.shape}"
+        )
     diff = np.abs(actual.astype(np.float64) - expected.astype(np.float64))
     return CheckResult(name, float(diff.max()) if diff.size else 0.0, tolerance)

@@ -1,0 +1,94 @@
+"""The `cosyserve` command line. Errors end with one line on stderr and a non-zero exit status."""
+
+from __future__ import annotations
+
+import argparse
+import sys
+from collections.abc import Callable, Sequence
+from pathlib import Path
+
+from cosyserve import __version__
+from cosyserve.errors import CosyServeError
+
+
+def _cmd_parity(args: argparse.Namespace) -> int:
+    from cosyserve.parity.runner import run_parity
+
+    fixture_dir = Path(args.dir)
+    if not fixture_dir.is_dir():
+        raise CosyServeError(
+            f"{fixture_dir} is not a directory; pass a parity fixture directory holding model/"
+        )
+    all_passed = True
+    for line in run_parity(fixture_dir):
+        print(line.render(), flush=True)
+        all_passed &= line.passed
+    print("parity: all checks pass" if all_passed else "parity: FAILED (see the lines marked FAIL)")
+    return 0 if all_passed else 1
+
+
+def _cmd_download(args: argparse.Namespace) -> int:
+    from cosyserve.engine.download import download_model
+
+    path = download_model(args.model, source=args.source, target_dir=Path(args.dir) if args.dir else None)
+    print(path)
+    return 0
+
+
+def _cmd_demo_model(args: argparse.Namespace) -> int:
+    from cosyserve.engine.demo_model import write_demo_model
+
+    path = write_demo_model(Path(args.dir), seed=args.seed, overwrite=args.force)
+    print(f"wrote demo model (random weights: its audio is noise) to {path}")
+    return 0
+
+
+def build_parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(
+        prog="cosyserve", description="CosyVoice3 voice-cloning TTS engine and service"
+    )
+    parser.add_argument("--version", action="version", version=f"cosyserve {__version__}")
+    sub = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
+
+    parity = sub.add_parser(
+        "parity", help="compare the engine with the official outputs in a fixture directory"
+    )
+    parity.add_argument(
+        "dir", help="fixture directory: model/ plus golden files (e.g. ../shared/parity/tiny)"
+    )
+    parity.set_defaults(func=_cmd_parity)
+
+    download = sub.add_parser("download", help="download an official model directory")
+    download.add_argument(
+        "model", nargs="?", default=None, help="model id (default: Fun-CosyVoice3-0.5B-2512)"
+    )
+    download.add_argument("--source", choices=("modelscope", "huggingface"), default=None)
+    download.add_argument("--dir", default=None, help="target directory (default: the cosyserve model cache)")
+    download.set_defaults(func=_cmd_download)
+
+    demo = sub.add_parser(
+        "demo-model", help="write a small random-weight model directory (noise) for offline tries"
+    )
+    demo.add_argument("dir", help="directory to write")
+    demo.add_argument("--seed", type=int, default=0)
+    demo.add_argument("--force", action="store_true", help="overwrite an existing directory")
+    demo.set_defaults(func=_cmd_demo_model)
+    return parser
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    args = build_parser().parse_args(argv)
+    func: Callable[[argparse.Namespace], int] = args.func
+    try:
+        return func(args)
+    except CosyServeError as exc:
+        one_line = "; ".join(part.strip() for part in str(exc).splitlines() if part.strip())
+        print(f"cosyserve {args.command}: error: {one_line}", file=sys.stderr)
+        return 2
+    except KeyboardInterrupt:
+        print(f"cosyserve {args.command}: interrupted", file=sys.stderr)
+        return 130
+
+
+if __name__ == "__main__":
+    sys.exit(main())

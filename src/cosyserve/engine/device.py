@@ -1,0 +1,69 @@
+"""The one place that decides where and in which precision the engine runs."""
+
+from __future__ import annotations
+
+import os
+from dataclasses import dataclass
+
+import torch
+
+from cosyserve.errors import InputError
+
+PRECISIONS = {"float32": torch.float32, "float16": torch.float16, "bfloat16": torch.bfloat16}
+
+
+@dataclass(frozen=True)
+class Placement:
+    """Device and compute dtype of the networks. The F0 predictor always computes in float64."""
+
+    device: torch.device
+    dtype: torch.dtype = torch.float32  # float32 on CPU: the parity path (bf16 matmuls are slow on CPUs)
+
+    @property
+    def autocast_enabled(self) -> bool:
+        return self.device.type == "cuda" and self.dtype != torch.float32
+
+
+def resolve_device(spec: str = "auto") -> torch.device:
+    """`auto` (CUDA when present, else CPU), `cpu`, `cuda` or `cuda:N`, with a clear error otherwise."""
+    spec = (spec or "auto").strip().lower()
+    if spec == "auto":
+        return torch.device("cuda" if torch.cuda.is_available() else "cpu")
+    try:
+        device = torch.device(spec)
+    except RuntimeError as exc:
+        raise InputError(f"unknown device {spec!r}: use auto, cpu, cuda or cuda:N") from exc
+    if device.type == "cuda":
+        if not torch.cuda.is_available():
+            raise InputError(f"device {spec!r} requested but CUDA is not available here: use --device cpu")
+        if device.index is not None and device.index >= torch.cuda.device_count():
+            raise InputError(f"{spec!r}: only {torch.cuda.device_count()} CUDA device(s) present")
+    elif device.type != "cpu":
+        raise InputError(f"device type {device.type!r} is not supported: use auto, cpu or cuda[:N]")
+    return device
+
+
+def resolve_placement(device: str = "auto", precision: str = "auto") -> Placement:
+    """Pick the dtype: float32 on CPU; float16 on CUDA unless asked otherwise (bf16 where supported)."""
+    resolved = resolve_device(device)
+    if precision == "auto":
+        dtype = torch.float16 if resolved.type == "cuda" else torch.float32
+    elif precision in PRECISIONS:
+        dtype = PRECISIONS[precision]
+    else:
+        raise InputError(f"unknown precision {precision!r}: use auto, {', '.join(PRECISIONS)}")
+    if resolved.type == "cpu" and dtype != torch.float32:
+        raise InputError("reduced precision is only supported on CUDA; on CPU use float32 (or --preset fast)")
+    return Placement(resolved, dtype)
+
+
+def configure_cpu_threads(threads: int | None = None) -> int:
+    """Set torch's intra-op threads to the cores this process may use (or `threads`); return the count."""
+    if threads is None:
+        try:
+            threads = len(os.sched_getaffinity(0))
+        except AttributeError:  # not on Linux
+            threads = os.cpu_count() or 1
+    threads = max(1, int(threads))
+    torch.set_num_threads(threads)
+    return threads

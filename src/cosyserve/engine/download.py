@@ -1,0 +1,242 @@
+"""Downloading an official model directory from ModelScope or Hugging Face, then checking it is complete.
+
+Both hubs host the same repository id. Both client libraries resume interrupted downloads when called again
+with the same `local_dir`, so a failed download is retried (and can be rerun) without starting over.
+The fetch functions are looked up in `FETCHERS` at call time (or passed in), so tests substitute local fakes.
+"""
+
+from __future__ import annotations
+
+import os
+import sys
+import time
+from collections.abc import Callable, Mapping, Sequence
+from pathlib import Path
+from typing import Literal, Protocol
+
+from cosyserve.engine.model_dir import DEFAULT_MODEL_ID, REAL_MODEL_MIN_SIZES, ModelDir
+from cosyserve.errors import ModelDirError
+
+Source = Literal["modelscope", "huggingface"]
+SOURCES: tuple[Source, ...] = ("modelscope", "huggingface")
+SOURCE_ENV = "COSYSERVE_DOWNLOAD_SOURCE"  # "modelscope" or "huggingface": skips the guess
+HOME_ENV = "COSYSERVE_HOME"  # default download root is $COSYSERVE_HOME/models
+# Files in the official repository that cosyserve never reads: the Qwen2 weights (llm.pt carries them),
+# the RL-tuned alternative LLM, and TensorRT engines/exports.
+SKIP_PATTERNS: tuple[str, ...] = (
+    "CosyVoice-BlankEN/model.safetensors",
+    "llm.rl.pt",
+    "flow.decoder.estimator*",
+    "*.plan",
+)
+# Time zones of mainland China, where Hugging Face is usually unreachable and ModelScope is fast.
+_CHINA_TIMEZONES = frozenset(
+    {"Asia/Shanghai", "Asia/Chongqing", "Asia/Chungking", "Asia/Harbin", "Asia/Urumqi", "PRC"}
+)
+
+
+class MissingClientError(ModelDirError):
+    """The hub's client library is not installed: retrying that hub cannot help."""
+
+
+class Fetcher(Protocol):
+    """Fetch `model_id` into `target_dir`, resuming what an earlier call left there; raise on failure."""
+
+    def __call__(
+        self, model_id: str, target_dir: Path, *, skip_patterns: Sequence[str], progress: bool
+    ) -> None: ...
+
+
+def fetch_huggingface(
+    model_id: str, target_dir: Path, *, skip_patterns: Sequence[str], progress: bool
+) -> None:
+    """`huggingface_hub.snapshot_download` into `target_dir`; partials resume from `.cache/huggingface`."""
+    try:
+        import huggingface_hub
+        from huggingface_hub.utils import (
+            are_progress_bars_disabled,
+            disable_progress_bars,
+            enable_progress_bars,
+        )
+    except ImportError as exc:
+        raise MissingClientError(
+            "huggingface_hub is not installed: pip install 'cosyserve[download]'"
+        ) from exc
+    # Per-file bars ignore `tqdm_class`, so quiet mode switches the library's bars off for the call.
+    silence = not progress and not are_progress_bars_disabled()
+    if silence:
+        disable_progress_bars()
+    try:
+        huggingface_hub.snapshot_download(
+            repo_id=model_id, local_dir=str(target_dir), ignore_patterns=list(skip_patterns)
+        )
+    finally:
+        if silence:
+            enable_progress_bars()
+
+
+def fetch_modelscope(
+    model_id: str, target_dir: Path, *, skip_patterns: Sequence[str], progress: bool
+) -> None:
+    """`modelscope.snapshot_download` into `target_dir`; it resumes partial files with HTTP ranges.
+
+    ModelScope always draws its tqdm bars; `progress` only affects Hugging Face.
+    """
+    try:
+        import modelscope
+    except ImportError as exc:
+        raise MissingClientError("modelscope is not installed: pip install 'cosyserve[download]'") from exc
+    modelscope.snapshot_download(
+        model_id=model_id, local_dir=str(target_dir), ignore_patterns=list(skip_patterns)
+    )
+
+
+FETCHERS: dict[str, Fetcher] = {"modelscope": fetch_modelscope, "huggingface": fetch_huggingface}
+
+
+def default_models_root(environ: Mapping[str, str] | None = None) -> Path:
+    """`$COSYSERVE_HOME/models`, else `$XDG_CACHE_HOME/cosyserve/models`, else `~/.cache/cosyserve/models`."""
+    env = os.environ if environ is None else environ
+    if env.get(HOME_ENV):
+        return Path(env[HOME_ENV]).expanduser() / "models"
+    cache = Path(env["XDG_CACHE_HOME"]).expanduser() if env.get("XDG_CACHE_HOME") else Path.home() / ".cache"
+    return cache / "cosyserve" / "models"
+
+
+def default_target_dir(model_id: str, environ: Mapping[str, str] | None = None) -> Path:
+    """Where `model_id` goes by default: the models root plus the repository name."""
+    return default_models_root(environ) / model_id.rstrip("/").split("/")[-1]
+
+
+def looks_like_mainland_china(
+    environ: Mapping[str, str] | None = None, localtime: Path | None = None
+) -> bool:
+    """A hint only (time zone, locale): decides which hub is tried first, never which one is allowed."""
+    env = os.environ if environ is None else environ
+    if env.get("HF_ENDPOINT"):  # a configured Hugging Face mirror means Hugging Face works here
+        return False
+    if env.get("TZ", "").lstrip(":") in _CHINA_TIMEZONES or _system_timezone(localtime) in _CHINA_TIMEZONES:
+        return True
+    locale = env.get("LC_ALL") or env.get("LC_MESSAGES") or env.get("LANG") or ""
+    return locale.startswith(("zh_CN", "zh_Hans_CN"))
+
+
+def source_order(source: str | None, environ: Mapping[str, str] | None = None) -> list[Source]:
+    """Hubs to try in order: only `source` if given, else the guessed one first and the other as fallback."""
+    env = os.environ if environ is None else environ
+    chosen = source or env.get(SOURCE_ENV) or None
+    if chosen is not None:
+        if chosen not in SOURCES:
+            raise ModelDirError(f"unknown download source {chosen!r}; use one of {', '.join(SOURCES)}")
+        return [chosen]  # type: ignore[list-item]
+    if looks_like_mainland_china(env):
+        return ["modelscope", "huggingface"]
+    return ["huggingface", "modelscope"]
+
+
+def verify_download(target_dir: Path, min_sizes: Mapping[str, int] = REAL_MODEL_MIN_SIZES) -> ModelDir:
+    """Every required file present and plausibly sized; raise ModelDirError naming each one that is not."""
+    short = []
+    for name, min_size in min_sizes.items():
+        path = Path(target_dir) / name
+        if path.is_file() and path.stat().st_size < min_size:
+            short.append(f"{name} is {path.stat().st_size:,} bytes, expected at least {min_size:,}")
+    if short:
+        raise ModelDirError(
+            f"download into {target_dir} is incomplete: {'; '.join(short)}; "
+            "run `cosyserve download` again to resume it"
+        )
+    return ModelDir.open(target_dir, require_onnx=True)  # names missing, truncated and corrupt files
+
+
+def download_model(
+    model_id: str | None = DEFAULT_MODEL_ID,
+    *,
+    source: str | None = None,
+    target_dir: str | Path | None = None,
+    progress: bool = True,
+    min_sizes: Mapping[str, int] = REAL_MODEL_MIN_SIZES,
+    skip_patterns: Sequence[str] = SKIP_PATTERNS,
+    attempts_per_source: int = 2,
+    refresh: bool = False,
+    fetchers: Mapping[str, Fetcher] | None = None,
+    log: Callable[[str], None] | None = None,
+) -> Path:
+    """Download `model_id` into `target_dir` (default: `default_target_dir`) and return the verified path.
+
+    `source` None means: `$COSYSERVE_DOWNLOAD_SOURCE`, else ModelScope first where the machine looks like it
+    is in mainland China and Hugging Face first elsewhere, falling back to the other hub. A failed attempt is
+    retried `attempts_per_source` times; each retry resumes the partial files. A directory that already
+    verifies is returned without contacting a hub unless `refresh`. `min_sizes` overrides the real-model
+    size floors (tests use tiny files).
+    """
+    model_id = model_id or DEFAULT_MODEL_ID
+    target = Path(target_dir).expanduser() if target_dir else default_target_dir(model_id)
+    say = log if log is not None else (_stderr if progress else _quiet)
+    order = source_order(source)
+    if not refresh:
+        try:
+            model_dir = verify_download(target, min_sizes)
+        except ModelDirError:
+            pass
+        else:
+            say(f"{model_id} is already complete in {model_dir.path}")
+            return model_dir.path
+    target.mkdir(parents=True, exist_ok=True)
+    table = FETCHERS if fetchers is None else fetchers
+    failures: list[str] = []
+    for hub in order:
+        fetch = table.get(hub)
+        if fetch is None:
+            failures.append(f"{hub}: no fetch function given")
+            continue
+        for attempt in range(1, max(1, attempts_per_source) + 1):
+            say(f"downloading {model_id} from {hub} into {target} (attempt {attempt})")
+            started = time.monotonic()
+            try:
+                fetch(model_id, target, skip_patterns=skip_patterns, progress=progress)
+                model_dir = verify_download(target, min_sizes)
+            except ModelDirError as exc:  # incomplete result or a missing client library
+                failures.append(f"{hub} attempt {attempt}: {_one_line(exc)}")
+                say(f"{hub} attempt {attempt} failed: {_one_line(exc)}")
+                if isinstance(exc, MissingClientError):
+                    break
+                continue
+            except Exception as exc:  # any hub/network error: retry (resuming), then try the other hub
+                failures.append(f"{hub} attempt {attempt}: {_one_line(exc)}")
+                say(f"{hub} attempt {attempt} failed: {_one_line(exc)}")
+                continue
+            say(f"{model_id} ready in {model_dir.path} ({time.monotonic() - started:.0f} s)")
+            return model_dir.path
+    hint = "" if source else f"; set {SOURCE_ENV}=modelscope or huggingface to pick the hub"
+    raise ModelDirError(
+        f"could not download {model_id} into {target}: {' | '.join(failures)}. "
+        f"Rerun `cosyserve download` to resume (partial files are kept){hint}"
+    )
+
+
+def _system_timezone(localtime: Path | None) -> str:
+    """IANA name of the system time zone from /etc/localtime (a link into zoneinfo) or /etc/timezone."""
+    link = localtime if localtime is not None else Path("/etc/localtime")
+    try:
+        resolved = str(link.resolve())
+        if "zoneinfo/" in resolved:
+            return resolved.split("zoneinfo/", 1)[1]
+        if localtime is None and Path("/etc/timezone").is_file():
+            return Path("/etc/timezone").read_text(encoding="utf-8").strip()
+    except OSError:
+        pass
+    return ""
+
+
+def _one_line(exc: BaseException) -> str:
+    text = " ".join(str(exc).split()).rstrip(".") or type(exc).__name__
+    return f"{type(exc).__name__}: {text[:300]}"
+
+
+def _stderr(message: str) -> None:
+    print(f"cosyserve download: {message}", file=sys.stderr, flush=True)
+
+
+def _quiet(message: str) -> None:
+    del message

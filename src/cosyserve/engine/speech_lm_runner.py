@@ -1,0 +1,206 @@
+"""Speech-token generation: one prefill over the prefix, then one-token decode steps through a KV cache.
+
+Each request owns its cache and its random generator; the model is shared and never mutated, so
+requests may run concurrently (or interleave in one thread) and a seeded request is reproducible.
+Tokens are yielded as soon as they are drawn, for streaming.
+"""
+
+from __future__ import annotations
+
+import threading
+from collections.abc import Callable, Iterator, Sequence
+from dataclasses import dataclass
+
+import torch
+from torch import Tensor
+
+from cosyserve.engine.kv_cache import KVCache
+from cosyserve.engine.sampling import SpeechTokenSampler
+from cosyserve.errors import InputError
+from cosyserve.model.config import SamplingConfig
+from cosyserve.model.speech_lm import SpeechLM
+
+# `<|endofprompt|>` in the CosyVoice3 tokenizer. The model was trained with it in every prompt; the
+# official code refuses input without it, and so do we (it points at a front-end bug).
+ENDOFPROMPT_ID = 151646
+
+TokenIds = Sequence[int] | Tensor
+CancelCheck = Callable[[], bool] | threading.Event
+
+
+@dataclass(frozen=True)
+class PromptPrefix:
+    """A voice's `[sos, prompt_text]` already run through the LM (`SpeechLMRunner.prepare_prefix`)."""
+
+    prompt_text_ids: Tensor  # (Tp,) int64, on CPU
+    cache: KVCache  # exactly 1 + Tp positions; cloned, never written, by requests that use it
+
+
+def length_limits(text_len: int, min_ratio: float, max_ratio: float) -> tuple[int, int]:
+    """(min_len, max_len) speech tokens for `text_len` text tokens (prompt text not counted)."""
+    return int(text_len * min_ratio), int(text_len * max_ratio)
+
+
+def prefill(model: SpeechLM, embeds: Tensor, cache: KVCache) -> Tensor:
+    """Append `embeds` `(B, T, hidden)` to `cache`; return log-probs `(B, V)` at the last position."""
+    start = cache.reserve(embeds.shape[1])
+    return model(embeds, cache.buffer, start)
+
+
+def decode_one(model: SpeechLM, token: Tensor, cache: KVCache) -> Tensor:
+    """Feed one speech token per batch row, `token` `(B,)`; return log-probs `(B, V)` for the next one.
+
+    Kept minimal (embedding lookup + one model call, no mask) so a fixed-shape variant can be
+    captured in a CUDA graph.
+    """
+    start = cache.reserve(1)
+    return model(model.embed_speech(token[:, None]), cache.buffer, start)
+
+
+class SpeechLMRunner:
+    """Generates speech tokens for one sentence at a time with a shared `SpeechLM`."""
+
+    def __init__(
+        self,
+        model: SpeechLM,
+        *,
+        sampling: SamplingConfig | None = None,
+        min_token_text_ratio: float = 2.0,
+        max_token_text_ratio: float = 20.0,
+        endofprompt_id: int | None = ENDOFPROMPT_ID,
+    ) -> None:
+        self.model = model
+        self.config = model.config
+        self.sampling = sampling or model.config.sampling
+        self.min_ratio, self.max_ratio = min_token_text_ratio, max_token_text_ratio
+        self.endofprompt_id = endofprompt_id
+
+    @property
+    def _device(self) -> torch.device:
+        return self.model.speech_embedding.weight.device
+
+    @property
+    def _dtype(self) -> torch.dtype:
+        return self.model.speech_embedding.weight.dtype
+
+    def new_cache(self, capacity: int) -> KVCache:
+        return KVCache.allocate(self.config.qwen2, capacity, device=self._device, dtype=self._dtype)
+
+    @torch.inference_mode()
+    def prepare_prefix(self, prompt_text_ids: TokenIds) -> PromptPrefix:
+        """Run a voice's `[sos, prompt_text]` once; pass the result as `prefix=` to later requests."""
+        prompt_text = self._text_tensor(prompt_text_ids, "prompt text")
+        embeds = self.model.embed_voice_prefix(prompt_text)
+        cache = self.new_cache(embeds.shape[1])
+        prefill(self.model, embeds, cache)
+        return PromptPrefix(prompt_text, cache)
+
+    def generate(
+        self,
+        text_ids: TokenIds,
+        prompt_text_ids: TokenIds = (),
+        prompt_speech_ids: TokenIds = (),
+        *,
+        prefix: PromptPrefix | None = None,
+        seed: int | None = None,
+        generator: torch.Generator | None = None,
+        cancel: CancelCheck | None = None,
+    ) -> Iterator[int]:
+        """Yield speech tokens (ids < speech_token_size) until a stop id, `max_len`, or `cancel`.
+
+        Inputs are checked here, before anything runs (InputError); the returned iterator does the work.
+        `prefix` replaces `prompt_text_ids` with a prepared voice prefix. `seed` or `generator` make
+        the draw reproducible; `cancel` (a callable or a threading.Event) is checked before every step.
+        """
+        if prefix is not None:
+            if len(prompt_text_ids) != 0:
+                raise InputError("pass either prompt_text_ids or a prepared prefix, not both")
+            prompt_text = prefix.prompt_text_ids
+        else:
+            prompt_text = self._text_tensor(prompt_text_ids, "prompt text")
+        text = self._text_tensor(text_ids, "text")
+        speech = self._speech_tensor(prompt_speech_ids)
+        min_len, max_len = self._check_lengths(prompt_text, text, speech)
+        sampler = SpeechTokenSampler(
+            self.sampling, self.config.speech_token_size, min_len=min_len, generator=generator, seed=seed
+        )
+        return self._decode(prompt_text, text, speech, prefix, sampler, max_len, _cancel_check(cancel))
+
+    @torch.inference_mode()
+    def _decode(
+        self,
+        prompt_text: Tensor,
+        text: Tensor,
+        speech: Tensor,
+        prefix: PromptPrefix | None,
+        sampler: SpeechTokenSampler,
+        max_len: int,
+        is_cancelled: Callable[[], bool],
+    ) -> Iterator[int]:
+        if is_cancelled():
+            return
+        suffix = self.model.embed_request_suffix(text, speech)
+        capacity = 1 + len(prompt_text) + suffix.shape[1] + max_len
+        if prefix is not None:
+            cache = prefix.cache.to(self._device).clone(capacity)
+            logp = prefill(self.model, suffix, cache)
+        else:
+            cache = self.new_cache(capacity)
+            embeds = torch.cat([self.model.embed_voice_prefix(prompt_text), suffix], dim=1)
+            logp = prefill(self.model, embeds, cache)
+        for step in range(max_len):
+            token = sampler.sample(logp[0])
+            if sampler.is_stop(token):
+                return
+            yield token
+            # The last allowed token is never fed back: nothing would read its output.
+            if step + 1 == max_len or is_cancelled():
+                return
+            logp = decode_one(self.model, torch.tensor([token], device=self._device), cache)
+
+    def _text_tensor(self, ids: TokenIds, what: str) -> Tensor:
+        tensor = torch.as_tensor(ids, dtype=torch.long).reshape(-1).cpu()
+        vocab = self.config.qwen2.vocab_size
+        if tensor.numel() and (int(tensor.min()) < 0 or int(tensor.max()) >= vocab):
+            raise InputError(
+                f"{what} token ids must lie in [0, {vocab}); check the tokenizer matches the model"
+            )
+        return tensor
+
+    def _speech_tensor(self, ids: TokenIds) -> Tensor:
+        tensor = torch.as_tensor(ids, dtype=torch.long).reshape(-1).cpu()
+        codes = self.config.speech_token_size
+        if tensor.numel() and (int(tensor.min()) < 0 or int(tensor.max()) >= codes):
+            raise InputError(
+                f"prompt speech tokens must lie in [0, {codes}); they come from speech_tokenizer_v3.onnx "
+                "of the same model download"
+            )
+        return tensor
+
+    def _check_lengths(self, prompt_text: Tensor, text: Tensor, speech: Tensor) -> tuple[int, int]:
+        if text.numel() == 0:
+            raise InputError("the text to speak is empty after tokenization; give at least one word")
+        if self.endofprompt_id is not None and not (
+            bool((prompt_text == self.endofprompt_id).any()) or bool((text == self.endofprompt_id).any())
+        ):
+            raise InputError(
+                f"<|endofprompt|> (id {self.endofprompt_id}) is in neither the prompt text nor the text; "
+                "CosyVoice3 needs it: build the prompt with the front end's prompt builder"
+            )
+        min_len, max_len = length_limits(len(text), self.min_ratio, self.max_ratio)
+        total = 1 + len(prompt_text) + len(text) + 1 + len(speech) + max_len
+        limit = self.model.qwen2.rotary.max_positions
+        if total > limit:
+            raise InputError(
+                f"this sentence needs up to {total} LM positions but the model has {limit}; "
+                "split the text into shorter sentences or use a shorter prompt"
+            )
+        return min_len, max_len
+
+
+def _cancel_check(cancel: CancelCheck | None) -> Callable[[], bool]:
+    if cancel is None:
+        return lambda: False
+    if isinstance(cancel, threading.Event):
+        return cancel.is_set
+    return cancel

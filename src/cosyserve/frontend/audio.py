@@ -1,0 +1,200 @@
+"""Prompt audio: decoding, mono mix-down, resampling, silence detection and trimming, loudness normalisation.
+
+Everything works on float32 numpy arrays in [-1, 1] at the file's own rate until `resample`.
+
+Choices that differ from the official front end (which only loads and resamples) and why:
+- Leading/trailing silence is trimmed down to short margins (`LEAD_MARGIN_S`, `TRAIL_MARGIN_S`): long
+  silences waste prompt tokens and make the model pause, while a short trailing pause helps the model
+  start the new text cleanly instead of continuing the prompt's last word.
+- Loudness is normalised (`normalise_loudness`): the flow copies the prompt mel's level into its output,
+  so a very quiet or very hot prompt gives a quiet or hot result. Speech RMS is brought to -20 dBFS
+  (measured over speech frames only, so pauses do not count), with the peak kept at or below -1 dBFS and
+  the gain capped at +20 dB so that noise in near-silent files is not blown up.
+"""
+
+from __future__ import annotations
+
+import io
+from dataclasses import dataclass
+from pathlib import Path
+from typing import BinaryIO
+
+import numpy as np
+import soundfile
+import soxr
+
+from cosyserve.errors import InputError
+
+SUPPORTED_FORMATS_HINT = "use WAV, FLAC, OGG (Vorbis/Opus) or MP3"
+
+FRAME_S = 0.02  # analysis frame for level and silence detection
+SILENCE_BELOW_PEAK_DB = 40.0  # a frame this far below the loudest frame counts as silence
+SILENCE_FLOOR_DBFS = -60.0  # ... and so does any frame quieter than this
+LEAD_MARGIN_S = 0.2  # silence kept before the first speech frame
+TRAIL_MARGIN_S = 0.3  # silence kept after the last speech frame
+
+TARGET_SPEECH_RMS_DBFS = -20.0
+PEAK_CEILING_DBFS = -1.0
+MAX_GAIN_DB = 20.0
+MAX_DECODE_S = 600  # longer files are refused unread
+
+
+@dataclass(frozen=True)
+class DecodedAudio:
+    """A decoded file: `samples` (N,) float32 mono (channels averaged) at `sample_rate`."""
+
+    samples: np.ndarray
+    sample_rate: int
+    channels: int  # in the file, before the mix-down
+    format: str  # libsndfile's name, e.g. "WAV", "FLAC", "MP3"
+
+    @property
+    def duration_s(self) -> float:
+        return len(self.samples) / self.sample_rate
+
+
+def decode_audio(source: str | Path | bytes | BinaryIO) -> DecodedAudio:
+    """Decode a file path, raw bytes or a binary file object; raise InputError if it is not usable audio."""
+    if isinstance(source, (bytes, bytearray, memoryview)):
+        if len(source) == 0:
+            raise InputError(f"the audio upload is empty (0 bytes); {SUPPORTED_FORMATS_HINT}")
+        source = io.BytesIO(bytes(source))
+        name = "the uploaded audio"
+    elif isinstance(source, (str, Path)):
+        path = Path(source)
+        if not path.is_file():
+            raise InputError(f"audio file {path} does not exist; check the path")
+        if path.stat().st_size == 0:
+            raise InputError(f"audio file {path} is empty (0 bytes); {SUPPORTED_FORMATS_HINT}")
+        name = f"audio file {path}"
+    else:
+        name = "the audio stream"
+    try:
+        with soundfile.SoundFile(source) as sound:
+            sample_rate, channels, fmt = sound.samplerate, sound.channels, sound.format
+            if sound.frames > MAX_DECODE_S * max(sample_rate, 1):  # refuse before reading it into memory
+                raise InputError(
+                    f"{name} is {sound.frames / sample_rate / 60:.0f} minutes long; a prompt is 3 to 30 "
+                    "seconds: cut out one or two clear sentences"
+                )
+            data = sound.read(dtype="float32", always_2d=True)  # (N, C)
+    except (soundfile.LibsndfileError, RuntimeError, TypeError, ValueError) as exc:
+        raise InputError(f"{name} could not be decoded ({exc}); {SUPPORTED_FORMATS_HINT}") from exc
+    if data.shape[0] == 0:
+        raise InputError(f"{name} contains no samples; record or upload a prompt of 3 to 30 seconds")
+    if not np.isfinite(data).all():
+        raise InputError(f"{name} contains NaN or infinite samples; export it again as 16-bit WAV")
+    return DecodedAudio(to_mono(data), int(sample_rate), int(channels), str(fmt))
+
+
+def to_mono(data: np.ndarray) -> np.ndarray:
+    """(N,) or (N, C) -> (N,) float32, channels averaged (as the official loader does)."""
+    data = np.asarray(data, dtype=np.float32)
+    if data.ndim == 1:
+        return data
+    return np.ascontiguousarray(data.mean(axis=1, dtype=np.float32))
+
+
+def resample(samples: np.ndarray, from_rate: int, to_rate: int) -> np.ndarray:
+    """(N,) float32 -> (round(N * to_rate / from_rate),) float32 with soxr's high-quality filter."""
+    samples = np.asarray(samples, dtype=np.float32)
+    if from_rate == to_rate:
+        return samples.copy()
+    return soxr.resample(samples, from_rate, to_rate, quality="HQ").astype(np.float32, copy=False)
+
+
+def frame_levels_db(samples: np.ndarray, sample_rate: int, frame_s: float = FRAME_S) -> np.ndarray:
+    """RMS level of non-overlapping frames in dBFS: (N,) -> (ceil(N / frame),), the last zero-padded."""
+    frame = max(1, round(frame_s * sample_rate))
+    count = -(-len(samples) // frame)
+    padded = np.zeros(count * frame, dtype=np.float64)
+    padded[: len(samples)] = samples
+    power = np.square(padded).reshape(count, frame).mean(axis=1)
+    return 10.0 * np.log10(np.maximum(power, 1e-12))
+
+
+def speech_frame_mask(levels_db: np.ndarray) -> np.ndarray:
+    """Which frames hold sound: within `SILENCE_BELOW_PEAK_DB` of the loudest and above the absolute floor."""
+    if levels_db.size == 0:
+        return np.zeros(0, dtype=bool)
+    return (levels_db > levels_db.max() - SILENCE_BELOW_PEAK_DB) & (levels_db > SILENCE_FLOOR_DBFS)
+
+
+@dataclass(frozen=True)
+class SpeechSpan:
+    """Where sound starts and ends, in samples: [start, end). Empty (start == end == 0) for silence."""
+
+    start: int
+    end: int
+    total: int  # samples in the whole signal
+
+    @property
+    def is_empty(self) -> bool:
+        return self.end <= self.start
+
+
+def find_speech_span(samples: np.ndarray, sample_rate: int) -> SpeechSpan:
+    """First and last non-silent frame of `samples` (N,), to frame resolution."""
+    frame = max(1, round(FRAME_S * sample_rate))
+    active = np.flatnonzero(speech_frame_mask(frame_levels_db(samples, sample_rate)))
+    if active.size == 0:
+        return SpeechSpan(0, 0, len(samples))
+    return SpeechSpan(int(active[0]) * frame, min(len(samples), (int(active[-1]) + 1) * frame), len(samples))
+
+
+def trim_silence(
+    samples: np.ndarray,
+    sample_rate: int,
+    lead_margin_s: float = LEAD_MARGIN_S,
+    trail_margin_s: float = TRAIL_MARGIN_S,
+    max_duration_s: float | None = None,
+) -> np.ndarray:
+    """Cut leading/trailing silence down to the given margins: (N,) -> (M,), M <= N.
+
+    With `max_duration_s`, both margins shrink proportionally so the result fits; the speech itself
+    is never cut. Silence-only input is returned unchanged.
+    """
+    span = find_speech_span(samples, sample_rate)
+    if span.is_empty:
+        return samples
+    lead = min(span.start, round(lead_margin_s * sample_rate))
+    trail = min(span.total - span.end, round(trail_margin_s * sample_rate))
+    if max_duration_s is not None:
+        room = round(max_duration_s * sample_rate) - (span.end - span.start)
+        if lead + trail > room > 0:
+            scale = room / (lead + trail)
+            lead, trail = int(lead * scale), int(trail * scale)
+        elif room <= 0:
+            lead = trail = 0
+    return samples[span.start - lead : span.end + trail]
+
+
+def speech_rms_db(samples: np.ndarray, sample_rate: int) -> float:
+    """RMS over the frames that hold sound, in dBFS (-120 for silence)."""
+    levels = frame_levels_db(samples, sample_rate)
+    mask = speech_frame_mask(levels)
+    if not mask.any():
+        return -120.0
+    return float(10.0 * np.log10(np.mean(10.0 ** (levels[mask] / 10.0))))
+
+
+def peak_db(samples: np.ndarray) -> float:
+    """Peak level of (N,) in dBFS (-120 for an empty or all-zero signal)."""
+    peak = float(np.max(np.abs(samples))) if len(samples) else 0.0
+    return float(20.0 * np.log10(max(peak, 1e-6)))
+
+
+def normalise_loudness(
+    samples: np.ndarray,
+    sample_rate: int,
+    target_rms_dbfs: float = TARGET_SPEECH_RMS_DBFS,
+    peak_ceiling_dbfs: float = PEAK_CEILING_DBFS,
+    max_gain_db: float = MAX_GAIN_DB,
+) -> np.ndarray:
+    """Scale (N,) so speech RMS reaches `target_rms_dbfs`, unless that pushes the peak over the ceiling
+    or needs more than `max_gain_db` of gain. Silence is returned unchanged."""
+    rms = speech_rms_db(samples, sample_rate)
+    if rms <= -120.0:
+        return samples
+    gain_db = min(target_rms_dbfs - rms, peak_ceiling_dbfs - peak_db(samples), max_gain_db)
+    return (samples * np.float32(10.0 ** (gain_db / 20.0))).astype(np.float32)

@@ -1,0 +1,172 @@
+"""The two ONNX front models shipped with CosyVoice3, run with onnxruntime.
+
+- `SpeakerEncoder` (`campplus.onnx`, CAM++): fbank80 (1, T, 80) float32 -> speaker embedding (1, 192).
+- `SpeechTokenizer` (`speech_tokenizer_v3.onnx`): Whisper log-mel `feats` (1, 128, T) float32 plus
+  `feats_length` (1,) int32 -> `indices`, T / 4 speech tokens (25 Hz) in [0, 6561).
+
+Inputs are fed by position, as the official front end does, so graphs whose tensor names differ still work;
+the signature is checked when the file is opened so a wrong file fails early with a clear message.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+from pathlib import Path
+
+import numpy as np
+import onnxruntime as ort
+import torch
+
+from cosyserve.errors import InputError, ModelDirError
+
+log = logging.getLogger(__name__)
+
+CAMPPLUS_FILE = "campplus.onnx"
+SPEECH_TOKENIZER_FILE = "speech_tokenizer_v3.onnx"
+FIX_HINT = "run `cosyserve download` to fetch the model again"
+
+
+def default_intra_op_threads() -> int:
+    return max(1, min(4, os.cpu_count() or 1))
+
+
+def choose_providers(device: str = "auto") -> list[str]:
+    """`device` "auto" | "cuda" | "cpu" -> onnxruntime providers; CUDA only when onnxruntime offers it."""
+    if device not in ("auto", "cuda", "cpu"):
+        raise ValueError(f"device must be 'auto', 'cuda' or 'cpu', got {device!r}")
+    has_cuda = "CUDAExecutionProvider" in ort.get_available_providers()
+    if device == "cuda" and not has_cuda:
+        log.warning("onnxruntime has no CUDAExecutionProvider (install onnxruntime-gpu); using the CPU")
+    if device != "cpu" and has_cuda:
+        return ["CUDAExecutionProvider", "CPUExecutionProvider"]
+    return ["CPUExecutionProvider"]
+
+
+def open_session(
+    path: str | Path, *, device: str = "auto", intra_op_threads: int | None = None, inter_op_threads: int = 1
+) -> ort.InferenceSession:
+    """A session with full graph optimisation and explicit thread counts; ModelDirError if unloadable."""
+    path = Path(path)
+    if not path.is_file():
+        raise ModelDirError(f"{path.name} is missing from {path.parent}; {FIX_HINT}")
+    options = ort.SessionOptions()
+    options.graph_optimization_level = ort.GraphOptimizationLevel.ORT_ENABLE_ALL
+    options.intra_op_num_threads = intra_op_threads or default_intra_op_threads()
+    options.inter_op_num_threads = inter_op_threads
+    try:
+        return ort.InferenceSession(str(path), sess_options=options, providers=choose_providers(device))
+    except Exception as exc:  # onnxruntime raises its own non-public exception types
+        first_line = str(exc).strip().splitlines()[0] if str(exc).strip() else type(exc).__name__
+        raise ModelDirError(f"{path} cannot be loaded by onnxruntime ({first_line}); {FIX_HINT}") from exc
+
+
+def _input_signature(session: ort.InferenceSession) -> list[tuple[str, str, list]]:
+    return [(node.name, node.type, list(node.shape)) for node in session.get_inputs()]
+
+
+class SpeakerEncoder:
+    """CAM++ speaker verification model: a fixed-size voice identity vector from a prompt's fbank."""
+
+    def __init__(
+        self,
+        path: str | Path,
+        *,
+        device: str = "auto",
+        intra_op_threads: int | None = None,
+        inter_op_threads: int = 1,
+    ) -> None:
+        self.path = Path(path)
+        self.session = open_session(
+            path, device=device, intra_op_threads=intra_op_threads, inter_op_threads=inter_op_threads
+        )
+        inputs = _input_signature(self.session)
+        shape = inputs[0][2] if len(inputs) == 1 else []
+        if len(shape) != 3 or (isinstance(shape[2], int) and shape[2] != 80):  # a symbolic dim is a str
+            raise ModelDirError(
+                f"{self.path} does not look like campplus.onnx: expected one input of shape "
+                f"(batch, frames, 80), found {inputs}; {FIX_HINT}"
+            )
+        self.input_name = inputs[0][0]
+
+    @classmethod
+    def from_model_dir(cls, model_dir: str | Path, **kwargs: object) -> SpeakerEncoder:
+        return cls(Path(model_dir) / CAMPPLUS_FILE, **kwargs)  # type: ignore[arg-type]
+
+    @property
+    def providers(self) -> list[str]:
+        return self.session.get_providers()
+
+    def __call__(self, fbank: torch.Tensor) -> torch.Tensor:
+        """fbank (T, 80) or (1, T, 80), mean-normalised -> embedding (1, D) float32 on the CPU (D = 192)."""
+        feats = fbank.detach().to("cpu", torch.float32)
+        if feats.dim() == 2:
+            feats = feats[None]
+        if feats.dim() != 3 or feats.shape[0] != 1 or feats.shape[2] != 80:
+            raise InputError(
+                f"the speaker encoder expects fbank of shape (1, T, 80), got {tuple(fbank.shape)}"
+            )
+        (embedding,) = self.session.run(None, {self.input_name: np.ascontiguousarray(feats.numpy())})[:1]
+        return torch.from_numpy(np.asarray(embedding, dtype=np.float32).reshape(1, -1).copy())
+
+
+class SpeechTokenizer:
+    """Supervised semantic speech tokenizer: 25 Hz discrete tokens from a 16 kHz prompt's Whisper log-mel."""
+
+    MAX_FRAMES = 3000  # 30 s at 100 frames per second; the model was not built for longer input
+
+    def __init__(
+        self,
+        path: str | Path,
+        *,
+        device: str = "auto",
+        intra_op_threads: int | None = None,
+        inter_op_threads: int = 1,
+    ) -> None:
+        self.path = Path(path)
+        self.session = open_session(
+            path, device=device, intra_op_threads=intra_op_threads, inter_op_threads=inter_op_threads
+        )
+        inputs = _input_signature(self.session)
+        if len(inputs) != 2 or len(inputs[0][2]) != 3 or len(inputs[1][2]) != 1:
+            raise ModelDirError(
+                f"{self.path} does not look like speech_tokenizer_v3.onnx: expected inputs "
+                f"feats (1, 128, T) and feats_length (1,), found {inputs}; {FIX_HINT}"
+            )
+        self.feats_name, self.length_name = inputs[0][0], inputs[1][0]
+        self.length_dtype = np.int64 if inputs[1][1] == "tensor(int64)" else np.int32
+
+    @classmethod
+    def from_model_dir(cls, model_dir: str | Path, **kwargs: object) -> SpeechTokenizer:
+        return cls(Path(model_dir) / SPEECH_TOKENIZER_FILE, **kwargs)  # type: ignore[arg-type]
+
+    @property
+    def providers(self) -> list[str]:
+        return self.session.get_providers()
+
+    def __call__(self, logmel: torch.Tensor) -> torch.Tensor:
+        """Whisper log-mel (128, T) or (1, 128, T) -> speech tokens (1, T / 4) int32 on the CPU."""
+        feats = logmel.detach().to("cpu", torch.float32)
+        if feats.dim() == 2:
+            feats = feats[None]
+        if feats.dim() != 3 or feats.shape[0] != 1:
+            raise InputError(
+                f"the speech tokenizer expects log-mel of shape (1, 128, T), got {tuple(logmel.shape)}"
+            )
+        frames = feats.shape[2]
+        if frames > self.MAX_FRAMES:
+            raise InputError(
+                f"the prompt is {frames / 100:.1f} s long; the speech tokenizer accepts at most 30 s: "
+                "use a shorter prompt"
+            )
+        feed = {
+            self.feats_name: np.ascontiguousarray(feats.numpy()),
+            self.length_name: np.array([frames], dtype=self.length_dtype),
+        }
+        (indices,) = self.session.run(None, feed)[:1]
+        indices = np.asarray(indices)
+        if not np.issubdtype(indices.dtype, np.integer):
+            raise ModelDirError(
+                f"{self.path} returned {indices.dtype} tokens instead of integers; {FIX_HINT}"
+            )
+        return torch.from_numpy(indices.reshape(1, -1).astype(np.int32))

@@ -1,0 +1,144 @@
+"""Is a prompt recording usable for voice cloning? Reject what cannot work, warn about what will hurt.
+
+Rejections raise InputError saying what was wrong and what to do. Accepted prompts get a `PromptReport`
+with measurements and warnings that the API and UI show to the user.
+"""
+
+from __future__ import annotations
+
+from dataclasses import asdict, dataclass
+from pathlib import Path
+from typing import Any, BinaryIO
+
+import numpy as np
+
+from cosyserve.errors import InputError
+from cosyserve.frontend.audio import (
+    DecodedAudio,
+    decode_audio,
+    find_speech_span,
+    frame_levels_db,
+    peak_db,
+    speech_rms_db,
+    trim_silence,
+)
+
+MIN_SAMPLE_RATE = 8000
+MAX_SAMPLE_RATE = 192000
+LOW_SAMPLE_RATE = 16000  # below this the cloned voice sounds muffled
+MIN_PROMPT_S = 3.0  # after trimming silence down to short margins
+MAX_PROMPT_S = 30.0  # the speech tokenizer accepts at most 30 s
+SILENT_BELOW_DBFS = -60.0  # loudest 20 ms frame quieter than this: nothing was recorded
+QUIET_BELOW_DBFS = -40.0  # speech RMS quieter than this: noise gets amplified by normalisation
+CLIP_LEVEL = 0.999  # a sample at or above this magnitude sits at full scale
+CLIP_REJECT_RATIO = 0.01
+CLIP_WARN_RATIO = 0.001
+MIN_TRAILING_SILENCE_S = 0.1
+
+RECORDING_HINT = "3 to 30 seconds of one person speaking clearly, ideally 5 to 15 s"
+
+
+@dataclass(frozen=True)
+class PromptReport:
+    """Measurements of an accepted prompt (levels are of the file as uploaded, before normalisation)."""
+
+    duration_s: float  # what the model gets: speech plus short silence margins
+    speech_s: float  # from the first to the last non-silent frame
+    original_duration_s: float
+    peak_dbfs: float
+    rms_dbfs: float  # over the frames that hold sound
+    clipping_ratio: float  # fraction of samples at full scale
+    leading_silence_s: float  # in the file, before trimming
+    trailing_silence_s: float
+    sample_rate: int
+    channels: int
+    format: str
+    warnings: tuple[str, ...]  # human-readable advice; empty when the prompt looks good
+
+    def as_dict(self) -> dict[str, Any]:
+        data = asdict(self)
+        data["warnings"] = list(self.warnings)
+        return data
+
+
+def load_prompt(source: str | Path | bytes | BinaryIO) -> tuple[DecodedAudio, PromptReport]:
+    """Decode and check a prompt; raise InputError if it cannot be used."""
+    audio = decode_audio(source)
+    return audio, check_prompt(audio)
+
+
+def check_prompt(audio: DecodedAudio) -> PromptReport:
+    """Validate a decoded prompt and measure it; raise InputError naming the problem and the fix."""
+    sr, samples = audio.sample_rate, audio.samples
+    if not MIN_SAMPLE_RATE <= sr <= MAX_SAMPLE_RATE:
+        raise InputError(
+            f"the prompt's sample rate is {sr} Hz, outside the supported "
+            f"{MIN_SAMPLE_RATE}..{MAX_SAMPLE_RATE} Hz; export it at 16, 24, 44.1 or 48 kHz"
+        )
+    loudest = float(frame_levels_db(samples, sr).max())
+    if loudest < SILENT_BELOW_DBFS:
+        raise InputError(
+            f"the prompt is silent (its loudest moment is {loudest:.0f} dBFS); check the microphone "
+            f"and record {RECORDING_HINT}"
+        )
+    clipping = float(np.mean(np.abs(samples) >= CLIP_LEVEL))
+    if clipping > CLIP_REJECT_RATIO:
+        raise InputError(
+            f"the prompt is badly clipped ({clipping:.1%} of samples at full scale), which would make the "
+            "cloned voice distorted; record it again with the input gain turned down"
+        )
+    span = find_speech_span(samples, sr)
+    speech_s = (span.end - span.start) / sr
+    if speech_s > MAX_PROMPT_S:
+        raise InputError(
+            f"the prompt holds {speech_s:.1f} s of sound after trimming silence at the start and end; "
+            f"at most {MAX_PROMPT_S:.0f} s is supported: cut it to {RECORDING_HINT}"
+        )
+    duration_s = len(trim_silence(samples, sr, max_duration_s=MAX_PROMPT_S)) / sr
+    if duration_s < MIN_PROMPT_S:
+        raise InputError(
+            f"the prompt is only {duration_s:.1f} s long after trimming silence at the start and end; "
+            f"at least {MIN_PROMPT_S:.0f} s is needed: record {RECORDING_HINT}"
+        )
+    rms = speech_rms_db(samples, sr)
+    trailing_s = (span.total - span.end) / sr
+    warnings = _warnings(sr, rms, clipping, trailing_s)
+    return PromptReport(
+        duration_s=round(duration_s, 3),
+        speech_s=round(speech_s, 3),
+        original_duration_s=round(audio.duration_s, 3),
+        peak_dbfs=round(peak_db(samples), 2),
+        rms_dbfs=round(rms, 2),
+        clipping_ratio=clipping,
+        leading_silence_s=round(span.start / sr, 3),
+        trailing_silence_s=round(trailing_s, 3),
+        sample_rate=sr,
+        channels=audio.channels,
+        format=audio.format,
+        warnings=tuple(warnings),
+    )
+
+
+def _warnings(sample_rate: int, rms_dbfs: float, clipping: float, trailing_s: float) -> list[str]:
+    warnings = []
+    if sample_rate < LOW_SAMPLE_RATE:
+        warnings.append(
+            f"low sample rate ({sample_rate} Hz): the cloned voice will sound muffled; "
+            "use 16 kHz or more if you can"
+        )
+    if rms_dbfs < QUIET_BELOW_DBFS:
+        warnings.append(
+            f"very quiet recording (speech at {rms_dbfs:.0f} dBFS): it is amplified, and its background "
+            "noise with it; record closer to the microphone"
+        )
+    if clipping > CLIP_WARN_RATIO:
+        warnings.append(
+            f"some clipping ({clipping:.2%} of samples at full scale): the cloned voice may sound harsh; "
+            "record with the input gain lower"
+        )
+    if trailing_s < MIN_TRAILING_SILENCE_S:
+        warnings.append(
+            "no trailing silence: the model may speak the end of the prompt; leave about half a second of "
+            "silence after the last word"
+        )
+    return warnings

@@ -1,0 +1,270 @@
+"""The flow-matching estimator: a diffusion transformer (DiT) that predicts the velocity field.
+
+Inputs are the noisy mel `x`, the token condition `mu`, the prompt mel `cond` and the speaker vector
+`spks`, all for the same mel frames; the flow timestep `t` modulates every block through adaptive
+layer norms. Attribute names reproduce the official `decoder.estimator.*` checkpoint keys.
+
+Shapes: B batch, T mel frames, C mel channels (80), D model width, H heads, Dh head width.
+"""
+
+from __future__ import annotations
+
+import math
+
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+from cosyserve.model.config import DiTConfig
+
+_TIME_FREQ_DIM = 256  # width of the sinusoidal timestep features
+_TIME_SCALE = 1000.0  # t in [0, 1] is stretched before the sinusoids, as in training
+_CONV_POS_KERNEL = 31
+_CONV_POS_GROUPS = 16
+_NORM_EPS = 1e-6
+
+
+def _timestep_features(t: torch.Tensor, dim: int) -> torch.Tensor:
+    """Sinusoidal features of the flow time: (B,) -> (B, dim), sines first then cosines."""
+    half = dim // 2
+    rate = math.log(10000) / (half - 1)
+    freqs = torch.exp(torch.arange(half, device=t.device).float() * -rate)
+    angles = _TIME_SCALE * t.unsqueeze(1) * freqs.unsqueeze(0)
+    return torch.cat((angles.sin(), angles.cos()), dim=-1)
+
+
+class TimestepEmbedding(nn.Module):
+    """Flow time (B,) -> conditioning vector (B, D)."""
+
+    def __init__(self, dim: int, freq_dim: int = _TIME_FREQ_DIM) -> None:
+        super().__init__()
+        self.freq_dim = freq_dim
+        self.time_mlp = nn.Sequential(nn.Linear(freq_dim, dim), nn.SiLU(), nn.Linear(dim, dim))
+
+    def forward(self, t: torch.Tensor) -> torch.Tensor:
+        return self.time_mlp(_timestep_features(t, self.freq_dim).to(t.dtype))
+
+
+class CausalConvPositionEmbedding(nn.Module):
+    """Two grouped convolutions padded on the left only, so frame i never sees frames after i."""
+
+    def __init__(self, dim: int, kernel_size: int = _CONV_POS_KERNEL, groups: int = _CONV_POS_GROUPS) -> None:
+        super().__init__()
+        self.kernel_size = kernel_size
+        self.conv1 = nn.Sequential(nn.Conv1d(dim, dim, kernel_size, groups=groups), nn.Mish())
+        self.conv2 = nn.Sequential(nn.Conv1d(dim, dim, kernel_size, groups=groups), nn.Mish())
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        """(B, T, D) -> (B, T, D)."""
+        h = x.transpose(1, 2)
+        h = self.conv1(F.pad(h, (self.kernel_size - 1, 0)))
+        h = self.conv2(F.pad(h, (self.kernel_size - 1, 0)))
+        return h.transpose(1, 2)
+
+
+class InputEmbedding(nn.Module):
+    """Concatenate [x, cond, mu, spks] per frame, project to the model width, add conv positions."""
+
+    def __init__(self, mel_dim: int, mu_dim: int, spk_dim: int, dim: int) -> None:
+        super().__init__()
+        self.proj = nn.Linear(2 * mel_dim + mu_dim + spk_dim, dim)
+        self.conv_pos_embed = CausalConvPositionEmbedding(dim)
+
+    def forward(
+        self, x: torch.Tensor, cond: torch.Tensor, mu: torch.Tensor, spks: torch.Tensor
+    ) -> torch.Tensor:
+        """x, cond: (B, T, C); mu: (B, T, mu_dim); spks: (B, spk_dim) -> (B, T, D)."""
+        spks = spks.unsqueeze(1).expand(-1, x.shape[1], -1)
+        h = self.proj(torch.cat((x, cond, mu, spks), dim=-1))
+        return self.conv_pos_embed(h) + h
+
+
+class RotaryEmbedding(nn.Module):
+    """Rotary position angles with adjacent channel pairs (x_transformers layout).
+
+    `inv_freq` is a persistent buffer because the official checkpoint stores it.
+    """
+
+    def __init__(self, dim_head: int, base: float = 10000.0) -> None:
+        super().__init__()
+        inv_freq = 1.0 / (base ** (torch.arange(0, dim_head, 2).float() / dim_head))
+        self.register_buffer("inv_freq", inv_freq)
+
+    def angles(self, seq_len: int) -> torch.Tensor:
+        """(T, Dh) angles in float32, each frequency repeated for its channel pair."""
+        inv_freq = self.inv_freq.float()
+        positions = torch.arange(seq_len, device=inv_freq.device, dtype=torch.float32)
+        angles = torch.outer(positions, inv_freq)
+        return angles.repeat_interleave(2, dim=-1)
+
+
+def apply_rotary(x: torch.Tensor, angles: torch.Tensor) -> torch.Tensor:
+    """Rotate the first Dh channels of x (B, T, H*Dh) by angles (T, Dh).
+
+    The official model applies rotary before splitting heads, so only the first head's channels carry
+    positions; the other heads pass through unchanged. The checkpoints were trained that way.
+    """
+    rot = angles.shape[-1]
+    head, rest = x[..., :rot], x[..., rot:]
+    pairs = head.unflatten(-1, (-1, 2))
+    rotated_half = torch.stack((-pairs[..., 1], pairs[..., 0]), dim=-1).flatten(-2)
+    cos, sin = angles.cos().to(x.dtype), angles.sin().to(x.dtype)
+    return torch.cat((head * cos + rotated_half * sin, rest), dim=-1)
+
+
+class AdaLayerNormZero(nn.Module):
+    """Timestep-modulated layer norm of a block: returns the modulated x and the other five vectors."""
+
+    def __init__(self, dim: int) -> None:
+        super().__init__()
+        self.linear = nn.Linear(dim, 6 * dim)
+
+    def forward(self, x: torch.Tensor, emb: torch.Tensor) -> tuple[torch.Tensor, ...]:
+        """x: (B, T, D), emb: (B, D) -> x' (B, T, D); gate_msa, shift_mlp, scale_mlp, gate_mlp (B, D)."""
+        mods = self.linear(F.silu(emb)).chunk(6, dim=1)
+        shift_msa, scale_msa, gate_msa, shift_mlp, scale_mlp, gate_mlp = mods
+        normed = F.layer_norm(x, x.shape[-1:], eps=_NORM_EPS)
+        return (
+            normed * (1 + scale_msa[:, None]) + shift_msa[:, None],
+            gate_msa,
+            shift_mlp,
+            scale_mlp,
+            gate_mlp,
+        )
+
+
+class AdaLayerNormZeroFinal(nn.Module):
+    """Timestep-modulated layer norm before the output projection (scale first, then shift)."""
+
+    def __init__(self, dim: int) -> None:
+        super().__init__()
+        self.linear = nn.Linear(dim, 2 * dim)
+
+    def forward(self, x: torch.Tensor, emb: torch.Tensor) -> torch.Tensor:
+        """x: (B, T, D), emb: (B, D) -> (B, T, D)."""
+        scale, shift = self.linear(F.silu(emb)).chunk(2, dim=1)
+        return F.layer_norm(x, x.shape[-1:], eps=_NORM_EPS) * (1 + scale[:, None]) + shift[:, None]
+
+
+class Attention(nn.Module):
+    """Multi-head self-attention with rotary positions and a boolean attention mask."""
+
+    def __init__(self, dim: int, heads: int, dim_head: int) -> None:
+        super().__init__()
+        self.heads, self.dim_head = heads, dim_head
+        inner = heads * dim_head
+        self.to_q = nn.Linear(dim, inner)
+        self.to_k = nn.Linear(dim, inner)
+        self.to_v = nn.Linear(dim, inner)
+        self.to_out = nn.ModuleList([nn.Linear(inner, dim)])  # a list so the key is `to_out.0`
+
+    def forward(
+        self, x: torch.Tensor, attn_mask: torch.Tensor, frame_mask: torch.Tensor, angles: torch.Tensor
+    ) -> torch.Tensor:
+        """x: (B, T, D); attn_mask: (B, 1, T, T) bool; frame_mask: (B, T, 1) bool; angles: (T, Dh)."""
+        batch = x.shape[0]
+        q = apply_rotary(self.to_q(x), angles)
+        k = apply_rotary(self.to_k(x), angles)
+        v = self.to_v(x)
+        q, k, v = (t.view(batch, -1, self.heads, self.dim_head).transpose(1, 2) for t in (q, k, v))
+        out = F.scaled_dot_product_attention(q, k, v, attn_mask=attn_mask)
+        out = out.transpose(1, 2).reshape(batch, -1, self.heads * self.dim_head)
+        return self.to_out[0](out).masked_fill(~frame_mask, 0.0)
+
+
+class FeedForward(nn.Module):
+    """Linear -> GELU (tanh approximation) -> Linear."""
+
+    def __init__(self, dim: int, mult: int) -> None:
+        super().__init__()
+        inner = dim * mult
+        # Index 1 held dropout in training; an Identity keeps the second linear at key `ff.2`.
+        self.ff = nn.Sequential(
+            nn.Sequential(nn.Linear(dim, inner), nn.GELU(approximate="tanh")),
+            nn.Identity(),
+            nn.Linear(inner, dim),
+        )
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return self.ff(x)
+
+
+class DiTBlock(nn.Module):
+    """Pre-norm attention and feed-forward, each modulated and gated by the timestep embedding."""
+
+    def __init__(self, dim: int, heads: int, dim_head: int, ff_mult: int) -> None:
+        super().__init__()
+        self.attn_norm = AdaLayerNormZero(dim)
+        self.attn = Attention(dim, heads, dim_head)
+        self.ff = FeedForward(dim, ff_mult)
+
+    def forward(
+        self,
+        x: torch.Tensor,
+        t_emb: torch.Tensor,
+        attn_mask: torch.Tensor,
+        frame_mask: torch.Tensor,
+        angles: torch.Tensor,
+    ) -> torch.Tensor:
+        """x: (B, T, D), t_emb: (B, D) -> (B, T, D)."""
+        normed, gate_msa, shift_mlp, scale_mlp, gate_mlp = self.attn_norm(x, t_emb)
+        x = x + gate_msa[:, None] * self.attn(normed, attn_mask, frame_mask, angles)
+        normed = F.layer_norm(x, x.shape[-1:], eps=_NORM_EPS) * (1 + scale_mlp[:, None]) + shift_mlp[:, None]
+        return x + gate_mlp[:, None] * self.ff(normed)
+
+
+def attention_mask(frame_mask: torch.Tensor, chunk_size: int) -> torch.Tensor:
+    """Which keys each query may attend to: (B, T) bool valid frames -> (B, 1, T, T) bool.
+
+    chunk_size > 0 (streaming): frame i sees every valid frame up to the end of its own chunk, so a
+    chunk's output does not change when later chunks arrive. chunk_size <= 0: every valid frame.
+    """
+    seq_len = frame_mask.shape[1]
+    keys = frame_mask[:, None, :].expand(-1, seq_len, -1)
+    if chunk_size > 0:
+        pos = torch.arange(seq_len, device=frame_mask.device)
+        chunk_end = (pos // chunk_size + 1) * chunk_size
+        keys = keys & (pos[None, :] < chunk_end[:, None])[None]
+    return keys.unsqueeze(1)
+
+
+class DiT(nn.Module):
+    """The velocity estimator v(x, t | mu, spks, cond)."""
+
+    def __init__(self, config: DiTConfig) -> None:
+        super().__init__()
+        self.config = config
+        self.time_embed = TimestepEmbedding(config.dim)
+        self.input_embed = InputEmbedding(config.mel_dim, config.mu_dim, config.spk_dim, config.dim)
+        self.rotary_embed = RotaryEmbedding(config.dim_head)
+        self.transformer_blocks = nn.ModuleList(
+            DiTBlock(config.dim, config.heads, config.dim_head, config.ff_mult) for _ in range(config.depth)
+        )
+        self.norm_out = AdaLayerNormZeroFinal(config.dim)
+        self.proj_out = nn.Linear(config.dim, config.mel_dim)
+
+    def forward(
+        self,
+        x: torch.Tensor,
+        mask: torch.Tensor,
+        mu: torch.Tensor,
+        t: torch.Tensor,
+        spks: torch.Tensor,
+        cond: torch.Tensor,
+        streaming: bool = False,
+    ) -> torch.Tensor:
+        """Velocity (B, C, T).
+
+        x, cond: (B, C, T); mask: (B, 1, T), nonzero on valid frames; mu: (B, mu_dim, T);
+        t: (B,) flow time in [0, 1]; spks: (B, spk_dim). `streaming` restricts attention to chunks of
+        `static_chunk_size` frames (see `attention_mask`).
+        """
+        frame_mask = mask[:, 0].bool()  # (B, T)
+        chunk_size = self.config.static_chunk_size if streaming else 0
+        attn_mask = attention_mask(frame_mask, chunk_size)
+        t_emb = self.time_embed(t)
+        h = self.input_embed(x.transpose(1, 2), cond.transpose(1, 2), mu.transpose(1, 2), spks)
+        angles = self.rotary_embed.angles(h.shape[1])
+        for block in self.transformer_blocks:
+            h = block(h, t_emb, attn_mask, frame_mask[..., None], angles)
+        return self.proj_out(self.norm_out(h, t_emb)).transpose(1, 2)

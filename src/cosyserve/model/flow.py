@@ -1,0 +1,256 @@
+"""The flow-matching acoustic model: speech tokens -> 80-bin mel at 50 Hz.
+
+Tokens (prompt ++ new) are embedded, mixed with a few tokens of look-ahead by two convolutions,
+repeated `token_mel_ratio` times to the mel rate, and then a DiT velocity field is integrated from
+fixed noise to a mel with a few Euler steps and classifier-free guidance. The prompt mel conditions
+the first frames; only the frames after it are returned. Attribute names reproduce the official
+`flow.pt` keys (`input_embedding`, `spk_embed_affine_layer`, `pre_lookahead_layer`, `decoder.estimator`).
+
+Shapes: T tokens, Tp prompt tokens, Tm prompt mel frames, N = total mel frames, C mel channels (80).
+"""
+
+from __future__ import annotations
+
+import math
+import threading
+
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+from cosyserve.errors import ConfigError, InputError
+from cosyserve.model.config import CFMConfig, DiTConfig, FlowConfig
+from cosyserve.model.dit import DiT
+
+MAX_MEL_FRAMES = 15000  # 300 s at 50 Hz: the length of the official fixed start noise
+DEFAULT_N_TIMESTEPS = 10  # Euler steps the official inference uses
+_NOISE_SEED = 0
+
+_noise_cache: dict[int, torch.Tensor] = {}
+_noise_lock = threading.Lock()
+
+
+def fixed_start_noise(channels: int = 80) -> torch.Tensor:
+    """The official start noise (1, channels, MAX_MEL_FRAMES), CPU float32, created once per process.
+
+    Equal to `torch.manual_seed(0); torch.randn(1, 80, 15000)`, drawn from a private generator so the
+    global RNG is untouched. Every request starts from its first N frames, which makes output
+    deterministic and lets streaming chunks agree with one-shot synthesis.
+    """
+    with _noise_lock:
+        noise = _noise_cache.get(channels)
+        if noise is None:
+            generator = torch.Generator(device="cpu").manual_seed(_NOISE_SEED)
+            noise = torch.randn(1, channels, MAX_MEL_FRAMES, generator=generator)
+            _noise_cache[channels] = noise
+    return noise
+
+
+class PreLookaheadLayer(nn.Module):
+    """Each token sees the `lookahead` tokens after it, then a causal conv; residual. (B, T, C) -> same."""
+
+    def __init__(self, in_channels: int, channels: int, lookahead: int) -> None:
+        super().__init__()
+        self.lookahead = lookahead
+        self.conv1 = nn.Conv1d(in_channels, channels, kernel_size=lookahead + 1)
+        self.conv2 = nn.Conv1d(channels, in_channels, kernel_size=3)
+
+    def forward(self, x: torch.Tensor, context: torch.Tensor | None = None) -> torch.Tensor:
+        """x: (B, T, C); context: (B, lookahead, C) tokens after x that are seen but not output.
+
+        Without context the sequence is final and the look-ahead is zero padding.
+        """
+        h = x.transpose(1, 2)
+        if context is None:
+            h = F.pad(h, (0, self.lookahead))
+        else:
+            h = torch.cat((h, context.transpose(1, 2)), dim=2)
+        h = F.leaky_relu(self.conv1(h))
+        h = self.conv2(F.pad(h, (self.conv2.kernel_size[0] - 1, 0)))
+        return h.transpose(1, 2) + x
+
+
+class CausalCFM(nn.Module):
+    """Conditional flow matching sampler around the DiT estimator (Euler, cosine time schedule, CFG)."""
+
+    def __init__(self, cfm: CFMConfig, dit: DiTConfig) -> None:
+        super().__init__()
+        if cfm.solver != "euler":
+            raise ConfigError(f"flow solver {cfm.solver!r} in the YAML is not supported; use 'euler'")
+        self.cfg_rate = cfm.inference_cfg_rate
+        self.t_scheduler = cfm.t_scheduler
+        self.estimator = DiT(dit)
+
+    def estimate(
+        self,
+        x: torch.Tensor,
+        mask: torch.Tensor,
+        mu: torch.Tensor,
+        t: torch.Tensor,
+        spks: torch.Tensor,
+        cond: torch.Tensor,
+        streaming: bool,
+    ) -> torch.Tensor:
+        """One estimator call, velocity (B, C, N); arguments as `DiT.forward`. Kept apart to be swappable
+        (compiled graphs, TensorRT) without touching the solver."""
+        return self.estimator(x, mask, mu, t, spks, cond, streaming)
+
+    def time_span(self, n_timesteps: int, device: torch.device, dtype: torch.dtype) -> torch.Tensor:
+        """(n_timesteps + 1,) times from 0 to 1; the cosine schedule takes smaller steps near t = 0."""
+        t_span = torch.linspace(0, 1, n_timesteps + 1, device=device, dtype=dtype)
+        if self.t_scheduler == "cosine":
+            t_span = 1 - torch.cos(t_span * 0.5 * math.pi)
+        return t_span
+
+    def solve(
+        self,
+        noise: torch.Tensor,
+        mu: torch.Tensor,
+        mask: torch.Tensor,
+        spks: torch.Tensor,
+        cond: torch.Tensor,
+        streaming: bool,
+        n_timesteps: int = DEFAULT_N_TIMESTEPS,
+    ) -> torch.Tensor:
+        """Integrate from `noise` (1, C, N) to a mel (1, C, N).
+
+        mu, cond: (1, *, N); mask: (1, 1, N); spks: (1, spk_dim). Each step runs the estimator on a
+        batch of two: conditioned, and unconditioned (mu, spks, cond zeroed); the guided velocity is
+        (1 + r) * v_cond - r * v_uncond.
+        """
+        t_span = self.time_span(n_timesteps, mu.device, mu.dtype)
+        mask_in = torch.cat((mask, mask))
+        mu_in = torch.cat((mu, torch.zeros_like(mu)))
+        spks_in = torch.cat((spks, torch.zeros_like(spks)))
+        cond_in = torch.cat((cond, torch.zeros_like(cond)))
+        x = noise
+        # The time advances by accumulating dt (not by indexing t_span) to match the official rounding.
+        t, dt = t_span[0], t_span[1] - t_span[0]
+        for step in range(1, n_timesteps + 1):
+            velocity = self.estimate(
+                torch.cat((x, x)), mask_in, mu_in, t.expand(2), spks_in, cond_in, streaming
+            )
+            v_cond, v_uncond = velocity.chunk(2, dim=0)
+            x = x + dt * ((1.0 + self.cfg_rate) * v_cond - self.cfg_rate * v_uncond)
+            t = t + dt
+            if step < n_timesteps:
+                dt = t_span[step + 1] - t
+        return x
+
+
+class CausalFlow(nn.Module):
+    """Speech tokens + prompt (tokens, mel, speaker embedding) -> mel of the new tokens."""
+
+    def __init__(self, config: FlowConfig) -> None:
+        super().__init__()
+        self.config = config
+        self.token_mel_ratio = config.token_mel_ratio
+        self.lookahead = config.pre_lookahead_len
+        self.input_embedding = nn.Embedding(config.vocab_size, config.input_size)
+        self.spk_embed_affine_layer = nn.Linear(config.spk_embed_dim, config.output_size)
+        pre = config.pre_lookahead
+        self.pre_lookahead_layer = PreLookaheadLayer(pre.in_channels, pre.channels, pre.pre_lookahead_len)
+        self.decoder = CausalCFM(config.cfm, config.dit)
+
+    def speaker_condition(self, embedding: torch.Tensor) -> torch.Tensor:
+        """Speaker embedding (1, spk_embed_dim) -> L2-normalised and projected (1, C)."""
+        return self.spk_embed_affine_layer(F.normalize(embedding, dim=1))
+
+    def token_condition(self, tokens: torch.Tensor, finalize: bool) -> torch.Tensor:
+        """All tokens (1, Tp + T) -> per-frame condition mu (1, C, N).
+
+        finalize=False: the last `lookahead` tokens are only look-ahead context for the tokens before
+        them and produce no frames (they arrive again, with their own look-ahead, in the next chunk).
+        """
+        h = self.input_embedding(tokens.clamp(min=0))
+        if finalize:
+            h = self.pre_lookahead_layer(h)
+        else:
+            h = self.pre_lookahead_layer(h[:, : -self.lookahead], context=h[:, -self.lookahead :])
+        return h.repeat_interleave(self.token_mel_ratio, dim=1).transpose(1, 2)
+
+    def mel_frames(self, n_tokens: int, finalize: bool) -> int:
+        """Mel frames (prompt included) that `n_tokens` prompt + new tokens produce."""
+        return (n_tokens - (0 if finalize else self.lookahead)) * self.token_mel_ratio
+
+    def _check_inputs(
+        self,
+        token: torch.Tensor,
+        prompt_token: torch.Tensor,
+        prompt_feat: torch.Tensor,
+        embedding: torch.Tensor,
+        finalize: bool,
+    ) -> int:
+        """Validate shapes and lengths; return the total number of mel frames N."""
+        cfg = self.config
+        if token.dim() != 2 or prompt_token.dim() != 2 or token.shape[0] != 1 or prompt_token.shape[0] != 1:
+            raise InputError(
+                f"flow expects token and prompt_token of shape (1, T), got {tuple(token.shape)} and "
+                f"{tuple(prompt_token.shape)}; run one utterance per call"
+            )
+        if prompt_feat.dim() != 3 or prompt_feat.shape[0] != 1 or prompt_feat.shape[2] != cfg.output_size:
+            raise InputError(
+                f"prompt_feat must have shape (1, frames, {cfg.output_size}), got {tuple(prompt_feat.shape)}"
+            )
+        if embedding.shape != (1, cfg.spk_embed_dim):
+            raise InputError(
+                f"speaker embedding must have shape (1, {cfg.spk_embed_dim}), got {tuple(embedding.shape)}"
+            )
+        n_tokens = prompt_token.shape[1] + token.shape[1]
+        for name, ids in (("token", token), ("prompt_token", prompt_token)):
+            if ids.numel() and int(ids.max()) >= cfg.vocab_size:
+                raise InputError(
+                    f"{name} holds id {int(ids.max())}, outside the {cfg.vocab_size} speech codes; "
+                    "drop special tokens (eos, sos, ...) before the flow"
+                )
+        if not finalize and n_tokens <= self.lookahead:
+            raise InputError(
+                f"a non-final flow call needs more than {self.lookahead} tokens (the last {self.lookahead} "
+                f"are look-ahead only), got {n_tokens}"
+            )
+        n_frames = self.mel_frames(n_tokens, finalize)
+        if n_frames > MAX_MEL_FRAMES:
+            seconds = MAX_MEL_FRAMES / (cfg.input_frame_rate * self.token_mel_ratio)
+            raise InputError(
+                f"{n_frames} mel frames (prompt + new speech) exceed the limit of {MAX_MEL_FRAMES} "
+                f"({seconds:.0f} s of audio); split the text into shorter sentences or use a shorter prompt"
+            )
+        if prompt_feat.shape[1] > n_frames:
+            raise InputError(
+                f"prompt_feat has {prompt_feat.shape[1]} frames but the tokens give only {n_frames}; "
+                f"the prompt mel must be {cfg.token_mel_ratio} frames per prompt token at most"
+            )
+        return n_frames
+
+    @torch.inference_mode()
+    def inference(
+        self,
+        token: torch.Tensor,
+        prompt_token: torch.Tensor,
+        prompt_feat: torch.Tensor,
+        embedding: torch.Tensor,
+        streaming: bool = False,
+        finalize: bool = True,
+        n_timesteps: int = DEFAULT_N_TIMESTEPS,
+    ) -> torch.Tensor:
+        """Mel (1, C, N - Tm) float32 for the new tokens only.
+
+        token: (1, T) and prompt_token: (1, Tp) integer ids; prompt_feat: (1, Tm, C) prompt mel;
+        embedding: (1, spk_embed_dim) speaker embedding (normalised here). streaming: chunked attention,
+        so a prefix's frames do not depend on later tokens. finalize: False while more tokens will follow
+        (the last `pre_lookahead_len` tokens are then context only). Raises InputError for bad shapes,
+        unknown ids or more than MAX_MEL_FRAMES frames. Computed on the parameters' device and dtype.
+        """
+        n_frames = self._check_inputs(token, prompt_token, prompt_feat, embedding, finalize)
+        param = self.spk_embed_affine_layer.weight
+        device, dtype = param.device, param.dtype
+        tokens = torch.cat((prompt_token, token), dim=1).to(device=device, dtype=torch.long)
+        spks = self.speaker_condition(embedding.to(device=device, dtype=dtype))
+        mu = self.token_condition(tokens, finalize)
+        n_prompt = prompt_feat.shape[1]
+        cond = torch.zeros_like(mu)
+        cond[:, :, :n_prompt] = prompt_feat.to(device=device, dtype=dtype).transpose(1, 2)
+        mask = torch.ones(1, 1, n_frames, device=device, dtype=dtype)
+        noise = fixed_start_noise(self.config.output_size)[:, :, :n_frames].to(device=device, dtype=dtype)
+        mel = self.decoder.solve(noise, mu, mask, spks, cond, streaming, n_timesteps)
+        return mel[:, :, n_prompt:].float()

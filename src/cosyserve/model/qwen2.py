@@ -1,0 +1,191 @@
+"""The Qwen2 decoder stack inside the CosyVoice3 LM, written for inference over an external KV cache.
+
+Numerics follow Hugging Face `Qwen2Model` so the official checkpoints load by name and give the same
+hidden states: RMSNorm in float32, rotary embeddings on the half-split layout (`rotate_half`),
+grouped-query attention with biased q/k/v projections, SwiGLU feed-forward, final RMSNorm.
+
+The cache is plain tensor storage owned by the caller (see `cosyserve.engine.kv_cache`): one buffer
+of shape `(layers, 2, B, kv_heads, capacity, head_dim)`; a forward call writes the keys/values of its
+`T` new positions at `start` and attends over `[0, start + T)`. Nothing here allocates per step
+except activations, so a fixed-shape decode step can later be captured in a CUDA graph.
+"""
+
+from __future__ import annotations
+
+import torch
+import torch.nn.functional as F
+from torch import Tensor, nn
+
+from cosyserve.model.config import Qwen2Config
+
+
+class RMSNorm(nn.Module):
+    """Root-mean-square norm, computed in float32 and cast back (as HF Qwen2 does)."""
+
+    def __init__(self, dim: int, eps: float) -> None:
+        super().__init__()
+        self.weight = nn.Parameter(torch.ones(dim))
+        self.eps = eps
+
+    def forward(self, x: Tensor) -> Tensor:
+        """`(..., dim)` → `(..., dim)`."""
+        dtype = x.dtype
+        x32 = x.float()
+        x32 = x32 * torch.rsqrt(x32.pow(2).mean(-1, keepdim=True) + self.eps)
+        return self.weight * x32.to(dtype)
+
+
+class RotaryTable(nn.Module):
+    """cos/sin for every position up to `max_positions`, computed once (non-persistent buffers).
+
+    Built in float32 then cast with the module (`.to(dtype)`), matching HF's cast to the activation dtype.
+    """
+
+    def __init__(self, head_dim: int, theta: float, max_positions: int) -> None:
+        super().__init__()
+        self.head_dim, self.theta, self.max_positions = head_dim, theta, max_positions
+        cos, sin = self._compute(None)  # the default device: values on CPU, shapes only under meta
+        self.register_buffer("cos", cos, persistent=False)
+        self.register_buffer("sin", sin, persistent=False)
+
+    def _compute(self, device: torch.device | None) -> tuple[Tensor, Tensor]:
+        exponents = (
+            torch.arange(0, self.head_dim, 2, dtype=torch.int64, device=device).float() / self.head_dim
+        )
+        inv_freq = 1.0 / (self.theta**exponents)
+        positions = torch.arange(self.max_positions, dtype=torch.float32, device=device)
+        angles = torch.outer(positions, inv_freq)  # (P, head_dim / 2)
+        angles = torch.cat((angles, angles), dim=-1)  # (P, head_dim): HF's half-split layout
+        return angles.cos(), angles.sin()
+
+    def rebuild(self, device: torch.device | str, dtype: torch.dtype = torch.float32) -> None:
+        """Recompute the tables on `device` (needed after building the model on the meta device)."""
+        cos, sin = self._compute(torch.device(device))
+        self.cos, self.sin = cos.to(dtype), sin.to(dtype)
+
+    def forward(self, start: int, length: int) -> tuple[Tensor, Tensor]:
+        """cos, sin for positions `[start, start + length)`, each `(length, head_dim)`."""
+        return self.cos[start : start + length], self.sin[start : start + length]
+
+
+def _rotate(x: Tensor, cos: Tensor, sin: Tensor) -> Tensor:
+    """Apply rotary embedding to `(B, heads, T, head_dim)` with `cos/sin` `(T, head_dim)`."""
+    half = x.shape[-1] // 2
+    rotated = torch.cat((-x[..., half:], x[..., :half]), dim=-1)
+    return x * cos + rotated * sin
+
+
+class Attention(nn.Module):
+    """Grouped-query self-attention that reads and extends a caller-owned KV cache."""
+
+    def __init__(self, config: Qwen2Config) -> None:
+        super().__init__()
+        hidden, head_dim = config.hidden_size, config.head_dim
+        self.num_heads, self.num_kv_heads, self.head_dim = (
+            config.num_attention_heads,
+            config.num_key_value_heads,
+            head_dim,
+        )
+        self.q_proj = nn.Linear(hidden, self.num_heads * head_dim, bias=True)
+        self.k_proj = nn.Linear(hidden, self.num_kv_heads * head_dim, bias=True)
+        self.v_proj = nn.Linear(hidden, self.num_kv_heads * head_dim, bias=True)
+        self.o_proj = nn.Linear(self.num_heads * head_dim, hidden, bias=False)
+
+    def forward(
+        self, x: Tensor, cos: Tensor, sin: Tensor, kv: Tensor, start: int, mask: Tensor | None
+    ) -> Tensor:
+        """`x` `(B, T, hidden)`; `kv` this layer's cache `(2, B, kv_heads, capacity, head_dim)`.
+
+        Writes positions `[start, start + T)` into `kv`, attends over `[0, start + T)`. `mask` is
+        `None` when plain causal attention is right (T == 1, or start == 0), else `(T, start + T)` bool.
+        """
+        batch, length, _ = x.shape
+        q = self.q_proj(x).view(batch, length, self.num_heads, self.head_dim).transpose(1, 2)
+        k = self.k_proj(x).view(batch, length, self.num_kv_heads, self.head_dim).transpose(1, 2)
+        v = self.v_proj(x).view(batch, length, self.num_kv_heads, self.head_dim).transpose(1, 2)
+        q, k = _rotate(q, cos, sin), _rotate(k, cos, sin)
+        end = start + length
+        kv[0, :, :, start:end] = k
+        kv[1, :, :, start:end] = v
+        keys, values = kv[0, :, :, :end], kv[1, :, :, :end]
+        # T == 1 attends to everything cached; a fresh prefill is causal with aligned corners.
+        causal = mask is None and length > 1
+        out = F.scaled_dot_product_attention(
+            q, keys, values, attn_mask=mask, is_causal=causal, enable_gqa=True
+        )
+        return self.o_proj(out.transpose(1, 2).reshape(batch, length, self.num_heads * self.head_dim))
+
+
+class FeedForward(nn.Module):
+    """SwiGLU: `down(silu(gate(x)) * up(x))`."""
+
+    def __init__(self, hidden: int, inner: int) -> None:
+        super().__init__()
+        self.gate_proj = nn.Linear(hidden, inner, bias=False)
+        self.up_proj = nn.Linear(hidden, inner, bias=False)
+        self.down_proj = nn.Linear(inner, hidden, bias=False)
+
+    def forward(self, x: Tensor) -> Tensor:
+        """`(B, T, hidden)` → `(B, T, hidden)`."""
+        return self.down_proj(F.silu(self.gate_proj(x)) * self.up_proj(x))
+
+
+class DecoderLayer(nn.Module):
+    """Pre-norm attention block then pre-norm feed-forward block, each with a residual."""
+
+    def __init__(self, config: Qwen2Config) -> None:
+        super().__init__()
+        self.input_layernorm = RMSNorm(config.hidden_size, config.rms_norm_eps)
+        self.self_attn = Attention(config)
+        self.post_attention_layernorm = RMSNorm(config.hidden_size, config.rms_norm_eps)
+        self.mlp = FeedForward(config.hidden_size, config.intermediate_size)
+
+    def forward(
+        self, x: Tensor, cos: Tensor, sin: Tensor, kv: Tensor, start: int, mask: Tensor | None
+    ) -> Tensor:
+        """`(B, T, hidden)` → `(B, T, hidden)`; see `Attention.forward` for the cache arguments."""
+        x = x + self.self_attn(self.input_layernorm(x), cos, sin, kv, start, mask)
+        return x + self.mlp(self.post_attention_layernorm(x))
+
+
+class Qwen2Model(nn.Module):
+    """`embed_tokens`, `layers`, `norm` (HF names); no `lm_head`, which speech decoding never uses."""
+
+    def __init__(self, config: Qwen2Config) -> None:
+        super().__init__()
+        self.config = config
+        self.embed_tokens = nn.Embedding(config.vocab_size, config.hidden_size)
+        self.layers = nn.ModuleList(DecoderLayer(config) for _ in range(config.num_hidden_layers))
+        self.norm = RMSNorm(config.hidden_size, config.rms_norm_eps)
+        self.rotary = RotaryTable(config.head_dim, config.rope_theta, config.max_position_embeddings)
+
+    def forward(
+        self, embeds: Tensor, kv: Tensor, start: int, *, hidden_states: list[Tensor] | None = None
+    ) -> Tensor:
+        """Run `embeds` `(B, T, hidden)` at positions `[start, start + T)`; return normed `(B, T, hidden)`.
+
+        `kv` is the whole cache `(layers, 2, B, kv_heads, capacity, head_dim)`; the new positions are
+        written into it. If `hidden_states` is a list, HF's `output_hidden_states` sequence is appended
+        to it: the inputs, each layer's output but the last, then the normed output (layers + 1 entries).
+        """
+        length = embeds.shape[1]
+        if start + length > self.rotary.max_positions:
+            raise ValueError(
+                f"positions up to {start + length} exceed the model's {self.rotary.max_positions}"
+            )
+        cos, sin = self.rotary(start, length)
+        cos, sin = cos.to(embeds.dtype), sin.to(embeds.dtype)
+        mask = None
+        if start > 0 and length > 1:
+            # Continuing after a cached prefix: causal with the query block offset by `start`.
+            rows = torch.arange(start, start + length, device=embeds.device)[:, None]
+            mask = torch.arange(start + length, device=embeds.device)[None, :] <= rows
+        x = embeds
+        for index, layer in enumerate(self.layers):
+            if hidden_states is not None:
+                hidden_states.append(x)
+            x = layer(x, cos, sin, kv[index], start, mask)
+        x = self.norm(x)
+        if hidden_states is not None:
+            hidden_states.append(x)
+        return x
