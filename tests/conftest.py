@@ -30,3 +30,143 @@ def shared_dir() -> Path:
 def tiny_dir(shared_dir: Path) -> Path:
     """The parity fixture directory: `tiny/model` plus the official outputs for it."""
     return shared_dir / "parity" / "tiny"
+
+
+@pytest.fixture(scope="session")
+def demo_model_path(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """A demo model directory (random weights, stand-in ONNX graphs), written once per test session."""
+    from cosyserve.engine.demo_model import write_demo_model
+
+    return write_demo_model(tmp_path_factory.mktemp("models") / "demo", seed=0)
+
+
+@pytest.fixture(scope="session")
+def prompt_wav_bytes(shared_dir: Path) -> bytes:
+    return (shared_dir / "audio" / "prompt_zh_24k.wav").read_bytes()
+
+
+PROMPT_TRANSCRIPT = "希望你以后能够做的比我还好呦。"
+
+
+# ---- API tests: the real app in uvicorn on a free local port, around the demo model ----------------
+
+
+class LiveServer:
+    """A uvicorn server in a background thread of this process (so tests can look at its Service)."""
+
+    def __init__(self, app, service) -> None:
+        import socket
+
+        import uvicorn
+
+        self.app, self.service = app, service
+        self.socket = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
+        self.socket.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+        self.socket.bind(("127.0.0.1", 0))
+        self.port = self.socket.getsockname()[1]
+        self.url = f"http://127.0.0.1:{self.port}"
+        config = uvicorn.Config(
+            app, log_config=None, access_log=False, lifespan="on", timeout_graceful_shutdown=5
+        )
+        self.server = uvicorn.Server(config)
+        self.thread = None
+
+    def start(self, timeout: float = 30.0) -> LiveServer:
+        import threading
+        import time
+
+        self.thread = threading.Thread(
+            target=self.server.run, kwargs={"sockets": [self.socket]}, name="test-uvicorn", daemon=True
+        )
+        self.thread.start()
+        deadline = time.monotonic() + timeout
+        while not self.server.started:
+            if time.monotonic() > deadline or not self.thread.is_alive():
+                raise RuntimeError("the test server did not start")
+            time.sleep(0.02)
+        return self
+
+    def wait_ready(self, timeout: float = 120.0) -> LiveServer:
+        import time
+
+        deadline = time.monotonic() + timeout
+        while not self.service.readiness()["ready"]:
+            if time.monotonic() > deadline:
+                raise RuntimeError(f"the test server is not ready: {self.service.readiness()}")
+            time.sleep(0.05)
+        return self
+
+    def client(self, **kwargs):
+        import httpx
+
+        kwargs.setdefault("timeout", 120.0)
+        return httpx.Client(base_url=self.url, **kwargs)
+
+    def stop(self, timeout: float = 60.0) -> None:
+        if self.thread is not None and self.thread.is_alive():
+            self.server.should_exit = True
+            self.thread.join(timeout)
+        self.socket.close()
+
+
+@pytest.fixture(scope="session")
+def api_synthesizer(demo_model_path: Path):
+    """The demo model, loaded once; each test server gets a shallow copy with its own voice library."""
+    from cosyserve.service.logs import configure_logging
+    from cosyserve.service.synthesizer import Synthesizer
+
+    configure_logging("INFO")  # the ring buffer behind GET /admin/logs
+    return Synthesizer.load(demo_model_path, device="cpu", threads=2)
+
+
+@pytest.fixture(scope="session")
+def start_api_server(api_synthesizer, demo_model_path: Path, tmp_path_factory: pytest.TempPathFactory):
+    """`start_api_server(**settings)` → a started LiveServer; stop it yourself or at the session's end.
+
+    Keyword arguments are settings by flat name (`concurrency=2`); `factory=` replaces the synthesizer
+    loader, `wait_ready=False` returns before the model is loaded, `service_kwargs=` go to Service.
+    """
+    import copy
+
+    from cosyserve.api.app import create_app
+    from cosyserve.service.app_state import Service
+    from cosyserve.service.settings import Settings
+
+    started: list[LiveServer] = []
+
+    def start(*, factory=None, wait_ready: bool = True, service_kwargs=None, **settings) -> LiveServer:
+        values = {
+            "model": str(demo_model_path),
+            "device": "cpu",
+            "data_dir": tmp_path_factory.mktemp("api-data"),
+            "concurrency": 1,
+            "queue_size": 8,
+            "request_timeout_s": 120.0,
+            "signing_secret": "test-signing-secret-0123456789abcdef",
+            **settings,
+        }
+        service = Service(
+            Settings(**values),
+            synthesizer_factory=factory or (lambda _settings, _voices: copy.copy(api_synthesizer)),
+            **(service_kwargs or {}),
+        )
+        server = LiveServer(create_app(service), service).start()
+        started.append(server)
+        return server.wait_ready() if wait_ready else server
+
+    yield start
+    for server in started:
+        server.stop()
+
+
+API_TEXT = "hi"  # short: the demo model answers in about a second
+API_SEED = 3
+LONG_TEXT = "第一句话说得很长很长，要让它超过一个片段的长度才行。" * 4
+
+
+def enrol_voice(client, name: str, wav: bytes, transcript: str = PROMPT_TRANSCRIPT) -> dict:
+    """Enrol a voice through the API (multipart), returning its JSON."""
+    files = {"audio": ("prompt.wav", wav, "audio/wav")}
+    response = client.post("/v1/voices", data={"name": name, "transcript": transcript}, files=files)
+    assert response.status_code == 201, response.text
+    return response.json()

@@ -38,7 +38,9 @@ def _cmd_download(args: argparse.Namespace) -> int:
 def _cmd_demo_model(args: argparse.Namespace) -> int:
     from cosyserve.engine.demo_model import write_demo_model
 
-    path = write_demo_model(Path(args.dir), seed=args.seed, overwrite=args.force)
+    path = write_demo_model(
+        Path(args.dir), seed=args.seed, overwrite=args.force, progress=lambda line: print(line, file=sys.stderr)
+    )
     print(f"wrote demo model (random weights: its audio is noise) to {path}")
     return 0
 
@@ -73,6 +75,13 @@ def build_parser() -> argparse.ArgumentParser:
     demo.add_argument("--seed", type=int, default=0)
     demo.add_argument("--force", action="store_true", help="overwrite an existing directory")
     demo.set_defaults(func=_cmd_demo_model)
+
+    from cosyserve.commands import synthesize
+
+    synthesize.add_parsers(sub)
+    from cosyserve.commands import serve
+
+    serve.add_parsers(sub)
     return parser
 
 

@@ -5,6 +5,7 @@ The directory is used as downloaded: same files, same names, no conversion step.
 
 from __future__ import annotations
 
+import hashlib
 import zipfile
 from dataclasses import dataclass
 from functools import cached_property
@@ -81,6 +82,27 @@ class ModelDir:
         return read_cosyvoice3_config(
             self.path / "cosyvoice3.yaml", self.path / TOKENIZER_DIR / "config.json"
         )
+
+    @cached_property
+    def fingerprint(self) -> str:
+        """A cheap identity of the weights (names, sizes, first and last MiB of each checkpoint).
+
+        Recorded in every output's provenance manifest and with every saved voice; hashing the
+        whole 4 GB would add many seconds to start-up.
+        """
+        digest = hashlib.sha256()
+        for name in ("cosyvoice3.yaml", "llm.pt", "flow.pt", "hift.pt", *ONNX_FILES):
+            path = self.path / name
+            if not path.is_file():
+                continue
+            size = path.stat().st_size
+            digest.update(f"{name}:{size};".encode())
+            with path.open("rb") as handle:
+                digest.update(handle.read(1 << 20))
+                if size > 2 << 20:
+                    handle.seek(-(1 << 20), 2)
+                    digest.update(handle.read())
+        return digest.hexdigest()[:16]
 
     @property
     def tokenizer_dir(self) -> Path:

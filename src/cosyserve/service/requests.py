@@ -19,7 +19,7 @@ class SynthesisRequest:
     prompt_text: str | None = None  # transcript of the prompt: zero-shot clone; absent: cross-lingual
     instruct: str | None = None  # plain-language instruction (dialect, emotion, speed, ...)
     seed: int | None = None  # None: one is drawn and reported, so any result can be reproduced
-    speed: float = 1.0
+    speed: float | None = None  # None: the voice's default, else 1.0
     volume: float = 1.0  # linear gain on the output, clipped to [-1, 1]
     stream: bool = False  # chunks within a sentence as soon as they are ready
 

@@ -1,0 +1,1 @@
+"""Subcommands of the `cosyserve` CLI that need more than a few lines."""

@@ -1,0 +1,136 @@
+"""`cosyserve serve` (the web service on port 7860) and `cosyserve keys` (API key administration).
+
+Every setting is a flag (`--port`, `--concurrency`, …; `cosyserve serve --help` lists them): flags win
+over `COSYSERVE_*` environment variables, which win over `cosyserve.toml`.
+"""
+
+from __future__ import annotations
+
+import argparse
+import logging
+import sys
+import typing
+from typing import Any
+
+from cosyserve.errors import SettingsError
+
+log = logging.getLogger("cosyserve.serve")
+
+
+def _field_annotation(path: str) -> Any:
+    from cosyserve.service.settings import GROUPS
+
+    group, key = path.split(".")
+    for name, info in GROUPS[group].model_fields.items():
+        if (info.alias or name) == key:
+            return info.annotation
+    raise KeyError(path)  # pragma: no cover - settings_reference only lists real fields
+
+
+def add_settings_flags(parser: argparse.ArgumentParser) -> list[str]:
+    """One flag per setting (values are checked by Settings, not argparse); returns their dest names."""
+    from cosyserve.service.settings import settings_reference
+
+    parser.add_argument("--config", default=None, metavar="FILE", help="TOML settings file")
+    dests = []
+    for doc in settings_reference():
+        annotation = _field_annotation(doc.path)
+        help_text = f"{doc.description} [env {doc.env_vars[1]}]"
+        if not doc.secret and doc.default not in (None, ""):
+            help_text += f" (default: {doc.default})"
+        if annotation is bool:
+            parser.add_argument(
+                doc.flag,
+                dest=doc.flat_name,
+                action=argparse.BooleanOptionalAction,
+                default=None,
+                help=help_text,
+            )
+        else:
+            if typing.get_origin(annotation) is typing.Literal:
+                help_text += f" (one of: {', '.join(map(str, typing.get_args(annotation)))})"
+            parser.add_argument(
+                doc.flag, dest=doc.flat_name, default=None, metavar=doc.flat_name.upper(), help=help_text
+            )
+        dests.append(doc.flat_name)
+    return dests
+
+
+def load_settings(args: argparse.Namespace, dests: list[str]) -> Any:
+    from cosyserve.service.settings import Settings
+
+    flags = {name: getattr(args, name) for name in dests}
+    return Settings.load(config_file=args.config, **flags)
+
+
+def cmd_serve(args: argparse.Namespace) -> int:
+    import uvicorn
+
+    from cosyserve.api.app import create_app
+    from cosyserve.service.app_state import Service
+    from cosyserve.service.logs import configure_logging
+
+    settings = load_settings(args, args.settings_dests)
+    configure_logging(settings.log.level, settings.log.json_lines)
+    if settings.queue.queue_url:
+        raise SettingsError(
+            "queue_url (a shared redis queue) is not supported yet: unset it to use the in-process queue"
+        )
+    service = Service(settings)
+    for warning in service.check_startup_safety():  # raises SettingsError for an open public address
+        log.warning(warning)
+    app = create_app(service)
+    config = uvicorn.Config(
+        app,
+        host=settings.server.host,
+        port=settings.server.port,
+        log_config=None,  # keep our logging (request ids, JSON lines)
+        access_log=False,  # our middleware logs each request with its id
+        lifespan="on",
+        timeout_graceful_shutdown=int(service.shutdown_grace_s) + 1,
+        server_header=False,
+    )
+    log.info("cosyserve on http://%s:%d (API docs at /docs)", settings.server.host, settings.server.port)
+    server = uvicorn.Server(config)
+    server.run()
+    return 0 if server.started else 1
+
+
+def _key_store(args: argparse.Namespace) -> Any:
+    from cosyserve.service.auth import KeyStore
+    from cosyserve.service.db import make_engine, metadata
+
+    settings = load_settings(args, args.settings_dests)
+    return KeyStore(make_engine(settings.storage.database_url or ""), metadata)
+
+
+def add_parsers(sub: argparse._SubParsersAction) -> None:
+    serve = sub.add_parser(
+        "serve",
+        help="run the web service: REST API, OpenAI-compatible speech, web UI (port 7860)",
+        description="Serve the model over HTTP. Binds 127.0.0.1 unless --host says otherwise; another "
+        "address needs an API key or a UI login (or --insecure). `--model demo` serves the demo model.",
+    )
+    dests = add_settings_flags(serve)
+    serve.set_defaults(func=cmd_serve, settings_dests=dests)
+
+    from cosyserve.service.keys_cli import add_keys_parser
+
+    keys = add_keys_parser(sub, _key_store)
+    actions = next(a for a in keys._actions if isinstance(a, argparse._SubParsersAction))
+    for action in actions.choices.values():  # after the action, where people put them
+        action.add_argument("--config", default=None, metavar="FILE", help="TOML settings file")
+        action.add_argument("--data-dir", dest="data_dir", default=None, help="where the database lives")
+        action.add_argument("--database-url", dest="database_url", default=None, help="SQLAlchemy URL")
+    keys.set_defaults(settings_dests=["data_dir", "database_url"])
+
+
+def main(argv: list[str] | None = None) -> int:
+    """`python app.py …` and `./run.sh …`: the same as `cosyserve serve …`."""
+    from cosyserve.cli import main as cli_main
+
+    return cli_main(["serve", *(sys.argv[1:] if argv is None else argv)])
+
+
+if __name__ == "__main__":  # pragma: no cover
+    sys.exit(main())

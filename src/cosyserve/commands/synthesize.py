@@ -1,0 +1,208 @@
+"""`cosyserve synthesize` and `cosyserve voices`: the Synthesizer from the command line."""
+
+from __future__ import annotations
+
+import argparse
+import os
+import sys
+from pathlib import Path
+
+import soundfile as sf
+
+from cosyserve.errors import InputError
+
+
+def default_data_dir() -> Path:
+    if os.environ.get("COSYSERVE_DATA_DIR"):
+        return Path(os.environ["COSYSERVE_DATA_DIR"]).expanduser()
+    base = Path(os.environ.get("XDG_DATA_HOME", Path.home() / ".local" / "share"))
+    return base / "cosyserve"
+
+
+def add_model_arguments(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument(
+        "--model",
+        default=os.environ.get("COSYSERVE_MODEL"),
+        help="model directory, model id (downloaded if missing) or 'demo' (random weights: noise)",
+    )
+    parser.add_argument("--device", default="auto", help="auto, cpu, cuda or cuda:N")
+    parser.add_argument("--threads", type=int, default=None, help="CPU threads (default: all available)")
+    parser.add_argument(
+        "--data-dir",
+        type=Path,
+        default=None,
+        help="where voices live (default: $COSYSERVE_DATA_DIR or ~/.local/share/cosyserve)",
+    )
+
+
+def open_voice_library(data_dir: Path | None, model_fingerprint: str):
+    import sqlalchemy as sa
+
+    from cosyserve.service.voices import VoiceLibrary
+
+    root = data_dir or default_data_dir()
+    root.mkdir(parents=True, exist_ok=True)
+    engine = sa.create_engine(f"sqlite:///{root / 'cosyserve.db'}")
+    return VoiceLibrary(root / "voices", engine, sa.MetaData(), model_checksum=model_fingerprint)
+
+
+def load_synthesizer(args: argparse.Namespace):
+    from cosyserve.engine.resolve import resolve_model
+    from cosyserve.service.synthesizer import Synthesizer
+
+    model_dir = resolve_model(args.model)
+    voices = open_voice_library(args.data_dir, model_dir.fingerprint)
+    synthesizer = Synthesizer.load(
+        model_dir,
+        device=args.device,
+        threads=args.threads,
+        voices=voices,
+        max_text_chars=args.max_chars if hasattr(args, "max_chars") else 200,
+    )
+    if (model_dir.path / "cosyserve_demo.json").is_file():
+        print("note: the demo model has random weights; its audio is noise", file=sys.stderr)
+    return synthesizer
+
+
+def _read_text(args: argparse.Namespace) -> str:
+    if (args.text is None) == (args.text_file is None):
+        raise InputError("give exactly one of --text or --text-file")
+    if args.text_file is not None:
+        try:
+            return Path(args.text_file).read_text(encoding="utf-8")
+        except (OSError, UnicodeDecodeError) as exc:
+            raise InputError(f"cannot read --text-file {args.text_file}: {exc}") from exc
+    return args.text
+
+
+def cmd_synthesize(args: argparse.Namespace) -> int:
+    from tqdm import tqdm
+
+    from cosyserve.service.requests import SynthesisRequest
+    from cosyserve.service.subtitles import to_srt, to_vtt
+
+    text = _read_text(args)
+    if (args.voice is None) == (args.prompt_wav is None):
+        raise InputError("give exactly one of --voice NAME or --prompt-wav FILE")
+    prompt_wav = None
+    if args.prompt_wav is not None:
+        try:
+            prompt_wav = Path(args.prompt_wav).read_bytes()
+        except OSError as exc:
+            raise InputError(f"cannot read --prompt-wav {args.prompt_wav}: {exc.strerror}") from exc
+    out = Path(args.out)
+    if out.suffix.lower() not in (".wav", ".flac", ".ogg"):
+        raise InputError("--out must end in .wav, .flac or .ogg")
+    synthesizer = load_synthesizer(args)
+    request = SynthesisRequest(
+        text=text,
+        voice=args.voice,
+        prompt_wav=prompt_wav,
+        prompt_text=args.prompt_text,
+        instruct=args.instruct,
+        seed=args.seed,
+        speed=args.speed,
+        volume=args.volume,
+        stream=args.stream,
+    )
+    bar = tqdm(total=1, unit="sentence", desc="synthesizing", file=sys.stderr, disable=args.quiet)
+
+    def progress(p) -> None:
+        bar.total = p.segments_total
+        bar.n = p.segments_done
+        bar.refresh()
+
+    stream = synthesizer.synthesize(request, progress=progress)
+    out.parent.mkdir(parents=True, exist_ok=True)
+    with sf.SoundFile(out, "w", samplerate=synthesizer.sample_rate, channels=1) as sink:
+        for chunk in stream:  # written as it arrives: with --stream, the file grows chunk by chunk
+            sink.write(chunk.samples)
+    result = stream.result()
+    bar.close()
+    for warning in result.warnings:
+        print(f"warning: {warning}", file=sys.stderr)
+    if args.srt:
+        Path(args.srt).write_text(to_srt(result.timings), encoding="utf-8")
+    if args.vtt:
+        Path(args.vtt).write_text(to_vtt(result.timings), encoding="utf-8")
+    rtf = result.stage_seconds.get("total", 0.0) / max(result.duration_s, 1e-9)
+    print(
+        f"wrote {out} ({result.duration_s:.2f} s, {result.speech_tokens} speech tokens, seed {result.seed}, "
+        f"real-time factor {rtf:.2f})"
+    )
+    return 0
+
+
+def cmd_voices(args: argparse.Namespace) -> int:
+    if args.voices_command == "add":
+        synthesizer = load_synthesizer(args)
+        try:
+            audio = Path(args.wav).read_bytes()
+        except OSError as exc:
+            raise InputError(f"cannot read {args.wav}: {exc.strerror}") from exc
+        voice = synthesizer.add_voice(
+            args.name, audio, args.transcript, audio_suffix=Path(args.wav).suffix.lower()
+        )
+        print(f"added voice {voice.name} ({voice.id})")
+        for warning in voice.report.get("warnings", []):
+            print(f"warning: {warning}", file=sys.stderr)
+        return 0
+    library = open_voice_library(args.data_dir, model_fingerprint="")
+    if args.voices_command == "list":
+        voices = library.list()
+        if not voices:
+            print("no voices yet: add one with `cosyserve voices add NAME --wav FILE --transcript TEXT`")
+        for voice in voices:
+            duration = voice.report.get("duration_s")
+            length = f"{duration:.1f} s" if isinstance(duration, int | float) else "?"
+            print(f"{voice.id}  {voice.name:<24} {length:>7}  {voice.transcript or '(no transcript)'}")
+    elif args.voices_command == "rm":
+        library.delete(args.name)
+        print(f"deleted voice {args.name}")
+    elif args.voices_command == "rename":
+        voice = library.update(args.name, name=args.new_name)
+        print(f"renamed to {voice.name}")
+    return 0
+
+
+def add_parsers(sub: argparse._SubParsersAction) -> None:
+    synth = sub.add_parser("synthesize", help="speak a text in a cloned voice and write an audio file")
+    synth.add_argument("--text")
+    synth.add_argument("--text-file")
+    synth.add_argument("--prompt-wav", help="a 3-30 s recording of the voice to clone")
+    synth.add_argument("--prompt-text", help="its transcript (zero-shot clone); omit for cross-lingual")
+    synth.add_argument("--voice", help="a saved voice (see `cosyserve voices`)")
+    synth.add_argument("--instruct", help="an instruction, e.g. 请用四川话表达 or 'speak happily'")
+    synth.add_argument("--seed", type=int, default=None, help="make the output reproducible")
+    synth.add_argument("--speed", type=float, default=None, help="0.5 to 2.0 (default 1.0)")
+    synth.add_argument("--volume", type=float, default=1.0)
+    synth.add_argument("--stream", action="store_true", help="generate and write in chunks as tokens arrive")
+    synth.add_argument(
+        "--max-chars", type=int, default=int(os.environ.get("COSYSERVE_MAX_TEXT_CHARS", "200"))
+    )
+    synth.add_argument("--out", required=True, help="output file (.wav, .flac or .ogg)")
+    synth.add_argument("--srt", help="also write sentence timestamps as SRT")
+    synth.add_argument("--vtt", help="also write sentence timestamps as WebVTT")
+    synth.add_argument("--quiet", action="store_true", help="no progress bar")
+    add_model_arguments(synth)
+    synth.set_defaults(func=cmd_synthesize)
+
+    voices = sub.add_parser("voices", help="manage saved voices")
+    vsub = voices.add_subparsers(dest="voices_command", required=True, metavar="ACTION")
+    add = vsub.add_parser("add", help="enrol a voice from a recording")
+    add.add_argument("name")
+    add.add_argument("--wav", required=True)
+    add.add_argument("--transcript", default=None)
+    add_model_arguments(add)
+    for action, help_text in (
+        ("list", "list saved voices"),
+        ("rm", "delete a voice"),
+        ("rename", "rename a voice"),
+    ):
+        parser = vsub.add_parser(action, help=help_text)
+        if action != "list":
+            parser.add_argument("name")
+        if action == "rename":
+            parser.add_argument("new_name")
+        parser.add_argument("--data-dir", type=Path, default=None)
+    voices.set_defaults(func=cmd_voices)

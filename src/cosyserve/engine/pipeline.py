@@ -1,0 +1,135 @@
+"""One text segment → audio: the speech LM feeding the acoustic runner, one-shot or streaming.
+
+`SpeechEngine` holds the shared, read-only networks; everything a request changes lives in the
+objects it creates per call (KV cache, sampler generator, stream state).
+"""
+
+from __future__ import annotations
+
+import threading
+import time
+from collections.abc import Callable, Iterator
+from dataclasses import dataclass, field
+
+import numpy as np
+import torch
+
+from cosyserve.engine.device import Placement
+from cosyserve.engine.loading import load_flow, load_hift, load_speech_lm
+from cosyserve.engine.model_dir import ModelDir
+from cosyserve.engine.speech_lm_runner import PromptPrefix, SpeechLMRunner
+from cosyserve.engine.token2wav import FlowPrompt, Token2Wav
+from cosyserve.errors import Cancelled
+
+CancelCheck = Callable[[], bool]
+
+
+@dataclass
+class SegmentStats:
+    """What one segment cost; summed into the request's stage timings."""
+
+    speech_tokens: int = 0
+    llm_s: float = 0.0
+    acoustic_s: float = 0.0  # flow + vocoder
+    first_chunk_s: float | None = None  # from the segment's start to its first audio
+
+
+@dataclass(frozen=True)
+class SegmentInput:
+    """The LM and acoustic inputs of one segment (ids from the tokenizer, prompt from the voice)."""
+
+    text_ids: list[int]
+    prompt_text_ids: list[int]  # [] in cross-lingual mode (the system sentence is in text_ids)
+    lm_prompt_speech_ids: list[int]  # [] unless zero-shot clone
+    flow_prompt: FlowPrompt
+    lm_prefix: PromptPrefix | None = None  # a voice's prepared [sos, prompt_text] KV, if cached
+    stats: SegmentStats = field(default_factory=SegmentStats)
+
+
+class SpeechEngine:
+    """The loaded networks of one model directory on one device."""
+
+    def __init__(
+        self, model_dir: ModelDir, lm: SpeechLMRunner, token2wav: Token2Wav, placement: Placement
+    ) -> None:
+        self.model_dir = model_dir
+        self.lm = lm
+        self.token2wav = token2wav
+        self.placement = placement
+        self.sample_rate = model_dir.config.sample_rate
+        self._prefix_lock = threading.Lock()
+
+    @classmethod
+    def load(cls, model_dir: ModelDir, placement: Placement) -> SpeechEngine:
+        lm_dtype = placement.dtype if placement.device.type == "cuda" else torch.float32
+        lm = SpeechLMRunner(load_speech_lm(model_dir, placement.device, lm_dtype))
+        # Flow weights stay float32; on CUDA the runner wraps it in autocast (as the official fp16 mode).
+        token2wav = Token2Wav(
+            load_flow(model_dir, placement.device),
+            load_hift(model_dir, placement.device),
+            placement,
+            chunk_size=model_dir.config.chunk_size,
+        )
+        return cls(model_dir, lm, token2wav, placement)
+
+    def prepare_prefix(self, prompt_text_ids: list[int]) -> PromptPrefix:
+        """The LM prefix `[sos, prompt_text]` of a voice, to be cached and reused by later requests."""
+        with self._prefix_lock:
+            return self.lm.prepare_prefix(prompt_text_ids)
+
+    def generate(
+        self,
+        segment: SegmentInput,
+        *,
+        generator: torch.Generator,
+        stream: bool,
+        speed: float = 1.0,
+        cancel: CancelCheck = lambda: False,
+    ) -> Iterator[np.ndarray]:
+        """Yield float32 audio (S,) for one segment: several chunks when streaming, else one."""
+        stats = segment.stats
+        started = time.perf_counter()
+        tokens = self.lm.generate(
+            segment.text_ids,
+            () if segment.lm_prefix is not None else segment.prompt_text_ids,
+            segment.lm_prompt_speech_ids,
+            prefix=segment.lm_prefix,
+            generator=generator,
+            cancel=cancel,
+        )
+        generated: list[int] = []
+        state = self.token2wav.start_stream(segment.flow_prompt) if stream else None
+        llm_clock = time.perf_counter()
+        for token in tokens:
+            generated.append(token)
+            if state is None or len(generated) < self.token2wav.tokens_needed(state):
+                continue
+            stats.llm_s += time.perf_counter() - llm_clock
+            acoustic_clock = time.perf_counter()
+            chunks = self.token2wav.stream_step(state, _as_tensor(generated, self.placement.device))
+            stats.acoustic_s += time.perf_counter() - acoustic_clock
+            for chunk in chunks:
+                if stats.first_chunk_s is None:
+                    stats.first_chunk_s = time.perf_counter() - started
+                yield chunk.cpu().numpy()
+            llm_clock = time.perf_counter()
+        stats.llm_s += time.perf_counter() - llm_clock
+        stats.speech_tokens = len(generated)
+        if cancel():
+            raise Cancelled("the request was cancelled")
+        if not generated:
+            return  # the LM ended at once (possible with random weights): nothing to say
+        acoustic_clock = time.perf_counter()
+        all_tokens = _as_tensor(generated, self.placement.device)
+        if state is None:
+            audio = self.token2wav.synthesize(all_tokens, segment.flow_prompt, speed=speed)
+        else:
+            audio = self.token2wav.stream_finish(state, all_tokens)
+        stats.acoustic_s += time.perf_counter() - acoustic_clock
+        if stats.first_chunk_s is None:
+            stats.first_chunk_s = time.perf_counter() - started
+        yield audio.cpu().numpy()
+
+
+def _as_tensor(tokens: list[int], device: torch.device) -> torch.Tensor:
+    return torch.tensor(tokens, dtype=torch.long, device=device)[None]

@@ -1,0 +1,46 @@
+"""`--model DIR|MODEL_ID|demo` → a validated model directory, downloading or writing it when needed."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+from cosyserve.engine.model_dir import DEFAULT_MODEL_ID, ModelDir
+from cosyserve.errors import ModelDirError
+
+DEMO = "demo"
+
+
+def demo_model_dir(models_root: Path | None = None) -> Path:
+    from cosyserve.engine.download import default_models_root
+
+    return (models_root or default_models_root()) / "cosyserve-demo"
+
+
+def resolve_model(spec: str | None, *, models_root: Path | None = None, download: bool = True) -> ModelDir:
+    """A directory path is used as is; `demo` writes the demo model once; a model id is downloaded.
+
+    Model ids look like `owner/name`; a spec that names an existing directory always wins.
+    """
+    spec = (spec or DEFAULT_MODEL_ID).strip()
+    if spec == DEMO:
+        target = demo_model_dir(models_root)
+        if not (target / "cosyserve_demo.json").is_file():
+            from cosyserve.engine.demo_model import write_demo_model
+
+            write_demo_model(target, seed=0, overwrite=True)
+        return ModelDir.open(target)
+    path = Path(spec).expanduser()
+    if path.is_dir():
+        return ModelDir.open(path)
+    if spec.count("/") != 1 or spec.startswith((".", "/", "~")):
+        raise ModelDirError(
+            f"model directory {spec} does not exist (and it is not a model id like owner/name)"
+        )
+    from cosyserve.engine.download import default_target_dir, download_model
+
+    target = default_target_dir(spec) if models_root is None else models_root / spec.split("/")[1]
+    if (target / "cosyvoice3.yaml").is_file():
+        return ModelDir.open(target)
+    if not download:
+        raise ModelDirError(f"model {spec} is not downloaded yet: run `cosyserve download {spec}`")
+    return ModelDir.open(download_model(spec, target_dir=target))

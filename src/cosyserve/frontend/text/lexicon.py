@@ -1,0 +1,85 @@
+"""A pronunciation lexicon: words that should always be read a given way, compiled to native tokens.
+
+    lexicon = Lexicon({"重庆": "chóng qìng", "行长": "hang2 zhang3", "minute": "M AY0 N UW1 T"})
+    lexicon.apply("重庆的行长") == "[ch][óng][q][ìng]的[h][áng][zh][ǎng]"
+
+Pronunciations are written as for `pronunciation.spec_to_tokens`: pinyin with tone marks or numbers,
+CMU phones, optionally in brackets, or native tokens. Entries are checked when the lexicon is built.
+Matching is case-insensitive, longest word first, whole words only for Latin-script words, and never
+inside bracketed or `<…>` markup already in the text.
+"""
+
+from __future__ import annotations
+
+import re
+from collections.abc import Mapping
+
+from cosyserve.errors import InputError
+from cosyserve.frontend.text.pronunciation import check_syllable_count, spec_to_tokens
+from cosyserve.frontend.text.tags import nfc
+
+# Markup the lexicon must not rewrite: bracketed items (with a `(spelling)` after them) and `<…>` tags.
+_MARKUP = re.compile(r"\[[^\[\]\n]*\](?:[ \t]*[(（][^()（）\n]*[)）])?|<[^<>\n]*>")
+_WORD_CHAR = re.compile(r"[A-Za-z0-9_]")
+
+
+class Lexicon:
+    """Word -> native pronunciation tokens; see the module doc."""
+
+    def __init__(self, entries: Mapping[str, str]) -> None:
+        compiled: dict[str, str] = {}
+        for raw_word, spec in entries.items():
+            word = nfc(str(raw_word)).strip()
+            if not word or any(char in word for char in "[]()<>\n"):
+                raise InputError(
+                    f"lexicon word {raw_word!r} is empty or holds brackets: give the plain word, e.g. 重庆"
+                )
+            if not isinstance(spec, str) or not spec.strip():
+                raise InputError(f"lexicon entry {word!r} has no pronunciation: give pinyin or CMU phones")
+            try:
+                tokens = spec_to_tokens(spec)
+                check_syllable_count(word, spec, tokens)
+            except InputError as exc:
+                raise InputError(f"lexicon entry {word!r}: {exc}") from exc
+            compiled[word.lower()] = "".join(tokens)
+        self._tokens = compiled
+        self._pattern = _word_pattern(compiled) if compiled else None
+
+    @property
+    def entries(self) -> dict[str, str]:
+        """Word (lower-cased) -> native tokens, e.g. `{"重庆": "[ch][óng][q][ìng]"}`."""
+        return dict(self._tokens)
+
+    def __len__(self) -> int:
+        return len(self._tokens)
+
+    def apply(self, text: str) -> str:
+        """`text` with every lexicon word replaced by its tokens; existing markup is left alone."""
+        if self._pattern is None:
+            return text
+        text = nfc(text)
+        out = []
+        position = 0
+        for markup in _MARKUP.finditer(text):
+            out.append(self._replace(text[position : markup.start()]))
+            out.append(markup.group())
+            position = markup.end()
+        out.append(self._replace(text[position:]))
+        return "".join(out)
+
+    def _replace(self, plain: str) -> str:
+        if self._pattern is None:
+            return plain
+        return self._pattern.sub(lambda match: self._tokens[match.group().lower()], plain)
+
+
+def _word_pattern(tokens: dict[str, str]) -> re.Pattern[str]:
+    alternatives = []
+    for word in sorted(tokens, key=len, reverse=True):
+        pattern = re.escape(word)
+        if _WORD_CHAR.match(word[0]):
+            pattern = r"(?<![A-Za-z0-9_'])" + pattern
+        if _WORD_CHAR.match(word[-1]):
+            pattern += r"(?![A-Za-z0-9_])"
+        alternatives.append(pattern)
+    return re.compile("|".join(alternatives), re.IGNORECASE)

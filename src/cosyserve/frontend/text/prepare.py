@@ -1,0 +1,125 @@
+"""From what a user typed to what the LM reads: one call that runs the whole text frontend.
+
+Order: chat markers and a typed system sentence removed → instruction found (explicit, a leading tag, or
+text before `<|endofprompt|>`) → length check → lexicon → pronunciation forms to native tokens →
+Japanese to katakana → normalisation → split into segments → mode assembly.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+
+from cosyserve.errors import InputError
+from cosyserve.frontend.text.japanese import to_katakana
+from cosyserve.frontend.text.lexicon import Lexicon
+from cosyserve.frontend.text.normalize import normalize_text, text_language
+from cosyserve.frontend.text.prompts import (
+    assemble_lm_texts,
+    inline_instruction,
+    leading_tag_instruction,
+    resolve_instruction,
+)
+from cosyserve.frontend.text.pronunciation import convert_pronunciations
+from cosyserve.frontend.text.split import Encoder, short_text_warning, split_text
+from cosyserve.frontend.text.tags import nfc
+
+DEFAULT_MAX_CHARS = 200
+
+
+def check_length(text: str, limit: int = DEFAULT_MAX_CHARS) -> None:
+    """Raise InputError when `text` has more than `limit` characters (as typed, before normalisation)."""
+    count = len(nfc(text).strip())
+    if count > limit:
+        raise InputError(
+            f"text is {count} characters, the limit is {limit}: split it or raise COSYSERVE_MAX_TEXT_CHARS"
+        )
+
+
+@dataclass(frozen=True)
+class PreparedText:
+    """Everything the engine needs from the text side of one request."""
+
+    lm_prompt_text: str  # read once before each segment; "" in cross-lingual mode
+    segments: list[str]  # LM-ready, one LM call each (with the system prefix in cross-lingual mode)
+    display_segments: list[str]  # the same segments as spoken, without prefixes (for timestamps, logs)
+    use_prompt_speech_tokens: bool  # True only in zero-shot mode
+    mode: str  # "zero_shot", "cross_lingual" or "instruct"
+    instruction: str | None  # the instruction sentence in instruct mode
+    warnings: list[str] = field(default_factory=list)
+
+
+def prepare_plain(text: str, lexicon: Lexicon | None = None) -> str:
+    """One text through lexicon, pronunciation, Japanese and normalisation, without splitting."""
+    if lexicon is not None:
+        text = lexicon.apply(text)
+    text = to_katakana(convert_pronunciations(text))
+    return normalize_text(text)
+
+
+def prepare_texts(
+    text: str,
+    *,
+    tokenizer: Encoder,
+    prompt_text: str | None = None,
+    instruct: str | None = None,
+    lexicon: Lexicon | Mapping[str, str] | None = None,
+    max_chars: int | None = DEFAULT_MAX_CHARS,
+) -> PreparedText:
+    """Prepare `text` for synthesis in the mode its inputs select (see `prompts` for the modes).
+
+    `prompt_text` is the transcript of the prompt audio (zero-shot); `instruct` is a preset id/label or a
+    free-text instruction (instruct mode; it wins over a transcript). Neither: cross-lingual.
+    `lexicon` is a `Lexicon` or a plain word -> pronunciation mapping (compiled here, so checked here).
+    Raises InputError for empty or too long text, bad pronunciations, or nothing left to speak.
+    """
+    warnings: list[str] = []
+    inline, body = inline_instruction(text)
+    if not body.strip():
+        raise InputError("the text is empty: give the words to speak")
+    if max_chars is not None:
+        check_length(body, max_chars)
+
+    instruction = resolve_instruction(instruct) if instruct and instruct.strip() else None
+    tagged, body = leading_tag_instruction(body)
+    for found, where in (
+        (tagged, "the tag at the start of the text"),
+        (inline, "the text before <|endofprompt|>"),
+    ):
+        if found is None:
+            continue
+        if instruction is None:
+            instruction = found
+        elif found != instruction:
+            warnings.append(f"{where} ({found!r}) was ignored: the instruction {instruction!r} applies")
+
+    transcript = None
+    if prompt_text and prompt_text.strip():
+        transcript_instruction, transcript_body = inline_instruction(prompt_text)
+        if instruction is None and transcript_instruction is not None:
+            instruction = transcript_instruction
+        transcript = prepare_plain(transcript_body) or None
+        if transcript is None and instruction is None:
+            warnings.append(
+                "the prompt transcript has nothing to read: cloning without it (cross-lingual mode)"
+            )
+
+    if lexicon is not None and not isinstance(lexicon, Lexicon):
+        lexicon = Lexicon(lexicon)
+    spoken = prepare_plain(body, lexicon)
+    segments = split_text(spoken, tokenizer, text_language(spoken))
+    if not segments:
+        raise InputError(f"the text {text!r} has nothing to speak after normalisation: give words to read")
+
+    lm_texts = assemble_lm_texts(segments, prompt_transcript=transcript, instruction=instruction)
+    if lm_texts.use_prompt_speech_tokens and transcript is not None:
+        warnings.extend(w for segment in segments if (w := short_text_warning(segment, transcript)))
+    return PreparedText(
+        lm_prompt_text=lm_texts.prompt_text,
+        segments=lm_texts.texts,
+        display_segments=segments,
+        use_prompt_speech_tokens=lm_texts.use_prompt_speech_tokens,
+        mode=lm_texts.mode,
+        instruction=instruction,
+        warnings=warnings,
+    )

@@ -1,0 +1,163 @@
+"""Split a normalised text into the pieces that the LM synthesises one at a time.
+
+Same policy as the official `split_paragraph`: cut after sentence punctuation, then merge sentences
+greedily so that a piece is closed once it is longer than `token_min_n` and the next sentence would push it
+past `token_max_n`; a short last piece (under `merge_len`) joins the one before. Lengths are characters for
+Chinese (as the official does; a special tag counts as one) and tokenizer tokens otherwise.
+
+Differences, on purpose: a special tag or a `[x][y]` token group is one unit and never cut; no cut falls
+inside `<strong>…</strong>` or `<laughter>…</laughter>`; a run of punctuation stays together (`?!`, `……`)
+instead of losing all but its first mark; a piece with nothing to say (only punctuation and tags) joins a
+neighbour instead of becoming its own LM call; a sentence longer than `token_max_n` is cut at commas.
+"""
+
+from __future__ import annotations
+
+import unicodedata
+from collections.abc import Callable
+from typing import Protocol
+
+from cosyserve.frontend.text.normalize import Language
+from cosyserve.frontend.text.tags import PAIRED_TAGS, SPECIAL_TAG_PATTERN, split_protected, strip_control_tags
+
+_ZH_ENDS = frozenset("。？！；：、.?!;…")
+_OTHER_ENDS = frozenset(".?!;:。？！；：…")
+_COMMAS = frozenset("，,、；;")
+# Closing quotes and brackets stay with the sentence they close.
+_CLOSERS = frozenset("\"'”’」』）)》")
+_CLOSING_TAGS = frozenset(PAIRED_TAGS.values())
+
+TOKEN_MAX_N = 80
+TOKEN_MIN_N = 60
+MERGE_LEN = 20
+SHORT_TEXT_RATIO = 0.5
+
+
+class Encoder(Protocol):
+    def encode(self, text: str) -> list[int]: ...
+
+
+def is_only_punctuation(text: str) -> bool:
+    """True for text made only of punctuation, symbols and blanks (an empty text included)."""
+    return all(unicodedata.category(char)[0] in "PSZ" or char.isspace() for char in text)
+
+
+def has_content(piece: str) -> bool:
+    """Does a piece give the LM something to say: a word, a digit or a special tag?"""
+    return SPECIAL_TAG_PATTERN.search(piece) is not None or not is_only_punctuation(piece)
+
+
+def _units(text: str) -> list[str]:
+    """Characters, with each special tag as one unit."""
+    units: list[str] = []
+    for chunk, is_tag in split_protected(text):
+        units.extend([chunk] if is_tag else list(chunk))
+    return units
+
+
+def cut_after(text: str, marks: frozenset[str]) -> list[str]:
+    """Cut `text` after every run of `marks` (with the closing quotes that follow) outside paired tags."""
+    units = _units(text)
+    pieces: list[str] = []
+    current: list[str] = []
+    open_pairs = 0
+    i = 0
+    while i < len(units):
+        unit = units[i]
+        current.append(unit)
+        i += 1
+        if unit in PAIRED_TAGS:
+            open_pairs += 1
+        elif unit in _CLOSING_TAGS:
+            open_pairs = max(0, open_pairs - 1)
+        elif unit in marks and open_pairs == 0:
+            while i < len(units) and (units[i] in marks or units[i] in _CLOSERS):
+                current.append(units[i])
+                i += 1
+            pieces.append("".join(current))
+            current = []
+    if current:
+        pieces.append("".join(current))
+    return pieces
+
+
+def _attach_empty(pieces: list[str]) -> list[str]:
+    """Join every piece without content to the piece before it (the first such piece to the next one)."""
+    out: list[str] = []
+    carry = ""
+    for piece in pieces:
+        if not has_content(piece):
+            if out:
+                out[-1] += piece
+            else:
+                carry += piece
+            continue
+        out.append(carry + piece)
+        carry = ""
+    if carry and out:
+        out[-1] += carry
+    return out
+
+
+def split_text(
+    text: str,
+    tokenizer: Encoder,
+    lang: Language = "zh",
+    *,
+    token_max_n: int = TOKEN_MAX_N,
+    token_min_n: int = TOKEN_MIN_N,
+    merge_len: int = MERGE_LEN,
+    comma_split: bool = False,
+) -> list[str]:
+    """Pieces of a normalised text, in order, each stripped; [] when the text has nothing to say."""
+    text = text.strip()
+    if not has_content(text):
+        return []
+    ends = _ZH_ENDS if lang == "zh" else _OTHER_ENDS
+    if comma_split:
+        ends = ends | _COMMAS
+    plain = strip_control_tags(text).rstrip()
+    if plain and plain[-1] not in ends and plain[-1] not in _CLOSERS:
+        text += "。" if lang == "zh" else "."
+
+    measure = _measure(tokenizer, lang)
+    sentences: list[str] = []
+    for sentence in _attach_empty(cut_after(text, ends)):
+        if measure(sentence) > token_max_n:
+            sentences.extend(_attach_empty(cut_after(sentence, _COMMAS)))
+        else:
+            sentences.append(sentence)
+
+    pieces: list[str] = []
+    current = ""
+    for sentence in sentences:
+        if current and measure(current + sentence) > token_max_n and measure(current) > token_min_n:
+            pieces.append(current)
+            current = ""
+        current += sentence
+    if current:
+        if pieces and measure(current) < merge_len:
+            pieces[-1] += current
+        else:
+            pieces.append(current)
+    return [piece.strip() for piece in pieces if has_content(piece)]
+
+
+def _measure(tokenizer: Encoder, lang: Language) -> Callable[[str], int]:
+    if lang == "zh":
+        return lambda piece: len(SPECIAL_TAG_PATTERN.sub("\0", piece))
+    return lambda piece: len(tokenizer.encode(piece))
+
+
+def short_text_warning(segment: str, prompt_transcript: str) -> str | None:
+    """A warning when `segment` is under half as long as the prompt transcript (the LM then often fails).
+
+    Lengths are characters, as in the official check; None when the segment is long enough.
+    """
+    if not prompt_transcript or len(segment) >= SHORT_TEXT_RATIO * len(prompt_transcript):
+        return None
+    return (
+        f"the text {segment!r} is {len(segment)} characters, less than half the prompt transcript "
+        f"({len(prompt_transcript)} characters): speech for a text much shorter than its prompt often "
+        "comes out wrong; use a longer text or a shorter prompt"
+    )

@@ -1,0 +1,308 @@
+"""The Synthesizer: text + voice → audio, joining the text frontend, prompt analysis and the engine.
+
+    synth = Synthesizer.load("demo")                       # or a model directory
+    stream = synth.synthesize(SynthesisRequest(text="你好，世界。", prompt_wav=wav, prompt_text="…"))
+    for chunk in stream: play(chunk.samples)                # sentence by sentence, or chunked
+    result = stream.result()                                # seed, timings, stage seconds, warnings
+
+Every input is checked when `synthesize` is called (InputError), before any audio is produced, so
+callers can answer with a clear error instead of a broken stream.
+"""
+
+from __future__ import annotations
+
+import secrets
+import threading
+import time
+from collections import OrderedDict
+from collections.abc import Callable, Iterator
+from dataclasses import dataclass
+from pathlib import Path
+
+import numpy as np
+import torch
+
+from cosyserve.engine.device import Placement, configure_cpu_threads, resolve_placement
+from cosyserve.engine.model_dir import ModelDir
+from cosyserve.engine.pipeline import SegmentInput, SpeechEngine
+from cosyserve.engine.speech_lm_runner import PromptPrefix
+from cosyserve.engine.token2wav import MAX_SPEED, MIN_SPEED, FlowPrompt
+from cosyserve.errors import Cancelled, InputError
+from cosyserve.frontend.onnx_models import SpeakerEncoder, SpeechTokenizer
+from cosyserve.frontend.prompt_features import PromptFeatures, analyse_prompt
+from cosyserve.frontend.text import PreparedText, prepare_texts
+from cosyserve.frontend.tokenizer import TextTokenizer
+from cosyserve.service.requests import (
+    AudioChunk,
+    SentenceTiming,
+    SynthesisProgress,
+    SynthesisRequest,
+    SynthesisResult,
+)
+from cosyserve.service.voices import Voice, VoiceLibrary
+
+ProgressCallback = Callable[[SynthesisProgress], None]
+MAX_SEED = 2**31 - 1
+PREFIX_CACHE_SIZE = 32
+
+
+@dataclass(frozen=True)
+class _Plan:
+    """A checked request: everything needed to generate, computed before the first sample."""
+
+    request: SynthesisRequest
+    prepared: PreparedText
+    features: PromptFeatures
+    seed: int
+    speed: float
+    voice: Voice | None
+    prompt_seconds: float
+
+
+class SynthesisStream:
+    """Audio chunks of one request, in order; `result()` after the last chunk. One consumer only."""
+
+    def __init__(
+        self,
+        synthesizer: Synthesizer,
+        plan: _Plan,
+        progress: ProgressCallback | None,
+        cancel: threading.Event | None,
+    ) -> None:
+        self._synth, self._plan = synthesizer, plan
+        self._progress, self._cancel = progress, cancel or threading.Event()
+        self.seed = plan.seed
+        self.timings: list[SentenceTiming] = []
+        self.warnings = list(plan.prepared.warnings)
+        self._chunks: list[np.ndarray] = []
+        self._stage = {"prompt": plan.prompt_seconds, "llm": 0.0, "acoustic": 0.0}
+        self._first_chunk_s: float | None = None
+        self._tokens = 0
+        self._iterator = self._run()
+        self._done = False
+
+    def __iter__(self) -> Iterator[AudioChunk]:
+        return self
+
+    def __next__(self) -> AudioChunk:
+        return next(self._iterator)
+
+    def cancel(self) -> None:
+        self._cancel.set()
+
+    def result(self) -> SynthesisResult:
+        """The whole result; consumes whatever has not been read yet."""
+        for _ in self._iterator:
+            pass
+        audio = np.concatenate(self._chunks) if self._chunks else np.zeros(0, np.float32)
+        stages = dict(self._stage)
+        if self._first_chunk_s is not None:
+            stages["first_chunk"] = self._first_chunk_s
+        return SynthesisResult(
+            audio=audio,
+            sample_rate=self._synth.sample_rate,
+            seed=self.seed,
+            timings=self.timings,
+            speech_tokens=self._tokens,
+            stage_seconds=stages,
+            warnings=self.warnings,
+        )
+
+    def _run(self) -> Iterator[AudioChunk]:
+        plan, synth = self._plan, self._synth
+        segments = plan.prepared.segments
+        generator = torch.Generator().manual_seed(plan.seed)
+        flow_prompt = FlowPrompt(
+            speech_token=plan.features.speech_token.long(),
+            speech_feat=plan.features.speech_feat,
+            embedding=plan.features.embedding,
+        )
+        lm_prompt_speech = (
+            plan.features.speech_token[0].tolist() if plan.prepared.use_prompt_speech_tokens else []
+        )
+        prompt_text_ids = (
+            synth.tokenizer.encode(plan.prepared.lm_prompt_text) if plan.prepared.lm_prompt_text else []
+        )
+        prefix = synth.cached_prefix(prompt_text_ids) if plan.voice is not None and prompt_text_ids else None
+        stream_chunks = plan.request.stream and plan.speed == 1.0
+        started = time.perf_counter()
+        samples_so_far = 0
+        self._report(0, len(segments), 0.0)
+        for index, (segment, shown) in enumerate(zip(segments, plan.prepared.display_segments, strict=True)):
+            if self._cancel.is_set():
+                raise Cancelled("the request was cancelled")
+            seg = SegmentInput(
+                text_ids=synth.tokenizer.encode(segment),
+                prompt_text_ids=prompt_text_ids,
+                lm_prompt_speech_ids=lm_prompt_speech,
+                flow_prompt=flow_prompt,
+                lm_prefix=prefix,
+            )
+            segment_start = samples_so_far
+            for audio in synth.engine.generate(
+                seg, generator=generator, stream=stream_chunks, speed=plan.speed, cancel=self._cancel.is_set
+            ):
+                audio = _apply_volume(audio, plan.request.volume)
+                if self._first_chunk_s is None:
+                    self._first_chunk_s = time.perf_counter() - started
+                self._chunks.append(audio)
+                samples_so_far += len(audio)
+                yield AudioChunk(samples=audio, sentence_index=index, sample_rate=synth.sample_rate)
+            self._stage["llm"] += seg.stats.llm_s
+            self._stage["acoustic"] += seg.stats.acoustic_s
+            self._tokens += seg.stats.speech_tokens
+            rate = synth.sample_rate
+            self.timings.append(SentenceTiming(index, shown, segment_start / rate, samples_so_far / rate))
+            self._report(index + 1, len(segments), samples_so_far / rate)
+        self._stage["total"] = time.perf_counter() - started + plan.prompt_seconds
+
+    def _report(self, done: int, total: int, seconds: float) -> None:
+        if self._progress is not None:
+            self._progress(SynthesisProgress(done, total, seconds))
+
+
+class Synthesizer:
+    """A loaded model with its text and prompt front ends and (optionally) a voice library."""
+
+    def __init__(
+        self,
+        model_dir: ModelDir,
+        engine: SpeechEngine,
+        tokenizer: TextTokenizer,
+        speaker_encoder: SpeakerEncoder,
+        speech_tokenizer: SpeechTokenizer,
+        *,
+        voices: VoiceLibrary | None = None,
+        max_text_chars: int = 200,
+        lexicon: dict[str, str] | None = None,
+    ) -> None:
+        self.model_dir = model_dir
+        self.engine = engine
+        self.tokenizer = tokenizer
+        self.speaker_encoder = speaker_encoder
+        self.speech_tokenizer = speech_tokenizer
+        self.voices = voices
+        self.max_text_chars = max_text_chars
+        self.lexicon = dict(lexicon or {})
+        self.sample_rate = engine.sample_rate
+        self._prefixes: OrderedDict[tuple[int, ...], PromptPrefix] = OrderedDict()
+        self._prefix_lock = threading.Lock()
+
+    @classmethod
+    def load(
+        cls,
+        model_dir: ModelDir | str | Path,
+        *,
+        device: str = "auto",
+        precision: str = "auto",
+        threads: int | None = None,
+        voices: VoiceLibrary | None = None,
+        max_text_chars: int = 200,
+        lexicon: dict[str, str] | None = None,
+    ) -> Synthesizer:
+        """Load every network of `model_dir` (a ModelDir or a path) onto `device`."""
+        model_dir = model_dir if isinstance(model_dir, ModelDir) else ModelDir.open(model_dir)
+        placement: Placement = resolve_placement(device, precision)
+        if placement.device.type == "cpu":
+            threads = configure_cpu_threads(threads)
+        onnx_device = "cuda" if placement.device.type == "cuda" else "cpu"
+        return cls(
+            model_dir,
+            SpeechEngine.load(model_dir, placement),
+            TextTokenizer.from_dir(model_dir.tokenizer_dir),
+            SpeakerEncoder.from_model_dir(model_dir.path, device=onnx_device, intra_op_threads=threads),
+            SpeechTokenizer.from_model_dir(model_dir.path, device=onnx_device, intra_op_threads=threads),
+            voices=voices,
+            max_text_chars=max_text_chars,
+            lexicon=lexicon,
+        )
+
+    # ---- prompts and voices ---------------------------------------------------------------------
+    def analyse_prompt(self, audio: bytes | str | Path) -> PromptFeatures:
+        """Validate and analyse a prompt recording (InputError when it is unusable)."""
+        return analyse_prompt(audio, self.speaker_encoder, self.speech_tokenizer, self.sample_rate)
+
+    def add_voice(self, name: str, audio: bytes, transcript: str | None = None, **kwargs: object) -> Voice:
+        """Enrol a voice: analysed once, stored with its original recording."""
+        return self._library().add(name, audio, self.analyse_prompt, transcript=transcript, **kwargs)  # type: ignore[arg-type]
+
+    def cached_prefix(self, prompt_text_ids: list[int]) -> PromptPrefix:
+        """A saved voice's LM prefix KV, computed once and kept (LRU) for later requests."""
+        key = tuple(prompt_text_ids)
+        with self._prefix_lock:
+            if key in self._prefixes:
+                self._prefixes.move_to_end(key)
+                return self._prefixes[key]
+        prefix = self.engine.prepare_prefix(prompt_text_ids)
+        with self._prefix_lock:
+            self._prefixes[key] = prefix
+            while len(self._prefixes) > PREFIX_CACHE_SIZE:
+                self._prefixes.popitem(last=False)
+        return prefix
+
+    # ---- synthesis ------------------------------------------------------------------------------
+    def synthesize(
+        self,
+        request: SynthesisRequest,
+        *,
+        progress: ProgressCallback | None = None,
+        cancel: threading.Event | None = None,
+    ) -> SynthesisStream:
+        """Check the request now (InputError), generate lazily as the stream is read."""
+        return SynthesisStream(self, self._plan(request), progress, cancel)
+
+    def run(self, request: SynthesisRequest, **kwargs: object) -> SynthesisResult:
+        """Synthesise the whole request and return it."""
+        return self.synthesize(request, **kwargs).result()  # type: ignore[arg-type]
+
+    def _plan(self, request: SynthesisRequest) -> _Plan:
+        started = time.perf_counter()
+        if (request.voice is None) == (request.prompt_wav is None):
+            raise InputError("give exactly one of `voice` (a saved voice) or `prompt_wav` (a recording)")
+        if not (0.0 <= request.volume <= 4.0):
+            raise InputError(f"volume {request.volume} is out of range: use 0 to 4 (1 = unchanged)")
+        if request.seed is not None and not (0 <= request.seed <= MAX_SEED):
+            raise InputError(f"seed must be an integer from 0 to {MAX_SEED}")
+        voice = None
+        lexicon = dict(self.lexicon)
+        if request.voice is not None:
+            voice = self._library().get(request.voice)
+            features = self._library().features(voice, self.analyse_prompt)
+            transcript = request.prompt_text if request.prompt_text is not None else voice.transcript
+            instruct = request.instruct if request.instruct is not None else voice.defaults.instruct
+            speed = request.speed if request.speed is not None else (voice.defaults.speed or 1.0)
+            seed = request.seed if request.seed is not None else voice.defaults.seed
+            lexicon.update(voice.lexicon)
+        else:
+            transcript, instruct, seed = request.prompt_text, request.instruct, request.seed
+            speed = request.speed if request.speed is not None else 1.0
+            features = None
+        prepared = prepare_texts(
+            request.text,
+            tokenizer=self.tokenizer,
+            prompt_text=transcript,
+            instruct=instruct,
+            lexicon=lexicon or None,
+            max_chars=self.max_text_chars,
+        )
+        if features is None and request.prompt_wav is not None:  # last: text errors are cheaper to find
+            features = self.analyse_prompt(request.prompt_wav)
+        if features is None:
+            raise InputError("no prompt recording: give `voice` or `prompt_wav`")
+        if not (MIN_SPEED <= speed <= MAX_SPEED):
+            raise InputError(f"speed {speed} is out of range: use {MIN_SPEED} to {MAX_SPEED}")
+        if seed is None:
+            seed = secrets.randbelow(MAX_SEED + 1)
+        return _Plan(request, prepared, features, seed, speed, voice, time.perf_counter() - started)
+
+    def _library(self) -> VoiceLibrary:
+        if self.voices is None:
+            raise InputError("this synthesizer has no voice library configured")
+        return self.voices
+
+
+def _apply_volume(audio: np.ndarray, volume: float) -> np.ndarray:
+    audio = audio.astype(np.float32, copy=False)
+    if volume != 1.0:
+        audio = audio * np.float32(volume)
+    return np.clip(audio, -1.0, 1.0)
