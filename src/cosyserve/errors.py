@@ -21,3 +21,51 @@ class CheckpointError(CosyServeError):
 
 class InputError(CosyServeError):
     """Input that a user supplied (text, audio, parameters) cannot be used."""
+
+
+class Cancelled(CosyServeError):
+    """The work was cancelled (by its client, a disconnect or a shutdown) before it finished."""
+
+
+class QueueFull(CosyServeError):
+    """The job queue is full: the client should retry after `retry_after_s` seconds."""
+
+    def __init__(self, message: str, retry_after_s: int = 1) -> None:
+        super().__init__(message)
+        self.retry_after_s = retry_after_s
+
+
+class JobTimeout(CosyServeError):
+    """A job ran longer than the request timeout and was stopped."""
+
+
+class ShuttingDown(CosyServeError):
+    """The server is shutting down and accepts no new work; queued work is failed with this."""
+
+
+class SettingsError(CosyServeError):
+    """A service setting (flag, environment variable or config file value) is invalid or unsafe."""
+
+
+class JobStateError(CosyServeError):
+    """A job cannot make the requested state change (e.g. it already finished: one job, one result)."""
+
+
+_CODES: tuple[tuple[type[BaseException], str], ...] = (
+    (JobTimeout, "timeout"),
+    (Cancelled, "cancelled"),
+    (ShuttingDown, "shutting_down"),
+    (QueueFull, "queue_full"),
+    (InputError, "invalid_input"),
+)
+
+
+def error_code(exc: BaseException) -> str:
+    """A short stable code for an exception, for job records, `errors_total{kind}` and API error envelopes."""
+    for cls, code in _CODES:
+        if isinstance(exc, cls):
+            return code
+    if isinstance(exc, CosyServeError):
+        name = type(exc).__name__.removesuffix("Error")
+        return "".join("_" + c.lower() if c.isupper() else c for c in name).lstrip("_")
+    return "internal"

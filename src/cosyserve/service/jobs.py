@@ -1,0 +1,307 @@
+"""Persistent job records: what was asked, where it stands, and how it ended.
+
+Every accepted job ends in exactly one of done, failed (with a reason) or cancelled. State changes are
+single conditional UPDATEs (`… WHERE state IN (allowed)`), so two threads or processes racing to finish
+the same job cannot both succeed: the loser gets `JobStateError` and no second result is recorded.
+"""
+
+from __future__ import annotations
+
+import uuid
+from collections.abc import Mapping
+from dataclasses import asdict, dataclass
+from datetime import datetime, timezone
+from typing import Any, Literal
+
+from sqlalchemy import (
+    JSON,
+    BigInteger,
+    Column,
+    DateTime,
+    Engine,
+    Float,
+    Index,
+    String,
+    Table,
+    Text,
+    func,
+    insert,
+    select,
+    update,
+)
+
+from cosyserve.errors import Cancelled, InputError, JobStateError, error_code
+from cosyserve.service.db import metadata
+
+JobState = Literal["queued", "running", "done", "failed", "cancelled"]
+TERMINAL_STATES: frozenset[str] = frozenset({"done", "failed", "cancelled"})
+ACTIVE_STATES: tuple[str, ...] = ("queued", "running")
+INTERRUPTED_CODE = "interrupted"
+INTERRUPTED_MESSAGE = "interrupted by a restart"
+MAX_PAGE = 500
+
+jobs_table = Table(
+    "jobs",
+    metadata,
+    Column("id", String(32), primary_key=True),
+    Column("kind", String(16), nullable=False),
+    Column("state", String(16), nullable=False),
+    Column("progress", Float, nullable=False, default=0.0),
+    Column("owner", String(128), nullable=True),
+    Column("created_at", DateTime(timezone=True), nullable=False),
+    Column("started_at", DateTime(timezone=True), nullable=True),
+    Column("finished_at", DateTime(timezone=True), nullable=True),
+    Column("params", JSON, nullable=False),
+    Column("error_code", String(64), nullable=True),
+    Column("error_message", Text, nullable=True),
+    Column("output_id", String(64), nullable=True),
+    Column("output_path", Text, nullable=True),
+    Column("duration_s", Float, nullable=True),
+    Column("seed", BigInteger, nullable=True),
+    Column("result_extra", JSON, nullable=True),  # timings, warnings, stage seconds, …
+    Index("ix_jobs_owner_created", "owner", "created_at"),
+    Index("ix_jobs_state", "state"),
+)
+
+
+@dataclass(frozen=True)
+class JobRecord:
+    """One row of `jobs`. Timestamps are timezone-aware UTC."""
+
+    id: str
+    kind: str
+    state: str
+    progress: float
+    owner: str | None
+    created_at: datetime
+    started_at: datetime | None
+    finished_at: datetime | None
+    params: dict[str, Any]
+    error_code: str | None
+    error_message: str | None
+    output_id: str | None
+    output_path: str | None
+    duration_s: float | None
+    seed: int | None
+    result_extra: dict[str, Any] | None
+
+    @property
+    def is_terminal(self) -> bool:
+        return self.state in TERMINAL_STATES
+
+    def to_dict(self) -> dict[str, Any]:
+        """JSON-able, timestamps as ISO 8601."""
+        out = asdict(self)
+        for key in ("created_at", "started_at", "finished_at"):
+            out[key] = out[key].isoformat() if out[key] is not None else None
+        return out
+
+
+def utc_now() -> datetime:
+    return datetime.now(timezone.utc)
+
+
+def _aware(value: datetime | None) -> datetime | None:
+    # SQLite hands back naive datetimes; they were stored as UTC.
+    if value is not None and value.tzinfo is None:
+        return value.replace(tzinfo=timezone.utc)
+    return value
+
+
+def _record(row: Mapping[str, Any]) -> JobRecord:
+    data = dict(row)
+    for key in ("created_at", "started_at", "finished_at"):
+        data[key] = _aware(data[key])
+    return JobRecord(**data)
+
+
+def sanitize_params(value: Any) -> Any:
+    """Request parameters as JSON-able data; raw bytes (uploaded audio) become a size note, never content."""
+    if isinstance(value, bytes | bytearray | memoryview):
+        return f"<{len(value)} bytes>"
+    if isinstance(value, Mapping):
+        return {str(key): sanitize_params(item) for key, item in value.items()}
+    if isinstance(value, list | tuple | set | frozenset):
+        return [sanitize_params(item) for item in value]
+    if value is None or isinstance(value, bool | int | float | str):
+        return value
+    return str(value)
+
+
+class JobStore:
+    """Create, read and move jobs through queued → running → done | failed | cancelled."""
+
+    def __init__(self, engine: Engine) -> None:
+        self.engine = engine
+        jobs_table.create(engine, checkfirst=True)
+
+    def create(
+        self,
+        params: Mapping[str, Any],
+        *,
+        kind: str = "tts",
+        owner: str | None = None,
+        job_id: str | None = None,
+    ) -> JobRecord:
+        """A new queued job; `params` are stored sanitized (no raw audio)."""
+        row = {
+            "id": job_id or uuid.uuid4().hex,
+            "kind": kind,
+            "state": "queued",
+            "progress": 0.0,
+            "owner": owner,
+            "created_at": utc_now(),
+            "params": sanitize_params(dict(params)),
+        }
+        with self.engine.begin() as conn:
+            conn.execute(insert(jobs_table).values(**row))
+        return self._require(row["id"])
+
+    def get(self, job_id: str) -> JobRecord | None:
+        with self.engine.connect() as conn:
+            row = conn.execute(select(jobs_table).where(jobs_table.c.id == job_id)).mappings().first()
+        return _record(row) if row is not None else None
+
+    def list(
+        self,
+        *,
+        owner: str | None = None,
+        state: str | None = None,
+        limit: int = 50,
+        offset: int = 0,
+    ) -> list[JobRecord]:
+        """Newest first; `owner=None` lists every owner's jobs (admin view)."""
+        if not 1 <= limit <= MAX_PAGE:
+            raise InputError(f"limit must be between 1 and {MAX_PAGE}, got {limit}")
+        if offset < 0:
+            raise InputError(f"offset must be 0 or more, got {offset}")
+        query = select(jobs_table).order_by(jobs_table.c.created_at.desc(), jobs_table.c.id.desc())
+        if owner is not None:
+            query = query.where(jobs_table.c.owner == owner)
+        if state is not None:
+            query = query.where(jobs_table.c.state == state)
+        with self.engine.connect() as conn:
+            rows = conn.execute(query.limit(limit).offset(offset)).mappings().all()
+        return [_record(row) for row in rows]
+
+    def count(self, *, owner: str | None = None, state: str | None = None) -> int:
+        query = select(func.count()).select_from(jobs_table)
+        if owner is not None:
+            query = query.where(jobs_table.c.owner == owner)
+        if state is not None:
+            query = query.where(jobs_table.c.state == state)
+        with self.engine.connect() as conn:
+            return int(conn.execute(query).scalar_one())
+
+    # -- transitions -------------------------------------------------------------------------------------
+
+    def mark_running(self, job_id: str) -> JobRecord:
+        return self._transition(job_id, ("queued",), state="running", started_at=utc_now())
+
+    def set_progress(self, job_id: str, fraction: float) -> bool:
+        """Record progress of a running job; False (and no change) when it is no longer running."""
+        fraction = min(1.0, max(0.0, float(fraction)))
+        with self.engine.begin() as conn:
+            result = conn.execute(
+                update(jobs_table)
+                .where(jobs_table.c.id == job_id, jobs_table.c.state == "running")
+                .values(progress=fraction)
+            )
+        return result.rowcount == 1
+
+    def finish_done(
+        self,
+        job_id: str,
+        *,
+        output_id: str | None = None,
+        output_path: str | None = None,
+        duration_s: float | None = None,
+        seed: int | None = None,
+        extra: Mapping[str, Any] | None = None,
+    ) -> JobRecord:
+        return self._transition(
+            job_id,
+            ("running",),
+            state="done",
+            progress=1.0,
+            finished_at=utc_now(),
+            output_id=output_id,
+            output_path=output_path,
+            duration_s=duration_s,
+            seed=seed,
+            result_extra=sanitize_params(dict(extra)) if extra is not None else None,
+        )
+
+    def finish_failed(self, job_id: str, code: str, message: str) -> JobRecord:
+        return self._transition(
+            job_id,
+            ACTIVE_STATES,
+            state="failed",
+            finished_at=utc_now(),
+            error_code=code,
+            error_message=message,
+        )
+
+    def finish_cancelled(self, job_id: str, message: str = "cancelled") -> JobRecord:
+        return self._transition(
+            job_id,
+            ACTIVE_STATES,
+            state="cancelled",
+            finished_at=utc_now(),
+            error_code="cancelled",
+            error_message=message,
+        )
+
+    def finish_with_exception(self, job_id: str, exc: BaseException) -> JobRecord:
+        """Failed (or cancelled, for `Cancelled`) with the exception's code and message."""
+        if isinstance(exc, Cancelled):
+            return self.finish_cancelled(job_id, str(exc) or "cancelled")
+        return self.finish_failed(job_id, error_code(exc), str(exc) or type(exc).__name__)
+
+    def recover_interrupted(self) -> int:
+        """At startup (single process): jobs a crashed process left queued or running become failed."""
+        with self.engine.begin() as conn:
+            result = conn.execute(
+                update(jobs_table)
+                .where(jobs_table.c.state.in_(ACTIVE_STATES))
+                .values(
+                    state="failed",
+                    finished_at=utc_now(),
+                    error_code=INTERRUPTED_CODE,
+                    error_message=INTERRUPTED_MESSAGE,
+                )
+            )
+        return int(result.rowcount)
+
+    def purge_finished_before(self, cutoff: datetime) -> int:
+        """Delete finished jobs older than `cutoff` (retention); returns how many went."""
+        with self.engine.begin() as conn:
+            result = conn.execute(
+                jobs_table.delete().where(
+                    jobs_table.c.state.in_(TERMINAL_STATES), jobs_table.c.finished_at < cutoff
+                )
+            )
+        return int(result.rowcount)
+
+    def _transition(self, job_id: str, allowed: tuple[str, ...], **values: Any) -> JobRecord:
+        with self.engine.begin() as conn:
+            result = conn.execute(
+                update(jobs_table)
+                .where(jobs_table.c.id == job_id, jobs_table.c.state.in_(allowed))
+                .values(**values)
+            )
+        if result.rowcount != 1:
+            current = self.get(job_id)
+            if current is None:
+                raise JobStateError(f"no job {job_id!r}: it never existed or was purged")
+            raise JobStateError(
+                f"job {job_id} is {current.state}; it cannot become {values['state']} "
+                f"(only from {' or '.join(allowed)}): a job produces one result"
+            )
+        return self._require(job_id)
+
+    def _require(self, job_id: str) -> JobRecord:
+        record = self.get(job_id)
+        if record is None:  # pragma: no cover - only if deleted concurrently
+            raise JobStateError(f"job {job_id} vanished while being updated")
+        return record

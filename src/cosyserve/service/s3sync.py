@@ -1,0 +1,369 @@
+"""Copies outputs to an S3-compatible bucket (AWS S3, Tencent COS, Aliyun OSS, MinIO, Cloudflare R2, ...).
+
+Uploads run in one background thread fed by a bounded queue, so a slow or unreachable bucket never slows
+synthesis. Each upload is retried twice over: botocore's own retries (standard mode) inside one attempt,
+and our attempts with exponential backoff and jitter around it for transient failures (connection
+errors, timeouts, 5xx, throttling). Permanent failures (access denied, missing bucket, a local file gone)
+are not retried. Nothing fails silently: every upload that gives up is logged and kept in `failed`.
+
+Compatibility choices:
+- `path_style=True` addresses `endpoint/bucket/key` (MinIO, moto, most self-hosted servers); the default
+  lets botocore choose (virtual-hosted for AWS and COS).
+- Checksums are sent only where the API requires them: botocore >= 1.36 adds CRC32 headers to every
+  upload by default, which several S3-compatible services reject.
+- Objects are written with `put_object` (one request; outputs are at most tens of MB).
+
+Remote deletion is optional: `enqueue_delete` exists and `OutputStore(sync_deletes=True)` uses it;
+otherwise objects stay until the bucket's lifecycle rule (`apply_lifecycle`) expires them.
+"""
+
+from __future__ import annotations
+
+import collections
+import logging
+import queue
+import random
+import threading
+import time
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import boto3
+from botocore.config import Config
+from botocore.exceptions import BotoCoreError, ClientError, HTTPClientError
+from botocore.exceptions import ConnectionError as BotoConnectionError
+
+from cosyserve.errors import CosyServeError
+
+log = logging.getLogger(__name__)
+
+TRANSIENT_CODES = frozenset(
+    {"RequestTimeout", "RequestTimeTooSkewed", "SlowDown", "Throttling", "ThrottlingException",
+     "InternalError", "ServiceUnavailable", "RequestLimitExceeded", "TooManyRequests"}
+)  # fmt: skip
+CONTENT_TYPES = {
+    ".wav": "audio/wav",
+    ".mp3": "audio/mpeg",
+    ".opus": "audio/ogg",
+    ".flac": "audio/flac",
+    ".pcm": "audio/pcm",
+    ".json": "application/json",
+}
+MAX_RECORDED_FAILURES = 1000
+
+
+class SyncError(CosyServeError):
+    """The bucket can't be used or an upload failed for good (the message says which and why)."""
+
+
+@dataclass(frozen=True)
+class SyncFailure:
+    op: str  # "put" or "delete"
+    key: str  # full object key, prefix included
+    path: Path | None  # local file of a put
+    error: str
+    attempts: int
+    at: float  # unix time of giving up
+
+
+@dataclass(frozen=True)
+class _Job:
+    op: str
+    key: str
+    path: Path | None = None
+
+
+class S3Sync:
+    """One bucket + prefix; `enqueue` for background uploads, `upload_now` to wait for one."""
+
+    def __init__(
+        self,
+        endpoint_url: str | None,
+        bucket: str,
+        prefix: str = "",
+        region: str | None = None,
+        access_key_id: str | None = None,
+        secret_access_key: str | None = None,
+        lifecycle_days: int | None = None,
+        max_attempts: int = 5,
+        *,
+        path_style: bool = False,
+        queue_size: int = 1000,
+        backoff_s: float = 1.0,
+        max_backoff_s: float = 60.0,
+        botocore_attempts: int = 3,
+        connect_timeout_s: float = 5.0,
+        read_timeout_s: float = 60.0,
+        client: Any = None,
+    ) -> None:
+        if not bucket:
+            raise SyncError("no bucket given: set the S3 bucket name, or turn S3 sync off")
+        if max_attempts < 1:
+            raise SyncError(f"max_attempts must be at least 1, got {max_attempts}")
+        self.endpoint_url = endpoint_url
+        self.bucket = bucket
+        self.prefix = prefix.strip("/")
+        self.lifecycle_days = lifecycle_days
+        self.max_attempts = max_attempts
+        self.backoff_s = backoff_s
+        self.max_backoff_s = max_backoff_s
+        config = Config(
+            region_name=region,
+            retries={"mode": "standard", "total_max_attempts": max(1, botocore_attempts)},
+            connect_timeout=connect_timeout_s,
+            read_timeout=read_timeout_s,
+            s3={"addressing_style": "path" if path_style else "auto"},
+            request_checksum_calculation="when_required",
+            response_checksum_validation="when_required",
+        )
+        self.client = client or boto3.session.Session().client(
+            "s3",
+            endpoint_url=endpoint_url,
+            region_name=region,
+            aws_access_key_id=access_key_id,
+            aws_secret_access_key=secret_access_key,
+            config=config,
+        )
+        self.region = region
+        self.uploaded = 0
+        self.deleted = 0
+        self.retries = 0  # attempts repeated after a transient failure
+        self.failed_count = 0
+        self._failures: collections.deque[SyncFailure] = collections.deque(maxlen=MAX_RECORDED_FAILURES)
+        self._queue: queue.Queue[_Job | None] = queue.Queue(maxsize=queue_size)
+        self._pending = 0  # enqueued and not finished (queued or in progress)
+        self._idle = threading.Condition()
+        self._stop = threading.Event()
+        self._closed = False
+        self._thread = threading.Thread(target=self._run, name="cosyserve-s3sync", daemon=True)
+        self._thread.start()
+
+    # -- bucket setup --------------------------------------------------------------------------------
+
+    def key(self, name: str) -> str:
+        """The object key for a file name: `<prefix>/<name>`."""
+        return f"{self.prefix}/{name}" if self.prefix else name
+
+    def prepare(self, create_bucket: bool = False) -> None:
+        """Check the bucket (creating it when allowed) and apply `lifecycle_days` if set; call at startup."""
+        self.ensure_bucket(create=create_bucket)
+        if self.lifecycle_days:
+            self.apply_lifecycle(self.lifecycle_days)
+
+    def ensure_bucket(self, create: bool = True) -> bool:
+        """Make sure the bucket exists; True if it was created now. SyncError if it can't be used."""
+        try:
+            self.client.head_bucket(Bucket=self.bucket)
+            return False
+        except ClientError as exc:
+            status = _status(exc)
+            if status == 403:
+                raise SyncError(
+                    f"access to bucket {self.bucket!r} is denied: check the access key and the bucket policy"
+                ) from exc
+            if status != 404:
+                raise SyncError(f"bucket {self.bucket!r} can't be checked: {_describe(exc)}") from exc
+        except (BotoCoreError, OSError) as exc:
+            raise SyncError(f"the S3 endpoint {self._where()} can't be reached: {_describe(exc)}") from exc
+        if not create:
+            raise SyncError(
+                f"bucket {self.bucket!r} does not exist at {self._where()}: create it, or allow creation"
+            )
+        params: dict[str, Any] = {"Bucket": self.bucket}
+        if self.region and self.region != "us-east-1":  # us-east-1 refuses an explicit constraint
+            params["CreateBucketConfiguration"] = {"LocationConstraint": self.region}
+        try:
+            self.client.create_bucket(**params)
+        except (BotoCoreError, ClientError) as exc:
+            raise SyncError(f"bucket {self.bucket!r} can't be created: {_describe(exc)}") from exc
+        log.info("created bucket %s at %s", self.bucket, self._where())
+        return True
+
+    def apply_lifecycle(self, days: int) -> dict[str, Any]:
+        """Expire objects under the prefix after `days` days. Other lifecycle rules of the bucket are kept
+        (put replaces the whole configuration, so ours is merged in by its ID). Returns our rule."""
+        if days < 1:
+            raise SyncError(f"lifecycle days must be at least 1, got {days}")
+        rule_id = f"cosyserve-expire-{self.prefix or 'all'}"[:255]
+        rule = {
+            "ID": rule_id,
+            "Filter": {"Prefix": f"{self.prefix}/" if self.prefix else ""},
+            "Status": "Enabled",
+            "Expiration": {"Days": int(days)},
+        }
+        try:
+            try:
+                existing = self.client.get_bucket_lifecycle_configuration(Bucket=self.bucket).get("Rules", [])
+            except ClientError as exc:
+                if _code(exc) != "NoSuchLifecycleConfiguration":
+                    raise
+                existing = []
+            rules = [r for r in existing if r.get("ID") != rule_id] + [rule]
+            self.client.put_bucket_lifecycle_configuration(
+                Bucket=self.bucket, LifecycleConfiguration={"Rules": rules}
+            )
+        except (BotoCoreError, ClientError) as exc:
+            raise SyncError(f"the lifecycle rule for {self.bucket!r} can't be set: {_describe(exc)}") from exc
+        return rule
+
+    def presign(self, name: str, expires_s: int = 900) -> str:
+        """A time-limited download URL for an uploaded file, straight from the bucket."""
+        return self.client.generate_presigned_url(
+            "get_object", Params={"Bucket": self.bucket, "Key": self.key(name)}, ExpiresIn=int(expires_s)
+        )
+
+    # -- uploads -------------------------------------------------------------------------------------
+
+    def upload_now(self, path: Path, key: str) -> None:
+        """Upload `path` as `<prefix>/<key>` in this thread, with retries; SyncError if it fails for good."""
+        failure = self._attempt(_Job("put", self.key(key), Path(path)))
+        if failure is not None:
+            raise SyncError(f"upload of {path} to {failure.key} failed: {failure.error}")
+
+    def enqueue(self, path: Path, key: str) -> bool:
+        """Queue `path` for upload as `<prefix>/<key>`; False (and recorded in `failed`) if the queue is
+        full or the sync is closed."""
+        return self._submit(_Job("put", self.key(key), Path(path)))
+
+    def enqueue_delete(self, key: str) -> bool:
+        """Queue the removal of `<prefix>/<key>` from the bucket."""
+        return self._submit(_Job("delete", self.key(key)))
+
+    def flush(self, timeout: float | None = None) -> bool:
+        """Wait until every queued job has finished (uploaded or failed); False on timeout."""
+        deadline = None if timeout is None else time.monotonic() + timeout
+        with self._idle:
+            while self._pending:
+                remaining = None if deadline is None else deadline - time.monotonic()
+                if remaining is not None and remaining <= 0:
+                    return False
+                self._idle.wait(remaining)
+        return True
+
+    def close(self, timeout: float = 30.0) -> None:
+        """Finish queued uploads (up to `timeout` s), then stop; what is left is recorded as failed."""
+        if self._closed:
+            return
+        self.flush(timeout)
+        self._closed = True
+        self._stop.set()  # also ends backoff waits
+        while True:
+            try:
+                job = self._queue.get_nowait()
+            except queue.Empty:
+                break
+            if job is not None:
+                self._record(job, "not uploaded: the sync was closed first", 0)
+                self._done()
+        self._queue.put(None)
+        self._thread.join(timeout=max(1.0, timeout))
+
+    @property
+    def failed(self) -> list[SyncFailure]:
+        """The most recent failures (up to MAX_RECORDED_FAILURES; `failed_count` counts all)."""
+        return list(self._failures)
+
+    def retry_failed(self) -> int:
+        """Queue the recorded failed uploads again (those whose file still exists); returns how many."""
+        failures, self._failures = list(self._failures), collections.deque(maxlen=MAX_RECORDED_FAILURES)
+        queued = 0
+        for failure in failures:
+            if failure.path is not None and failure.path.exists():
+                queued += self._submit(_Job(failure.op, failure.key, failure.path))
+            elif failure.op == "delete":
+                queued += self._submit(_Job("delete", failure.key))
+        return queued
+
+    # -- worker --------------------------------------------------------------------------------------
+
+    def _submit(self, job: _Job) -> bool:
+        if self._closed:
+            self._record(job, "not queued: the sync is closed", 0)
+            return False
+        with self._idle:
+            self._pending += 1
+        try:
+            self._queue.put_nowait(job)
+        except queue.Full:
+            self._done()
+            self._record(job, f"not queued: {self._queue.maxsize} uploads are already waiting", 0)
+            return False
+        return True
+
+    def _run(self) -> None:
+        while True:
+            job = self._queue.get()
+            if job is None:
+                return
+            try:
+                self._attempt(job)
+            except Exception:  # a bug must not kill the thread and strand the queue
+                log.exception("unexpected error syncing %s", job.key)
+            finally:
+                self._done()
+
+    def _attempt(self, job: _Job) -> SyncFailure | None:
+        """Run `job` up to `max_attempts` times; the failure (also recorded) if it never succeeded."""
+        for attempt in range(1, self.max_attempts + 1):
+            try:
+                self._perform(job)
+                return None
+            except Exception as exc:
+                if not _is_transient(exc) or attempt == self.max_attempts:
+                    return self._record(job, _describe(exc), attempt)
+                delay = min(self.max_backoff_s, self.backoff_s * 2 ** (attempt - 1)) * random.uniform(0.5, 1)
+                log.info("S3 %s of %s failed (%s); retry %d in %.1fs", job.op, job.key, exc, attempt, delay)
+                self.retries += 1
+                if self._stop.wait(delay):
+                    return self._record(job, f"given up at shutdown after: {_describe(exc)}", attempt)
+        return None  # unreachable: the loop returns on its last attempt
+
+    def _perform(self, job: _Job) -> None:
+        if job.op == "delete":
+            self.client.delete_object(Bucket=self.bucket, Key=job.key)
+            self.deleted += 1
+            return
+        assert job.path is not None
+        body = job.path.read_bytes()
+        content_type = CONTENT_TYPES.get(job.path.suffix.lower(), "application/octet-stream")
+        self.client.put_object(Bucket=self.bucket, Key=job.key, Body=body, ContentType=content_type)
+        self.uploaded += 1
+
+    def _record(self, job: _Job, error: str, attempts: int) -> SyncFailure:
+        failure = SyncFailure(job.op, job.key, job.path, error, attempts, time.time())
+        self._failures.append(failure)
+        self.failed_count += 1
+        log.error("S3 %s of %s to bucket %s failed for good: %s", job.op, job.key, self.bucket, error)
+        return failure
+
+    def _done(self) -> None:
+        with self._idle:
+            self._pending -= 1
+            self._idle.notify_all()
+
+    def _where(self) -> str:
+        return self.endpoint_url or "AWS S3"
+
+
+def _status(exc: ClientError) -> int:
+    return int(exc.response.get("ResponseMetadata", {}).get("HTTPStatusCode") or 0)
+
+
+def _code(exc: ClientError) -> str:
+    return str(exc.response.get("Error", {}).get("Code", ""))
+
+
+def _is_transient(exc: Exception) -> bool:
+    if isinstance(exc, (BotoConnectionError, HTTPClientError)):
+        return True
+    if isinstance(exc, ClientError):
+        status = _status(exc)
+        return status >= 500 or status == 429 or _code(exc) in TRANSIENT_CODES
+    return False  # local file errors, bad parameters, credentials: retrying can't help
+
+
+def _describe(exc: Exception) -> str:
+    if isinstance(exc, ClientError):
+        return f"{_code(exc) or _status(exc)}: {exc.response.get('Error', {}).get('Message', '') or exc}"
+    return f"{type(exc).__name__}: {exc}"

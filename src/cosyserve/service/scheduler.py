@@ -1,0 +1,341 @@
+"""A bounded queue in front of a fixed pool of worker threads: how synthesis work gets run.
+
+The engine is PyTorch, which releases the GIL in its kernels, so work runs on threads (never on the event
+loop). Work is a callable taking a `WorkContext`; with `stream=True` it returns an iterable whose items the
+worker hands to the consumer through a small per-ticket buffer (the producer blocks when the consumer falls
+behind). Every ticket ends in exactly one of done, failed or cancelled, whatever happens: a cancel, a
+timeout, a disconnected consumer or a shutdown.
+
+Lock order: scheduler lock, then ticket lock. Ticket callbacks (`on_state`) run with no lock held.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import heapq
+import itertools
+import logging
+import math
+import threading
+import time
+import uuid
+import weakref
+from collections import Counter, deque
+from collections.abc import Callable
+from typing import Any, Protocol
+
+from cosyserve.errors import Cancelled, JobStateError, JobTimeout, QueueFull, ShuttingDown, error_code
+from cosyserve.service.logs import log_failure
+from cosyserve.service.tickets import TERMINAL_STATES, Ticket, WorkContext
+
+__all__ = ["TERMINAL_STATES", "Scheduler", "SchedulerMetrics", "Ticket", "WorkContext"]
+
+logger = logging.getLogger(__name__)
+DEFAULT_DURATION_ESTIMATE_S = 10.0  # used for Retry-After before any work has finished
+RECENT_DURATIONS = 100
+
+
+class SchedulerMetrics(Protocol):
+    """What the scheduler reports; `cosyserve.service.metrics.Metrics` implements it."""
+
+    def observe_queue(self, depth: int, in_flight: int) -> None: ...
+
+    def observe_job(self, state: str, run_s: float | None, wait_s: float) -> None: ...
+
+    def observe_first_chunk(self, seconds: float) -> None: ...
+
+    def count_error(self, kind: str) -> None: ...
+
+
+class Scheduler:
+    """Runs submitted work `concurrency` at a time; at most `queue_size` items wait for a free worker."""
+
+    def __init__(
+        self,
+        concurrency: int,
+        queue_size: int,
+        request_timeout_s: float | None = 300.0,
+        metrics: SchedulerMetrics | None = None,
+        *,
+        stream_buffer: int = 8,
+        name: str = "cosyserve-worker",
+    ) -> None:
+        if concurrency < 1:
+            raise ValueError(f"concurrency must be at least 1, got {concurrency}")
+        if queue_size < 0:
+            raise ValueError(f"queue_size must be 0 or more, got {queue_size}")
+        if stream_buffer < 1:
+            raise ValueError(f"stream_buffer must be at least 1, got {stream_buffer}")
+        self.concurrency = concurrency
+        self.queue_size = queue_size
+        self.request_timeout_s = request_timeout_s or None
+        self.metrics = metrics
+        self.stream_buffer = stream_buffer
+        self._lock = threading.Condition(threading.RLock())
+        self._queue: deque[Ticket] = deque()
+        self._active: dict[str, Ticket] = {}  # queued or running, by id
+        self._executing: set[Ticket] = set()  # tickets whose work occupies a worker (may be finished)
+        self._accepting = True
+        self._stopping = False
+        self._durations: deque[float] = deque(maxlen=RECENT_DURATIONS)
+        self._finished: Counter[str] = Counter()
+        # (deadline, tie-breaker, ticket): weak, so a finished ticket and its result are not kept until then
+        self._deadlines: list[tuple[float, int, weakref.ref[Ticket]]] = []
+        self._deadline_seq = itertools.count()
+        self._workers = [
+            threading.Thread(target=self._worker_loop, name=f"{name}-{i}", daemon=True)
+            for i in range(concurrency)
+        ]
+        self._watchdog = threading.Thread(target=self._watchdog_loop, name=f"{name}-watchdog", daemon=True)
+        for thread in [*self._workers, self._watchdog]:
+            thread.start()
+        self._report_queue()
+
+    # -- submitting ---------------------------------------------------------------------------------------
+
+    def submit(
+        self,
+        work: Callable[[WorkContext], Any],
+        *,
+        job_id: str | None = None,
+        owner: str | None = None,
+        stream: bool = False,
+        on_state: Callable[[Ticket, str], None] | None = None,
+    ) -> Ticket:
+        """Queue `work`; raises QueueFull (with `retry_after_s`) or ShuttingDown instead of waiting.
+
+        `work(ctx)` runs on a worker thread; with `stream=True` it returns an iterable (see `Ticket.chunks`).
+        `on_state(ticket, state)` is called with "running" when the work starts (unless it never does) and
+        once with the final state; waiters wake only after that final call returned, so a job record it
+        updates is current when `result()` returns. Inside it, read `ticket.value` / `ticket.error`.
+        """
+        with self._lock:
+            if not self._accepting:
+                raise ShuttingDown(
+                    "the server is shutting down and accepts no new work: retry after it restarts"
+                )
+            ticket_id = job_id or uuid.uuid4().hex
+            if ticket_id in self._active:
+                raise JobStateError(f"job {ticket_id} is already queued or running")
+            idle_workers = self.concurrency - len(self._executing)
+            if len(self._queue) >= self.queue_size + max(0, idle_workers):
+                retry = self._retry_after_locked()
+                raise QueueFull(
+                    f"the queue is full ({self.queue_size} waiting, {len(self._executing)} running): "
+                    f"retry in about {retry} s",
+                    retry_after_s=retry,
+                )
+            ticket = Ticket(self, work, ticket_id, owner, stream, self.stream_buffer, on_state)
+            self._queue.append(ticket)
+            self._active[ticket_id] = ticket
+            self._lock.notify_all()
+        self._report_queue()
+        return ticket
+
+    def get(self, ticket_id: str) -> Ticket | None:
+        """A queued or running ticket by id (finished ones are the job store's business)."""
+        with self._lock:
+            return self._active.get(ticket_id)
+
+    def cancel(self, ticket_id: str, reason: str = "cancelled by the client") -> bool:
+        ticket = self.get(ticket_id)
+        return ticket.cancel(reason) if ticket is not None else False
+
+    def position(self, ticket: Ticket) -> int | None:
+        """0 for the next ticket to start; None once it started."""
+        with self._lock:
+            try:
+                return self._queue.index(ticket)
+            except ValueError:
+                return None
+
+    def estimated_wait_s(self, ticket: Ticket) -> float:
+        """Rough seconds until `ticket` starts, from recent durations (0 once started)."""
+        position = self.position(ticket)
+        if position is None:
+            return 0.0
+        with self._lock:
+            return (position + 1) * self._mean_duration_locked() / self.concurrency
+
+    # -- state and statistics ----------------------------------------------------------------------------
+
+    @property
+    def accepting(self) -> bool:
+        return self._accepting
+
+    def stats(self) -> dict[str, Any]:
+        """For the admin panel and /health: queue depth, running work, settings and recent durations."""
+        with self._lock:
+            durations = list(self._durations)
+            return {
+                "concurrency": self.concurrency,
+                "queue_size": self.queue_size,
+                "request_timeout_s": self.request_timeout_s,
+                "accepting": self._accepting,
+                "queued": len(self._queue),
+                "running": len(self._executing),
+                "finished": {state: self._finished[state] for state in sorted(TERMINAL_STATES)},
+                "recent_durations_s": [round(d, 3) for d in durations[-20:]],
+                "mean_duration_s": round(sum(durations) / len(durations), 3) if durations else None,
+            }
+
+    def _mean_duration_locked(self) -> float:
+        if not self._durations:
+            return min(DEFAULT_DURATION_ESTIMATE_S, self.request_timeout_s or DEFAULT_DURATION_ESTIMATE_S)
+        return sum(self._durations) / len(self._durations)
+
+    def _retry_after_locked(self) -> int:
+        # A waiting slot frees whenever any worker finishes: about every mean/concurrency seconds.
+        return max(1, math.ceil(self._mean_duration_locked() / self.concurrency))
+
+    def _report_queue(self) -> None:
+        if self.metrics is not None:
+            with self._lock:
+                depth, in_flight = len(self._queue), len(self._executing)
+            self.metrics.observe_queue(depth, in_flight)
+
+    # -- called by tickets --------------------------------------------------------------------------------
+
+    def _cancel(self, ticket: Ticket, reason: str) -> bool:
+        with self._lock:
+            was_queued = ticket.state == "queued" and ticket in self._queue
+            if was_queued:
+                self._queue.remove(ticket)
+        if ticket.finished:
+            return False
+        ticket._request_cancel(reason)
+        if was_queued:
+            self._report_queue()
+            ticket._finish("cancelled", error=Cancelled(reason))
+        return True
+
+    def _ticket_finished(self, ticket: Ticket) -> None:
+        with self._lock:
+            self._active.pop(ticket.id, None)
+            self._finished[ticket.state] += 1
+        if self.metrics is not None:
+            wait_s = (ticket.started_at or ticket.finished_at or time.time()) - ticket.submitted_at
+            run_s = (
+                ticket.finished_at - ticket.started_at if ticket.started_at and ticket.finished_at else None
+            )
+            self.metrics.observe_job(ticket.state, run_s, max(0.0, wait_s))
+        error = ticket._error
+        if ticket.state == "failed" and error is not None:
+            kind = error_code(error)
+            log_failure(kind, str(error), job_id=ticket.id, exc=error)
+            if self.metrics is not None:
+                self.metrics.count_error(kind)  # job failures are counted here, not by the API
+
+    def _first_chunk(self, ticket: Ticket) -> None:
+        if self.metrics is not None:
+            self.metrics.observe_first_chunk(time.time() - ticket.submitted_at)
+
+    # -- workers ------------------------------------------------------------------------------------------
+
+    def _worker_loop(self) -> None:
+        while True:
+            with self._lock:
+                while not self._queue and not self._stopping:
+                    self._lock.wait()
+                if not self._queue:
+                    return
+                ticket = self._queue.popleft()
+                self._executing.add(ticket)
+                ticket._start()
+                if self.request_timeout_s is not None:
+                    deadline = time.monotonic() + self.request_timeout_s
+                    heapq.heappush(self._deadlines, (deadline, next(self._deadline_seq), weakref.ref(ticket)))
+                    self._lock.notify_all()  # the watchdog may need to wake earlier
+            began = time.monotonic()
+            self._report_queue()
+            outcome: tuple[str, Any, BaseException | None] = ("failed", None, RuntimeError("worker crashed"))
+            try:
+                ticket._emit("running")
+                outcome = ticket._run()
+            finally:
+                # Free the slot before waking the client, so it can submit again at once.
+                with self._lock:
+                    self._executing.discard(ticket)
+                    self._durations.append(time.monotonic() - began)
+                    self._lock.notify_all()
+                self._report_queue()
+                state, result, error = outcome
+                ticket._finish(state, result=result, error=error)
+
+    def _watchdog_loop(self) -> None:
+        while True:
+            expired: list[Ticket | None] = []
+            with self._lock:
+                if self._stopping:
+                    return
+                now = time.monotonic()
+                while self._deadlines and self._deadlines[0][0] <= now:
+                    expired.append(heapq.heappop(self._deadlines)[2]())
+                if not expired:
+                    self._lock.wait(self._deadlines[0][0] - now if self._deadlines else None)
+                    continue
+            for ticket in expired:
+                if ticket is not None and ticket.state == "running":
+                    message = (
+                        f"the job ran longer than the {self.request_timeout_s:g} s request timeout and was "
+                        "stopped: shorten the text or raise request_timeout_s"
+                    )
+                    ticket._request_cancel("request timeout")
+                    ticket._finish("failed", error=JobTimeout(message))
+
+    # -- shutdown -----------------------------------------------------------------------------------------
+
+    def shutdown(self, grace_s: float = 30.0, join_s: float = 2.0) -> dict[str, int]:
+        """Stop accepting, fail queued work, give running work `grace_s`, then fail it; join the threads.
+
+        Returns counts: `failed_queued`, `finished_in_grace`, `stopped_running`, `stuck_workers` (work that
+        ignored its cancel event; its daemon thread is left behind, its ticket is already failed).
+        """
+        with self._lock:
+            first_call = self._accepting
+            self._accepting = False
+            queued = list(self._queue)
+            self._queue.clear()
+            running_at_start = len(self._executing)
+        if not first_call:
+            self._join(join_s)
+            return {"failed_queued": 0, "finished_in_grace": 0, "stopped_running": 0, "stuck_workers": 0}
+        self._report_queue()
+        for ticket in queued:
+            ticket._request_cancel("server shutting down")
+            ticket._finish("failed", error=ShuttingDown("the server shut down before this job started"))
+
+        deadline = time.monotonic() + max(0.0, grace_s)
+        with self._lock:
+            while self._executing and (remaining := deadline - time.monotonic()) > 0:
+                self._lock.wait(remaining)
+            leftover = [ticket for ticket in self._executing if not ticket.finished]
+        for ticket in leftover:
+            ticket._request_cancel("server shutting down")
+            ticket._finish("failed", error=ShuttingDown("the server shut down before this job finished"))
+        stuck = self._join(join_s)
+        return {
+            "failed_queued": len(queued),
+            "finished_in_grace": running_at_start - len(leftover),
+            "stopped_running": len(leftover),
+            "stuck_workers": stuck,
+        }
+
+    def _join(self, join_s: float) -> int:
+        with self._lock:
+            self._stopping = True
+            self._lock.notify_all()
+        deadline = time.monotonic() + join_s
+        for thread in [*self._workers, self._watchdog]:
+            thread.join(max(0.0, deadline - time.monotonic()))
+        return sum(thread.is_alive() for thread in self._workers)
+
+    async def shutdown_async(self, grace_s: float = 30.0, join_s: float = 2.0) -> dict[str, int]:
+        """`shutdown` without blocking the event loop (for the app's lifespan handler)."""
+        return await asyncio.to_thread(self.shutdown, grace_s, join_s)
+
+    def __enter__(self) -> Scheduler:
+        return self
+
+    def __exit__(self, *_exc: object) -> None:
+        self.shutdown()

@@ -1,0 +1,441 @@
+"""Service settings: one pydantic-settings model, read from four places.
+
+Precedence, highest first:
+1. keyword arguments (the CLI passes its flags): flat names (`port=8000`) or groups (`server={"port": 8000}`);
+2. environment variables: `COSYSERVE_<GROUP>__<FIELD>` (`COSYSERVE_SERVER__PORT`) or the flat alias
+   `COSYSERVE_<FLAT_NAME>` (`COSYSERVE_PORT`); when both are set the nested form wins;
+3. a TOML file: the path in `COSYSERVE_CONFIG` (or the `config_file` argument), else `./cosyserve.toml`
+   when present; tables per group (`[server]`, `port = 8000`) or flat names at the top level;
+4. the defaults below.
+
+Every field has a flat name, unique across groups: the field's own name, except in the `s3` and `log` groups
+where it is prefixed (`s3_bucket`, `log_level`). `settings_reference()` lists them all for `--help` and docs.
+"""
+
+from __future__ import annotations
+
+import os
+import secrets
+import sys
+from dataclasses import dataclass
+from ipaddress import ip_address
+from pathlib import Path
+from typing import Annotated, Any, Literal
+
+from pydantic import (
+    BaseModel,
+    ConfigDict,
+    Field,
+    SecretStr,
+    ValidationError,
+    field_validator,
+    model_validator,
+)
+from pydantic.fields import FieldInfo
+from pydantic_settings import BaseSettings, NoDecode, PydanticBaseSettingsSource, SettingsConfigDict
+
+from cosyserve.engine.model_dir import DEFAULT_MODEL_ID
+from cosyserve.errors import SettingsError
+
+if sys.version_info >= (3, 11):
+    import tomllib
+else:  # pragma: no cover - Python 3.10: tomli is what tomllib was before it joined the standard library
+    import tomli as tomllib
+
+ENV_PREFIX = "COSYSERVE_"
+CONFIG_ENV = "COSYSERVE_CONFIG"  # path of the TOML file
+CONFIG_FILENAME = "cosyserve.toml"
+SIGNING_SECRET_FILE = "signing_secret"
+_PREFIXED_GROUPS = ("s3", "log")  # groups whose flat names carry the group name
+
+
+class _Group(BaseModel):
+    model_config = ConfigDict(extra="forbid", validate_default=True)
+
+
+class EngineSettings(_Group):
+    model: str = Field(DEFAULT_MODEL_ID, description="model directory path, hub model id, or 'demo'")
+    models_dir: Path | None = Field(
+        None, description="where hub models are downloaded (default: $COSYSERVE_HOME/models or the cache)"
+    )
+    device: str = Field("auto", description="auto, cpu, cuda or cuda:N", pattern=r"^(auto|cpu|cuda(:\d+)?)$")
+    precision: Literal["auto", "float32", "float16", "bfloat16"] = Field(
+        "auto", description="compute dtype: auto (float16 on GPU, float32 on CPU), float32, float16, bfloat16"
+    )
+    preset: Literal["exact", "fast"] = Field(
+        "exact", description="exact: the reference algorithm; fast: fewer steps, lower precision where safe"
+    )
+    threads: int | None = Field(
+        None, ge=1, description="CPU threads for the engine (default: all usable cores)"
+    )
+
+
+class ServerSettings(_Group):
+    host: str = Field("127.0.0.1", description="address to listen on (0.0.0.0 for all interfaces)")
+    port: int = Field(7860, ge=1, le=65535, description="TCP port to listen on")
+    insecure: bool = Field(
+        False, description="allow a non-loopback address without any API key or UI login configured"
+    )
+    cors_origins: Annotated[list[str], NoDecode] = Field(
+        default_factory=list, description="origins allowed by CORS, comma-separated (empty: CORS off)"
+    )
+
+    @field_validator("cors_origins", mode="before")
+    @classmethod
+    def _split_origins(cls, value: Any) -> Any:
+        if isinstance(value, str):
+            value = value.strip()
+            if value.startswith("["):
+                import json
+
+                return json.loads(value)
+            return [part.strip() for part in value.split(",") if part.strip()]
+        return value
+
+
+class QueueSettings(_Group):
+    concurrency: int | None = Field(
+        None, ge=1, description="syntheses run at once (default: 1 on CPU, 2 on GPU)"
+    )
+    queue_size: int = Field(16, ge=0, description="requests that may wait for a free slot before 429s")
+    request_timeout_s: float = Field(300.0, gt=0, description="a synthesis running longer than this fails")
+    queue_url: str | None = Field(
+        None, description="redis://… queue shared by several nodes (default: in-process queue)"
+    )
+
+    @field_validator("queue_url")
+    @classmethod
+    def _check_queue_url(cls, value: str | None) -> str | None:
+        if value and not value.startswith(("redis://", "rediss://")):
+            raise ValueError("must start with redis:// or rediss:// (or be unset for the in-process queue)")
+        return value or None
+
+
+class LimitSettings(_Group):
+    max_text_chars: int = Field(200, ge=1, description="longest text one request may carry")
+    max_upload_mb: float = Field(20.0, gt=0, description="largest prompt-audio upload, in MB")
+    rate_limit_per_minute: int = Field(60, ge=0, description="requests per minute per API key (0: no limit)")
+    daily_audio_seconds_quota: float | None = Field(
+        None, gt=0, description="seconds of audio per API key per day (default: unlimited)"
+    )
+
+
+def default_data_dir() -> Path:
+    """`./cosyserve-data` when it exists, else `$XDG_DATA_HOME/cosyserve` (`~/.local/share/cosyserve`)."""
+    local = Path.cwd() / "cosyserve-data"
+    if local.is_dir():
+        return local
+    xdg = os.environ.get("XDG_DATA_HOME") or str(Path.home() / ".local" / "share")
+    return Path(xdg) / "cosyserve"
+
+
+class StorageSettings(_Group):
+    data_dir: Path = Field(
+        default_factory=default_data_dir,
+        description="database, secrets and outputs (default: ./cosyserve-data if present, else XDG data dir)",
+    )
+    output_dir: Path | None = Field(None, description="synthesised audio files (default: <data_dir>/outputs)")
+    database_url: str | None = Field(
+        None, description="SQLAlchemy URL (default: sqlite:///<data_dir>/cosyserve.db)"
+    )
+    retention_days: float = Field(7.0, ge=0, description="delete outputs older than this (0: keep forever)")
+    retention_max_gb: float = Field(
+        10.0, ge=0, description="delete oldest outputs above this size (0: no cap)"
+    )
+
+
+class S3Settings(_Group):
+    endpoint_url: str | None = Field(None, description="S3-compatible endpoint (default: AWS)")
+    bucket: str | None = Field(None, description="bucket for outputs (unset: S3 off)")
+    prefix: str = Field("", description="key prefix inside the bucket")
+    region: str | None = Field(None, description="bucket region")
+    access_key_id: str | None = Field(None, description="access key id (default: the boto3 credential chain)")
+    secret_access_key: SecretStr | None = Field(None, description="secret access key")
+    sync: bool = Field(False, description="upload every output to the bucket")
+    lifecycle_days: int | None = Field(None, ge=1, description="expire uploaded objects after this many days")
+
+
+class AuthSettings(_Group):
+    api_keys_required: bool = Field(False, description="refuse API requests without a valid API key")
+    ui_username: str | None = Field(None, description="web UI login name (unset: no UI login)")
+    ui_password: SecretStr | None = Field(
+        None, description="web UI password, plain or a pbkdf2_sha256$… hash"
+    )
+    signing_secret: SecretStr | None = Field(
+        None, description="key for signed download URLs (default: generated once, kept in data_dir)"
+    )
+    signed_url_ttl_s: int = Field(900, ge=1, description="how long a signed download URL stays valid")
+
+    @property
+    def ui_login_configured(self) -> bool:
+        return bool(self.ui_username and self.ui_password)
+
+
+class LogSettings(_Group):
+    level: Literal["DEBUG", "INFO", "WARNING", "ERROR", "CRITICAL"] = Field("INFO", description="log level")
+    json_lines: bool = Field(False, alias="json", description="log one JSON object per line")
+
+    model_config = ConfigDict(extra="forbid", validate_default=True, populate_by_name=True)
+
+    @field_validator("level", mode="before")
+    @classmethod
+    def _upper(cls, value: Any) -> Any:
+        return value.upper() if isinstance(value, str) else value
+
+
+GROUPS: dict[str, type[_Group]] = {
+    "engine": EngineSettings,
+    "server": ServerSettings,
+    "queue": QueueSettings,
+    "limits": LimitSettings,
+    "storage": StorageSettings,
+    "s3": S3Settings,
+    "auth": AuthSettings,
+    "log": LogSettings,
+}
+
+
+def _input_name(name: str, info: FieldInfo) -> str:
+    return info.alias or name
+
+
+def _flat_name(group: str, name: str, info: FieldInfo) -> str:
+    key = _input_name(name, info)
+    return f"{group}_{key}" if group in _PREFIXED_GROUPS else key
+
+
+# flat name -> (group, key inside the group)
+FLAT_NAMES: dict[str, tuple[str, str]] = {
+    _flat_name(group, name, info): (group, _input_name(name, info))
+    for group, model in GROUPS.items()
+    for name, info in model.model_fields.items()
+}
+if len(FLAT_NAMES) != sum(len(m.model_fields) for m in GROUPS.values()):  # pragma: no cover
+    raise RuntimeError("two settings share a flat name")
+
+
+def nest_flat(values: dict[str, Any]) -> dict[str, Any]:
+    """`{"port": 1, "engine": {...}}` -> `{"server": {"port": 1}, "engine": {...}}`; other keys unchanged."""
+    nested: dict[str, Any] = {}
+    for key, value in values.items():
+        if key in GROUPS and isinstance(value, dict):
+            nested.setdefault(key, {}).update(value)
+    for key, value in values.items():
+        target = FLAT_NAMES.get(key.lower())
+        if target:
+            group, field = target
+            nested.setdefault(group, {})[field] = value
+        elif not (key in GROUPS and isinstance(value, dict)):
+            nested[key] = value
+    return nested
+
+
+class _FlatEnvSource(PydanticBaseSettingsSource):
+    """`COSYSERVE_<FLAT_NAME>` environment variables, nested into their groups."""
+
+    def get_field_value(self, field: FieldInfo, field_name: str) -> tuple[Any, str, bool]:
+        return None, field_name, False
+
+    def __call__(self) -> dict[str, Any]:
+        env = {key.upper(): value for key, value in os.environ.items()}
+        found = {
+            flat: env[ENV_PREFIX + flat.upper()] for flat in FLAT_NAMES if ENV_PREFIX + flat.upper() in env
+        }
+        return nest_flat(found)
+
+
+class _TomlSource(PydanticBaseSettingsSource):
+    """The TOML config file, if any; its path is recorded as `config_file`."""
+
+    def __init__(self, settings_cls: type[BaseSettings], explicit: Any) -> None:
+        super().__init__(settings_cls)
+        if explicit:
+            self.path, origin = Path(explicit), "config_file"
+        elif os.environ.get(CONFIG_ENV) or os.environ.get(ENV_PREFIX + "CONFIG_FILE"):
+            self.path = Path(os.environ.get(CONFIG_ENV) or os.environ[ENV_PREFIX + "CONFIG_FILE"])
+            origin = CONFIG_ENV
+        else:
+            self.path, origin = Path.cwd() / CONFIG_FILENAME, None
+            if not self.path.is_file():
+                self.path = None
+        if self.path is not None and not self.path.is_file():
+            raise SettingsError(
+                f"config file {self.path} (from {origin}) does not exist: fix the path or unset it"
+            )
+
+    def get_field_value(self, field: FieldInfo, field_name: str) -> tuple[Any, str, bool]:
+        return None, field_name, False
+
+    def __call__(self) -> dict[str, Any]:
+        if self.path is None:
+            return {}
+        try:
+            data = tomllib.loads(self.path.read_text(encoding="utf-8"))
+        except (OSError, UnicodeDecodeError, tomllib.TOMLDecodeError) as exc:
+            raise SettingsError(f"cannot read config file {self.path}: {exc}") from exc
+        data.pop("config_file", None)
+        return {**nest_flat(data), "config_file": str(self.path)}
+
+
+class Settings(BaseSettings):
+    """Everything the service can be told; see the module docstring for where values come from."""
+
+    model_config = SettingsConfigDict(
+        env_prefix=ENV_PREFIX, env_nested_delimiter="__", extra="forbid", case_sensitive=False
+    )
+
+    config_file: Path | None = Field(None, description="TOML settings file (default: ./cosyserve.toml)")
+    engine: EngineSettings = Field(default_factory=EngineSettings)
+    server: ServerSettings = Field(default_factory=ServerSettings)
+    queue: QueueSettings = Field(default_factory=QueueSettings)
+    limits: LimitSettings = Field(default_factory=LimitSettings)
+    storage: StorageSettings = Field(default_factory=StorageSettings)
+    s3: S3Settings = Field(default_factory=S3Settings)
+    auth: AuthSettings = Field(default_factory=AuthSettings)
+    log: LogSettings = Field(default_factory=LogSettings)
+
+    def __init__(self, **values: Any) -> None:
+        try:
+            super().__init__(**nest_flat(values))
+        except ValidationError as exc:
+            raise SettingsError(explain_validation_error(exc)) from exc
+
+    @classmethod
+    def settings_customise_sources(
+        cls,
+        settings_cls: type[BaseSettings],
+        init_settings: PydanticBaseSettingsSource,
+        env_settings: PydanticBaseSettingsSource,
+        dotenv_settings: PydanticBaseSettingsSource,
+        file_secret_settings: PydanticBaseSettingsSource,
+    ) -> tuple[PydanticBaseSettingsSource, ...]:
+        explicit = getattr(init_settings, "init_kwargs", {}).get("config_file")
+        return init_settings, env_settings, _FlatEnvSource(settings_cls), _TomlSource(settings_cls, explicit)
+
+    @classmethod
+    def load(cls, **flags: Any) -> Settings:
+        """Settings with CLI flags on top; flags that are None (not given on the command line) are dropped."""
+        return cls(**{key: value for key, value in flags.items() if value is not None})
+
+    @model_validator(mode="after")
+    def _derive_paths(self) -> Settings:
+        storage = self.storage
+        storage.data_dir = storage.data_dir.expanduser().absolute()
+        storage.output_dir = (storage.output_dir or storage.data_dir / "outputs").expanduser().absolute()
+        if not storage.database_url:
+            storage.database_url = f"sqlite:///{storage.data_dir / 'cosyserve.db'}"
+        if self.s3.sync and not self.s3.bucket:
+            raise ValueError("s3.sync is on but s3.bucket is unset: set s3_bucket or turn sync off")
+        if bool(self.auth.ui_username) != bool(self.auth.ui_password):
+            raise ValueError("ui_username and ui_password must be set together (or neither)")
+        return self
+
+    def resolve_concurrency(self, device_type: str) -> int:
+        """Slots to run at once: the configured value, else 1 on CPU and 2 on a GPU."""
+        if self.queue.concurrency is not None:
+            return self.queue.concurrency
+        return 1 if device_type == "cpu" else 2
+
+    def check_startup_safety(self, has_any_key: bool, has_ui_login: bool) -> list[str]:
+        """Refuse to serve a non-loopback address with no authentication; return warnings to log."""
+        authenticated = has_any_key or has_ui_login or self.auth.ui_login_configured
+        if is_loopback(self.server.host) or authenticated:
+            if self.auth.api_keys_required and not has_any_key:
+                return [
+                    "api_keys_required is on but no API key exists: create one with `cosyserve keys create`"
+                ]
+            return []
+        if not self.server.insecure:
+            raise SettingsError(
+                f"refusing to listen on {self.server.host}, which other machines can reach, with no "
+                "authentication: create an API key (`cosyserve keys create`), set ui_username and "
+                "ui_password, listen on 127.0.0.1, or pass --insecure to serve it open anyway"
+            )
+        return [f"--insecure: serving {self.server.host}:{self.server.port} with no authentication"]
+
+    def resolve_signing_secret(self) -> SecretStr:
+        """The configured signing secret, else one kept in `<data_dir>/signing_secret` (created 0600 once)."""
+        if self.auth.signing_secret is not None:
+            return self.auth.signing_secret
+        path = self.storage.data_dir / SIGNING_SECRET_FILE
+        path.parent.mkdir(parents=True, exist_ok=True)
+        try:
+            fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600)
+        except FileExistsError:
+            value = path.read_text(encoding="utf-8").strip()
+            if not value:
+                raise SettingsError(f"{path} is empty: delete it to generate a new signing secret") from None
+        else:
+            value = secrets.token_urlsafe(32)
+            with os.fdopen(fd, "w", encoding="utf-8") as handle:
+                handle.write(value + "\n")
+        self.auth.signing_secret = SecretStr(value)
+        return self.auth.signing_secret
+
+    def public_dict(self) -> dict[str, Any]:
+        """All values as JSON-able data with secrets masked (for the admin panel and `--print-config`)."""
+        return self.model_dump(mode="json", by_alias=True)
+
+
+def is_loopback(host: str) -> bool:
+    """True for localhost and loopback addresses; names other than `localhost` count as reachable."""
+    if host.strip().lower() in ("localhost", "localhost."):
+        return True
+    try:
+        return ip_address(host.strip("[]")).is_loopback
+    except ValueError:
+        return False
+
+
+@dataclass(frozen=True)
+class SettingDoc:
+    """One setting as documented: its names in every source, default and one-line description."""
+
+    flat_name: str  # keyword argument / CLI flag name (`--` + flat_name with dashes)
+    path: str  # group.field, also the TOML table and key
+    env_vars: tuple[str, ...]
+    default: Any
+    description: str
+    secret: bool
+
+    @property
+    def flag(self) -> str:
+        return "--" + self.flat_name.replace("_", "-")
+
+
+def settings_reference() -> list[SettingDoc]:
+    """Every setting, grouped in declaration order, for `--help` and the docs."""
+    docs = []
+    for flat, (group, key) in FLAT_NAMES.items():
+        name = next(n for n, i in GROUPS[group].model_fields.items() if _input_name(n, i) == key)
+        info = GROUPS[group].model_fields[name]
+        default = None if info.default_factory is not None else info.default
+        env = (f"{ENV_PREFIX}{group.upper()}__{key.upper()}", f"{ENV_PREFIX}{flat.upper()}")
+        secret = "SecretStr" in str(info.annotation)
+        docs.append(SettingDoc(flat, f"{group}.{key}", env, default, info.description or "", secret))
+    return docs
+
+
+def explain_validation_error(exc: ValidationError) -> str:
+    """One line per bad value: which setting, what is allowed, and where it can be set."""
+    by_path = {doc.path: doc for doc in settings_reference()}
+    lines = []
+    for error in exc.errors():
+        loc = [str(part) for part in error["loc"]]
+        path = ".".join(loc[:2])
+        doc = by_path.get(path)
+        if error["type"] == "extra_forbidden":
+            known = ", ".join(d.flat_name for d in by_path.values() if d.path.startswith(loc[0] + "."))
+            hint = (
+                f"; known in [{loc[0]}]: {known}" if known else f"; known settings: {', '.join(FLAT_NAMES)}"
+            )
+            lines.append(f"unknown setting {path!r}{hint}")
+            continue
+        message = error["msg"]
+        if doc is not None and not doc.secret:
+            message += f" (got {error.get('input')!r})"
+        where = (
+            f"; set it with {doc.flag}, {doc.env_vars[1]} or [{loc[0]}] in {CONFIG_FILENAME}" if doc else ""
+        )
+        lines.append(f"invalid setting {path or 'settings'}: {message}{where}")
+    return "invalid settings:\n  " + "\n  ".join(lines)

@@ -1,0 +1,366 @@
+"""A ticket: one piece of submitted work as its client sees it (state, cancel, result, streamed items).
+
+Consumers may block (`wait`, `result`, `chunks`) from any thread or await (`wait_async`, `result_async`,
+`achunks`) from an event loop: state changes wake both kinds. Abandoning a stream (breaking out of the
+loop, a disconnected client closing the generator) cancels the work.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+import threading
+import time
+from collections import deque
+from collections.abc import AsyncIterator, Callable, Iterator
+from typing import TYPE_CHECKING, Any
+
+from cosyserve.errors import Cancelled
+
+if TYPE_CHECKING:
+    from cosyserve.service.scheduler import Scheduler
+
+logger = logging.getLogger(__name__)
+TERMINAL_STATES: frozenset[str] = frozenset({"done", "failed", "cancelled"})
+ABANDONED = "the client stopped reading the stream"
+_END = object()
+
+
+class WorkContext:
+    """What running work gets: the cancel event to check between steps, and a progress reporter."""
+
+    def __init__(self, ticket: Ticket) -> None:
+        self._ticket = ticket
+
+    @property
+    def cancel(self) -> threading.Event:
+        """Set when the work should stop (client cancel, disconnect, timeout, shutdown)."""
+        return self._ticket.cancel_event
+
+    @property
+    def ticket_id(self) -> str:
+        return self._ticket.id
+
+    @property
+    def owner(self) -> str | None:
+        return self._ticket.owner
+
+    def set_progress(self, fraction: float) -> None:
+        self._ticket.set_progress(fraction)
+
+    def check_cancelled(self) -> None:
+        """Raise Cancelled if the work was asked to stop."""
+        if self._ticket.cancel_event.is_set():
+            raise Cancelled(self._ticket.cancel_reason or "cancelled")
+
+
+def _resolve(future: asyncio.Future[None]) -> None:
+    if not future.done():
+        future.set_result(None)
+
+
+class Ticket:
+    """Created by `Scheduler.submit`. States: queued → running → done | failed | cancelled (or straight
+    from queued to cancelled/failed). Times are `time.time()` seconds."""
+
+    def __init__(
+        self,
+        scheduler: Scheduler,
+        work: Callable[[WorkContext], Any],
+        ticket_id: str,
+        owner: str | None,
+        stream: bool,
+        buffer_size: int,
+        on_state: Callable[[Ticket, str], None] | None,
+    ) -> None:
+        self.id = ticket_id
+        self.owner = owner
+        self.stream = stream
+        self.cancel_event = threading.Event()
+        self.cancel_reason: str | None = None
+        self.progress = 0.0
+        self.submitted_at = time.time()
+        self.started_at: float | None = None
+        self.finished_at: float | None = None
+        self._scheduler = scheduler
+        self._work: Callable[[WorkContext], Any] | None = work
+        self._on_state = on_state
+        self._cond = threading.Condition()
+        self._emit_lock = threading.RLock()  # keeps on_state calls in order: running before the end
+        self._terminal_emitted = False
+        self._state = "queued"
+        self._result: Any = None
+        self._error: BaseException | None = None
+        self._chunks: deque[Any] = deque()
+        self._buffer_size = buffer_size
+        self._produced = 0
+        self._settled = False  # final state recorded and on_state callbacks done: waiters may go
+        self._emitting_thread: int | None = None
+        self._async_waiters: list[tuple[asyncio.AbstractEventLoop, asyncio.Future[None]]] = []
+
+    def __repr__(self) -> str:
+        return f"Ticket(id={self.id!r}, state={self._state!r}, owner={self.owner!r})"
+
+    # -- what clients read --------------------------------------------------------------------------------
+
+    @property
+    def state(self) -> str:
+        return self._state
+
+    @property
+    def done(self) -> bool:
+        """Finished, and its `on_state` callback for the final state has returned."""
+        return self._settled
+
+    @property
+    def finished(self) -> bool:
+        """In a final state (its `on_state` callback may still be running)."""
+        return self._state in TERMINAL_STATES
+
+    @property
+    def value(self) -> Any:
+        """The result once done (None before, or when it did not succeed); never blocks."""
+        return self._result
+
+    @property
+    def error(self) -> BaseException | None:
+        """Why it failed or was cancelled, once finished; never blocks."""
+        return self._error
+
+    @property
+    def position(self) -> int | None:
+        """Place in the queue (0: next to start); None once started or finished."""
+        return self._scheduler.position(self) if self._state == "queued" else None
+
+    def estimated_wait_s(self) -> float:
+        return self._scheduler.estimated_wait_s(self)
+
+    def set_progress(self, fraction: float) -> None:
+        with self._cond:
+            self.progress = min(1.0, max(0.0, float(fraction)))
+            self._notify_locked()
+
+    def cancel(self, reason: str = "cancelled by the client") -> bool:
+        """Ask the work to stop; a queued ticket ends cancelled at once. False if it already finished."""
+        return self._scheduler._cancel(self, reason)
+
+    def wait(self, timeout: float | None = None) -> bool:
+        """Block until finished; False if `timeout` passed first."""
+        if self._emitting_thread == threading.get_ident():
+            return self.finished  # called from our own on_state callback: waiting would deadlock
+        with self._cond:
+            return self._cond.wait_for(lambda: self._settled, timeout)
+
+    def result(self, timeout: float | None = None) -> Any:
+        """The work's return value; re-raises its exception (Cancelled, JobTimeout, ShuttingDown, …)."""
+        if not self.wait(timeout):
+            raise TimeoutError(f"job {self.id} did not finish within {timeout} s")
+        return self._outcome()
+
+    def exception(self, timeout: float | None = None) -> BaseException | None:
+        if not self.wait(timeout):
+            raise TimeoutError(f"job {self.id} did not finish within {timeout} s")
+        return self._error
+
+    def chunks(self, timeout: float | None = None) -> Iterator[Any]:
+        """Items of a stream ticket as they are produced; raises the work's error after the last one.
+
+        `timeout` bounds the wait for each item (TimeoutError). Leaving the loop early cancels the work.
+        Someone must read a stream ticket: an unread one stalls on its full buffer until the request timeout.
+        """
+        if not self.stream:
+            raise TypeError(f"job {self.id} was not submitted with stream=True: use result()")
+        return self._iter_chunks(timeout)
+
+    def _iter_chunks(self, timeout: float | None) -> Iterator[Any]:
+        finished = False
+        try:
+            while True:
+                with self._cond:
+                    if not self._cond.wait_for(lambda: self._chunks or self._settled, timeout):
+                        raise TimeoutError(f"job {self.id} produced nothing for {timeout} s")
+                    item = self._pop_locked()
+                if item is _END:
+                    break
+                yield item
+            finished = True
+        finally:
+            if not finished:
+                self.cancel(ABANDONED)
+        self._outcome()
+
+    # -- the same for asyncio -----------------------------------------------------------------------------
+
+    async def wait_async(self, timeout: float | None = None) -> bool:
+        return await self._until(lambda: self._settled, timeout)
+
+    async def result_async(self, timeout: float | None = None) -> Any:
+        if not await self.wait_async(timeout):
+            raise TimeoutError(f"job {self.id} did not finish within {timeout} s")
+        return self._outcome()
+
+    async def achunks(self, timeout: float | None = None) -> AsyncIterator[Any]:
+        """`chunks` for an event loop; closing the async generator (client disconnect) cancels the work."""
+        if not self.stream:
+            raise TypeError(f"job {self.id} was not submitted with stream=True: use result_async()")
+        finished = False
+        try:
+            while True:
+                if not await self._until(lambda: bool(self._chunks) or self._settled, timeout):
+                    raise TimeoutError(f"job {self.id} produced nothing for {timeout} s")
+                with self._cond:
+                    item = self._pop_locked()
+                if item is _END:
+                    break
+                yield item
+            finished = True
+        finally:
+            if not finished:
+                self.cancel(ABANDONED)
+        self._outcome()
+
+    async def _until(self, predicate: Callable[[], bool], timeout: float | None) -> bool:
+        loop = asyncio.get_running_loop()
+        deadline = None if timeout is None else loop.time() + timeout
+        while True:
+            with self._cond:
+                if predicate():
+                    return True
+                future = loop.create_future()
+                self._async_waiters.append((loop, future))
+            remaining = None if deadline is None else deadline - loop.time()
+            if remaining is not None and remaining <= 0:
+                return False
+            try:
+                await asyncio.wait_for(future, remaining)
+            except asyncio.TimeoutError:
+                with self._cond:
+                    return predicate()
+
+    # -- driven by the scheduler --------------------------------------------------------------------------
+
+    def _outcome(self) -> Any:
+        if self._state == "done":
+            return self._result
+        assert self._error is not None  # a finished, unsuccessful ticket always records why
+        raise self._error
+
+    def _pop_locked(self) -> Any:
+        if self._chunks:
+            item = self._chunks.popleft()
+            self._notify_locked()  # room for the producer
+            return item
+        return _END
+
+    def _notify_locked(self) -> None:
+        self._cond.notify_all()
+        waiters, self._async_waiters = self._async_waiters, []
+        for loop, future in waiters:
+            with contextlib.suppress(RuntimeError):  # that loop is closed: nobody is waiting any more
+                loop.call_soon_threadsafe(_resolve, future)
+
+    def _start(self) -> None:
+        with self._cond:
+            self._state = "running"
+            self.started_at = time.time()
+            self._notify_locked()
+
+    def _request_cancel(self, reason: str) -> None:
+        with self._cond:
+            if self.finished or self.cancel_event.is_set():
+                return
+            self.cancel_reason = reason
+            self.cancel_event.set()
+            self._notify_locked()  # wakes a producer blocked on a full buffer
+
+    def _finish(self, state: str, *, result: Any = None, error: BaseException | None = None) -> bool:
+        """Move to a final state once; later calls (a late worker after a timeout) change nothing."""
+        with self._cond:
+            if self.finished:
+                return False
+            self._state = state
+            self._result = result
+            self._error = error
+            self.finished_at = time.time()
+            if state == "done":
+                self.progress = 1.0
+            self._notify_locked()
+        self._scheduler._ticket_finished(self)
+        self._emit(state)
+        with self._cond:
+            self._settled = True
+            self._notify_locked()
+        return True
+
+    def _emit(self, state: str) -> None:
+        with self._emit_lock:
+            if self._terminal_emitted:
+                return
+            self._terminal_emitted = state in TERMINAL_STATES
+            if self._on_state is None:
+                return
+            self._emitting_thread = threading.get_ident()
+            try:
+                self._on_state(self, state)
+            except Exception:
+                logger.exception("on_state callback failed for job %s (%s)", self.id, state)
+            finally:
+                self._emitting_thread = None
+
+    def _run(self) -> tuple[str, Any, BaseException | None]:
+        """Run the work in the calling worker thread; returns (final state, result, error) for `_finish`."""
+        work, self._work = self._work, None  # drop the closure (and the request's audio) once run
+        try:
+            if work is None:
+                raise RuntimeError(f"job {self.id} was started twice")
+            output = work(WorkContext(self))
+            result = self._pump(output) if self.stream else output
+        except BaseException as exc:  # whatever the work raises ends the ticket, never the worker
+            if self.cancel_event.is_set() or isinstance(exc, Cancelled):
+                error = exc if isinstance(exc, Cancelled) else Cancelled(self.cancel_reason or "cancelled")
+                return "cancelled", None, error
+            return "failed", None, exc
+        return "done", result, None
+
+    def _pump(self, output: Any) -> Any:
+        """Move a stream's items into the buffer; the result is `output.result()` if it has one, else the
+        generator's return value."""
+        iterator = iter(output)
+        returned = None
+        try:
+            while True:
+                if self.cancel_event.is_set():
+                    raise Cancelled(self.cancel_reason or "cancelled")
+                try:
+                    item = next(iterator)
+                except StopIteration as stop:
+                    returned = stop.value
+                    break
+                if not self._push(item):
+                    raise Cancelled(self.cancel_reason or "cancelled")
+        except BaseException:
+            close = getattr(iterator, "close", None)
+            if callable(close):
+                with contextlib.suppress(Exception):
+                    close()  # runs the generator's cleanup now, not at garbage collection
+            raise
+        finish = getattr(output, "result", None)
+        return finish() if callable(finish) else returned
+
+    def _push(self, item: Any) -> bool:
+        """Hand one item to the consumer, waiting while the buffer is full; False if it should stop."""
+        with self._cond:
+            while len(self._chunks) >= self._buffer_size and self._state == "running":
+                if self.cancel_event.is_set():
+                    break
+                self._cond.wait(1.0)
+            if self._state != "running" or self.cancel_event.is_set():
+                return False
+            self._chunks.append(item)
+            self._produced += 1
+            first = self._produced == 1
+            self._notify_locked()
+        if first:
+            self._scheduler._first_chunk(self)
+        return True

@@ -1,0 +1,113 @@
+"""Logging: request ids on every record, text and JSON lines, the ring buffer, failure records."""
+
+from __future__ import annotations
+
+import io
+import json
+import logging
+import threading
+from collections.abc import Iterator
+
+import pytest
+
+from cosyserve.errors import JobTimeout
+from cosyserve.service.logs import (
+    RingBufferHandler,
+    clear_recent_logs,
+    configure_logging,
+    get_request_id,
+    log_failure,
+    recent_logs,
+    request_context,
+)
+
+
+@pytest.fixture
+def restore_root() -> Iterator[None]:
+    root = logging.getLogger()
+    handlers, level = list(root.handlers), root.level
+    clear_recent_logs()
+    yield
+    root.handlers[:] = handlers
+    root.setLevel(level)
+    clear_recent_logs()
+
+
+def test_text_lines_carry_request_id_and_fields(restore_root: None) -> None:
+    out = io.StringIO()
+    configure_logging("INFO", json=False, stream=out)
+    log = logging.getLogger("cosyserve.test")
+    log.info("outside")
+    with request_context("req-123") as request_id:
+        assert request_id == get_request_id() == "req-123"
+        log.info("inside %s", "args", extra={"job_id": "j1"})
+    log.debug("hidden below INFO")
+    lines = out.getvalue().splitlines()
+    assert len(lines) == 2
+    assert "[-] outside" in lines[0]
+    assert "[req-123] inside args job_id=j1" in lines[1]
+    assert get_request_id() is None
+
+
+def test_json_lines(restore_root: None) -> None:
+    out = io.StringIO()
+    configure_logging("debug", json=True, stream=out)
+    configure_logging("DEBUG", json=True, stream=out)  # again: no duplicate handlers
+    with request_context() as request_id:
+        logging.getLogger("cosyserve.x").warning("careful", extra={"n": 3, "message_id": object()})
+    (line,) = out.getvalue().splitlines()
+    record = json.loads(line)
+    assert (
+        record["level"] == "WARNING" and record["logger"] == "cosyserve.x" and record["message"] == "careful"
+    )
+    assert record["request_id"] == request_id and len(request_id) == 16
+    assert record["n"] == 3 and isinstance(record["message_id"], str)
+    assert record["ts"].endswith("+00:00")
+
+
+def test_request_ids_do_not_leak_between_threads(restore_root: None) -> None:
+    configure_logging("INFO", stream=io.StringIO())
+
+    def worker(name: str) -> None:
+        with request_context(name):
+            logging.getLogger("cosyserve.t").info("from %s", name)
+
+    threads = [threading.Thread(target=worker, args=(f"r{i}",)) for i in range(4)]
+    for thread in threads:
+        thread.start()
+    for thread in threads:
+        thread.join()
+    assert {(e["request_id"], e["message"]) for e in recent_logs(10)} == {
+        (f"r{i}", f"from r{i}") for i in range(4)
+    }
+
+
+def test_ring_buffer_limit_and_level() -> None:
+    ring = RingBufferHandler(capacity=5)
+    log = logging.getLogger("cosyserve.ring")
+    log.propagate, log.level = False, logging.DEBUG
+    log.addHandler(ring)
+    try:
+        for i in range(8):
+            log.log(logging.ERROR if i % 2 else logging.INFO, "line %d", i)
+    finally:
+        log.removeHandler(ring)
+    assert [e["message"] for e in ring.recent(100)] == [f"line {i}" for i in range(3, 8)]  # oldest first
+    assert [e["message"] for e in ring.recent(2)] == ["line 6", "line 7"]
+    assert [e["message"] for e in ring.recent(10, level="error")] == ["line 3", "line 5", "line 7"]
+    with pytest.raises(ValueError, match="unknown log level"):
+        ring.recent(10, level="loud")
+
+
+def test_log_failure(restore_root: None) -> None:
+    configure_logging("INFO", stream=io.StringIO())
+    log_failure("timeout", "job ran too long", exc=JobTimeout("too long"), job_id="j9", name="clash")
+    try:
+        raise ZeroDivisionError("boom")
+    except ZeroDivisionError as exc:
+        log_failure("internal", "unexpected", exc=exc)
+    expected, unexpected = recent_logs(2)
+    assert expected["level"] == "WARNING" and expected["kind"] == "timeout" and expected["job_id"] == "j9"
+    assert expected["name_"] == "clash" and "exc" not in expected  # no traceback for expected failures
+    assert unexpected["level"] == "ERROR" and "ZeroDivisionError: boom" in unexpected["exc"]
+    assert recent_logs(10, level="ERROR") == [unexpected]
