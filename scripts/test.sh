@@ -1,7 +1,14 @@
 #!/usr/bin/env bash
 # Install cosyserve with its test extras into .venv (CPU torch 2.13.0) and run the whole test suite.
+# The browser tests use Debian's chromium and the distributed-mode tests start redis-server; as root
+# with apt-get available they are installed here when missing.
 set -euo pipefail
 cd "$(dirname "$0")/.."
-COSYSERVE_TORCH="${COSYSERVE_TORCH:-2.13.0}" COSYSERVE_EXTRAS="test,download" bash scripts/install.sh
+if [ "$(id -u)" = 0 ] && command -v apt-get >/dev/null 2>&1 \
+   && { ! command -v chromium >/dev/null || ! command -v redis-server >/dev/null; }; then
+  apt-get update -qq
+  DEBIAN_FRONTEND=noninteractive apt-get install -y -qq chromium redis-server >/dev/null
+fi
+COSYSERVE_TORCH="${COSYSERVE_TORCH:-2.13.0}" COSYSERVE_EXTRAS="test,download,distributed" bash scripts/install.sh
 .venv/bin/ruff check src tests
 .venv/bin/python -m pytest "$@"
