@@ -76,9 +76,9 @@ def cmd_serve(args: argparse.Namespace) -> int:
         raise SettingsError(
             "queue_url (a shared redis queue) is not supported yet: unset it to use the in-process queue"
         )
-    service = Service(settings)
-    for warning in service.check_startup_safety():  # raises SettingsError for an open public address
+    for warning in startup_safety(settings):  # raises SettingsError for an open public address
         log.warning(warning)
+    service = Service(settings)
     app = create_app(service)
     config = uvicorn.Config(
         app,
@@ -94,6 +94,19 @@ def cmd_serve(args: argparse.Namespace) -> int:
     server = uvicorn.Server(config)
     server.run()
     return 0 if server.started else 1
+
+
+def startup_safety(settings: Any) -> list[str]:
+    """`Settings.check_startup_safety` with the key database consulted (before anything is started)."""
+    from cosyserve.service.auth import KeyStore
+    from cosyserve.service.db import make_engine, metadata
+
+    engine = make_engine(settings.storage.database_url or "")
+    try:
+        has_key = bool(KeyStore(engine, metadata).list(include_revoked=False))
+    finally:
+        engine.dispose()
+    return settings.check_startup_safety(has_key, settings.auth.ui_login_configured)
 
 
 def _key_store(args: argparse.Namespace) -> Any:

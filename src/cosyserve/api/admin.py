@@ -1,0 +1,85 @@
+"""Admin (admin role): engine restart, recent logs, status; and the web UI's login session."""
+
+from __future__ import annotations
+
+from typing import Any, Literal
+
+from fastapi import APIRouter, Depends, Query, Request, Response
+from starlette.concurrency import run_in_threadpool
+
+from cosyserve.api.deps import CurrentPrincipal, get_service, require_admin
+from cosyserve.api.schemas import ERRORS, LoginBody
+from cosyserve.service.auth import SESSION_COOKIE
+from cosyserve.service.logs import recent_logs
+
+router = APIRouter(prefix="/admin", tags=["admin"], dependencies=[Depends(require_admin)])
+session_router = APIRouter(tags=["auth"])
+
+
+@router.post(
+    "/engine/restart", status_code=202, responses=ERRORS, summary="Free the model's memory and reload"
+)
+def restart_engine(request: Request) -> dict[str, Any]:
+    state = get_service(request).restart_engine()
+    return {"state": state, "message": "reloading the model; GET /ready turns true when it is back"}
+
+
+@router.get("/logs", responses=ERRORS, summary="Recent log lines (newest last)")
+def logs(
+    limit: int = Query(100, ge=1, le=1000),
+    level: Literal["DEBUG", "INFO", "WARNING", "ERROR", "CRITICAL"] | None = None,
+) -> dict[str, Any]:
+    return {"object": "list", "data": recent_logs(limit, level)}
+
+
+@router.get("/status", responses=ERRORS, summary="Scheduler, model, storage and sync state")
+def status(request: Request) -> dict[str, Any]:
+    service = get_service(request)
+    s3 = service.s3
+    return {
+        "readiness": service.readiness(detailed=True),
+        "scheduler": service.scheduler.stats(),
+        "outputs": {"root": str(service.outputs.root), "total_bytes": service.outputs.total_bytes()},
+        "s3": None
+        if s3 is None
+        else {"bucket": s3.bucket, "uploaded": s3.uploaded, "failed": s3.failed_count, "retries": s3.retries},
+        "settings": service.settings.public_dict(),
+    }
+
+
+@session_router.post("/auth/login", responses=ERRORS, summary="Web UI login: sets the session cookie")
+async def login(body: LoginBody, request: Request, response: Response) -> dict[str, Any]:
+    service = get_service(request)
+    token = await run_in_threadpool(service.login, body.username, body.password)
+    response.set_cookie(
+        SESSION_COOKIE,
+        token,
+        max_age=int(service.sessions.ttl_s),
+        httponly=True,
+        samesite="lax",
+        secure=request.url.scheme == "https",
+    )
+    return {"user": body.username}
+
+
+@session_router.post("/auth/logout", summary="End the web UI session")
+def logout(response: Response) -> dict[str, Any]:
+    response.delete_cookie(SESSION_COOKIE)
+    return {"user": None}
+
+
+@session_router.get("/v1/me", responses=ERRORS, summary="Who the server thinks you are")
+def whoami(request: Request, principal: CurrentPrincipal) -> dict[str, Any]:
+    service = get_service(request)
+    quota = None
+    if principal.key is not None:
+        status = service.quota.check(principal.key)
+        quota = {"used_s": status.used_s, "limit_s": status.limit_s, "resets_at": status.resets_at}
+    return {
+        "kind": principal.kind,
+        "role": principal.role,
+        "name": principal.name,
+        "key_prefix": principal.key.prefix if principal.key else None,
+        "quota": quota,
+        "auth_enabled": service.auth_enabled(),
+    }

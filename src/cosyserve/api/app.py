@@ -1,0 +1,96 @@
+"""`create_app(service)`: the FastAPI application around one `Service`.
+
+The API lives under /v1, /admin, /auth, /health, /ready, /metrics and /docs, leaving "/" to the web UI:
+pass its ASGI app as `ui` (it is mounted last, so API routes win); without one, "/" redirects to /docs.
+The app's lifespan starts the service (model loading in the background) and shuts it down gracefully.
+"""
+
+from __future__ import annotations
+
+import asyncio
+from collections.abc import AsyncIterator
+from contextlib import asynccontextmanager
+
+from fastapi import FastAPI
+from fastapi.middleware.cors import CORSMiddleware
+from fastapi.responses import RedirectResponse
+from starlette.types import ASGIApp
+
+from cosyserve import __version__
+from cosyserve.api import admin, health, jobs, openai, outputs, tts, voices
+from cosyserve.api.errors import install_error_handlers
+from cosyserve.api.middleware import ApiMiddleware
+from cosyserve.service.app_state import Service
+
+BODY_SLACK_BYTES = 1 << 20  # form fields and multipart framing on top of the upload itself
+EXPOSED_HEADERS = [
+    "X-Request-ID",
+    "X-Cosyserve-Seed",
+    "X-Cosyserve-Output-Id",
+    "X-Cosyserve-Duration",
+    "X-Cosyserve-Sample-Rate",
+    "Retry-After",
+]
+DESCRIPTION = """\
+Voice-cloning text-to-speech with CosyVoice3.
+
+* `POST /v1/tts`: text → audio in a saved voice or one cloned from an upload (JSON or multipart; streaming).
+* `POST /v1/audio/speech`: OpenAI-compatible; point an OpenAI SDK's `base_url` at `<server>/v1`.
+* `/v1/voices`, `/v1/jobs`, `/v1/outputs`: saved voices, long-text jobs, stored results.
+
+Errors always look like `{"error": {"code", "message", "request_id"}}`. When the server has API keys,
+send one as `Authorization: Bearer <key>` or `X-API-Key: <key>`.
+"""
+
+
+def create_app(service: Service, *, ui: ASGIApp | None = None, manage_service: bool = True) -> FastAPI:
+    """The app for `service`; with `manage_service` its lifespan calls `service.start()` / `shutdown()`."""
+
+    @asynccontextmanager
+    async def lifespan(_: FastAPI) -> AsyncIterator[None]:
+        if manage_service:
+            await asyncio.to_thread(service.start)
+        try:
+            yield
+        finally:
+            if manage_service:
+                await asyncio.to_thread(service.shutdown)
+
+    app = FastAPI(
+        title="cosyserve",
+        version=__version__,
+        description=DESCRIPTION,
+        lifespan=lifespan,
+        docs_url="/docs",
+        redoc_url=None,
+    )
+    app.state.service = service
+    install_error_handlers(app)
+    for module in (tts, openai, voices, jobs, outputs, health):
+        app.include_router(module.router)
+    app.include_router(admin.router)
+    app.include_router(admin.session_router)
+
+    origins = service.settings.server.cors_origins
+    if origins:
+        app.add_middleware(
+            CORSMiddleware,
+            allow_origins=origins,
+            allow_credentials="*" not in origins,
+            allow_methods=["*"],
+            allow_headers=["*"],
+            expose_headers=EXPOSED_HEADERS,
+        )
+    upload_bytes = int(service.settings.limits.max_upload_mb * 1e6)
+    max_body = upload_bytes * 4 // 3 + BODY_SLACK_BYTES  # base64 in JSON is 4/3 of the bytes
+    app.add_middleware(ApiMiddleware, metrics=service.metrics, max_body_bytes=max_body)  # outermost
+
+    if ui is not None:
+        app.mount("/", ui)
+    else:
+
+        @app.get("/", include_in_schema=False)
+        def root() -> RedirectResponse:
+            return RedirectResponse("/docs")
+
+    return app

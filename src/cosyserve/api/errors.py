@@ -1,0 +1,185 @@
+"""One JSON error envelope for every 4xx/5xx: `{"error": {"code", "message", "request_id"}}`.
+
+Exceptions map to statuses here and nowhere else. Failures of scheduled work were already logged and
+counted by the scheduler (`mark_counted`); everything else is logged with its reason and counted once
+here. A 500 never carries a stack trace: its message names the request id to look up in the log.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import logging
+from typing import Any
+
+from fastapi import FastAPI, Request
+from fastapi.exceptions import RequestValidationError
+from fastapi.responses import JSONResponse
+from starlette.exceptions import HTTPException as StarletteHTTPException
+
+from cosyserve.errors import (
+    Cancelled,
+    CosyServeError,
+    InputError,
+    JobStateError,
+    JobTimeout,
+    ModelDirError,
+    QueueFull,
+    SettingsError,
+    ShuttingDown,
+    error_code,
+)
+from cosyserve.service.app_state import AuthRequired, Forbidden, ModelNotReady, QuotaExceeded, RateLimited
+from cosyserve.service.app_tasks import JobNotFound
+from cosyserve.service.auth import KeyNotFound
+from cosyserve.service.logs import get_request_id, log_failure
+from cosyserve.service.storage import OutputNotFound
+from cosyserve.service.voices import VoiceNotFound
+
+log = logging.getLogger(__name__)
+_COUNTED = "_cosyserve_counted"
+
+
+class PayloadTooLarge(InputError):
+    """A request body or upload is larger than the server allows."""
+
+
+class UnsupportedMediaType(InputError):
+    """A body or upload of a type this endpoint does not take."""
+
+
+class BodyTooLarge(StarletteHTTPException):
+    """Raised while a body is being read; an HTTPException so body parsers pass it through unchanged."""
+
+    def __init__(self, limit: int) -> None:
+        super().__init__(413, f"the request body is larger than {limit / 1e6:.1f} MB")
+
+
+# (exception class, HTTP status, code): the first match wins, so subclasses come first.
+_MAP: tuple[tuple[type[BaseException], int, str], ...] = (
+    (VoiceNotFound, 404, "voice_not_found"),
+    (OutputNotFound, 404, "output_not_found"),
+    (KeyNotFound, 404, "key_not_found"),
+    (JobNotFound, 404, "job_not_found"),
+    (PayloadTooLarge, 413, "payload_too_large"),
+    (UnsupportedMediaType, 415, "unsupported_media_type"),
+    (QuotaExceeded, 429, "quota_exceeded"),
+    (RateLimited, 429, "rate_limited"),
+    (QueueFull, 429, "queue_full"),
+    (AuthRequired, 401, "auth_required"),
+    (Forbidden, 403, "forbidden"),
+    (ModelNotReady, 503, "model_not_ready"),
+    (ShuttingDown, 503, "shutting_down"),
+    (JobTimeout, 504, "timeout"),
+    (Cancelled, 409, "cancelled"),
+    (JobStateError, 409, "conflict"),
+    (InputError, 400, "invalid_input"),
+    (ModelDirError, 503, "model_unavailable"),
+    (SettingsError, 500, "settings"),
+)
+_HTTP_CODES = {
+    400: "bad_request",
+    401: "auth_required",
+    403: "forbidden",
+    404: "not_found",
+    405: "method_not_allowed",
+    409: "conflict",
+    413: "payload_too_large",
+    415: "unsupported_media_type",
+    422: "invalid_request",
+    429: "rate_limited",
+    503: "unavailable",
+}
+
+
+def mark_counted(exc: BaseException, job_id: str | None = None) -> BaseException:
+    """Flag a failure of job `job_id` that the scheduler already logged and counted."""
+    with contextlib.suppress(AttributeError):  # exceptions with __slots__ stay unmarked
+        setattr(exc, _COUNTED, job_id or True)
+    return exc
+
+
+def envelope(status: int, code: str, message: str, headers: dict[str, str] | None = None) -> JSONResponse:
+    body = {"error": {"code": code, "message": message, "request_id": get_request_id()}}
+    return JSONResponse(body, status_code=status, headers=headers)
+
+
+def classify(exc: BaseException) -> tuple[int, str]:
+    for cls, status, code in _MAP:
+        if isinstance(exc, cls):
+            return status, code
+    if isinstance(exc, CosyServeError):
+        return 500, error_code(exc)
+    return 500, "internal"
+
+
+def error_response(exc: BaseException, metrics: Any = None) -> JSONResponse:
+    """The envelope for any exception, logged and counted unless the scheduler already did."""
+    status, code = classify(exc)
+    headers: dict[str, str] = {}
+    retry = getattr(exc, "retry_after_s", None)
+    if status in (429, 503) and retry is not None:
+        headers["Retry-After"] = str(max(1, int(retry)))
+    if status == 401:
+        headers["WWW-Authenticate"] = 'Bearer realm="cosyserve"'
+    if status == 500:
+        message = f"internal error: the server log has the details under request id {get_request_id()}"
+    else:
+        message = str(exc) or code.replace("_", " ")
+    reason = str(exc) or type(exc).__name__
+    job_id = getattr(exc, _COUNTED, None)
+    if job_id:
+        # The scheduler logged it (with any traceback) under its job id; this line ties it to the request.
+        extra = {"job_id": job_id} if isinstance(job_id, str) else {}
+        log_failure(code, reason, level=logging.INFO, status=status, **extra)
+    else:
+        level = logging.INFO if status < 500 else None
+        log_failure(code, reason, exc=exc, level=level, status=status)
+        if metrics is not None:
+            metrics.count_error(code)
+    return envelope(status, code, message, headers)
+
+
+def install_error_handlers(app: FastAPI) -> None:
+    def metrics(request: Request) -> Any:
+        service = getattr(request.app.state, "service", None)
+        return service.metrics if service is not None else None
+
+    async def on_cosyserve_error(request: Request, exc: Exception) -> JSONResponse:
+        return error_response(exc, metrics(request))
+
+    async def on_http_error(request: Request, exc: Exception) -> JSONResponse:
+        assert isinstance(exc, StarletteHTTPException)
+        code = _HTTP_CODES.get(exc.status_code, f"http_{exc.status_code}")
+        message = exc.detail if isinstance(exc.detail, str) else code.replace("_", " ")
+        if exc.status_code == 404 and message == "Not Found":
+            message = f"no such endpoint: {request.method} {request.url.path} (see /docs)"
+        elif exc.status_code == 405:
+            message = f"{request.method} is not allowed on {request.url.path} (see /docs)"
+        log_failure(code, message, level=logging.INFO, status=exc.status_code)
+        m = metrics(request)
+        if m is not None:
+            m.count_error(code)
+        return envelope(exc.status_code, code, message, dict(exc.headers or {}))
+
+    async def on_validation_error(request: Request, exc: Exception) -> JSONResponse:
+        assert isinstance(exc, RequestValidationError)
+        message = describe_validation_errors(exc.errors())
+        log_failure("invalid_request", message, level=logging.INFO, status=422)
+        m = metrics(request)
+        if m is not None:
+            m.count_error("invalid_request")
+        return envelope(422, "invalid_request", message)
+
+    app.add_exception_handler(CosyServeError, on_cosyserve_error)
+    app.add_exception_handler(StarletteHTTPException, on_http_error)
+    app.add_exception_handler(RequestValidationError, on_validation_error)
+
+
+def describe_validation_errors(errors: Any) -> str:
+    """`field: what is wrong; …` without echoing the submitted values (they may be large or secret)."""
+    parts = []
+    for error in list(errors)[:10]:
+        loc = [str(p) for p in error.get("loc", ()) if p not in ("body", "query", "path", "header")]
+        where = ".".join(loc) or "body"
+        parts.append(f"{where}: {error.get('msg', 'invalid')}")
+    return "invalid request: " + "; ".join(parts) if parts else "invalid request"

@@ -1,0 +1,165 @@
+"""Bodies that come as JSON (audio as base64) or as multipart forms (audio as an upload).
+
+Uploads are read in pieces and refused (413) as soon as they pass `max_upload_mb`; python-multipart
+spools files over 1 MB to disk while parsing, and the middleware caps the whole body, so no request
+holds more than the limit in memory. Empty form fields count as absent (HTML forms send them).
+"""
+
+from __future__ import annotations
+
+import base64
+import binascii
+import json
+from pathlib import PurePath
+from typing import Any, TypeVar
+
+from fastapi import Request
+from fastapi.exceptions import RequestValidationError
+from pydantic import BaseModel, ValidationError
+from starlette.datastructures import UploadFile
+
+from cosyserve.api.errors import PayloadTooLarge, UnsupportedMediaType
+from cosyserve.errors import InputError
+
+Params = TypeVar("Params", bound=BaseModel)
+READ_PIECE = 64 * 1024
+MAX_FORM_FIELDS = 64
+AUDIO_SUFFIXES = frozenset(
+    {
+        ".wav",
+        ".wave",
+        ".flac",
+        ".mp3",
+        ".ogg",
+        ".oga",
+        ".opus",
+        ".aif",
+        ".aiff",
+        ".au",
+        ".snd",
+        ".caf",
+        ".w64",
+    }
+)
+AUDIO_TYPES = ("audio/", "application/octet-stream", "video/ogg", "application/ogg")
+
+
+def media_type(request: Request) -> str:
+    return request.headers.get("content-type", "").split(";")[0].strip().lower()
+
+
+async def read_params(
+    request: Request, model: type[Params], upload_field: str, max_bytes: int
+) -> tuple[Params, bytes | None, str]:
+    """The validated parameters, the audio (bytes or None) and its file suffix (".wav" when unknown)."""
+    kind = media_type(request)
+    if kind == "application/json" or kind.endswith("+json"):
+        data = await _json_object(request)
+        params = validate(model, data)
+        encoded = getattr(params, upload_field, None)
+        audio = decode_base64(encoded, upload_field, max_bytes) if encoded else None
+        return params, audio, ".wav"
+    if kind in ("multipart/form-data", "application/x-www-form-urlencoded"):
+        form = await request.form(max_files=2, max_fields=MAX_FORM_FIELDS)
+        try:
+            fields: dict[str, Any] = {}
+            upload: UploadFile | None = None
+            for name, value in form.multi_items():
+                if isinstance(value, str):
+                    if name in fields:
+                        raise InputError(f"form field {name!r} was given more than once")
+                    if value != "":
+                        fields[name] = value
+                elif name == upload_field and upload is None:
+                    upload = value
+                else:
+                    raise InputError(
+                        f"unexpected file in form field {name!r}: upload the recording as {upload_field!r}"
+                    )
+            encoded = fields.pop(upload_field, None)
+            params = validate(model, fields)
+            if upload is not None:
+                return params, *await read_upload(upload, max_bytes)
+            audio = decode_base64(encoded, upload_field, max_bytes) if encoded else None
+            return params, audio, ".wav"
+        finally:
+            await form.close()
+    raise UnsupportedMediaType(
+        f"content type {kind or '(none)'!r} is not accepted here: "
+        "send application/json or multipart/form-data"
+    )
+
+
+async def _json_object(request: Request) -> dict[str, Any]:
+    raw = await request.body()
+    try:
+        data = json.loads(raw)
+    except (ValueError, UnicodeDecodeError) as exc:
+        raise InputError(f"the body is not valid JSON: {exc}") from None
+    if not isinstance(data, dict):
+        raise InputError(f"the body must be a JSON object, got {type(data).__name__}")
+    return data
+
+
+def validate(model: type[Params], data: dict[str, Any]) -> Params:
+    try:
+        return model.model_validate(data)
+    except ValidationError as exc:
+        errors = [
+            {**e, "loc": ("body", *e["loc"])} for e in exc.errors(include_url=False, include_input=False)
+        ]
+        raise RequestValidationError(errors) from None
+
+
+def decode_base64(text: str, field: str, max_bytes: int) -> bytes:
+    """Base64 (or a `data:…;base64,` URL) to bytes; 413 past `max_bytes`, 400 when it is not base64."""
+    if text.startswith("data:"):
+        _, sep, text = text.partition(",")
+        if not sep:
+            raise InputError(f"{field}: a data: URL needs a comma before the base64 data")
+    text = "".join(text.split())
+    if len(text) * 3 // 4 > max_bytes:
+        raise PayloadTooLarge(f"{field} is larger than the upload limit of {max_bytes / 1e6:.1f} MB")
+    try:
+        return base64.b64decode(text, validate=True)
+    except (binascii.Error, ValueError):
+        raise InputError(f"{field} is not valid base64: send the recording's bytes base64-encoded") from None
+
+
+async def read_upload(upload: UploadFile, max_bytes: int) -> tuple[bytes, str]:
+    """The uploaded file's bytes and suffix; 415 for a non-audio name or type, 413 past `max_bytes`."""
+    suffix = PurePath(upload.filename or "").suffix.lower()
+    if suffix and suffix not in AUDIO_SUFFIXES:
+        raise UnsupportedMediaType(
+            f"{upload.filename!r} is not an audio file this server reads: use "
+            + ", ".join(sorted(s.lstrip(".") for s in AUDIO_SUFFIXES))
+        )
+    content_type = (upload.content_type or "").split(";")[0].strip().lower()
+    if content_type and not content_type.startswith(AUDIO_TYPES):
+        raise UnsupportedMediaType(f"the upload's content type {content_type!r} is not audio")
+    pieces: list[bytes] = []
+    size = 0
+    while piece := await upload.read(READ_PIECE):
+        size += len(piece)
+        if size > max_bytes:
+            raise PayloadTooLarge(f"the upload is larger than the limit of {max_bytes / 1e6:.1f} MB")
+        pieces.append(piece)
+    if not size:
+        raise InputError("the uploaded file is empty")
+    return b"".join(pieces), suffix or ".wav"
+
+
+def parse_lexicon(value: Any) -> dict[str, str] | None:
+    """A lexicon from JSON (object) or form text (JSON object as a string)."""
+    if value is None or value == "":
+        return None
+    if isinstance(value, str):
+        try:
+            value = json.loads(value)
+        except ValueError:
+            raise InputError('lexicon must be a JSON object such as {"重庆": "[chóng qìng]"}') from None
+    if not isinstance(value, dict) or not all(
+        isinstance(k, str) and isinstance(v, str) for k, v in value.items()
+    ):
+        raise InputError("lexicon must map words (strings) to pronunciations (strings)")
+    return value

@@ -1,0 +1,136 @@
+"""Jobs for long texts: submit, poll (state, progress, signed result URL), list, cancel."""
+
+from __future__ import annotations
+
+from typing import Literal
+
+from fastapi import APIRouter, Query, Request, Response
+from fastapi.responses import RedirectResponse
+from starlette.concurrency import run_in_threadpool
+
+from cosyserve.api.deps import CurrentPrincipal, can_see, get_service, request_id
+from cosyserve.api.inputs import read_params
+from cosyserve.api.schemas import ERRORS, JobError, JobList, JobParams, JobView, body_doc
+from cosyserve.api.tts import upload_limit
+from cosyserve.errors import JobStateError
+from cosyserve.service.app_state import Principal, Service
+from cosyserve.service.app_tasks import JobNotFound, OutputSpec
+from cosyserve.service.jobs import JobRecord
+
+router = APIRouter(prefix="/v1/jobs", tags=["jobs"])
+
+
+def job_view(service: Service, record: JobRecord) -> JobView:
+    data = record.to_dict()
+    ticket = service.scheduler.get(record.id)
+    position = wait = None
+    progress = record.progress
+    if ticket is not None and not record.is_terminal:
+        progress = max(progress, ticket.progress)
+        position = ticket.position
+        wait = round(ticket.estimated_wait_s(), 1) if position is not None else None
+    result_url = None
+    if record.state == "done" and record.output_id:
+        fmt = (record.params or {}).get("format")
+        rate = (record.params or {}).get("sample_rate")
+        query = {"format": fmt if fmt != "wav" else None, "sample_rate": rate}
+        result_url = service.signed_url(f"/v1/outputs/{record.output_id}", query)
+    error = JobError(code=record.error_code, message=record.error_message) if record.error_code else None
+    return JobView(
+        id=record.id,
+        state=record.state,  # type: ignore[arg-type]
+        progress=round(progress, 4),
+        created_at=data["created_at"],
+        started_at=data["started_at"],
+        finished_at=data["finished_at"],
+        position=position,
+        estimated_wait_s=wait,
+        error=error,
+        output_id=record.output_id,
+        result_url=result_url,
+        duration_s=record.duration_s,
+        seed=record.seed,
+        params=record.params or {},
+        warnings=list((record.result_extra or {}).get("warnings", [])),
+    )
+
+
+def _own_job(service: Service, principal: Principal, job_id: str) -> JobRecord:
+    record = service.jobs.get(job_id)
+    if record is None or not can_see(principal, record.owner):
+        raise JobNotFound(f"no job {job_id!r}: list your jobs with GET /v1/jobs")
+    return record
+
+
+@router.post(
+    "",
+    status_code=202,
+    response_model=JobView,
+    responses=ERRORS,
+    summary="Submit a long text as a job",
+    description="Same fields as POST /v1/tts (JSON or multipart; no streaming). The text may be up to "
+    "50x the per-request limit; it is synthesised piece by piece. Poll GET /v1/jobs/{id}.",
+    openapi_extra=body_doc(JobParams, "prompt_wav"),
+)
+async def create_job(request: Request, response: Response, principal: CurrentPrincipal) -> JobView:
+    service = get_service(request)
+    service.check_quota(principal)
+    params, audio, _ = await read_params(request, JobParams, "prompt_wav", upload_limit(request))
+    spec = OutputSpec(
+        format=params.format,
+        sample_rate=params.sample_rate,
+        owner=principal.owner,
+        key=principal.key,
+        request_id=request_id(request),
+        endpoint="jobs",
+    )
+    record = await run_in_threadpool(service.submit_job, params.to_request(audio), spec)
+    response.headers["Location"] = f"/v1/jobs/{record.id}"
+    return job_view(service, record)
+
+
+@router.get("", response_model=JobList, responses=ERRORS, summary="List jobs (yours; admins: all)")
+def list_jobs(
+    request: Request,
+    principal: CurrentPrincipal,
+    state: Literal["queued", "running", "done", "failed", "cancelled"] | None = None,
+    limit: int = Query(50, ge=1, le=500),
+    offset: int = Query(0, ge=0),
+) -> JobList:
+    service = get_service(request)
+    owner = None if principal.is_admin else (principal.owner or "")
+    records = service.jobs.list(owner=owner, state=state, limit=limit, offset=offset)
+    return JobList(data=[job_view(service, r) for r in records])
+
+
+@router.get("/{job_id}", response_model=JobView, responses=ERRORS, summary="A job's state and result")
+def get_job(job_id: str, request: Request, principal: CurrentPrincipal) -> JobView:
+    service = get_service(request)
+    return job_view(service, _own_job(service, principal, job_id))
+
+
+@router.get(
+    "/{job_id}/result",
+    status_code=307,
+    responses=ERRORS,
+    summary="Redirect to the result's signed download URL",
+)
+def job_result(job_id: str, request: Request, principal: CurrentPrincipal) -> Response:
+    service = get_service(request)
+    view = job_view(service, _own_job(service, principal, job_id))
+    if view.result_url is None:
+        raise JobStateError(f"job {job_id} is {view.state}: it has no result to download")
+    return RedirectResponse(view.result_url, status_code=307)
+
+
+@router.delete(
+    "/{job_id}",
+    status_code=202,
+    response_model=JobView,
+    responses=ERRORS,
+    summary="Cancel a queued or running job",
+)
+def cancel_job(job_id: str, request: Request, principal: CurrentPrincipal) -> JobView:
+    service = get_service(request)
+    _own_job(service, principal, job_id)
+    return job_view(service, service.cancel_job(job_id))

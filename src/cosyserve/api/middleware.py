@@ -1,0 +1,105 @@
+"""The outermost layer of every HTTP request: request id, body size limit, metrics, access log, last resort.
+
+A plain ASGI middleware (not Starlette's BaseHTTPMiddleware), so streaming responses and client
+disconnects pass through untouched. An exception nothing else handled becomes the 500 envelope here;
+once a response has started it can only be logged, and the connection is closed mid-body so the client
+sees an incomplete response instead of a truncated one that looks whole.
+"""
+
+from __future__ import annotations
+
+import logging
+import re
+import time
+from typing import Any
+
+from starlette.routing import Mount
+from starlette.types import ASGIApp, Message, Receive, Scope, Send
+
+from cosyserve.api.errors import BodyTooLarge, envelope, error_response
+from cosyserve.service.logs import new_request_id, reset_request_id, set_request_id
+
+access_log = logging.getLogger("cosyserve.access")
+REQUEST_ID_HEADER = "x-request-id"
+_SAFE_ID = re.compile(r"[A-Za-z0-9._\-]{1,64}")
+_QUIET_PATHS = ("/health", "/ready", "/metrics")  # polled constantly: logged at DEBUG
+
+
+class ApiMiddleware:
+    def __init__(self, app: ASGIApp, metrics: Any, max_body_bytes: int) -> None:
+        self.app = app
+        self.metrics = metrics
+        self.max_body_bytes = max_body_bytes
+
+    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        if scope["type"] != "http":
+            await self.app(scope, receive, send)
+            return
+        headers = {k.decode("latin-1").lower(): v.decode("latin-1") for k, v in scope.get("headers", [])}
+        incoming = headers.get(REQUEST_ID_HEADER, "")
+        request_id = incoming if _SAFE_ID.fullmatch(incoming) else new_request_id()
+        token = set_request_id(request_id)
+        scope.setdefault("state", {})["request_id"] = request_id
+        started = time.perf_counter()
+        status: list[int] = []
+
+        async def send_with_id(message: Message) -> None:
+            if message["type"] == "http.response.start":
+                status.append(message["status"])
+                message.setdefault("headers", [])
+                message["headers"] = [
+                    *message["headers"],
+                    (b"x-request-id", request_id.encode("latin-1")),
+                ]
+            await send(message)
+
+        received = 0
+        limit = self.max_body_bytes
+
+        async def limited_receive() -> Message:
+            nonlocal received
+            message = await receive()
+            if message["type"] == "http.request":
+                received += len(message.get("body", b""))
+                if received > limit:
+                    raise BodyTooLarge(limit)
+            return message
+
+        try:
+            declared = headers.get("content-length", "")
+            if declared.isdigit() and int(declared) > limit:
+                response = envelope(
+                    413, "payload_too_large", f"the request body is larger than {limit / 1e6:.1f} MB"
+                )
+                await response(scope, receive, send_with_id)
+            else:
+                await self.app(scope, limited_receive, send_with_id)
+        except Exception as exc:
+            if not status:
+                await error_response(exc, self.metrics)(scope, receive, send_with_id)
+            else:
+                error_response(exc, self.metrics)  # logs and counts; the body is cut off
+        finally:
+            elapsed = time.perf_counter() - started
+            code = status[0] if status else 500
+            template = route_label(scope.get("route"))
+            self.metrics.observe_request(template, code, elapsed)
+            path = scope.get("path", "")
+            level = logging.DEBUG if path in _QUIET_PATHS and code < 400 else logging.INFO
+            access_log.log(
+                level,
+                "%s %s %d %.3fs",
+                scope.get("method", "-"),
+                path,
+                code,
+                elapsed,
+                extra={"client": (scope.get("client") or ("-",))[0]},
+            )
+            reset_request_id(token)
+
+
+def route_label(route: Any) -> str:
+    """The route template (bounded label values): `/v1/jobs/{job_id}`, `/*` for a mounted app (the UI)."""
+    if isinstance(route, Mount):
+        return (route.path or "") + "/*"
+    return getattr(route, "path", None) or "unmatched"

@@ -1,0 +1,83 @@
+"""`POST /v1/audio/speech`, compatible with OpenAI's, so OpenAI SDKs work by changing the base URL.
+
+`voice` names a saved voice (OpenAI's built-in names exist only if you enrol voices under them);
+`instructions` becomes the instruct text; `speed` must be within 0.5-2.0 (OpenAI allows 0.25-4.0);
+`stream_format="sse"` sends `speech.audio.delta` / `speech.audio.done` events like OpenAI's, and an explicit
+`stream_format="audio"` streams raw audio chunks as they are generated (without it the whole file comes at
+once, with the X-Cosyserve-Output-Id and X-Cosyserve-Duration headers).
+"""
+
+from __future__ import annotations
+
+from fastapi import APIRouter, Request, Response
+
+from cosyserve.api.deps import CurrentPrincipal, get_service, request_id
+from cosyserve.api.schemas import AUDIO_CONTENT, ERRORS, SpeechParams
+from cosyserve.api.streaming import (
+    audio_response,
+    audio_stream_response,
+    await_ticket,
+    open_stream,
+    sse_response,
+)
+from cosyserve.errors import InputError
+from cosyserve.service.app_tasks import OutputSpec
+from cosyserve.service.requests import SynthesisRequest
+from cosyserve.service.voices import VoiceNotFound
+
+router = APIRouter(prefix="/v1", tags=["openai"])
+MIN_SPEED, MAX_SPEED = 0.5, 2.0
+
+
+@router.post(
+    "/audio/speech",
+    summary="OpenAI-compatible speech",
+    responses={
+        200: {"content": {**AUDIO_CONTENT, "text/event-stream": {}}, "description": "audio or SSE"},
+        **ERRORS,
+    },
+)
+async def speech(body: SpeechParams, request: Request, principal: CurrentPrincipal) -> Response:
+    service = get_service(request)
+    service.check_quota(principal)
+    if body.response_format == "aac":
+        raise InputError("response_format 'aac' is not supported here: use mp3, opus, flac, wav or pcm")
+    if not MIN_SPEED <= body.speed <= MAX_SPEED:
+        raise InputError(
+            f"speed {body.speed:g} is outside what CosyVoice supports: use {MIN_SPEED} to {MAX_SPEED}"
+        )
+    name = body.voice_name
+    try:
+        service.voices.get(name)
+    except VoiceNotFound:
+        raise VoiceNotFound(
+            f"no saved voice {name!r}. `voice` must name a voice saved on this server: create one with "
+            "POST /v1/voices (multipart: name, audio, transcript) or `cosyserve voices add NAME --wav FILE`; "
+            "GET /v1/voices lists them"
+        ) from None
+    synthesis = SynthesisRequest(
+        text=body.input,
+        voice=name,
+        instruct=body.instructions or None,
+        seed=body.seed,
+        speed=body.speed,
+    )
+    spec = OutputSpec(
+        format=body.response_format,
+        sample_rate=body.sample_rate,
+        owner=principal.owner,
+        key=principal.key,
+        request_id=request_id(request),
+        endpoint="openai",
+        extra={"model": body.model},
+    )
+    if body.stream_format == "sse":
+        ticket = service.submit_tts(synthesis, spec, stream=True)
+        start, items = await open_stream(request, ticket)
+        return sse_response(ticket, start, items, len(body.input))
+    if "stream_format" in body.model_fields_set:  # asked for "audio" explicitly: chunks as generated
+        ticket = service.submit_tts(synthesis, spec, stream=True)
+        start, items = await open_stream(request, ticket)
+        return audio_stream_response(ticket, start, items)
+    ticket = service.submit_tts(synthesis, spec)
+    return audio_response(await await_ticket(request, ticket))

@@ -1,0 +1,137 @@
+"""Stored results: list, download (signed URL or API key), manifest, subtitles, delete.
+
+Outputs are stored as WAV at the model's rate; `format` / `sample_rate` on a download transcode it.
+A signed URL (`?exp=&sig=`, from job results and listings) works without an API key until it expires.
+"""
+
+from __future__ import annotations
+
+from typing import Literal
+
+import soundfile
+from fastapi import APIRouter, Query, Request, Response
+from fastapi.responses import FileResponse
+from starlette.concurrency import run_in_threadpool
+
+from cosyserve.api.deps import CurrentPrincipal, can_see, current_principal, get_service
+from cosyserve.api.schemas import AUDIO_CONTENT, ERRORS, AudioFormat, OutputList, OutputView
+from cosyserve.service.app_state import Forbidden, Principal, Service
+from cosyserve.service.audio_formats import encode, mime_type
+from cosyserve.service.requests import SentenceTiming
+from cosyserve.service.storage import OutputNotFound, StoredOutput
+from cosyserve.service.subtitles import to_srt, to_vtt
+
+router = APIRouter(prefix="/v1/outputs", tags=["outputs"])
+
+
+def output_view(service: Service, output: StoredOutput) -> OutputView:
+    manifest = output.manifest
+    return OutputView(
+        id=output.id,
+        created_at=manifest.get("created_at"),
+        duration_s=manifest.get("duration_s"),
+        size_bytes=manifest.get("size_bytes"),
+        sample_rate=manifest.get("sample_rate"),
+        seed=manifest.get("seed"),
+        owner=manifest.get("owner"),
+        url=service.signed_url(output.url_path),
+        manifest_url=f"{output.url_path}/manifest",
+    )
+
+
+def _visible(service: Service, principal: Principal, output_id: str) -> StoredOutput:
+    output = service.outputs.get(output_id)
+    if not can_see(principal, output.manifest.get("owner")):
+        raise OutputNotFound(f"no output {output_id}; it may have expired or been deleted")
+    return output
+
+
+@router.get("", response_model=OutputList, responses=ERRORS, summary="List stored results (newest first)")
+def list_outputs(
+    request: Request,
+    principal: CurrentPrincipal,
+    limit: int = Query(50, ge=1, le=1000),
+    offset: int = Query(0, ge=0),
+    request_id: str | None = Query(None, max_length=64, description="only the output of this request"),
+) -> OutputList:
+    service = get_service(request)
+    owner = None if principal.is_admin else (principal.owner or "")
+    if request_id is not None:
+        found = [
+            o
+            for o in service.outputs.list(owner=owner, limit=1000)
+            if (o.manifest.get("parameters") or {}).get("request_id") == request_id
+        ]
+        return OutputList(data=[output_view(service, o) for o in found[:limit]])
+    outputs = service.outputs.list(owner=owner, limit=limit, offset=offset)
+    return OutputList(data=[output_view(service, o) for o in outputs])
+
+
+@router.get(
+    "/{output_id}",
+    responses={200: {"content": AUDIO_CONTENT, "description": "the audio"}, **ERRORS},
+    summary="Download a result",
+    description="With `exp` and `sig` (a signed URL) no API key is needed.",
+)
+async def download_output(
+    output_id: str,
+    request: Request,
+    format: AudioFormat | None = None,
+    sample_rate: int | None = Query(None, ge=8000, le=48000),
+    exp: str | None = Query(None, max_length=16),
+    sig: str | None = Query(None, max_length=128),
+) -> Response:
+    service = get_service(request)
+    if exp is not None or sig is not None:
+        if not service.verify_signed(f"/v1/outputs/{output_id}", exp, sig):
+            raise Forbidden("this download link is invalid or has expired: ask for a new one")
+        output = await run_in_threadpool(service.outputs.get, output_id)
+    else:
+        principal = await current_principal(request)
+        output = await run_in_threadpool(_visible, service, principal, output_id)
+    stored_rate = output.manifest.get("sample_rate")
+    if (format in (None, "wav")) and sample_rate in (None, stored_rate):
+        return FileResponse(output.path, media_type="audio/wav", filename=output.filename)
+    fmt = format or "wav"
+    data = await run_in_threadpool(_transcode, output, fmt, sample_rate)
+    headers = {"Content-Disposition": f'attachment; filename="{output.id}.{fmt}"'}
+    return Response(data, media_type=mime_type(fmt), headers=headers)
+
+
+def _transcode(output: StoredOutput, fmt: str, sample_rate: int | None) -> bytes:
+    audio, rate = soundfile.read(output.path, dtype="float32")
+    return encode(audio, fmt, source_rate=rate, sample_rate=sample_rate)
+
+
+@router.get("/{output_id}/manifest", responses=ERRORS, summary="A result's provenance manifest")
+def get_manifest(output_id: str, request: Request, principal: CurrentPrincipal) -> dict:
+    return _visible(get_service(request), principal, output_id).manifest
+
+
+@router.get(
+    "/{output_id}/subtitles",
+    responses={200: {"content": {"text/plain": {}, "text/vtt": {}}}, **ERRORS},
+    summary="Sentence timestamps as SRT or WebVTT",
+)
+def get_subtitles(
+    output_id: str,
+    request: Request,
+    principal: CurrentPrincipal,
+    format: Literal["srt", "vtt"] = "srt",
+) -> Response:
+    output = _visible(get_service(request), principal, output_id)
+    timings = [
+        SentenceTiming(int(s["index"]), str(s["text"]), float(s["start_s"]), float(s["end_s"]))
+        for s in output.manifest.get("sentences", [])
+    ]
+    if format == "vtt":
+        return Response(to_vtt(timings), media_type="text/vtt; charset=utf-8")
+    return Response(to_srt(timings), media_type="application/x-subrip; charset=utf-8")
+
+
+@router.delete("/{output_id}", status_code=204, responses=ERRORS, summary="Delete a result")
+def delete_output(output_id: str, request: Request, principal: CurrentPrincipal) -> Response:
+    service = get_service(request)
+    _visible(service, principal, output_id)
+    service.outputs.delete(output_id)
+    return Response(status_code=204)

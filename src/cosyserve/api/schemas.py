@@ -1,0 +1,258 @@
+"""Request and response bodies, with the constraints and examples that /docs shows."""
+
+from __future__ import annotations
+
+from typing import Any, Literal
+
+from pydantic import BaseModel, ConfigDict, Field
+
+from cosyserve.service.requests import SynthesisRequest
+
+MAX_SEED = 2**31 - 1
+AudioFormat = Literal["wav", "mp3", "opus", "flac", "pcm"]
+
+
+class _Strict(BaseModel):
+    model_config = ConfigDict(extra="forbid", allow_inf_nan=False)
+
+
+class SynthesisParams(_Strict):
+    """One text in one voice. JSON: `prompt_wav` is base64 (or a data: URL); multipart: upload the file."""
+
+    text: str = Field(min_length=1, max_length=100_000, examples=["你好，欢迎使用语音合成服务。"])
+    voice: str | None = Field(None, max_length=64, description="a saved voice (id or name)")
+    prompt_wav: str | None = Field(
+        None, description="a 3-30 s recording of the voice to clone (JSON: base64; multipart: the file)"
+    )
+    prompt_text: str | None = Field(
+        None, max_length=500, description="transcript of the prompt recording (omit for cross-lingual)"
+    )
+    instruct: str | None = Field(
+        None, max_length=500, description="an instruction, e.g. 请用四川话表达 or 'speak happily'"
+    )
+    seed: int | None = Field(None, ge=0, le=MAX_SEED, description="makes the result reproducible")
+    speed: float | None = Field(None, ge=0.5, le=2.0, description="0.5 to 2.0 (default: the voice's, or 1)")
+    volume: float = Field(1.0, ge=0.0, le=4.0, description="linear gain on the output")
+    format: AudioFormat = Field("wav", description="response audio format")
+    sample_rate: int | None = Field(
+        None, ge=8000, le=48000, description="output rate in Hz (default 24000; mp3/opus only some rates)"
+    )
+
+    def to_request(self, prompt_wav: bytes | None) -> SynthesisRequest:
+        return SynthesisRequest(
+            text=self.text,
+            voice=self.voice or None,
+            prompt_wav=prompt_wav,
+            prompt_text=self.prompt_text or None,
+            instruct=self.instruct or None,
+            seed=self.seed,
+            speed=self.speed,
+            volume=self.volume,
+        )
+
+
+class TtsParams(SynthesisParams):
+    model_config = ConfigDict(
+        extra="forbid",
+        allow_inf_nan=False,
+        json_schema_extra={"examples": [{"text": "你好，世界。", "voice": "alice", "format": "mp3"}]},
+    )
+
+    stream: bool = Field(False, description="chunked response that starts before synthesis ends")
+
+
+class JobParams(SynthesisParams):
+    model_config = ConfigDict(
+        extra="forbid",
+        allow_inf_nan=False,
+        json_schema_extra={
+            "examples": [{"text": "第一章。很久很久以前……", "voice": "alice", "format": "mp3"}]
+        },
+    )
+
+
+class VoiceRef(BaseModel):
+    id: str = Field(max_length=64)
+
+
+class SpeechParams(BaseModel):
+    """OpenAI's `POST /v1/audio/speech` body; unknown fields are ignored as OpenAI SDKs may add some."""
+
+    model_config = ConfigDict(
+        extra="ignore",
+        allow_inf_nan=False,
+        json_schema_extra={"examples": [{"model": "cosyvoice3", "input": "Hello!", "voice": "alice"}]},
+    )
+
+    model: str = Field("cosyvoice3", max_length=128, description="accepted and echoed; any value works")
+    input: str = Field(min_length=1, max_length=100_000)
+    voice: str | VoiceRef = Field(description='a saved voice: its name or id (or {"id": ...})')
+    instructions: str | None = Field(None, max_length=500)
+    response_format: Literal["mp3", "opus", "aac", "flac", "wav", "pcm"] = "mp3"
+    speed: float = Field(1.0, ge=0.25, le=4.0, description="OpenAI's range; CosyVoice supports 0.5 to 2.0")
+    stream_format: Literal["audio", "sse"] = "audio"
+    seed: int | None = Field(None, ge=0, le=MAX_SEED, description="cosyserve extension")
+    sample_rate: int | None = Field(None, ge=8000, le=48000, description="cosyserve extension")
+
+    @property
+    def voice_name(self) -> str:
+        return self.voice.id if isinstance(self.voice, VoiceRef) else self.voice
+
+
+class VoiceDefaultsBody(_Strict):
+    instruct: str | None = Field(None, max_length=500)
+    speed: float | None = Field(None, ge=0.5, le=2.0)
+    seed: int | None = Field(None, ge=0, le=MAX_SEED)
+
+
+class VoiceCreateParams(_Strict):
+    """Enrol a voice. JSON: `audio` is base64; multipart: upload the recording as `audio`."""
+
+    name: str = Field(min_length=1, max_length=64, examples=["alice"])
+    audio: str | None = Field(None, description="the recording (JSON: base64; multipart: the file)")
+    transcript: str | None = Field(None, max_length=500)
+    instruct: str | None = Field(None, max_length=500, description="default instruction")
+    speed: float | None = Field(None, ge=0.5, le=2.0, description="default speed")
+    seed: int | None = Field(None, ge=0, le=MAX_SEED, description="default seed")
+    lexicon: dict[str, str] | str | None = Field(
+        None, description='word → pronunciation, e.g. {"重庆": "[chóng qìng]"} (multipart: JSON text)'
+    )
+
+
+class VoiceUpdate(_Strict):
+    name: str | None = Field(None, min_length=1, max_length=64)
+    transcript: str | None = Field(None, max_length=500)
+    defaults: VoiceDefaultsBody | None = None
+    lexicon: dict[str, str] | None = None
+
+
+class VoiceView(BaseModel):
+    id: str
+    name: str
+    transcript: str | None
+    created_at: float
+    defaults: dict[str, Any]
+    lexicon: dict[str, str]
+    report: dict[str, Any]
+    preview_url: str
+
+
+class VoiceList(BaseModel):
+    object: Literal["list"] = "list"
+    data: list[VoiceView]
+
+
+class ErrorDetail(BaseModel):
+    code: str = Field(examples=["invalid_input"])
+    message: str
+    request_id: str | None = None
+
+
+class ErrorEnvelope(BaseModel):
+    error: ErrorDetail
+
+
+class JobError(BaseModel):
+    code: str | None
+    message: str | None
+
+
+class JobView(BaseModel):
+    id: str
+    state: Literal["queued", "running", "done", "failed", "cancelled"]
+    progress: float
+    created_at: str
+    started_at: str | None = None
+    finished_at: str | None = None
+    position: int | None = Field(None, description="place in the queue (0: next); only while queued")
+    estimated_wait_s: float | None = None
+    error: JobError | None = None
+    output_id: str | None = None
+    result_url: str | None = Field(None, description="signed download link, valid for a short time")
+    duration_s: float | None = None
+    seed: int | None = None
+    params: dict[str, Any] = Field(default_factory=dict)
+    warnings: list[str] = Field(default_factory=list)
+
+
+class JobList(BaseModel):
+    object: Literal["list"] = "list"
+    data: list[JobView]
+
+
+class OutputView(BaseModel):
+    id: str
+    created_at: str | None
+    duration_s: float | None
+    size_bytes: int | None
+    sample_rate: int | None
+    seed: int | None
+    owner: str | None
+    url: str = Field(description="signed download link")
+    manifest_url: str
+
+
+class OutputList(BaseModel):
+    object: Literal["list"] = "list"
+    data: list[OutputView]
+
+
+class ModelCard(BaseModel):
+    id: str
+    object: Literal["model"] = "model"
+    created: int
+    owned_by: str = "cosyserve"
+
+
+class ModelList(BaseModel):
+    object: Literal["list"] = "list"
+    data: list[ModelCard]
+
+
+class LoginBody(_Strict):
+    username: str = Field(max_length=128)
+    password: str = Field(max_length=1024)
+
+
+ERRORS: dict[int | str, dict[str, Any]] = {
+    status: {"model": ErrorEnvelope, "description": text}
+    for status, text in (
+        (400, "invalid input"),
+        (401, "missing or invalid API key"),
+        (403, "not allowed for this key"),
+        (404, "not found"),
+        (413, "upload too large"),
+        (422, "malformed request"),
+        (429, "queue full, rate limit or quota (see Retry-After)"),
+        (503, "model not ready or shutting down"),
+        (504, "synthesis timed out"),
+    )
+}
+AUDIO_CONTENT = {
+    "audio/wav": {},
+    "audio/mpeg": {},
+    "audio/ogg": {},
+    "audio/flac": {},
+    "audio/pcm": {},
+}
+
+
+def body_doc(model: type[BaseModel], upload_field: str) -> dict[str, Any]:
+    """`openapi_extra` for an endpoint that takes JSON or multipart with an upload."""
+    schema = model.model_json_schema()
+    multipart = {
+        **schema,
+        "properties": {
+            **schema["properties"],
+            upload_field: {"type": "string", "format": "binary", "description": "the recording"},
+        },
+    }
+    return {
+        "requestBody": {
+            "required": True,
+            "content": {
+                "application/json": {"schema": schema},
+                "multipart/form-data": {"schema": multipart},
+            },
+        }
+    }

@@ -1,0 +1,50 @@
+"""`POST /v1/tts`: text + voice (saved or uploaded) → audio, whole or streamed."""
+
+from __future__ import annotations
+
+from fastapi import APIRouter, Request, Response
+
+from cosyserve.api.deps import CurrentPrincipal, get_service, request_id
+from cosyserve.api.inputs import read_params
+from cosyserve.api.schemas import AUDIO_CONTENT, ERRORS, TtsParams, body_doc
+from cosyserve.api.streaming import audio_response, audio_stream_response, await_ticket, open_stream
+from cosyserve.service.app_tasks import OutputSpec
+
+router = APIRouter(prefix="/v1", tags=["speech"])
+
+
+def upload_limit(request: Request) -> int:
+    return int(get_service(request).settings.limits.max_upload_mb * 1e6)
+
+
+@router.post(
+    "/tts",
+    summary="Synthesise speech",
+    description=(
+        "Speak `text` in a saved `voice` or a cloned one (`prompt_wav`, with `prompt_text` for zero-shot). "
+        "Send JSON (prompt audio as base64) or multipart/form-data (prompt audio as a file). With "
+        "`stream=true` the audio arrives in chunks while it is generated. Headers: X-Cosyserve-Seed "
+        "(reproduce with `seed`), X-Cosyserve-Output-Id and X-Cosyserve-Duration (not when streamed)."
+    ),
+    responses={200: {"content": AUDIO_CONTENT, "description": "the audio"}, **ERRORS},
+    openapi_extra=body_doc(TtsParams, "prompt_wav"),
+)
+async def tts(request: Request, principal: CurrentPrincipal) -> Response:
+    service = get_service(request)
+    service.check_quota(principal)
+    params, audio, _ = await read_params(request, TtsParams, "prompt_wav", upload_limit(request))
+    spec = OutputSpec(
+        format=params.format,
+        sample_rate=params.sample_rate,
+        owner=principal.owner,
+        key=principal.key,
+        request_id=request_id(request),
+        endpoint="tts",
+    )
+    synthesis = params.to_request(audio)
+    if params.stream:
+        ticket = service.submit_tts(synthesis, spec, stream=True)
+        start, items = await open_stream(request, ticket)
+        return audio_stream_response(ticket, start, items)
+    ticket = service.submit_tts(synthesis, spec)
+    return audio_response(await await_ticket(request, ticket))

@@ -1,0 +1,111 @@
+"""Jobs over HTTP: long texts in pieces, progress, signed results, cancel, and no lost jobs at shutdown."""
+
+from __future__ import annotations
+
+import io
+import time
+
+import httpx
+import pytest
+import soundfile as sf
+from tests.conftest import LONG_TEXT, enrol_voice
+
+TERMINAL = {"done", "failed", "cancelled"}
+
+
+@pytest.fixture(scope="module")
+def server(start_api_server, prompt_wav_bytes):
+    live = start_api_server(max_text_chars=12)
+    with live.client() as client:
+        enrol_voice(client, "alice", prompt_wav_bytes)
+    yield live
+    live.stop()
+
+
+@pytest.fixture
+def client(server):
+    with server.client() as http:
+        yield http
+
+
+def wait_job(client, job_id: str, timeout: float = 60.0) -> dict:
+    deadline = time.monotonic() + timeout
+    while True:
+        job = client.get(f"/v1/jobs/{job_id}").json()
+        if job["state"] in TERMINAL:
+            return job
+        assert time.monotonic() < deadline, f"job {job_id} still {job['state']}"
+        time.sleep(0.1)
+
+
+def test_long_text_job_is_split_and_its_result_downloads_signed(client) -> None:
+    text = "hi there. how are you? fine."  # 28 characters, limit 12: three pieces
+    assert client.post("/v1/tts", json={"text": text, "voice": "alice"}).status_code == 400  # too long
+    response = client.post("/v1/jobs", json={"text": text, "voice": "alice", "seed": 3, "format": "mp3"})
+    assert response.status_code == 202, response.text
+    job = response.json()
+    assert response.headers["location"] == f"/v1/jobs/{job['id']}"
+    assert job["state"] in ("queued", "running", "done") and job["params"]["text"] == text
+    done = wait_job(client, job["id"])
+    assert done["state"] == "done" and done["progress"] == 1.0 and done["seed"] == 3
+    assert "format=mp3" in done["result_url"]
+    audio = httpx.get(client.base_url.join(done["result_url"]))  # no API key: the URL is signed
+    assert audio.status_code == 200 and audio.headers["content-type"] == "audio/mpeg"
+    samples, rate = sf.read(io.BytesIO(audio.content))
+    assert len(samples) / rate == pytest.approx(done["duration_s"], abs=0.1)
+    manifest = client.get(f"/v1/outputs/{done['output_id']}/manifest").json()
+    assert len(manifest["sentences"]) >= 3 and manifest["text"] == text
+    redirect = client.get(f"/v1/jobs/{job['id']}/result", follow_redirects=False)
+    assert redirect.status_code == 307 and redirect.headers["location"].startswith(
+        f"/v1/outputs/{done['output_id']}?"
+    )
+    assert job["id"] in [j["id"] for j in client.get("/v1/jobs").json()["data"]]
+    assert client.get("/v1/jobs", params={"state": "done"}).status_code == 200
+
+
+def test_cancel_queued_and_running_jobs(client) -> None:
+    long_job = {"text": LONG_TEXT * 3, "voice": "alice"}
+    running = client.post("/v1/jobs", json=long_job).json()
+    queued = client.post("/v1/jobs", json=long_job).json()
+    assert queued["state"] == "queued" and queued["position"] == 0 and queued["estimated_wait_s"] > 0
+    cancelled = client.delete(f"/v1/jobs/{queued['id']}")
+    assert cancelled.status_code == 202 and cancelled.json()["state"] == "cancelled"
+    assert client.delete(f"/v1/jobs/{running['id']}").status_code == 202
+    final = wait_job(client, running["id"])
+    assert final["state"] == "cancelled" and final["error"]["code"] == "cancelled"
+    again = client.delete(f"/v1/jobs/{running['id']}")
+    assert again.status_code == 409 and again.json()["error"]["code"] == "conflict"
+    assert client.get(f"/v1/jobs/{running['id']}/result").status_code == 409
+
+
+def test_job_errors(client) -> None:
+    assert client.get("/v1/jobs/nope").json()["error"]["code"] == "job_not_found"
+    assert client.delete("/v1/jobs/nope").status_code == 404
+    too_long = client.post("/v1/jobs", json={"text": "x" * (12 * 50 + 1), "voice": "alice"})
+    assert too_long.status_code == 400 and "at most 600" in too_long.json()["error"]["message"]
+    streaming = client.post("/v1/jobs", json={"text": "hi", "voice": "alice", "stream": True})
+    assert streaming.status_code == 422
+    failed = client.post("/v1/jobs", json={"text": "hi", "voice": "nobody"})
+    assert failed.status_code == 202  # accepted; the voice is looked up when it runs
+    final = wait_job(client, failed.json()["id"])
+    assert final["state"] == "failed" and final["error"]["code"] == "invalid_input"
+    assert "no voice 'nobody'" in final["error"]["message"]
+
+
+def test_shutdown_ends_every_accepted_job(start_api_server, prompt_wav_bytes) -> None:
+    live = start_api_server(service_kwargs={"shutdown_grace_s": 0.5})
+    with live.client() as client:
+        enrol_voice(client, "alice", prompt_wav_bytes)
+        ids = [
+            client.post("/v1/jobs", json={"text": LONG_TEXT, "voice": "alice"}).json()["id"] for _ in range(3)
+        ]
+    jobs = live.service.jobs
+    deadline = time.monotonic() + 30
+    while jobs.get(ids[0]).state != "running":
+        assert time.monotonic() < deadline
+        time.sleep(0.05)
+    live.stop()
+    records = [jobs.get(job_id) for job_id in ids]
+    assert all(record.state in TERMINAL for record in records), [r.state for r in records]
+    assert {r.error_code for r in records[1:]} == {"shutting_down"}  # queued ones: failed with the reason
+    assert records[0].state in ("done", "failed") and live.service.scheduler.stats()["running"] == 0

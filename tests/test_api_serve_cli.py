@@ -1,0 +1,122 @@
+"""`cosyserve serve` as a real process: it starts, serves, refuses unsafe binds, stops cleanly on SIGTERM."""
+
+from __future__ import annotations
+
+import os
+import signal
+import socket
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import httpx
+from tests.conftest import LONG_TEXT, REPO_ROOT, enrol_voice
+
+from cosyserve.cli import main as cli_main
+from cosyserve.service.db import make_engine
+from cosyserve.service.jobs import JobStore
+
+
+def free_port() -> int:
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        return sock.getsockname()[1]
+
+
+def cli(*args: str) -> list[str]:
+    return [sys.executable, "-m", "cosyserve.cli", *args]
+
+
+def env() -> dict[str, str]:
+    clean = {k: v for k, v in os.environ.items() if not k.startswith("COSYSERVE_")}
+    return {**clean, "PYTHONUNBUFFERED": "1"}
+
+
+def test_public_bind_without_auth_refuses_to_start(tmp_path: Path, capsys) -> None:
+    assert cli_main(["serve", "--model", "demo", "--host", "0.0.0.0", "--data-dir", str(tmp_path)]) == 2
+    err = capsys.readouterr().err
+    assert "refusing to listen on 0.0.0.0" in err and "--insecure" in err
+
+
+def test_bad_flag_values_are_clear_errors(tmp_path: Path, capsys) -> None:
+    assert cli_main(["serve", "--port", "0", "--data-dir", str(tmp_path)]) == 2
+    assert "server.port" in capsys.readouterr().err
+    assert cli_main(["serve", "--concurrency", "many", "--data-dir", str(tmp_path)]) == 2
+    assert "--concurrency" in capsys.readouterr().err
+
+
+def test_launchers_are_the_serve_command(tmp_path: Path) -> None:
+    for command in (
+        [sys.executable, str(REPO_ROOT / "app.py"), "--help"],
+        [str(REPO_ROOT / "run.sh"), "--help"],
+    ):
+        result = subprocess.run(command, capture_output=True, text=True, timeout=120, env=env(), cwd=tmp_path)
+        assert result.returncode == 0 and "usage: cosyserve serve" in result.stdout
+
+
+def test_serve_answers_then_stops_cleanly_on_sigterm(
+    demo_model_path: Path, tmp_path: Path, prompt_wav_bytes
+) -> None:
+    port = free_port()
+    args = [
+        "serve",
+        "--model",
+        str(demo_model_path),
+        "--device",
+        "cpu",
+        "--port",
+        str(port),
+        "--data-dir",
+        str(tmp_path / "data"),
+        "--threads",
+        "2",
+        "--log-json",
+        "--request-timeout-s",
+        "5",
+    ]  # fmt: skip  (the shutdown grace period is min(30 s, this))
+    process = subprocess.Popen(
+        cli(*args), stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, env=env(), cwd=tmp_path
+    )
+    try:
+        base = f"http://127.0.0.1:{port}"
+        deadline = time.monotonic() + 120
+        while True:
+            assert process.poll() is None, process.stdout.read()
+            try:
+                if httpx.get(f"{base}/ready", timeout=2).status_code == 200:
+                    break
+            except httpx.TransportError:
+                pass
+            assert time.monotonic() < deadline, "the server did not become ready"
+            time.sleep(0.2)
+        with httpx.Client(base_url=base, timeout=60) as client:
+            assert client.get("/health").json()["status"] == "ok"
+            enrol_voice(client, "alice", prompt_wav_bytes)
+            job_id = client.post("/v1/jobs", json={"text": LONG_TEXT, "voice": "alice"}).json()["id"]
+        process.send_signal(signal.SIGTERM)
+        output, _ = process.communicate(timeout=90)
+    finally:
+        if process.poll() is None:
+            process.kill()
+            process.wait()
+    assert process.returncode in (0, -signal.SIGTERM), output  # uvicorn re-raises the signal it caught
+    assert '"message": "scheduler stopped' in output  # JSON log lines
+    record = JobStore(make_engine(f"sqlite:///{tmp_path / 'data' / 'cosyserve.db'}")).get(job_id)
+    assert record is not None and record.state in ("done", "failed", "cancelled")
+
+
+def test_flags_override_environment_override_config_file(tmp_path: Path, monkeypatch) -> None:
+    from cosyserve.cli import build_parser
+    from cosyserve.commands.serve import load_settings
+
+    config = tmp_path / "cosyserve.toml"
+    config.write_text('port = 7000\nqueue_size = 3\n[server]\nhost = "127.0.0.2"\n', encoding="utf-8")
+    monkeypatch.setenv("COSYSERVE_PORT", "7100")
+    monkeypatch.setenv("COSYSERVE_QUEUE__QUEUE_SIZE", "5")
+    args = build_parser().parse_args(["serve", "--config", str(config), "--port", "7200", "--no-insecure"])
+    settings = load_settings(args, args.settings_dests)
+    assert settings.server.port == 7200  # flag
+    assert settings.queue.queue_size == 5  # environment
+    assert settings.server.host == "127.0.0.2"  # config file
+    assert settings.server.insecure is False and settings.engine.device == "auto"  # flag, default

@@ -1,0 +1,84 @@
+"""The voice library over HTTP: enrol (multipart and JSON), list, read, update, preview, delete."""
+
+from __future__ import annotations
+
+import base64
+import io
+import json
+
+import pytest
+import soundfile as sf
+from tests.conftest import PROMPT_TRANSCRIPT, enrol_voice
+
+
+@pytest.fixture(scope="module")
+def server(start_api_server):
+    live = start_api_server()
+    yield live
+    live.stop()
+
+
+@pytest.fixture
+def client(server):
+    with server.client() as http:
+        yield http
+
+
+def test_enrol_multipart_with_defaults_and_lexicon(client, prompt_wav_bytes) -> None:
+    data = {
+        "name": "bob",
+        "transcript": PROMPT_TRANSCRIPT,
+        "speed": "1.25",
+        "seed": "9",
+        "lexicon": json.dumps({"重庆": "[chóng qìng]"}, ensure_ascii=False),
+    }
+    response = client.post(
+        "/v1/voices", data=data, files={"audio": ("bob.wav", prompt_wav_bytes, "audio/wav")}
+    )
+    assert response.status_code == 201, response.text
+    voice = response.json()
+    assert voice["name"] == "bob" and voice["transcript"] == PROMPT_TRANSCRIPT
+    assert voice["defaults"] == {"instruct": None, "speed": 1.25, "seed": 9}
+    assert voice["lexicon"] == {"重庆": "[chóng qìng]"}
+    assert voice["report"]["duration_s"] > 3
+    assert client.get(f"/v1/voices/{voice['id']}").json() == voice
+    assert client.get("/v1/voices/bob").json()["id"] == voice["id"]
+    assert "bob" in [v["name"] for v in client.get("/v1/voices").json()["data"]]
+
+
+def test_enrol_json_base64_and_duplicate_name(client, prompt_wav_bytes) -> None:
+    body = {"name": "carol", "audio": base64.b64encode(prompt_wav_bytes).decode()}
+    assert client.post("/v1/voices", json=body).status_code == 201
+    again = client.post("/v1/voices", json=body)
+    assert again.status_code == 400 and "already exists" in again.json()["error"]["message"]
+
+
+def test_enrol_needs_usable_audio(client) -> None:
+    missing = client.post("/v1/voices", json={"name": "dave"})
+    assert missing.status_code == 400 and "no recording" in missing.json()["error"]["message"]
+    noise = client.post(
+        "/v1/voices", data={"name": "dave"}, files={"audio": ("x.wav", b"RIFF0000WAVE", "audio/wav")}
+    )
+    assert noise.status_code == 400 and noise.json()["error"]["code"] == "invalid_input"
+    bad_name = client.post("/v1/voices", data={"name": "a/b"}, files={"audio": ("x.wav", b"xx", "audio/wav")})
+    assert bad_name.status_code == 400
+    assert client.get("/v1/voices/dave").status_code == 404
+
+
+def test_update_preview_delete(client, prompt_wav_bytes) -> None:
+    voice = enrol_voice(client, "erin", prompt_wav_bytes)
+    patched = client.patch(
+        f"/v1/voices/{voice['id']}",
+        json={"name": "erin2", "defaults": {"speed": 0.8, "instruct": "speak slowly"}, "lexicon": {}},
+    )
+    assert patched.status_code == 200, patched.text
+    assert patched.json()["name"] == "erin2" and patched.json()["defaults"]["speed"] == 0.8
+    assert client.patch("/v1/voices/erin2", json={"defaults": {"speed": 9}}).status_code == 422
+    recording = client.get("/v1/voices/erin2/preview")
+    assert recording.status_code == 200 and recording.content == prompt_wav_bytes
+    spoken = client.get("/v1/voices/erin2/preview", params={"text": "hi"})
+    assert spoken.status_code == 200 and len(sf.read(io.BytesIO(spoken.content))[0]) > 0
+    assert client.delete("/v1/voices/erin2").status_code == 204
+    gone = client.get(f"/v1/voices/{voice['id']}")
+    assert gone.status_code == 404 and gone.json()["error"]["code"] == "voice_not_found"
+    assert client.delete("/v1/voices/erin2").status_code == 404
