@@ -236,10 +236,10 @@ class ServiceTasks:
             params = {**dataclasses.asdict(request), "format": spec.format, "sample_rate": spec.sample_rate}
             record = self.jobs.create(params, kind="tts", owner=spec.owner, job_id=job_id)
         except BaseException:
+            recorded.set()  # before cancelling: on_state waits for it
             ticket.cancel("the job record could not be written")
             raise
-        finally:
-            recorded.set()
+        recorded.set()
         return record
 
     def _run_pieces(
