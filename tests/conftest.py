@@ -9,6 +9,11 @@ import pytest
 
 REPO_ROOT = Path(__file__).resolve().parents[1]
 
+# Tiny models are dominated by per-op overhead: one intra-op thread is faster and keeps timings steady
+# when the machine is shared. Engines loaded by tests read COSYSERVE_THREADS.
+os.environ.setdefault("COSYSERVE_THREADS", "1")
+os.environ.setdefault("OMP_NUM_THREADS", "1")
+
 
 def find_shared_dir() -> Path | None:
     candidate = Path(os.environ.get("COSYSERVE_SHARED", REPO_ROOT.parent / "shared"))

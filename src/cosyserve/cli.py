@@ -79,6 +79,10 @@ def build_parser() -> argparse.ArgumentParser:
     from cosyserve.commands import synthesize
 
     synthesize.add_parsers(sub)
+
+    from cosyserve.bench.cli import add_bench_parser
+
+    add_bench_parser(sub)
     from cosyserve.commands import serve
 
     serve.add_parsers(sub)

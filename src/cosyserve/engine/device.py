@@ -58,7 +58,9 @@ def resolve_placement(device: str = "auto", precision: str = "auto") -> Placemen
 
 
 def configure_cpu_threads(threads: int | None = None) -> int:
-    """Set torch's intra-op threads to the cores this process may use (or `threads`); return the count."""
+    """Set torch's intra-op threads to `threads`, else $COSYSERVE_THREADS, else the usable cores."""
+    if threads is None and os.environ.get("COSYSERVE_THREADS", "").isdigit():
+        threads = int(os.environ["COSYSERVE_THREADS"])
     if threads is None:
         try:
             threads = len(os.sched_getaffinity(0))

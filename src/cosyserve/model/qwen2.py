@@ -29,6 +29,9 @@ class RMSNorm(nn.Module):
 
     def forward(self, x: Tensor) -> Tensor:
         """`(..., dim)` → `(..., dim)`."""
+        if x.dtype == torch.float32 and self.weight.dtype == torch.float32:
+            # One fused kernel computing the steps below in float32 (fewer ops per decode step).
+            return F.rms_norm(x, self.weight.shape, self.weight, self.eps)
         dtype = x.dtype
         x32 = x.float()
         x32 = x32 * torch.rsqrt(x32.pow(2).mean(-1, keepdim=True) + self.eps)
@@ -36,17 +39,19 @@ class RMSNorm(nn.Module):
 
 
 class RotaryTable(nn.Module):
-    """cos/sin for every position up to `max_positions`, computed once (non-persistent buffers).
+    """cos and signed sin for every position up to `max_positions`, computed once (non-persistent buffers).
 
+    `signed_sin` is sin with its first half negated, so rotating needs one swap of the two halves
+    instead of HF's `rotate_half` (swap and negate); the products are the same.
     Built in float32 then cast with the module (`.to(dtype)`), matching HF's cast to the activation dtype.
     """
 
     def __init__(self, head_dim: int, theta: float, max_positions: int) -> None:
         super().__init__()
         self.head_dim, self.theta, self.max_positions = head_dim, theta, max_positions
-        cos, sin = self._compute(None)  # the default device: values on CPU, shapes only under meta
+        cos, signed_sin = self._compute(None)  # the default device: values on CPU, shapes only under meta
         self.register_buffer("cos", cos, persistent=False)
-        self.register_buffer("sin", sin, persistent=False)
+        self.register_buffer("signed_sin", signed_sin, persistent=False)
 
     def _compute(self, device: torch.device | None) -> tuple[Tensor, Tensor]:
         exponents = (
@@ -55,24 +60,28 @@ class RotaryTable(nn.Module):
         inv_freq = 1.0 / (self.theta**exponents)
         positions = torch.arange(self.max_positions, dtype=torch.float32, device=device)
         angles = torch.outer(positions, inv_freq)  # (P, head_dim / 2)
-        angles = torch.cat((angles, angles), dim=-1)  # (P, head_dim): HF's half-split layout
-        return angles.cos(), angles.sin()
+        cos, sin = angles.cos(), angles.sin()
+        # HF's half-split layout: both halves use the same frequencies.
+        return torch.cat((cos, cos), dim=-1), torch.cat((-sin, sin), dim=-1)
 
     def rebuild(self, device: torch.device | str, dtype: torch.dtype = torch.float32) -> None:
         """Recompute the tables on `device` (needed after building the model on the meta device)."""
-        cos, sin = self._compute(torch.device(device))
-        self.cos, self.sin = cos.to(dtype), sin.to(dtype)
+        cos, signed_sin = self._compute(torch.device(device))
+        self.cos, self.signed_sin = cos.to(dtype), signed_sin.to(dtype)
 
     def forward(self, start: int, length: int) -> tuple[Tensor, Tensor]:
-        """cos, sin for positions `[start, start + length)`, each `(length, head_dim)`."""
-        return self.cos[start : start + length], self.sin[start : start + length]
+        """cos and signed sin for positions `[start, start + length)`, each `(length, head_dim)`."""
+        return self.cos[start : start + length], self.signed_sin[start : start + length]
 
 
-def _rotate(x: Tensor, cos: Tensor, sin: Tensor) -> Tensor:
-    """Apply rotary embedding to `(B, heads, T, head_dim)` with `cos/sin` `(T, head_dim)`."""
+def _rotate(x: Tensor, cos: Tensor, signed_sin: Tensor) -> Tensor:
+    """Rotary embedding of `(B, heads, T, head_dim)` with `(T, head_dim)` tables.
+
+    Equal to HF's `x * cos + rotate_half(x) * sin`.
+    """
     half = x.shape[-1] // 2
-    rotated = torch.cat((-x[..., half:], x[..., :half]), dim=-1)
-    return x * cos + rotated * sin
+    swapped = torch.cat((x[..., half:], x[..., :half]), dim=-1)
+    return x * cos + swapped * signed_sin
 
 
 class Attention(nn.Module):
@@ -92,7 +101,7 @@ class Attention(nn.Module):
         self.o_proj = nn.Linear(self.num_heads * head_dim, hidden, bias=False)
 
     def forward(
-        self, x: Tensor, cos: Tensor, sin: Tensor, kv: Tensor, start: int, mask: Tensor | None
+        self, x: Tensor, cos: Tensor, signed_sin: Tensor, kv: Tensor, start: int, mask: Tensor | None
     ) -> Tensor:
         """`x` `(B, T, hidden)`; `kv` this layer's cache `(2, B, kv_heads, capacity, head_dim)`.
 
@@ -103,17 +112,35 @@ class Attention(nn.Module):
         q = self.q_proj(x).view(batch, length, self.num_heads, self.head_dim).transpose(1, 2)
         k = self.k_proj(x).view(batch, length, self.num_kv_heads, self.head_dim).transpose(1, 2)
         v = self.v_proj(x).view(batch, length, self.num_kv_heads, self.head_dim).transpose(1, 2)
-        q, k = _rotate(q, cos, sin), _rotate(k, cos, sin)
+        q, k = _rotate(q, cos, signed_sin), _rotate(k, cos, signed_sin)
         end = start + length
         kv[0, :, :, start:end] = k
         kv[1, :, :, start:end] = v
         keys, values = kv[0, :, :, :end], kv[1, :, :, :end]
-        # T == 1 attends to everything cached; a fresh prefill is causal with aligned corners.
-        causal = mask is None and length > 1
-        out = F.scaled_dot_product_attention(
-            q, keys, values, attn_mask=mask, is_causal=causal, enable_gqa=True
-        )
+        if length == 1 and q.device.type == "cpu":
+            out = _attend_one_query(q, keys, values)
+        else:
+            # A fresh prefill is causal with aligned corners; after a cached prefix `mask` says it.
+            causal = mask is None
+            out = F.scaled_dot_product_attention(
+                q, keys, values, attn_mask=mask, is_causal=causal, enable_gqa=True
+            )
         return self.o_proj(out.transpose(1, 2).reshape(batch, length, self.num_heads * self.head_dim))
+
+
+def _attend_one_query(q: Tensor, keys: Tensor, values: Tensor) -> Tensor:
+    """Attention of one new position over the whole cache, each query head group sharing its K/V head.
+
+    `q` `(B, heads, 1, head_dim)`, `keys`/`values` `(B, kv_heads, L, head_dim)` → `(B, heads, 1, head_dim)`.
+    Two batched matmuls and a softmax: for a single query this is cheaper on the CPU than the fused
+    SDPA kernel, with the same result to float rounding. (GPUs keep SDPA: fused, and it accumulates
+    half-precision inputs in float32.)
+    """
+    batch, heads, _, head_dim = q.shape
+    kv_heads = keys.shape[1]
+    grouped = q.reshape(batch, kv_heads, heads // kv_heads, head_dim) * head_dim**-0.5
+    weights = torch.matmul(grouped, keys.transpose(-1, -2)).softmax(dim=-1)  # (B, kv_heads, group, L)
+    return torch.matmul(weights, values).reshape(batch, heads, 1, head_dim)
 
 
 class FeedForward(nn.Module):
@@ -141,10 +168,10 @@ class DecoderLayer(nn.Module):
         self.mlp = FeedForward(config.hidden_size, config.intermediate_size)
 
     def forward(
-        self, x: Tensor, cos: Tensor, sin: Tensor, kv: Tensor, start: int, mask: Tensor | None
+        self, x: Tensor, cos: Tensor, signed_sin: Tensor, kv: Tensor, start: int, mask: Tensor | None
     ) -> Tensor:
         """`(B, T, hidden)` → `(B, T, hidden)`; see `Attention.forward` for the cache arguments."""
-        x = x + self.self_attn(self.input_layernorm(x), cos, sin, kv, start, mask)
+        x = x + self.self_attn(self.input_layernorm(x), cos, signed_sin, kv, start, mask)
         return x + self.mlp(self.post_attention_layernorm(x))
 
 
@@ -173,8 +200,8 @@ class Qwen2Model(nn.Module):
             raise ValueError(
                 f"positions up to {start + length} exceed the model's {self.rotary.max_positions}"
             )
-        cos, sin = self.rotary(start, length)
-        cos, sin = cos.to(embeds.dtype), sin.to(embeds.dtype)
+        cos, signed_sin = self.rotary(start, length)
+        cos, signed_sin = cos.to(embeds.dtype), signed_sin.to(embeds.dtype)
         mask = None
         if start > 0 and length > 1:
             # Continuing after a cached prefix: causal with the query block offset by `start`.
@@ -184,7 +211,7 @@ class Qwen2Model(nn.Module):
         for index, layer in enumerate(self.layers):
             if hidden_states is not None:
                 hidden_states.append(x)
-            x = layer(x, cos, sin, kv[index], start, mask)
+            x = layer(x, cos, signed_sin, kv[index], start, mask)
         x = self.norm(x)
         if hidden_states is not None:
             hidden_states.append(x)

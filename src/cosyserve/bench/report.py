@@ -1,0 +1,94 @@
+"""Rendering a bench report (the dict `run_bench` returns) for people; `--json` prints the dict itself."""
+
+from __future__ import annotations
+
+import json
+from typing import Any
+
+GB = 1e9
+
+
+def to_json(report: dict[str, Any]) -> str:
+    return json.dumps(report, indent=2, sort_keys=False)
+
+
+def render(report: dict[str, Any]) -> str:
+    """A short table: the setup, one line per stage, the headline figures, memory, machine, deviation."""
+    machine = report["machine"]
+    mode = "streaming" if report["stream"] else "non-streaming"
+    lines = [
+        f"cosyserve bench: {report['model']}, {report['device']} {report['dtype']}, "
+        f"{machine['threads']} thread{'' if machine['threads'] == 1 else 's'}, {mode}",
+        f"preset: {report['preset_label']}",
+        f"input: {report['prompt_seconds']:g} s prompt ({report['prompt_speech_tokens']} speech tokens), "
+        f"{report['text_tokens']} text tokens -> {report['speech_tokens']} speech tokens "
+        f"({report['audio_out_seconds']:.2f} s of audio; EOS ignored); "
+        f"LM prefix {report['lm_prefix_positions']} positions",
+        "",
+        f"  {'stage':<22}{'seconds':>9}",
+        _row("load / build", report["load_seconds"]),
+        _row(
+            "LLM prefill",
+            report["prefill_seconds"],
+            f"first token after {report['first_token_seconds']:.2f} s",
+        ),
+        _row(
+            "LLM total",
+            report["llm_seconds"],
+            f"{report['llm_tokens_per_second']:.1f} tokens/s "
+            f"({report['decode_tokens_per_second']:.1f} tokens/s decoding alone)",
+        ),
+        _row("flow", report["flow_seconds"], _chunks(report)),
+        _row(
+            "vocoder", report["vocoder_seconds"], "with the streaming bookkeeping" if report["stream"] else ""
+        ),
+        _row("other", report["other_seconds"]),
+        _row(
+            "total",
+            report["total_seconds"],
+            f"real-time factor {report['real_time_factor']:.2f}; "
+            f"this process used {100 * report.get('cpu_share', float('nan')):.0f} % of its threads' time",
+        ),
+    ]
+    if report["first_chunk_seconds"] is not None:
+        lines.append(
+            _row("first audio chunk", report["first_chunk_seconds"], "latency from the request start")
+        )
+    if report["voice_prepare_seconds"] is not None:
+        lines.append(
+            _row("voice preparation", report["voice_prepare_seconds"], "once per saved voice, not in total")
+        )
+    lines += [
+        "",
+        f"peak RSS {report['peak_rss_bytes'] / GB:.2f} GB = {report['peak_rss_over_weights']:.2f} x the "
+        f"float32 weights ({report['weights_bytes'] / GB:.2f} GB)"
+        + (f"; peak GPU {report['peak_gpu_bytes'] / GB:.2f} GB" if "peak_gpu_bytes" in report else ""),
+        f"machine: {machine['cpu']}; {', '.join(machine['cpu_flags']) or 'no reported flags'}; "
+        f"torch {machine['torch']} ({machine['torch_cpu_capability']}); load average "
+        f"{_load(machine.get('load_average_at_start', []))} at start, "
+        f"{_load(machine['load_average'])} at the end"
+        + (f"; GPU {machine['gpu']}" if "gpu" in machine else ""),
+    ]
+    deviation = report["deviation"]
+    if deviation is not None:
+        lines += [
+            f"deviation from exact (same weights; {deviation['probe']}):",
+            f"  max |d logp| {deviation['max_abs_logp']:.3g}, max |d prob| {deviation['max_abs_prob']:.3g}, "
+            f"top-1 agreement {100 * deviation['top1_agreement']:.1f} %, "
+            f"max |d mel| {deviation['max_abs_mel']:.3g} (mean {deviation['mean_abs_mel']:.3g})",
+        ]
+    elif report["preset"] != "exact":
+        lines.append("deviation from exact: not measured (--no-deviation)")
+    return "\n".join(lines)
+
+
+def _load(values: list[float]) -> str:
+    return "/".join(str(v) for v in values) or "n/a"
+
+
+def _row(name: str, seconds: float, note: str = "") -> str:
+    return f"  {name:<22}{seconds:>9.2f}" + (f"   {note}" if note else "")
+
+
+def _chunks(report: dict[str, Any]) -> str:
+    return f"{report['chunks']} chunks" if report["stream"] else ""

@@ -1,0 +1,209 @@
+"""`cosyserve bench`: the full-size random architecture, the measurement, the report and the CLI.
+
+Behaviour and completeness only: no test here asserts a speed.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import math
+from pathlib import Path
+
+import pytest
+import torch
+
+from cosyserve.bench import cli as bench_cli
+from cosyserve.bench.full_random import (
+    SCALES,
+    build_random_models,
+    full_size_config,
+    tiny_config,
+)
+from cosyserve.bench.machine import cpu_model_and_flags, peak_rss_bytes
+from cosyserve.bench.report import render
+from cosyserve.bench.runner import BenchOptions, run_bench
+from cosyserve.engine.model_dir import ModelDir
+from cosyserve.engine.quantize import PRESETS
+from cosyserve.errors import InputError
+from cosyserve.model.flow import CausalFlow
+from cosyserve.model.hift import HiFTVocoder
+from cosyserve.model.speech_lm import SpeechLM
+
+# Every field of the JSON report; numbers must be finite where present.
+REPORT_FIELDS = {
+    "model", "device", "dtype", "preset", "preset_label", "stream", "seed",
+    "prompt_seconds", "audio_seconds", "prompt_speech_tokens", "prompt_text_tokens", "text_tokens",
+    "lm_prefix_positions", "speech_tokens", "load_seconds", "prefill_seconds", "first_token_seconds",
+    "llm_seconds", "llm_tokens_per_second", "decode_tokens_per_second", "flow_seconds", "vocoder_seconds",
+    "other_seconds", "total_seconds", "cpu_share", "audio_out_seconds", "real_time_factor",
+    "first_chunk_seconds", "voice_prepare_seconds", "chunks", "peak_rss_bytes", "weights_bytes",
+    "peak_rss_over_weights", "quantized_linears", "deviation", "machine",
+}  # fmt: skip
+MACHINE_FIELDS = {
+    "cpu",
+    "cpu_flags",
+    "cpu_count",
+    "threads",
+    "torch",
+    "python",
+    "load_average",
+    "load_average_at_start",
+}
+DEVIATION_FIELDS = {"max_abs_logp", "max_abs_prob", "top1_agreement", "max_abs_mel", "mean_abs_mel"}
+# One thread: tiny matrices gain nothing from more, and a busy test machine makes them slower.
+TINY = {"scale": "tiny", "prompt_seconds": 1.0, "audio_seconds": 2.0, "threads": 1}
+
+
+@pytest.fixture(autouse=True)
+def _restore_threads():
+    """The bench sets torch's thread count for the process; give other tests back what they had."""
+    threads = torch.get_num_threads()
+    yield
+    torch.set_num_threads(threads)
+
+
+def _assert_finite_numbers(report: dict) -> None:
+    for key, value in report.items():
+        if isinstance(value, (int, float)) and not isinstance(value, bool):
+            assert math.isfinite(value), key
+
+
+def test_full_size_config_is_the_real_architecture() -> None:
+    config = full_size_config()
+    with torch.device("meta"):  # shapes only
+        counts = [
+            sum(p.numel() for p in module.parameters())
+            for module in (SpeechLM(config.llm), CausalFlow(config.flow), HiFTVocoder(config.hift))
+        ]
+    assert counts == [506_148_480, 332_257_088, 20_765_597]
+    assert (config.llm.qwen2.hidden_size, config.llm.qwen2.num_hidden_layers) == (896, 24)
+    assert (config.flow.dit.dim, config.flow.dit.depth, config.flow.dit.static_chunk_size) == (1024, 22, 50)
+    assert config.hift.base_channels == 512
+
+
+def test_tiny_scale_equals_the_parity_model_config(tiny_dir: Path) -> None:
+    """The embedded numbers have the YAML's structure: shrunk, they give exactly the tiny fixture's config."""
+    assert tiny_config() == ModelDir.open(tiny_dir / "model", require_onnx=False).config
+
+
+def test_random_models_are_seeded_with_real_buffers() -> None:
+    models = build_random_models("tiny", seed=3)
+    again = build_random_models("tiny", seed=3)
+    other = build_random_models("tiny", seed=4)
+    config = tiny_config()
+    defaults = (SpeechLM(config.llm), CausalFlow(config.flow), HiFTVocoder(config.hift))
+    for built, same, different, default in zip(
+        (models.llm, models.flow, models.hift),
+        (again.llm, again.flow, again.hift),
+        (other.llm, other.flow, other.hift),
+        defaults,
+        strict=True,
+    ):
+        params = dict(built.named_parameters())
+        assert all(torch.isfinite(p).all() and p.abs().sum() > 0 for p in params.values())
+        assert all(torch.equal(p, q) for p, q in zip(params.values(), same.parameters(), strict=True))
+        assert not all(
+            torch.equal(p, q) for p, q in zip(params.values(), different.parameters(), strict=True)
+        )
+        assert not built.training and not any(p.requires_grad for p in params.values())
+        # Rotary tables, windows: computed as in a normal construction, never left uninitialised.
+        for (name, buffer), (_, expected) in zip(built.named_buffers(), default.named_buffers(), strict=True):
+            assert torch.equal(buffer, expected), name
+    assert models.weight_bytes() == sum(
+        t.numel() * 4 for m in defaults for t in (*m.parameters(), *m.buffers())
+    )
+
+
+def test_bench_reports_every_field() -> None:
+    report = run_bench(BenchOptions(**TINY))
+    assert set(report) == REPORT_FIELDS
+    assert set(report["machine"]) >= MACHINE_FIELDS
+    _assert_finite_numbers(report)
+    assert report["speech_tokens"] == 50
+    assert report["prompt_speech_tokens"] == 25
+    assert report["audio_out_seconds"] == pytest.approx(2.0)
+    assert report["first_chunk_seconds"] is None and report["deviation"] is None
+    assert report["preset"] == "exact" and report["quantized_linears"] == {}
+    assert report["peak_rss_bytes"] >= report["weights_bytes"] > 0
+    parts = report["llm_seconds"] + report["flow_seconds"] + report["vocoder_seconds"]
+    assert parts <= report["total_seconds"] * 1.001 + 1e-3
+    assert report["flow_seconds"] > 0 and report["vocoder_seconds"] > 0
+    assert "real-time factor" in render(report)
+    json.dumps(report)  # JSON-ready
+
+
+def test_streaming_fast_bench_reports_latency_and_deviation() -> None:
+    report = run_bench(BenchOptions(**{**TINY, "audio_seconds": 3.0}, stream=True, preset="fast"))
+    _assert_finite_numbers(report)
+    assert report["stream"] and report["chunks"] >= 2
+    assert 0 < report["first_chunk_seconds"] < report["total_seconds"]
+    assert report["audio_out_seconds"] == pytest.approx(3.0)
+    assert report["quantized_linears"] == {"llm": 14, "flow": 14}
+    deviation = report["deviation"]
+    assert set(deviation) >= DEVIATION_FIELDS
+    assert all(math.isfinite(deviation[key]) and deviation[key] >= 0 for key in DEVIATION_FIELDS)
+    text = render(report)
+    assert "deviation from exact" in text and "first audio chunk" in text and "NOT bit-exact" in text
+
+
+def test_bench_on_a_model_directory(tiny_dir: Path) -> None:
+    report = run_bench(
+        BenchOptions(
+            model=str(tiny_dir / "model"), prompt_seconds=1.0, audio_seconds=1.0, threads=1, warmup=False
+        )
+    )
+    assert report["model"] == str(tiny_dir / "model")
+    assert report["speech_tokens"] == 25
+
+
+@pytest.mark.parametrize(
+    ("options", "message"),
+    [
+        (BenchOptions(prompt_seconds=0), "prompt-seconds"),
+        (BenchOptions(audio_seconds=-1), "audio-seconds"),
+        (BenchOptions(threads=0), "threads"),
+        (BenchOptions(model="/nonexistent/model"), "not a directory"),
+        (BenchOptions(preset="turbo"), "unknown preset"),
+        (BenchOptions(device="tpu"), "device"),
+    ],
+)
+def test_bad_options_raise_input_error(options: BenchOptions, message: str) -> None:
+    with pytest.raises(InputError, match=message):
+        run_bench(options)
+
+
+def test_cli_prints_json(capsys: pytest.CaptureFixture[str]) -> None:
+    parser = argparse.ArgumentParser(prog="cosyserve")
+    bench_cli.add_bench_parser(parser.add_subparsers(dest="command"))
+    args = parser.parse_args(
+        [
+            "bench",
+            "--scale",
+            "tiny",
+            "--prompt-seconds",
+            "1",
+            "--audio-seconds",
+            "1",
+            "--json",
+            "--threads",
+            "1",
+        ]
+    )
+    assert args.func(args) == 0
+    report = json.loads(capsys.readouterr().out)
+    assert set(report) == REPORT_FIELDS
+    assert report["machine"]["threads"] == 1
+
+
+def test_cli_choices_match_the_engine() -> None:
+    assert bench_cli.PRESETS == PRESETS
+    assert bench_cli.SCALES == SCALES
+
+
+def test_machine_info_helpers(tmp_path: Path) -> None:
+    cpuinfo = tmp_path / "cpuinfo"
+    cpuinfo.write_text("model name\t: Test CPU\nflags\t\t: fpu avx2 fma avx512f avx512_vnni\n")
+    assert cpu_model_and_flags(cpuinfo) == ("Test CPU", ["avx2", "fma", "avx512f", "avx512_vnni"])
+    assert cpu_model_and_flags(tmp_path / "missing")[1] == []
+    assert peak_rss_bytes() > 0

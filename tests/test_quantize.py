@@ -1,0 +1,130 @@
+"""The compute presets: int8 linears, which layers the fast preset converts, and its deviation report."""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+from pathlib import Path
+
+import pytest
+import torch
+from torch import nn
+
+from cosyserve.engine.loading import load_flow, load_speech_lm
+from cosyserve.engine.model_dir import ModelDir
+from cosyserve.engine.quantize import (
+    Int8Linear,
+    apply_preset,
+    check_preset,
+    int8_available,
+    quantize_linears,
+)
+from cosyserve.engine.speech_lm_runner import SpeechLMRunner
+from cosyserve.errors import InputError
+from cosyserve.model.flow import CausalFlow
+from cosyserve.model.speech_lm import SpeechLM
+
+pytestmark = pytest.mark.skipif(not int8_available(), reason="this torch build has no fbgemm int8 kernels")
+
+
+@dataclass
+class _Models:
+    llm: SpeechLM
+    flow: CausalFlow
+
+
+@pytest.fixture(autouse=True)
+def _one_thread():
+    """Tiny matrices: one thread is fastest, and steady on a busy machine."""
+    threads = torch.get_num_threads()
+    torch.set_num_threads(1)
+    yield
+    torch.set_num_threads(threads)
+
+
+@pytest.fixture
+def models(tiny_dir: Path) -> _Models:
+    model_dir = ModelDir.open(tiny_dir / "model", require_onnx=False)
+    return _Models(load_speech_lm(model_dir), load_flow(model_dir))
+
+
+@pytest.mark.parametrize("reduce_range", [True, False])
+@pytest.mark.parametrize("bias", [True, False])
+def test_int8_linear_is_close_to_float(reduce_range: bool, bias: bool) -> None:
+    torch.manual_seed(0)
+    linear = nn.Linear(96, 40, bias=bias)
+    quantized = Int8Linear(linear, reduce_range)
+    for shape in [(7, 96), (2, 5, 96), (1, 1, 96)]:
+        x = torch.randn(shape)
+        with torch.inference_mode():
+            expected, got = linear(x), quantized(x)
+        assert got.shape == expected.shape and got.dtype == torch.float32
+        relative = (got - expected).norm() / expected.norm()
+        assert relative < 0.05
+
+
+def test_quantize_linears_replaces_only_selected_layers() -> None:
+    model = nn.Sequential(nn.Linear(8, 8), nn.ReLU(), nn.Sequential(nn.Linear(8, 4), nn.Linear(4, 2)))
+    count = quantize_linears(model, lambda name: name.startswith("2."), reduce_range=True)
+    assert count == 2
+    assert isinstance(model[0], nn.Linear)
+    assert isinstance(model[2][0], Int8Linear) and isinstance(model[2][1], Int8Linear)
+    with torch.inference_mode():
+        assert model(torch.randn(3, 8)).shape == (3, 2)
+
+
+def test_fast_preset_converts_the_llm_and_dit_and_reports_deviation(models: _Models) -> None:
+    kept = {
+        "embed": models.llm.qwen2.embed_tokens.weight,
+        "decoder": models.llm.llm_decoder.weight,
+        "proj_out": models.flow.decoder.estimator.proj_out.weight,
+    }
+    result = apply_preset(models, "fast")
+    # 2 Qwen2 layers x 7 linears; 2 DiT blocks x 7 (modulation, q, k, v, out, 2 feed-forward).
+    assert result.quantized_linears == {"llm": 14, "flow": 14}
+    assert isinstance(models.llm.qwen2.layers[0].mlp.gate_proj, Int8Linear)
+    assert isinstance(models.flow.decoder.estimator.transformer_blocks[1].attn.to_q, Int8Linear)
+    # float32 stays where precision matters: embeddings, the LM output layer, the flow's output.
+    assert models.llm.qwen2.embed_tokens.weight is kept["embed"]
+    assert models.llm.llm_decoder.weight is kept["decoder"]
+    assert models.flow.decoder.estimator.proj_out.weight is kept["proj_out"]
+    assert "NOT bit-exact" in result.label
+    deviation = result.deviation
+    assert deviation is not None
+    for value in (
+        deviation.max_abs_logp,
+        deviation.max_abs_prob,
+        deviation.max_abs_mel,
+        deviation.mean_abs_mel,
+    ):
+        assert math.isfinite(value) and value >= 0
+    assert 0.0 <= deviation.top1_agreement <= 1.0
+    assert deviation.max_abs_mel < 0.5  # close to exact, not garbage (measured ~1e-3 on this model)
+    assert set(deviation.to_dict()) >= {"max_abs_logp", "max_abs_mel", "probe"}
+
+
+def test_fast_models_still_generate(models: _Models) -> None:
+    apply_preset(models, "fast", measure=False)
+    runner = SpeechLMRunner(models.llm)
+    tokens = list(runner.generate([1, 2, 3, 151646], seed=0))
+    assert tokens and all(0 <= t < models.llm.config.speech_token_size for t in tokens)
+    mel = models.flow.inference(
+        torch.tensor([tokens[:8]]), torch.tensor([[5, 6]]), torch.randn(1, 4, 80), torch.randn(1, 192)
+    )
+    assert mel.shape == (1, 80, 16) and torch.isfinite(mel).all()
+
+
+def test_exact_preset_changes_nothing(models: _Models) -> None:
+    before = {name: p for name, p in models.llm.named_parameters()}
+    result = apply_preset(models, "exact")
+    assert result.deviation is None and result.quantized_linears == {}
+    assert all(p is before[name] for name, p in models.llm.named_parameters())
+    assert not any(isinstance(m, Int8Linear) for m in models.flow.modules())
+
+
+def test_preset_errors() -> None:
+    with pytest.raises(InputError, match="unknown preset"):
+        check_preset("turbo", torch.device("cpu"))
+    with pytest.raises(InputError, match="CPU"):
+        check_preset("fast", torch.device("cuda"))
+    check_preset("exact", torch.device("cuda"))
