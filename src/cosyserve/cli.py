@@ -39,7 +39,10 @@ def _cmd_demo_model(args: argparse.Namespace) -> int:
     from cosyserve.engine.demo_model import write_demo_model
 
     path = write_demo_model(
-        Path(args.dir), seed=args.seed, overwrite=args.force, progress=lambda line: print(line, file=sys.stderr)
+        Path(args.dir),
+        seed=args.seed,
+        overwrite=args.force,
+        progress=lambda line: print(line, file=sys.stderr),
     )
     print(f"wrote demo model (random weights: its audio is noise) to {path}")
     return 0
