@@ -7,7 +7,7 @@ cd "$(dirname "$0")/.."
 if [ "$(id -u)" = 0 ] && command -v apt-get >/dev/null 2>&1 \
    && { ! command -v chromium >/dev/null || ! command -v redis-server >/dev/null; }; then
   apt-get update -qq
-  DEBIAN_FRONTEND=noninteractive apt-get install -y -qq chromium redis-server >/dev/null
+  DEBIAN_FRONTEND=noninteractive apt-get install -y -qq chromium redis-server fonts-wqy-microhei >/dev/null
 fi
 COSYSERVE_TORCH="${COSYSERVE_TORCH:-2.13.0}" COSYSERVE_EXTRAS="test,download,distributed" bash scripts/install.sh
 .venv/bin/ruff check src tests

@@ -1,7 +1,7 @@
 """`create_app(service)`: the FastAPI application around one `Service`.
 
-The API lives under /v1, /admin, /auth, /health, /ready, /metrics and /docs, leaving "/" to the web UI:
-pass its ASGI app as `ui` (it is mounted last, so API routes win); without one, "/" redirects to /docs.
+The API lives under /v1, /admin, /auth, /health, /ready, /metrics and /docs, leaving "/" to the web UI
+(`cosyserve.ui.app.mount_ui` replaces the placeholder redirect from "/" to /docs).
 The app's lifespan starts the service (model loading in the background) and shuts it down gracefully.
 """
 
@@ -14,7 +14,6 @@ from contextlib import asynccontextmanager
 from fastapi import FastAPI
 from fastapi.middleware.cors import CORSMiddleware
 from fastapi.responses import RedirectResponse
-from starlette.types import ASGIApp
 
 from cosyserve import __version__
 from cosyserve.api import admin, health, jobs, openai, outputs, tts, voices
@@ -43,7 +42,7 @@ send one as `Authorization: Bearer <key>` or `X-API-Key: <key>`.
 """
 
 
-def create_app(service: Service, *, ui: ASGIApp | None = None, manage_service: bool = True) -> FastAPI:
+def create_app(service: Service, *, manage_service: bool = True) -> FastAPI:
     """The app for `service`; with `manage_service` its lifespan calls `service.start()` / `shutdown()`."""
 
     @asynccontextmanager
@@ -85,12 +84,8 @@ def create_app(service: Service, *, ui: ASGIApp | None = None, manage_service: b
     max_body = upload_bytes * 4 // 3 + BODY_SLACK_BYTES  # base64 in JSON is 4/3 of the bytes
     app.add_middleware(ApiMiddleware, metrics=service.metrics, max_body_bytes=max_body)  # outermost
 
-    if ui is not None:
-        app.mount("/", ui)
-    else:
-
-        @app.get("/", include_in_schema=False)
-        def root() -> RedirectResponse:
-            return RedirectResponse("/docs")
+    @app.get("/", include_in_schema=False)
+    def root() -> RedirectResponse:
+        return RedirectResponse("/docs")
 
     return app

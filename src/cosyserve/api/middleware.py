@@ -23,6 +23,7 @@ access_log = logging.getLogger("cosyserve.access")
 REQUEST_ID_HEADER = "x-request-id"
 _SAFE_ID = re.compile(r"[A-Za-z0-9._\-]{1,64}")
 _QUIET_PATHS = ("/health", "/ready", "/metrics")  # polled constantly: logged at DEBUG
+_QUIET_PREFIXES = ("/assets/", "/gradio_api/", "/static/")  # the web UI's own traffic
 
 
 class ApiMiddleware:
@@ -85,7 +86,8 @@ class ApiMiddleware:
             template = route_label(scope.get("route"))
             self.metrics.observe_request(template, code, elapsed)
             path = scope.get("path", "")
-            level = logging.DEBUG if path in _QUIET_PATHS and code < 400 else logging.INFO
+            quiet = path in _QUIET_PATHS or path.startswith(_QUIET_PREFIXES)
+            level = logging.DEBUG if quiet and code < 400 else logging.INFO
             access_log.log(
                 level,
                 "%s %s %d %.3fs",

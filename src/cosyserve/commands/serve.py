@@ -79,7 +79,10 @@ def cmd_serve(args: argparse.Namespace) -> int:
     for warning in startup_safety(settings):  # raises SettingsError for an open public address
         log.warning(warning)
     service = Service(settings)
+    from cosyserve.ui.app import mount_ui
+
     app = create_app(service)
+    mount_ui(app, service)  # the web UI at "/", behind the same auth as the API
     config = uvicorn.Config(
         app,
         host=settings.server.host,

@@ -13,7 +13,7 @@ import logging
 import threading
 import time
 import uuid
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
@@ -25,7 +25,7 @@ from cosyserve.service.audio_formats import StreamEncoder, check_format, check_s
 from cosyserve.service.auth import ApiKey
 from cosyserve.service.jobs import JobRecord
 from cosyserve.service.logs import log_failure, request_context
-from cosyserve.service.requests import SentenceTiming, SynthesisRequest, SynthesisResult
+from cosyserve.service.requests import SentenceTiming, SynthesisProgress, SynthesisRequest, SynthesisResult
 from cosyserve.service.scheduler import Ticket, WorkContext
 from cosyserve.service.storage import build_manifest
 from cosyserve.service.voices import Voice, VoiceDefaults
@@ -100,7 +100,9 @@ class ServiceTasks:
             if stream:
                 return self._stream_items(ctx, request, spec)
             with request_context(spec.request_id), self.synthesizer(ctx.cancel) as synth:
-                result = self._run_engine(lambda: synth.synthesize(request, cancel=ctx.cancel).result())
+                result = self._run_engine(
+                    lambda: synth.synthesize(request, progress=_progress_to(ctx), cancel=ctx.cancel).result()
+                )
                 return self._finish(synth, request, result, spec, encoded=True)
 
         return self.scheduler.submit(work, owner=spec.owner, stream=stream)
@@ -109,7 +111,9 @@ class ServiceTasks:
         self: Service, ctx: WorkContext, request: SynthesisRequest, spec: OutputSpec
     ) -> Iterator[Any]:
         with request_context(spec.request_id), self.synthesizer(ctx.cancel) as synth:
-            stream = self._run_engine(lambda: synth.synthesize(request, cancel=ctx.cancel))
+            stream = self._run_engine(
+                lambda: synth.synthesize(request, progress=_progress_to(ctx), cancel=ctx.cancel)
+            )
             encoder = StreamEncoder(spec.format, spec.sample_rate, source_rate=synth.sample_rate)
             yield StreamStart(stream.seed, encoder.media_type, encoder.sample_rate)
             head = encoder.header()
@@ -354,3 +358,8 @@ def split_for_job(text: str, max_chars: int) -> list[str]:
 
 def _new_id() -> str:
     return uuid.uuid4().hex
+
+
+def _progress_to(ctx: WorkContext) -> Callable[[SynthesisProgress], None]:
+    """Report a synthesis' sentence progress on its ticket (the UI's progress bar, job polling)."""
+    return lambda progress: ctx.set_progress(progress.fraction)

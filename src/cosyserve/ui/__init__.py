@@ -1,1 +1,6 @@
-"""ui layer (see DESIGN.md)."""
+"""The web UI (Gradio) at `/`: `cosyserve.ui.app.mount_ui(app, service)` after `create_app(service)`.
+
+Modules: `app` (page assembly, mounting, security settings), `login` (sign-in with the API's credentials),
+`bridge` (every call the UI makes to the `Service`), `studio` + `generate` (the three synthesis tabs),
+`library_tab`, `history_tab`, `admin_tab`, `i18n` (Chinese/English), `assets` (CSS, the stream player).
+"""

@@ -1,0 +1,199 @@
+"""The web UI at `/`: `build_ui(service)` makes the Gradio page, `mount_ui(app, service)` serves it.
+
+Security by construction:
+- the page, its uploads, files and event API all sit behind `auth_dependency`, which resolves the same
+  credentials as the REST API (the API's session cookie from /login, an API key, or nobody when the
+  server has no authentication configured at all);
+- Gradio serves no directory of ours (`allowed_paths` is empty and the data dir is blocked): results are
+  shown from copies in Gradio's cache and downloaded through the output store's signed links;
+- uploads are capped at `max_upload_mb` by Gradio, and the UI accepts only audio suffixes and decodable
+  audio (checked again by the service);
+- fonts are the system's (no request to an outside font host), and there is no footer, API page, MCP
+  server, run history or SSR process.
+"""
+
+from __future__ import annotations
+
+import html
+from typing import Any
+
+import gradio as gr
+from fastapi import FastAPI
+from fastapi.routing import APIRoute
+
+from cosyserve.service.app_state import Principal, Service
+from cosyserve.ui import assets
+from cosyserve.ui.admin_tab import build_admin_tab
+from cosyserve.ui.bridge import MODES, UiBridge
+from cosyserve.ui.generate import TicketRegistry
+from cosyserve.ui.history_tab import build_history_tab
+from cosyserve.ui.i18n import LANG_CHOICES, Translator, pick_lang, text
+from cosyserve.ui.library_tab import build_library_tab, refresh_values
+from cosyserve.ui.login import LOGOUT_PATH, install_login_routes, ui_auth_dependency
+from cosyserve.ui.studio import UiContext, build_mode_panel
+
+STATUS_POLL_S = 3.0
+LANG_STORAGE_KEY = "cosyserve-lang"
+
+
+def header_html(lang: str) -> str:
+    return f"<h1>🎙️ {html.escape(text('title', lang))}</h1><p>{html.escape(text('subtitle', lang))}</p>"
+
+
+def user_html(principal: Principal | None, lang: str, auth_enabled: bool) -> str:
+    if principal is None or principal.kind == "anonymous" or not auth_enabled:
+        return f"<span>{html.escape(text('anonymous', lang))}</span>"
+    name = html.escape(principal.name or principal.kind)
+    logout = f'<a href="{LOGOUT_PATH}" id="cosy-logout">{text("logout", lang)}</a>'
+    return f"<span>{text('signed_in', lang, name=name)}</span> · {logout}"
+
+
+def model_status(service: Service, lang: str) -> tuple[str, str, bool]:
+    """(banner HTML, status line, ready?) for the model as it is now."""
+    info = service.readiness()
+    state = info.get("state")
+    banner = ""
+    if info.get("demo"):
+        banner = f'<div class="demo" id="cosy-demo-banner">⚠️ {html.escape(text("demo_banner", lang))}</div>'
+    if info.get("ready"):
+        model = str(info.get("model_path") or info.get("model") or "").rstrip("/").rsplit("/", 1)[-1]
+        status = text("model_ready", lang, model=model, device=info.get("device"))
+    elif state == "failed":
+        status = "❌ " + text("model_failed", lang, reason=info.get("reason"))
+    elif state == "restarting":
+        status = "⏳ " + text("model_restarting", lang)
+    else:
+        status = "⏳ " + text("model_loading", lang)
+    return banner, status, bool(info.get("ready"))
+
+
+def build_ui(service: Service, bridge: UiBridge | None = None) -> gr.Blocks:
+    """The whole page for `service` (not yet served: see `mount_ui`)."""
+    bridge = bridge or UiBridge(service)
+    settings = service.settings
+    tr = Translator()
+    registry = TicketRegistry()
+    # Gradio may run this many syntheses' event handlers at once; the service's own queue decides the rest.
+    slots = settings.resolve_concurrency(service.device_type) + settings.queue.queue_size + 1
+    with gr.Blocks(title=text("title", "en"), analytics_enabled=False, delete_cache=(3600, 86400)) as demo:
+        lang = gr.State(tr.lang)
+        saved_lang = gr.BrowserState(None, storage_key=LANG_STORAGE_KEY)
+        with gr.Row(equal_height=True):
+            with gr.Column(scale=8):
+                tr.bind(gr.HTML(header_html(tr.lang), elem_id="cosy-header"), value=header_html)
+            with gr.Column(scale=3, min_width=220):
+                lang_radio = gr.Radio(LANG_CHOICES, value=tr.lang, show_label=False, elem_id="cosy-lang")
+                user = gr.HTML("", elem_id="cosy-user")
+        banner = gr.HTML("", elem_id="cosy-banner")
+        status = gr.Markdown("", elem_id="cosy-status")
+        ctx = UiContext(bridge, tr, registry, lang, gr.utils.get_upload_folder(), slots)
+        with gr.Tabs(elem_id="cosy-tabs") as tabs:
+            panels = [build_mode_panel(mode, ctx) for mode in MODES]
+            library = build_library_tab(ctx, panels, tabs)
+            # (the admin tab is not the last one: Gradio 6.31 duplicates the button of a last tab when
+            # that tab is first opened)
+            admin = build_admin_tab(ctx)
+            history = build_history_tab(ctx, panels, tabs)
+        timer = gr.Timer(STATUS_POLL_S)
+
+        def principal_or_none(request: gr.Request) -> Principal | None:
+            try:
+                return bridge.principal_of(request)
+            except Exception:
+                return None
+
+        def on_load(saved: str | None, request: gr.Request) -> list[Any]:
+            headers = dict(getattr(request, "headers", None) or {})
+            chosen = pick_lang(saved, headers.get("accept-language"))
+            principal = principal_or_none(request)
+            banner_html, status_md, _ = model_status(service, chosen)
+            is_admin = principal is not None and principal.is_admin
+            return [
+                chosen,
+                user_html(principal, chosen, service.auth_enabled()),
+                gr.update(visible=True) if is_admin else gr.update(),  # its calls check the role too
+                banner_html,
+                status_md,
+            ]
+
+        def switch(chosen: str, request: gr.Request) -> list[Any]:
+            principal = principal_or_none(request)
+            return [
+                chosen,
+                chosen,
+                user_html(principal, chosen, service.auth_enabled()),
+                *model_status(service, chosen)[:2],
+                *tr.updates(chosen),
+                *refresh_values(ctx, chosen),
+                *history.refresh(chosen, request),
+            ]
+
+        def tick(chosen: str) -> list[Any]:
+            banner_html, status_md, _ = model_status(service, chosen)
+            return [banner_html, status_md]
+
+        demo.load(on_load, [saved_lang], [lang_radio, user, admin.tab, banner, status])
+        demo.load(history.refresh, [lang], history.refresh_outputs)
+        lang_radio.change(
+            switch,
+            [lang_radio],
+            [
+                lang,
+                saved_lang,
+                user,
+                banner,
+                status,
+                *tr.components,
+                *library.refresh_outputs(panels),
+                *history.refresh_outputs,
+            ],
+        )
+        timer.tick(tick, [lang], [banner, status], queue=False, show_progress="hidden")
+        history.tab.select(history.refresh, [lang], history.refresh_outputs)
+        for panel in panels:  # a new result appears in the history without a manual refresh
+            panel.run_event.then(history.refresh, [lang], history.refresh_outputs, show_progress="hidden")
+    return demo
+
+
+def mount_ui(app: FastAPI, service: Service, path: str = "/") -> gr.Blocks:
+    """Serve the UI at `path` of `app` (created by `create_app`), behind the API's authentication.
+
+    Adds /login and /logout, and replaces the API's placeholder `GET /` (a redirect to /docs) when the
+    UI takes the root. Call it once, after all API routes were added.
+    """
+    bridge = UiBridge(service)
+    demo = build_ui(service, bridge)
+    mount_path = "/" + path.strip("/") if path.strip("/") else "/"
+    if mount_path == "/":
+        app.router.routes[:] = [
+            route
+            for route in app.router.routes
+            if not (isinstance(route, APIRoute) and route.path == "/" and "GET" in route.methods)
+        ]
+    install_login_routes(app, bridge)
+    settings = service.settings
+    data_dir = str(settings.storage.data_dir)
+    theme = gr.themes.Soft(
+        primary_hue="indigo",
+        font=["system-ui", "-apple-system", "PingFang SC", "Microsoft YaHei", "sans-serif"],
+        font_mono=["ui-monospace", "SFMono-Regular", "Menlo", "monospace"],
+    )
+    gr.mount_gradio_app(
+        app,
+        demo,
+        path=mount_path,
+        auth_dependency=ui_auth_dependency(bridge),
+        allowed_paths=[],
+        blocked_paths=[data_dir, str(settings.storage.output_dir or data_dir)],
+        max_file_size=int(settings.limits.max_upload_mb * 1e6),
+        show_error=True,
+        footer_links=[],
+        run_history=False,
+        ssr_mode=False,
+        mcp_server=False,
+        pwa=False,
+        theme=theme,
+        css=assets.CSS,
+        head=assets.head_html(),
+    )
+    return demo

@@ -1,0 +1,123 @@
+"""The page's own CSS and JavaScript: layout touches, the live character counter and the stream player.
+
+The stream player: a streamed synthesis updates a hidden textbox with `run:rate|<b64 pcm>|<b64 pcm>|…`
+(each update appends; Gradio sends appends as diffs). On every change `cosyStream.feed` decodes the
+chunks it has not played yet (16-bit little-endian mono PCM) and schedules them back to back on a Web
+Audio context, so sound starts with the first chunk. `|END` closes a run, `|CANCEL` stops it.
+`cosyStream.stats[run]` records chunks, samples and timings (the browser test reads it).
+"""
+
+from __future__ import annotations
+
+import json
+
+CSS = """
+#cosy-header h1 { margin: 0; font-size: 1.7rem; }
+#cosy-header p { margin: .2rem 0 0; opacity: .75; }
+#cosy-banner .demo { background: #fff4e5; border: 1px solid #f5a524; color: #7a4100; padding: .7rem 1rem;
+  border-radius: 10px; font-weight: 600; }
+#cosy-status { font-size: .9rem; opacity: .85; }
+#cosy-user { text-align: right; font-size: .9rem; }
+.cosy-counter { font-variant-numeric: tabular-nums; font-size: .85rem; text-align: right; opacity: .8; }
+.cosy-counter.over { color: #b42318; font-weight: 700; opacity: 1; }
+.cosy-feedback .bad { color: #b42318; } .cosy-feedback .warn { color: #8a5a00; }
+.cosy-dice { max-width: 3.2rem; min-width: 3.2rem !important; align-self: end; }
+.cosy-links a { margin-right: .9rem; }
+.cosy-logs textarea { font-family: ui-monospace, Menlo, monospace; font-size: .8rem; }
+"""
+
+_PLAYER = """
+window.cosyStream = (() => {
+  const st = { ctx: null, run: null, consumed: 0, next: 0, sources: [], stats: {} };
+  function unlock() {
+    if (!st.ctx) {
+      const Ctx = window.AudioContext || window.webkitAudioContext;
+      if (!Ctx) return null;
+      st.ctx = new Ctx();
+    }
+    if (st.ctx.state === 'suspended') st.ctx.resume();
+    return st.ctx;
+  }
+  function stop() {
+    for (const source of st.sources) { try { source.stop(); } catch (e) { /* already ended */ } }
+    st.sources = [];
+    st.next = 0;
+  }
+  function decode(b64) {
+    const bin = atob(b64);
+    const count = bin.length >> 1;
+    const out = new Float32Array(count);
+    for (let i = 0; i < count; i++) {
+      let v = bin.charCodeAt(2 * i) | (bin.charCodeAt(2 * i + 1) << 8);
+      if (v >= 32768) v -= 65536;
+      out[i] = v / 32768;
+    }
+    return out;
+  }
+  function feed(value) {
+    if (!value) return;
+    const parts = value.split('|');
+    const head = parts[0].split(':');
+    const run = head[0];
+    if (run !== st.run) {
+      stop();
+      st.run = run;
+      st.consumed = 1;
+      st.stats[run] = { chunks: 0, samples: 0, rate: Number(head[1]) || 24000, startedAt: performance.now(),
+                        firstChunkAt: null, endedAt: null, cancelled: false, contextState: null };
+    }
+    const stats = st.stats[run];
+    const ctx = unlock();
+    for (let i = st.consumed; i < parts.length; i++) {
+      const part = parts[i];
+      if (part === 'END') { stats.endedAt = performance.now(); continue; }
+      if (part === 'CANCEL') { stats.cancelled = true; stop(); continue; }
+      if (!part) continue;
+      const samples = decode(part);
+      stats.chunks += 1;
+      stats.samples += samples.length;
+      if (stats.firstChunkAt === null) stats.firstChunkAt = performance.now();
+      if (!ctx || samples.length === 0) continue;
+      const buffer = ctx.createBuffer(1, samples.length, stats.rate);
+      buffer.copyToChannel(samples, 0);
+      const source = ctx.createBufferSource();
+      source.buffer = buffer;
+      source.connect(ctx.destination);
+      const at = Math.max(st.next, ctx.currentTime + 0.05);
+      source.start(at);
+      st.next = at + buffer.duration;
+      st.sources.push(source);
+      stats.contextState = ctx.state;
+    }
+    st.consumed = parts.length;
+  }
+  return { unlock, stop, feed, state: st, stats: st.stats };
+})();
+"""
+
+
+def head_html() -> str:
+    """The `<script>` put into the page's head."""
+    return f"<script>{_PLAYER}</script>"
+
+
+def counter_js(limit: int) -> str:
+    """A JS function: text → the counter's HTML (`n / limit`, red when over)."""
+    return (
+        "(text) => { const n = Array.from((text || '').trim()).length; "
+        f"const limit = {json.dumps(limit)}; "
+        "const cls = n > limit ? 'cosy-counter over' : 'cosy-counter'; "
+        "return `<div class=\"${cls}\">${n > limit ? '⚠ ' : ''}${n} / ${limit}</div>`; }"
+    )
+
+
+DICE_JS = "() => String(Math.floor(Math.random() * 2147483647))"
+FEED_JS = "(value) => { if (window.cosyStream) window.cosyStream.feed(value); }"
+UNLOCK_JS = "() => { if (window.cosyStream) window.cosyStream.unlock(); }"
+STOP_JS = "(...args) => { if (window.cosyStream) window.cosyStream.stop(); return args; }"
+
+
+def counter_html(count: int, limit: int) -> str:
+    """The counter as the server renders it (initial value); the browser keeps it live."""
+    cls = "cosy-counter over" if count > limit else "cosy-counter"
+    return f'<div class="{cls}">{"⚠ " if count > limit else ""}{count} / {limit}</div>'

@@ -1,0 +1,251 @@
+"""What the web UI asks of the service, in one place: the same `Service` calls the API routers make.
+
+The UI never touches the engine or the synthesizer: synthesis goes through the scheduler
+(`Service.submit_tts`), voices through the library and `Service.submit_enrolment`, results through the
+output store, and every call is made as a `Principal` resolved from the same credentials the API takes
+(the API's session cookie, an API key, or nobody when auth is off).
+"""
+
+from __future__ import annotations
+
+import os
+import time
+from collections.abc import Mapping
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from cosyserve.errors import InputError
+from cosyserve.frontend.prompt_check import PromptReport, load_prompt
+from cosyserve.service.app_state import AuthRequired, Forbidden, Principal, Service
+from cosyserve.service.app_tasks import OutputSpec
+from cosyserve.service.auth import SESSION_COOKIE
+from cosyserve.service.logs import recent_logs
+from cosyserve.service.requests import SynthesisRequest
+from cosyserve.service.scheduler import Ticket
+from cosyserve.service.storage import OutputNotFound, StoredOutput
+from cosyserve.service.voices import Voice
+
+UI_KEY_COOKIE = "cosyserve_ui_key"  # an API key the login page accepted, for key-only servers
+AUDIO_SUFFIXES = frozenset({".wav", ".mp3", ".flac", ".ogg", ".opus", ".m4a", ".webm", ".aac"})
+DOWNLOAD_FORMATS = ("wav", "mp3", "flac", "opus")
+MODES = ("zero_shot", "cross_lingual", "instruct")
+
+
+@dataclass(frozen=True)
+class UploadProblem:
+    """Why an uploaded file was refused before decoding (the UI translates it)."""
+
+    kind: str  # "type" or "size"
+    suffix: str = ""
+    size_mb: float = 0.0
+    limit_mb: float = 0.0
+
+
+class UploadRefused(InputError):
+    def __init__(self, problem: UploadProblem) -> None:
+        super().__init__(f"upload refused: {problem}")
+        self.problem = problem
+
+
+class UiBridge:
+    """The UI's view of one `Service`."""
+
+    def __init__(self, service: Service) -> None:
+        self.service = service
+
+    # -- who is calling ----------------------------------------------------------------------------
+
+    def principal(self, headers: Mapping[str, str], cookies: Mapping[str, str]) -> Principal | None:
+        """Like the API: an API key (header, or the login page's key cookie), the session cookie, or
+        anonymous with full rights when the server has no authentication at all; None: not signed in."""
+        service = self.service
+        key_text = _header_key(headers) or cookies.get(UI_KEY_COOKIE) or None
+        if key_text:
+            key = service.keys.authenticate(key_text)
+            if key is not None:
+                return Principal("key", key.role, key=key, name=key.name)
+        user = service.sessions.verify(cookies.get(SESSION_COOKIE))
+        if user is not None:
+            return Principal("session", "admin", name=user)
+        if not service.auth_enabled():
+            return Principal("anonymous", "admin")
+        return None
+
+    def principal_of(self, request: Any) -> Principal:
+        """The principal of a Gradio request; AuthRequired when its credentials are gone or invalid."""
+        headers = dict(getattr(request, "headers", None) or {})
+        cookies = dict(getattr(request, "cookies", None) or {})
+        found = self.principal(headers, cookies)
+        if found is None:
+            raise AuthRequired("not signed in: log in again")
+        return found
+
+    @staticmethod
+    def require_admin(principal: Principal) -> None:
+        if not principal.is_admin:
+            raise Forbidden("this needs an admin login")
+
+    # -- uploads -----------------------------------------------------------------------------------
+
+    def read_upload(self, path: str | Path) -> tuple[bytes, str]:
+        """The bytes and suffix of an uploaded audio file, after the type and size limits."""
+        path = Path(path)
+        suffix = path.suffix.lower()
+        if suffix not in AUDIO_SUFFIXES:
+            raise UploadRefused(UploadProblem("type", suffix=suffix or "(none)"))
+        limit_mb = self.service.settings.limits.max_upload_mb
+        size_mb = path.stat().st_size / 1e6
+        if size_mb > limit_mb:
+            raise UploadRefused(UploadProblem("size", size_mb=size_mb, limit_mb=limit_mb))
+        return path.read_bytes(), suffix
+
+    def check_prompt(self, path: str | Path) -> PromptReport:
+        """Measurements and warnings for a prompt recording; InputError when it can't be used."""
+        data, _ = self.read_upload(path)
+        return load_prompt(data)[1]
+
+    # -- synthesis ---------------------------------------------------------------------------------
+
+    @property
+    def max_text_chars(self) -> int:
+        return self.service.settings.limits.max_text_chars
+
+    def submit(
+        self,
+        principal: Principal,
+        request: SynthesisRequest,
+        *,
+        mode: str,
+        stream: bool,
+        request_id: str,
+        fmt: str = "wav",
+    ) -> Ticket:
+        """Queue one synthesis as `principal` (QueueFull, ModelNotReady, RateLimited, InputError, ...)."""
+        service = self.service
+        service.check_rate(principal)
+        service.check_quota(principal)
+        spec = OutputSpec(
+            format="pcm" if stream else "wav",
+            owner=principal.owner,
+            key=principal.key,
+            request_id=request_id,
+            endpoint="ui",
+            extra={"ui_mode": mode, "ui_format": fmt},
+        )
+        return service.submit_tts(request, spec, stream=stream)
+
+    def queue_wait_estimate(self, ticket: Ticket) -> float:
+        return ticket.estimated_wait_s()
+
+    def mean_duration_s(self) -> float | None:
+        return self.service.scheduler.stats().get("mean_duration_s")
+
+    def cancel(self, ticket: Ticket) -> None:
+        if not ticket.finished:
+            ticket.cancel("cancelled in the web UI")
+
+    # -- results -----------------------------------------------------------------------------------
+
+    def output(self, principal: Principal, output_id: str) -> StoredOutput:
+        """A stored result the principal may see (admins and anonymous users see all)."""
+        output = self.service.outputs.get(output_id)
+        owner = output.manifest.get("owner")
+        if not (principal.is_admin or (owner is not None and owner == principal.owner)):
+            raise OutputNotFound(f"no output {output_id}; it may have expired or been deleted")
+        return output
+
+    def history(self, principal: Principal, limit: int = 50) -> list[StoredOutput]:
+        """This user's results, newest first (everyone's when there is no login at all)."""
+        owner = principal.owner
+        if owner is None and principal.kind != "anonymous":
+            return []
+        return self.service.outputs.list(owner=owner, limit=limit)
+
+    def download_url(self, output: StoredOutput, fmt: str = "wav") -> str:
+        """A signed link to the output store's download route (works without credentials until it expires)."""
+        query = {"format": fmt} if fmt != "wav" else None
+        return self.service.signed_url(output.url_path, query)
+
+    # -- voices ------------------------------------------------------------------------------------
+
+    def voices(self) -> list[Voice]:
+        return self.service.voices.list()
+
+    def voice(self, id_or_name: str) -> Voice:
+        return self.service.voices.get(id_or_name)
+
+    def enrol(
+        self, principal: Principal, name: str, path: str | Path, transcript: str | None, request_id: str
+    ) -> Ticket:
+        self.require_admin(principal)
+        data, suffix = self.read_upload(path)
+        return self.service.submit_enrolment(
+            name, data, transcript or None, suffix=suffix, request_id=request_id
+        )
+
+    def rename_voice(self, principal: Principal, voice_id: str, new_name: str) -> Voice:
+        self.require_admin(principal)
+        return self.service.voices.update(voice_id, name=new_name)
+
+    def delete_voice(self, principal: Principal, voice_id: str) -> Voice:
+        self.require_admin(principal)
+        voice = self.service.voices.get(voice_id)
+        self.service.voices.delete(voice.id)
+        return voice
+
+    # -- admin -------------------------------------------------------------------------------------
+
+    def status(self) -> dict[str, Any]:
+        """Engine, device memory, queue and storage, for the admin panel."""
+        service = self.service
+        return {
+            "readiness": service.readiness(detailed=True),
+            "scheduler": service.scheduler.stats(),
+            "memory": self.memory(),
+            "outputs": {"root": str(service.outputs.root), "total_bytes": service.outputs.total_bytes()},
+            "uptime_s": round(time.time() - service.started_at, 1),
+        }
+
+    def memory(self) -> dict[str, Any]:
+        """Process memory, and the accelerator's when the model runs on one."""
+        info: dict[str, Any] = {"process_rss_mb": _rss_mb(), "device_type": self.service.device_type}
+        if self.service.device_type == "cuda":
+            import torch
+
+            if torch.cuda.is_available():
+                free, total = torch.cuda.mem_get_info()
+                info.update(
+                    cuda_allocated_mb=round(torch.cuda.memory_allocated() / 2**20, 1),
+                    cuda_reserved_mb=round(torch.cuda.memory_reserved() / 2**20, 1),
+                    cuda_free_mb=round(free / 2**20, 1),
+                    cuda_total_mb=round(total / 2**20, 1),
+                )
+        return info
+
+    def restart_engine(self, principal: Principal) -> str:
+        self.require_admin(principal)
+        return self.service.restart_engine()
+
+    def logs(self, principal: Principal, limit: int = 100, level: str | None = None) -> list[dict[str, Any]]:
+        self.require_admin(principal)
+        return recent_logs(limit, level)
+
+
+def _header_key(headers: Mapping[str, str]) -> str | None:
+    lowered = {k.lower(): v for k, v in headers.items()}
+    scheme, _, value = lowered.get("authorization", "").partition(" ")
+    if scheme.lower() == "bearer" and value.strip():
+        return value.strip()
+    return lowered.get("x-api-key", "").strip() or None
+
+
+def _rss_mb() -> float | None:
+    try:
+        with open(f"/proc/{os.getpid()}/status", encoding="ascii") as status:
+            for line in status:
+                if line.startswith("VmRSS:"):
+                    return round(int(line.split()[1]) / 1024, 1)
+    except OSError:
+        pass
+    return None

@@ -1,0 +1,261 @@
+"""Chinese and English strings of the web UI, and the registry that switches a page between them.
+
+Every translatable property of a component is bound once (`Translator.bind`); switching the language
+returns one `gr.update` per bound component, so nothing is rebuilt. Strings live in `STRINGS` as
+`key: (zh, en)`; `{name}` placeholders are filled by `text(key, lang, name=...)`.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from typing import Any
+
+LANGS = ("zh", "en")
+DEFAULT_LANG = "zh"
+LANG_CHOICES = [("中文", "zh"), ("English", "en")]
+
+STRINGS: dict[str, tuple[str, str]] = {
+    # header and banners
+    "title": ("CosyVoice3 语音工作室", "CosyVoice3 Studio"),
+    "subtitle": (
+        "声音复刻、跨语种与自然语言控制的语音合成",
+        "Voice cloning, cross-lingual and instruction-controlled speech synthesis",
+    ),
+    "language": ("语言", "Language"),
+    "signed_in": ("已登录：{name}", "Signed in as {name}"),
+    "anonymous": ("未启用登录（仅限本机）", "No login configured (local use)"),
+    "logout": ("退出登录", "Log out"),
+    "demo_banner": (
+        "演示模型已加载：权重是随机的，生成的音频只是噪声。用 --model 指定真实模型。",
+        "The demo model is loaded: its weights are random, so every result is noise. "
+        "Serve a real model with --model.",
+    ),
+    "model_loading": ("模型加载中，请稍候……", "The model is loading, please wait…"),
+    "model_restarting": ("模型正在重新加载……", "The model is reloading…"),
+    "model_failed": ("模型加载失败：{reason}", "The model failed to load: {reason}"),
+    "model_ready": ("模型就绪：{model}（{device}）", "Model ready: {model} ({device})"),
+    # tabs
+    "tab_zero_shot": ("3秒极速复刻", "Zero-shot clone"),
+    "tab_cross_lingual": ("跨语种复刻", "Cross-lingual"),
+    "tab_instruct": ("自然语言控制", "Instruct"),
+    "tab_voices": ("音色库", "Voice library"),
+    "tab_history": ("历史记录", "History"),
+    "tab_admin": ("管理", "Admin"),
+    "about_zero_shot": (
+        "上传或录制 3–30 秒的参考音频并填写其文本，即可用该声音朗读任意文字。",
+        "Upload or record 3-30 s of a voice and type what it says: any text is then read in that voice.",
+    ),
+    "about_cross_lingual": (
+        "只需参考音频，无需文本：用该声音说另一种语言（例如中文参考音频说英文）。",
+        "Only the recording, no transcript: the voice speaks another language (e.g. a Chinese "
+        "recording reading English).",
+    ),
+    "about_instruct": (
+        "用自然语言描述方言、情感、语速或音量，例如「请用四川话表达。」。",
+        "Describe a dialect, emotion, speed or volume in plain words, e.g. “请用四川话表达。”.",
+    ),
+    # voice source
+    "saved_voice": ("已保存的音色", "Saved voice"),
+    "saved_voice_info": (
+        "选择后将使用该音色，而不是下面的录音",
+        "When set, this voice is used instead of the recording below",
+    ),
+    "no_voice": ("（不使用，用下面的录音）", "(none: use the recording below)"),
+    "prompt_audio": ("参考音频（上传或录音，3–30 秒）", "Voice prompt (upload or record, 3-30 s)"),
+    "transcript": ("参考音频的文本", "Transcript of the prompt"),
+    "transcript_ph": ("参考音频里说的话，逐字填写", "Exactly what is said in the recording"),
+    "prompt_none": ("还没有参考音频。", "No prompt yet."),
+    "prompt_ok": ("✅ 参考音频可用", "✅ Prompt looks usable"),
+    "prompt_bad": ("❌ 参考音频不可用", "❌ This prompt can't be used"),
+    "prompt_warn": ("⚠️ 参考音频可用，但请注意", "⚠️ Usable, but note"),
+    "prompt_stats": (
+        "时长 {duration:.1f} 秒（语音 {speech:.1f} 秒）· 峰值 {peak:.1f} dBFS · 电平 {rms:.1f} dBFS"
+        " · {rate} Hz",
+        "{duration:.1f} s ({speech:.1f} s of speech) · peak {peak:.1f} dBFS · level {rms:.1f} dBFS"
+        " · {rate} Hz",
+    ),
+    # instruct
+    "preset": ("预设指令", "Preset"),
+    "preset_none": ("（无预设）", "(no preset)"),
+    "instruct_text": ("自由指令（填写后优先于预设）", "Free instruction (wins over the preset)"),
+    "instruct_ph": ("例如：请用温柔的语气慢慢地说。", "e.g. Please speak slowly and gently."),
+    "group_dialect": ("方言", "Dialect"),
+    "group_emotion": ("情感", "Emotion"),
+    "group_speed": ("语速", "Speed"),
+    "group_volume": ("音量", "Volume"),
+    "group_role": ("角色", "Role"),
+    # text and controls
+    "text": ("要合成的文本", "Text to speak"),
+    "text_ph": ("输入要朗读的文字……", "Type what the voice should say…"),
+    "help_title": ("发音与标记帮助", "Pronunciation and tag help"),
+    "examples": ("示例", "Examples"),
+    "seed": ("随机种子", "Seed"),
+    "seed_ph": ("留空则随机；填写同一数字可复现结果", "empty: random; the same number reproduces a result"),
+    "dice": ("🎲", "🎲"),
+    "speed": ("语速", "Speed"),
+    "volume": ("音量", "Volume"),
+    "format": ("下载格式", "Download format"),
+    "stream": ("流式播放（边生成边播放）", "Stream (plays while it is generated)"),
+    "generate": ("生成音频", "Generate"),
+    "cancel": ("取消", "Cancel"),
+    "result": ("生成结果", "Result"),
+    "download": ("下载 {fmt}", "Download {fmt}"),
+    "result_info": (
+        "种子 {seed} · 时长 {duration:.2f} 秒 · 用时 {elapsed:.1f} 秒",
+        "Seed {seed} · {duration:.2f} s of audio · took {elapsed:.1f} s",
+    ),
+    "queued": ("排队中（前面还有 {position} 个）", "Queued ({position} ahead)"),
+    "generating": ("生成中……", "Generating…"),
+    "streaming": ("生成中：已生成 {seconds:.1f} 秒音频", "Generating: {seconds:.1f} s of audio so far"),
+    "cancelled": ("已取消。", "Cancelled."),
+    # errors
+    "error_title": ("无法完成", "Could not do that"),
+    "err_no_prompt": (
+        "没有参考音频：请上传或录制 3–30 秒的声音，或选择一个已保存的音色。",
+        "No voice prompt: upload or record 3-30 s of a voice, or pick a saved voice.",
+    ),
+    "err_no_transcript": (
+        "3秒极速复刻需要参考音频的文本：请填写录音里说的话（或改用跨语种复刻）。",
+        "Zero-shot cloning needs the prompt's transcript: type what the recording says "
+        "(or use the cross-lingual tab).",
+    ),
+    "err_no_instruct": (
+        "请选择一个预设指令或填写自由指令。",
+        "Pick a preset or type an instruction.",
+    ),
+    "err_seed": (
+        "种子必须是 0 到 {limit} 之间的整数。",
+        "The seed must be a whole number from 0 to {limit}.",
+    ),
+    "err_no_text": ("请输入要合成的文本。", "Type the text to speak."),
+    "err_too_long": (
+        "文本有 {count} 个字符，超过上限 {limit}：请缩短或分段。",
+        "The text has {count} characters, over the limit of {limit}: shorten it or split it.",
+    ),
+    "err_queue_full": (
+        "服务器繁忙，队列已满：请约 {seconds} 秒后重试。",
+        "The server is busy and its queue is full: try again in about {seconds} s.",
+    ),
+    "err_not_ready": (
+        "模型尚未就绪（正在加载或重新加载）：请稍后重试。",
+        "The model is not ready yet (loading or reloading): try again shortly.",
+    ),
+    "err_auth": ("登录已失效：请重新登录。", "Your login has expired: log in again."),
+    "err_admin": ("此操作需要管理员权限。", "This needs an admin login."),
+    "err_rate": ("请求过于频繁：{message}", "Too many requests: {message}"),
+    "err_timeout": ("生成超时：{message}", "Synthesis took too long: {message}"),
+    "err_internal": (
+        "服务器内部错误（请求 ID {request_id}），详情见服务器日志。",
+        "Something went wrong on the server (request id {request_id}); the server log has details.",
+    ),
+    "err_bad_file": (
+        "不支持的文件类型 {suffix}：请上传 WAV、MP3、FLAC、OGG/Opus、M4A 或 WebM 音频。",
+        "Unsupported file type {suffix}: upload WAV, MP3, FLAC, OGG/Opus, M4A or WebM audio.",
+    ),
+    "err_big_file": (
+        "文件太大（{size:.1f} MB）：上限为 {limit:.0f} MB。",
+        "The file is too large ({size:.1f} MB): the limit is {limit:.0f} MB.",
+    ),
+    # voice library
+    "voices_list": ("已保存的音色", "Saved voices"),
+    "voice_cols": ("名称|文本|创建时间|时长（秒）|提示", "Name|Transcript|Created|Seconds|Notes"),
+    "enrol_title": ("添加新音色", "Enrol a new voice"),
+    "voice_name": ("音色名称", "Voice name"),
+    "voice_name_ph": ("例如：小明", "e.g. alice"),
+    "enrol": ("保存音色", "Save voice"),
+    "enrolled": ("已保存音色「{name}」。", "Saved the voice “{name}”."),
+    "pick_voice": ("选择音色", "Choose a voice"),
+    "preview_text": ("试听文本（留空则播放原始录音）", "Preview text (empty: the original recording)"),
+    "preview": ("试听", "Preview"),
+    "new_name": ("新名称", "New name"),
+    "rename": ("重命名", "Rename"),
+    "renamed": ("已重命名为「{name}」。", "Renamed to “{name}”."),
+    "delete": ("删除", "Delete"),
+    "confirm_delete": ("确认删除", "Confirm delete"),
+    "deleted": ("已删除音色「{name}」。", "Deleted the voice “{name}”."),
+    "use_voice": ("用于合成", "Use for synthesis"),
+    "using_voice": ("已在各合成页选中音色「{name}」。", "“{name}” is now selected in the synthesis tabs."),
+    "refresh": ("刷新", "Refresh"),
+    "select_first": ("请先选择一个音色。", "Choose a voice first."),
+    # history
+    "history_cols": (
+        "时间|模式|文本|音色|种子|时长（秒）|编号",
+        "Time|Mode|Text|Voice|Seed|Seconds|Id",
+    ),
+    "history_pick": ("选择一条记录", "Choose an entry"),
+    "history_audio": ("选中的结果", "Selected result"),
+    "history_params": ("参数", "Parameters"),
+    "rerun": ("重新生成", "Re-run"),
+    "rerun_loaded": (
+        "参数已填入「{tab}」页。该结果使用了上传的录音：请在该页重新上传后点击生成。",
+        "The parameters are in the “{tab}” tab. This result used an uploaded recording: load it "
+        "there again and press Generate.",
+    ),
+    "history_empty": ("还没有生成记录。", "Nothing generated yet."),
+    "mode_zero_shot": ("极速复刻", "zero-shot"),
+    "mode_cross_lingual": ("跨语种", "cross-lingual"),
+    "mode_instruct": ("指令控制", "instruct"),
+    "mode_api": ("API", "API"),
+    "uploaded": ("（上传的录音）", "(uploaded recording)"),
+    # admin
+    "engine_status": ("引擎状态", "Engine status"),
+    "restart_engine": ("重启引擎", "Restart engine"),
+    "restarting": ("正在重新加载模型……", "Reloading the model…"),
+    "logs": ("最近日志", "Recent logs"),
+    "log_level": ("日志级别", "Log level"),
+}
+
+
+def text(key: str, lang: str, **values: Any) -> str:
+    """The string `key` in `lang` (zh or en), with `{placeholders}` filled from `values`."""
+    zh, en = STRINGS[key]
+    template = zh if lang == "zh" else en
+    return template.format(**values) if values else template
+
+
+def pick_lang(saved: str | None, accept_language: str | None) -> str:
+    """The page language: the user's saved choice, else the browser's first zh/en preference, else zh."""
+    if saved in LANGS:
+        return saved
+    for part in (accept_language or "").split(","):
+        tag = part.split(";")[0].strip().lower()
+        if tag.startswith("zh"):
+            return "zh"
+        if tag.startswith("en"):
+            return "en"
+    return DEFAULT_LANG
+
+
+Prop = str | Callable[[str], Any]  # a STRINGS key, or a function of the language
+
+
+class Translator:
+    """Remembers which component property shows which string, and updates them all for a language."""
+
+    def __init__(self, lang: str = DEFAULT_LANG) -> None:
+        self.lang = lang  # the language components are first rendered in
+        self._bound: list[tuple[Any, dict[str, Prop]]] = []
+
+    def __call__(self, key: str, **values: Any) -> str:
+        return text(key, self.lang, **values)
+
+    def bind(self, component: Any, **props: Prop) -> Any:
+        """Record `component`'s translatable properties (label=key, choices=fn, ...); returns it."""
+        self._bound.append((component, props))
+        return component
+
+    @property
+    def components(self) -> list[Any]:
+        return [component for component, _ in self._bound]
+
+    def updates(self, lang: str) -> list[dict[str, Any]]:
+        """One `gr.update` per bound component, in `components` order."""
+        import gradio as gr
+
+        result = []
+        for _, props in self._bound:
+            values = {
+                name: (prop(lang) if callable(prop) else text(prop, lang)) for name, prop in props.items()
+            }
+            result.append(gr.update(**values))
+        return result

@@ -1,0 +1,196 @@
+"""Signing in to the web UI with the API's credentials: the UI user's password or an API key.
+
+`GET /login` shows a small bilingual form; `POST /login` checks it with `Service.login` (setting the API's
+own session cookie, so the UI's browser session also works for the API) or, for servers that only have
+API keys, with the key store (kept in an http-only cookie). `GET /logout` clears both. Gradio's
+`auth_dependency` (`ui_auth_dependency`) then lets a request in when the same credentials resolve to a
+principal, and sends a browser that opens the page without them to the form.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import html
+from collections.abc import Awaitable, Callable
+from urllib.parse import quote
+
+from fastapi import FastAPI, HTTPException, Request
+from fastapi.responses import HTMLResponse, RedirectResponse, Response
+from starlette.concurrency import run_in_threadpool
+
+from cosyserve.service.app_state import AuthRequired
+from cosyserve.service.auth import SESSION_COOKIE
+from cosyserve.ui.bridge import UI_KEY_COOKIE, UiBridge
+from cosyserve.ui.i18n import pick_lang
+
+LOGIN_PATH = "/login"
+LOGOUT_PATH = "/logout"
+FAILED_LOGIN_DELAY_S = 1.0  # slows down password guessing from one client
+MAX_FIELD_CHARS = 256
+
+_TEXT = {
+    "zh": {
+        "title": "登录 · CosyVoice3 语音工作室",
+        "heading": "登录",
+        "username": "用户名",
+        "password": "密码",
+        "or_key": "或使用 API 密钥",
+        "key": "API 密钥（cs_…）",
+        "submit": "登录",
+        "failed": "用户名、密码或 API 密钥不正确。",
+        "other": "English",
+    },
+    "en": {
+        "title": "Sign in · CosyVoice3 Studio",
+        "heading": "Sign in",
+        "username": "User name",
+        "password": "Password",
+        "or_key": "or use an API key",
+        "key": "API key (cs_…)",
+        "submit": "Sign in",
+        "failed": "Wrong user name, password or API key.",
+        "other": "中文",
+    },
+}
+
+_PAGE = """<!doctype html>
+<html lang="{lang}"><head><meta charset="utf-8">
+<meta name="viewport" content="width=device-width,initial-scale=1">
+<title>{title}</title>
+<style>
+body{{font-family:system-ui,-apple-system,"PingFang SC","Microsoft YaHei",sans-serif;background:#f4f5fb;
+margin:0;display:flex;min-height:100vh;align-items:center;justify-content:center}}
+form{{background:#fff;padding:2rem 2.2rem;border-radius:14px;box-shadow:0 6px 30px rgba(40,40,90,.12);
+width:min(360px,90vw)}}
+h1{{margin:0 0 1.2rem;font-size:1.4rem}}
+label{{display:block;margin:.8rem 0 .3rem;font-size:.9rem;color:#444}}
+input{{width:100%;box-sizing:border-box;padding:.6rem .7rem;border:1px solid #ccd;border-radius:8px;
+font-size:1rem}}
+button{{margin-top:1.3rem;width:100%;padding:.7rem;border:0;border-radius:8px;background:#5b5bd6;color:#fff;
+font-size:1rem;cursor:pointer}} .err{{color:#b42318;background:#fef3f2;padding:.6rem;border-radius:8px}}
+.lang{{float:right;font-size:.85rem}} details{{margin-top:.8rem;color:#555}}
+</style></head><body>
+<form method="post" action="{action}">
+<a class="lang" id="lang-switch" href="{other_href}">{other}</a>
+<h1>{heading}</h1>{error}
+{password_fields}
+{key_fields}
+<input type="hidden" name="next" value="{next}">
+<button type="submit" id="login-submit">{submit}</button>
+</form></body></html>"""
+
+_PASSWORD_FIELDS = """<label for="username">{username}</label>
+<input id="username" name="username" autocomplete="username" autofocus>
+<label for="password">{password}</label>
+<input id="password" name="password" type="password" autocomplete="current-password">"""
+
+_KEY_FIELD = """<label for="api_key">{key}</label>
+<input id="api_key" name="api_key" type="password" autocomplete="off">"""
+
+
+def safe_next(target: str | None) -> str:
+    """Only same-site paths are followed after signing in (no `//host`, no scheme, no backslashes)."""
+    if not target or not target.startswith("/") or target.startswith("//") or "\\" in target:
+        return "/"
+    return target
+
+
+def login_page(bridge: UiBridge, lang: str, next_path: str, error: bool = False) -> str:
+    strings = _TEXT[lang]
+    auth = bridge.service.settings.auth
+    password_fields = _PASSWORD_FIELDS.format(**strings) if auth.ui_login_configured else ""
+    key_field = _KEY_FIELD.format(**strings)
+    if password_fields:
+        key_fields = f"<details><summary>{strings['or_key']}</summary>{key_field}</details>"
+    else:
+        key_fields = key_field
+    other_lang = "en" if lang == "zh" else "zh"
+    next_q = quote(next_path, safe="/")
+    return _PAGE.format(
+        lang=lang,
+        title=strings["title"],
+        heading=strings["heading"],
+        submit=strings["submit"],
+        other=strings["other"],
+        other_href=f"{LOGIN_PATH}?lang={other_lang}&next={next_q}",
+        action=f"{LOGIN_PATH}?lang={lang}",
+        error=f'<p class="err" id="login-error">{strings["failed"]}</p>' if error else "",
+        password_fields=password_fields,
+        key_fields=key_fields,
+        next=html.escape(next_path, quote=True),
+    )
+
+
+def install_login_routes(app: FastAPI, bridge: UiBridge) -> None:
+    """Add /login and /logout to `app` (call before mounting the UI, so they win over its routes)."""
+    service = bridge.service
+
+    def lang_of(request: Request) -> str:
+        return pick_lang(request.query_params.get("lang"), request.headers.get("accept-language"))
+
+    @app.get(LOGIN_PATH, include_in_schema=False)
+    async def show_login(request: Request) -> Response:
+        if not await run_in_threadpool(service.auth_enabled):
+            return RedirectResponse("/", status_code=303)
+        next_path = safe_next(request.query_params.get("next"))
+        return HTMLResponse(login_page(bridge, lang_of(request), next_path))
+
+    @app.post(LOGIN_PATH, include_in_schema=False)
+    async def do_login(request: Request) -> Response:
+        form = await request.form()
+        fields = {
+            name: str(form.get(name) or "")[:MAX_FIELD_CHARS] for name in ("username", "password", "api_key")
+        }
+        next_path = safe_next(str(form.get("next") or "/"))
+        secure = request.url.scheme == "https"
+        response = RedirectResponse(next_path, status_code=303)
+        if fields["api_key"].strip():
+            key = await run_in_threadpool(service.keys.authenticate, fields["api_key"].strip())
+            if key is not None:
+                response.set_cookie(
+                    UI_KEY_COOKIE, fields["api_key"].strip(), httponly=True, samesite="lax", secure=secure
+                )
+                return response
+        elif fields["username"]:
+            try:
+                token = await run_in_threadpool(service.login, fields["username"], fields["password"])
+            except AuthRequired:
+                token = None
+            if token is not None:
+                response.set_cookie(
+                    SESSION_COOKIE,
+                    token,
+                    max_age=int(service.sessions.ttl_s),
+                    httponly=True,
+                    samesite="lax",
+                    secure=secure,
+                )
+                return response
+        await asyncio.sleep(FAILED_LOGIN_DELAY_S)
+        page = login_page(bridge, lang_of(request), next_path, error=True)
+        return HTMLResponse(page, status_code=401)
+
+    @app.get(LOGOUT_PATH, include_in_schema=False)
+    def logout() -> Response:
+        response = RedirectResponse(LOGIN_PATH, status_code=303)
+        response.delete_cookie(SESSION_COOKIE)
+        response.delete_cookie(UI_KEY_COOKIE)
+        return response
+
+
+def ui_auth_dependency(bridge: UiBridge) -> Callable[[Request], Awaitable[str | None]]:
+    """Gradio's `auth_dependency`: the signed-in name, or None (Gradio answers 401); a browser opening the
+    page itself is redirected to the login form instead."""
+
+    async def dependency(request: Request) -> str | None:
+        principal = await run_in_threadpool(bridge.principal, request.headers, request.cookies)
+        if principal is not None:
+            return principal.name or principal.kind
+        wants_page = request.method == "GET" and "text/html" in request.headers.get("accept", "")
+        if wants_page:
+            target = request.url.path + (f"?{request.url.query}" if request.url.query else "")
+            location = f"{LOGIN_PATH}?next={quote(safe_next(target), safe='/')}"
+            raise HTTPException(status_code=303, detail="sign in first", headers={"Location": location})
+        return None
+
+    return dependency

@@ -1,0 +1,186 @@
+"""Web UI pieces without a browser: strings, request building, error messages, history and log helpers."""
+
+from __future__ import annotations
+
+import string
+from pathlib import Path
+from types import SimpleNamespace
+
+import pytest
+
+from cosyserve.errors import InputError, QueueFull
+from cosyserve.service.app_state import AuthRequired, ModelNotReady
+from cosyserve.ui.admin_tab import logs_text
+from cosyserve.ui.assets import counter_html
+from cosyserve.ui.bridge import UploadProblem, UploadRefused
+from cosyserve.ui.generate import Form, UiError, build_request, error_message
+from cosyserve.ui.history_tab import output_mode
+from cosyserve.ui.i18n import STRINGS, Translator, pick_lang, text
+from cosyserve.ui.login import safe_next
+
+
+def fields(template: str) -> set[str]:
+    return {name for _, name, _, _ in string.Formatter().parse(template) if name}
+
+
+@pytest.mark.parametrize("key", sorted(STRINGS))
+def test_every_string_has_both_languages_with_the_same_placeholders(key):
+    zh, en = STRINGS[key]
+    assert zh.strip() and en.strip()
+    assert fields(zh) == fields(en)
+
+
+def test_language_choice():
+    assert pick_lang("en", "zh-CN,zh;q=0.9") == "en"  # the saved choice wins
+    assert pick_lang(None, "zh-TW,en;q=0.8") == "zh"
+    assert pick_lang(None, "en-US,en;q=0.9") == "en"
+    assert pick_lang("fr", "de-DE") == "zh"  # neither: the default
+    assert text("download", "en", fmt="MP3") == "Download MP3"
+
+
+def test_translator_updates_every_bound_component():
+    tr = Translator("zh")
+    a, b = object(), object()
+    tr.bind(a, label="text", placeholder="text_ph")
+    tr.bind(b, choices=lambda lang: [lang])
+    updates = tr.updates("en")
+    assert tr.components == [a, b]
+    assert updates[0]["label"] == "Text to speak" and updates[0]["placeholder"].startswith("Type")
+    assert updates[1]["choices"] == ["en"]
+
+
+@pytest.mark.parametrize(
+    ("target", "expected"),
+    [
+        ("/", "/"),
+        ("/?lang=en", "/?lang=en"),
+        ("//evil.example/x", "/"),
+        ("https://evil.example/", "/"),
+        ("/\\evil.example", "/"),
+        ("", "/"),
+        (None, "/"),
+    ],
+)
+def test_login_only_follows_local_paths(target, expected):
+    assert safe_next(target) == expected
+
+
+class FakeBridge:
+    """What `build_request` uses of `UiBridge`."""
+
+    max_text_chars = 10
+
+    def __init__(self, transcript: str | None = "voice transcript") -> None:
+        self.checked: list[str] = []
+        self.voice_transcript = transcript
+
+    def voice(self, id_or_name: str):
+        return SimpleNamespace(id="v1", name=id_or_name, transcript=self.voice_transcript)
+
+    def check_prompt(self, path):
+        self.checked.append(str(path))
+
+    def read_upload(self, path):
+        return b"RIFF....", ".wav"
+
+
+def test_build_request_says_what_is_missing():
+    bridge = FakeBridge()
+    with pytest.raises(UiError) as missing_prompt:
+        build_request(bridge, Form("cross_lingual", text="hi"))
+    assert missing_prompt.value.key == "err_no_prompt"
+    with pytest.raises(UiError) as missing_transcript:
+        build_request(bridge, Form("zero_shot", prompt="/tmp/p.wav", text="hi"))
+    assert missing_transcript.value.key == "err_no_transcript"
+    with pytest.raises(UiError) as missing_instruction:
+        build_request(bridge, Form("instruct", prompt="/tmp/p.wav", text="hi"))
+    assert missing_instruction.value.key == "err_no_instruct"
+    with pytest.raises(UiError) as too_long:
+        build_request(bridge, Form("cross_lingual", prompt="/tmp/p.wav", text="字" * 11))
+    assert too_long.value.key == "err_too_long" and too_long.value.values == {"count": 11, "limit": 10}
+    assert "11 characters" in error_message(too_long.value, "en")
+    for seed in ("-1", "abc", "99999999999"):
+        with pytest.raises(UiError) as bad_seed:
+            build_request(bridge, Form("cross_lingual", prompt="/tmp/p.wav", text="hi", seed=seed))
+        assert bad_seed.value.key == "err_seed"
+    with pytest.raises(UiError):
+        build_request(bridge, Form("cross_lingual", prompt="/tmp/p.wav", text="   "))
+
+
+def test_build_request_per_mode():
+    bridge = FakeBridge()
+    zero = build_request(
+        bridge, Form("zero_shot", prompt="/tmp/p.wav", transcript=" 你好 ", text="hi", seed="7")
+    )
+    assert zero.prompt_wav and zero.prompt_text == "你好" and zero.instruct is None and zero.seed == 7
+    assert bridge.checked == ["/tmp/p.wav"]  # the prompt is checked before anything is queued
+    cross = build_request(bridge, Form("cross_lingual", prompt="/tmp/p.wav", transcript="ignored", text="hi"))
+    assert cross.prompt_text is None and cross.instruct is None and cross.seed is None
+    preset = build_request(
+        bridge, Form("instruct", prompt="/tmp/p.wav", preset="dialect:sichuanese", text="hi")
+    )
+    assert preset.instruct == "dialect:sichuanese"
+    free = build_request(
+        bridge,
+        Form("instruct", prompt="/tmp/p.wav", preset="dialect:sichuanese", instruct="慢一点", text="hi"),
+    )
+    assert free.instruct == "慢一点"  # free text wins over the preset
+    # A saved voice: cross-lingual must not read its transcript or default instruction.
+    saved = build_request(bridge, Form("cross_lingual", voice="alice", text="hi", speed=1.5, volume=0.5))
+    assert (saved.voice, saved.prompt_text, saved.instruct, saved.prompt_wav) == ("v1", "", "", None)
+    assert (saved.speed, saved.volume) == (1.5, 0.5)
+    assert build_request(bridge, Form("zero_shot", voice="alice", text="hi")).prompt_text is None
+    with pytest.raises(UiError):  # zero-shot with a voice that has no transcript and none typed
+        build_request(FakeBridge(transcript=None), Form("zero_shot", voice="alice", text="hi"))
+
+
+def test_error_messages_are_sentences_not_tracebacks():
+    assert "about 4 s" in error_message(QueueFull("full", retry_after_s=4), "en")
+    assert "4 秒" in error_message(QueueFull("full", retry_after_s=4), "zh")
+    assert "not ready" in error_message(ModelNotReady("loading"), "en")
+    assert "log in again" in error_message(AuthRequired("expired"), "en")
+    assert error_message(InputError("the prompt is only 1.0 s long"), "en") == "the prompt is only 1.0 s long"
+    assert ".exe" in error_message(UploadRefused(UploadProblem("type", suffix=".exe")), "en")
+    assert "21.0 MB" in error_message(UploadRefused(UploadProblem("size", size_mb=21, limit_mb=20)), "en")
+    internal = error_message(RuntimeError("CUDA error: device-side assert"), "en", "req123")
+    assert "req123" in internal and "CUDA" not in internal
+
+
+def test_history_modes():
+    assert output_mode({"parameters": {"ui_mode": "instruct"}}) == "instruct"
+    assert output_mode({"instruct": "dialect:cantonese"}) == "instruct"
+    assert output_mode({"prompt_text": "transcript"}) == "zero_shot"
+    assert output_mode({"prompt_text": None, "prompt_wav_sha256": "ab"}) == "cross_lingual"
+    assert output_mode({"voice": "v1", "prompt_text": None}) == "api"
+
+
+def test_logs_leave_out_the_pages_own_requests():
+    entries = [
+        {"ts": "t1", "level": "INFO", "logger": "cosyserve.access", "message": "GET /assets/index.js 200"},
+        {
+            "ts": "t2",
+            "level": "INFO",
+            "logger": "cosyserve.access",
+            "message": "POST /gradio_api/queue/join 200",
+        },
+        {
+            "ts": "t3",
+            "level": "INFO",
+            "logger": "cosyserve.access",
+            "message": "POST /v1/tts 200",
+            "request_id": "r",
+        },
+        {"ts": "t4", "level": "WARNING", "logger": "cosyserve.service", "message": "model ready"},
+    ]
+    lines = logs_text(entries).splitlines()
+    assert len(lines) == 2 and "/v1/tts" in lines[0] and "[r]" in lines[0] and "model ready" in lines[1]
+
+
+def test_counter():
+    assert counter_html(3, 200) == '<div class="cosy-counter">3 / 200</div>'
+    assert "over" in counter_html(201, 200) and "⚠" in counter_html(201, 200)
+
+
+def test_ui_modules_stay_small():
+    for path in (Path(__file__).parents[1] / "src" / "cosyserve" / "ui").glob("*.py"):
+        assert len(path.read_text(encoding="utf-8").splitlines()) <= 400, path.name
