@@ -51,9 +51,18 @@ def test_parity_check_passes(tiny_dir: Path) -> None:
     assert all(r.passed for r in results), results
 
 
-def test_stream_chunks_match_official_schedule(runner: Token2Wav, prompt, golden) -> None:
+@pytest.fixture(scope="module")
+def recompute_runner(runner: Token2Wav) -> Token2Wav:
+    """The official recomputing schedule (no reuse of earlier chunks' work)."""
+    return Token2Wav(runner.flow, runner.hift, source_noise=runner.source_noise, reuse=False)
+
+
+@pytest.mark.parametrize("reuse", [True, False])
+def test_stream_chunks_match_official_schedule(
+    runner: Token2Wav, recompute_runner: Token2Wav, prompt, golden, reuse: bool
+) -> None:
     tokens = torch.from_numpy(golden["token"]).long()[None]
-    chunks = runner.stream(tokens, prompt)
+    chunks = (runner if reuse else recompute_runner).stream(tokens, prompt)
     assert [c.shape[0] for c in chunks] == golden["stream_chunk_lens"].tolist()
     offset = 0
     for chunk in chunks:  # every chunk individually, not only the concatenation

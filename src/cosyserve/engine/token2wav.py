@@ -3,8 +3,15 @@
 Streaming follows the official CosyVoice3 schedule exactly (so its chunks equal the official chunks):
 the first hop is padded so that prompt + hop is a multiple of `chunk_size` tokens, each chunk also
 sees `pre_lookahead_len` look-ahead tokens, the hop doubles after every chunk up to `4 * chunk_size`,
-the mel generated so far is kept and re-vocoded, and only samples not yet emitted are returned. Unlike
-the official code, the hop lives in a per-request `StreamState`, never on the shared model.
+and only samples not yet emitted are returned; the last chunk is one full-attention pass over
+everything, as in the official code. Unlike the official code, the hop lives in a per-request
+`StreamState`, never on the shared model.
+
+The official code recomputes the whole prefix at every chunk. With `reuse` (the default) the same
+chunks come out of less work: the chunk-causal flow keeps the keys and values of finished chunks
+(`FlowPrefix`, per request, and per voice for the prompt's fixed part: `prepare_prompt`), and the
+vocoder runs on the new frames only (`vocode_increment`). Both give the official values up to float
+rounding (about 1e-6).
 """
 
 from __future__ import annotations
@@ -18,10 +25,13 @@ import torch.nn.functional as F
 
 from cosyserve.engine.device import Placement
 from cosyserve.errors import InputError
-from cosyserve.model.flow import MAX_MEL_FRAMES, CausalFlow
+from cosyserve.model.flow import DEFAULT_N_TIMESTEPS, MAX_MEL_FRAMES, CausalFlow
+from cosyserve.model.flow_prefix import FlowPrefix
 from cosyserve.model.hift import HiFTVocoder, SourceNoise
+from cosyserve.model.hift_stream import VocoderStream, vocode_increment
 
 MIN_SPEED, MAX_SPEED = 0.5, 2.0
+DEFAULT_MAX_REUSE_BYTES = 4 << 30  # ~1200 frames (24 s incl. the prompt) of the full-size flow in float32
 
 
 @dataclass(frozen=True)
@@ -37,6 +47,26 @@ class FlowPrompt:
         return int(self.speech_token.shape[1])
 
 
+@dataclass(frozen=True)
+class PromptCache:
+    """What every stream of one voice starts from (`Token2Wav.prepare_prompt`): the flow's keys and
+    values of the prompt frames that no generated token can change. Read-only, so one object serves
+    any number of concurrent requests; it holds `nbytes` of memory (about 3.5 MB per cached prompt
+    frame for the full-size flow in float32, half that in 16-bit), so cache it per saved voice."""
+
+    prompt: FlowPrompt
+    flow_prefix: FlowPrefix
+
+    @property
+    def frames(self) -> int:
+        """Prompt mel frames whose flow work the cache holds (whole 50-frame chunks)."""
+        return self.flow_prefix.frames
+
+    @property
+    def nbytes(self) -> int:
+        return self.flow_prefix.nbytes
+
+
 @dataclass
 class StreamState:
     """Per-request streaming progress. Create with `Token2Wav.start_stream`; never shared."""
@@ -45,10 +75,13 @@ class StreamState:
     hop: int  # tokens the next chunk advances by (before the first-chunk padding)
     first_hop_padding: int  # tokens added to the first hop so prompt + hop is a multiple of chunk_size
     token_offset: int = 0  # tokens already turned into emitted audio
-    mel: torch.Tensor | None = None  # (1, 80, frames) mel of every token before token_offset
+    mel: torch.Tensor | None = None  # (1, 80, frames) mel of every token before token_offset (no reuse)
     samples_emitted: int = 0
     finished: bool = False
     chunk_lengths: list[int] = field(default_factory=list)
+    reuse: bool = False  # whether this stream reuses work (flow prefix, incremental vocoding)
+    flow_prefix: FlowPrefix | None = None  # frozen flow work so far (reuse only)
+    vocoder: VocoderStream | None = None  # incremental vocoding state (reuse only)
 
     @property
     def this_hop(self) -> int:
@@ -68,7 +101,12 @@ class Token2Wav:
         max_hop_factor: int = 4,
         hop_growth: int = 2,
         source_noise: SourceNoise | None = None,
+        reuse: bool = True,
+        max_reuse_bytes: int | None = DEFAULT_MAX_REUSE_BYTES,
     ) -> None:
+        """reuse: stream with the reusing flow and vocoder (same chunks, less work); False runs the
+        official recomputing schedule. max_reuse_bytes: most flow prefix memory one stream keeps (its
+        voice's shared prompt part included); past it the stream recomputes the frames after it."""
         self.flow = flow
         self.hift = hift
         self.placement = placement or Placement(torch.device("cpu"))
@@ -78,6 +116,8 @@ class Token2Wav:
         self.lookahead = flow.lookahead
         self.mel_ratio = flow.token_mel_ratio
         self.source_noise = source_noise  # None: the vocoder's fixed per-process noise
+        self.reuse = reuse
+        self.max_reuse_bytes = max_reuse_bytes
 
     # ---- one-shot -------------------------------------------------------------------------------
     def synthesize(self, tokens: torch.Tensor, prompt: FlowPrompt, speed: float = 1.0) -> torch.Tensor:
@@ -90,9 +130,37 @@ class Token2Wav:
         return wav[0]
 
     # ---- streaming ------------------------------------------------------------------------------
-    def start_stream(self, prompt: FlowPrompt) -> StreamState:
+    def prepare_prompt(self, prompt: FlowPrompt) -> PromptCache:
+        """The per-voice start of every stream with this prompt (see `PromptCache`); pass it to
+        `start_stream`. Costs about one flow pass over the prompt's fixed chunks."""
+        frames = (prompt.num_tokens - self.lookahead) * self.mel_ratio  # later tokens cannot change these
+        cacheable = self._reusable(prompt) and frames >= self.flow.config.dit.static_chunk_size
+        no_tokens = prompt.speech_token[:, :0]
+        with self._autocast():
+            if cacheable:
+                _, prefix = self.flow.inference_continued(
+                    no_tokens, prompt.speech_token, prompt.speech_feat, prompt.embedding,
+                    finalize=True, stop_frame=frames,
+                )  # fmt: skip
+            else:
+                prefix = FlowPrefix(no_tokens.long().cpu(), DEFAULT_N_TIMESTEPS)
+        return PromptCache(prompt, prefix)
+
+    def start_stream(self, prompt: FlowPrompt, cache: PromptCache | None = None) -> StreamState:
+        """A new stream. cache: the voice's `prepare_prompt` result, to skip the prompt's flow work."""
         padding = math.ceil(prompt.num_tokens / self.chunk_size) * self.chunk_size - prompt.num_tokens
-        return StreamState(prompt=prompt, hop=self.chunk_size, first_hop_padding=padding)
+        state = StreamState(prompt=prompt, hop=self.chunk_size, first_hop_padding=padding)
+        state.reuse = self._reusable(prompt)
+        if cache is not None:
+            if cache.prompt is not prompt and not _same_prompt(cache.prompt, prompt):
+                raise InputError(
+                    "the PromptCache was prepared for a different prompt: use the cache of this voice, "
+                    "or none"
+                )
+            state.flow_prefix = cache.flow_prefix if state.reuse else None
+        if state.reuse:
+            state.vocoder = VocoderStream()
+        return state
 
     def tokens_needed(self, state: StreamState) -> int:
         """How many generated tokens the next non-final chunk needs."""
@@ -105,8 +173,12 @@ class Token2Wav:
         chunks = []
         while tokens.shape[1] >= self.tokens_needed(state):
             chunk_tokens = tokens[:, : self.tokens_needed(state)]
-            mel = self._flow(chunk_tokens, state.prompt, streaming=True, finalize=False)
-            chunks.append(self._emit(state, mel, finalize=False))
+            if state.reuse:
+                new_mel = self._flow_continued(state, chunk_tokens)
+            else:
+                mel = self._flow(chunk_tokens, state.prompt, streaming=True, finalize=False)
+                new_mel = mel[:, :, state.token_offset * self.mel_ratio :]
+            chunks.append(self._emit(state, new_mel, finalize=False))
             state.token_offset += state.this_hop
             state.hop = min(self.max_hop, state.hop * self.hop_growth)
         return chunks
@@ -117,11 +189,14 @@ class Token2Wav:
             raise InputError("this stream has already been finished")
         mel = self._flow(tokens, state.prompt, streaming=False, finalize=True)
         state.finished = True
-        return self._emit(state, mel, finalize=True)
+        state.flow_prefix = None  # the final pass attends to everything: nothing to reuse, free it now
+        return self._emit(state, mel[:, :, state.token_offset * self.mel_ratio :], finalize=True)
 
-    def stream(self, tokens: torch.Tensor, prompt: FlowPrompt) -> list[torch.Tensor]:
+    def stream(
+        self, tokens: torch.Tensor, prompt: FlowPrompt, cache: PromptCache | None = None
+    ) -> list[torch.Tensor]:
         """Stream a complete token sequence as if it arrived one token at a time (tests, benchmarks)."""
-        state = self.start_stream(prompt)
+        state = self.start_stream(prompt, cache)
         chunks: list[torch.Tensor] = []
         for end in range(1, tokens.shape[1] + 1):
             if end >= self.tokens_needed(state):
@@ -130,8 +205,13 @@ class Token2Wav:
         return chunks
 
     # ---- internals ------------------------------------------------------------------------------
-    def _emit(self, state: StreamState, mel: torch.Tensor, finalize: bool) -> torch.Tensor:
-        new_mel = mel[:, :, state.token_offset * self.mel_ratio :]
+    def _emit(self, state: StreamState, new_mel: torch.Tensor, finalize: bool) -> torch.Tensor:
+        """Vocode the mel of the tokens from token_offset on; return the samples not yet emitted."""
+        if state.vocoder is not None:
+            fresh = vocode_increment(self.hift, state.vocoder, new_mel, finalize, self.source_noise)[0]
+            state.samples_emitted += fresh.shape[0]
+            state.chunk_lengths.append(int(fresh.shape[0]))
+            return fresh
         state.mel = new_mel if state.mel is None else torch.cat((state.mel, new_mel), dim=2)
         wav, _ = self.hift.inference(state.mel, finalize=finalize, noise=self.source_noise)
         fresh = wav[0, state.samples_emitted :]
@@ -139,15 +219,40 @@ class Token2Wav:
         state.chunk_lengths.append(int(fresh.shape[0]))
         return fresh
 
-    def _flow(
-        self, tokens: torch.Tensor, prompt: FlowPrompt, *, streaming: bool, finalize: bool
-    ) -> torch.Tensor:
+    def _flow_continued(self, state: StreamState, tokens: torch.Tensor) -> torch.Tensor:
+        """Mel of the frames from token_offset on of a non-final chunk, reusing the stream's prefix."""
+        self._check_frames(tokens, state.prompt)
+        prompt = state.prompt
+        with self._autocast():
+            mel, prefix = self.flow.inference_continued(
+                tokens, prompt.speech_token, prompt.speech_feat, prompt.embedding, state.flow_prefix,
+                max_prefix_bytes=self.max_reuse_bytes,
+            )  # fmt: skip
+        start = 0 if state.flow_prefix is None else state.flow_prefix.frames
+        state.flow_prefix = prefix
+        first = prompt.speech_feat.shape[1] + state.token_offset * self.mel_ratio
+        return mel[:, :, first - start :].float()
+
+    def _reusable(self, prompt: FlowPrompt) -> bool:
+        # The reusing path emits frames counted from the prompt's mel, which must be 2 frames a token.
+        return (
+            self.reuse
+            and self.flow.config.dit.static_chunk_size > 0
+            and prompt.speech_feat.shape[1] == prompt.num_tokens * self.mel_ratio
+        )
+
+    def _check_frames(self, tokens: torch.Tensor, prompt: FlowPrompt) -> None:
         frames = prompt.speech_feat.shape[1] + tokens.shape[1] * self.mel_ratio
         if frames > MAX_MEL_FRAMES:
             raise InputError(
                 f"{tokens.shape[1]} speech tokens plus the prompt need {frames} mel frames, more than the "
                 f"{MAX_MEL_FRAMES} (300 s) one generation allows: split the text into shorter pieces"
             )
+
+    def _flow(
+        self, tokens: torch.Tensor, prompt: FlowPrompt, *, streaming: bool, finalize: bool
+    ) -> torch.Tensor:
+        self._check_frames(tokens, prompt)
         with self._autocast():
             return self.flow.inference(
                 tokens,
@@ -162,6 +267,17 @@ class Token2Wav:
         if self.placement.autocast_enabled:
             return torch.autocast(device_type="cuda", dtype=self.placement.dtype)
         return nullcontext()
+
+
+def _same_prompt(a: FlowPrompt, b: FlowPrompt) -> bool:
+    return all(
+        x.shape == y.shape and torch.equal(x.cpu(), y.cpu())
+        for x, y in (
+            (a.speech_token, b.speech_token),
+            (a.speech_feat, b.speech_feat),
+            (a.embedding, b.embedding),
+        )
+    )
 
 
 def _check_speed(speed: float) -> None:

@@ -10,11 +10,13 @@ Shapes: B batch, T mel frames, C mel channels (80), D model width, H heads, Dh h
 from __future__ import annotations
 
 import math
+from collections.abc import Sequence
 
 import torch
 import torch.nn.functional as F
 from torch import nn
 
+from cosyserve.errors import ConfigError
 from cosyserve.model.config import DiTConfig
 
 _TIME_FREQ_DIM = 256  # width of the sinusoidal timestep features
@@ -54,12 +56,28 @@ class CausalConvPositionEmbedding(nn.Module):
         self.conv1 = nn.Sequential(nn.Conv1d(dim, dim, kernel_size, groups=groups), nn.Mish())
         self.conv2 = nn.Sequential(nn.Conv1d(dim, dim, kernel_size, groups=groups), nn.Mish())
 
-    def forward(self, x: torch.Tensor) -> torch.Tensor:
-        """(B, T, D) -> (B, T, D)."""
+    @property
+    def context_frames(self) -> int:
+        """Earlier frames one output frame depends on (both convolutions together)."""
+        return 2 * (self.kernel_size - 1)
+
+    def forward(self, x: torch.Tensor, context: torch.Tensor | None = None) -> torch.Tensor:
+        """(B, T, D) -> (B, T, D).
+
+        context: (B, Tc, D) the inputs of the frames just before x, for a pass that continues an
+        earlier one. With at least `context_frames` of them no padding is needed; fewer means they
+        start at frame 0, and the zero padding goes before them, exactly as for the whole sequence.
+        """
+        if context is not None and context.shape[1] >= self.context_frames:
+            h = torch.cat((context[:, -self.context_frames :], x), dim=1).transpose(1, 2)
+            return self.conv2(self.conv1(h)).transpose(1, 2)
+        frames = x.shape[1]
+        if context is not None and context.shape[1]:
+            x = torch.cat((context, x), dim=1)
         h = x.transpose(1, 2)
         h = self.conv1(F.pad(h, (self.kernel_size - 1, 0)))
         h = self.conv2(F.pad(h, (self.kernel_size - 1, 0)))
-        return h.transpose(1, 2)
+        return h.transpose(1, 2)[:, -frames:] if frames else h.transpose(1, 2)[:, :0]
 
 
 class InputEmbedding(nn.Module):
@@ -70,12 +88,18 @@ class InputEmbedding(nn.Module):
         self.proj = nn.Linear(2 * mel_dim + mu_dim + spk_dim, dim)
         self.conv_pos_embed = CausalConvPositionEmbedding(dim)
 
+    def project(
+        self, x: torch.Tensor, cond: torch.Tensor, mu: torch.Tensor, spks: torch.Tensor
+    ) -> torch.Tensor:
+        """x, cond: (B, T, C); mu: (B, T, mu_dim); spks: (B, spk_dim) -> (B, T, D), before positions."""
+        spks = spks.unsqueeze(1).expand(-1, x.shape[1], -1)
+        return self.proj(torch.cat((x, cond, mu, spks), dim=-1))
+
     def forward(
         self, x: torch.Tensor, cond: torch.Tensor, mu: torch.Tensor, spks: torch.Tensor
     ) -> torch.Tensor:
         """x, cond: (B, T, C); mu: (B, T, mu_dim); spks: (B, spk_dim) -> (B, T, D)."""
-        spks = spks.unsqueeze(1).expand(-1, x.shape[1], -1)
-        h = self.proj(torch.cat((x, cond, mu, spks), dim=-1))
+        h = self.project(x, cond, mu, spks)
         return self.conv_pos_embed(h) + h
 
 
@@ -90,10 +114,11 @@ class RotaryEmbedding(nn.Module):
         inv_freq = 1.0 / (base ** (torch.arange(0, dim_head, 2).float() / dim_head))
         self.register_buffer("inv_freq", inv_freq)
 
-    def angles(self, seq_len: int) -> torch.Tensor:
-        """(T, Dh) angles in float32, each frequency repeated for its channel pair."""
+    def angles(self, seq_len: int, start: int = 0) -> torch.Tensor:
+        """(T, Dh) angles in float32 of positions start .. start + T - 1, each frequency repeated for
+        its channel pair."""
         inv_freq = self.inv_freq.float()
-        positions = torch.arange(seq_len, device=inv_freq.device, dtype=torch.float32)
+        positions = torch.arange(start, start + seq_len, device=inv_freq.device, dtype=torch.float32)
         angles = torch.outer(positions, inv_freq)
         return angles.repeat_interleave(2, dim=-1)
 
@@ -158,18 +183,27 @@ class Attention(nn.Module):
         self.to_v = nn.Linear(dim, inner)
         self.to_out = nn.ModuleList([nn.Linear(inner, dim)])  # a list so the key is `to_out.0`
 
-    def forward(
-        self, x: torch.Tensor, attn_mask: torch.Tensor, frame_mask: torch.Tensor, angles: torch.Tensor
-    ) -> torch.Tensor:
-        """x: (B, T, D); attn_mask: (B, 1, T, T) bool; frame_mask: (B, T, 1) bool; angles: (T, Dh)."""
+    def project(self, x: torch.Tensor, angles: torch.Tensor) -> tuple[torch.Tensor, ...]:
+        """x: (B, T, D), angles: (T, Dh) -> q, k, v, each (B, H, T, Dh), positions applied."""
         batch = x.shape[0]
         q = apply_rotary(self.to_q(x), angles)
         k = apply_rotary(self.to_k(x), angles)
         v = self.to_v(x)
-        q, k, v = (t.view(batch, -1, self.heads, self.dim_head).transpose(1, 2) for t in (q, k, v))
+        return tuple(t.view(batch, -1, self.heads, self.dim_head).transpose(1, 2) for t in (q, k, v))
+
+    def attend(
+        self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, attn_mask: torch.Tensor
+    ) -> torch.Tensor:
+        """q: (B, H, Tq, Dh); k, v: (B, H, Tk, Dh); attn_mask: (B or 1, 1, Tq, Tk) bool -> (B, Tq, D)."""
         out = F.scaled_dot_product_attention(q, k, v, attn_mask=attn_mask)
-        out = out.transpose(1, 2).reshape(batch, -1, self.heads * self.dim_head)
-        return self.to_out[0](out).masked_fill(~frame_mask, 0.0)
+        return self.to_out[0](out.transpose(1, 2).reshape(q.shape[0], -1, self.heads * self.dim_head))
+
+    def forward(
+        self, x: torch.Tensor, attn_mask: torch.Tensor, frame_mask: torch.Tensor, angles: torch.Tensor
+    ) -> torch.Tensor:
+        """x: (B, T, D); attn_mask: (B, 1, T, T) bool; frame_mask: (B, T, 1) bool; angles: (T, Dh)."""
+        q, k, v = self.project(x, angles)
+        return self.attend(q, k, v, attn_mask).masked_fill(~frame_mask, 0.0)
 
 
 class FeedForward(nn.Module):
@@ -209,8 +243,34 @@ class DiTBlock(nn.Module):
         """x: (B, T, D), t_emb: (B, D) -> (B, T, D)."""
         normed, gate_msa, shift_mlp, scale_mlp, gate_mlp = self.attn_norm(x, t_emb)
         x = x + gate_msa[:, None] * self.attn(normed, attn_mask, frame_mask, angles)
-        normed = F.layer_norm(x, x.shape[-1:], eps=_NORM_EPS) * (1 + scale_mlp[:, None]) + shift_mlp[:, None]
-        return x + gate_mlp[:, None] * self.ff(normed)
+        return self._feed_forward(x, shift_mlp, scale_mlp, gate_mlp)
+
+    def forward_continued(
+        self,
+        x: torch.Tensor,
+        t_emb: torch.Tensor,
+        attn_mask: torch.Tensor,
+        angles: torch.Tensor,
+        past: tuple[Sequence[torch.Tensor], Sequence[torch.Tensor]],
+    ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+        """The block for frames that continue an earlier pass (every frame valid).
+
+        x: (B, T, D) new frames; past: key and value segments (B, H, Ti, Dh) of all earlier frames, in
+        order; attn_mask: (T, Tpast + T) bool. Returns (B, T, D) and this call's keys and values
+        (B, H, T, Dh), which later passes take as `past`.
+        """
+        normed, gate_msa, shift_mlp, scale_mlp, gate_mlp = self.attn_norm(x, t_emb)
+        q, k, v = self.attn.project(normed, angles)
+        keys = torch.cat((*past[0], k), dim=2) if past[0] else k
+        values = torch.cat((*past[1], v), dim=2) if past[1] else v
+        x = x + gate_msa[:, None] * self.attn.attend(q, keys, values, attn_mask)
+        return self._feed_forward(x, shift_mlp, scale_mlp, gate_mlp), k, v
+
+    def _feed_forward(
+        self, x: torch.Tensor, shift: torch.Tensor, scale: torch.Tensor, gate: torch.Tensor
+    ) -> torch.Tensor:
+        normed = F.layer_norm(x, x.shape[-1:], eps=_NORM_EPS) * (1 + scale[:, None]) + shift[:, None]
+        return x + gate[:, None] * self.ff(normed)
 
 
 def attention_mask(frame_mask: torch.Tensor, chunk_size: int) -> torch.Tensor:
@@ -226,6 +286,14 @@ def attention_mask(frame_mask: torch.Tensor, chunk_size: int) -> torch.Tensor:
         chunk_end = (pos // chunk_size + 1) * chunk_size
         keys = keys & (pos[None, :] < chunk_end[:, None])[None]
     return keys.unsqueeze(1)
+
+
+def continued_attention_mask(start: int, frames: int, chunk_size: int, device: torch.device) -> torch.Tensor:
+    """`attention_mask` rows of frames start .. start + frames - 1 over keys 0 .. start + frames - 1,
+    all frames valid, chunked attention: (frames, start + frames) bool."""
+    queries = torch.arange(start, start + frames, device=device)
+    chunk_end = (queries // chunk_size + 1) * chunk_size
+    return torch.arange(start + frames, device=device)[None, :] < chunk_end[:, None]
 
 
 class DiT(nn.Module):
@@ -268,3 +336,43 @@ class DiT(nn.Module):
         for block in self.transformer_blocks:
             h = block(h, t_emb, attn_mask, frame_mask[..., None], angles)
         return self.proj_out(self.norm_out(h, t_emb)).transpose(1, 2)
+
+    def forward_continued(
+        self,
+        x: torch.Tensor,
+        mu: torch.Tensor,
+        t: torch.Tensor,
+        spks: torch.Tensor,
+        cond: torch.Tensor,
+        start: int,
+        past: Sequence[tuple[Sequence[torch.Tensor], Sequence[torch.Tensor]]],
+        embed_context: torch.Tensor | None,
+    ) -> tuple[torch.Tensor, list[torch.Tensor], list[torch.Tensor], torch.Tensor]:
+        """The streaming forward for frames start .. start + T - 1 when frames 0 .. start - 1 (whole
+        chunks) were computed before: the same values as `forward(..., streaming=True)` on all frames.
+
+        x, cond: (B, C, T); mu: (B, mu_dim, T); t: (B,); spks: (B, spk_dim), for the new frames only.
+        past[layer]: key and value segments (B, H, Ti, Dh) of the earlier frames; embed_context:
+        (B, Tc, D) their projected inputs (`InputEmbedding.project`; the last `context_frames` suffice).
+        Returns the velocity (B, C, T), per layer this call's keys and values (B, H, T, Dh), and the
+        projected inputs (B, T, D) of the new frames.
+        """
+        chunk_size = self.config.static_chunk_size
+        if chunk_size <= 0 or start % chunk_size:
+            raise ConfigError(
+                f"a continued DiT pass needs static_chunk_size > 0 and a start on a chunk boundary, got "
+                f"{chunk_size} and {start}; check the flow section of the model's YAML"
+            )
+        t_emb = self.time_embed(t)
+        projected = self.input_embed.project(
+            x.transpose(1, 2), cond.transpose(1, 2), mu.transpose(1, 2), spks
+        )
+        h = self.input_embed.conv_pos_embed(projected, embed_context) + projected
+        angles = self.rotary_embed.angles(h.shape[1], start)
+        attn_mask = continued_attention_mask(start, h.shape[1], chunk_size, h.device)
+        keys, values = [], []
+        for block, layer_past in zip(self.transformer_blocks, past, strict=True):
+            h, k, v = block.forward_continued(h, t_emb, attn_mask, angles, layer_past)
+            keys.append(k)
+            values.append(v)
+        return self.proj_out(self.norm_out(h, t_emb)).transpose(1, 2), keys, values, projected

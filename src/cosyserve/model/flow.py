@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import math
 import threading
+from collections.abc import Iterator
 
 import torch
 import torch.nn.functional as F
@@ -21,6 +22,7 @@ from torch import nn
 from cosyserve.errors import ConfigError, InputError
 from cosyserve.model.config import CFMConfig, DiTConfig, FlowConfig
 from cosyserve.model.dit import DiT
+from cosyserve.model.flow_prefix import FlowPrefix
 
 MAX_MEL_FRAMES = 15000  # 300 s at 50 Hz: the length of the official fixed start noise
 DEFAULT_N_TIMESTEPS = 10  # Euler steps the official inference uses
@@ -118,24 +120,73 @@ class CausalCFM(nn.Module):
         batch of two: conditioned, and unconditioned (mu, spks, cond zeroed); the guided velocity is
         (1 + r) * v_cond - r * v_uncond.
         """
-        t_span = self.time_span(n_timesteps, mu.device, mu.dtype)
         mask_in = torch.cat((mask, mask))
-        mu_in = torch.cat((mu, torch.zeros_like(mu)))
-        spks_in = torch.cat((spks, torch.zeros_like(spks)))
-        cond_in = torch.cat((cond, torch.zeros_like(cond)))
+        mu_in, spks_in, cond_in = _with_unconditioned(mu, spks, cond)
         x = noise
-        # The time advances by accumulating dt (not by indexing t_span) to match the official rounding.
-        t, dt = t_span[0], t_span[1] - t_span[0]
-        for step in range(1, n_timesteps + 1):
+        for t, dt in self.euler_times(n_timesteps, mu.device, mu.dtype):
             velocity = self.estimate(
                 torch.cat((x, x)), mask_in, mu_in, t.expand(2), spks_in, cond_in, streaming
             )
-            v_cond, v_uncond = velocity.chunk(2, dim=0)
-            x = x + dt * ((1.0 + self.cfg_rate) * v_cond - self.cfg_rate * v_uncond)
+            x = self._step(x, dt, velocity)
+        return x
+
+    def solve_continued(
+        self,
+        noise: torch.Tensor,
+        mu: torch.Tensor,
+        spks: torch.Tensor,
+        cond: torch.Tensor,
+        start: int,
+        prefix: FlowPrefix | None,
+        n_timesteps: int = DEFAULT_N_TIMESTEPS,
+    ) -> tuple[torch.Tensor, list[list[torch.Tensor]], list[list[torch.Tensor]], list[torch.Tensor]]:
+        """`solve` with chunked attention for frames start .. start + T - 1, the frames before them
+        taken from `prefix` (None: start is 0).
+
+        noise, mu, cond: (1, *, T) of those frames; spks: (1, spk_dim). Returns the mel (1, C, T) and,
+        per solver step, the keys and values of each layer (2, H, T, Dh) and the projected inputs
+        (2, T, D) of these frames: what `FlowPrefix.extended` keeps.
+        """
+        mu_in, spks_in, cond_in = _with_unconditioned(mu, spks, cond)
+        depth = len(self.estimator.transformer_blocks)
+        keys, values, projected = [], [], []
+        x = noise
+        for step, (t, dt) in enumerate(self.euler_times(n_timesteps, mu.device, mu.dtype)):
+            past = prefix.past(step, depth) if prefix is not None else [([], [])] * depth
+            context = prefix.context(step) if prefix is not None else None
+            velocity, k, v, proj = self.estimator.forward_continued(
+                torch.cat((x, x)), mu_in, t.expand(2), spks_in, cond_in, start, past, context
+            )
+            keys.append(k)
+            values.append(v)
+            projected.append(proj)
+            x = self._step(x, dt, velocity)
+        return x, keys, values, projected
+
+    def euler_times(
+        self, n_timesteps: int, device: torch.device, dtype: torch.dtype
+    ) -> Iterator[tuple[torch.Tensor, torch.Tensor]]:
+        """(t, dt) of each Euler step. The time advances by accumulating dt (not by indexing the
+        schedule) to match the official rounding."""
+        t_span = self.time_span(n_timesteps, device, dtype)
+        t, dt = t_span[0], t_span[1] - t_span[0]
+        for step in range(1, n_timesteps + 1):
+            yield t, dt
             t = t + dt
             if step < n_timesteps:
                 dt = t_span[step + 1] - t
-        return x
+
+    def _step(self, x: torch.Tensor, dt: torch.Tensor, velocity: torch.Tensor) -> torch.Tensor:
+        """One guided Euler step from the batch-of-two velocity."""
+        v_cond, v_uncond = velocity.chunk(2, dim=0)
+        return x + dt * ((1.0 + self.cfg_rate) * v_cond - self.cfg_rate * v_uncond)
+
+
+def _with_unconditioned(
+    mu: torch.Tensor, spks: torch.Tensor, cond: torch.Tensor
+) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """Batch of two for classifier-free guidance: the conditions, then zeros."""
+    return tuple(torch.cat((c, torch.zeros_like(c))) for c in (mu, spks, cond))
 
 
 class CausalFlow(nn.Module):
@@ -241,16 +292,81 @@ class CausalFlow(nn.Module):
         (the last `pre_lookahead_len` tokens are then context only). Raises InputError for bad shapes,
         unknown ids or more than MAX_MEL_FRAMES frames. Computed on the parameters' device and dtype.
         """
+        _, noise, mu, spks, cond = self._prepare(token, prompt_token, prompt_feat, embedding, finalize)
+        mask = torch.ones_like(noise[:, :1])
+        mel = self.decoder.solve(noise, mu, mask, spks, cond, streaming, n_timesteps)
+        return mel[:, :, prompt_feat.shape[1] :].float()
+
+    @torch.inference_mode()
+    def inference_continued(
+        self,
+        token: torch.Tensor,
+        prompt_token: torch.Tensor,
+        prompt_feat: torch.Tensor,
+        embedding: torch.Tensor,
+        prefix: FlowPrefix | None = None,
+        *,
+        finalize: bool = False,
+        n_timesteps: int = DEFAULT_N_TIMESTEPS,
+        stop_frame: int | None = None,
+        max_prefix_bytes: int | None = None,
+    ) -> tuple[torch.Tensor, FlowPrefix]:
+        """The streaming (chunked attention) mel, computing only the frames after `prefix`.
+
+        Arguments as `inference`; prefix: what an earlier call on the same prompt and a prefix of these
+        tokens returned (None: nothing yet). Returns (mel, new prefix): mel (1, C, stop - prefix.frames)
+        float32 of frames prefix.frames .. stop - 1 counted from the first PROMPT frame (unlike
+        `inference`), stop = stop_frame or all N frames; these values are those of
+        `inference(..., streaming=True, finalize=finalize)` up to rounding. The new prefix adds every
+        whole chunk whose inputs no later token can change, unless it would then hold more than
+        `max_prefix_bytes`. Raises InputError as `inference` does, or when the tokens do not continue
+        those of the prefix.
+        """
+        tokens, noise, mu, spks, cond = self._prepare(token, prompt_token, prompt_feat, embedding, finalize)
+        n_tokens, n_frames = tokens.shape[1], noise.shape[2]
+        if prefix is None:
+            prefix = FlowPrefix(tokens[:, :0].cpu(), n_timesteps)
+        prefix.check_continues(tokens, n_timesteps)
+        start = prefix.frames
+        stop = n_frames if stop_frame is None else min(stop_frame, n_frames)
+        if stop <= start:
+            if stop < start:
+                raise InputError(f"stop_frame {stop} is before the {start} frames the prefix already holds")
+            return noise[:, :, :0].float(), prefix
+        span = slice(start, stop)
+        mel, keys, values, projected = self.decoder.solve_continued(
+            noise[:, :, span], mu[:, :, span], spks, cond[:, :, span], start, prefix, n_timesteps
+        )
+        # Frames whose token condition still lacks real look-ahead (finalize) may change later.
+        stable = min(stop, (n_tokens - self.lookahead) * self.token_mel_ratio)
+        chunk = self.config.dit.static_chunk_size
+        keep_end = stable // chunk * chunk
+        if keep_end > start:
+            key = keys[0][0]  # (2, H, T, Dh); every step and layer adds the same for keys and values
+            added = 2 * len(keys) * len(keys[0]) * key[:, :, :1].numel() * key.element_size()
+            if max_prefix_bytes is None or prefix.nbytes + added * (keep_end - start) <= max_prefix_bytes:
+                needed = (keep_end - 1) // self.token_mel_ratio + self.lookahead + 1
+                context = self.decoder.estimator.input_embed.conv_pos_embed.context_frames
+                prefix = prefix.extended(start, keep_end, keys, values, projected, tokens, needed, context)
+        return mel.float(), prefix
+
+    def _prepare(
+        self,
+        token: torch.Tensor,
+        prompt_token: torch.Tensor,
+        prompt_feat: torch.Tensor,
+        embedding: torch.Tensor,
+        finalize: bool,
+    ) -> tuple[torch.Tensor, ...]:
+        """Checked inputs -> tokens (1, Tp + T), noise (1, C, N), mu (1, C, N), spks (1, C), cond (1, C, N),
+        on the parameters' device and dtype."""
         n_frames = self._check_inputs(token, prompt_token, prompt_feat, embedding, finalize)
         param = self.spk_embed_affine_layer.weight
         device, dtype = param.device, param.dtype
         tokens = torch.cat((prompt_token, token), dim=1).to(device=device, dtype=torch.long)
         spks = self.speaker_condition(embedding.to(device=device, dtype=dtype))
         mu = self.token_condition(tokens, finalize)
-        n_prompt = prompt_feat.shape[1]
         cond = torch.zeros_like(mu)
-        cond[:, :, :n_prompt] = prompt_feat.to(device=device, dtype=dtype).transpose(1, 2)
-        mask = torch.ones(1, 1, n_frames, device=device, dtype=dtype)
+        cond[:, :, : prompt_feat.shape[1]] = prompt_feat.to(device=device, dtype=dtype).transpose(1, 2)
         noise = fixed_start_noise(self.config.output_size)[:, :, :n_frames].to(device=device, dtype=dtype)
-        mel = self.decoder.solve(noise, mu, mask, spks, cond, streaming, n_timesteps)
-        return mel[:, :, n_prompt:].float()
+        return tokens, noise, mu, spks, cond

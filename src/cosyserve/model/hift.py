@@ -7,7 +7,8 @@ of the source and smoothed by Snake residual blocks → conv to log-magnitude an
 Everything is causal except two look-aheads: the F0 predictor's first conv (3 frames) and `conv_pre`
 (`conv_pre_look_right` frames). With finalize=False those frames are context only and the output
 stops where it would still change when more mel arrives, so a streaming caller can vocode the
-growing mel again and keep only the new samples (see `HiFTVocoder.inference`).
+growing mel again and keep only the new samples (see `HiFTVocoder.inference`), or get the same
+samples from the new frames alone (`hift_stream.vocode_increment`).
 
 The official source module draws random phases and noise; here the noise is a fixed, seeded buffer
 (`SourceNoise`), so the same mel always gives the same audio, and a caller may inject the official
@@ -149,13 +150,34 @@ class HarmonicSource(nn.Module):
 
     def forward(self, f0: torch.Tensor, sine_noise: torch.Tensor) -> torch.Tensor:
         """f0 (B, T) in Hz, sine_noise (>= T * hop, nb_harmonics + 1) → source (B, 1, T * hop)."""
+        return self.excite(f0, sine_noise)[0]
+
+    def excite(
+        self, f0: torch.Tensor, sine_noise: torch.Tensor, cycles_before: torch.Tensor | None = None
+    ) -> tuple[torch.Tensor, torch.Tensor]:
+        """`forward` that can continue an earlier window of the same utterance.
+
+        cycles_before: (B, nb_harmonics + 1) float64, the running total the previous window returned
+        (None at the start of the utterance); sine_noise must then start at this window's first sample.
+        Returns the source (B, 1, T * hop) and the running total after this window.
+        """
         # The phase accumulates over the whole utterance: at least float32, even for a half-precision mel.
         dtype = torch.promote_types(f0.dtype, torch.float32)
         f0 = f0.to(dtype)
         harmonics = torch.arange(1, self.nb_harmonics + 2, device=f0.device, dtype=torch.float32)
         cycles_per_sample = torch.remainder(f0[:, :, None] * harmonics / self.sampling_rate, 1.0)
+        # The running sum is float64 rounded once per frame: what torch's CPU cumsum does inside for
+        # float32, so this matches the official bits, and a carried total continues it exactly. (The
+        # phase grows with the utterance; one ulp of it soon changes the waveform.)
+        totals = cycles_per_sample.double()
+        if cycles_before is not None:
+            totals = torch.cat((cycles_before[:, None].to(totals), totals), dim=1)
+        totals = torch.cumsum(totals, dim=1)
+        cycles_after = totals[:, -1] if totals.shape[1] else torch.zeros_like(totals[:, 0])
+        if cycles_before is not None:
+            totals = totals[:, 1:]
         # Radians at each frame start, in the official operation order (rounding matters at long lengths).
-        phase = torch.cumsum(cycles_per_sample, dim=1) * 2 * math.pi * self.hop_length
+        phase = totals.to(dtype) * 2 * math.pi * self.hop_length
         sines = torch.sin(phase) * self.sine_amp  # (B, T, H+1)
         voiced = (f0 > self.voiced_threshold).to(dtype)[:, :, None]  # (B, T, 1)
         sines = sines.repeat_interleave(self.hop_length, dim=1)  # (B, S, H+1)
@@ -163,7 +185,7 @@ class HarmonicSource(nn.Module):
         noise_amp = voiced * self.noise_std + (1 - voiced) * self.sine_amp / 3
         noise = noise_amp * sine_noise[: sines.shape[1]].to(dtype)
         excitation = (sines * voiced + noise).to(self.l_linear.weight.dtype)
-        return torch.tanh(self.l_linear(excitation)).transpose(1, 2)
+        return torch.tanh(self.l_linear(excitation)).transpose(1, 2), cycles_after
 
 
 class HiFTVocoder(nn.Module):
