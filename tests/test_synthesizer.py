@@ -189,3 +189,19 @@ def test_voice_lexicon_applies(synth, prompt_wav_bytes, monkeypatch) -> None:
     synth.run(SynthesisRequest(text="我在重庆。", voice="lex", seed=1))
     assert spy.calls[0]["text"] == synth.tokenizer.encode("我在[ch][óng][q][ìng]。")
     synth.voices.delete("lex")
+
+
+def test_saved_voice_streaming_reuses_prompt_cache(synth, prompt_wav_bytes) -> None:
+    synth.add_voice("cached", prompt_wav_bytes, PROMPT_TRANSCRIPT)
+    text = "今天天气很好，我们一起去公园散步吧。"
+    uploaded = synth.synthesize(
+        _request(prompt_wav_bytes, text=text, prompt_text=PROMPT_TRANSCRIPT, seed=4, stream=True)
+    )
+    by_upload = [c.samples for c in uploaded]
+    by_voice = [
+        c.samples for c in synth.synthesize(SynthesisRequest(text=text, voice="cached", seed=4, stream=True))
+    ]
+    assert "cached" not in synth._flow_caches and len(synth._flow_caches) == 1  # keyed by voice id
+    assert [len(c) for c in by_voice] == [len(c) for c in by_upload]
+    np.testing.assert_allclose(np.concatenate(by_voice), np.concatenate(by_upload), atol=1e-5)
+    synth.voices.delete("cached")

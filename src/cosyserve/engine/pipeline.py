@@ -18,7 +18,7 @@ from cosyserve.engine.device import Placement
 from cosyserve.engine.loading import load_flow, load_hift, load_speech_lm
 from cosyserve.engine.model_dir import ModelDir
 from cosyserve.engine.speech_lm_runner import PromptPrefix, SpeechLMRunner
-from cosyserve.engine.token2wav import FlowPrompt, Token2Wav
+from cosyserve.engine.token2wav import FlowPrompt, PromptCache, Token2Wav
 from cosyserve.errors import Cancelled
 
 CancelCheck = Callable[[], bool]
@@ -43,6 +43,7 @@ class SegmentInput:
     lm_prompt_speech_ids: list[int]  # [] unless zero-shot clone
     flow_prompt: FlowPrompt
     lm_prefix: PromptPrefix | None = None  # a voice's prepared [sos, prompt_text] KV, if cached
+    flow_cache: PromptCache | None = None  # a voice's prepared prompt K/V for streaming, if cached
     stats: SegmentStats = field(default_factory=SegmentStats)
 
 
@@ -98,7 +99,7 @@ class SpeechEngine:
             cancel=cancel,
         )
         generated: list[int] = []
-        state = self.token2wav.start_stream(segment.flow_prompt) if stream else None
+        state = self.token2wav.start_stream(segment.flow_prompt, segment.flow_cache) if stream else None
         llm_clock = time.perf_counter()
         for token in tokens:
             generated.append(token)

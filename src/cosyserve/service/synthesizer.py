@@ -26,7 +26,7 @@ from cosyserve.engine.device import Placement, configure_cpu_threads, resolve_pl
 from cosyserve.engine.model_dir import ModelDir
 from cosyserve.engine.pipeline import SegmentInput, SpeechEngine
 from cosyserve.engine.speech_lm_runner import PromptPrefix
-from cosyserve.engine.token2wav import MAX_SPEED, MIN_SPEED, FlowPrompt
+from cosyserve.engine.token2wav import MAX_SPEED, MIN_SPEED, FlowPrompt, PromptCache
 from cosyserve.errors import Cancelled, InputError
 from cosyserve.frontend.onnx_models import SpeakerEncoder, SpeechTokenizer
 from cosyserve.frontend.prompt_features import PromptFeatures, analyse_prompt
@@ -44,6 +44,8 @@ from cosyserve.service.voices import Voice, VoiceLibrary
 ProgressCallback = Callable[[SynthesisProgress], None]
 MAX_SEED = 2**31 - 1
 PREFIX_CACHE_SIZE = 32
+# Streaming caches of the flow's prompt K/V hold ~0.9 GB per 6 s voice at full size: keep only a few.
+FLOW_CACHE_SIZE = 2
 
 
 @dataclass(frozen=True)
@@ -125,6 +127,9 @@ class SynthesisStream:
         )
         prefix = synth.cached_prefix(prompt_text_ids) if plan.voice is not None and prompt_text_ids else None
         stream_chunks = plan.request.stream and plan.speed == 1.0
+        flow_cache = (
+            synth.cached_flow_prompt(plan.voice.id, flow_prompt) if stream_chunks and plan.voice else None
+        )
         started = time.perf_counter()
         samples_so_far = 0
         self._report(0, len(segments), 0.0)
@@ -137,6 +142,7 @@ class SynthesisStream:
                 lm_prompt_speech_ids=lm_prompt_speech,
                 flow_prompt=flow_prompt,
                 lm_prefix=prefix,
+                flow_cache=flow_cache,
             )
             segment_start = samples_so_far
             for audio in synth.engine.generate(
@@ -186,6 +192,7 @@ class Synthesizer:
         self.lexicon = dict(lexicon or {})
         self.sample_rate = engine.sample_rate
         self._prefixes: OrderedDict[tuple[int, ...], PromptPrefix] = OrderedDict()
+        self._flow_caches: OrderedDict[str, PromptCache] = OrderedDict()
         self._prefix_lock = threading.Lock()
 
     @classmethod
@@ -239,6 +246,19 @@ class Synthesizer:
             while len(self._prefixes) > PREFIX_CACHE_SIZE:
                 self._prefixes.popitem(last=False)
         return prefix
+
+    def cached_flow_prompt(self, voice_id: str, prompt: FlowPrompt) -> PromptCache:
+        """A saved voice's streaming start (prompt K/V of the flow), computed once, kept for a few voices."""
+        with self._prefix_lock:
+            if voice_id in self._flow_caches:
+                self._flow_caches.move_to_end(voice_id)
+                return self._flow_caches[voice_id]
+        cache = self.engine.token2wav.prepare_prompt(prompt)
+        with self._prefix_lock:
+            self._flow_caches[voice_id] = cache
+            while len(self._flow_caches) > FLOW_CACHE_SIZE:
+                self._flow_caches.popitem(last=False)
+        return cache
 
     # ---- synthesis ------------------------------------------------------------------------------
     def synthesize(
