@@ -63,7 +63,9 @@ class EngineSettings(_Group):
         "auto", description="compute dtype: auto (float16 on GPU, float32 on CPU), float32, float16, bfloat16"
     )
     preset: Literal["exact", "fast"] = Field(
-        "exact", description="exact: the reference algorithm; fast: fewer steps, lower precision where safe"
+        "exact",
+        description="exact: float32, matches the official outputs; "
+        "fast: int8 LLM and DiT linears on CPU (not bit-exact; `cosyserve bench` reports the deviation)",
     )
     threads: int | None = Field(
         None, ge=1, description="CPU threads for the engine (default: all usable cores)"
