@@ -13,10 +13,12 @@ from __future__ import annotations
 import logging
 import os
 from pathlib import Path
+from typing import Any
 
 import numpy as np
 import onnxruntime as ort
 import torch
+from typing_extensions import Self
 
 from cosyserve.errors import InputError, ModelDirError
 
@@ -65,8 +67,10 @@ def _input_signature(session: ort.InferenceSession) -> list[tuple[str, str, list
     return [(node.name, node.type, list(node.shape)) for node in session.get_inputs()]
 
 
-class SpeakerEncoder:
-    """CAM++ speaker verification model: a fixed-size voice identity vector from a prompt's fbank."""
+class _OnnxFrontModel:
+    """An ONNX front model of the model directory: one onnxruntime session, inputs checked on open."""
+
+    FILE_NAME = ""
 
     def __init__(
         self,
@@ -80,7 +84,26 @@ class SpeakerEncoder:
         self.session = open_session(
             path, device=device, intra_op_threads=intra_op_threads, inter_op_threads=inter_op_threads
         )
-        inputs = _input_signature(self.session)
+        self._check_inputs(_input_signature(self.session))
+
+    def _check_inputs(self, inputs: list[tuple[str, str, list]]) -> None:
+        raise NotImplementedError
+
+    @classmethod
+    def from_model_dir(cls, model_dir: str | Path, **kwargs: Any) -> Self:
+        return cls(Path(model_dir) / cls.FILE_NAME, **kwargs)
+
+    @property
+    def providers(self) -> list[str]:
+        return self.session.get_providers()
+
+
+class SpeakerEncoder(_OnnxFrontModel):
+    """CAM++ speaker verification model: a fixed-size voice identity vector from a prompt's fbank."""
+
+    FILE_NAME = CAMPPLUS_FILE
+
+    def _check_inputs(self, inputs: list[tuple[str, str, list]]) -> None:
         shape = inputs[0][2] if len(inputs) == 1 else []
         if len(shape) != 3 or (isinstance(shape[2], int) and shape[2] != 80):  # a symbolic dim is a str
             raise ModelDirError(
@@ -88,14 +111,6 @@ class SpeakerEncoder:
                 f"(batch, frames, 80), found {inputs}; {FIX_HINT}"
             )
         self.input_name = inputs[0][0]
-
-    @classmethod
-    def from_model_dir(cls, model_dir: str | Path, **kwargs: object) -> SpeakerEncoder:
-        return cls(Path(model_dir) / CAMPPLUS_FILE, **kwargs)  # type: ignore[arg-type]
-
-    @property
-    def providers(self) -> list[str]:
-        return self.session.get_providers()
 
     def __call__(self, fbank: torch.Tensor) -> torch.Tensor:
         """fbank (T, 80) or (1, T, 80), mean-normalised -> embedding (1, D) float32 on the CPU (D = 192)."""
@@ -110,24 +125,13 @@ class SpeakerEncoder:
         return torch.from_numpy(np.asarray(embedding, dtype=np.float32).reshape(1, -1).copy())
 
 
-class SpeechTokenizer:
+class SpeechTokenizer(_OnnxFrontModel):
     """Supervised semantic speech tokenizer: 25 Hz discrete tokens from a 16 kHz prompt's Whisper log-mel."""
 
+    FILE_NAME = SPEECH_TOKENIZER_FILE
     MAX_FRAMES = 3000  # 30 s at 100 frames per second; the model was not built for longer input
 
-    def __init__(
-        self,
-        path: str | Path,
-        *,
-        device: str = "auto",
-        intra_op_threads: int | None = None,
-        inter_op_threads: int = 1,
-    ) -> None:
-        self.path = Path(path)
-        self.session = open_session(
-            path, device=device, intra_op_threads=intra_op_threads, inter_op_threads=inter_op_threads
-        )
-        inputs = _input_signature(self.session)
+    def _check_inputs(self, inputs: list[tuple[str, str, list]]) -> None:
         if len(inputs) != 2 or len(inputs[0][2]) != 3 or len(inputs[1][2]) != 1:
             raise ModelDirError(
                 f"{self.path} does not look like speech_tokenizer_v3.onnx: expected inputs "
@@ -135,14 +139,6 @@ class SpeechTokenizer:
             )
         self.feats_name, self.length_name = inputs[0][0], inputs[1][0]
         self.length_dtype = np.int64 if inputs[1][1] == "tensor(int64)" else np.int32
-
-    @classmethod
-    def from_model_dir(cls, model_dir: str | Path, **kwargs: object) -> SpeechTokenizer:
-        return cls(Path(model_dir) / SPEECH_TOKENIZER_FILE, **kwargs)  # type: ignore[arg-type]
-
-    @property
-    def providers(self) -> list[str]:
-        return self.session.get_providers()
 
     def __call__(self, logmel: torch.Tensor) -> torch.Tensor:
         """Whisper log-mel (128, T) or (1, 128, T) -> speech tokens (1, T / 4) int32 on the CPU."""
