@@ -98,3 +98,11 @@ def test_parity_check_reports_the_first_mismatch(tiny_dir: Path, golden: dict, t
     assert not specials.passed and "entry 4" in specials.detail
     assert not ids.passed and ids.max_abs_diff == float("inf")
     assert "case 3" in ids.detail and "first difference at id 5" in ids.detail
+
+
+def test_decode_keeps_non_ascii_special_tokens(tiny_dir: Path) -> None:
+    tokenizer = TextTokenizer.from_dir(tiny_dir / "model")
+    text = "重[ch][óng]庆<|endofprompt|>[breath]好"
+    ids = tokenizer.encode(text)
+    assert tokenizer.decode(ids, skip_special_tokens=False) == text
+    assert tokenizer.decode(ids) == "重庆好"

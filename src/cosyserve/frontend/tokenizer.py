@@ -106,8 +106,26 @@ class TextTokenizer:
         return self._tokenizer.encode(text, add_special_tokens=False).ids
 
     def decode(self, ids: list[int], *, skip_special_tokens: bool = True) -> str:
-        """Text for `ids`; special tokens are dropped unless `skip_special_tokens` is False."""
-        return self._tokenizer.decode(list(ids), skip_special_tokens=skip_special_tokens)
+        """Text for `ids`; special tokens are dropped unless `skip_special_tokens` is False.
+
+        Special tokens are written as they are, not through the byte-level decoder, which would garble
+        the non-ASCII ones such as `[òng]`.
+        """
+        special = {i: token.content for i, token in self._tokenizer.get_added_tokens_decoder().items()}
+        pieces: list[str] = []
+        run: list[int] = []
+        for token_id in ids:
+            if token_id not in special:
+                run.append(token_id)
+                continue
+            if run:
+                pieces.append(self._tokenizer.decode(run, skip_special_tokens=False))
+                run = []
+            if not skip_special_tokens:
+                pieces.append(special[token_id])
+        if run:
+            pieces.append(self._tokenizer.decode(run, skip_special_tokens=False))
+        return "".join(pieces)
 
     @property
     def special_tokens(self) -> tuple[str, ...]:
