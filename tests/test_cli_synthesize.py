@@ -1,0 +1,76 @@
+"""`cosyserve synthesize` and `cosyserve voices` end to end on the demo model."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+import soundfile as sf
+from tests.conftest import PROMPT_TRANSCRIPT
+
+from cosyserve.cli import main
+
+
+def _synthesize(demo: Path, data: Path, out: Path, *extra: str) -> int:
+    return main(
+        [
+            "synthesize",
+            "--model",
+            str(demo),
+            "--data-dir",
+            str(data),
+            "--quiet",
+            "--text",
+            "你好，世界。",
+            "--out",
+            str(out),
+            *extra,
+        ]
+    )
+
+
+def test_zero_shot_file_is_24k_mono_and_seed_reproducible(
+    demo_model_path, shared_dir, tmp_path, capsys
+) -> None:
+    prompt = str(shared_dir / "audio" / "prompt_zh_24k.wav")
+    args = (
+        "--prompt-wav",
+        prompt,
+        "--prompt-text",
+        PROMPT_TRANSCRIPT,
+        "--seed",
+        "7",
+        "--srt",
+        str(tmp_path / "a.srt"),
+    )
+    assert _synthesize(demo_model_path, tmp_path, tmp_path / "a.wav", *args) == 0
+    assert _synthesize(demo_model_path, tmp_path, tmp_path / "b.wav", *args) == 0
+    assert (tmp_path / "a.wav").read_bytes() == (tmp_path / "b.wav").read_bytes()
+    info = sf.info(tmp_path / "a.wav")
+    assert (info.samplerate, info.channels) == (24000, 1)
+    tokens = int(capsys.readouterr().out.split(" speech tokens")[0].rsplit(", ", 1)[-1])
+    assert info.frames == tokens * 2 * 480  # one speech token = 2 mel frames = 960 samples
+    assert (tmp_path / "a.srt").read_text().startswith("1\n00:00:00,000 --> ")
+
+
+@pytest.mark.parametrize("mode", [(), ("--instruct", "请用四川话表达。"), ("--stream",)])
+def test_other_modes(demo_model_path, shared_dir, tmp_path, mode) -> None:
+    prompt = str(shared_dir / "audio" / "prompt_zh_24k.wav")
+    assert _synthesize(demo_model_path, tmp_path, tmp_path / "x.wav", "--prompt-wav", prompt, *mode) == 0
+    assert sf.info(tmp_path / "x.wav").frames > 0
+
+
+def test_voices_and_errors(demo_model_path, shared_dir, tmp_path, capsys) -> None:
+    prompt = str(shared_dir / "audio" / "prompt_zh_24k.wav")
+    common = ["--model", str(demo_model_path), "--data-dir", str(tmp_path)]
+    assert main(["voices", "add", "me", "--wav", prompt, "--transcript", PROMPT_TRANSCRIPT, *common]) == 0
+    assert main(["voices", "list", "--data-dir", str(tmp_path)]) == 0
+    assert " me " in capsys.readouterr().out
+    assert _synthesize(demo_model_path, tmp_path, tmp_path / "v.wav", "--voice", "me", "--seed", "1") == 0
+    assert main(["voices", "rm", "me", "--data-dir", str(tmp_path)]) == 0
+    capsys.readouterr()
+    assert _synthesize(demo_model_path, tmp_path, tmp_path / "v.wav") == 2  # neither --voice nor --prompt-wav
+    err = capsys.readouterr().err.strip()
+    assert err.count("\n") == 0 and "exactly one of --voice" in err
+    assert _synthesize(demo_model_path, tmp_path, tmp_path / "v.wav", "--voice", "me") == 2
+    assert "no voice 'me'" in capsys.readouterr().err
