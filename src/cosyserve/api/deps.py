@@ -8,12 +8,13 @@ or with --insecure (see `Settings.check_startup_safety`).
 
 from __future__ import annotations
 
-from typing import Annotated
+from typing import Annotated, Any
 
 from fastapi import Depends, Request
 from starlette.concurrency import run_in_threadpool
 
 from cosyserve.service.app_state import AuthRequired, Forbidden, Principal, Service
+from cosyserve.service.app_tasks import OutputSpec
 from cosyserve.service.auth import SESSION_COOKIE
 
 
@@ -75,3 +76,10 @@ def can_see(principal: Principal, owner: str | None) -> bool:
 
 
 AdminPrincipal = Annotated[Principal, Depends(require_admin)]
+
+
+def output_spec(request: Request, principal: Principal, endpoint: str, **fields: Any) -> OutputSpec:
+    """How and for whom a result is stored: the caller, the request id, the endpoint, plus `fields`."""
+    return OutputSpec(
+        owner=principal.owner, key=principal.key, request_id=request_id(request), endpoint=endpoint, **fields
+    )

@@ -8,13 +8,13 @@ from fastapi import APIRouter, Query, Request, Response
 from fastapi.responses import RedirectResponse
 from starlette.concurrency import run_in_threadpool
 
-from cosyserve.api.deps import CurrentPrincipal, can_see, get_service, request_id
+from cosyserve.api.deps import CurrentPrincipal, can_see, get_service, output_spec
 from cosyserve.api.inputs import read_params
 from cosyserve.api.schemas import ERRORS, JobError, JobList, JobParams, JobView, body_doc
 from cosyserve.api.tts import upload_limit
 from cosyserve.errors import JobStateError
 from cosyserve.service.app_state import Principal, Service
-from cosyserve.service.app_tasks import JobNotFound, OutputSpec
+from cosyserve.service.app_tasks import JobNotFound
 from cosyserve.service.jobs import JobRecord
 
 router = APIRouter(prefix="/v1/jobs", tags=["jobs"])
@@ -76,14 +76,7 @@ async def create_job(request: Request, response: Response, principal: CurrentPri
     service = get_service(request)
     service.check_quota(principal)
     params, audio, _ = await read_params(request, JobParams, "prompt_wav", upload_limit(request))
-    spec = OutputSpec(
-        format=params.format,
-        sample_rate=params.sample_rate,
-        owner=principal.owner,
-        key=principal.key,
-        request_id=request_id(request),
-        endpoint="jobs",
-    )
+    spec = output_spec(request, principal, "jobs", format=params.format, sample_rate=params.sample_rate)
     record = await run_in_threadpool(service.submit_job, params.to_request(audio), spec)
     response.headers["Location"] = f"/v1/jobs/{record.id}"
     return job_view(service, record)

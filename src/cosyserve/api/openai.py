@@ -11,7 +11,7 @@ from __future__ import annotations
 
 from fastapi import APIRouter, Request, Response
 
-from cosyserve.api.deps import CurrentPrincipal, get_service, request_id
+from cosyserve.api.deps import CurrentPrincipal, get_service, output_spec
 from cosyserve.api.schemas import AUDIO_CONTENT, ERRORS, SpeechParams
 from cosyserve.api.streaming import (
     audio_response,
@@ -21,7 +21,6 @@ from cosyserve.api.streaming import (
     sse_response,
 )
 from cosyserve.errors import InputError
-from cosyserve.service.app_tasks import OutputSpec
 from cosyserve.service.requests import SynthesisRequest
 from cosyserve.service.voices import VoiceNotFound
 
@@ -62,13 +61,12 @@ async def speech(body: SpeechParams, request: Request, principal: CurrentPrincip
         seed=body.seed,
         speed=body.speed,
     )
-    spec = OutputSpec(
+    spec = output_spec(
+        request,
+        principal,
+        "openai",
         format=body.response_format,
         sample_rate=body.sample_rate,
-        owner=principal.owner,
-        key=principal.key,
-        request_id=request_id(request),
-        endpoint="openai",
         extra={"model": body.model},
     )
     if body.stream_format == "sse":

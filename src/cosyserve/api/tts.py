@@ -4,11 +4,10 @@ from __future__ import annotations
 
 from fastapi import APIRouter, Request, Response
 
-from cosyserve.api.deps import CurrentPrincipal, get_service, request_id
+from cosyserve.api.deps import CurrentPrincipal, get_service, output_spec
 from cosyserve.api.inputs import read_params
 from cosyserve.api.schemas import AUDIO_CONTENT, ERRORS, TtsParams, body_doc
 from cosyserve.api.streaming import audio_response, audio_stream_response, await_ticket, open_stream
-from cosyserve.service.app_tasks import OutputSpec
 
 router = APIRouter(prefix="/v1", tags=["speech"])
 
@@ -33,14 +32,7 @@ async def tts(request: Request, principal: CurrentPrincipal) -> Response:
     service = get_service(request)
     service.check_quota(principal)
     params, audio, _ = await read_params(request, TtsParams, "prompt_wav", upload_limit(request))
-    spec = OutputSpec(
-        format=params.format,
-        sample_rate=params.sample_rate,
-        owner=principal.owner,
-        key=principal.key,
-        request_id=request_id(request),
-        endpoint="tts",
-    )
+    spec = output_spec(request, principal, "tts", format=params.format, sample_rate=params.sample_rate)
     synthesis = params.to_request(audio)
     if params.stream:
         ticket = service.submit_tts(synthesis, spec, stream=True)

@@ -11,7 +11,7 @@ from fastapi import APIRouter, Query, Request, Response
 from fastapi.responses import FileResponse
 from starlette.concurrency import run_in_threadpool
 
-from cosyserve.api.deps import AdminPrincipal, CurrentPrincipal, get_service, request_id
+from cosyserve.api.deps import AdminPrincipal, CurrentPrincipal, get_service, output_spec, request_id
 from cosyserve.api.inputs import parse_lexicon, read_params
 from cosyserve.api.schemas import (
     AUDIO_CONTENT,
@@ -25,7 +25,6 @@ from cosyserve.api.schemas import (
 from cosyserve.api.streaming import audio_response, await_ticket
 from cosyserve.api.tts import upload_limit
 from cosyserve.errors import InputError
-from cosyserve.service.app_tasks import OutputSpec
 from cosyserve.service.requests import SynthesisRequest
 from cosyserve.service.voices import Voice, VoiceDefaults
 
@@ -109,8 +108,6 @@ async def preview_voice(
         media_type = mimetypes.guess_type(voice.audio_path.name)[0] or "application/octet-stream"
         return FileResponse(voice.audio_path, media_type=media_type)
     service.check_quota(principal)
-    spec = OutputSpec(
-        owner=principal.owner, key=principal.key, request_id=request_id(request), endpoint="preview"
-    )
+    spec = output_spec(request, principal, "preview")
     ticket = service.submit_tts(SynthesisRequest(text=text, voice=voice.id), spec)
     return audio_response(await await_ticket(request, ticket))
