@@ -26,7 +26,7 @@ from cosyserve.bench.runner import BenchOptions, run_bench
 from cosyserve.engine.model_dir import ModelDir
 from cosyserve.engine.quantize import PRESETS
 from cosyserve.errors import InputError
-from cosyserve.model.flow import CausalFlow
+from cosyserve.model.flow import DEFAULT_N_TIMESTEPS, CausalFlow
 from cosyserve.model.hift import HiFTVocoder
 from cosyserve.model.speech_lm import SpeechLM
 
@@ -39,6 +39,7 @@ REPORT_FIELDS = {
     "other_seconds", "total_seconds", "cpu_share", "audio_out_seconds", "real_time_factor",
     "first_chunk_seconds", "voice_prepare_seconds", "chunks", "peak_rss_bytes", "weights_bytes",
     "peak_rss_over_weights", "quantized_linears", "deviation", "machine",
+    "flow_steps", "no_cfg", "flow_label", "flow_deviation",
 }  # fmt: skip
 MACHINE_FIELDS = {
     "cpu",
@@ -51,6 +52,7 @@ MACHINE_FIELDS = {
     "load_average_at_start",
 }
 DEVIATION_FIELDS = {"max_abs_logp", "max_abs_prob", "top1_agreement", "max_abs_mel", "mean_abs_mel"}
+FLOW_DEVIATION_FIELDS = {"flow_steps", "no_cfg", "max_abs_mel", "mean_abs_mel", "against", "probe"}
 # One thread: tiny matrices gain nothing from more, and a busy test machine makes them slower.
 TINY = {"scale": "tiny", "prompt_seconds": 1.0, "audio_seconds": 2.0, "threads": 1}
 
@@ -124,6 +126,7 @@ def test_bench_reports_every_field() -> None:
     assert report["prompt_speech_tokens"] == 25
     assert report["audio_out_seconds"] == pytest.approx(2.0)
     assert report["first_chunk_seconds"] is None and report["deviation"] is None
+    assert report["flow_deviation"] is None and (report["flow_steps"], report["no_cfg"]) == (10, False)
     assert report["preset"] == "exact" and report["quantized_linears"] == {}
     assert report["peak_rss_bytes"] >= report["weights_bytes"] > 0
     parts = report["llm_seconds"] + report["flow_seconds"] + report["vocoder_seconds"]
@@ -199,6 +202,38 @@ def test_cli_prints_json(capsys: pytest.CaptureFixture[str]) -> None:
 def test_cli_choices_match_the_engine() -> None:
     assert bench_cli.PRESETS == PRESETS
     assert bench_cli.SCALES == SCALES
+    assert bench_cli.DEFAULT_FLOW_STEPS == DEFAULT_N_TIMESTEPS
+
+
+def test_flow_options_report_their_deviation_on_the_demo_model(capsys: pytest.CaptureFixture[str]) -> None:
+    parser = argparse.ArgumentParser(prog="cosyserve")
+    bench_cli.add_bench_parser(parser.add_subparsers(dest="command"))
+    common = ["bench", "--model", "demo", "--prompt-seconds", "1", "--audio-seconds", "1", "--threads", "1"]
+    args = parser.parse_args([*common, "--flow-steps", "4", "--no-cfg", "--no-warmup", "--json"])
+    assert args.func(args) == 0
+    report = json.loads(capsys.readouterr().out)
+    assert set(report) == REPORT_FIELDS
+    assert (report["flow_steps"], report["no_cfg"]) == (4, True)
+    assert "NOT the exact path" in report["flow_label"]
+    deviation = report["flow_deviation"]
+    assert set(deviation) == FLOW_DEVIATION_FIELDS
+    assert math.isfinite(deviation["max_abs_mel"]) and deviation["max_abs_mel"] > 0
+    assert deviation["mean_abs_mel"] <= deviation["max_abs_mel"]
+    assert report["deviation"] is None  # the exact preset: only the flow options deviate
+    text = render(report)
+    assert "flow options' deviation" in text and "4 Euler steps, no CFG" in text
+
+
+def test_flow_options_deviation_with_the_fast_preset_and_skipping() -> None:
+    report = run_bench(BenchOptions(**TINY, flow_steps=6, preset="fast", warmup=False))
+    flow_deviation = report["flow_deviation"]
+    assert flow_deviation["flow_steps"] == 6 and "fast preset" in flow_deviation["against"]
+    assert report["deviation"] is not None
+    skipped = run_bench(BenchOptions(**TINY, no_cfg=True, deviation=False, warmup=False))
+    assert skipped["flow_deviation"] is None and skipped["no_cfg"]
+    assert "not measured" in render(skipped)
+    with pytest.raises(InputError, match="flow-steps"):
+        run_bench(BenchOptions(**TINY, flow_steps=0))
 
 
 def test_machine_info_helpers(tmp_path: Path) -> None:

@@ -7,9 +7,10 @@ import sys
 from typing import Any
 
 # Kept here (not imported) so building the CLI parser does not import torch; tests check they agree
-# with `cosyserve.engine.quantize.PRESETS` and `cosyserve.bench.full_random.SCALES`.
+# with `cosyserve.engine.quantize.PRESETS`, `cosyserve.bench.full_random.SCALES` and the flow's steps.
 PRESETS = ("exact", "fast")
 SCALES = ("full", "tiny")
+DEFAULT_FLOW_STEPS = 10  # `cosyserve.model.flow.DEFAULT_N_TIMESTEPS`
 
 _DESCRIPTION = """\
 Time one utterance through the engine: LM prefill and decoding, flow, vocoder, real-time factor,
@@ -52,7 +53,22 @@ def add_bench_parser(subparsers: Any) -> argparse.ArgumentParser:
         help="full-random size: full (default) or tiny (smoke test)",
     )
     bench.add_argument(
-        "--no-deviation", action="store_true", help="fast preset: skip measuring the deviation from exact"
+        "--flow-steps",
+        type=int,
+        default=DEFAULT_FLOW_STEPS,
+        help="Euler steps of the flow (default 10, the exact path); fewer is faster but NOT exact: the "
+        "deviation from exact is measured and reported",
+    )
+    bench.add_argument(
+        "--no-cfg",
+        action="store_true",
+        help="skip classifier-free guidance in the flow (half the DiT batch); NOT exact: the deviation "
+        "from exact is measured and reported",
+    )
+    bench.add_argument(
+        "--no-deviation",
+        action="store_true",
+        help="fast preset, --flow-steps, --no-cfg: skip measuring the deviation from exact",
     )
     bench.add_argument("--no-warmup", action="store_true", help="time the very first pass too")
     bench.add_argument(
@@ -78,6 +94,8 @@ def run_bench_command(args: argparse.Namespace) -> int:
         scale=args.scale,
         deviation=not args.no_deviation,
         warmup=not args.no_warmup,
+        flow_steps=args.flow_steps,
+        no_cfg=args.no_cfg,
     )
     progress = _TerminalProgress()
     try:

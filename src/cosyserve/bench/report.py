@@ -19,7 +19,7 @@ def render(report: dict[str, Any]) -> str:
     lines = [
         f"cosyserve bench: {report['model']}, {report['device']} {report['dtype']}, "
         f"{machine['threads']} thread{'' if machine['threads'] == 1 else 's'}, {mode}",
-        f"preset: {report['preset_label']}",
+        f"preset: {report['preset_label']}; flow: {report['flow_label']}",
         f"input: {report['prompt_seconds']:g} s prompt ({report['prompt_speech_tokens']} speech tokens), "
         f"{report['text_tokens']} text tokens -> {report['speech_tokens']} speech tokens "
         f"({report['audio_out_seconds']:.2f} s of audio; EOS ignored); "
@@ -38,7 +38,7 @@ def render(report: dict[str, Any]) -> str:
             f"{report['llm_tokens_per_second']:.1f} tokens/s "
             f"({report['decode_tokens_per_second']:.1f} tokens/s decoding alone)",
         ),
-        _row("flow", report["flow_seconds"], _chunks(report)),
+        _row("flow", report["flow_seconds"], _flow_note(report)),
         _row(
             "vocoder", report["vocoder_seconds"], "with the streaming bookkeeping" if report["stream"] else ""
         ),
@@ -79,6 +79,14 @@ def render(report: dict[str, Any]) -> str:
         ]
     elif report["preset"] != "exact":
         lines.append("deviation from exact: not measured (--no-deviation)")
+    flow_deviation = report["flow_deviation"]
+    if flow_deviation is not None:
+        lines += [
+            f"flow options' deviation from the {flow_deviation['against']} ({flow_deviation['probe']}):",
+            f"  max |d mel| {flow_deviation['max_abs_mel']:.3g} (mean {flow_deviation['mean_abs_mel']:.3g})",
+        ]
+    elif report["flow_steps"] != 10 or report["no_cfg"]:
+        lines.append("flow options' deviation from exact: not measured (--no-deviation)")
     return "\n".join(lines)
 
 
@@ -92,3 +100,10 @@ def _row(name: str, seconds: float, note: str = "") -> str:
 
 def _chunks(report: dict[str, Any]) -> str:
     return f"{report['chunks']} chunks" if report["stream"] else ""
+
+
+def _flow_note(report: dict[str, Any]) -> str:
+    notes = [_chunks(report)]
+    if report["flow_steps"] != 10 or report["no_cfg"]:
+        notes.append(report["flow_label"])
+    return "; ".join(note for note in notes if note)

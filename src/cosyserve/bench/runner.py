@@ -26,6 +26,13 @@ from cosyserve.bench.full_random import SCALES, build_random_models, module_byte
 from cosyserve.bench.machine import load_average, machine_info, peak_rss_bytes
 from cosyserve.bench.timing import StageClock, UtteranceTiming
 from cosyserve.engine.device import Placement, configure_cpu_threads, resolve_placement
+from cosyserve.engine.flow_options import (
+    check_flow_options,
+    flow_options_label,
+    is_exact,
+    measure_flow_options,
+    probe_mel,
+)
 from cosyserve.engine.kv_cache import KVCache
 from cosyserve.engine.quantize import PresetResult, apply_preset, check_preset
 from cosyserve.engine.sampling import SpeechTokenSampler
@@ -33,7 +40,7 @@ from cosyserve.engine.speech_lm_runner import ENDOFPROMPT_ID, decode_one, prefil
 from cosyserve.engine.token2wav import FlowPrompt, Token2Wav
 from cosyserve.errors import InputError
 from cosyserve.model.config import CosyVoice3Config
-from cosyserve.model.flow import CausalFlow
+from cosyserve.model.flow import DEFAULT_N_TIMESTEPS, CausalFlow
 from cosyserve.model.hift import HiFTVocoder
 from cosyserve.model.speech_lm import SpeechLM
 
@@ -53,8 +60,10 @@ class BenchOptions:
     threads: int | None = None  # None: every core this process may use
     seed: int = 0
     scale: str = "full"  # full-random only: "full" (the real sizes) or "tiny" (tests)
-    deviation: bool = True  # fast preset: measure the deviation from exact on a probe input
+    deviation: bool = True  # fast preset / flow options: measure the deviation from exact on a probe input
     warmup: bool = True  # one tiny pass first, so one-off initialisation is not timed
+    flow_steps: int = DEFAULT_N_TIMESTEPS  # fewer: a speed option, not the exact path
+    no_cfg: bool = False  # skip classifier-free guidance: a speed option, not the exact path
 
 
 class Progress:
@@ -99,8 +108,28 @@ def run_bench(options: BenchOptions, progress: Progress | None = None) -> dict[s
                 f"applying preset {options.preset}"
                 + (" and measuring its deviation" if options.deviation else "")
             )
+        flow_reference = None
+        flow_exact = is_exact(options.flow_steps, options.no_cfg)
+        if options.deviation and not flow_exact:
+            progress.stage("measuring the exact flow on a probe input, for the flow options' deviation")
+            flow_reference = probe_mel(models.flow)  # before the preset: the exact path's weights
         preset = apply_preset(models, options.preset, measure=options.deviation)
-        token2wav = Token2Wav(models.flow, models.hift, placement, chunk_size=models.config.chunk_size)
+        flow_deviation = None
+        if flow_reference is not None:
+            against = "exact path (10 Euler steps with CFG" + (
+                ")" if options.preset == "exact" else f"; measured with the {options.preset} preset applied)"
+            )
+            flow_deviation = measure_flow_options(
+                flow_reference, models.flow, options.flow_steps, options.no_cfg, against
+            )
+        token2wav = Token2Wav(
+            models.flow,
+            models.hift,
+            placement,
+            chunk_size=models.config.chunk_size,
+            flow_steps=options.flow_steps,
+            guidance=not options.no_cfg,
+        )
         inputs = _make_inputs(models.config, options, placement.device)
         if options.warmup:
             progress.stage("warm-up")
@@ -112,6 +141,7 @@ def run_bench(options: BenchOptions, progress: Progress | None = None) -> dict[s
         report = _report(
             options, models, preset, inputs, timing, clock, load_seconds, weights_bytes, placement
         )
+        report["flow_deviation"] = None if flow_deviation is None else flow_deviation.to_dict()
         report["machine"] = machine_info(placement.device, load_at_start)
         return report
 
@@ -125,6 +155,7 @@ def _check_options(options: BenchOptions) -> None:
         raise InputError(f"--threads {options.threads}: use 1 or more")
     if options.scale not in SCALES:
         raise InputError(f"unknown scale {options.scale!r}: use one of {', '.join(SCALES)}")
+    check_flow_options(options.flow_steps, options.no_cfg)
 
 
 @contextmanager
@@ -332,6 +363,10 @@ def _report(
         "peak_rss_over_weights": peak_rss / weights_bytes,
         "quantized_linears": preset.quantized_linears,
         "deviation": None if preset.deviation is None else preset.deviation.to_dict(),
+        "flow_steps": options.flow_steps,
+        "no_cfg": options.no_cfg,
+        "flow_label": flow_options_label(options.flow_steps, options.no_cfg),
+        "flow_deviation": None,  # set by run_bench when the flow options are not the exact path
         "machine": {},
     }
     if placement.device.type == "cuda":

@@ -69,3 +69,15 @@ def configure_cpu_threads(threads: int | None = None) -> int:
     threads = max(1, int(threads))
     torch.set_num_threads(threads)
     return threads
+
+
+def to_device(tensor: torch.Tensor, device: torch.device | str) -> torch.Tensor:
+    """`tensor` on `device`. A host tensor bound for CUDA goes through pinned memory without blocking
+    the host (the copy is queued on the current stream, so later work on that stream sees it); any
+    other move is a plain `.to(device)`, which returns `tensor` itself when it is already there."""
+    device = torch.device(device)
+    if device.type != "cuda" or tensor.device.type != "cpu":
+        return tensor.to(device)
+    if not tensor.is_pinned():
+        tensor = tensor.pin_memory()  # the caching host allocator keeps it alive until the copy is done
+    return tensor.to(device, non_blocking=True)

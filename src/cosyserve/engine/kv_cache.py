@@ -78,6 +78,17 @@ class KVCache:
         buffer[:, :, :, :, : self.length] = self.buffer[:, :, :, :, : self.length]
         return KVCache(buffer, self.length)
 
+    def copy_into(self, dest: KVCache, row: int = 0) -> KVCache:
+        """Write this one-row cache's filled positions into batch row `row` of `dest` (same layout, any
+        device); `dest.length` is set to `length`, its buffer and capacity are kept. Returns `dest`."""
+        if self.batch != 1:
+            raise ValueError(f"only a one-row cache can be copied into a row, this one has {self.batch}")
+        if dest.capacity < self.length:
+            raise ValueError(f"destination capacity {dest.capacity} is smaller than the length {self.length}")
+        dest.buffer[:, :, row, :, : self.length] = self.buffer[:, :, 0, :, : self.length]
+        dest.length = self.length
+        return dest
+
     def compact(self) -> KVCache:
         """A copy trimmed to exactly `length` positions: the form in which to store a reusable prefix."""
         return self.clone(self.length)

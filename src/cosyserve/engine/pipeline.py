@@ -14,12 +14,14 @@ from dataclasses import dataclass, field
 import numpy as np
 import torch
 
-from cosyserve.engine.device import Placement
+from cosyserve.engine.batching import DecodeBatcher
+from cosyserve.engine.device import Placement, to_device
 from cosyserve.engine.loading import load_flow, load_hift, load_speech_lm
 from cosyserve.engine.model_dir import ModelDir
 from cosyserve.engine.speech_lm_runner import PromptPrefix, SpeechLMRunner
 from cosyserve.engine.token2wav import FlowPrompt, PromptCache, Token2Wav
 from cosyserve.errors import Cancelled
+from cosyserve.model.flow import DEFAULT_N_TIMESTEPS
 
 CancelCheck = Callable[[], bool]
 
@@ -47,6 +49,37 @@ class SegmentInput:
     stats: SegmentStats = field(default_factory=SegmentStats)
 
 
+@dataclass(frozen=True)
+class EngineOptions:
+    """How the networks run. The defaults are the exact, one-request-at-a-time path.
+
+    batch_decode / batch_flow: concurrent requests share LM decode steps / one-shot flow passes
+    (`engine.batching`, `engine.flow_batching`; same outputs up to float rounding). They pay off on a
+    GPU with more than one request at a time; on a CPU they only add waiting. cuda_graph: replay LM
+    decode steps as CUDA graphs (CUDA only; requests in a decode batch do not use it).
+    flow_steps < 10 and guidance=False are speed options that change the audio (see `cosyserve bench`).
+    """
+
+    batch_decode: bool = False
+    max_batch: int = 8
+    decode_window_s: float = 0.002
+    batch_flow: bool = False
+    max_flow_batch: int = 4
+    cuda_graph: bool = False
+    flow_steps: int = DEFAULT_N_TIMESTEPS
+    guidance: bool = True
+
+    @classmethod
+    def for_device(cls, device_type: str, concurrency: int) -> EngineOptions:
+        """The recommended exact-path options: batching with concurrent requests on CUDA, CUDA graphs
+        for a single request on CUDA, nothing extra on the CPU."""
+        if device_type != "cuda":
+            return cls()
+        if concurrency > 1:
+            return cls(batch_decode=True, max_batch=concurrency, batch_flow=True, max_flow_batch=concurrency)
+        return cls(cuda_graph=True)
+
+
 class SpeechEngine:
     """The loaded networks of one model directory on one device."""
 
@@ -61,15 +94,26 @@ class SpeechEngine:
         self._prefix_lock = threading.Lock()
 
     @classmethod
-    def load(cls, model_dir: ModelDir, placement: Placement) -> SpeechEngine:
+    def load(
+        cls, model_dir: ModelDir, placement: Placement, options: EngineOptions | None = None
+    ) -> SpeechEngine:
+        options = options or EngineOptions()
         lm_dtype = placement.dtype if placement.device.type == "cuda" else torch.float32
-        lm = SpeechLMRunner(load_speech_lm(model_dir, placement.device, lm_dtype))
+        model = load_speech_lm(model_dir, placement.device, lm_dtype)
+        batcher = None
+        if options.batch_decode:
+            batcher = DecodeBatcher(model, max_batch=options.max_batch, window_s=options.decode_window_s)
+        lm = SpeechLMRunner(model, batch_decode=batcher, use_cuda_graph=options.cuda_graph)
         # Flow weights stay float32; on CUDA the runner wraps it in autocast (as the official fp16 mode).
         token2wav = Token2Wav(
             load_flow(model_dir, placement.device),
             load_hift(model_dir, placement.device),
             placement,
             chunk_size=model_dir.config.chunk_size,
+            flow_steps=options.flow_steps,
+            guidance=options.guidance,
+            batch_flow=options.batch_flow,
+            max_flow_batch=options.max_flow_batch,
         )
         return cls(model_dir, lm, token2wav, placement)
 
@@ -133,4 +177,4 @@ class SpeechEngine:
 
 
 def _as_tensor(tokens: list[int], device: torch.device) -> torch.Tensor:
-    return torch.tensor(tokens, dtype=torch.long, device=device)[None]
+    return to_device(torch.tensor(tokens, dtype=torch.long), device)[None]

@@ -10,15 +10,21 @@ from __future__ import annotations
 import threading
 from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass
+from typing import TYPE_CHECKING
 
 import torch
 from torch import Tensor
 
+from cosyserve.engine.device import to_device
 from cosyserve.engine.kv_cache import KVCache
 from cosyserve.engine.sampling import SpeechTokenSampler
 from cosyserve.errors import InputError
 from cosyserve.model.config import SamplingConfig
 from cosyserve.model.speech_lm import SpeechLM
+
+if TYPE_CHECKING:
+    from cosyserve.engine.batching import BatchMember, DecodeBatcher
+    from cosyserve.engine.cuda_graph import StaticDecodePool, StaticDecodeStep
 
 # `<|endofprompt|>` in the CosyVoice3 tokenizer. The model was trained with it in every prompt; the
 # official code refuses input without it, and so do we (it points at a front-end bug).
@@ -58,7 +64,15 @@ def decode_one(model: SpeechLM, token: Tensor, cache: KVCache) -> Tensor:
 
 
 class SpeechLMRunner:
-    """Generates speech tokens for one sentence at a time with a shared `SpeechLM`."""
+    """Generates speech tokens for one sentence at a time with a shared `SpeechLM`.
+
+    Opt-in GPU paths (the default decodes each request alone, eagerly):
+    `batch_decode`: a `DecodeBatcher` through which concurrent requests decode in one batched forward
+    (a request that finds no free slot decodes alone). `use_cuda_graph`: on CUDA, decode steps replay a
+    captured CUDA graph over static buffers (`cuda_graph.StaticDecodePool`; ignored on the CPU, and
+    not used for requests in a batch). `static_pool` may also be set directly, e.g. an eager pool
+    (`capture=False`) to run the static-buffer step on the CPU.
+    """
 
     def __init__(
         self,
@@ -68,12 +82,22 @@ class SpeechLMRunner:
         min_token_text_ratio: float = 2.0,
         max_token_text_ratio: float = 20.0,
         endofprompt_id: int | None = ENDOFPROMPT_ID,
+        batch_decode: DecodeBatcher | None = None,
+        use_cuda_graph: bool = False,
     ) -> None:
         self.model = model
         self.config = model.config
         self.sampling = sampling or model.config.sampling
         self.min_ratio, self.max_ratio = min_token_text_ratio, max_token_text_ratio
         self.endofprompt_id = endofprompt_id
+        if batch_decode is not None and batch_decode.model is not model:
+            raise ValueError("the DecodeBatcher was built for another model")
+        self.batcher = batch_decode
+        self.static_pool: StaticDecodePool | None = None
+        if use_cuda_graph and self._device.type == "cuda":
+            from cosyserve.engine.cuda_graph import StaticDecodePool
+
+            self.static_pool = StaticDecodePool(model)
 
     @property
     def _device(self) -> torch.device:
@@ -139,24 +163,55 @@ class SpeechLMRunner:
     ) -> Iterator[int]:
         if is_cancelled():
             return
-        suffix = self.model.embed_request_suffix(text, speech)
+        suffix = self.model.embed_request_suffix(
+            to_device(text, self._device), to_device(speech, self._device)
+        )
         capacity = 1 + len(prompt_text) + suffix.shape[1] + max_len
-        if prefix is not None:
-            cache = prefix.cache.to(self._device).clone(capacity)
-            logp = prefill(self.model, suffix, cache)
-        else:
-            cache = self.new_cache(capacity)
-            embeds = torch.cat([self.model.embed_voice_prefix(prompt_text), suffix], dim=1)
-            logp = prefill(self.model, embeds, cache)
-        for step in range(max_len):
-            token = sampler.sample(logp[0])
-            if sampler.is_stop(token):
-                return
-            yield token
-            # The last allowed token is never fed back: nothing would read its output.
-            if step + 1 == max_len or is_cancelled():
-                return
-            logp = decode_one(self.model, torch.tensor([token], device=self._device), cache)
+        static = None
+        if self.static_pool is not None and self.batcher is None:
+            static = self.static_pool.acquire(capacity)
+        member: BatchMember | None = None
+        try:
+            if prefix is not None:
+                if static is not None:
+                    cache = static.reset(prefix.cache)
+                else:
+                    cache = prefix.cache.to(self._device).clone(capacity)
+                logp = prefill(self.model, suffix, cache)
+            else:
+                cache = static.reset() if static is not None else self.new_cache(capacity)
+                voice = self.model.embed_voice_prefix(to_device(prompt_text, self._device))
+                logp = prefill(self.model, torch.cat([voice, suffix], dim=1), cache)
+            if self.batcher is not None:
+                member = self.batcher.join(cache)
+            decode = self._decode_step(cache, static, member)
+            for step in range(max_len):
+                token = sampler.sample(logp[0])
+                if sampler.is_stop(token):
+                    return
+                yield token
+                # The last allowed token is never fed back: nothing would read its output.
+                if step + 1 == max_len or is_cancelled():
+                    return
+                logp = decode(token)
+        finally:
+            # Also on cancellation, errors and an abandoned iterator: free the batch slot / static step.
+            if member is not None:
+                self.batcher.leave(member)  # type: ignore[union-attr]
+            if static is not None:
+                self.static_pool.release(static)  # type: ignore[union-attr]
+
+    def _decode_step(
+        self, cache: KVCache, static: StaticDecodeStep | None, member: BatchMember | None
+    ) -> Callable[[int], Tensor]:
+        """The function that feeds one token and returns log-probs `(1, V)`."""
+        if member is not None:
+            batcher = self.batcher
+            return lambda token: batcher.step(member, token)[None]  # type: ignore[union-attr]
+        if static is not None:
+            return static
+        device = self._device
+        return lambda token: decode_one(self.model, to_device(torch.tensor([token]), device), cache)
 
     def _text_tensor(self, ids: TokenIds, what: str) -> Tensor:
         tensor = torch.as_tensor(ids, dtype=torch.long).reshape(-1).cpu()

@@ -23,7 +23,7 @@ from dataclasses import dataclass, field
 import torch
 import torch.nn.functional as F
 
-from cosyserve.engine.device import Placement
+from cosyserve.engine.device import Placement, to_device
 from cosyserve.errors import InputError
 from cosyserve.model.flow import DEFAULT_N_TIMESTEPS, MAX_MEL_FRAMES, CausalFlow
 from cosyserve.model.flow_prefix import FlowPrefix
@@ -103,10 +103,20 @@ class Token2Wav:
         source_noise: SourceNoise | None = None,
         reuse: bool = True,
         max_reuse_bytes: int | None = DEFAULT_MAX_REUSE_BYTES,
+        flow_steps: int = DEFAULT_N_TIMESTEPS,
+        guidance: bool = True,
+        batch_flow: bool = False,
+        max_flow_batch: int = 4,
     ) -> None:
         """reuse: stream with the reusing flow and vocoder (same chunks, less work); False runs the
         official recomputing schedule. max_reuse_bytes: most flow prefix memory one stream keeps (its
-        voice's shared prompt part included); past it the stream recomputes the frames after it."""
+        voice's shared prompt part included); past it the stream recomputes the frames after it.
+        flow_steps (fewer than the official 10) and guidance=False (no classifier-free guidance: half
+        the DiT batch) are speed options that change the output; the defaults are the exact path.
+        batch_flow: concurrent one-shot flow calls (`synthesize`, `stream_finish`) run as one padded
+        batch of up to `max_flow_batch` requests (`flow_batching.FlowBatcher`; same mels to rounding)."""
+        if not isinstance(flow_steps, int) or flow_steps < 1:
+            raise InputError(f"flow_steps must be a whole number of at least 1, got {flow_steps!r}")
         self.flow = flow
         self.hift = hift
         self.placement = placement or Placement(torch.device("cpu"))
@@ -118,12 +128,30 @@ class Token2Wav:
         self.source_noise = source_noise  # None: the vocoder's fixed per-process noise
         self.reuse = reuse
         self.max_reuse_bytes = max_reuse_bytes
+        self.flow_steps = flow_steps
+        self.guidance = guidance
+        self.flow_batcher = None
+        if batch_flow:
+            from cosyserve.engine.flow_batching import FlowBatcher
+
+            self.flow_batcher = FlowBatcher(
+                flow,
+                n_timesteps=flow_steps,
+                guidance=guidance,
+                max_batch=max_flow_batch,
+                autocast=self._autocast,
+            )
+
+    @property
+    def exact(self) -> bool:
+        """Whether the flow runs the official solver (10 Euler steps with guidance)."""
+        return self.flow_steps == DEFAULT_N_TIMESTEPS and self.guidance
 
     # ---- one-shot -------------------------------------------------------------------------------
     def synthesize(self, tokens: torch.Tensor, prompt: FlowPrompt, speed: float = 1.0) -> torch.Tensor:
         """All speech tokens (1, T) → waveform (S,) float32 at 24 kHz. `speed` time-stretches the mel."""
         _check_speed(speed)
-        mel = self._flow(tokens, prompt, streaming=False, finalize=True)
+        mel = self._flow(tokens, self._on_device(prompt), streaming=False, finalize=True)
         if speed != 1.0:
             mel = F.interpolate(mel, size=int(mel.shape[2] / speed), mode="linear")
         wav, _ = self.hift.inference(mel, finalize=True, noise=self.source_noise)
@@ -140,10 +168,10 @@ class Token2Wav:
             if cacheable:
                 _, prefix = self.flow.inference_continued(
                     no_tokens, prompt.speech_token, prompt.speech_feat, prompt.embedding,
-                    finalize=True, stop_frame=frames,
+                    finalize=True, stop_frame=frames, n_timesteps=self.flow_steps, guidance=self.guidance,
                 )  # fmt: skip
             else:
-                prefix = FlowPrefix(no_tokens.long().cpu(), DEFAULT_N_TIMESTEPS)
+                prefix = FlowPrefix(no_tokens.long().cpu(), self.flow_steps, guidance=self.guidance)
         return PromptCache(prompt, prefix)
 
     def start_stream(self, prompt: FlowPrompt, cache: PromptCache | None = None) -> StreamState:
@@ -158,6 +186,7 @@ class Token2Wav:
                     "or none"
                 )
             state.flow_prefix = cache.flow_prefix if state.reuse else None
+        state.prompt = self._on_device(prompt)  # moved once per stream, not per chunk
         if state.reuse:
             state.vocoder = VocoderStream()
         return state
@@ -226,7 +255,7 @@ class Token2Wav:
         with self._autocast():
             mel, prefix = self.flow.inference_continued(
                 tokens, prompt.speech_token, prompt.speech_feat, prompt.embedding, state.flow_prefix,
-                max_prefix_bytes=self.max_reuse_bytes,
+                max_prefix_bytes=self.max_reuse_bytes, n_timesteps=self.flow_steps, guidance=self.guidance,
             )  # fmt: skip
         start = 0 if state.flow_prefix is None else state.flow_prefix.frames
         state.flow_prefix = prefix
@@ -253,6 +282,8 @@ class Token2Wav:
         self, tokens: torch.Tensor, prompt: FlowPrompt, *, streaming: bool, finalize: bool
     ) -> torch.Tensor:
         self._check_frames(tokens, prompt)
+        if self.flow_batcher is not None and not streaming and finalize:
+            return self.flow_batcher.mel(tokens, prompt)
         with self._autocast():
             return self.flow.inference(
                 tokens,
@@ -261,7 +292,17 @@ class Token2Wav:
                 prompt.embedding,
                 streaming=streaming,
                 finalize=finalize,
+                n_timesteps=self.flow_steps,
+                guidance=self.guidance,
             ).float()
+
+    def _on_device(self, prompt: FlowPrompt) -> FlowPrompt:
+        """`prompt` with its tensors on the flow's device (pinned copies on CUDA; itself when there)."""
+        device = self.flow.spk_embed_affine_layer.weight.device
+        tensors = (prompt.speech_token, prompt.speech_feat, prompt.embedding)
+        if all(t.device == device for t in tensors):
+            return prompt
+        return FlowPrompt(*(to_device(t, device) for t in tensors))
 
     def _autocast(self) -> AbstractContextManager[object]:
         if self.placement.autocast_enabled:

@@ -29,6 +29,7 @@ DEFAULT_N_TIMESTEPS = 10  # Euler steps the official inference uses
 _NOISE_SEED = 0
 
 _noise_cache: dict[int, torch.Tensor] = {}
+_device_noise: dict[tuple[int, str, torch.dtype], torch.Tensor] = {}
 _noise_lock = threading.Lock()
 
 
@@ -46,6 +47,24 @@ def fixed_start_noise(channels: int = 80) -> torch.Tensor:
             noise = torch.randn(1, channels, MAX_MEL_FRAMES, generator=generator)
             _noise_cache[channels] = noise
     return noise
+
+
+def start_noise(channels: int, frames: int, device: torch.device, dtype: torch.dtype) -> torch.Tensor:
+    """The first `frames` frames of the fixed start noise (1, channels, frames) on `device` in `dtype`.
+
+    On an accelerator the whole noise is kept there (once per device and dtype), so requests do not
+    copy it from the host every time.
+    """
+    if device.type == "cpu":
+        return fixed_start_noise(channels)[:, :, :frames].to(device=device, dtype=dtype)
+    key = (channels, str(device), dtype)
+    with _noise_lock:
+        noise = _device_noise.get(key)
+    if noise is None:
+        noise = fixed_start_noise(channels).to(device=device, dtype=dtype)
+        with _noise_lock:
+            noise = _device_noise.setdefault(key, noise)
+    return noise[:, :, :frames]
 
 
 class PreLookaheadLayer(nn.Module):
@@ -113,21 +132,24 @@ class CausalCFM(nn.Module):
         cond: torch.Tensor,
         streaming: bool,
         n_timesteps: int = DEFAULT_N_TIMESTEPS,
+        guidance: bool = True,
     ) -> torch.Tensor:
-        """Integrate from `noise` (1, C, N) to a mel (1, C, N).
+        """Integrate from `noise` (B, C, N) to a mel (B, C, N); B = 1 except for batched requests.
 
-        mu, cond: (1, *, N); mask: (1, 1, N); spks: (1, spk_dim). Each step runs the estimator on a
-        batch of two: conditioned, and unconditioned (mu, spks, cond zeroed); the guided velocity is
-        (1 + r) * v_cond - r * v_uncond.
+        mu, cond: (B, *, N); mask: (B, 1, N), zero on padding frames; spks: (B, spk_dim). Each step
+        runs the estimator on the conditioned rows and the unconditioned ones (mu, spks, cond zeroed);
+        the guided velocity is (1 + r) * v_cond - r * v_uncond. guidance=False (a speed option, not the
+        official output) runs the conditioned rows alone and steps with v_cond.
         """
-        mask_in = torch.cat((mask, mask))
-        mu_in, spks_in, cond_in = _with_unconditioned(mu, spks, cond)
+        mask_in = torch.cat((mask, mask)) if guidance else mask
+        mu_in, spks_in, cond_in = _with_unconditioned(mu, spks, cond) if guidance else (mu, spks, cond)
         x = noise
         for t, dt in self.euler_times(n_timesteps, mu.device, mu.dtype):
+            x_in = torch.cat((x, x)) if guidance else x
             velocity = self.estimate(
-                torch.cat((x, x)), mask_in, mu_in, t.expand(2), spks_in, cond_in, streaming
+                x_in, mask_in, mu_in, t.expand(x_in.shape[0]), spks_in, cond_in, streaming
             )
-            x = self._step(x, dt, velocity)
+            x = self._step(x, dt, velocity, guidance)
         return x
 
     def solve_continued(
@@ -139,28 +161,30 @@ class CausalCFM(nn.Module):
         start: int,
         prefix: FlowPrefix | None,
         n_timesteps: int = DEFAULT_N_TIMESTEPS,
+        guidance: bool = True,
     ) -> tuple[torch.Tensor, list[list[torch.Tensor]], list[list[torch.Tensor]], list[torch.Tensor]]:
         """`solve` with chunked attention for frames start .. start + T - 1, the frames before them
         taken from `prefix` (None: start is 0).
 
         noise, mu, cond: (1, *, T) of those frames; spks: (1, spk_dim). Returns the mel (1, C, T) and,
         per solver step, the keys and values of each layer (2, H, T, Dh) and the projected inputs
-        (2, T, D) of these frames: what `FlowPrefix.extended` keeps.
+        (2, T, D) of these frames: what `FlowPrefix.extended` keeps (1 row instead of 2 without guidance).
         """
-        mu_in, spks_in, cond_in = _with_unconditioned(mu, spks, cond)
+        mu_in, spks_in, cond_in = _with_unconditioned(mu, spks, cond) if guidance else (mu, spks, cond)
         depth = len(self.estimator.transformer_blocks)
         keys, values, projected = [], [], []
         x = noise
         for step, (t, dt) in enumerate(self.euler_times(n_timesteps, mu.device, mu.dtype)):
             past = prefix.past(step, depth) if prefix is not None else [([], [])] * depth
             context = prefix.context(step) if prefix is not None else None
+            x_in = torch.cat((x, x)) if guidance else x
             velocity, k, v, proj = self.estimator.forward_continued(
-                torch.cat((x, x)), mu_in, t.expand(2), spks_in, cond_in, start, past, context
+                x_in, mu_in, t.expand(x_in.shape[0]), spks_in, cond_in, start, past, context
             )
             keys.append(k)
             values.append(v)
             projected.append(proj)
-            x = self._step(x, dt, velocity)
+            x = self._step(x, dt, velocity, guidance)
         return x, keys, values, projected
 
     def euler_times(
@@ -176,8 +200,12 @@ class CausalCFM(nn.Module):
             if step < n_timesteps:
                 dt = t_span[step + 1] - t
 
-    def _step(self, x: torch.Tensor, dt: torch.Tensor, velocity: torch.Tensor) -> torch.Tensor:
-        """One guided Euler step from the batch-of-two velocity."""
+    def _step(
+        self, x: torch.Tensor, dt: torch.Tensor, velocity: torch.Tensor, guidance: bool = True
+    ) -> torch.Tensor:
+        """One Euler step; guided from the conditioned and unconditioned halves of `velocity`."""
+        if not guidance:
+            return x + dt * velocity
         v_cond, v_uncond = velocity.chunk(2, dim=0)
         return x + dt * ((1.0 + self.cfg_rate) * v_cond - self.cfg_rate * v_uncond)
 
@@ -224,7 +252,7 @@ class CausalFlow(nn.Module):
         """Mel frames (prompt included) that `n_tokens` prompt + new tokens produce."""
         return (n_tokens - (0 if finalize else self.lookahead)) * self.token_mel_ratio
 
-    def _check_inputs(
+    def check_inputs(
         self,
         token: torch.Tensor,
         prompt_token: torch.Tensor,
@@ -283,6 +311,7 @@ class CausalFlow(nn.Module):
         streaming: bool = False,
         finalize: bool = True,
         n_timesteps: int = DEFAULT_N_TIMESTEPS,
+        guidance: bool = True,
     ) -> torch.Tensor:
         """Mel (1, C, N - Tm) float32 for the new tokens only.
 
@@ -291,10 +320,11 @@ class CausalFlow(nn.Module):
         so a prefix's frames do not depend on later tokens. finalize: False while more tokens will follow
         (the last `pre_lookahead_len` tokens are then context only). Raises InputError for bad shapes,
         unknown ids or more than MAX_MEL_FRAMES frames. Computed on the parameters' device and dtype.
+        n_timesteps (fewer than 10) and guidance=False are speed options that change the output.
         """
-        _, noise, mu, spks, cond = self._prepare(token, prompt_token, prompt_feat, embedding, finalize)
+        _, noise, mu, spks, cond = self.prepare_inputs(token, prompt_token, prompt_feat, embedding, finalize)
         mask = torch.ones_like(noise[:, :1])
-        mel = self.decoder.solve(noise, mu, mask, spks, cond, streaming, n_timesteps)
+        mel = self.decoder.solve(noise, mu, mask, spks, cond, streaming, n_timesteps, guidance)
         return mel[:, :, prompt_feat.shape[1] :].float()
 
     @torch.inference_mode()
@@ -310,6 +340,7 @@ class CausalFlow(nn.Module):
         n_timesteps: int = DEFAULT_N_TIMESTEPS,
         stop_frame: int | None = None,
         max_prefix_bytes: int | None = None,
+        guidance: bool = True,
     ) -> tuple[torch.Tensor, FlowPrefix]:
         """The streaming (chunked attention) mel, computing only the frames after `prefix`.
 
@@ -322,11 +353,13 @@ class CausalFlow(nn.Module):
         `max_prefix_bytes`. Raises InputError as `inference` does, or when the tokens do not continue
         those of the prefix.
         """
-        tokens, noise, mu, spks, cond = self._prepare(token, prompt_token, prompt_feat, embedding, finalize)
+        tokens, noise, mu, spks, cond = self.prepare_inputs(
+            token, prompt_token, prompt_feat, embedding, finalize
+        )
         n_tokens, n_frames = tokens.shape[1], noise.shape[2]
         if prefix is None:
-            prefix = FlowPrefix(tokens[:, :0].cpu(), n_timesteps)
-        prefix.check_continues(tokens, n_timesteps)
+            prefix = FlowPrefix(tokens[:, :0].cpu(), n_timesteps, guidance=guidance)
+        prefix.check_continues(tokens, n_timesteps, guidance)
         start = prefix.frames
         stop = n_frames if stop_frame is None else min(stop_frame, n_frames)
         if stop <= start:
@@ -335,7 +368,7 @@ class CausalFlow(nn.Module):
             return noise[:, :, :0].float(), prefix
         span = slice(start, stop)
         mel, keys, values, projected = self.decoder.solve_continued(
-            noise[:, :, span], mu[:, :, span], spks, cond[:, :, span], start, prefix, n_timesteps
+            noise[:, :, span], mu[:, :, span], spks, cond[:, :, span], start, prefix, n_timesteps, guidance
         )
         # Frames whose token condition still lacks real look-ahead (finalize) may change later.
         stable = min(stop, (n_tokens - self.lookahead) * self.token_mel_ratio)
@@ -350,7 +383,7 @@ class CausalFlow(nn.Module):
                 prefix = prefix.extended(start, keep_end, keys, values, projected, tokens, needed, context)
         return mel.float(), prefix
 
-    def _prepare(
+    def prepare_inputs(
         self,
         token: torch.Tensor,
         prompt_token: torch.Tensor,
@@ -360,7 +393,7 @@ class CausalFlow(nn.Module):
     ) -> tuple[torch.Tensor, ...]:
         """Checked inputs -> tokens (1, Tp + T), noise (1, C, N), mu (1, C, N), spks (1, C), cond (1, C, N),
         on the parameters' device and dtype."""
-        n_frames = self._check_inputs(token, prompt_token, prompt_feat, embedding, finalize)
+        n_frames = self.check_inputs(token, prompt_token, prompt_feat, embedding, finalize)
         param = self.spk_embed_affine_layer.weight
         device, dtype = param.device, param.dtype
         tokens = torch.cat((prompt_token, token), dim=1).to(device=device, dtype=torch.long)
@@ -368,5 +401,5 @@ class CausalFlow(nn.Module):
         mu = self.token_condition(tokens, finalize)
         cond = torch.zeros_like(mu)
         cond[:, :, : prompt_feat.shape[1]] = prompt_feat.to(device=device, dtype=dtype).transpose(1, 2)
-        noise = fixed_start_noise(self.config.output_size)[:, :, :n_frames].to(device=device, dtype=dtype)
+        noise = start_noise(self.config.output_size, n_frames, device, dtype)
         return tokens, noise, mu, spks, cond

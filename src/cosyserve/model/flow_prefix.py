@@ -54,6 +54,7 @@ class FlowPrefix:
     n_timesteps: int
     segments: tuple[KVSegment, ...] = ()
     embed_context: torch.Tensor | None = None  # (S, 2, Tc, D), Tc <= the DiT's context_frames
+    guidance: bool = True  # False: one row (conditioned only) where the docs say 2
 
     @property
     def frames(self) -> int:
@@ -76,12 +77,19 @@ class FlowPrefix:
         """(2, Tc, D) projected inputs of the last frames at solver step `step`, or None when empty."""
         return None if self.embed_context is None else self.embed_context[step]
 
-    def check_continues(self, tokens: torch.Tensor, n_timesteps: int) -> None:
-        """Raise InputError unless a pass over `tokens` (1, n) with `n_timesteps` steps may reuse this."""
+    def check_continues(self, tokens: torch.Tensor, n_timesteps: int, guidance: bool = True) -> None:
+        """Raise InputError unless a pass over `tokens` (1, n) with `n_timesteps` steps (and guidance
+        on or off) may reuse this."""
         if n_timesteps != self.n_timesteps:
             raise InputError(
                 f"this stream's cached flow prefix was computed with {self.n_timesteps} solver steps, "
                 f"not {n_timesteps}: use the same number of steps for every chunk of a stream"
+            )
+        if guidance != self.guidance:
+            setting = "on" if self.guidance else "off"
+            raise InputError(
+                f"this stream's cached flow prefix was computed with guidance {setting}: use the same "
+                "guidance setting for every chunk of a stream (and for its voice's prompt cache)"
             )
         have = self.tokens.shape[1]
         if tokens.shape[1] < have or not torch.equal(tokens[:, :have].cpu(), self.tokens):
@@ -118,6 +126,7 @@ class FlowPrefix:
             n_timesteps=self.n_timesteps,
             segments=(*self.segments, KVSegment(start, end, kept_k, kept_v)),
             embed_context=new_context[:, :, -context_frames:].clone(),
+            guidance=self.guidance,
         )
 
 

@@ -120,18 +120,44 @@ class Attention(nn.Module):
         if length == 1 and q.device.type == "cpu":
             out = _attend_one_query(q, keys, values)
         else:
-            # A fresh prefill is causal with aligned corners; after a cached prefix `mask` says it.
-            causal = mask is None
+            # A fresh prefill is causal with aligned corners; after a cached prefix `mask` says it. One
+            # query sees every key: SDPA's `is_causal` aligns a non-square mask top-left, which would
+            # hide all but key 0 from it.
+            causal = mask is None and length > 1
             out = F.scaled_dot_product_attention(
                 q, keys, values, attn_mask=mask, is_causal=causal, enable_gqa=True
             )
         return self.o_proj(out.transpose(1, 2).reshape(batch, length, self.num_heads * self.head_dim))
 
+    def forward_rows(
+        self, x: Tensor, cos: Tensor, signed_sin: Tensor, kv: Tensor, positions: Tensor, mask: Tensor
+    ) -> Tensor:
+        """One new position per row, each row at its own position: `x` `(B, 1, hidden)`.
 
-def _attend_one_query(q: Tensor, keys: Tensor, values: Tensor) -> Tensor:
+        `cos`/`signed_sin` `(B, 1, 1, head_dim)`; `kv` `(2, B, kv_heads, capacity, head_dim)`;
+        `positions` `(B,)` int64, where each row's key/value is written; `mask` `(B, 1, 1, K)` bool,
+        the keys `[0, K)` each row may see. No Python value depends on the tensors (no host sync), so
+        this can be captured in a CUDA graph.
+        """
+        batch = x.shape[0]
+        q = self.q_proj(x).view(batch, 1, self.num_heads, self.head_dim).transpose(1, 2)
+        k = self.k_proj(x).view(batch, 1, self.num_kv_heads, self.head_dim).transpose(1, 2)
+        v = self.v_proj(x).view(batch, 1, self.num_kv_heads, self.head_dim).transpose(1, 2)
+        q, k = _rotate(q, cos, signed_sin), _rotate(k, cos, signed_sin)
+        index = positions.view(batch, 1, 1, 1).expand(batch, self.num_kv_heads, 1, self.head_dim)
+        kv[0].scatter_(2, index, k)
+        kv[1].scatter_(2, index, v)
+        visible = mask.shape[-1]
+        # Plain matmuls on every device: no kernel selection and nothing a CUDA graph cannot capture.
+        out = _attend_one_query(q, keys=kv[0, :, :, :visible], values=kv[1, :, :, :visible], mask=mask)
+        return self.o_proj(out.transpose(1, 2).reshape(batch, 1, self.num_heads * self.head_dim))
+
+
+def _attend_one_query(q: Tensor, keys: Tensor, values: Tensor, mask: Tensor | None = None) -> Tensor:
     """Attention of one new position over the whole cache, each query head group sharing its K/V head.
 
-    `q` `(B, heads, 1, head_dim)`, `keys`/`values` `(B, kv_heads, L, head_dim)` → `(B, heads, 1, head_dim)`.
+    `q` `(B, heads, 1, head_dim)`, `keys`/`values` `(B, kv_heads, L, head_dim)` → `(B, heads, 1, head_dim)`;
+    `mask` `(B, 1, 1, L)` bool (True: visible), or None for all keys.
     Two batched matmuls and a softmax: for a single query this is cheaper on the CPU than the fused
     SDPA kernel, with the same result to float rounding. (GPUs keep SDPA: fused, and it accumulates
     half-precision inputs in float32.)
@@ -139,8 +165,10 @@ def _attend_one_query(q: Tensor, keys: Tensor, values: Tensor) -> Tensor:
     batch, heads, _, head_dim = q.shape
     kv_heads = keys.shape[1]
     grouped = q.reshape(batch, kv_heads, heads // kv_heads, head_dim) * head_dim**-0.5
-    weights = torch.matmul(grouped, keys.transpose(-1, -2)).softmax(dim=-1)  # (B, kv_heads, group, L)
-    return torch.matmul(weights, values).reshape(batch, heads, 1, head_dim)
+    scores = torch.matmul(grouped, keys.transpose(-1, -2))  # (B, kv_heads, group, L)
+    if mask is not None:
+        scores = scores.masked_fill(~mask, -float("inf"))
+    return torch.matmul(scores.softmax(dim=-1), values).reshape(batch, heads, 1, head_dim)
 
 
 class FeedForward(nn.Module):
@@ -172,6 +200,13 @@ class DecoderLayer(nn.Module):
     ) -> Tensor:
         """`(B, T, hidden)` → `(B, T, hidden)`; see `Attention.forward` for the cache arguments."""
         x = x + self.self_attn(self.input_layernorm(x), cos, signed_sin, kv, start, mask)
+        return x + self.mlp(self.post_attention_layernorm(x))
+
+    def forward_rows(
+        self, x: Tensor, cos: Tensor, signed_sin: Tensor, kv: Tensor, positions: Tensor, mask: Tensor
+    ) -> Tensor:
+        """`(B, 1, hidden)` → `(B, 1, hidden)`, each row at its own position; see `Attention.forward_rows`."""
+        x = x + self.self_attn.forward_rows(self.input_layernorm(x), cos, signed_sin, kv, positions, mask)
         return x + self.mlp(self.post_attention_layernorm(x))
 
 
@@ -216,3 +251,23 @@ class Qwen2Model(nn.Module):
         if hidden_states is not None:
             hidden_states.append(x)
         return x
+
+    def forward_rows(self, embeds: Tensor, kv: Tensor, positions: Tensor, keys: int) -> Tensor:
+        """One decode step for `B` sequences that each sit at their own position; normed `(B, 1, hidden)`.
+
+        `embeds` `(B, 1, hidden)`; `kv` `(layers, 2, B, kv_heads, capacity, head_dim)`, row b written at
+        `positions[b]` (`(B,)` int64); row b attends to its keys `[0, positions[b]]`, all within the first
+        `keys` positions (a Python int: the same every step for a fixed-shape CUDA graph).
+        """
+        if keys > self.rotary.max_positions or keys > kv.shape[4]:
+            raise ValueError(
+                f"{keys} visible keys exceed the model's {self.rotary.max_positions} positions or the "
+                f"cache capacity {kv.shape[4]}"
+            )
+        cos = self.rotary.cos.index_select(0, positions)[:, None, None].to(embeds.dtype)
+        signed_sin = self.rotary.signed_sin.index_select(0, positions)[:, None, None].to(embeds.dtype)
+        mask = (torch.arange(keys, device=embeds.device)[None, :] <= positions[:, None])[:, None, None]
+        x = embeds
+        for index, layer in enumerate(self.layers):
+            x = layer.forward_rows(x, cos, signed_sin, kv[index], positions, mask)
+        return self.norm(x)

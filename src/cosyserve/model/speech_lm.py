@@ -93,6 +93,16 @@ class SpeechLM(nn.Module):
         hidden = self.qwen2(embeds, kv, start, hidden_states=hidden_states)
         return self.llm_decoder(hidden[:, -1]).float().log_softmax(dim=-1)
 
+    def decode_rows(self, tokens: Tensor, kv: Tensor, positions: Tensor, keys: int) -> Tensor:
+        """Feed one speech token per row, each row at its own position; log-probs `(B, decoder_size)`.
+
+        `tokens`, `positions` `(B,)` int64; `kv` `(layers, 2, B, kv_heads, capacity, head_dim)`; row b
+        is written at `positions[b]` and sees its keys up to there, inside the first `keys` positions.
+        Rows never mix, so each row equals a one-row `forward` at its position (to float rounding).
+        """
+        hidden = self.qwen2.forward_rows(self.embed_speech(tokens[:, None]), kv, positions, keys)
+        return self.llm_decoder(hidden[:, -1]).float().log_softmax(dim=-1)
+
     @classmethod
     def from_checkpoint(
         cls,

@@ -1,0 +1,319 @@
+"""Batched LM decoding across concurrent requests (`engine.batching`), on CPU tensors.
+
+The batched forward must give every request the log-probs it gets alone, whoever else is in the batch;
+members join and leave at any step; a failure reaches every member; cancelling leaves the batch.
+"""
+
+from __future__ import annotations
+
+import threading
+import time
+from pathlib import Path
+
+import numpy as np
+import pytest
+import torch
+
+from cosyserve.engine.batching import BatchError, DecodeBatcher, Rendezvous
+from cosyserve.engine.kv_cache import KVCache
+from cosyserve.engine.model_dir import ModelDir
+from cosyserve.engine.speech_lm_runner import SpeechLMRunner, decode_one, prefill
+from cosyserve.errors import Cancelled, InputError
+from cosyserve.model.speech_lm import SpeechLM
+
+WINDOW_S = 0.5  # generous: members of a test batch always arrive together, even on a busy machine
+
+
+@pytest.fixture(scope="module")
+def model(tiny_dir: Path) -> SpeechLM:
+    model_dir = ModelDir.open(tiny_dir / "model", require_onnx=False)
+    return SpeechLM.from_checkpoint(model_dir.file("llm.pt"), model_dir.config.llm)
+
+
+@pytest.fixture(scope="module")
+def golden(tiny_dir: Path) -> dict[str, np.ndarray]:
+    return dict(np.load(tiny_dir / "llm.npz"))
+
+
+@pytest.fixture(scope="module")
+def requests(golden) -> list[tuple[list[int], list[int], list[int], int]]:
+    """Three requests with different prefix lengths (text, prompt text, prompt speech, seed)."""
+    text, prompt_text, speech = (golden[k].tolist() for k in ("text", "prompt_text", "prompt_speech_token"))
+    return [
+        (text[:4], prompt_text, speech, 1),
+        (text[4:7], prompt_text[:8], speech[:20], 2),
+        (text[7:12], prompt_text[2:], speech[40:45], 3),
+    ]
+
+
+def _prefilled(model: SpeechLM, request, extra: int = 8) -> tuple[KVCache, torch.Tensor]:
+    text, prompt_text, speech, _ = request
+    embeds = model.embed_prefix(*(torch.tensor(x) for x in (prompt_text, text, speech)))
+    cache = KVCache.allocate(model.config.qwen2, embeds.shape[1] + extra)
+    return cache, prefill(model, embeds, cache)
+
+
+def _run_threads(targets) -> list:
+    """Run each callable in its own thread (started together); return results or raise the first error."""
+    results: list = [None] * len(targets)
+    errors: list = [None] * len(targets)
+    barrier = threading.Barrier(len(targets))
+
+    def run(index: int) -> None:
+        barrier.wait()
+        try:
+            results[index] = targets[index]()
+        except BaseException as exc:
+            errors[index] = exc
+
+    threads = [threading.Thread(target=run, args=(i,)) for i in range(len(targets))]
+    for thread in threads:
+        thread.start()
+    for thread in threads:
+        thread.join(60)
+        assert not thread.is_alive(), "a batched request hung"
+    return [e if e is not None else r for r, e in zip(results, errors, strict=True)]
+
+
+@torch.inference_mode()
+def test_decode_rows_equals_each_unbatched_step(model: SpeechLM, requests) -> None:
+    """One padded forward over caches of different lengths gives each request its own log-probs."""
+    caches = [_prefilled(model, r)[0] for r in requests]
+    assert len({c.length for c in caches}) == 3
+    pool = KVCache.allocate(model.config.qwen2, max(c.capacity for c in caches), batch=3)
+    for row, cache in enumerate(caches):
+        cache.clone().copy_into(pool, row)
+    worst = 0.0
+    for step, tokens in enumerate([[5, 17, 900], [6560, 3, 42], [1, 1, 1]]):
+        positions = [c.length for c in caches]
+        expected = torch.cat(
+            [decode_one(model, torch.tensor([t]), c) for t, c in zip(tokens, caches, strict=True)]
+        )
+        got = model.decode_rows(
+            torch.tensor(tokens), pool.buffer, torch.tensor(positions), max(positions) + 1 + step % 2
+        )
+        worst = max(worst, float((got - expected).abs().max()))
+    assert worst <= 1e-5
+
+
+@torch.inference_mode()
+def test_batcher_step_equals_unbatched(model: SpeechLM, requests) -> None:
+    batcher = DecodeBatcher(model, max_batch=4, window_s=WINDOW_S, capacity_step=16)
+    alone, members = [], []
+    for request in requests:
+        cache, _ = _prefilled(model, request)
+        reference = cache.clone()
+        alone.append([decode_one(model, torch.tensor([t]), reference)[0] for t in (7, 8, 9)])
+        members.append(batcher.join(cache))
+    assert batcher.active == 3 and batcher.pool_capacity % 16 == 0
+
+    def steps(index: int):
+        return lambda: [batcher.step(members[index], t) for t in (7, 8, 9)]
+
+    batched = _run_threads([steps(i) for i in range(3)])
+    for got, expected in zip(batched, alone, strict=True):
+        assert max(float((g - e).abs().max()) for g, e in zip(got, expected, strict=True)) <= 1e-5
+    assert batcher.batches == 3 and batcher.rows == 9  # three steps, all three requests in each
+    for member in members:
+        batcher.leave(member)
+        batcher.leave(member)  # idempotent
+    assert batcher.active == 0
+    with pytest.raises(InputError, match="left the decode batch"):
+        batcher.step(members[0], 1)
+
+
+def test_concurrent_generation_gives_each_request_its_solo_tokens(model: SpeechLM, requests) -> None:
+    solo = SpeechLMRunner(model)
+    expected = [list(solo.generate(t, p, s, seed=seed)) for t, p, s, seed in requests]
+    assert len({len(tokens) for tokens in expected}) > 1  # they finish at different steps: members leave
+    batcher = DecodeBatcher(model, max_batch=4, window_s=WINDOW_S)
+    batched = SpeechLMRunner(model, batch_decode=batcher)
+    got = _run_threads([lambda r=r: list(batched.generate(r[0], r[1], r[2], seed=r[3])) for r in requests])
+    assert got == expected
+    assert batcher.active == 0
+    assert batcher.rows > batcher.batches  # steps really were shared
+
+
+def test_members_join_and_leave_mid_run(model: SpeechLM, requests) -> None:
+    """A request joins while another is decoding; a third that finds every slot taken decodes alone."""
+    solo = SpeechLMRunner(model)
+    expected = [list(solo.generate(t, p, s, seed=seed)) for t, p, s, seed in requests]
+    batcher = DecodeBatcher(model, max_batch=2, window_s=WINDOW_S)
+    runner = SpeechLMRunner(model, batch_decode=batcher)
+    first_tokens = threading.Event()
+    sizes: list[int] = []
+
+    def first() -> list[int]:
+        tokens = []
+        for token in runner.generate(*requests[0][:3], seed=requests[0][3]):
+            tokens.append(token)
+            sizes.append(batcher.active)
+            if len(tokens) == 5:
+                first_tokens.set()
+        return tokens
+
+    def later(index: int):
+        def run() -> list[int]:
+            first_tokens.wait(30)
+            return list(runner.generate(*requests[index][:3], seed=requests[index][3]))
+
+        return run
+
+    got = _run_threads([first, later(1), later(2)])
+    assert got == expected
+    assert sizes[0] == 1 and max(sizes) == 2  # alone at first, then joined (the third found no slot)
+    assert batcher.active == 0
+
+
+def test_failed_forward_raises_in_every_member(model: SpeechLM, requests, monkeypatch) -> None:
+    batcher = DecodeBatcher(model, max_batch=4, window_s=WINDOW_S)
+    members = [batcher.join(_prefilled(model, r)[0]) for r in requests]
+
+    def broken(*args, **kwargs):
+        raise RuntimeError("device lost")
+
+    monkeypatch.setattr(model, "decode_rows", broken)
+    outcome = _run_threads([lambda m=m: batcher.step(m, 5) for m in members])
+    for error in outcome:
+        assert isinstance(error, BatchError)
+        assert isinstance(error.__cause__, RuntimeError) and "device lost" in str(error.__cause__)
+    assert (batcher.batches, batcher.rows) == (1, 3)  # one batch held all three
+    lengths = [_prefilled(model, r)[0].length for r in requests]
+    assert [m.length for m in members] == lengths  # nothing advanced
+    monkeypatch.undo()
+    for member in members:
+        batcher.leave(member)
+
+
+def test_failed_forward_ends_every_generation(model: SpeechLM, requests, monkeypatch) -> None:
+    """Once the forward fails, every request's generator raises and leaves; the batcher stays usable."""
+    batcher = DecodeBatcher(model, max_batch=4, window_s=WINDOW_S)
+    runner = SpeechLMRunner(model, batch_decode=batcher)
+
+    def broken(*args, **kwargs):
+        raise RuntimeError("device lost")
+
+    monkeypatch.setattr(model, "decode_rows", broken)
+    outcome = _run_threads([lambda r=r: list(runner.generate(r[0], r[1], r[2], seed=r[3])) for r in requests])
+    assert all(isinstance(error, BatchError) for error in outcome), outcome
+    assert batcher.active == 0
+    monkeypatch.undo()
+    assert list(runner.generate(*requests[0][:3], seed=requests[0][3])) == list(
+        SpeechLMRunner(model).generate(*requests[0][:3], seed=requests[0][3])
+    )
+
+
+def test_cancel_leaves_the_batch(model: SpeechLM, requests) -> None:
+    solo = SpeechLMRunner(model)
+    expected = list(solo.generate(*requests[0][:3], seed=requests[0][3]))
+    batcher = DecodeBatcher(model, max_batch=4, window_s=WINDOW_S)
+    runner = SpeechLMRunner(model, batch_decode=batcher)
+    cancel = threading.Event()
+    sizes_after_cancel: list[int] = []
+
+    def cancelled() -> list[int]:
+        tokens = []
+        for token in runner.generate(*requests[1][:3], seed=requests[1][3], cancel=cancel):
+            tokens.append(token)
+            if len(tokens) == 3:
+                cancel.set()
+        return tokens
+
+    def other() -> list[int]:
+        tokens = []
+        for token in runner.generate(*requests[0][:3], seed=requests[0][3]):
+            tokens.append(token)
+            if cancel.is_set():
+                sizes_after_cancel.append(batcher.active)
+        return tokens
+
+    short, full = _run_threads([cancelled, other])
+    assert len(short) == 3 and full == expected
+    assert sizes_after_cancel[-1] == 1
+    assert batcher.active == 0
+
+
+def test_leave_from_another_thread_cancels_a_waiting_step(model: SpeechLM, requests) -> None:
+    batcher = DecodeBatcher(model, max_batch=4, window_s=30.0)
+    waiting = batcher.join(_prefilled(model, requests[0])[0])
+    idle = batcher.join(_prefilled(model, requests[1])[0])  # never steps: the other waits for it
+    assert waiting is not None and idle is not None
+    outcome: list = []
+    thread = threading.Thread(target=lambda: outcome.append(_capture(lambda: batcher.step(waiting, 4))))
+    thread.start()
+    time.sleep(0.1)
+    batcher.leave(waiting)
+    thread.join(10)
+    assert not thread.is_alive() and isinstance(outcome[0], Cancelled)
+    batcher.leave(idle)
+    assert batcher.active == 0 and batcher.batches == 0
+
+
+def test_window_bounds_the_wait_for_absent_members(model: SpeechLM, requests) -> None:
+    """A member that does not step holds the others back one window at most, then is not waited for."""
+    batcher = DecodeBatcher(model, max_batch=4, window_s=0.05)
+    cache, _ = _prefilled(model, requests[0])
+    reference = cache.clone()
+    stepping = batcher.join(cache)
+    absent = batcher.join(_prefilled(model, requests[1])[0])
+    with torch.inference_mode():
+        for token in (3, 4, 5):
+            expected = decode_one(model, torch.tensor([token]), reference)[0]
+            assert float((batcher.step(stepping, token) - expected).abs().max()) <= 1e-5
+    assert absent is not None and absent.away and absent.length == _prefilled(model, requests[1])[0].length
+    batcher.leave(stepping)
+    batcher.leave(absent)
+
+
+def test_rendezvous_respects_max_batch() -> None:
+    class Doubler(Rendezvous[int, int]):
+        def run_batch(self, items: list[int]) -> list[int]:
+            sizes.append(len(items))
+            time.sleep(0.01)
+            return [2 * item for item in items]
+
+    sizes: list[int] = []
+    doubler = Doubler(max_batch=2, window_s=0.05)
+    assert _run_threads([lambda i=i: doubler.submit(i) for i in range(5)]) == [0, 2, 4, 6, 8]
+    assert max(sizes) <= 2 and sum(sizes) == 5
+    with pytest.raises(ValueError):
+        Doubler(max_batch=0, window_s=0)
+
+
+def _capture(call):
+    try:
+        return call()
+    except BaseException as exc:
+        return exc
+
+
+def test_engine_options_wire_the_batchers(tiny_dir: Path) -> None:
+    from cosyserve.engine.device import Placement
+    from cosyserve.engine.pipeline import EngineOptions, SpeechEngine
+
+    assert EngineOptions.for_device("cpu", 4) == EngineOptions()  # CPU: the plain exact path
+    gpu = EngineOptions.for_device("cuda", 3)
+    assert gpu.batch_decode and gpu.batch_flow and gpu.max_batch == 3 and not gpu.cuda_graph
+    assert EngineOptions.for_device("cuda", 1).cuda_graph
+    model_dir = ModelDir.open(tiny_dir / "model", require_onnx=False)
+    placement = Placement(torch.device("cpu"))
+    plain = SpeechEngine.load(model_dir, placement)
+    assert plain.lm.batcher is None and plain.token2wav.flow_batcher is None and plain.token2wav.exact
+    options = EngineOptions(batch_decode=True, max_batch=3, batch_flow=True, flow_steps=5, guidance=False)
+    engine = SpeechEngine.load(model_dir, placement, options)
+    assert engine.lm.batcher is not None and engine.lm.batcher.max_batch == 3
+    assert engine.token2wav.flow_batcher is not None and engine.token2wav.flow_steps == 5
+    assert not engine.token2wav.guidance and not engine.token2wav.exact
+
+
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA device")
+def test_concurrent_generation_on_cuda(model: SpeechLM, requests) -> None:
+    import copy
+
+    on_gpu = copy.deepcopy(model).to("cuda")
+    solo = SpeechLMRunner(on_gpu)
+    expected = [list(solo.generate(t, p, s, seed=seed)) for t, p, s, seed in requests]
+    batcher = DecodeBatcher(on_gpu, max_batch=4, window_s=WINDOW_S)
+    batched = SpeechLMRunner(on_gpu, batch_decode=batcher)
+    got = _run_threads([lambda r=r: list(batched.generate(r[0], r[1], r[2], seed=r[3])) for r in requests])
+    assert got == expected and batcher.rows > batcher.batches

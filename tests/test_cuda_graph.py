@@ -1,0 +1,143 @@
+"""The static-buffer LM decode step (`engine.cuda_graph`): eager on the CPU, captured on CUDA.
+
+On the CPU the static step must give the normal decode step's log-probs and tokens; the CUDA tests
+(capture and replay) run only where a GPU is present.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import numpy as np
+import pytest
+import torch
+
+from cosyserve.engine.cuda_graph import StaticDecodePool, StaticDecodeStep, capacity_bucket
+from cosyserve.engine.kv_cache import KVCache
+from cosyserve.engine.model_dir import ModelDir
+from cosyserve.engine.speech_lm_runner import SpeechLMRunner, decode_one, prefill
+from cosyserve.model.speech_lm import SpeechLM
+
+cuda = pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA device")
+
+
+@pytest.fixture(scope="module")
+def model(tiny_dir: Path) -> SpeechLM:
+    model_dir = ModelDir.open(tiny_dir / "model", require_onnx=False)
+    return SpeechLM.from_checkpoint(model_dir.file("llm.pt"), model_dir.config.llm)
+
+
+@pytest.fixture(scope="module")
+def request_ids(tiny_dir: Path) -> tuple[list[int], list[int], list[int]]:
+    golden = np.load(tiny_dir / "llm.npz")
+    return golden["text"][:5].tolist(), golden["prompt_text"].tolist(), golden["prompt_speech_token"].tolist()
+
+
+def _static_vs_normal(model: SpeechLM, request_ids, static: StaticDecodeStep, steps: int = 20) -> float:
+    text, prompt_text, speech = request_ids
+    device = static.cache.buffer.device
+    embeds = model.embed_prefix(*(torch.tensor(x, device=device) for x in (prompt_text, text, speech)))
+    normal = KVCache.allocate(
+        model.config.qwen2, embeds.shape[1] + steps, device=embeds.device, dtype=embeds.dtype
+    )
+    expected = prefill(model, embeds, normal)
+    got = prefill(model, embeds, static.reset())
+    worst = float((got - expected).abs().max())
+    generator = torch.Generator().manual_seed(0)
+    for _ in range(steps):
+        token = int(torch.multinomial(expected[0].float().exp().cpu(), 1, generator=generator))
+        assert int(got[0].argmax()) == int(expected[0].argmax())
+        expected = decode_one(model, torch.tensor([token], device=embeds.device), normal)
+        got = static(token)
+        worst = max(worst, float((got.float() - expected.float()).abs().max()))
+    assert static.cache.length == normal.length
+    return worst
+
+
+@torch.inference_mode()
+def test_static_step_equals_normal_decode_on_cpu(model: SpeechLM, request_ids) -> None:
+    static = StaticDecodeStep(model, 256)
+    assert not static.captured and static.capacity == 256
+    assert _static_vs_normal(model, request_ids, static) <= 1e-5
+    # Reused for a second request: reset empties it (old positions are overwritten, never read).
+    assert _static_vs_normal(model, request_ids, static) <= 1e-5
+
+
+def test_runner_with_static_steps_gives_the_same_tokens(model: SpeechLM, request_ids) -> None:
+    plain = SpeechLMRunner(model)
+    static = SpeechLMRunner(model)
+    static.static_pool = StaticDecodePool(model, capture=False, max_steps=1)
+    for seed in (0, 1):
+        assert list(static.generate(*request_ids, seed=seed)) == list(plain.generate(*request_ids, seed=seed))
+    assert static.static_pool.built == 1  # one step, reused
+    # With a saved voice prefix, copied into the static cache.
+    text, prompt_text, speech = request_ids
+    prefix = static.prepare_prefix(prompt_text)
+    assert list(static.generate(text, (), speech, prefix=prefix, seed=4)) == list(
+        plain.generate(text, prompt_text, speech, seed=4)
+    )
+    # A request that finds no free step decodes the normal way.
+    held = static.static_pool.acquire(100)
+    assert held is not None and static.static_pool.acquire(100) is None
+    assert list(static.generate(*request_ids, seed=0)) == list(plain.generate(*request_ids, seed=0))
+    static.static_pool.release(held)
+    pool = StaticDecodePool(model, capture=False)
+    pool.prebuild([100, 300])
+    assert pool.built == 2 and pool.acquire(256) is not None and pool.acquire(257) is not None
+    assert pool.built == 2
+
+
+def test_use_cuda_graph_is_ignored_on_cpu(model: SpeechLM) -> None:
+    assert SpeechLMRunner(model, use_cuda_graph=True).static_pool is None
+    with pytest.raises(ValueError, match="CUDA"):
+        StaticDecodeStep(model, 64, capture=True)
+    with pytest.raises(ValueError):
+        StaticDecodeStep(model, model.qwen2.rotary.max_positions + 1)
+
+
+def test_capacity_bucket() -> None:
+    assert capacity_bucket(1, 32768) == 256
+    assert capacity_bucket(256, 32768) == 256
+    assert capacity_bucket(257, 32768) == 512
+    assert capacity_bucket(5000, 32768) == 8192
+    assert capacity_bucket(30000, 32768) == 32768
+    assert capacity_bucket(200, 128) == 128  # capped: acquire then refuses what does not fit
+
+
+@cuda
+@torch.inference_mode()
+def test_captured_graph_equals_eager_on_cuda(model: SpeechLM, request_ids) -> None:
+    on_gpu = _to_cuda(model)
+    static = StaticDecodeStep(on_gpu, 256)
+    assert static.captured
+    assert _static_vs_normal(on_gpu, request_ids, static) <= 1e-4
+
+
+@cuda
+@torch.inference_mode()
+def test_gpu_decode_step_sees_every_cached_key(model: SpeechLM, request_ids) -> None:
+    """A one-token step after a prefix attends to all of it (SDPA's is_causal would see key 0 only)."""
+    on_gpu = _to_cuda(model)
+    text, prompt_text, speech = request_ids
+    embeds = on_gpu.embed_prefix(*(torch.tensor(x, device="cuda") for x in (prompt_text, text, speech)))
+    whole = KVCache.allocate(on_gpu.config.qwen2, embeds.shape[1], device="cuda")
+    expected = prefill(on_gpu, embeds, whole)
+    split = KVCache.allocate(on_gpu.config.qwen2, embeds.shape[1], device="cuda")
+    prefill(on_gpu, embeds[:, :-1], split)
+    got = on_gpu(embeds[:, -1:], split.buffer, split.reserve(1))
+    assert float((got - expected).abs().max()) <= 1e-4
+
+
+@cuda
+def test_runner_with_cuda_graph_gives_the_same_tokens(model: SpeechLM, request_ids) -> None:
+    on_gpu = _to_cuda(model)
+    plain = SpeechLMRunner(on_gpu)
+    graphed = SpeechLMRunner(on_gpu, use_cuda_graph=True)
+    assert graphed.static_pool is not None
+    assert list(graphed.generate(*request_ids, seed=0)) == list(plain.generate(*request_ids, seed=0))
+
+
+def _to_cuda(model: SpeechLM) -> SpeechLM:
+    import copy
+
+    return copy.deepcopy(model).to("cuda")
