@@ -212,3 +212,30 @@ def test_output_store_uploads_and_deletes_through_sync(endpoint: str, tmp_path: 
     assert sync.flush(timeout=20)
     assert sync.client.list_objects_v2(Bucket=sync.bucket, Prefix="outputs/")["KeyCount"] == 0
     sync.close()
+
+
+def test_reads_list_fetch_download_and_fail_fast(endpoint: str, tmp_path: Path) -> None:
+    sync = make_sync(endpoint)
+    sync.ensure_bucket()
+    for name in ("b.wav", "a.json", "a.wav"):
+        (tmp_path / name).write_bytes(name.encode())
+        sync.upload_now(tmp_path / name, name)
+    assert sync.list_keys() == ["a.json", "a.wav", "b.wav"]  # without the prefix, ascending
+    assert sync.list_keys("a.") == ["a.json", "a.wav"] and sync.list_keys(max_keys=1) == ["a.json"]
+    assert sync.fetch("b.wav") == b"b.wav" and sync.fetch("nope.wav") is None
+    assert sync.exists("a.wav") and not sync.exists("nope.wav")
+    target = tmp_path / "down" / "copy.wav"
+    target.parent.mkdir()
+    assert sync.download("a.wav", target) and target.read_bytes() == b"a.wav"
+    assert not sync.download("nope.wav", tmp_path / "down" / "x.wav")
+    assert [p.name for p in target.parent.iterdir()] == ["copy.wav"]  # no temp files left
+    sync.close()
+
+    dead = S3Sync("http://127.0.0.1:9", "b", "", "us-east-1", "x", "y", path_style=True, botocore_attempts=1)
+    started = time.monotonic()
+    with pytest.raises(SyncError, match="can't be reached"):
+        dead.fetch("a.wav")
+    with pytest.raises(SyncError, match="reads resume"):
+        dead.list_keys()  # no second wait for the endpoint
+    assert time.monotonic() - started < 5
+    dead.close()

@@ -11,14 +11,17 @@ import sqlite3
 from pathlib import Path
 from typing import Any
 
-from sqlalchemy import Engine, MetaData, create_engine, event
-from sqlalchemy.engine import make_url
-from sqlalchemy.exc import ArgumentError
+from sqlalchemy import Engine, MetaData, Table, create_engine, event, inspect, text
+from sqlalchemy.engine import URL, make_url
+from sqlalchemy.exc import ArgumentError, DBAPIError
 from sqlalchemy.pool import QueuePool
 
 from cosyserve.errors import SettingsError
 
 SQLITE_BUSY_TIMEOUT_S = 30.0
+PG_POOL_SIZE = 10  # per process; threads beyond it wait up to 30 s, or use the overflow
+PG_MAX_OVERFLOW = 10
+SCHEMA_LOCK_KEY = 0x636F7379  # "cosy": the advisory lock table creation takes on PostgreSQL
 
 # Every store's tables live here, so `create_all` creates them all and tests can use one in-memory database.
 metadata = MetaData()
@@ -26,7 +29,7 @@ metadata = MetaData()
 
 def sqlite_path(database_url: str) -> Path | None:
     """The file behind a SQLite URL; None for in-memory SQLite and for other databases."""
-    url = make_url(database_url)
+    url = _parse(database_url)
     if url.get_backend_name() != "sqlite" or url.database in (None, "", ":memory:"):
         return None
     return Path(url.database)
@@ -34,12 +37,9 @@ def sqlite_path(database_url: str) -> Path | None:
 
 def make_engine(database_url: str, *, echo: bool = False) -> Engine:
     """An engine for `database_url`; for SQLite files the parent directory is created."""
-    try:
-        url = make_url(database_url)
-    except ArgumentError as exc:
-        raise SettingsError(
-            f"database_url {database_url!r} is not a database URL: use e.g. sqlite:///path/cosyserve.db"
-        ) from exc
+    url = _parse(database_url)
+    if url.get_backend_name() == "postgresql":
+        return _postgresql_engine(url, echo=echo)
     if url.get_backend_name() != "sqlite":
         return create_engine(url, echo=echo, pool_pre_ping=True)
 
@@ -79,6 +79,56 @@ def make_engine(database_url: str, *, echo: bool = False) -> Engine:
     return engine
 
 
+def _parse(database_url: str) -> URL:
+    try:
+        url = make_url(database_url)
+    except ArgumentError as exc:
+        raise SettingsError(
+            f"database_url {database_url!r} is not a database URL: use e.g. sqlite:///path/cosyserve.db "
+            "or postgresql+psycopg://user:password@host/cosyserve"
+        ) from exc
+    # psycopg 3 is the driver cosyserve installs; plain `postgresql://` would mean psycopg2 on SQLAlchemy 2.0,
+    # and `postgres://` (as many hosting services write it) is not a dialect name at all.
+    if url.drivername in ("postgres", "postgresql"):
+        url = url.set(drivername="postgresql+psycopg")
+    return url
+
+
+def _postgresql_engine(url: URL, *, echo: bool) -> Engine:
+    """PostgreSQL with psycopg 3: a small pool per process, connections checked before use (a database
+    restart or a proxy timing out idle connections must not fail the next request) and recycled hourly."""
+    try:
+        return create_engine(
+            url,
+            echo=echo,
+            pool_pre_ping=True,
+            pool_size=PG_POOL_SIZE,
+            max_overflow=PG_MAX_OVERFLOW,
+            pool_recycle=3600,
+            pool_timeout=30,
+        )
+    except ModuleNotFoundError as exc:
+        raise SettingsError(
+            f"database_url uses PostgreSQL but its driver is missing ({exc.name}): "
+            "install psycopg with `pip install 'psycopg[binary]'` (or cosyserve[distributed])"
+        ) from exc
+
+
+def create_tables(engine: Engine, *tables: Table) -> None:
+    """Create those of `tables` that don't exist yet. Safe when several processes start at once: on
+    PostgreSQL they take turns under an advisory lock (DDL is transactional there); elsewhere a creation
+    that lost the race to another process is ignored once the table is seen to exist."""
+    for table in tables:
+        try:
+            with engine.begin() as conn:
+                if conn.dialect.name == "postgresql":
+                    conn.execute(text("SELECT pg_advisory_xact_lock(:key)"), {"key": SCHEMA_LOCK_KEY})
+                table.create(conn, checkfirst=True)
+        except DBAPIError:
+            if not inspect(engine).has_table(table.name):
+                raise
+
+
 def create_all(engine: Engine) -> None:
     """Create every table defined on `metadata` that does not exist yet (import the stores first)."""
-    metadata.create_all(engine)
+    create_tables(engine, *metadata.sorted_tables)

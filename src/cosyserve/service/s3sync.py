@@ -15,19 +15,26 @@ Compatibility choices:
 
 Remote deletion is optional: `enqueue_delete` exists and `OutputStore(sync_deletes=True)` uses it;
 otherwise objects stay until the bucket's lifecycle rule (`apply_lifecycle`) expires them.
+
+Reads (`fetch`, `exists`, `download`, `list_keys`) let every node serve outputs another node saved; they
+run in the caller's thread with botocore's retries only and raise SyncError when the bucket can't be read,
+after which reads fail at once for `read_retry_s` (30 s) instead of waiting for timeouts again.
 """
 
 from __future__ import annotations
 
 import collections
 import logging
+import os
 import queue
 import random
 import threading
 import time
+import uuid
+from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import Any, TypeVar
 
 import boto3
 from botocore.config import Config
@@ -51,6 +58,8 @@ CONTENT_TYPES = {
     ".json": "application/json",
 }
 MAX_RECORDED_FAILURES = 1000
+READ_RETRY_S = 30.0
+T = TypeVar("T")
 
 
 class SyncError(CosyServeError):
@@ -130,6 +139,8 @@ class S3Sync:
         self.deleted = 0
         self.retries = 0  # attempts repeated after a transient failure
         self.failed_count = 0
+        self.read_retry_s = READ_RETRY_S
+        self._reads_down_until = 0.0  # time.monotonic() before which reads fail at once
         self._failures: collections.deque[SyncFailure] = collections.deque(maxlen=MAX_RECORDED_FAILURES)
         self._queue: queue.Queue[_Job | None] = queue.Queue(maxsize=queue_size)
         self._pending = 0  # enqueued and not finished (queued or in progress)
@@ -212,6 +223,79 @@ class S3Sync:
         return self.client.generate_presigned_url(
             "get_object", Params={"Bucket": self.bucket, "Key": self.key(name)}, ExpiresIn=int(expires_s)
         )
+
+    # -- reads (other nodes' outputs) ----------------------------------------------------------------
+
+    def fetch(self, name: str) -> bytes | None:
+        """The object `<prefix>/<name>`, or None if there is none; SyncError if the bucket can't be read."""
+        return self._read(
+            name, lambda: self.client.get_object(Bucket=self.bucket, Key=self.key(name))["Body"].read()
+        )
+
+    def exists(self, name: str) -> bool:
+        """Whether `<prefix>/<name>` exists (a HEAD request); SyncError if the bucket can't be read."""
+        found = self._read(name, lambda: self.client.head_object(Bucket=self.bucket, Key=self.key(name)))
+        return found is not None
+
+    def download(self, name: str, path: Path) -> bool:
+        """Copy `<prefix>/<name>` to `path` (temp file + rename: never half a file under `path`); False if
+        there is no such object, SyncError if the bucket can't be read."""
+        data = self.fetch(name)
+        if data is None:
+            return False
+        path = Path(path)
+        temp = path.with_name(f".{path.name}.{uuid.uuid4().hex[:8]}.tmp")
+        try:
+            temp.write_bytes(data)
+            os.replace(temp, path)
+        finally:
+            temp.unlink(missing_ok=True)
+        return True
+
+    def list_keys(self, prefix: str = "", max_keys: int | None = None) -> list[str]:
+        """Names (keys without `<prefix>/`) that start with `prefix`, in ascending order; at most `max_keys`
+        (all when None, page by page). SyncError if the bucket can't be listed."""
+        root = self.key("")
+        params: dict[str, Any] = {"Bucket": self.bucket, "Prefix": root + prefix}
+        names: list[str] = []
+
+        def pages() -> list[str]:
+            while True:
+                if max_keys is not None:
+                    params["MaxKeys"] = min(1000, max_keys - len(names))
+                page = self.client.list_objects_v2(**params)
+                names.extend(item["Key"][len(root) :] for item in page.get("Contents", []))
+                if not page.get("IsTruncated") or (max_keys is not None and len(names) >= max_keys):
+                    return names
+                params["ContinuationToken"] = page["NextContinuationToken"]
+
+        return self._read(prefix + "*", pages) or []
+
+    def _read(self, what: str, call: Callable[[], T]) -> T | None:
+        """`call()`, None for a missing object. SyncError for any other failure, after which reads fail
+        at once for `read_retry_s` (an unreachable endpoint would cost timeouts on every request)."""
+        left = self._reads_down_until - time.monotonic()
+        if left > 0:
+            raise SyncError(f"the bucket {self.bucket!r} failed a moment ago; reads resume in {left:.0f} s")
+        try:
+            return call()
+        except ClientError as exc:
+            if _status(exc) == 404 and _code(exc) in ("NoSuchKey", "NotFound", "404"):
+                return None
+            error = SyncError(f"{self.key(what)} can't be read from {self.bucket!r}: {_describe(exc)}")
+            cause: Exception = exc
+        except (BotoCoreError, OSError) as exc:
+            error = SyncError(f"the S3 endpoint {self._where()} can't be reached: {_describe(exc)}")
+            cause = exc
+        log.warning("%s; reads skip the bucket for %.0f s", error, self.read_retry_s)
+        self._reads_down_until = time.monotonic() + self.read_retry_s
+        raise error from cause
+
+    def delete_now(self, name: str) -> None:
+        """Remove `<prefix>/<name>` in this thread, with retries; SyncError if that fails for good."""
+        failure = self._attempt(_Job("delete", self.key(name)))
+        if failure is not None:
+            raise SyncError(f"deleting {failure.key} from {self.bucket!r} failed: {failure.error}")
 
     # -- uploads -------------------------------------------------------------------------------------
 

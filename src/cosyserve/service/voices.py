@@ -1,14 +1,26 @@
 """The voice library: prompts enrolled once, synthesised from many times without re-analysis.
 
-A voice is a row in the `voices` table (name, transcript, defaults, lexicon, prompt report) plus a
-folder `<root>/<voice id>/` with the original recording and `features.npz` (speaker embedding,
-prompt speech tokens, prompt mel). Features are tied to the model they were computed with: a voice
-enrolled with another model is re-analysed from its original recording on first use.
+A voice is a row in the `voices` table (name, transcript, defaults, lexicon, prompt report) plus two files:
+the original recording and `features.npz` (speaker embedding, prompt speech tokens, prompt mel). Features
+are tied to the model they were computed with: a voice enrolled with another model is re-analysed from
+its original recording on first use.
+
+Several nodes share one database but not a filesystem, so the files live in the database too (table
+`voice_files`, written in the same transaction as the voice row), and `<root>/<voice id>/` is each node's
+local copy of them: `audio_file`/`features_file` bring it up to date (missing, or its sha256 differs
+from the database's) before it is used. Lookups always ask the database, so a voice deleted on one node
+is gone on every node; a stale local copy is removed lazily (`get` of that id, `prune_local`). Voices
+enrolled before files were shared have no `voice_files` rows: they work on the node that holds their
+files, and `share_local_files` there copies them into the database for the others.
 """
 
 from __future__ import annotations
 
+import contextlib
+import hashlib
+import io
 import json
+import os
 import re
 import shutil
 import threading
@@ -25,13 +37,21 @@ import torch
 
 from cosyserve.errors import InputError
 from cosyserve.frontend.prompt_features import PromptFeatures
+from cosyserve.service.db import create_tables
 
 NAME_PATTERN = re.compile(r"^[\w\-. \u3000-\u9fff]{1,64}$")
 MAX_TRANSCRIPT_CHARS = 500
+FEATURES_FILE = "features.npz"
+VOICE_ID = re.compile(r"[0-9a-f]{32}")
+ORPHAN_GRACE_S = 3600.0  # a local folder without a voice row, younger than this, may be an enrolment
 
 
 class VoiceNotFound(InputError):
     """No voice with that id or name."""
+
+
+class VoiceFilesMissing(VoiceNotFound):
+    """The voice exists but its files are on another node only (enrolled before files were shared)."""
 
 
 @dataclass(frozen=True)
@@ -87,15 +107,38 @@ def voices_table(metadata: sa.MetaData) -> sa.Table:
     )
 
 
-def save_features(path: Path, features: PromptFeatures) -> None:
-    tmp = path.with_suffix(".tmp.npz")
+def voice_files_table(metadata: sa.MetaData) -> sa.Table:
+    """The voices' files (recording, features) as blobs: what every node copies its local files from."""
+    if "voice_files" in metadata.tables:
+        return metadata.tables["voice_files"]
+    voices_table(metadata)  # the foreign key needs it on the same metadata
+    return sa.Table(
+        "voice_files",
+        metadata,
+        sa.Column(
+            "voice_id", sa.String(32), sa.ForeignKey("voices.id", ondelete="CASCADE"), primary_key=True
+        ),
+        sa.Column("name", sa.String(64), primary_key=True),
+        sa.Column("sha256", sa.String(64), nullable=False),
+        sa.Column("size", sa.Integer, nullable=False),
+        sa.Column("data", sa.LargeBinary, nullable=False),
+    )
+
+
+def features_bytes(features: PromptFeatures) -> bytes:
+    """`features` as the bytes of a `.npz` file."""
+    buffer = io.BytesIO()
     np.savez(
-        tmp,
+        buffer,
         speech_feat=features.speech_feat.numpy(),
         speech_token=features.speech_token.numpy(),
         embedding=features.embedding.numpy(),
     )
-    tmp.replace(path)
+    return buffer.getvalue()
+
+
+def save_features(path: Path, features: PromptFeatures) -> None:
+    _write_atomic(Path(path), features_bytes(features))
 
 
 def load_features(path: Path) -> PromptFeatures:
@@ -113,17 +156,21 @@ Analyser = Callable[[bytes], PromptFeatures]
 
 
 class VoiceLibrary:
-    """Persistent voices: SQL rows (SQLite by default) + files under `root`. Thread-safe."""
+    """Persistent voices: SQL rows and file blobs (SQLite by default), local copies under `root`.
+    Thread-safe; several processes and nodes may share the database."""
 
     def __init__(self, root: Path, engine: sa.Engine, metadata: sa.MetaData, *, model_checksum: str) -> None:
         self.root = Path(root)
         self.root.mkdir(parents=True, exist_ok=True)
         self.engine = engine
         self.table = voices_table(metadata)
-        self.table.create(engine, checkfirst=True)
+        self.files = voice_files_table(metadata)
+        create_tables(engine, self.table, self.files)  # databases from before shared files get `files` here
         self.model_checksum = model_checksum
         self._lock = threading.Lock()
-        self._features: dict[str, PromptFeatures] = {}  # in-memory cache by voice id
+        # by voice id: (the model checksum they were computed for, features)
+        self._features: dict[str, tuple[str, PromptFeatures]] = {}
+        self._hashes: dict[Path, tuple[tuple[int, int, int], str]] = {}  # local file -> (stat key, sha256)
 
     # ---- enrolment ------------------------------------------------------------------------------
     def add(
@@ -146,12 +193,11 @@ class VoiceLibrary:
         voice_id = uuid.uuid4().hex
         folder = self.root / voice_id
         folder.mkdir(parents=True)
+        audio_file = "prompt" + (audio_suffix if re.fullmatch(r"\.[a-z0-9]{1,5}", audio_suffix) else ".bin")
+        blobs = {audio_file: bytes(audio), FEATURES_FILE: features_bytes(features)}
         try:
-            audio_file = "prompt" + (
-                audio_suffix if re.fullmatch(r"\.[a-z0-9]{1,5}", audio_suffix) else ".bin"
-            )
-            (folder / audio_file).write_bytes(audio)
-            save_features(folder / "features.npz", features)
+            for file_name, data in blobs.items():
+                _write_atomic(folder / file_name, data)
             report = features.report.as_dict() if features.report is not None else {}
             with self.engine.begin() as conn:
                 conn.execute(
@@ -167,6 +213,7 @@ class VoiceLibrary:
                         report=json.dumps(report, ensure_ascii=False),
                     )
                 )
+                conn.execute(self.files.insert(), [_blob_row(voice_id, n, d) for n, d in blobs.items()])
         except sa.exc.IntegrityError as exc:
             shutil.rmtree(folder, ignore_errors=True)
             raise InputError(f"a voice named {name!r} already exists: pick another name") from exc
@@ -174,13 +221,14 @@ class VoiceLibrary:
             shutil.rmtree(folder, ignore_errors=True)
             raise
         with self._lock:
-            self._features[voice_id] = features
+            self._features[voice_id] = (self.model_checksum, features)
         return self.get(voice_id)
 
     # ---- lookup ---------------------------------------------------------------------------------
     def get(self, id_or_name: str) -> Voice:
         row = self._find(id_or_name)
         if row is None:
+            self._forget(id_or_name)  # deleted on another node: drop what this node still holds
             raise VoiceNotFound(
                 f"no voice {id_or_name!r}: list voices with GET /v1/voices or `cosyserve voices list`"
             )
@@ -191,25 +239,37 @@ class VoiceLibrary:
             rows = conn.execute(self.table.select().order_by(self.table.c.created_at)).mappings().all()
         return [self._to_voice(row) for row in rows]
 
+    def audio_file(self, voice: Voice) -> Path:
+        """The voice's original recording on this node's disk (copied from the database when missing or
+        stale). Use this, not `voice.audio_path`, which may not exist on this node."""
+        return self._local_file(voice, voice.audio_path.name)
+
+    def features_file(self, voice: Voice) -> Path:
+        """The voice's `features.npz` on this node's disk (copied from the database when needed)."""
+        return self._local_file(voice, FEATURES_FILE)
+
+    def ensure_local(self, voice: Voice) -> Voice:
+        """Bring both of the voice's local files up to date; returns `voice` (its paths then exist)."""
+        self.audio_file(voice)
+        self.features_file(voice)
+        return voice
+
     def features(self, voice: Voice, analyse: Analyser | None = None) -> PromptFeatures:
         """The voice's prompt features, from memory, disk, or (other model) re-analysed from its audio."""
+        reanalyse = voice.model_checksum != self.model_checksum and analyse is not None
+        wanted = self.model_checksum if reanalyse else voice.model_checksum
         with self._lock:
             cached = self._features.get(voice.id)
-        if cached is not None:
-            return cached
-        if voice.model_checksum != self.model_checksum and analyse is not None:
-            features = analyse(voice.audio_path.read_bytes())
-            save_features(voice.features_path, features)
-            with self.engine.begin() as conn:
-                conn.execute(
-                    self.table.update()
-                    .where(self.table.c.id == voice.id)
-                    .values(model_checksum=self.model_checksum)
-                )
+        if cached is not None and cached[0] == wanted:
+            return cached[1]
+        if reanalyse:
+            assert analyse is not None
+            features = analyse(self.audio_file(voice).read_bytes())
+            self._store_features(voice, features)
         else:
-            features = load_features(voice.features_path)
+            features = load_features(self.features_file(voice))
         with self._lock:
-            self._features[voice.id] = features
+            self._features[voice.id] = (wanted, features)
         return features
 
     # ---- changes --------------------------------------------------------------------------------
@@ -236,20 +296,60 @@ class VoiceLibrary:
         if lexicon is not None:
             values["lexicon"] = json.dumps(lexicon, ensure_ascii=False)
         if values:
-            with self.engine.begin() as conn:
-                conn.execute(self.table.update().where(self.table.c.id == voice.id).values(**values))
+            try:
+                with self.engine.begin() as conn:
+                    conn.execute(self.table.update().where(self.table.c.id == voice.id).values(**values))
+            except sa.exc.IntegrityError as exc:  # the same name taken on another node meanwhile
+                raise InputError(f"a voice named {name!r} already exists: pick another name") from exc
         return self.get(voice.id)
 
     def delete(self, id_or_name: str) -> None:
         voice = self.get(id_or_name)
-        with self.engine.begin() as conn:
+        with self.engine.begin() as conn:  # explicitly: SQLite enforces the cascade only when told to
+            conn.execute(self.files.delete().where(self.files.c.voice_id == voice.id))
             conn.execute(self.table.delete().where(self.table.c.id == voice.id))
-        with self._lock:
-            self._features.pop(voice.id, None)
-        shutil.rmtree(self.root / voice.id, ignore_errors=True)
+        self._forget(voice.id)
+
+    def share_local_files(self) -> int:
+        """Copy into the database the local files of voices that have none there yet (enrolled before
+        files were shared), so other nodes can use them; returns how many voices were shared."""
+        with self.engine.connect() as conn:
+            shared = set(conn.execute(sa.select(self.files.c.voice_id).distinct()).scalars())
+        count = 0
+        for voice in self.list():
+            paths = [voice.audio_path, voice.features_path]
+            if voice.id in shared or not all(path.is_file() for path in paths):
+                continue
+            rows = [_blob_row(voice.id, path.name, path.read_bytes()) for path in paths]
+            try:
+                with self.engine.begin() as conn:
+                    if conn.execute(sa.select(self.table.c.id).where(self.table.c.id == voice.id)).first():
+                        conn.execute(self.files.insert(), rows)
+                        count += 1
+            except sa.exc.IntegrityError:
+                continue  # another process shared it at the same time
+        return count
+
+    def prune_local(self, grace_s: float = ORPHAN_GRACE_S) -> list[str]:
+        """Remove local copies of voices that no longer exist (deleted on another node); returns their ids.
+        Folders younger than `grace_s` are kept: they may belong to an enrolment still in progress."""
+        with self.engine.connect() as conn:
+            known = set(conn.execute(sa.select(self.table.c.id)).scalars())
+        removed = []
+        now = time.time()
+        for folder in self.root.iterdir():
+            if not (VOICE_ID.fullmatch(folder.name) and folder.is_dir()) or folder.name in known:
+                continue
+            with contextlib.suppress(FileNotFoundError):
+                if now - folder.stat().st_mtime > grace_s:
+                    self._forget(folder.name)
+                    removed.append(folder.name)
+        return removed
 
     # ---- internals ------------------------------------------------------------------------------
     def _find(self, id_or_name: str) -> Any:
+        if not isinstance(id_or_name, str) or "\x00" in id_or_name:  # PostgreSQL refuses NUL in text
+            return None
         with self.engine.connect() as conn:
             query = self.table.select().where(
                 sa.or_(self.table.c.id == id_or_name, self.table.c.name == id_or_name)
@@ -265,11 +365,74 @@ class VoiceLibrary:
             created_at=row["created_at"],
             model_checksum=row["model_checksum"],
             audio_path=folder / row["audio_file"],
-            features_path=folder / "features.npz",
+            features_path=folder / FEATURES_FILE,
             defaults=VoiceDefaults(**json.loads(row["defaults"] or "{}")),
             lexicon=json.loads(row["lexicon"] or "{}"),
             report=json.loads(row["report"] or "{}"),
         )
+
+    def _forget(self, voice_id: str) -> None:
+        """Drop the cached features and local copy of a voice that is gone (only well-formed ids)."""
+        if not VOICE_ID.fullmatch(voice_id or ""):
+            return
+        with self._lock:
+            self._features.pop(voice_id, None)
+            for path in [p for p in self._hashes if p.parent.name == voice_id]:
+                del self._hashes[path]
+        shutil.rmtree(self.root / voice_id, ignore_errors=True)
+
+    def _local_file(self, voice: Voice, name: str) -> Path:
+        path = self.root / voice.id / name
+        expected = self._blob(voice.id, name, self.files.c.sha256)
+        if expected is None:  # deleted meanwhile, or enrolled before files were shared: local only
+            if path.is_file() and self._find(voice.id) is not None:
+                return path
+            self.get(voice.id)  # VoiceNotFound if it is gone
+            raise VoiceFilesMissing(
+                f"voice {voice.name!r} was enrolled before voices were shared between nodes and its files "
+                "are only on the node that enrolled it: share them from there (`share_local_files`) "
+                "or enrol the voice again"
+            )
+        if path.is_file() and self._sha256(path) == expected:
+            return path
+        data = self._blob(voice.id, name, self.files.c.data)
+        if data is None:
+            self.get(voice.id)
+            raise VoiceNotFound(f"voice {voice.name!r} was changed while it was read: try again")
+        _write_atomic(path, bytes(data))  # possibly newer than `expected` (re-analysed meanwhile): fine
+        return path
+
+    def _blob(self, voice_id: str, name: str, column: sa.Column) -> Any:
+        where = (self.files.c.voice_id == voice_id) & (self.files.c.name == name)
+        with self.engine.connect() as conn:
+            return conn.execute(sa.select(column).where(where)).scalar_one_or_none()
+
+    def _sha256(self, path: Path) -> str:
+        """A local file's sha256, hashed again only when its size, mtime or inode changed."""
+        stat = path.stat()
+        key = (stat.st_mtime_ns, stat.st_size, stat.st_ino)
+        with self._lock:
+            cached = self._hashes.get(path)
+        if cached is not None and cached[0] == key:
+            return cached[1]
+        digest = hashlib.sha256(path.read_bytes()).hexdigest()
+        with self._lock:
+            self._hashes[path] = (key, digest)
+        return digest
+
+    def _store_features(self, voice: Voice, features: PromptFeatures) -> None:
+        """Replace the voice's features (re-analysed for this node's model): database first, then disk."""
+        data = features_bytes(features)
+        row = _blob_row(voice.id, FEATURES_FILE, data)
+        with self.engine.begin() as conn:
+            voice_row = self.table.update().where(self.table.c.id == voice.id)
+            if not conn.execute(voice_row.values(model_checksum=self.model_checksum)).rowcount:
+                raise VoiceNotFound(f"voice {voice.name!r} was deleted while it was analysed")
+            where = (self.files.c.voice_id == voice.id) & (self.files.c.name == FEATURES_FILE)
+            if not conn.execute(self.files.update().where(where).values(**row)).rowcount:
+                audio = voice.audio_path  # a voice from before shared files: share both now
+                conn.execute(self.files.insert(), [row, _blob_row(voice.id, audio.name, audio.read_bytes())])
+        _write_atomic(voice.features_path, data)
 
 
 def _check_name(name: str) -> str:
@@ -285,6 +448,29 @@ def _check_transcript(transcript: str | None) -> str | None:
     if transcript is None or not transcript.strip():
         return None
     transcript = transcript.strip()
+    if "\x00" in transcript:
+        raise InputError("the transcript contains a NUL character; remove it")
     if len(transcript) > MAX_TRANSCRIPT_CHARS:
         raise InputError(f"the transcript is {len(transcript)} characters; at most {MAX_TRANSCRIPT_CHARS}")
     return transcript
+
+
+def _blob_row(voice_id: str, name: str, data: bytes) -> dict[str, Any]:
+    return {
+        "voice_id": voice_id,
+        "name": name,
+        "sha256": hashlib.sha256(data).hexdigest(),
+        "size": len(data),
+        "data": data,
+    }
+
+
+def _write_atomic(path: Path, data: bytes) -> None:
+    """Write to a temp file next to `path`, then rename: readers see the old file or the new, never half."""
+    path.parent.mkdir(parents=True, exist_ok=True)
+    temp = path.with_name(f".{path.name}.{uuid.uuid4().hex[:8]}.tmp")
+    try:
+        temp.write_bytes(data)
+        os.replace(temp, path)
+    finally:
+        temp.unlink(missing_ok=True)
