@@ -1,13 +1,15 @@
 #!/usr/bin/env bash
 # Install cosyserve with its test extras into .venv (CPU torch 2.13.0) and run the whole test suite.
-# The browser tests use Debian's chromium and the distributed-mode tests start redis-server; as root
-# with apt-get available they are installed here when missing.
+# The browser tests use Debian's chromium; the distributed-mode tests start their own redis-server and
+# PostgreSQL (as the postgres user). As root with apt-get available they are installed here when missing.
 set -euo pipefail
 cd "$(dirname "$0")/.."
+have_postgres() { command -v initdb >/dev/null || compgen -G "/usr/lib/postgresql/*/bin/initdb" >/dev/null; }
 if [ "$(id -u)" = 0 ] && command -v apt-get >/dev/null 2>&1 \
-   && { ! command -v chromium >/dev/null || ! command -v redis-server >/dev/null; }; then
+   && { ! command -v chromium >/dev/null || ! command -v redis-server >/dev/null || ! have_postgres; }; then
   apt-get update -qq
-  DEBIAN_FRONTEND=noninteractive apt-get install -y -qq chromium redis-server fonts-wqy-microhei >/dev/null
+  DEBIAN_FRONTEND=noninteractive apt-get install -y -qq \
+    chromium redis-server postgresql fonts-wqy-microhei >/dev/null
 fi
 COSYSERVE_TORCH="${COSYSERVE_TORCH:-2.13.0}" COSYSERVE_EXTRAS="test,download,distributed" bash scripts/install.sh
 .venv/bin/ruff check src tests

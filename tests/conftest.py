@@ -7,6 +7,9 @@ from pathlib import Path
 
 import pytest
 
+from pg_server import postgres_url  # noqa: F401  (fixture: a throwaway PostgreSQL)
+from redis_server import redis_url  # noqa: F401  (fixture: a throwaway redis-server)
+
 REPO_ROOT = Path(__file__).resolve().parents[1]
 
 # Tiny models are dominated by per-op overhead: one intra-op thread is faster and keeps timings steady

@@ -89,6 +89,9 @@ def build_parser() -> argparse.ArgumentParser:
     from cosyserve.commands import serve
 
     serve.add_parsers(sub)
+    from cosyserve.commands import worker
+
+    worker.add_parser(sub)
     return parser
 
 

@@ -31,7 +31,9 @@ from cosyserve.errors import (
 from cosyserve.service.app_state import AuthRequired, Forbidden, ModelNotReady, QuotaExceeded, RateLimited
 from cosyserve.service.app_tasks import JobNotFound
 from cosyserve.service.auth import KeyNotFound
+from cosyserve.service.distributed.codec import NoWorkers, QueueUnavailable, WorkerLost
 from cosyserve.service.logs import get_request_id, log_failure
+from cosyserve.service.s3sync import SyncError
 from cosyserve.service.storage import OutputNotFound
 from cosyserve.service.voices import VoiceNotFound
 
@@ -68,6 +70,10 @@ _MAP: tuple[tuple[type[BaseException], int, str], ...] = (
     (AuthRequired, 401, "auth_required"),
     (Forbidden, 403, "forbidden"),
     (ModelNotReady, 503, "model_not_ready"),
+    (NoWorkers, 503, "no_workers"),
+    (WorkerLost, 503, "worker_lost"),
+    (QueueUnavailable, 503, "queue_unavailable"),
+    (SyncError, 503, "storage_unavailable"),
     (ShuttingDown, 503, "shutting_down"),
     (JobTimeout, 504, "timeout"),
     (Cancelled, 409, "cancelled"),

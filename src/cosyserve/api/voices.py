@@ -104,9 +104,10 @@ async def preview_voice(
 ) -> Response:
     service = get_service(request)
     voice = await run_in_threadpool(service.voices.get, voice_id)
-    if text is None:
-        media_type = mimetypes.guess_type(voice.audio_path.name)[0] or "application/octet-stream"
-        return FileResponse(voice.audio_path, media_type=media_type)
+    if text is None:  # the recording itself (fetched from the shared database if not on this node yet)
+        path = await run_in_threadpool(service.voices.audio_file, voice)
+        media_type = mimetypes.guess_type(path.name)[0] or "application/octet-stream"
+        return FileResponse(path, media_type=media_type)
     service.check_quota(principal)
     spec = output_spec(request, principal, "preview")
     ticket = service.submit_tts(SynthesisRequest(text=text, voice=voice.id), spec)

@@ -12,8 +12,6 @@ import sys
 import typing
 from typing import Any
 
-from cosyserve.errors import SettingsError
-
 log = logging.getLogger("cosyserve.serve")
 
 
@@ -25,6 +23,9 @@ def _field_annotation(path: str) -> Any:
         if (info.alias or name) == key:
             return info.annotation
     raise KeyError(path)  # pragma: no cover - settings_reference only lists real fields
+
+
+FLAG_ALIASES = {"--queue-url": ("--queue",)}  # the short forms the docs use
 
 
 def add_settings_flags(parser: argparse.ArgumentParser) -> list[str]:
@@ -50,7 +51,12 @@ def add_settings_flags(parser: argparse.ArgumentParser) -> list[str]:
             if typing.get_origin(annotation) is typing.Literal:
                 help_text += f" (one of: {', '.join(map(str, typing.get_args(annotation)))})"
             parser.add_argument(
-                doc.flag, dest=doc.flat_name, default=None, metavar=doc.flat_name.upper(), help=help_text
+                doc.flag,
+                *FLAG_ALIASES.get(doc.flag, ()),
+                dest=doc.flat_name,
+                default=None,
+                metavar=doc.flat_name.upper(),
+                help=help_text,
             )
         dests.append(doc.flat_name)
     return dests
@@ -72,13 +78,10 @@ def cmd_serve(args: argparse.Namespace) -> int:
 
     settings = load_settings(args, args.settings_dests)
     configure_logging(settings.log.level, settings.log.json_lines)
-    if settings.queue.queue_url:
-        raise SettingsError(
-            "queue_url (a shared redis queue) is not supported yet: unset it to use the in-process queue"
-        )
     for warning in startup_safety(settings):  # raises SettingsError for an open public address
         log.warning(warning)
-    service = Service(settings)
+    # With a shared queue this node loads no model: `cosyserve worker` processes do the synthesis.
+    service = Service(settings, role="api" if settings.queue.queue_url else "single")
     from cosyserve.ui.app import mount_ui
 
     app = create_app(service)

@@ -15,9 +15,9 @@ import threading
 import time
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
-from cosyserve.errors import Cancelled, CosyServeError
+from cosyserve.errors import Cancelled, CosyServeError, InputError, SettingsError
 from cosyserve.service import signing
 from cosyserve.service.app_tasks import ServiceTasks
 from cosyserve.service.auth import ApiKey, KeyStore, QuotaTracker, RateLimiter, SessionTokens, check_password
@@ -32,7 +32,12 @@ from cosyserve.service.storage import OutputStore, RetentionWorker
 from cosyserve.service.synthesizer import Synthesizer
 from cosyserve.service.voices import VoiceLibrary
 
+if TYPE_CHECKING:
+    from cosyserve.service.distributed.dispatch import RemoteDispatcher
+
 log = logging.getLogger(__name__)
+ROLES = ("single", "api", "worker")  # one process does it all; an API node; a `cosyserve worker`
+REMOTE_IN_FLIGHT = 64  # requests an API node relays at once unless queue.concurrency says otherwise
 
 ENGINE_FAILURE_LIMIT = 3  # consecutive unexpected synthesis failures before /ready turns false
 AUTH_CACHE_S = 2.0  # how long "does any API key exist?" is cached (keys are made by another process)
@@ -137,7 +142,13 @@ class Service(ServiceTasks):
         metrics: Metrics | None = None,
         shutdown_grace_s: float | None = None,
         retention_interval_s: float = 3600.0,
+        role: str = "single",
     ) -> None:
+        if role not in ROLES:
+            raise ValueError(f"role must be one of {', '.join(ROLES)}, got {role!r}")
+        if role != "single" and not settings.queue.queue_url:
+            raise SettingsError(f"a {role} node needs queue_url (--queue redis://host:6379/0)")
+        self.role = role
         self.settings = s = settings
         self.metrics = metrics or Metrics()
         self.started_at = time.time()
@@ -162,8 +173,14 @@ class Service(ServiceTasks):
         self.signing_secret = s.resolve_signing_secret().get_secret_value()
         self.sessions = SessionTokens(self.signing_secret)
         self.device_type = device_type(s.engine.device)
+        # An API node's "slots" are requests it relays to workers, not syntheses of its own.
+        concurrency = (
+            s.queue.concurrency or REMOTE_IN_FLIGHT
+            if role == "api"
+            else s.resolve_concurrency(self.device_type)
+        )
         self.scheduler = Scheduler(
-            s.resolve_concurrency(self.device_type),
+            concurrency,
             s.queue.queue_size,
             s.queue.request_timeout_s,
             self.metrics,
@@ -178,6 +195,11 @@ class Service(ServiceTasks):
         self._last_failure: str | None = None
         self.model_info: dict[str, Any] = {"model": s.engine.model, "device": s.engine.device}
         self._auth_cache: tuple[float, bool] = (0.0, False)
+        self.remote: RemoteDispatcher | None = None
+        if role == "api":
+            from cosyserve.service.distributed.dispatch import RemoteDispatcher
+
+            self.remote = RemoteDispatcher(self)
 
     def _make_s3(self) -> S3Sync:
         cfg = self.settings.s3
@@ -200,15 +222,26 @@ class Service(ServiceTasks):
         return self.settings.check_startup_safety(self._any_key(), self.settings.auth.ui_login_configured)
 
     def start(self) -> None:
-        recovered = self.jobs.recover_interrupted()
-        if recovered:
-            log.warning("%d jobs left queued or running by an earlier process were marked failed", recovered)
+        if self.role == "single":  # with several nodes, queued and running jobs belong to the workers
+            recovered = self.jobs.recover_interrupted()
+            if recovered:
+                log.warning(
+                    "%d jobs left queued or running by an earlier process were marked failed", recovered
+                )
         self.retention.start()
+        try:  # voices enrolled before files were shared through the database; copies of deleted ones
+            self.voices.share_local_files()
+            self.voices.prune_local()
+        except Exception as exc:
+            log_failure("voices", f"sharing or pruning local voice files failed: {exc}", exc=exc)
         if self.s3 is not None:
             try:
                 self.s3.prepare()
             except CosyServeError as exc:
                 log_failure("s3", f"S3 sync is on but the bucket can't be used: {exc}", exc=exc)
+        if self.remote is not None:
+            self.remote.start()
+            return
         self._begin_load("loading")
 
     def shutdown(self) -> dict[str, int]:
@@ -222,6 +255,8 @@ class Service(ServiceTasks):
             self._synth, self._state = None, "stopped"
             self._model.notify_all()
         self.metrics.set_model_loaded(False)
+        if self.remote is not None:
+            self.remote.close()
         self.db.dispose()
         return counts
 
@@ -234,6 +269,8 @@ class Service(ServiceTasks):
     def readiness(self, detailed: bool = False) -> dict[str, Any]:
         """{"ready": bool, "state": ..., "reason": why not ready (or None), model info}; `detailed` adds
         what only admins see (the model's path, the last engine failure)."""
+        if self.remote is not None:
+            return self.remote.readiness(detailed, accepting=self.scheduler.accepting)
         with self._model:
             state, error = self._state, self._model_error
         reason = None
@@ -253,6 +290,9 @@ class Service(ServiceTasks):
 
     def require_ready(self) -> None:
         """Raise ModelNotReady unless the model can take work (during a restart, work waits for it)."""
+        if self.remote is not None:
+            self.remote.require_ready()
+            return
         with self._model:
             state, error = self._state, self._model_error
         if state in ("ready", "restarting"):
@@ -263,6 +303,11 @@ class Service(ServiceTasks):
 
     def restart_engine(self) -> str:
         """Reload the model (freeing its memory first); returns the new state. Idempotent while reloading."""
+        if self.remote is not None:
+            raise InputError(
+                "this API node runs no model: restart the `cosyserve worker` processes instead "
+                "(one at a time; their jobs move to the others)"
+            )
         with self._model:
             if self._state in ("loading", "restarting"):
                 return self._state

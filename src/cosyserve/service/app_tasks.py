@@ -95,6 +95,10 @@ class ServiceTasks:
         spec = spec.checked(self.model_info.get("sample_rate"))
         if stream:
             request = dataclasses.replace(request, stream=True)
+        if self.remote is not None:  # an API node: a worker synthesises, this thread relays its output
+            return self.scheduler.submit(
+                self.remote.tts_work(request, spec, stream), owner=spec.owner, stream=stream
+            )
 
         def work(ctx: WorkContext) -> Any:
             if stream:
@@ -178,7 +182,9 @@ class ServiceTasks:
         )
         stored = None
         try:
-            stored = self.outputs.save(wav, "wav", manifest)
+            # A worker uploads before answering: the API node that serves the result reads the bucket.
+            upload_now = self.role == "worker" and self.s3 is not None
+            stored = self.outputs.save(wav, "wav", manifest, upload_now=upload_now)
         except Exception as exc:  # the caller still gets its audio; the failure is logged and counted
             log_failure("storage", f"saving the output failed: {exc}", exc=exc)
             self.metrics.count_error("storage")
@@ -205,40 +211,14 @@ class ServiceTasks:
         limit = self.settings.limits.max_text_chars * JOB_TEXT_FACTOR
         if len(request.text) > limit:
             raise InputError(f"a job text may have at most {limit} characters, got {len(request.text)}")
-        pieces = split_for_job(request.text, self.settings.limits.max_text_chars)
-        recorded = threading.Event()
+        split_for_job(request.text, self.settings.limits.max_text_chars)  # fails early on unusable text
         job_id = _new_id()
-
-        def on_state(ticket: Ticket, state: str) -> None:
-            recorded.wait(30.0)  # the record is written right after submit returns
-            try:
-                if state == "running":
-                    self.jobs.mark_running(job_id)
-                elif state == "done":
-                    outcome: TtsOutcome = ticket.value
-                    extra = {"warnings": list(outcome.warnings), "format": spec.format, "pieces": len(pieces)}
-                    self.jobs.finish_done(
-                        job_id,
-                        output_id=outcome.output_id,
-                        output_path=outcome.output_path,
-                        duration_s=outcome.duration_s,
-                        seed=outcome.seed,
-                        extra=extra,
-                    )
-                else:
-                    self.jobs.finish_with_exception(job_id, ticket.error or Cancelled("cancelled"))
-            except JobStateError as exc:
-                log.warning("job %s: %s", job_id, exc)
-
-        def work(ctx: WorkContext) -> TtsOutcome:
-            with request_context(spec.request_id), self.synthesizer(ctx.cancel) as synth:
-                result = self._run_engine(lambda: self._run_pieces(ctx, synth, request, pieces, job_id))
-                return self._finish(synth, request, result, spec, encoded=False)
-
-        ticket = self.scheduler.submit(work, job_id=job_id, owner=spec.owner, on_state=on_state)
+        if self.remote is not None:
+            return self.remote.submit_job(job_id, request, spec)
+        recorded = threading.Event()
+        ticket = self._submit_job_work(job_id, request, spec, attempt=None, recorded=recorded)
         try:
-            params = {**dataclasses.asdict(request), "format": spec.format, "sample_rate": spec.sample_rate}
-            record = self.jobs.create(params, kind="tts", owner=spec.owner, job_id=job_id)
+            record = self.jobs.create(_job_params(request, spec), kind="tts", owner=spec.owner, job_id=job_id)
         except BaseException:
             recorded.set()  # before cancelling: on_state waits for it
             ticket.cancel("the job record could not be written")
@@ -246,8 +226,80 @@ class ServiceTasks:
         recorded.set()
         return record
 
+    def run_claimed_job(
+        self: Service, job_id: str, attempt: int, request: SynthesisRequest, spec: OutputSpec
+    ) -> Ticket:
+        """Run a job this worker claimed (`JobStore.claim`) as `attempt`; its results land only while that
+        attempt is still the job's current one."""
+        done = threading.Event()
+        done.set()
+        return self._submit_job_work(job_id, request, spec, attempt=attempt, recorded=done)
+
+    def _submit_job_work(
+        self: Service,
+        job_id: str,
+        request: SynthesisRequest,
+        spec: OutputSpec,
+        *,
+        attempt: int | None,
+        recorded: threading.Event,
+    ) -> Ticket:
+        pieces = split_for_job(request.text, self.settings.limits.max_text_chars)
+
+        def on_state(ticket: Ticket, state: str) -> None:
+            recorded.wait(30.0)  # the record is written right after submit returns
+            try:
+                if state == "running":
+                    if attempt is None:  # a claimed job is already running
+                        self.jobs.mark_running(job_id)
+                elif state == "done":
+                    outcome: TtsOutcome = ticket.value
+                    extra = {"warnings": list(outcome.warnings), "format": spec.format, "pieces": len(pieces)}
+                    try:
+                        self.jobs.finish_done(
+                            job_id,
+                            output_id=outcome.output_id,
+                            output_path=outcome.output_path,
+                            duration_s=outcome.duration_s,
+                            seed=outcome.seed,
+                            extra=extra,
+                            attempt=attempt,
+                        )
+                    except JobStateError:
+                        self._discard_output(outcome.output_id)  # another attempt owns the job's result
+                        raise
+                else:
+                    error = ticket.error or Cancelled("cancelled")
+                    self.jobs.finish_with_exception(job_id, error, attempt=attempt)
+            except JobStateError as exc:
+                log.warning("job %s: %s", job_id, exc)
+
+        def work(ctx: WorkContext) -> TtsOutcome:
+            with request_context(spec.request_id), self.synthesizer(ctx.cancel) as synth:
+                result = self._run_engine(
+                    lambda: self._run_pieces(ctx, synth, request, pieces, job_id, attempt)
+                )
+                ctx.check_cancelled()  # lost the job while finishing the last piece: no output
+                return self._finish(synth, request, result, spec, encoded=False)
+
+        return self.scheduler.submit(work, job_id=job_id, owner=spec.owner, on_state=on_state)
+
+    def _discard_output(self: Service, output_id: str | None) -> None:
+        if output_id is None:
+            return
+        try:
+            self.outputs.delete(output_id)
+        except Exception as exc:  # nothing refers to it; retention removes it later anyway
+            log.warning("could not delete the unused output %s: %s", output_id, exc)
+
     def _run_pieces(
-        self: Service, ctx: WorkContext, synth: Any, request: SynthesisRequest, pieces: list[str], job_id: str
+        self: Service,
+        ctx: WorkContext,
+        synth: Any,
+        request: SynthesisRequest,
+        pieces: list[str],
+        job_id: str,
+        attempt: int | None = None,
     ) -> SynthesisResult:
         results: list[SynthesisResult] = []
         seed = request.seed
@@ -261,7 +313,7 @@ class ServiceTasks:
                 ctx.set_progress(fraction)
                 if time.monotonic() - last_write >= PROGRESS_WRITE_S:
                     last_write = time.monotonic()
-                    self.jobs.set_progress(job_id, fraction)
+                    self.jobs.set_progress(job_id, fraction, attempt=attempt)
 
             part = dataclasses.replace(request, text=piece, seed=seed)
             result = synth.synthesize(part, progress=progress, cancel=ctx.cancel).result()
@@ -278,6 +330,8 @@ class ServiceTasks:
             raise JobStateError(
                 f"job {job_id} already ended ({record.state}); only queued or running jobs cancel"
             )
+        if self.remote is not None:
+            return self.remote.cancel_job(job_id)
         if not self.scheduler.cancel(job_id, "cancelled by the client"):
             # Not in this process's scheduler (an earlier process's record): end the record itself.
             return self.jobs.finish_cancelled(job_id, "cancelled by the client")
@@ -298,6 +352,12 @@ class ServiceTasks:
     ) -> Ticket:
         """Analyse and store a new voice on a worker (the prompt models run on the accelerator too)."""
         self.require_ready()
+        if self.remote is not None:
+            return self.scheduler.submit(
+                self.remote.enrol_work(
+                    name, audio, transcript, suffix=suffix, defaults=defaults, lexicon=lexicon
+                )
+            )
 
         def work(ctx: WorkContext) -> Voice:
             with request_context(request_id), self.synthesizer(ctx.cancel) as synth:
@@ -354,6 +414,10 @@ def split_for_job(text: str, max_chars: int) -> list[str]:
             pieces.append(unit)
         # else: punctuation that fits nowhere says nothing; it is dropped
     return pieces
+
+
+def _job_params(request: SynthesisRequest, spec: OutputSpec) -> dict[str, Any]:
+    return {**dataclasses.asdict(request), "format": spec.format, "sample_rate": spec.sample_rate}
 
 
 def _new_id() -> str:

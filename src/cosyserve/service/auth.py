@@ -29,6 +29,7 @@ from sqlalchemy.exc import IntegrityError
 
 from cosyserve.errors import InputError
 from cosyserve.service import signing
+from cosyserve.service.db import create_tables
 
 KEY_SCHEME = "cs_"
 PREFIX_CHARS = 8  # random characters kept in clear as the lookup prefix
@@ -117,7 +118,7 @@ class KeyStore:
     ) -> None:
         self.engine = engine
         self.table = api_keys_table(metadata)
-        self.table.create(engine, checkfirst=True)
+        create_tables(engine, self.table)
         self._clock = clock
         self._touch_interval_s = touch_interval_s  # last_used_at is written at most this often per key
 
@@ -287,7 +288,7 @@ class QuotaTracker:
     ) -> None:
         self.engine = engine
         self.table = audio_usage_table(metadata)
-        self.table.create(engine, checkfirst=True)
+        create_tables(engine, self.table)
         self.default_daily_seconds = default_daily_seconds
         self._clock = clock
 

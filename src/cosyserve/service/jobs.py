@@ -3,6 +3,12 @@
 Every accepted job ends in exactly one of done, failed (with a reason) or cancelled. State changes are
 single conditional UPDATEs (`… WHERE state IN (allowed)`), so two threads or processes racing to finish
 the same job cannot both succeed: the loser gets `JobStateError` and no second result is recorded.
+
+Several worker processes (distributed mode) take jobs with `claim`: it moves a queued job, or a running one
+whose lease ran out (its worker died), to running under a new `attempt` number with a lease the worker
+renews while it works. Progress and results written with that attempt number only land while the attempt
+is still the current one, so a worker that lost its job (cancelled, or taken over after a stall) cannot
+record a second result.
 """
 
 from __future__ import annotations
@@ -10,7 +16,7 @@ from __future__ import annotations
 import uuid
 from collections.abc import Mapping
 from dataclasses import asdict, dataclass
-from datetime import datetime, timezone
+from datetime import datetime, timedelta, timezone
 from typing import Any, Literal
 
 from sqlalchemy import (
@@ -21,17 +27,21 @@ from sqlalchemy import (
     Engine,
     Float,
     Index,
+    Integer,
     String,
     Table,
     Text,
     func,
     insert,
+    inspect,
     select,
+    text,
     update,
 )
+from sqlalchemy.exc import DBAPIError
 
 from cosyserve.errors import Cancelled, InputError, JobStateError, error_code
-from cosyserve.service.db import metadata
+from cosyserve.service.db import create_tables, metadata
 
 JobState = Literal["queued", "running", "done", "failed", "cancelled"]
 TERMINAL_STATES: frozenset[str] = frozenset({"done", "failed", "cancelled"})
@@ -59,6 +69,9 @@ jobs_table = Table(
     Column("duration_s", Float, nullable=True),
     Column("seed", BigInteger, nullable=True),
     Column("result_extra", JSON, nullable=True),  # timings, warnings, stage seconds, …
+    Column("attempt", Integer, nullable=False, default=0),  # how many times a worker claimed it
+    Column("worker", String(128), nullable=True),  # who holds (or last held) it
+    Column("lease_until", DateTime(timezone=True), nullable=True),  # a running job's holder renews this
     Index("ix_jobs_owner_created", "owner", "created_at"),
     Index("ix_jobs_state", "state"),
 )
@@ -84,6 +97,9 @@ class JobRecord:
     duration_s: float | None
     seed: int | None
     result_extra: dict[str, Any] | None
+    attempt: int = 0
+    worker: str | None = None
+    lease_until: datetime | None = None
 
     @property
     def is_terminal(self) -> bool:
@@ -92,7 +108,7 @@ class JobRecord:
     def to_dict(self) -> dict[str, Any]:
         """JSON-able, timestamps as ISO 8601."""
         out = asdict(self)
-        for key in ("created_at", "started_at", "finished_at"):
+        for key in ("created_at", "started_at", "finished_at", "lease_until"):
             out[key] = out[key].isoformat() if out[key] is not None else None
         return out
 
@@ -110,8 +126,9 @@ def _aware(value: datetime | None) -> datetime | None:
 
 def _record(row: Mapping[str, Any]) -> JobRecord:
     data = dict(row)
-    for key in ("created_at", "started_at", "finished_at"):
-        data[key] = _aware(data[key])
+    for key in ("created_at", "started_at", "finished_at", "lease_until"):
+        data[key] = _aware(data.get(key))
+    data["attempt"] = data.get("attempt") or 0
     return JobRecord(**data)
 
 
@@ -133,7 +150,8 @@ class JobStore:
 
     def __init__(self, engine: Engine) -> None:
         self.engine = engine
-        jobs_table.create(engine, checkfirst=True)
+        create_tables(engine, jobs_table)
+        _add_missing_columns(engine)
 
     def create(
         self,
@@ -198,14 +216,56 @@ class JobStore:
     def mark_running(self, job_id: str) -> JobRecord:
         return self._transition(job_id, ("queued",), state="running", started_at=utc_now())
 
-    def set_progress(self, job_id: str, fraction: float) -> bool:
-        """Record progress of a running job; False (and no change) when it is no longer running."""
+    def set_progress(self, job_id: str, fraction: float, *, attempt: int | None = None) -> bool:
+        """Record progress of a running job; False (and no change) when it is no longer running (or no
+        longer this `attempt`'s)."""
         fraction = min(1.0, max(0.0, float(fraction)))
         with self.engine.begin() as conn:
             result = conn.execute(
                 update(jobs_table)
-                .where(jobs_table.c.id == job_id, jobs_table.c.state == "running")
+                .where(jobs_table.c.id == job_id, jobs_table.c.state == "running", *_of_attempt(attempt))
                 .values(progress=fraction)
+            )
+        return result.rowcount == 1
+
+    # -- claims (several workers) ------------------------------------------------------------------------
+
+    def claim(self, job_id: str, worker: str, lease_s: float) -> JobRecord | None:
+        """Take a queued job, or a running one whose lease expired, for `worker`; None when it is not
+        claimable (finished, or held by a live worker). The returned record's `attempt` is the caller's."""
+        current = self.get(job_id)
+        if current is None or current.is_terminal:
+            return None
+        now = utc_now()
+        claimable = jobs_table.c.state == "queued"
+        if current.state == "running":
+            if current.lease_until is not None and current.lease_until > now:
+                return None
+            claimable = (jobs_table.c.state == "running") & (
+                jobs_table.c.lease_until.is_(None) | (jobs_table.c.lease_until <= now)
+            )
+        with self.engine.begin() as conn:
+            # The attempt number is the optimistic lock: of two racing claimers only one matches it.
+            result = conn.execute(
+                update(jobs_table)
+                .where(jobs_table.c.id == job_id, jobs_table.c.attempt == current.attempt, claimable)
+                .values(
+                    state="running",
+                    attempt=current.attempt + 1,
+                    worker=worker,
+                    lease_until=now + timedelta(seconds=lease_s),
+                    started_at=current.started_at or now,
+                )
+            )
+        return self.get(job_id) if result.rowcount == 1 else None
+
+    def renew(self, job_id: str, attempt: int, lease_s: float) -> bool:
+        """Extend a running job's lease; False when this attempt lost it (cancelled, finished, taken)."""
+        with self.engine.begin() as conn:
+            result = conn.execute(
+                update(jobs_table)
+                .where(jobs_table.c.id == job_id, jobs_table.c.state == "running", *_of_attempt(attempt))
+                .values(lease_until=utc_now() + timedelta(seconds=lease_s))
             )
         return result.rowcount == 1
 
@@ -218,10 +278,12 @@ class JobStore:
         duration_s: float | None = None,
         seed: int | None = None,
         extra: Mapping[str, Any] | None = None,
+        attempt: int | None = None,
     ) -> JobRecord:
         return self._transition(
             job_id,
             ("running",),
+            attempt=attempt,
             state="done",
             progress=1.0,
             finished_at=utc_now(),
@@ -232,31 +294,37 @@ class JobStore:
             result_extra=sanitize_params(dict(extra)) if extra is not None else None,
         )
 
-    def finish_failed(self, job_id: str, code: str, message: str) -> JobRecord:
+    def finish_failed(self, job_id: str, code: str, message: str, *, attempt: int | None = None) -> JobRecord:
         return self._transition(
             job_id,
             ACTIVE_STATES,
+            attempt=attempt,
             state="failed",
             finished_at=utc_now(),
             error_code=code,
             error_message=message,
         )
 
-    def finish_cancelled(self, job_id: str, message: str = "cancelled") -> JobRecord:
+    def finish_cancelled(
+        self, job_id: str, message: str = "cancelled", *, attempt: int | None = None
+    ) -> JobRecord:
         return self._transition(
             job_id,
             ACTIVE_STATES,
+            attempt=attempt,
             state="cancelled",
             finished_at=utc_now(),
             error_code="cancelled",
             error_message=message,
         )
 
-    def finish_with_exception(self, job_id: str, exc: BaseException) -> JobRecord:
+    def finish_with_exception(
+        self, job_id: str, exc: BaseException, *, attempt: int | None = None
+    ) -> JobRecord:
         """Failed (or cancelled, for `Cancelled`) with the exception's code and message."""
         if isinstance(exc, Cancelled):
-            return self.finish_cancelled(job_id, str(exc) or "cancelled")
-        return self.finish_failed(job_id, error_code(exc), str(exc) or type(exc).__name__)
+            return self.finish_cancelled(job_id, str(exc) or "cancelled", attempt=attempt)
+        return self.finish_failed(job_id, error_code(exc), str(exc) or type(exc).__name__, attempt=attempt)
 
     def recover_interrupted(self) -> int:
         """At startup (single process): jobs a crashed process left queued or running become failed."""
@@ -283,17 +351,26 @@ class JobStore:
             )
         return int(result.rowcount)
 
-    def _transition(self, job_id: str, allowed: tuple[str, ...], **values: Any) -> JobRecord:
+    def _transition(
+        self, job_id: str, allowed: tuple[str, ...], *, attempt: int | None = None, **values: Any
+    ) -> JobRecord:
+        if values["state"] in TERMINAL_STATES:
+            values["lease_until"] = None
         with self.engine.begin() as conn:
             result = conn.execute(
                 update(jobs_table)
-                .where(jobs_table.c.id == job_id, jobs_table.c.state.in_(allowed))
+                .where(jobs_table.c.id == job_id, jobs_table.c.state.in_(allowed), *_of_attempt(attempt))
                 .values(**values)
             )
         if result.rowcount != 1:
             current = self.get(job_id)
             if current is None:
                 raise JobStateError(f"no job {job_id!r}: it never existed or was purged")
+            if attempt is not None and current.attempt != attempt and current.state in allowed:
+                raise JobStateError(
+                    f"job {job_id} was taken over (attempt {current.attempt}, this was {attempt}): "
+                    "a job produces one result"
+                )
             raise JobStateError(
                 f"job {job_id} is {current.state}; it cannot become {values['state']} "
                 f"(only from {' or '.join(allowed)}): a job produces one result"
@@ -305,3 +382,25 @@ class JobStore:
         if record is None:  # pragma: no cover - only if deleted concurrently
             raise JobStateError(f"job {job_id} vanished while being updated")
         return record
+
+
+def _of_attempt(attempt: int | None) -> tuple[Any, ...]:
+    return () if attempt is None else (jobs_table.c.attempt == attempt,)
+
+
+def _add_missing_columns(engine: Engine) -> None:
+    """Databases made before the claim columns existed get them (nullable or with a default)."""
+    present = {column["name"] for column in inspect(engine).get_columns(jobs_table.name)}
+    missing = [column for column in jobs_table.columns if column.name not in present]
+    if not missing:
+        return
+    for column in missing:
+        kind = column.type.compile(dialect=engine.dialect)
+        default = " NOT NULL DEFAULT 0" if column.name == "attempt" else ""
+        try:
+            with engine.begin() as conn:
+                conn.execute(text(f"ALTER TABLE {jobs_table.name} ADD COLUMN {column.name} {kind}{default}"))
+        except DBAPIError:  # another process added it first
+            present = {c["name"] for c in inspect(engine).get_columns(jobs_table.name)}
+            if column.name not in present:
+                raise

@@ -102,7 +102,16 @@ class QueueSettings(_Group):
     queue_size: int = Field(16, ge=0, description="requests that may wait for a free slot before 429s")
     request_timeout_s: float = Field(300.0, gt=0, description="a synthesis running longer than this fails")
     queue_url: str | None = Field(
-        None, description="redis://… queue shared by several nodes (default: in-process queue)"
+        None,
+        description="redis://… broker shared by API nodes and workers (default: in-process queue)",
+    )
+    visibility_timeout_s: float = Field(
+        600.0,
+        ge=5,
+        description="distributed: a job taken by a worker that vanished is handed to another after this",
+    )
+    job_lease_s: float = Field(
+        30.0, ge=1, description="distributed: a worker silent this long loses its running job to another"
     )
 
     @field_validator("queue_url")

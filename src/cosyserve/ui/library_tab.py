@@ -166,7 +166,7 @@ def build_library_tab(ctx: UiContext, panels: list[ModePanel], tabs: gr.Tabs) ->
                 raise UiError("select_first")
             voice = bridge.voice(voice_id)
             if not (words or "").strip():
-                return cache_copy(voice.audio_path, ctx.cache_dir), ""
+                return cache_copy(bridge.service.voices.audio_file(voice), ctx.cache_dir), ""
             ticket = bridge.submit(
                 principal,
                 SynthesisRequest(text=words.strip(), voice=voice.id),

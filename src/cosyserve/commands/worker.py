@@ -1,0 +1,42 @@
+"""`cosyserve worker`: take synthesis work from a shared Redis queue (distributed mode).
+
+Start one per accelerator (`--device cuda:0`, `--device cuda:1`, …) on any machine that reaches the queue,
+the database and the object store; API nodes (`cosyserve serve --queue …`) hand them the work. Every
+setting `serve` takes applies here too (`--model`, `--concurrency`, `--database-url`, `--s3-*`, …).
+"""
+
+from __future__ import annotations
+
+import argparse
+import logging
+
+from cosyserve.commands.serve import add_settings_flags, load_settings
+from cosyserve.errors import SettingsError
+
+log = logging.getLogger("cosyserve.worker")
+
+
+def cmd_worker(args: argparse.Namespace) -> int:
+    from cosyserve.service.distributed.worker import WorkerNode
+    from cosyserve.service.logs import configure_logging
+
+    settings = load_settings(args, args.settings_dests)
+    if not settings.queue.queue_url:
+        raise SettingsError(
+            "a worker needs the shared queue: pass --queue redis://HOST:6379/0 (or set COSYSERVE_QUEUE_URL)"
+        )
+    configure_logging(settings.log.level, settings.log.json_lines)
+    node = WorkerNode(settings, name=args.name)
+    return node.run(loglevel=settings.log.level)
+
+
+def add_parser(sub: argparse._SubParsersAction) -> None:
+    worker = sub.add_parser(
+        "worker",
+        help="run a synthesis worker for API nodes sharing a Redis queue (one per GPU)",
+        description="Load the model once and run queued work from `cosyserve serve --queue …` nodes. "
+        "Stops on SIGTERM/SIGINT after the tasks it is running have finished.",
+    )
+    worker.add_argument("--name", default=None, help="worker name in /ready and logs (default: host-pid)")
+    dests = add_settings_flags(worker)
+    worker.set_defaults(func=cmd_worker, settings_dests=dests)

@@ -1,0 +1,265 @@
+"""The API node's side of distributed mode: send work to the workers and relay what comes back.
+
+An API node loads no model. Interactive requests (`/v1/tts`, OpenAI speech, voice enrolment) still go
+through the node's own bounded scheduler, so 429s, timeouts, disconnect-cancel and shutdown behave exactly
+as on one machine; the work a slot runs is "send a Celery task, then read its relay stream". Jobs are
+fire-and-forget: a row in the shared database plus a late-acknowledged Celery message, so they survive a
+restart of the API node and the loss of a worker.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import logging
+import threading
+import time
+import uuid
+from collections.abc import Callable, Iterator
+from typing import TYPE_CHECKING, Any
+
+from cosyserve.errors import Cancelled, JobStateError
+from cosyserve.service.distributed import codec
+from cosyserve.service.distributed.celery_app import ENROL_TASK, JOB_TASK, QUEUE, TTS_TASK, make_celery
+from cosyserve.service.distributed.relay import Relay, RelayItem, WorkerRegistry, connect
+from cosyserve.service.jobs import JobRecord
+from cosyserve.service.requests import SynthesisRequest
+
+if TYPE_CHECKING:
+    from cosyserve.service.app_state import Service
+    from cosyserve.service.app_tasks import OutputSpec
+    from cosyserve.service.scheduler import WorkContext
+    from cosyserve.service.voices import Voice, VoiceDefaults
+
+log = logging.getLogger(__name__)
+
+WORKERS_CACHE_S = 2.0  # how long the list of live workers is reused for readiness checks
+LEASE_CHECK_S = 1.0  # how often a waiting request checks that its worker still holds the task
+
+
+class RemoteDispatcher:
+    """Sends work to `cosyserve worker` processes through Celery and reads their results from Redis."""
+
+    def __init__(self, service: Service) -> None:
+        queue = service.settings.queue
+        if not queue.queue_url:
+            raise ValueError("RemoteDispatcher needs queue_url")
+        self.service = service
+        self.url = queue.queue_url
+        self.app = make_celery(self.url, visibility_timeout_s=queue.visibility_timeout_s)
+        self.client = connect(self.url)
+        self.relay = Relay(self.client)
+        self.registry = WorkerRegistry(self.client)
+        self._workers: tuple[float, list[dict[str, Any]]] = (0.0, [])
+        self._workers_lock = threading.Lock()
+
+    def start(self) -> None:
+        try:
+            self.client.ping()
+        except Exception as exc:  # the node still starts: /ready says why it is not ready
+            log.error("the queue at %s cannot be reached: %s", _where(self.url), exc)
+
+    def close(self) -> None:
+        self.client.close()
+
+    # -- readiness ---------------------------------------------------------------------------------------
+
+    def workers(self, *, fresh: bool = False) -> list[dict[str, Any]]:
+        """Live workers' heartbeat info (cached briefly); raises codec.QueueUnavailable when Redis is down."""
+        with self._workers_lock:
+            checked_at, workers = self._workers
+            # An empty answer is never reused: a worker that just started is used at once.
+            if fresh or not workers or time.monotonic() - checked_at > WORKERS_CACHE_S:
+                try:
+                    workers = self.registry.alive()
+                except Exception as exc:
+                    raise codec.QueueUnavailable(
+                        f"the queue at {_where(self.url)} cannot be reached ({type(exc).__name__}): "
+                        "check that Redis runs and queue_url points at it"
+                    ) from exc
+                self._workers = (time.monotonic(), workers)
+                if workers:
+                    self.service.model_info = _model_info(workers[0])
+        return workers
+
+    def readiness(self, detailed: bool, *, accepting: bool) -> dict[str, Any]:
+        try:
+            workers = self.workers()
+            reason = None if workers else "no worker is connected: start `cosyserve worker --queue …`"
+        except codec.QueueUnavailable as exc:
+            workers, reason = [], str(exc)
+        if reason is None and not accepting:
+            reason = "the server is shutting down"
+        info = {k: v for k, v in self.service.model_info.items() if detailed or k != "model_path"}
+        body: dict[str, Any] = {
+            "ready": reason is None,
+            "state": "ready" if workers else "no_workers",
+            "reason": reason,
+            **info,
+            "role": "api",
+            "workers": len(workers),
+        }
+        if detailed:
+            body["worker_info"] = workers
+        return body
+
+    def require_ready(self) -> None:
+        if not self.workers():
+            raise codec.NoWorkers(
+                "no worker is connected to the queue: start `cosyserve worker --queue …` "
+                "(GET /ready says when one is)"
+            )
+
+    # -- interactive work --------------------------------------------------------------------------------
+
+    def tts_work(
+        self, request: SynthesisRequest, spec: OutputSpec, stream: bool
+    ) -> Callable[[WorkContext], Any]:
+        """The work for one scheduler slot: a task on a worker, relayed (chunks too when `stream`)."""
+        args = [codec.encode_request(request), codec.encode_spec(spec), stream]
+
+        def work(ctx: WorkContext) -> Any:
+            task_id = self._send(TTS_TASK, args)
+            items = self._relay(task_id, ctx)
+            if stream:
+                return self._stream(task_id, items)
+            try:
+                return codec.decode_outcome(_json(_until_done(items)))
+            finally:
+                self.relay.drop(task_id)
+
+        return work
+
+    def _stream(self, task_id: str, items: Iterator[RelayItem]) -> Iterator[Any]:
+        from cosyserve.service.app_tasks import StreamStart
+
+        try:
+            for item in items:
+                if item.kind == "start":
+                    yield StreamStart(**_json(item))
+                elif item.kind == "chunk":
+                    yield item.data
+                elif item.kind == "done":
+                    return codec.decode_outcome(_json(item))
+            raise codec.WorkerLost("the worker's output ended early")  # pragma: no cover - _relay raises
+        finally:
+            self.relay.drop(task_id)
+
+    def enrol_work(
+        self,
+        name: str,
+        audio: bytes,
+        transcript: str | None,
+        *,
+        suffix: str,
+        defaults: VoiceDefaults | None,
+        lexicon: dict[str, str] | None,
+    ) -> Callable[[WorkContext], Voice]:
+        args = [name, codec.b64(audio), transcript, suffix, codec.encode_defaults(defaults), lexicon]
+
+        def work(ctx: WorkContext) -> Voice:
+            task_id = self._send(ENROL_TASK, args)
+            try:
+                voice = _json(_until_done(self._relay(task_id, ctx)))
+            finally:
+                self.relay.drop(task_id)
+            return self.service.voices.get(voice["id"])
+
+        return work
+
+    # -- jobs --------------------------------------------------------------------------------------------
+
+    def submit_job(self, job_id: str, request: SynthesisRequest, spec: OutputSpec) -> JobRecord:
+        """Record the job, then queue it; if the queue refuses it the record ends failed."""
+        from cosyserve.service.app_tasks import _job_params
+
+        record = self.service.jobs.create(
+            _job_params(request, spec), kind="tts", owner=spec.owner, job_id=job_id
+        )
+        try:
+            self._send(JOB_TASK, [job_id, codec.encode_request(request), codec.encode_spec(spec)], job_id)
+        except codec.QueueUnavailable as exc:
+            with contextlib.suppress(JobStateError):  # nobody else knows the job yet
+                self.service.jobs.finish_failed(job_id, "queue_unavailable", str(exc))
+            raise
+        return record
+
+    def cancel_job(self, job_id: str) -> JobRecord:
+        """End the record now; the worker running it (if any) sees the cancel and stops."""
+        record = self.service.jobs.finish_cancelled(job_id, "cancelled by the client")
+        try:
+            self.relay.request_cancel(job_id)
+        except Exception as exc:  # the record is cancelled; the worker notices at its next lease renewal
+            log.warning("could not flag job %s as cancelled in the queue: %s", job_id, exc)
+        return record
+
+    # -- internals ---------------------------------------------------------------------------------------
+
+    def _send(self, task: str, args: list[Any], task_id: str | None = None) -> str:
+        task_id = task_id or uuid.uuid4().hex
+        try:
+            self.app.send_task(task, args=args, task_id=task_id, queue=QUEUE)
+        except Exception as exc:
+            raise codec.QueueUnavailable(
+                f"the queue at {_where(self.url)} refused the task ({type(exc).__name__}: {exc}): "
+                "check that Redis runs; retry in a few seconds"
+            ) from exc
+        return task_id
+
+    def _relay(self, task_id: str, ctx: WorkContext) -> Iterator[RelayItem]:
+        """The task's relay items up to and including `done`; raises the worker's error, Cancelled when
+        the client cancels (the worker is told), WorkerLost when its worker vanishes."""
+        after, held, last_check = "0-0", False, 0.0
+        while True:
+            if ctx.cancel.is_set():
+                self._cancel_quietly(task_id)
+                ctx.check_cancelled()
+            items = self.relay.read(task_id, after, block_ms=250)
+            for item in items:
+                after = item.id
+                if item.kind == "progress":
+                    ctx.set_progress(float(_json(item)))
+                    continue
+                if item.kind == "error":
+                    raise codec.decode_error(_json(item))
+                yield item
+                if item.kind == "done":
+                    return
+            if items or time.monotonic() - last_check < LEASE_CHECK_S:
+                continue
+            last_check = time.monotonic()
+            holder = self.relay.holder(task_id)
+            if holder is not None:
+                held = True
+            elif held and not self.relay.read(task_id, after, block_ms=0):
+                raise codec.WorkerLost(
+                    "the worker running this request stopped before it finished: retry the request"
+                )
+
+    def _cancel_quietly(self, task_id: str) -> None:
+        try:
+            self.relay.request_cancel(task_id)
+        except Exception as exc:
+            log.warning("could not pass a cancel for task %s to the workers: %s", task_id, exc)
+
+
+def _until_done(items: Iterator[RelayItem]) -> RelayItem:
+    for item in items:
+        if item.kind == "done":
+            return item
+    raise Cancelled("the request ended without a result")  # pragma: no cover - _relay raises first
+
+
+def _json(item: RelayItem) -> Any:
+    return json.loads(item.data.decode())
+
+
+def _model_info(worker: dict[str, Any]) -> dict[str, Any]:
+    keys = ("model", "model_path", "fingerprint", "device", "sample_rate", "demo", "preset")
+    return {key: worker[key] for key in keys if key in worker}
+
+
+def _where(url: str) -> str:
+    """The broker URL without credentials, for messages and logs."""
+    head, _, tail = url.rpartition("@")
+    return url if not head else url.split("://", 1)[0] + "://" + tail

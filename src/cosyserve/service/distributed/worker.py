@@ -1,0 +1,361 @@
+"""`cosyserve worker`: one process per accelerator that loads the model once and runs queued tasks.
+
+The worker is a `Service` in the "worker" role (the model, the local scheduler with its concurrency limit,
+the shared stores) plus a Celery consumer on a thread pool of the same size. Each task runs through the
+local scheduler exactly as a request on a single machine does, and what it produces goes to the relay:
+stream chunks and the final outcome for interactive tasks, the jobs table for jobs.
+
+While a task runs, a watcher thread renews its lease (a Redis key for interactive tasks, the job row's
+lease for jobs), passes a cancel from the relay or a lost job lease on to the ticket, and publishes
+progress. A heartbeat thread tells API nodes this worker is alive and what model it serves.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import dataclasses
+import logging
+import os
+import socket
+import threading
+import time
+from typing import TYPE_CHECKING, Any
+
+from cosyserve.errors import Cancelled, CosyServeError, JobStateError, ModelDirError
+from cosyserve.service.distributed import codec
+from cosyserve.service.distributed.celery_app import (
+    ENROL_TASK,
+    JOB_TASK,
+    QUEUE,
+    TTS_TASK,
+    make_celery,
+    task_options,
+)
+from cosyserve.service.distributed.relay import Relay, WorkerRegistry, connect
+from cosyserve.service.logs import log_failure
+
+if TYPE_CHECKING:
+    from cosyserve.service.app_state import Service
+    from cosyserve.service.settings import Settings
+    from cosyserve.service.tickets import Ticket
+
+log = logging.getLogger(__name__)
+
+WATCH_INTERVAL_S = 0.25  # how often a running task looks for a cancel and reports progress
+MODEL_LOAD_TIMEOUT_S = 3600.0  # a first start may download the model
+
+
+def default_worker_name() -> str:
+    return f"{socket.gethostname()}-{os.getpid()}"
+
+
+class WorkerNode:
+    """A worker process: the model, the Celery consumer, the heartbeat. `run()` blocks until shutdown."""
+
+    def __init__(
+        self, settings: Settings, *, name: str | None = None, service: Service | None = None
+    ) -> None:
+        from cosyserve.service.app_state import Service
+
+        queue = settings.queue
+        if not queue.queue_url:
+            raise ValueError("a worker needs queue_url")
+        self.settings = settings
+        self.name = name or default_worker_name()
+        self.service = service or Service(settings, role="worker")
+        self.lease_s = queue.job_lease_s
+        restore = max(1, min(10, int(queue.visibility_timeout_s // 5)))
+        self.app = make_celery(
+            queue.queue_url, visibility_timeout_s=queue.visibility_timeout_s, restore_interval_s=restore
+        )
+        self.client = connect(queue.queue_url)
+        self.relay = Relay(self.client)
+        self.registry = WorkerRegistry(self.client)
+        self._stop = threading.Event()
+        self._running = 0
+        self._count_lock = threading.Lock()
+        self._register_tasks()
+
+    # -- lifecycle ---------------------------------------------------------------------------------------
+
+    def run(self, *, loglevel: str = "INFO") -> int:
+        """Load the model, then consume tasks until SIGTERM/SIGINT (running tasks finish first)."""
+        for chatty in ("celery.worker.strategy", "celery.app.trace"):
+            # At INFO these log every task's arguments: texts and base64 prompt recordings.
+            logging.getLogger(chatty).setLevel(max(logging.WARNING, logging.getLogger().level))
+        self.service.start()
+        self._wait_for_model()
+        beat = threading.Thread(target=self._heartbeat_loop, name="cosyserve-heartbeat", daemon=True)
+        beat.start()
+        concurrency = self.service.scheduler.concurrency
+        log.info("worker %s takes up to %d tasks at once from %s", self.name, concurrency, QUEUE)
+        worker = self.app.Worker(
+            pool="threads",
+            concurrency=concurrency,
+            queues=[QUEUE],
+            hostname=f"{self.name}@{socket.gethostname()}",
+            loglevel=loglevel,
+            without_gossip=True,
+            without_mingle=True,
+            without_heartbeat=True,
+            optimization="fair",
+        )
+        try:
+            worker.start()
+        finally:
+            self._stop.set()
+            beat.join(timeout=5.0)
+            self._leave()
+            self.service.shutdown()
+        return int(worker.exitcode or 0)
+
+    def _wait_for_model(self) -> None:
+        deadline = time.monotonic() + MODEL_LOAD_TIMEOUT_S
+        while self.service.model_state in ("loading", "restarting"):
+            if time.monotonic() > deadline:
+                raise ModelDirError("the model did not load within an hour")
+            time.sleep(0.2)
+        state = self.service.readiness(detailed=True)
+        if self.service.model_state != "ready":
+            raise ModelDirError(f"the worker cannot start: {state['reason']}")
+
+    def _heartbeat_loop(self) -> None:
+        interval = max(0.5, self.lease_s / 3)
+        while not self._stop.is_set():
+            try:
+                if self.service.model_state == "ready":
+                    self.registry.beat(self.name, self.info(), ttl_s=self.lease_s)
+            except Exception as exc:  # Redis briefly away: API nodes see no heartbeat until it is back
+                log.warning("worker heartbeat failed: %s", exc)
+            self._stop.wait(interval)
+
+    def _leave(self) -> None:
+        try:
+            self.registry.leave(self.name)
+        except Exception as exc:  # pragma: no cover - Redis gone at shutdown: the key expires anyway
+            log.warning("could not remove the worker heartbeat: %s", exc)
+
+    def info(self) -> dict[str, Any]:
+        """What API nodes show about this worker (its heartbeat)."""
+        return {
+            **self.service.model_info,
+            "name": self.name,
+            "host": socket.gethostname(),
+            "pid": os.getpid(),
+            "concurrency": self.service.scheduler.concurrency,
+            "running": self._running,
+        }
+
+    # -- tasks -------------------------------------------------------------------------------------------
+
+    def _register_tasks(self) -> None:
+        handlers = {TTS_TASK: self._tts_task, JOB_TASK: self._job_task, ENROL_TASK: self._enrol_task}
+        for name, handler in handlers.items():
+            self.app.task(**task_options(name))(_task_body(self, name, handler))
+
+    def _tts_task(
+        self, task: Any, request_data: dict[str, Any], spec_data: dict[str, Any], stream: bool
+    ) -> None:
+        from cosyserve.service.app_tasks import StreamStart
+
+        task_id = task.request.id
+
+        def run(watch: TaskWatch) -> None:
+            request = codec.decode_request(request_data)
+            spec = codec.decode_spec(spec_data, self._key)
+            ticket = watch.attach(self.service.submit_tts(request, spec, stream=stream))
+            if not stream:
+                self.relay.publish(task_id, "done", codec.encode_outcome(ticket.result()))
+                return
+            for item in ticket.chunks():
+                if isinstance(item, StreamStart):
+                    self.relay.publish(task_id, "start", dataclasses.asdict(item))
+                else:
+                    self.relay.publish(task_id, "chunk", bytes(item))
+            self.relay.publish(task_id, "done", codec.encode_outcome(ticket.value))
+
+        self._interactive(task_id, run)
+
+    def _enrol_task(
+        self,
+        task: Any,
+        name: str,
+        audio_b64: str,
+        transcript: str | None,
+        suffix: str,
+        defaults: dict[str, Any] | None,
+        lexicon: dict[str, str] | None,
+    ) -> None:
+        task_id = task.request.id
+
+        def run(watch: TaskWatch) -> None:
+            ticket = self.service.submit_enrolment(
+                name,
+                codec.unb64(audio_b64) or b"",
+                transcript,
+                suffix=suffix,
+                defaults=codec.decode_defaults(defaults),
+                lexicon=lexicon,
+            )
+            voice = watch.attach(ticket).result()
+            self.relay.publish(task_id, "done", {"id": voice.id})
+
+        self._interactive(task_id, run)
+
+    def _interactive(self, task_id: str, run: Any) -> None:
+        """Run an interactive task under a relay lease; every failure reaches the waiting API node."""
+        reason = self.relay.cancel_reason(task_id)
+        if reason is not None:  # cancelled (or timed out) while it waited in the queue
+            self.relay.publish(task_id, "error", codec.encode_error(Cancelled(reason)))
+            return
+        self.relay.hold(task_id, self.name, self.lease_s)
+        try:
+            with self._counted(), TaskWatch(self, task_id, progress=True) as watch:
+                run(watch)
+        except BaseException as exc:
+            if not isinstance(exc, CosyServeError):
+                log_failure("worker", f"task {task_id} failed: {exc}", exc=exc)
+            self._publish_quietly(task_id, "error", codec.encode_error(exc))
+        finally:
+            self.relay.release(task_id)
+
+    def _job_task(
+        self, task: Any, job_id: str, request_data: dict[str, Any], spec_data: dict[str, Any]
+    ) -> None:
+        jobs = self.service.jobs
+        record = jobs.claim(job_id, self.name, self.lease_s)
+        if record is None:
+            current = jobs.get(job_id)
+            if current is None or current.is_terminal:
+                log.info("job %s: nothing to do (%s)", job_id, current.state if current else "gone")
+                return
+            # Another worker holds it and is alive: look again once its lease could have run out.
+            raise task.retry(countdown=max(1.0, self.lease_s), max_retries=None)
+        attempt = record.attempt
+        if attempt > 1:
+            log.warning("job %s: attempt %d (an earlier worker stopped while running it)", job_id, attempt)
+        try:
+            reason = self.relay.cancel_reason(job_id)
+            if reason is not None:
+                raise Cancelled(reason)
+            request = codec.decode_request(request_data)
+            spec = codec.decode_spec(spec_data, self._key)
+            with self._counted(), TaskWatch(self, job_id, job_attempt=attempt) as watch:
+                watch.attach(self.service.run_claimed_job(job_id, attempt, request, spec)).wait()
+        except BaseException as exc:  # it never reached the scheduler: end the record here
+            with contextlib.suppress(JobStateError):
+                jobs.finish_with_exception(job_id, exc, attempt=attempt)
+            if not isinstance(exc, CosyServeError):
+                log_failure("worker", f"job {job_id} failed: {exc}", exc=exc)
+
+    # -- helpers -----------------------------------------------------------------------------------------
+
+    def _key(self, key_id: int) -> Any:
+        try:
+            return self.service.keys.get(key_id)
+        except CosyServeError:  # revoked or deleted since: nothing to charge
+            return None
+
+    def _publish_quietly(self, task_id: str, kind: str, data: dict[str, Any]) -> None:
+        try:
+            self.relay.publish(task_id, kind, data)
+        except Exception as exc:  # the API node will see the lease vanish and answer 503
+            log.warning("could not report the end of task %s: %s", task_id, exc)
+
+    def _counted(self) -> Any:
+        node = self
+
+        class _Counter:
+            def __enter__(self) -> None:
+                with node._count_lock:
+                    node._running += 1
+
+            def __exit__(self, *_exc: object) -> None:
+                with node._count_lock:
+                    node._running -= 1
+
+        return _Counter()
+
+
+def _task_body(node: WorkerNode, name: str, handler: Any) -> Any:
+    """A Celery task function for `handler`: arguments an older or newer API node sent that this worker
+    cannot take end the task with an error the waiting client sees, instead of a silent timeout."""
+
+    def body(task: Any, *args: Any) -> None:
+        try:
+            handler(task, *args)
+        except TypeError as exc:
+            if name == JOB_TASK:
+                if args:
+                    with contextlib.suppress(Exception):
+                        node.service.jobs.finish_failed(
+                            str(args[0]), "incompatible", f"incompatible task: {exc}"
+                        )
+                raise
+            log_failure(
+                "worker", f"task {task.request.id} ({name}) has arguments this worker cannot take: {exc}"
+            )
+            node._publish_quietly(
+                task.request.id, "error", codec.encode_error(codec.RemoteFailure(f"incompatible task: {exc}"))
+            )
+
+    body.__name__ = body.__qualname__ = name.replace(".", "_")
+    return body
+
+
+class TaskWatch:
+    """While a task runs: renew its lease, pass cancels on to its ticket, publish its progress."""
+
+    def __init__(
+        self, node: WorkerNode, task_id: str, *, progress: bool = False, job_attempt: int | None = None
+    ) -> None:
+        self.node = node
+        self.task_id = task_id
+        self.progress = progress
+        self.job_attempt = job_attempt
+        self.ticket: Ticket | None = None
+        self._stop = threading.Event()
+        self._thread = threading.Thread(target=self._loop, name=f"cosyserve-watch-{task_id[:8]}", daemon=True)
+
+    def attach(self, ticket: Ticket) -> Ticket:
+        self.ticket = ticket
+        return ticket
+
+    def __enter__(self) -> TaskWatch:
+        self._thread.start()
+        return self
+
+    def __exit__(self, *_exc: object) -> None:
+        self._stop.set()
+        self._thread.join(timeout=5.0)
+
+    def _loop(self) -> None:
+        renew_every = max(0.5, self.node.lease_s / 3)
+        renewed = time.monotonic()
+        reported = -1.0
+        while not self._stop.wait(WATCH_INTERVAL_S):
+            try:
+                if time.monotonic() - renewed >= renew_every:
+                    renewed = time.monotonic()
+                    if not self._renew():
+                        self._cancel("the job was cancelled or handed to another worker")
+                reason = self.node.relay.cancel_reason(self.task_id)
+                if reason is not None:
+                    self._cancel(reason)
+                ticket = self.ticket
+                if self.progress and ticket is not None and ticket.progress != reported:
+                    reported = ticket.progress
+                    self.node.relay.publish(self.task_id, "progress", reported)
+            except Exception as exc:  # Redis or the database briefly away: try again next round
+                log.warning("task %s: lease/cancel check failed: %s", self.task_id, exc)
+
+    def _renew(self) -> bool:
+        if self.job_attempt is None:
+            self.node.relay.hold(self.task_id, self.node.name, self.node.lease_s)
+            return True
+        return self.node.service.jobs.renew(self.task_id, self.job_attempt, self.node.lease_s)
+
+    def _cancel(self, reason: str) -> None:
+        if self.ticket is not None and not self.ticket.done:
+            log.info("task %s: %s", self.task_id, reason)
+            self.ticket.cancel(reason)

@@ -1,0 +1,265 @@
+"""Distributed mode end to end, with real servers: one API node and two workers as separate processes on
+the demo model, sharing redis-server (queue and relay), PostgreSQL (jobs, voices, keys) and an S3 bucket
+(moto's server; each node has its own data directory). A worker is killed mid-job: every job still ends
+done exactly once, with one output. The API node is restarted with jobs in flight: they finish anyway."""
+
+from __future__ import annotations
+
+import os
+import signal
+import socket
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import httpx
+import pytest
+
+from cosyserve.service.db import make_engine
+from cosyserve.service.jobs import JobStore
+
+pytestmark = pytest.mark.slow
+moto_server = pytest.importorskip("moto.server")
+boto3 = pytest.importorskip("boto3")
+
+BUCKET = "cosyserve-cluster"
+LEASE_S = 2.0
+VISIBILITY_S = 5.0
+LONG_TEXT = "今天天气很好，我们一起去公园散步吧。" * 24  # 24 pieces at 40 characters: a few seconds of work
+PROMPT_TEXT = "希望你以后能够做的比我还好呦。"
+
+
+def _free_port() -> int:
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        return sock.getsockname()[1]
+
+
+class Node:
+    """One `cosyserve` process with its log in a file."""
+
+    def __init__(self, name: str, args: list[str], env: dict[str, str], log_dir: Path) -> None:
+        self.name, self.args, self.env = name, args, env
+        self.log_path = log_dir / f"{name}.log"
+        self.process: subprocess.Popen[bytes] | None = None
+
+    def start(self) -> Node:
+        log = self.log_path.open("ab")
+        self.process = subprocess.Popen(
+            [sys.executable, "-m", "cosyserve.cli", *self.args],
+            env=self.env,
+            stdout=log,
+            stderr=subprocess.STDOUT,
+        )
+        return self
+
+    def stop(self, sig: int = signal.SIGTERM, timeout: float = 30.0) -> None:
+        if self.process is None or self.process.poll() is not None:
+            return
+        self.process.send_signal(sig)
+        try:
+            self.process.wait(timeout)
+        except subprocess.TimeoutExpired:
+            self.process.kill()
+            self.process.wait(10)
+
+    def log_tail(self) -> str:
+        return self.log_path.read_text(errors="replace")[-3000:] if self.log_path.exists() else ""
+
+
+class Cluster:
+    def __init__(self, nodes: dict[str, Node], api_url: str, jobs: JobStore, s3_client) -> None:
+        self.nodes, self.api_url, self.jobs, self.s3 = nodes, api_url, jobs, s3_client
+        self.http = httpx.Client(base_url=api_url, timeout=120.0)
+
+    def wait_ready(self, workers: int, timeout: float = 180.0) -> dict:
+        deadline = time.monotonic() + timeout
+        body: dict = {}
+        while time.monotonic() < deadline:
+            try:
+                body = self.http.get("/ready").json()
+                if body.get("ready") and body.get("workers") == workers:
+                    return body
+            except httpx.HTTPError:
+                pass
+            time.sleep(0.3)
+        raise AssertionError(f"not ready with {workers} workers: {body}\n{self.logs()}")
+
+    def wait_jobs(self, job_ids: list[str], timeout: float = 240.0) -> dict:
+        deadline = time.monotonic() + timeout
+        while time.monotonic() < deadline:
+            records = {job_id: self.jobs.get(job_id) for job_id in job_ids}
+            if all(record is not None and record.is_terminal for record in records.values()):
+                return records
+            time.sleep(0.3)
+        raise AssertionError(f"jobs did not finish: {records}\n{self.logs()}")
+
+    def submit_job(self, voice: str) -> str:
+        response = self.http.post("/v1/jobs", json={"text": LONG_TEXT, "voice": voice})
+        assert response.status_code in (200, 201, 202), response.text
+        return response.json()["id"]
+
+    def bucket_outputs(self) -> list[str]:
+        listing = self.s3.list_objects_v2(Bucket=BUCKET)
+        return sorted(o["Key"] for o in listing.get("Contents", []) if o["Key"].endswith(".json"))
+
+    def logs(self) -> str:
+        return "\n".join(f"--- {name}\n{node.log_tail()}" for name, node in self.nodes.items())
+
+
+@pytest.fixture(scope="module")
+def cluster(redis_url, postgres_url, demo_model_path, tmp_path_factory):
+    base = tmp_path_factory.mktemp("cluster")
+    s3_server = moto_server.ThreadedMotoServer(ip_address="127.0.0.1", port=0, verbose=False)
+    s3_server.start()
+    endpoint = f"http://127.0.0.1:{s3_server._server.server_port}"
+    credentials = {
+        "AWS_ACCESS_KEY_ID": "testing",
+        "AWS_SECRET_ACCESS_KEY": "testing",
+        "AWS_DEFAULT_REGION": "us-east-1",
+    }
+    s3 = boto3.client(
+        "s3",
+        endpoint_url=endpoint,
+        region_name="us-east-1",
+        aws_access_key_id="testing",
+        aws_secret_access_key="testing",
+    )
+    s3.create_bucket(Bucket=BUCKET)
+    env = {
+        **os.environ,
+        **credentials,
+        "COSYSERVE_THREADS": "1",
+        "OMP_NUM_THREADS": "1",
+        "PYTHONUNBUFFERED": "1",
+    }
+    env.pop("CI", None)  # the nodes are not tests
+    queue = redis_url.rsplit("/", 1)[0] + "/1"  # a database of its own on the shared test redis
+    common = [
+        "--queue", queue, "--model", str(demo_model_path), "--device", "cpu", "--database-url", postgres_url,
+        "--job-lease-s", str(LEASE_S), "--visibility-timeout-s", str(VISIBILITY_S), "--max-text-chars", "40",
+        "--s3-sync", "--s3-bucket", BUCKET, "--s3-endpoint-url", endpoint, "--s3-region", "us-east-1",
+    ]  # fmt: skip
+    port = _free_port()
+
+    def node(name: str, command: str, *extra: str) -> Node:
+        return Node(name, [command, *common, "--data-dir", str(base / name), *extra], env, base)
+
+    worker = ("--concurrency", "1", "--name")
+    nodes = {
+        "api": node("api", "serve", "--port", str(port)),
+        "wA": node("wA", "worker", *worker, "wA"),
+        "wB": node("wB", "worker", *worker, "wB"),
+    }
+    for node in nodes.values():
+        node.start()
+    engine = make_engine(postgres_url)
+    running = Cluster(nodes, f"http://127.0.0.1:{port}", JobStore(engine), s3)
+    try:
+        running.wait_ready(workers=2)
+        yield running
+    finally:
+        for node in nodes.values():
+            node.stop()
+        running.http.close()
+        engine.dispose()
+        s3_server.stop()
+
+
+@pytest.fixture(scope="module")
+def voice(cluster: Cluster, prompt_wav_bytes: bytes) -> str:
+    """A voice enrolled through the API node (on whichever worker took it)."""
+    response = cluster.http.post(
+        "/v1/voices",
+        data={"name": "cluster-voice", "transcript": PROMPT_TEXT},
+        files={"audio": ("prompt.wav", prompt_wav_bytes, "audio/wav")},
+    )
+    assert response.status_code in (200, 201), response.text
+    return response.json()["id"]
+
+
+def test_interactive_requests_run_on_workers_and_results_reach_the_api_node(
+    cluster: Cluster, voice: str
+) -> None:
+    body = cluster.wait_ready(workers=2)
+    assert body["role"] == "api" and body["demo"] is True and body["sample_rate"] == 24000
+    # Both workers take requests: each synthesises with the voice the other (or itself) enrolled.
+    outputs = []
+    for _ in range(4):
+        response = cluster.http.post("/v1/tts", json={"text": "你好，世界。", "voice": voice, "seed": 3})
+        assert response.status_code == 200, response.text
+        assert response.content[:4] == b"RIFF"
+        outputs.append(response)
+    assert len({r.content for r in outputs}) == 1  # same seed, same audio, whichever worker ran it
+    # The result was stored by a worker; the API node serves it from the bucket.
+    output_id = outputs[0].headers["x-cosyserve-output-id"]
+    stored = cluster.http.get(f"/v1/outputs/{output_id}")
+    assert stored.status_code == 200 and stored.content == outputs[0].content
+    # Streaming crosses the nodes chunk by chunk.
+    with cluster.http.stream(
+        "POST", "/v1/tts", json={"text": "你好。", "voice": voice, "stream": True}
+    ) as stream:
+        assert stream.status_code == 200
+        chunks = [chunk for chunk in stream.iter_bytes() if chunk]
+    assert b"".join(chunks)[:4] == b"RIFF"
+    # Errors raised on a worker arrive as the same API errors.
+    missing = cluster.http.post("/v1/tts", json={"text": "你好。", "voice": "no-such-voice"})
+    assert missing.status_code == 404 and missing.json()["error"]["code"] == "voice_not_found"
+
+
+def test_a_worker_killed_mid_job_loses_no_job_and_duplicates_none(cluster: Cluster, voice: str) -> None:
+    before = set(cluster.bucket_outputs())
+    job_ids = [cluster.submit_job(voice) for _ in range(4)]
+    # Wait until worker A is well into one of them, then kill it without warning.
+    deadline = time.monotonic() + 120
+    victim = None
+    while victim is None:
+        assert time.monotonic() < deadline, cluster.logs()
+        for job_id in job_ids:
+            record = cluster.jobs.get(job_id)
+            if record.state == "running" and record.worker == "wA" and record.progress > 0.1:
+                victim = job_id
+        time.sleep(0.1)
+    cluster.nodes["wA"].stop(signal.SIGKILL)
+
+    records = cluster.wait_jobs(job_ids)
+    assert {job_id: r.state for job_id, r in records.items()} == dict.fromkeys(job_ids, "done"), (
+        cluster.logs()
+    )
+    assert records[victim].attempt >= 2 and records[victim].worker == "wB"
+    # One result per job: distinct outputs, and the bucket gained exactly those.
+    output_ids = [r.output_id for r in records.values()]
+    assert len(set(output_ids)) == len(job_ids)
+    new = set(cluster.bucket_outputs()) - before
+    assert sorted(new) == sorted(f"{output_id}.json" for output_id in output_ids)
+    for job_id in job_ids:
+        view = cluster.http.get(f"/v1/jobs/{job_id}").json()
+        assert view["state"] == "done" and view["result_url"]
+        assert cluster.http.get(view["result_url"]).content[:4] == b"RIFF"
+    # A new worker joins and the lost one is gone from readiness.
+    cluster.nodes["wA"].start()
+    cluster.wait_ready(workers=2)
+
+
+def test_jobs_survive_an_api_node_restart_and_cancel_reaches_the_worker(cluster: Cluster, voice: str) -> None:
+    job_ids = [cluster.submit_job(voice) for _ in range(2)]
+    cluster.nodes["api"].stop(signal.SIGTERM)
+    cluster.nodes["api"].start()
+    cluster.wait_ready(workers=2)
+    records = cluster.wait_jobs(job_ids)
+    assert all(r.state == "done" for r in records.values()), cluster.logs()
+
+    victim = cluster.submit_job(voice)
+    deadline = time.monotonic() + 60
+    while cluster.jobs.get(victim).state != "running":
+        assert time.monotonic() < deadline, cluster.logs()
+        time.sleep(0.1)
+    cancelled = cluster.http.delete(f"/v1/jobs/{victim}")
+    assert cancelled.status_code == 202 and cancelled.json()["state"] == "cancelled"
+    time.sleep(LEASE_S * 2)  # the worker notices, stops, and records nothing
+    record = cluster.jobs.get(victim)
+    assert record.state == "cancelled" and record.output_id is None
+    # Both workers are free again: a short request is answered.
+    response = cluster.http.post("/v1/tts", json={"text": "好。", "voice": voice})
+    assert response.status_code == 200
