@@ -222,3 +222,19 @@ def test_nest_flat() -> None:
         "engine": {"model": "m"},
         "_env_file": None,
     }
+
+
+def test_engine_options_follow_device_concurrency_and_flow_settings(monkeypatch) -> None:
+    from cosyserve.service.app_state import engine_options
+
+    cpu = engine_options(Settings(engine={"device": "cpu"}))
+    assert not cpu.batch_decode and not cpu.batch_flow and not cpu.cuda_graph
+    assert cpu.flow_steps == 10 and cpu.guidance  # the exact path
+    gpu = engine_options(Settings(engine={"device": "cuda:0"}, queue={"concurrency": 3}))
+    assert gpu.batch_decode and gpu.batch_flow and gpu.max_batch == 3
+    single = engine_options(Settings(engine={"device": "cuda"}, queue={"concurrency": 1}))
+    assert single.cuda_graph and not single.batch_decode
+    off = engine_options(Settings(engine={"device": "cuda", "gpu_batching": False}, queue={"concurrency": 3}))
+    assert not off.batch_decode and not off.cuda_graph
+    fast = engine_options(Settings(engine={"device": "cpu", "flow_steps": 4, "flow_guidance": False}))
+    assert fast.flow_steps == 4 and fast.guidance is False

@@ -9,6 +9,7 @@ while the model reloads waits for the new one instead of failing.
 from __future__ import annotations
 
 import contextlib
+import dataclasses
 import gc
 import logging
 import threading
@@ -109,6 +110,7 @@ def load_synthesizer(settings: Settings, voices: VoiceLibrary) -> Synthesizer:
         threads=engine.threads,
         voices=voices,
         max_text_chars=settings.limits.max_text_chars,
+        engine_options=engine_options(settings),
     )
     if engine.preset != "exact":
         from types import SimpleNamespace
@@ -118,6 +120,26 @@ def load_synthesizer(settings: Settings, voices: VoiceLibrary) -> Synthesizer:
         networks = SimpleNamespace(llm=synth.engine.lm.model, flow=synth.engine.token2wav.flow)
         log.info("compute preset: %s", apply_preset(networks, engine.preset, measure=False).label)
     return synth
+
+
+def engine_options(settings: Settings) -> Any:
+    """How the engine runs for these settings: batching/CUDA graphs on a GPU (unless turned off) and
+    the flow speed options, which change the audio and are logged as such."""
+    from cosyserve.engine.pipeline import EngineOptions
+
+    engine = settings.engine
+    kind = device_type(engine.device)
+    options = EngineOptions()
+    if engine.gpu_batching:
+        options = EngineOptions.for_device(kind, settings.resolve_concurrency(kind))
+    if engine.flow_steps != options.flow_steps or not engine.flow_guidance:
+        log.warning(
+            "flow speed options are on (%d steps, guidance %s): the audio differs from the official "
+            "outputs (`cosyserve bench --flow-steps/--no-cfg` reports by how much)",
+            engine.flow_steps,
+            "on" if engine.flow_guidance else "off",
+        )
+    return dataclasses.replace(options, flow_steps=engine.flow_steps, guidance=engine.flow_guidance)
 
 
 def device_type(spec: str) -> str:
@@ -355,6 +377,8 @@ class Service(ServiceTasks):
             "sample_rate": synth.sample_rate,
             "demo": is_demo_model(synth.model_dir.path),
             "preset": self.settings.engine.preset,
+            "flow_steps": self.settings.engine.flow_steps,
+            "flow_guidance": self.settings.engine.flow_guidance,
             "load_seconds": round(time.perf_counter() - started, 2),
         }
         with self._model:

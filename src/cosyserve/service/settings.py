@@ -70,6 +70,17 @@ class EngineSettings(_Group):
     threads: int | None = Field(
         None, ge=1, description="CPU threads for the engine (default: all usable cores)"
     )
+    gpu_batching: bool = Field(
+        True,
+        description="on CUDA: batch concurrent requests' LLM steps and flow passes (concurrency > 1), "
+        "CUDA graphs for the LLM step otherwise; same outputs up to float rounding",
+    )
+    flow_steps: int = Field(
+        10, ge=1, le=10, description="flow solver steps; fewer is faster but changes the audio (see bench)"
+    )
+    flow_guidance: bool = Field(
+        True, description="classifier-free guidance in the flow; off halves its work but changes the audio"
+    )
 
 
 class ServerSettings(_Group):

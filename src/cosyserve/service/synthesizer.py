@@ -24,7 +24,7 @@ import torch
 
 from cosyserve.engine.device import Placement, configure_cpu_threads, resolve_placement
 from cosyserve.engine.model_dir import ModelDir
-from cosyserve.engine.pipeline import SegmentInput, SpeechEngine
+from cosyserve.engine.pipeline import EngineOptions, SegmentInput, SpeechEngine
 from cosyserve.engine.speech_lm_runner import PromptPrefix
 from cosyserve.engine.token2wav import MAX_SPEED, MIN_SPEED, FlowPrompt, PromptCache
 from cosyserve.errors import Cancelled, InputError
@@ -206,8 +206,10 @@ class Synthesizer:
         voices: VoiceLibrary | None = None,
         max_text_chars: int = 200,
         lexicon: dict[str, str] | None = None,
+        engine_options: EngineOptions | None = None,
     ) -> Synthesizer:
-        """Load every network of `model_dir` (a ModelDir or a path) onto `device`."""
+        """Load every network of `model_dir` (a ModelDir or a path) onto `device`; `engine_options` say
+        how the networks run (default: the exact one-request-at-a-time path)."""
         model_dir = model_dir if isinstance(model_dir, ModelDir) else ModelDir.open(model_dir)
         placement: Placement = resolve_placement(device, precision)
         if placement.device.type == "cpu":
@@ -215,7 +217,7 @@ class Synthesizer:
         onnx_device = "cuda" if placement.device.type == "cuda" else "cpu"
         return cls(
             model_dir,
-            SpeechEngine.load(model_dir, placement),
+            SpeechEngine.load(model_dir, placement, engine_options),
             TextTokenizer.from_dir(model_dir.tokenizer_dir),
             SpeakerEncoder.from_model_dir(model_dir.path, device=onnx_device, intra_op_threads=threads),
             SpeechTokenizer.from_model_dir(model_dir.path, device=onnx_device, intra_op_threads=threads),
