@@ -71,6 +71,7 @@ class Node:
 class Cluster:
     def __init__(self, nodes: dict[str, Node], api_url: str, jobs: JobStore, s3_client) -> None:
         self.nodes, self.api_url, self.jobs, self.s3 = nodes, api_url, jobs, s3_client
+        self.worker_urls: dict[str, str] = {}
         self.http = httpx.Client(base_url=api_url, timeout=120.0)
 
     def wait_ready(self, workers: int, timeout: float = 180.0) -> dict:
@@ -147,15 +148,17 @@ def cluster(redis_url, postgres_url, demo_model_path, tmp_path_factory):
         return Node(name, [command, *common, "--data-dir", str(base / name), *extra], env, base)
 
     worker = ("--concurrency", "1", "--name")
+    worker_ports = {"wA": _free_port(), "wB": _free_port()}
     nodes = {
         "api": node("api", "serve", "--port", str(port)),
-        "wA": node("wA", "worker", *worker, "wA"),
-        "wB": node("wB", "worker", *worker, "wB"),
+        "wA": node("wA", "worker", *worker, "wA", "--port", str(worker_ports["wA"])),
+        "wB": node("wB", "worker", *worker, "wB", "--port", str(worker_ports["wB"])),
     }
     for node in nodes.values():
         node.start()
     engine = make_engine(postgres_url)
     running = Cluster(nodes, f"http://127.0.0.1:{port}", JobStore(engine), s3)
+    running.worker_urls = {name: f"http://127.0.0.1:{p}" for name, p in worker_ports.items()}
     try:
         running.wait_ready(workers=2)
         yield running
@@ -203,6 +206,18 @@ def test_interactive_requests_run_on_workers_and_results_reach_the_api_node(
         assert stream.status_code == 200
         chunks = [chunk for chunk in stream.iter_bytes() if chunk]
     assert b"".join(chunks)[:4] == b"RIFF"
+    # Each worker reports its own readiness and the speed metrics of the syntheses it ran.
+    audio_seconds = 0.0
+    for name, url in cluster.worker_urls.items():
+        ready = httpx.get(f"{url}/ready", timeout=10).json()
+        assert ready["ready"] and ready["role"] == "worker" and ready["name"] == name
+        metrics = httpx.get(f"{url}/metrics", timeout=10).text
+        audio_seconds += sum(
+            float(line.split()[-1])
+            for line in metrics.splitlines()
+            if line.startswith("cosyserve_audio_seconds_total")
+        )
+    assert audio_seconds > 0
     # Errors raised on a worker arrive as the same API errors.
     missing = cluster.http.post("/v1/tts", json={"text": "你好。", "voice": "no-such-voice"})
     assert missing.status_code == 404 and missing.json()["error"]["code"] == "voice_not_found"

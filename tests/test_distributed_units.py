@@ -387,3 +387,25 @@ def test_audio_survives_the_wire_bit_for_bit() -> None:
     audio = (np.random.default_rng(0).standard_normal(2400) * 1000).astype(np.int16).tobytes()
     outcome = TtsOutcome(0, 0.1, 3, None, None, "audio/pcm", (), audio)
     assert codec.decode_outcome(codec.encode_outcome(outcome)).audio == audio
+
+
+def test_worker_http_answers_health_ready_and_metrics() -> None:
+    import httpx
+
+    from cosyserve.service.distributed.worker_http import WorkerHttp
+    from cosyserve.service.metrics import Metrics
+
+    state = {"ready": False, "reason": "the model is loading"}
+    server = WorkerHttp("127.0.0.1", 0, lambda: dict(state), Metrics(system=False)).start()
+    base = f"http://127.0.0.1:{server.address[1]}"
+    try:
+        assert httpx.get(f"{base}/health").json() == {"status": "ok"}
+        not_ready = httpx.get(f"{base}/ready")
+        assert not_ready.status_code == 503 and not_ready.json()["reason"] == "the model is loading"
+        state["ready"] = True
+        assert httpx.get(f"{base}/ready").status_code == 200
+        assert "cosyserve_queue_depth" in httpx.get(f"{base}/metrics").text
+        missing = httpx.get(f"{base}/v1/tts")
+        assert missing.status_code == 404 and missing.json()["error"]["code"] == "not_found"
+    finally:
+        server.close()

@@ -126,7 +126,7 @@ class RemoteDispatcher:
             try:
                 return codec.decode_outcome(_json(_until_done(items)))
             finally:
-                self.relay.drop(task_id)
+                self._drop_quietly(task_id)
 
         return work
 
@@ -143,7 +143,7 @@ class RemoteDispatcher:
                     return codec.decode_outcome(_json(item))
             raise codec.WorkerLost("the worker's output ended early")  # pragma: no cover - _relay raises
         finally:
-            self.relay.drop(task_id)
+            self._drop_quietly(task_id)
 
     def enrol_work(
         self,
@@ -162,7 +162,7 @@ class RemoteDispatcher:
             try:
                 voice = _json(_until_done(self._relay(task_id, ctx)))
             finally:
-                self.relay.drop(task_id)
+                self._drop_quietly(task_id)
             return self.service.voices.get(voice["id"])
 
         return work
@@ -208,7 +208,19 @@ class RemoteDispatcher:
 
     def _relay(self, task_id: str, ctx: WorkContext) -> Iterator[RelayItem]:
         """The task's relay items up to and including `done`; raises the worker's error, Cancelled when
-        the client cancels (the worker is told), WorkerLost when its worker vanishes."""
+        the client cancels (the worker is told), WorkerLost when its worker vanishes, QueueUnavailable
+        when Redis goes away."""
+        from redis.exceptions import RedisError
+
+        try:
+            yield from self._relay_items(task_id, ctx)
+        except RedisError as exc:
+            raise codec.QueueUnavailable(
+                f"lost the connection to the queue at {_where(self.url)} while waiting for the result "
+                f"({type(exc).__name__}): retry in a few seconds"
+            ) from exc
+
+    def _relay_items(self, task_id: str, ctx: WorkContext) -> Iterator[RelayItem]:
         after, held, last_check = "0-0", False, 0.0
         while True:
             if ctx.cancel.is_set():
@@ -235,6 +247,12 @@ class RemoteDispatcher:
                 raise codec.WorkerLost(
                     "the worker running this request stopped before it finished: retry the request"
                 )
+
+    def _drop_quietly(self, task_id: str) -> None:
+        try:
+            self.relay.drop(task_id)
+        except Exception as exc:  # the stream expires by itself
+            log.debug("could not drop the relay stream of task %s: %s", task_id, exc)
 
     def _cancel_quietly(self, task_id: str) -> None:
         try:

@@ -84,6 +84,7 @@ class WorkerNode:
             # At INFO these log every task's arguments: texts and base64 prompt recordings.
             logging.getLogger(chatty).setLevel(max(logging.WARNING, logging.getLogger().level))
         self.service.start()
+        http = self._start_http()
         self._wait_for_model()
         beat = threading.Thread(target=self._heartbeat_loop, name="cosyserve-heartbeat", daemon=True)
         beat.start()
@@ -107,7 +108,30 @@ class WorkerNode:
             beat.join(timeout=5.0)
             self._leave()
             self.service.shutdown()
+            if http is not None:
+                http.close()
         return int(worker.exitcode or 0)
+
+    def _start_http(self) -> Any:
+        """/health, /ready and /metrics on the server host and port; a port in use is logged, not fatal
+        (several workers on one host without their own --port)."""
+        from cosyserve.service.distributed.worker_http import WorkerHttp
+
+        server = self.settings.server
+        try:
+            return WorkerHttp(server.host, server.port, self.readiness, self.service.metrics).start()
+        except OSError as exc:
+            log.warning(
+                "no health/metrics endpoint on %s:%d (%s): pass --port", server.host, server.port, exc
+            )
+            return None
+
+    def readiness(self) -> dict[str, Any]:
+        """The service's readiness plus this worker's name, consumer state and running count."""
+        state = self.service.readiness(detailed=False)
+        if self._stop.is_set():
+            state.update(ready=False, reason="the worker is shutting down")
+        return {**state, "role": "worker", "name": self.name, "running": self._running}
 
     def _wait_for_model(self) -> None:
         deadline = time.monotonic() + MODEL_LOAD_TIMEOUT_S
