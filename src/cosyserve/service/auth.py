@@ -16,6 +16,7 @@ import base64
 import dataclasses
 import hashlib
 import hmac
+import operator
 import re
 import secrets
 import threading
@@ -34,8 +35,10 @@ from cosyserve.service.db import create_tables
 KEY_SCHEME = "cs_"
 PREFIX_CHARS = 8  # random characters kept in clear as the lookup prefix
 KEY_PATTERN = re.compile(r"cs_[A-Za-z0-9_-]{43}")
+PREFIX_PATTERN = re.compile(r"cs_[A-Za-z0-9_-]{8}")
 ROLES = ("admin", "user")
 NAME_MAX_CHARS = 64
+MAX_KEY_ID = 2**31 - 1  # the id column is a 32-bit integer; larger ids can't exist (PostgreSQL refuses them)
 SESSION_COOKIE = "cosyserve_session"
 MIN_HASH_BYTES = 16  # shortest stored password hash accepted
 _DUMMY_HASH = hashlib.sha256(b"no such key").hexdigest()
@@ -129,6 +132,8 @@ class KeyStore:
         name = (name or "").strip()
         if not 1 <= len(name) <= NAME_MAX_CHARS:
             raise InputError(f"a key name must be 1 to {NAME_MAX_CHARS} characters, got {len(name)}")
+        if re.search("[\x00\ud800-\udfff]", name):  # PostgreSQL refuses NUL; surrogates aren't UTF-8
+            raise InputError("a key name must not contain NUL characters or lone surrogates; remove them")
         if role not in ROLES:
             raise InputError(f"role {role!r} is unknown; use one of {', '.join(ROLES)}")
         if rate_limit is not None and (isinstance(rate_limit, bool) or int(rate_limit) < 0):
@@ -155,8 +160,12 @@ class KeyStore:
         raise InputError("could not create a unique API key; try again")
 
     def get(self, key_id: int) -> ApiKey:
-        with self.engine.connect() as conn:
-            row = conn.execute(sa.select(self.table).where(self.table.c.id == int(key_id))).first()
+        """The key with this id; KeyNotFound if none (also for anything that is not a possible id)."""
+        number = _key_number(key_id)
+        row = None
+        if number is not None:
+            with self.engine.connect() as conn:
+                row = conn.execute(sa.select(self.table).where(self.table.c.id == number)).first()
         if row is None:
             raise KeyNotFound(f"no API key with id {key_id}; `cosyserve keys list` shows them")
         return _record(row)
@@ -171,10 +180,14 @@ class KeyStore:
     def revoke(self, id_or_prefix: int | str) -> ApiKey:
         """Revoke by numeric id or by prefix (`cs_Ab3dEf9h`); revoking twice keeps the first time."""
         text = str(id_or_prefix).strip()
+        prefix = text[: len(KEY_SCHEME) + PREFIX_CHARS]  # a whole key works too
         if text.isdigit():
-            condition = self.table.c.id == int(text)
-        elif text.startswith(KEY_SCHEME) and len(text) >= len(KEY_SCHEME) + PREFIX_CHARS:
-            condition = self.table.c.prefix == text[: len(KEY_SCHEME) + PREFIX_CHARS]  # a whole key works too
+            number = _key_number(text)
+            if number is None:
+                raise KeyNotFound(f"no API key {text!r}; `cosyserve keys list` shows them")
+            condition = self.table.c.id == number
+        elif PREFIX_PATTERN.fullmatch(prefix):
+            condition = self.table.c.prefix == prefix
         else:
             raise KeyNotFound(f"{text!r} is neither a key id nor a key prefix like cs_Ab3dEf9h")
         with self.engine.begin() as conn:
@@ -206,6 +219,18 @@ class KeyStore:
                 conn.execute(self.table.update().where(self.table.c.id == key.id).values(last_used_at=now))
             key = dataclasses.replace(key, last_used_at=now)
         return key
+
+
+def _key_number(key_id: object) -> int | None:
+    """`key_id` as a key id (an integer, or a string of ASCII digits, in the id column's range), else None."""
+    if isinstance(key_id, str):
+        text = key_id.strip()
+        key_id = int(text) if text.isascii() and text.isdigit() and len(text) <= 12 else None
+    try:
+        number = operator.index(key_id)  # type: ignore[arg-type]
+    except TypeError:
+        return None
+    return number if 1 <= number <= MAX_KEY_ID else None
 
 
 def _record(row: sa.Row) -> ApiKey:

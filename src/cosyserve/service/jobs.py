@@ -13,6 +13,9 @@ record a second result.
 
 from __future__ import annotations
 
+import hashlib
+import math
+import re
 import uuid
 from collections.abc import Mapping
 from dataclasses import asdict, dataclass
@@ -49,6 +52,9 @@ ACTIVE_STATES: tuple[str, ...] = ("queued", "running")
 INTERRUPTED_CODE = "interrupted"
 INTERRUPTED_MESSAGE = "interrupted by a restart"
 MAX_PAGE = 500
+# Ids are uuid4().hex; anything that isn't a short ASCII token can't be in the id column: not looked up.
+JOB_ID = re.compile(r"[A-Za-z0-9_-]{1,32}")
+UNSTORABLE = re.compile("[\x00\ud800-\udfff]")  # NUL (PostgreSQL refuses it), lone surrogates (not UTF-8)
 
 jobs_table = Table(
     "jobs",
@@ -133,16 +139,40 @@ def _record(row: Mapping[str, Any]) -> JobRecord:
 
 
 def sanitize_params(value: Any) -> Any:
-    """Request parameters as JSON-able data; raw bytes (uploaded audio) become a size note, never content."""
+    """Request parameters as JSON-able data every database stores: raw bytes (uploaded audio) become a size
+    note, never content; NUL characters and lone surrogates become U+FFFD, NaN and infinity None (the
+    databases refuse them)."""
     if isinstance(value, bytes | bytearray | memoryview):
         return f"<{len(value)} bytes>"
     if isinstance(value, Mapping):
-        return {str(key): sanitize_params(item) for key, item in value.items()}
+        return {_clean(str(key)): sanitize_params(item) for key, item in value.items()}
     if isinstance(value, list | tuple | set | frozenset):
         return [sanitize_params(item) for item in value]
-    if value is None or isinstance(value, bool | int | float | str):
+    if isinstance(value, float) and not math.isfinite(value):
+        return None
+    if value is None or isinstance(value, bool | int | float):
         return value
-    return str(value)
+    return _clean(str(value))
+
+
+def is_job_id(value: object) -> bool:
+    """Could `value` be a job's id? Lookups of anything else find nothing without asking the database."""
+    return isinstance(value, str) and JOB_ID.fullmatch(value) is not None
+
+
+def _clean(text: str | None) -> str | None:
+    return UNSTORABLE.sub("\ufffd", text) if text is not None else None
+
+
+def _fit(text: str | None, column: Column) -> str | None:
+    """`text` cleaned (`_clean`) and cut to the column's length; a cut value ends in a hash of the whole, so
+    different long values (owners) stay different and the same one always becomes the same."""
+    text = _clean(text)
+    size = column.type.length  # type: ignore[attr-defined]
+    if text is None or len(text) <= size:
+        return text
+    digest = hashlib.sha256(text.encode("utf-8")).hexdigest()[:16]
+    return f"{text[: size - 17]}~{digest}"
 
 
 class JobStore:
@@ -161,13 +191,15 @@ class JobStore:
         owner: str | None = None,
         job_id: str | None = None,
     ) -> JobRecord:
-        """A new queued job; `params` are stored sanitized (no raw audio)."""
+        """A new queued job; `params` are stored sanitized (no raw audio), `owner` cut to fit (`_fit`)."""
+        if job_id is not None and not is_job_id(job_id):
+            raise InputError(f"job id {job_id!r} is not usable: use 1-32 letters, digits, '-' or '_'")
         row = {
             "id": job_id or uuid.uuid4().hex,
             "kind": kind,
             "state": "queued",
             "progress": 0.0,
-            "owner": owner,
+            "owner": _fit(owner, jobs_table.c.owner),
             "created_at": utc_now(),
             "params": sanitize_params(dict(params)),
         }
@@ -176,6 +208,9 @@ class JobStore:
         return self._require(row["id"])
 
     def get(self, job_id: str) -> JobRecord | None:
+        """The job, or None when there is none with that id (or `job_id` is not a job id at all)."""
+        if not is_job_id(job_id):
+            return None
         with self.engine.connect() as conn:
             row = conn.execute(select(jobs_table).where(jobs_table.c.id == job_id)).mappings().first()
         return _record(row) if row is not None else None
@@ -194,20 +229,20 @@ class JobStore:
         if offset < 0:
             raise InputError(f"offset must be 0 or more, got {offset}")
         query = select(jobs_table).order_by(jobs_table.c.created_at.desc(), jobs_table.c.id.desc())
-        if owner is not None:
-            query = query.where(jobs_table.c.owner == owner)
+        if owner is not None:  # stored cleaned and cut (`create`): compare with the same
+            query = query.where(jobs_table.c.owner == _fit(owner, jobs_table.c.owner))
         if state is not None:
-            query = query.where(jobs_table.c.state == state)
+            query = query.where(jobs_table.c.state == _clean(state))
         with self.engine.connect() as conn:
             rows = conn.execute(query.limit(limit).offset(offset)).mappings().all()
         return [_record(row) for row in rows]
 
     def count(self, *, owner: str | None = None, state: str | None = None) -> int:
         query = select(func.count()).select_from(jobs_table)
-        if owner is not None:
-            query = query.where(jobs_table.c.owner == owner)
+        if owner is not None:  # stored cleaned and cut (`create`): compare with the same
+            query = query.where(jobs_table.c.owner == _fit(owner, jobs_table.c.owner))
         if state is not None:
-            query = query.where(jobs_table.c.state == state)
+            query = query.where(jobs_table.c.state == _clean(state))
         with self.engine.connect() as conn:
             return int(conn.execute(query).scalar_one())
 
@@ -219,6 +254,8 @@ class JobStore:
     def set_progress(self, job_id: str, fraction: float, *, attempt: int | None = None) -> bool:
         """Record progress of a running job; False (and no change) when it is no longer running (or no
         longer this `attempt`'s)."""
+        if not is_job_id(job_id):
+            return False
         fraction = min(1.0, max(0.0, float(fraction)))
         with self.engine.begin() as conn:
             result = conn.execute(
@@ -252,7 +289,7 @@ class JobStore:
                 .values(
                     state="running",
                     attempt=current.attempt + 1,
-                    worker=worker,
+                    worker=_fit(worker, jobs_table.c.worker),
                     lease_until=now + timedelta(seconds=lease_s),
                     started_at=current.started_at or now,
                 )
@@ -261,6 +298,8 @@ class JobStore:
 
     def renew(self, job_id: str, attempt: int, lease_s: float) -> bool:
         """Extend a running job's lease; False when this attempt lost it (cancelled, finished, taken)."""
+        if not is_job_id(job_id):
+            return False
         with self.engine.begin() as conn:
             result = conn.execute(
                 update(jobs_table)
@@ -301,8 +340,8 @@ class JobStore:
             attempt=attempt,
             state="failed",
             finished_at=utc_now(),
-            error_code=code,
-            error_message=message,
+            error_code=_fit(code, jobs_table.c.error_code),
+            error_message=_clean(message),
         )
 
     def finish_cancelled(
@@ -315,7 +354,7 @@ class JobStore:
             state="cancelled",
             finished_at=utc_now(),
             error_code="cancelled",
-            error_message=message,
+            error_message=_clean(message),
         )
 
     def finish_with_exception(
@@ -354,6 +393,8 @@ class JobStore:
     def _transition(
         self, job_id: str, allowed: tuple[str, ...], *, attempt: int | None = None, **values: Any
     ) -> JobRecord:
+        if not is_job_id(job_id):
+            raise JobStateError(f"no job {job_id!r}: it never existed or was purged")
         if values["state"] in TERMINAL_STATES:
             values["lease_until"] = None
         with self.engine.begin() as conn:

@@ -5,10 +5,9 @@ the original recording and `features.npz` (speaker embedding, prompt speech toke
 are tied to the model they were computed with: a voice enrolled with another model is re-analysed from
 its original recording on first use.
 
-Several nodes share one database but not a filesystem, so the files live in the database too (table
-`voice_files`, written in the same transaction as the voice row), and `<root>/<voice id>/` is each node's
-local copy of them: `audio_file`/`features_file` bring it up to date (missing, or its sha256 differs
-from the database's) before it is used. Lookups always ask the database, so a voice deleted on one node
+Several nodes share one database but not a filesystem, so the files live in the database too
+(`voice_files`), and `<root>/<voice id>/` is each node's local copy of them: `audio_file`/`features_file`
+bring it up to date before it is used. Lookups always ask the database, so a voice deleted on one node
 is gone on every node; a stale local copy is removed lazily (`get` of that id, `prune_local`). Voices
 enrolled before files were shared have no `voice_files` rows: they work on the node that holds their
 files, and `share_local_files` there copies them into the database for the others.
@@ -17,10 +16,7 @@ files, and `share_local_files` there copies them into the database for the other
 from __future__ import annotations
 
 import contextlib
-import hashlib
-import io
 import json
-import os
 import re
 import shutil
 import threading
@@ -31,17 +27,25 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-import numpy as np
 import sqlalchemy as sa
-import torch
 
 from cosyserve.errors import InputError
 from cosyserve.frontend.prompt_features import PromptFeatures
 from cosyserve.service.db import create_tables
+from cosyserve.service.voice_files import (
+    FEATURES_FILE,
+    VoiceFiles,
+    blob_row,
+    features_bytes,
+    load_features,
+    save_features,  # noqa: F401  (re-exported, as is voice_files_table)
+    voice_files_table,
+    write_atomic,
+)
 
 NAME_PATTERN = re.compile(r"^[\w\-. \u3000-\u9fff]{1,64}$")
 MAX_TRANSCRIPT_CHARS = 500
-FEATURES_FILE = "features.npz"
+UNSTORABLE = re.compile("[\x00\ud800-\udfff]")  # NUL (PostgreSQL refuses it), lone surrogates (not UTF-8)
 VOICE_ID = re.compile(r"[0-9a-f]{32}")
 ORPHAN_GRACE_S = 3600.0  # a local folder without a voice row, younger than this, may be an enrolment
 
@@ -107,51 +111,6 @@ def voices_table(metadata: sa.MetaData) -> sa.Table:
     )
 
 
-def voice_files_table(metadata: sa.MetaData) -> sa.Table:
-    """The voices' files (recording, features) as blobs: what every node copies its local files from."""
-    if "voice_files" in metadata.tables:
-        return metadata.tables["voice_files"]
-    voices_table(metadata)  # the foreign key needs it on the same metadata
-    return sa.Table(
-        "voice_files",
-        metadata,
-        sa.Column(
-            "voice_id", sa.String(32), sa.ForeignKey("voices.id", ondelete="CASCADE"), primary_key=True
-        ),
-        sa.Column("name", sa.String(64), primary_key=True),
-        sa.Column("sha256", sa.String(64), nullable=False),
-        sa.Column("size", sa.Integer, nullable=False),
-        sa.Column("data", sa.LargeBinary, nullable=False),
-    )
-
-
-def features_bytes(features: PromptFeatures) -> bytes:
-    """`features` as the bytes of a `.npz` file."""
-    buffer = io.BytesIO()
-    np.savez(
-        buffer,
-        speech_feat=features.speech_feat.numpy(),
-        speech_token=features.speech_token.numpy(),
-        embedding=features.embedding.numpy(),
-    )
-    return buffer.getvalue()
-
-
-def save_features(path: Path, features: PromptFeatures) -> None:
-    _write_atomic(Path(path), features_bytes(features))
-
-
-def load_features(path: Path) -> PromptFeatures:
-    with np.load(path) as data:
-        speech_feat = torch.from_numpy(data["speech_feat"])
-        return PromptFeatures(
-            speech_feat=speech_feat,
-            speech_feat_len=torch.tensor([speech_feat.shape[1]], dtype=torch.int32),
-            speech_token=torch.from_numpy(data["speech_token"]),
-            embedding=torch.from_numpy(data["embedding"]),
-        )
-
-
 Analyser = Callable[[bytes], PromptFeatures]
 
 
@@ -164,13 +123,13 @@ class VoiceLibrary:
         self.root.mkdir(parents=True, exist_ok=True)
         self.engine = engine
         self.table = voices_table(metadata)
-        self.files = voice_files_table(metadata)
+        self.files = voice_files_table(metadata)  # after `voices`: its foreign key names that table
         create_tables(engine, self.table, self.files)  # databases from before shared files get `files` here
+        self.blobs = VoiceFiles(self.root, engine, self.files)
         self.model_checksum = model_checksum
         self._lock = threading.Lock()
         # by voice id: (the model checksum they were computed for, features)
         self._features: dict[str, tuple[str, PromptFeatures]] = {}
-        self._hashes: dict[Path, tuple[tuple[int, int, int], str]] = {}  # local file -> (stat key, sha256)
 
     # ---- enrolment ------------------------------------------------------------------------------
     def add(
@@ -187,6 +146,7 @@ class VoiceLibrary:
         """Analyse `audio` once and store everything; InputError for a bad name, duplicate or prompt."""
         name = _check_name(name)
         transcript = _check_transcript(transcript)
+        lexicon_json = _lexicon_json(lexicon or {})
         if self._find(name) is not None:
             raise InputError(f"a voice named {name!r} already exists: pick another name or delete it first")
         features = analyse(audio)  # raises InputError for unusable audio, before anything is written
@@ -197,7 +157,7 @@ class VoiceLibrary:
         blobs = {audio_file: bytes(audio), FEATURES_FILE: features_bytes(features)}
         try:
             for file_name, data in blobs.items():
-                _write_atomic(folder / file_name, data)
+                write_atomic(folder / file_name, data)
             report = features.report.as_dict() if features.report is not None else {}
             with self.engine.begin() as conn:
                 conn.execute(
@@ -209,11 +169,11 @@ class VoiceLibrary:
                         model_checksum=self.model_checksum,
                         audio_file=audio_file,
                         defaults=json.dumps((defaults or VoiceDefaults()).__dict__),
-                        lexicon=json.dumps(lexicon or {}, ensure_ascii=False),
+                        lexicon=lexicon_json,
                         report=json.dumps(report, ensure_ascii=False),
                     )
                 )
-                conn.execute(self.files.insert(), [_blob_row(voice_id, n, d) for n, d in blobs.items()])
+                conn.execute(self.files.insert(), [blob_row(voice_id, n, d) for n, d in blobs.items()])
         except sa.exc.IntegrityError as exc:
             shutil.rmtree(folder, ignore_errors=True)
             raise InputError(f"a voice named {name!r} already exists: pick another name") from exc
@@ -294,7 +254,7 @@ class VoiceLibrary:
         if defaults is not None:
             values["defaults"] = json.dumps(defaults.__dict__)
         if lexicon is not None:
-            values["lexicon"] = json.dumps(lexicon, ensure_ascii=False)
+            values["lexicon"] = _lexicon_json(lexicon)
         if values:
             try:
                 with self.engine.begin() as conn:
@@ -313,14 +273,13 @@ class VoiceLibrary:
     def share_local_files(self) -> int:
         """Copy into the database the local files of voices that have none there yet (enrolled before
         files were shared), so other nodes can use them; returns how many voices were shared."""
-        with self.engine.connect() as conn:
-            shared = set(conn.execute(sa.select(self.files.c.voice_id).distinct()).scalars())
+        shared = self.blobs.shared_ids()
         count = 0
         for voice in self.list():
             paths = [voice.audio_path, voice.features_path]
             if voice.id in shared or not all(path.is_file() for path in paths):
                 continue
-            rows = [_blob_row(voice.id, path.name, path.read_bytes()) for path in paths]
+            rows = [blob_row(voice.id, path.name, path.read_bytes()) for path in paths]
             try:
                 with self.engine.begin() as conn:
                     if conn.execute(sa.select(self.table.c.id).where(self.table.c.id == voice.id)).first():
@@ -377,13 +336,11 @@ class VoiceLibrary:
             return
         with self._lock:
             self._features.pop(voice_id, None)
-            for path in [p for p in self._hashes if p.parent.name == voice_id]:
-                del self._hashes[path]
-        shutil.rmtree(self.root / voice_id, ignore_errors=True)
+        self.blobs.forget(voice_id)
 
     def _local_file(self, voice: Voice, name: str) -> Path:
         path = self.root / voice.id / name
-        expected = self._blob(voice.id, name, self.files.c.sha256)
+        expected = self.blobs.sha256(voice.id, name)
         if expected is None:  # deleted meanwhile, or enrolled before files were shared: local only
             if path.is_file() and self._find(voice.id) is not None:
                 return path
@@ -393,46 +350,20 @@ class VoiceLibrary:
                 "are only on the node that enrolled it: share them from there (`share_local_files`) "
                 "or enrol the voice again"
             )
-        if path.is_file() and self._sha256(path) == expected:
-            return path
-        data = self._blob(voice.id, name, self.files.c.data)
-        if data is None:
+        if not self.blobs.refresh(voice.id, name, expected):
             self.get(voice.id)
             raise VoiceNotFound(f"voice {voice.name!r} was changed while it was read: try again")
-        _write_atomic(path, bytes(data))  # possibly newer than `expected` (re-analysed meanwhile): fine
         return path
-
-    def _blob(self, voice_id: str, name: str, column: sa.Column) -> Any:
-        where = (self.files.c.voice_id == voice_id) & (self.files.c.name == name)
-        with self.engine.connect() as conn:
-            return conn.execute(sa.select(column).where(where)).scalar_one_or_none()
-
-    def _sha256(self, path: Path) -> str:
-        """A local file's sha256, hashed again only when its size, mtime or inode changed."""
-        stat = path.stat()
-        key = (stat.st_mtime_ns, stat.st_size, stat.st_ino)
-        with self._lock:
-            cached = self._hashes.get(path)
-        if cached is not None and cached[0] == key:
-            return cached[1]
-        digest = hashlib.sha256(path.read_bytes()).hexdigest()
-        with self._lock:
-            self._hashes[path] = (key, digest)
-        return digest
 
     def _store_features(self, voice: Voice, features: PromptFeatures) -> None:
         """Replace the voice's features (re-analysed for this node's model): database first, then disk."""
         data = features_bytes(features)
-        row = _blob_row(voice.id, FEATURES_FILE, data)
         with self.engine.begin() as conn:
             voice_row = self.table.update().where(self.table.c.id == voice.id)
             if not conn.execute(voice_row.values(model_checksum=self.model_checksum)).rowcount:
                 raise VoiceNotFound(f"voice {voice.name!r} was deleted while it was analysed")
-            where = (self.files.c.voice_id == voice.id) & (self.files.c.name == FEATURES_FILE)
-            if not conn.execute(self.files.update().where(where).values(**row)).rowcount:
-                audio = voice.audio_path  # a voice from before shared files: share both now
-                conn.execute(self.files.insert(), [row, _blob_row(voice.id, audio.name, audio.read_bytes())])
-        _write_atomic(voice.features_path, data)
+            self.blobs.put_features(conn, voice.id, data, voice.audio_path)
+        write_atomic(voice.features_path, data)
 
 
 def _check_name(name: str) -> str:
@@ -448,29 +379,15 @@ def _check_transcript(transcript: str | None) -> str | None:
     if transcript is None or not transcript.strip():
         return None
     transcript = transcript.strip()
-    if "\x00" in transcript:
-        raise InputError("the transcript contains a NUL character; remove it")
+    if UNSTORABLE.search(transcript):
+        raise InputError("the transcript contains a NUL character or a lone surrogate; remove it")
     if len(transcript) > MAX_TRANSCRIPT_CHARS:
         raise InputError(f"the transcript is {len(transcript)} characters; at most {MAX_TRANSCRIPT_CHARS}")
     return transcript
 
 
-def _blob_row(voice_id: str, name: str, data: bytes) -> dict[str, Any]:
-    return {
-        "voice_id": voice_id,
-        "name": name,
-        "sha256": hashlib.sha256(data).hexdigest(),
-        "size": len(data),
-        "data": data,
-    }
-
-
-def _write_atomic(path: Path, data: bytes) -> None:
-    """Write to a temp file next to `path`, then rename: readers see the old file or the new, never half."""
-    path.parent.mkdir(parents=True, exist_ok=True)
-    temp = path.with_name(f".{path.name}.{uuid.uuid4().hex[:8]}.tmp")
-    try:
-        temp.write_bytes(data)
-        os.replace(temp, path)
-    finally:
-        temp.unlink(missing_ok=True)
+def _lexicon_json(lexicon: dict[str, str]) -> str:
+    text = json.dumps(lexicon, ensure_ascii=False)  # NUL comes out escaped; lone surrogates would not
+    if UNSTORABLE.search(text):
+        raise InputError("a lexicon entry contains a lone surrogate (not valid Unicode text); remove it")
+    return text
