@@ -11,6 +11,7 @@ import socket
 import subprocess
 import sys
 import time
+import uuid
 from pathlib import Path
 
 import httpx
@@ -109,9 +110,22 @@ class Cluster:
         return "\n".join(f"--- {name}\n{node.log_tail()}" for name, node in self.nodes.items())
 
 
+def _own_database(postgres_url: str) -> str:
+    """A fresh database on the test PostgreSQL server, so other tests' rows never mix with the cluster's."""
+    import sqlalchemy as sa
+
+    name = f"cluster_{uuid.uuid4().hex[:8]}"
+    admin = sa.create_engine(postgres_url, isolation_level="AUTOCOMMIT")
+    with admin.connect() as conn:
+        conn.execute(sa.text(f"CREATE DATABASE {name}"))
+    admin.dispose()
+    return str(sa.engine.make_url(postgres_url).set(database=name).render_as_string(hide_password=False))
+
+
 @pytest.fixture(scope="module")
 def cluster(redis_url, postgres_url, demo_model_path, tmp_path_factory):
     base = tmp_path_factory.mktemp("cluster")
+    postgres_url = _own_database(postgres_url)
     s3_server = moto_server.ThreadedMotoServer(ip_address="127.0.0.1", port=0, verbose=False)
     s3_server.start()
     endpoint = f"http://127.0.0.1:{s3_server._server.server_port}"
