@@ -11,9 +11,7 @@ import contextlib
 import dataclasses
 import hashlib
 import json
-import os
 import re
-import uuid
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -21,11 +19,11 @@ from typing import Any
 import numpy as np
 
 from cosyserve.errors import InputError
+from cosyserve.service.atomic_files import TEMP_SUFFIX, write_atomic  # noqa: F401  (re-exported)
 from cosyserve.service.requests import SynthesisRequest, SynthesisResult
 
 OUTPUT_ID = re.compile(r"output_(\d{8})_(\d{6})(?:_([1-9]\d{0,11}))?")  # 12 digits: node tag + counter
 EXTENSION = re.compile(r"[a-z0-9]{1,8}")
-TEMP_SUFFIX = ".tmp"
 
 
 class OutputNotFound(InputError):
@@ -58,19 +56,6 @@ def check_output_id(output_id: str) -> str:
             "output_20250101_120000_2"
         )
     return output_id
-
-
-def write_atomic(path: Path, data: bytes) -> None:
-    """Write to a hidden temp file next to `path`, fsync, then rename: readers see all of it or nothing."""
-    temp = path.with_name(f".{path.name}.{uuid.uuid4().hex[:8]}{TEMP_SUFFIX}")
-    try:
-        with open(temp, "xb") as handle:
-            handle.write(data)
-            handle.flush()
-            os.fsync(handle.fileno())  # else a power cut can leave an empty file under the final name
-        os.replace(temp, path)
-    finally:
-        temp.unlink(missing_ok=True)
 
 
 def remove_pair(output: StoredOutput) -> None:

@@ -25,12 +25,10 @@ from __future__ import annotations
 
 import collections
 import logging
-import os
 import queue
 import random
 import threading
 import time
-import uuid
 from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
@@ -42,6 +40,7 @@ from botocore.exceptions import BotoCoreError, ClientError, HTTPClientError
 from botocore.exceptions import ConnectionError as BotoConnectionError
 
 from cosyserve.errors import CosyServeError
+from cosyserve.service.atomic_files import write_atomic
 
 log = logging.getLogger(__name__)
 
@@ -243,13 +242,7 @@ class S3Sync:
         data = self.fetch(name)
         if data is None:
             return False
-        path = Path(path)
-        temp = path.with_name(f".{path.name}.{uuid.uuid4().hex[:8]}.tmp")
-        try:
-            temp.write_bytes(data)
-            os.replace(temp, path)
-        finally:
-            temp.unlink(missing_ok=True)
+        write_atomic(Path(path), data)
         return True
 
     def list_keys(self, prefix: str = "", max_keys: int | None = None) -> list[str]:

@@ -11,10 +11,8 @@ from __future__ import annotations
 
 import hashlib
 import io
-import os
 import shutil
 import threading
-import uuid
 from pathlib import Path
 from typing import Any
 
@@ -23,6 +21,7 @@ import sqlalchemy as sa
 import torch
 
 from cosyserve.frontend.prompt_features import PromptFeatures
+from cosyserve.service.atomic_files import write_atomic
 
 FEATURES_FILE = "features.npz"
 
@@ -84,17 +83,6 @@ def blob_row(voice_id: str, name: str, data: bytes) -> dict[str, Any]:
         "size": len(data),
         "data": data,
     }
-
-
-def write_atomic(path: Path, data: bytes) -> None:
-    """Write to a temp file next to `path`, then rename: readers see the old file or the new, never half."""
-    path.parent.mkdir(parents=True, exist_ok=True)
-    temp = path.with_name(f".{path.name}.{uuid.uuid4().hex[:8]}.tmp")
-    try:
-        temp.write_bytes(data)
-        os.replace(temp, path)
-    finally:
-        temp.unlink(missing_ok=True)
 
 
 class VoiceFiles:

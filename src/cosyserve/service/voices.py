@@ -31,6 +31,7 @@ import sqlalchemy as sa
 
 from cosyserve.errors import InputError
 from cosyserve.frontend.prompt_features import PromptFeatures
+from cosyserve.service.atomic_files import write_atomic
 from cosyserve.service.db import create_tables
 from cosyserve.service.voice_files import (
     FEATURES_FILE,
@@ -40,7 +41,6 @@ from cosyserve.service.voice_files import (
     load_features,
     save_features,  # noqa: F401  (re-exported, as is voice_files_table)
     voice_files_table,
-    write_atomic,
 )
 
 NAME_PATTERN = re.compile(r"^[\w\-. \u3000-\u9fff]{1,64}$")
