@@ -40,6 +40,7 @@ REPORT_FIELDS = {
     "first_chunk_seconds", "voice_prepare_seconds", "chunks", "peak_rss_bytes", "weights_bytes",
     "peak_rss_over_weights", "quantized_linears", "deviation", "machine",
     "flow_steps", "no_cfg", "flow_label", "flow_deviation",
+    "voice_cache_bytes", "stream_prefix_peak_bytes", "max_reuse_bytes",
 }  # fmt: skip
 MACHINE_FIELDS = {
     "cpu",
@@ -126,6 +127,9 @@ def test_bench_reports_every_field() -> None:
     assert report["prompt_speech_tokens"] == 25
     assert report["audio_out_seconds"] == pytest.approx(2.0)
     assert report["first_chunk_seconds"] is None and report["deviation"] is None
+    assert (
+        report["voice_cache_bytes"] is report["stream_prefix_peak_bytes"] is report["max_reuse_bytes"] is None
+    )
     assert report["flow_deviation"] is None and (report["flow_steps"], report["no_cfg"]) == (10, False)
     assert report["preset"] == "exact" and report["quantized_linears"] == {}
     assert report["peak_rss_bytes"] >= report["weights_bytes"] > 0
@@ -137,7 +141,8 @@ def test_bench_reports_every_field() -> None:
 
 
 def test_streaming_fast_bench_reports_latency_and_deviation() -> None:
-    report = run_bench(BenchOptions(**{**TINY, "audio_seconds": 3.0}, stream=True, preset="fast"))
+    streaming = {**TINY, "prompt_seconds": 3.0, "audio_seconds": 3.0}  # the prompt fills 2 flow chunks
+    report = run_bench(BenchOptions(**streaming, stream=True, preset="fast"))
     _assert_finite_numbers(report)
     assert report["stream"] and report["chunks"] >= 2
     assert 0 < report["first_chunk_seconds"] < report["total_seconds"]
@@ -148,6 +153,19 @@ def test_streaming_fast_bench_reports_latency_and_deviation() -> None:
     assert all(math.isfinite(deviation[key]) and deviation[key] >= 0 for key in DEVIATION_FIELDS)
     text = render(report)
     assert "deviation from exact" in text and "first audio chunk" in text and "NOT bit-exact" in text
+    assert 0 < report["voice_cache_bytes"] < report["stream_prefix_peak_bytes"] <= report["max_reuse_bytes"]
+    assert "flow keys/values kept for reuse" in text
+
+
+def test_streaming_budget_option_limits_the_kept_keys_and_values() -> None:
+    """--max-reuse-mb 0: the stream keeps no flow keys/values of its own (the voice's are shared)."""
+    streaming = {**TINY, "prompt_seconds": 3.0, "audio_seconds": 3.0}
+    options = BenchOptions(**streaming, stream=True, warmup=False, max_reuse_mb=0)
+    report = run_bench(options)
+    assert report["max_reuse_bytes"] == 0 and report["chunks"] >= 2
+    assert report["stream_prefix_peak_bytes"] == report["voice_cache_bytes"] > 0
+    with pytest.raises(InputError, match="max-reuse-mb"):
+        run_bench(BenchOptions(**TINY, stream=True, max_reuse_mb=-1))
 
 
 def test_bench_on_a_model_directory(tiny_dir: Path) -> None:

@@ -12,7 +12,7 @@ import torch
 
 from cosyserve.engine.loading import load_flow, load_hift
 from cosyserve.engine.model_dir import ModelDir
-from cosyserve.engine.token2wav import FlowPrompt, PromptCache, Token2Wav
+from cosyserve.engine.token2wav import FlowPrompt, PromptCache, PromptCacheStore, Token2Wav
 from cosyserve.errors import InputError
 from cosyserve.model.flow import CausalFlow
 from cosyserve.model.hift import HiFTVocoder
@@ -72,8 +72,7 @@ def _long_tokens(count: int, seed: int = 3) -> torch.Tensor:
 
 def _prefix_tensors(cache: PromptCache) -> list[torch.Tensor]:
     prefix = cache.flow_prefix
-    tensors = [t for s in prefix.segments for per_step in (*s.keys, *s.values) for t in per_step]
-    return [*tensors, prefix.embed_context, prefix.tokens]
+    return [*(s.kv for s in prefix.segments), prefix.embed_context, prefix.tokens]
 
 
 def _assert_chunks_close(got: list[torch.Tensor], want: list[torch.Tensor], atol: float) -> None:
@@ -191,6 +190,104 @@ def test_memory_limit_bounds_the_prefix_and_keeps_the_output(
     assert state.flow_prefix is not None and 0 < state.flow_prefix.frames < 2 * long_tokens.shape[1]
     got.append(limited.stream_finish(state, long_tokens))
     _assert_chunks_close(got, recomputed, SAME_PATH_TOLERANCE)
+
+
+def test_voice_cache_pass_and_its_block(
+    flow: CausalFlow, hift: HiFTVocoder, prompt: FlowPrompt, voice: PromptCache, monkeypatch
+) -> None:
+    """The prompt pass covers the fixed frames (the shapes a stream without the cache uses, so both
+    round alike), or only the kept chunks when a budget limits them; the kept keys and values are one
+    contiguous block per segment."""
+    widths: list[int] = []
+    estimator = flow.decoder.estimator
+    original = estimator.forward_continued
+
+    def recording(x, *args, **kwargs):  # type: ignore[no-untyped-def]
+        widths.append(x.shape[2])
+        return original(x, *args, **kwargs)
+
+    monkeypatch.setattr(estimator, "forward_continued", recording)
+    cache = Token2Wav(flow, hift).prepare_prompt(prompt)
+    fixed = (prompt.num_tokens - flow.lookahead) * flow.token_mel_ratio
+    assert widths == [fixed] * 10  # one call per solver step
+    (segment,) = cache.flow_prefix.segments
+    assert segment.kv.shape[5] == cache.frames and segment.kv.is_contiguous()
+    assert (
+        cache.nbytes
+        == flow.prefix_nbytes(cache.frames)
+        == segment.nbytes + cache.flow_prefix.embed_context.nbytes
+    )
+    assert torch.equal(segment.kv, voice.flow_prefix.segments[0].kv)
+    widths.clear()
+    chunk = flow.config.dit.static_chunk_size
+    Token2Wav(flow, hift, max_prompt_cache_bytes=flow.prefix_nbytes(chunk)).prepare_prompt(prompt)
+    assert widths == [chunk] * 10
+
+
+def test_final_pass_runs_after_the_stream_prefix_is_freed(
+    runners: dict[str, Token2Wav], prompt: FlowPrompt, voice: PromptCache, long_tokens, monkeypatch
+) -> None:
+    runner = runners["plain_reuse"]
+    state = runner.start_stream(prompt, voice)
+    for end in range(1, long_tokens.shape[1] + 1):
+        runner.stream_step(state, long_tokens[:, :end])
+    assert state.flow_prefix is not None and state.flow_prefix.frames > voice.frames
+    seen: list[object] = []
+    original = runner.flow.inference
+
+    def recording(*args, **kwargs):  # type: ignore[no-untyped-def]
+        seen.append(state.flow_prefix)
+        return original(*args, **kwargs)
+
+    monkeypatch.setattr(runner.flow, "inference", recording)
+    runner.stream_finish(state, long_tokens)
+    assert seen == [None]
+
+
+def test_pass_beyond_the_budget_keeps_nothing(flow: CausalFlow, prompt: FlowPrompt) -> None:
+    tokens = _long_tokens(60)
+    args = (prompt.speech_token, prompt.speech_feat, prompt.embedding)
+    _, first = flow.inference_continued(tokens[:, :41], *args)
+    mel, same = flow.inference_continued(tokens[:, :58], *args, first, max_prefix_bytes=first.nbytes)
+    assert same is first
+    reference, _ = flow.inference_continued(tokens[:, :58], *args, first)
+    torch.testing.assert_close(mel, reference, atol=1e-6, rtol=0)
+
+
+def test_prompt_cache_budget_caches_the_first_chunks_only(
+    flow: CausalFlow, hift: HiFTVocoder, prompt: FlowPrompt, voice: PromptCache, long_tokens, recomputed
+) -> None:
+    chunk = flow.config.dit.static_chunk_size
+    assert voice.frames > chunk  # the fixture prompt has more than one fixed chunk
+    limited = Token2Wav(flow, hift, max_prompt_cache_bytes=flow.prefix_nbytes(chunk) + 1000)
+    cache = limited.prepare_prompt(prompt)
+    assert cache.frames == chunk and cache.nbytes == flow.prefix_nbytes(chunk)
+    assert voice.nbytes == flow.prefix_nbytes(voice.frames)
+    _assert_chunks_close(limited.stream(long_tokens, prompt, cache), recomputed, SAME_PATH_TOLERANCE)
+
+
+def test_prompt_cache_store_keeps_recent_voices_within_its_budget(
+    prompt: FlowPrompt, voice: PromptCache
+) -> None:
+    other = FlowPrompt(prompt.speech_token, prompt.speech_feat, prompt.embedding + 1)
+    made: list[str] = []
+
+    def prepare(p: FlowPrompt) -> PromptCache:
+        made.append("a" if p is prompt else "b")
+        return PromptCache(p, voice.flow_prefix)
+
+    store = PromptCacheStore(max_bytes=voice.nbytes + voice.nbytes // 2)  # room for one voice
+    assert store.get("a", prompt, prepare).prompt is prompt
+    assert store.get("a", prompt, prepare).prompt is prompt and made == ["a"]  # cached
+    assert store.get("b", other, prepare).prompt is other
+    assert "b" in store and "a" not in store and len(store) == 1 and store.nbytes == voice.nbytes
+    store.get("b", prompt, prepare)  # the voice's prompt changed: prepared again, not the stale cache
+    assert made == ["a", "b", "a"] and store.get("b", prompt, prepare).prompt is prompt
+    store.discard("b")
+    assert len(store) == 0
+    tiny = PromptCacheStore(max_bytes=voice.nbytes - 1)  # one cache alone is too large: used, not kept
+    assert tiny.get("a", prompt, prepare).prompt is prompt and len(tiny) == 0
+    assert len(PromptCacheStore(max_bytes=None)) == 0
 
 
 def test_prompt_cache_of_another_voice_is_rejected(runners, prompt: FlowPrompt, voice: PromptCache) -> None:

@@ -70,6 +70,13 @@ def add_bench_parser(subparsers: Any) -> argparse.ArgumentParser:
         action="store_true",
         help="fast preset, --flow-steps, --no-cfg: skip measuring the deviation from exact",
     )
+    bench.add_argument(
+        "--max-reuse-mb",
+        type=float,
+        default=None,
+        help="--stream: most flow keys/values one stream keeps, in MB (its voice's prompt part included; "
+        "default: the engine's); beyond it later chunks recompute (same audio, slower, less memory)",
+    )
     bench.add_argument("--no-warmup", action="store_true", help="time the very first pass too")
     bench.add_argument(
         "--json", action="store_true", help="print the report as JSON (progress goes to stderr)"
@@ -96,6 +103,7 @@ def run_bench_command(args: argparse.Namespace) -> int:
         warmup=not args.no_warmup,
         flow_steps=args.flow_steps,
         no_cfg=args.no_cfg,
+        max_reuse_mb=args.max_reuse_mb,
     )
     progress = _TerminalProgress()
     try:

@@ -63,6 +63,7 @@ def render(report: dict[str, Any]) -> str:
         f"peak RSS {report['peak_rss_bytes'] / GB:.2f} GB = {report['peak_rss_over_weights']:.2f} x the "
         f"float32 weights ({report['weights_bytes'] / GB:.2f} GB)"
         + (f"; peak GPU {report['peak_gpu_bytes'] / GB:.2f} GB" if "peak_gpu_bytes" in report else ""),
+        *_stream_memory(report),
         f"machine: {machine['cpu']}; {', '.join(machine['cpu_flags']) or 'no reported flags'}; "
         f"torch {machine['torch']} ({machine['torch_cpu_capability']}); load average "
         f"{_load(machine.get('load_average_at_start', []))} at start, "
@@ -107,3 +108,14 @@ def _flow_note(report: dict[str, Any]) -> str:
     if report["flow_steps"] != 10 or report["no_cfg"]:
         notes.append(report["flow_label"])
     return "; ".join(note for note in notes if note)
+
+
+def _stream_memory(report: dict[str, Any]) -> list[str]:
+    if report.get("stream_prefix_peak_bytes") is None:
+        return []
+    budget = report.get("max_reuse_bytes")
+    return [
+        f"flow keys/values kept for reuse: saved voice {report['voice_cache_bytes'] / GB:.2f} GB, the stream "
+        f"at most {report['stream_prefix_peak_bytes'] / GB:.2f} GB with it"
+        + ("" if budget is None else f" (budget {budget / GB:.2f} GB)")
+    ]

@@ -37,7 +37,7 @@ from cosyserve.engine.kv_cache import KVCache
 from cosyserve.engine.quantize import PresetResult, apply_preset, check_preset
 from cosyserve.engine.sampling import SpeechTokenSampler
 from cosyserve.engine.speech_lm_runner import ENDOFPROMPT_ID, decode_one, prefill
-from cosyserve.engine.token2wav import FlowPrompt, Token2Wav
+from cosyserve.engine.token2wav import DEFAULT_MAX_REUSE_BYTES, FlowPrompt, Token2Wav
 from cosyserve.errors import InputError
 from cosyserve.model.config import CosyVoice3Config
 from cosyserve.model.flow import DEFAULT_N_TIMESTEPS, CausalFlow
@@ -64,6 +64,7 @@ class BenchOptions:
     warmup: bool = True  # one tiny pass first, so one-off initialisation is not timed
     flow_steps: int = DEFAULT_N_TIMESTEPS  # fewer: a speed option, not the exact path
     no_cfg: bool = False  # skip classifier-free guidance: a speed option, not the exact path
+    max_reuse_mb: float | None = None  # streaming: the stream's flow keys/values budget; None: engine default
 
 
 class Progress:
@@ -122,6 +123,7 @@ def run_bench(options: BenchOptions, progress: Progress | None = None) -> dict[s
             flow_deviation = measure_flow_options(
                 flow_reference, models.flow, options.flow_steps, options.no_cfg, against
             )
+        budget = {} if options.max_reuse_mb is None else {"max_reuse_bytes": int(options.max_reuse_mb * 1e6)}
         token2wav = Token2Wav(
             models.flow,
             models.hift,
@@ -129,6 +131,7 @@ def run_bench(options: BenchOptions, progress: Progress | None = None) -> dict[s
             chunk_size=models.config.chunk_size,
             flow_steps=options.flow_steps,
             guidance=not options.no_cfg,
+            **budget,  # type: ignore[arg-type]
         )
         inputs = _make_inputs(models.config, options, placement.device)
         if options.warmup:
@@ -156,6 +159,8 @@ def _check_options(options: BenchOptions) -> None:
     if options.scale not in SCALES:
         raise InputError(f"unknown scale {options.scale!r}: use one of {', '.join(SCALES)}")
     check_flow_options(options.flow_steps, options.no_cfg)
+    if options.max_reuse_mb is not None and options.max_reuse_mb < 0:
+        raise InputError(f"--max-reuse-mb {options.max_reuse_mb:g}: use 0 or more")
 
 
 @contextmanager
@@ -267,6 +272,7 @@ def _run_utterance(
         prepare_start = clock.now()
         voice_cache = token2wav.prepare_prompt(inputs.prompt)
         timing.voice_prepare_seconds = clock.now() - prepare_start
+        timing.voice_cache_bytes = timing.stream_prefix_peak_bytes = voice_cache.nbytes
         clock.flow_seconds = 0.0
     start = clock.now()
     cpu_start = time.process_time()
@@ -293,6 +299,9 @@ def _run_utterance(
             if chunks and timing.first_chunk_seconds is None:
                 timing.first_chunk_seconds = clock.now() - start
             timing.chunks += len(chunks)
+            if state.flow_prefix is not None:
+                held = max(timing.stream_prefix_peak_bytes or 0, state.flow_prefix.nbytes)
+                timing.stream_prefix_peak_bytes = held
             timing.audio_samples += sum(int(chunk.shape[0]) for chunk in chunks)
     speech = torch.tensor([tokens], device=device)
     with clock.timing_token2wav():
@@ -307,6 +316,13 @@ def _run_utterance(
     timing.total_seconds = clock.now() - start
     timing.cpu_seconds = time.process_time() - cpu_start
     return timing
+
+
+def token2wav_budget(options: BenchOptions) -> int | None:
+    """The streaming keys/values budget the bench's Token2Wav ran with."""
+    if options.max_reuse_mb is not None:
+        return int(options.max_reuse_mb * 1e6)
+    return DEFAULT_MAX_REUSE_BYTES
 
 
 def _report(
@@ -357,6 +373,9 @@ def _report(
         "real_time_factor": timing.total_seconds / audio_seconds if audio_seconds else float("inf"),
         "first_chunk_seconds": timing.first_chunk_seconds,
         "voice_prepare_seconds": timing.voice_prepare_seconds,
+        "voice_cache_bytes": timing.voice_cache_bytes,
+        "stream_prefix_peak_bytes": timing.stream_prefix_peak_bytes,
+        "max_reuse_bytes": token2wav_budget(options) if options.stream else None,
         "chunks": timing.chunks,
         "peak_rss_bytes": peak_rss,
         "weights_bytes": weights_bytes,

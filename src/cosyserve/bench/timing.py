@@ -77,3 +77,5 @@ class UtteranceTiming:
     chunks: int = 0
     prefix_positions: int = 0
     voice_prepare_seconds: float | None = None
+    voice_cache_bytes: int | None = None  # streaming: the saved voice's flow prompt keys/values
+    stream_prefix_peak_bytes: int | None = None  # streaming: most flow keys/values the stream held

@@ -12,11 +12,20 @@ chunks come out of less work: the chunk-causal flow keeps the keys and values of
 (`FlowPrefix`, per request, and per voice for the prompt's fixed part: `prepare_prompt`), and the
 vocoder runs on the new frames only (`vocode_increment`). Both give the official values up to float
 rounding (about 1e-6).
+
+Memory: a kept frame costs `CausalFlow.prefix_nbytes` (3.6 MB full-size in float32). Every later chunk
+attends to every earlier frame, so nothing is dropped while chunks may follow; the final pass reuses
+nothing, so a stream frees its keys and values before it. Budgets: `max_prompt_cache_bytes` per
+voice, `max_reuse_bytes` per stream (beyond it, later chunks recompute: slower, same audio), and
+`PromptCacheStore` for all voices together.
 """
 
 from __future__ import annotations
 
 import math
+import threading
+from collections import OrderedDict
+from collections.abc import Callable
 from contextlib import AbstractContextManager, nullcontext
 from dataclasses import dataclass, field
 
@@ -32,6 +41,8 @@ from cosyserve.model.hift_stream import VocoderStream, vocode_increment
 
 MIN_SPEED, MAX_SPEED = 0.5, 2.0
 DEFAULT_MAX_REUSE_BYTES = 4 << 30  # ~1200 frames (24 s incl. the prompt) of the full-size flow in float32
+DEFAULT_MAX_PROMPT_CACHE_BYTES = 2 << 30  # one voice: ~590 frames (a 12 s prompt), full-size, float32
+DEFAULT_PROMPT_STORE_BYTES = 2 << 30  # all voices of a `PromptCacheStore` together
 
 
 @dataclass(frozen=True)
@@ -51,8 +62,9 @@ class FlowPrompt:
 class PromptCache:
     """What every stream of one voice starts from (`Token2Wav.prepare_prompt`): the flow's keys and
     values of the prompt frames that no generated token can change. Read-only, so one object serves
-    any number of concurrent requests; it holds `nbytes` of memory (about 3.5 MB per cached prompt
-    frame for the full-size flow in float32, half that in 16-bit), so cache it per saved voice."""
+    any number of concurrent requests; it holds `nbytes` of memory (about 3.6 MB per cached prompt
+    frame for the full-size flow in float32, half that in 16-bit), so cache it per saved voice
+    (`PromptCacheStore`)."""
 
     prompt: FlowPrompt
     flow_prefix: FlowPrefix
@@ -65,6 +77,54 @@ class PromptCache:
     @property
     def nbytes(self) -> int:
         return self.flow_prefix.nbytes
+
+
+class PromptCacheStore:
+    """Per-voice `PromptCache`s within a memory budget: the least recently used are dropped first.
+
+    One store serves every thread. `get(key, prompt, prepare)` returns the cache of `key` when it was
+    prepared for this prompt, else `prepare(prompt)` (outside the lock), kept while the caches fit in
+    `max_bytes` together (None: no limit); one larger than that alone is returned but not kept.
+    """
+
+    def __init__(self, max_bytes: int | None = DEFAULT_PROMPT_STORE_BYTES) -> None:
+        self.max_bytes = max_bytes
+        self._caches: OrderedDict[str, PromptCache] = OrderedDict()
+        self._lock = threading.Lock()
+
+    def get(self, key: str, prompt: FlowPrompt, prepare: Callable[[FlowPrompt], PromptCache]) -> PromptCache:
+        with self._lock:
+            cache = self._caches.get(key)
+            if cache is not None and (cache.prompt is prompt or _same_prompt(cache.prompt, prompt)):
+                self._caches.move_to_end(key)
+                return cache
+        cache = prepare(prompt)
+        with self._lock:
+            self._caches.pop(key, None)
+            if self.max_bytes is None or cache.nbytes <= self.max_bytes:
+                self._caches[key] = cache
+                while self.max_bytes is not None and self._held() > self.max_bytes:
+                    self._caches.popitem(last=False)
+        return cache
+
+    def discard(self, key: str) -> None:
+        """Forget `key` (a voice deleted or changed); streams that hold its cache keep it until they end."""
+        with self._lock:
+            self._caches.pop(key, None)
+
+    @property
+    def nbytes(self) -> int:
+        with self._lock:
+            return self._held()
+
+    def _held(self) -> int:
+        return sum(cache.nbytes for cache in self._caches.values())
+
+    def __len__(self) -> int:
+        return len(self._caches)
+
+    def __contains__(self, key: object) -> bool:
+        return key in self._caches
 
 
 @dataclass
@@ -103,6 +163,7 @@ class Token2Wav:
         source_noise: SourceNoise | None = None,
         reuse: bool = True,
         max_reuse_bytes: int | None = DEFAULT_MAX_REUSE_BYTES,
+        max_prompt_cache_bytes: int | None = DEFAULT_MAX_PROMPT_CACHE_BYTES,
         flow_steps: int = DEFAULT_N_TIMESTEPS,
         guidance: bool = True,
         batch_flow: bool = False,
@@ -110,7 +171,10 @@ class Token2Wav:
     ) -> None:
         """reuse: stream with the reusing flow and vocoder (same chunks, less work); False runs the
         official recomputing schedule. max_reuse_bytes: most flow prefix memory one stream keeps (its
-        voice's shared prompt part included); past it the stream recomputes the frames after it.
+        voice's shared prompt part included); past it the stream recomputes the frames after it at every
+        later chunk (slower, same output). max_prompt_cache_bytes: most one `prepare_prompt` result
+        holds; a longer prompt's cache covers its first chunks only, and each stream computes the rest.
+        Sizes: `CausalFlow.prefix_nbytes` (3.6 MB a frame for the full-size flow in float32).
         flow_steps (fewer than the official 10) and guidance=False (no classifier-free guidance: half
         the DiT batch) are speed options that change the output; the defaults are the exact path.
         batch_flow: concurrent one-shot flow calls (`synthesize`, `stream_finish`) run as one padded
@@ -128,6 +192,7 @@ class Token2Wav:
         self.source_noise = source_noise  # None: the vocoder's fixed per-process noise
         self.reuse = reuse
         self.max_reuse_bytes = max_reuse_bytes
+        self.max_prompt_cache_bytes = max_prompt_cache_bytes
         self.flow_steps = flow_steps
         self.guidance = guidance
         self.flow_batcher = None
@@ -160,18 +225,29 @@ class Token2Wav:
     # ---- streaming ------------------------------------------------------------------------------
     def prepare_prompt(self, prompt: FlowPrompt) -> PromptCache:
         """The per-voice start of every stream with this prompt (see `PromptCache`); pass it to
-        `start_stream`. Costs about one flow pass over the prompt's fixed chunks."""
-        frames = (prompt.num_tokens - self.lookahead) * self.mel_ratio  # later tokens cannot change these
-        cacheable = self._reusable(prompt) and frames >= self.flow.config.dit.static_chunk_size
+        `start_stream`. Costs about one flow pass over the prompt's fixed chunks (at most
+        `max_prompt_cache_bytes` of them)."""
+        chunk = max(self.flow.config.dit.static_chunk_size, 1)
+        fixed = (prompt.num_tokens - self.lookahead) * self.mel_ratio  # later tokens cannot change these
+        frames = fixed // chunk * chunk  # kept: whole chunks only, within the budget
+        budget = self.max_prompt_cache_bytes
         no_tokens = prompt.speech_token[:, :0]
-        with self._autocast():
-            if cacheable:
-                _, prefix = self.flow.inference_continued(
-                    no_tokens, prompt.speech_token, prompt.speech_feat, prompt.embedding,
-                    finalize=True, stop_frame=frames, n_timesteps=self.flow_steps, guidance=self.guidance,
-                )  # fmt: skip
-            else:
-                prefix = FlowPrefix(no_tokens.long().cpu(), self.flow_steps, guidance=self.guidance)
+        with self._autocast():  # sizes in the dtype the pass computes in
+            size = self.flow.prefix_nbytes
+            while budget is not None and frames and size(frames, self.flow_steps, self.guidance) > budget:
+                frames -= chunk
+            if not (self._reusable(prompt) and frames > 0):
+                empty = FlowPrefix(no_tokens.long().cpu(), self.flow_steps, guidance=self.guidance)
+                return PromptCache(prompt, empty)
+            # The pass runs to the end of the fixed frames when all their whole chunks are kept: the
+            # shapes a stream without the cache uses, so that its first chunk matches this bit for bit
+            # (matrix kernels may round differently for other lengths, and the vocoder's phase
+            # amplifies any difference).
+            _, prefix = self.flow.inference_continued(
+                no_tokens, prompt.speech_token, prompt.speech_feat, prompt.embedding,
+                finalize=True, stop_frame=fixed if frames == fixed // chunk * chunk else frames,
+                max_prefix_bytes=budget, n_timesteps=self.flow_steps, guidance=self.guidance,
+            )  # fmt: skip
         return PromptCache(prompt, prefix)
 
     def start_stream(self, prompt: FlowPrompt, cache: PromptCache | None = None) -> StreamState:
@@ -216,9 +292,11 @@ class Token2Wav:
         """The last chunk: every token (1, T) after the emitted ones, finalized (full attention)."""
         if state.finished:
             raise InputError("this stream has already been finished")
+        # The final pass attends to everything (full attention, as the official): no cached keys or
+        # values apply to it, so this request's are freed before it rather than held through it.
+        state.flow_prefix = None
         mel = self._flow(tokens, state.prompt, streaming=False, finalize=True)
         state.finished = True
-        state.flow_prefix = None  # the final pass attends to everything: nothing to reuse, free it now
         return self._emit(state, mel[:, :, state.token_offset * self.mel_ratio :], finalize=True)
 
     def stream(

@@ -138,16 +138,19 @@ def apply_rotary(x: torch.Tensor, angles: torch.Tensor) -> torch.Tensor:
 
 
 class AdaLayerNormZero(nn.Module):
-    """Timestep-modulated layer norm of a block: returns the modulated x and the other five vectors."""
+    """Timestep-modulated layer norm of a block: returns the modulated x and the other five vectors.
+
+    The six vectors come from the timestep embedding alone (`linear(silu(emb))`, see
+    `DiT.time_conditioning`), so they are computed once per pass for all solver steps.
+    """
 
     def __init__(self, dim: int) -> None:
         super().__init__()
         self.linear = nn.Linear(dim, 6 * dim)
 
-    def forward(self, x: torch.Tensor, emb: torch.Tensor) -> tuple[torch.Tensor, ...]:
-        """x: (B, T, D), emb: (B, D) -> x' (B, T, D); gate_msa, shift_mlp, scale_mlp, gate_mlp (B, D)."""
-        mods = self.linear(F.silu(emb)).chunk(6, dim=1)
-        shift_msa, scale_msa, gate_msa, shift_mlp, scale_mlp, gate_mlp = mods
+    def forward(self, x: torch.Tensor, mods: torch.Tensor) -> tuple[torch.Tensor, ...]:
+        """x: (B, T, D), mods: (B, 6D) -> x' (B, T, D); gate_msa, shift_mlp, scale_mlp, gate_mlp (B, D)."""
+        shift_msa, scale_msa, gate_msa, shift_mlp, scale_mlp, gate_mlp = mods.chunk(6, dim=1)
         normed = F.layer_norm(x, x.shape[-1:], eps=_NORM_EPS)
         return (
             normed * (1 + scale_msa[:, None]) + shift_msa[:, None],
@@ -165,9 +168,9 @@ class AdaLayerNormZeroFinal(nn.Module):
         super().__init__()
         self.linear = nn.Linear(dim, 2 * dim)
 
-    def forward(self, x: torch.Tensor, emb: torch.Tensor) -> torch.Tensor:
-        """x: (B, T, D), emb: (B, D) -> (B, T, D)."""
-        scale, shift = self.linear(F.silu(emb)).chunk(2, dim=1)
+    def forward(self, x: torch.Tensor, mods: torch.Tensor) -> torch.Tensor:
+        """x: (B, T, D), mods: (B, 2D) = linear(silu(timestep embedding)) -> (B, T, D)."""
+        scale, shift = mods.chunk(2, dim=1)
         return F.layer_norm(x, x.shape[-1:], eps=_NORM_EPS) * (1 + scale[:, None]) + shift[:, None]
 
 
@@ -235,20 +238,20 @@ class DiTBlock(nn.Module):
     def forward(
         self,
         x: torch.Tensor,
-        t_emb: torch.Tensor,
+        mods: torch.Tensor,
         attn_mask: torch.Tensor,
         frame_mask: torch.Tensor,
         angles: torch.Tensor,
     ) -> torch.Tensor:
-        """x: (B, T, D), t_emb: (B, D) -> (B, T, D)."""
-        normed, gate_msa, shift_mlp, scale_mlp, gate_mlp = self.attn_norm(x, t_emb)
+        """x: (B, T, D), mods: (B, 6D) this block's time modulation -> (B, T, D)."""
+        normed, gate_msa, shift_mlp, scale_mlp, gate_mlp = self.attn_norm(x, mods)
         x = x + gate_msa[:, None] * self.attn(normed, attn_mask, frame_mask, angles)
         return self._feed_forward(x, shift_mlp, scale_mlp, gate_mlp)
 
     def forward_continued(
         self,
         x: torch.Tensor,
-        t_emb: torch.Tensor,
+        mods: torch.Tensor,
         attn_mask: torch.Tensor,
         angles: torch.Tensor,
         past: tuple[Sequence[torch.Tensor], Sequence[torch.Tensor]],
@@ -259,7 +262,7 @@ class DiTBlock(nn.Module):
         order; attn_mask: (T, Tpast + T) bool. Returns (B, T, D) and this call's keys and values
         (B, H, T, Dh), which later passes take as `past`.
         """
-        normed, gate_msa, shift_mlp, scale_mlp, gate_mlp = self.attn_norm(x, t_emb)
+        normed, gate_msa, shift_mlp, scale_mlp, gate_mlp = self.attn_norm(x, mods)
         q, k, v = self.attn.project(normed, angles)
         keys = torch.cat((*past[0], k), dim=2) if past[0] else k
         values = torch.cat((*past[1], v), dim=2) if past[1] else v
@@ -320,22 +323,33 @@ class DiT(nn.Module):
         spks: torch.Tensor,
         cond: torch.Tensor,
         streaming: bool = False,
+        time: Sequence[torch.Tensor] | None = None,
     ) -> torch.Tensor:
         """Velocity (B, C, T).
 
         x, cond: (B, C, T); mask: (B, 1, T), nonzero on valid frames; mu: (B, mu_dim, T);
         t: (B,) flow time in [0, 1]; spks: (B, spk_dim). `streaming` restricts attention to chunks of
-        `static_chunk_size` frames (see `attention_mask`).
+        `static_chunk_size` frames (see `attention_mask`). time: `time_conditioning(t)`, if the caller
+        computed it already (one solver step's slice of it).
         """
         frame_mask = mask[:, 0].bool()  # (B, T)
         chunk_size = self.config.static_chunk_size if streaming else 0
         attn_mask = attention_mask(frame_mask, chunk_size)
-        t_emb = self.time_embed(t)
+        time = self.time_conditioning(t) if time is None else time
         h = self.input_embed(x.transpose(1, 2), cond.transpose(1, 2), mu.transpose(1, 2), spks)
         angles = self.rotary_embed.angles(h.shape[1])
-        for block in self.transformer_blocks:
-            h = block(h, t_emb, attn_mask, frame_mask[..., None], angles)
-        return self.proj_out(self.norm_out(h, t_emb)).transpose(1, 2)
+        for block, mods in zip(self.transformer_blocks, time[:-1], strict=True):
+            h = block(h, mods, attn_mask, frame_mask[..., None], angles)
+        return self.proj_out(self.norm_out(h, time[-1])).transpose(1, 2)
+
+    def time_conditioning(self, t: torch.Tensor) -> list[torch.Tensor]:
+        """What the blocks take from the flow time alone: t (..., B) -> per block its six modulation
+        vectors (..., B, 6D), then the output norm's two (..., B, 2D). Given every solver step's times
+        at once (S, B), each layer's weights are read once per pass instead of once per step."""
+        emb = F.silu(self.time_embed(t.reshape(-1))).unflatten(0, t.shape)
+        return [block.attn_norm.linear(emb) for block in self.transformer_blocks] + [
+            self.norm_out.linear(emb)
+        ]
 
     def forward_continued(
         self,
@@ -347,15 +361,18 @@ class DiT(nn.Module):
         start: int,
         past: Sequence[tuple[Sequence[torch.Tensor], Sequence[torch.Tensor]]],
         embed_context: torch.Tensor | None,
-    ) -> tuple[torch.Tensor, list[torch.Tensor], list[torch.Tensor], torch.Tensor]:
+        kv_out: torch.Tensor | None = None,
+        time: Sequence[torch.Tensor] | None = None,
+    ) -> tuple[torch.Tensor, torch.Tensor]:
         """The streaming forward for frames start .. start + T - 1 when frames 0 .. start - 1 (whole
         chunks) were computed before: the same values as `forward(..., streaming=True)` on all frames.
 
         x, cond: (B, C, T); mu: (B, mu_dim, T); t: (B,); spks: (B, spk_dim), for the new frames only.
         past[layer]: key and value segments (B, H, Ti, Dh) of the earlier frames; embed_context:
         (B, Tc, D) their projected inputs (`InputEmbedding.project`; the last `context_frames` suffice).
-        Returns the velocity (B, C, T), per layer this call's keys and values (B, H, T, Dh), and the
-        projected inputs (B, T, D) of the new frames.
+        kv_out: (L, 2, B, H, K, Dh), K <= T: receives each layer's keys and values of the first K new
+        frames, which later passes take as `past`; time: as in `forward`. Returns the velocity (B, C, T)
+        and the projected inputs (B, T, D) of the new frames.
         """
         chunk_size = self.config.static_chunk_size
         if chunk_size <= 0 or start % chunk_size:
@@ -363,16 +380,17 @@ class DiT(nn.Module):
                 f"a continued DiT pass needs static_chunk_size > 0 and a start on a chunk boundary, got "
                 f"{chunk_size} and {start}; check the flow section of the model's YAML"
             )
-        t_emb = self.time_embed(t)
+        time = self.time_conditioning(t) if time is None else time
         projected = self.input_embed.project(
             x.transpose(1, 2), cond.transpose(1, 2), mu.transpose(1, 2), spks
         )
         h = self.input_embed.conv_pos_embed(projected, embed_context) + projected
         angles = self.rotary_embed.angles(h.shape[1], start)
         attn_mask = continued_attention_mask(start, h.shape[1], chunk_size, h.device)
-        keys, values = [], []
-        for block, layer_past in zip(self.transformer_blocks, past, strict=True):
-            h, k, v = block.forward_continued(h, t_emb, attn_mask, angles, layer_past)
-            keys.append(k)
-            values.append(v)
-        return self.proj_out(self.norm_out(h, t_emb)).transpose(1, 2), keys, values, projected
+        keep = 0 if kv_out is None else kv_out.shape[4]
+        for layer, (block, layer_past) in enumerate(zip(self.transformer_blocks, past, strict=True)):
+            h, k, v = block.forward_continued(h, time[layer], attn_mask, angles, layer_past)
+            if keep:
+                kv_out[layer, 0].copy_(k[:, :, :keep])
+                kv_out[layer, 1].copy_(v[:, :, :keep])
+        return self.proj_out(self.norm_out(h, time[-1])).transpose(1, 2), projected

@@ -13,7 +13,7 @@ from __future__ import annotations
 
 import math
 import threading
-from collections.abc import Iterator
+from collections.abc import Iterator, Sequence
 
 import torch
 import torch.nn.functional as F
@@ -22,7 +22,7 @@ from torch import nn
 from cosyserve.errors import ConfigError, InputError
 from cosyserve.model.config import CFMConfig, DiTConfig, FlowConfig
 from cosyserve.model.dit import DiT
-from cosyserve.model.flow_prefix import FlowPrefix
+from cosyserve.model.flow_prefix import FlowPrefix, kv_dtype, prefix_nbytes
 
 MAX_MEL_FRAMES = 15000  # 300 s at 50 Hz: the length of the official fixed start noise
 DEFAULT_N_TIMESTEPS = 10  # Euler steps the official inference uses
@@ -111,10 +111,11 @@ class CausalCFM(nn.Module):
         spks: torch.Tensor,
         cond: torch.Tensor,
         streaming: bool,
+        time: Sequence[torch.Tensor] | None = None,
     ) -> torch.Tensor:
         """One estimator call, velocity (B, C, N); arguments as `DiT.forward`. Kept apart to be swappable
         (compiled graphs, TensorRT) without touching the solver."""
-        return self.estimator(x, mask, mu, t, spks, cond, streaming)
+        return self.estimator(x, mask, mu, t, spks, cond, streaming, time)
 
     def time_span(self, n_timesteps: int, device: torch.device, dtype: torch.dtype) -> torch.Tensor:
         """(n_timesteps + 1,) times from 0 to 1; the cosine schedule takes smaller steps near t = 0."""
@@ -143,14 +144,26 @@ class CausalCFM(nn.Module):
         """
         mask_in = torch.cat((mask, mask)) if guidance else mask
         mu_in, spks_in, cond_in = _with_unconditioned(mu, spks, cond) if guidance else (mu, spks, cond)
+        steps = list(self.euler_times(n_timesteps, mu.device, mu.dtype))
+        times = self._step_times(steps, mu_in.shape[0])
         x = noise
-        for t, dt in self.euler_times(n_timesteps, mu.device, mu.dtype):
+        for step, (t, dt) in enumerate(steps):
             x_in = torch.cat((x, x)) if guidance else x
             velocity = self.estimate(
-                x_in, mask_in, mu_in, t.expand(x_in.shape[0]), spks_in, cond_in, streaming
+                x_in, mask_in, mu_in, t.expand(x_in.shape[0]), spks_in, cond_in, streaming, times[step]
             )
             x = self._step(x, dt, velocity, guidance)
         return x
+
+    def _step_times(
+        self, steps: list[tuple[torch.Tensor, torch.Tensor]], rows: int
+    ) -> list[list[torch.Tensor]]:
+        """Per solver step, `DiT.time_conditioning` of its time for `rows` rows, computed for all steps
+        at once: each layer's modulation weights are read once per pass, not once per step."""
+        per_layer = self.estimator.time_conditioning(
+            torch.stack([t for t, _ in steps])[:, None].expand(-1, rows)
+        )
+        return [[layer[step] for layer in per_layer] for step in range(len(steps))]
 
     def solve_continued(
         self,
@@ -162,30 +175,42 @@ class CausalCFM(nn.Module):
         prefix: FlowPrefix | None,
         n_timesteps: int = DEFAULT_N_TIMESTEPS,
         guidance: bool = True,
-    ) -> tuple[torch.Tensor, list[list[torch.Tensor]], list[list[torch.Tensor]], list[torch.Tensor]]:
+        keep: int = 0,
+        context_frames: int = 0,
+    ) -> tuple[torch.Tensor, torch.Tensor | None, torch.Tensor | None]:
         """`solve` with chunked attention for frames start .. start + T - 1, the frames before them
         taken from `prefix` (None: start is 0).
 
         noise, mu, cond: (1, *, T) of those frames; spks: (1, spk_dim). Returns the mel (1, C, T) and,
-        per solver step, the keys and values of each layer (2, H, T, Dh) and the projected inputs
-        (2, T, D) of these frames: what `FlowPrefix.extended` keeps (1 row instead of 2 without guidance).
+        for the first `keep` of these frames only, what `FlowPrefix.extended` keeps: their keys and
+        values at every solver step and layer in one block (S, L, 2, R, H, keep, Dh), written as the
+        pass goes, and the projected inputs of the last `context_frames` of them (S, R, Tc, D); both
+        None when keep is 0. R is 2 with guidance (conditioned, unconditioned), else 1.
         """
         mu_in, spks_in, cond_in = _with_unconditioned(mu, spks, cond) if guidance else (mu, spks, cond)
-        depth = len(self.estimator.transformer_blocks)
-        keys, values, projected = [], [], []
+        estimator = self.estimator
+        depth = len(estimator.transformer_blocks)
+        kv = None
+        if keep:
+            dit = estimator.config
+            shape = (n_timesteps, depth, 2, mu_in.shape[0], dit.heads, keep, dit.dim_head)
+            kv = torch.empty(shape, device=mu.device, dtype=kv_dtype(estimator.proj_out.weight))
+        contexts = []
+        steps = list(self.euler_times(n_timesteps, mu.device, mu.dtype))
+        times = self._step_times(steps, mu_in.shape[0])
         x = noise
-        for step, (t, dt) in enumerate(self.euler_times(n_timesteps, mu.device, mu.dtype)):
+        for step, (t, dt) in enumerate(steps):
             past = prefix.past(step, depth) if prefix is not None else [([], [])] * depth
             context = prefix.context(step) if prefix is not None else None
             x_in = torch.cat((x, x)) if guidance else x
-            velocity, k, v, proj = self.estimator.forward_continued(
-                x_in, mu_in, t.expand(x_in.shape[0]), spks_in, cond_in, start, past, context
-            )
-            keys.append(k)
-            values.append(v)
-            projected.append(proj)
+            velocity, projected = estimator.forward_continued(
+                x_in, mu_in, t.expand(x_in.shape[0]), spks_in, cond_in, start, past, context,
+                None if kv is None else kv[step], times[step],
+            )  # fmt: skip
+            if keep:
+                contexts.append(projected[:, max(0, keep - context_frames) : keep])
             x = self._step(x, dt, velocity, guidance)
-        return x, keys, values, projected
+        return x, kv, (torch.stack(contexts) if keep else None)
 
     def euler_times(
         self, n_timesteps: int, device: torch.device, dtype: torch.dtype
@@ -349,9 +374,9 @@ class CausalFlow(nn.Module):
         float32 of frames prefix.frames .. stop - 1 counted from the first PROMPT frame (unlike
         `inference`), stop = stop_frame or all N frames; these values are those of
         `inference(..., streaming=True, finalize=finalize)` up to rounding. The new prefix adds every
-        whole chunk whose inputs no later token can change, unless it would then hold more than
-        `max_prefix_bytes`. Raises InputError as `inference` does, or when the tokens do not continue
-        those of the prefix.
+        whole chunk whose inputs no later token can change, as far as it then holds at most
+        `max_prefix_bytes` (`prefix_nbytes`). Raises InputError as `inference` does, or when the tokens
+        do not continue those of the prefix.
         """
         tokens, noise, mu, spks, cond = self.prepare_inputs(
             token, prompt_token, prompt_feat, embedding, finalize
@@ -366,22 +391,36 @@ class CausalFlow(nn.Module):
             if stop < start:
                 raise InputError(f"stop_frame {stop} is before the {start} frames the prefix already holds")
             return noise[:, :, :0].float(), prefix
-        span = slice(start, stop)
-        mel, keys, values, projected = self.decoder.solve_continued(
-            noise[:, :, span], mu[:, :, span], spks, cond[:, :, span], start, prefix, n_timesteps, guidance
-        )
-        # Frames whose token condition still lacks real look-ahead (finalize) may change later.
+        # Decided before the pass, so that frames which will not be kept are never accumulated: whole
+        # chunks whose token conditions have their real look-ahead (finalize pads it), within budget.
         stable = min(stop, (n_tokens - self.lookahead) * self.token_mel_ratio)
         chunk = self.config.dit.static_chunk_size
-        keep_end = stable // chunk * chunk
-        if keep_end > start:
-            key = keys[0][0]  # (2, H, T, Dh); every step and layer adds the same for keys and values
-            added = 2 * len(keys) * len(keys[0]) * key[:, :, :1].numel() * key.element_size()
-            if max_prefix_bytes is None or prefix.nbytes + added * (keep_end - start) <= max_prefix_bytes:
-                needed = (keep_end - 1) // self.token_mel_ratio + self.lookahead + 1
-                context = self.decoder.estimator.input_embed.conv_pos_embed.context_frames
-                prefix = prefix.extended(start, keep_end, keys, values, projected, tokens, needed, context)
+        keep_end = max(start, stable // chunk * chunk)
+        while (
+            keep_end > start
+            and max_prefix_bytes is not None
+            and self.prefix_nbytes(keep_end, n_timesteps, guidance) > max_prefix_bytes
+        ):
+            keep_end -= chunk  # as many whole chunks as the budget holds
+        span = slice(start, stop)
+        context_frames = self.decoder.estimator.input_embed.conv_pos_embed.context_frames
+        mel, kv, context = self.decoder.solve_continued(
+            noise[:, :, span], mu[:, :, span], spks, cond[:, :, span], start, prefix, n_timesteps, guidance,
+            keep=keep_end - start, context_frames=context_frames,
+        )  # fmt: skip
+        if kv is not None and context is not None:
+            needed = (keep_end - 1) // self.token_mel_ratio + self.lookahead + 1
+            prefix = prefix.extended(start, kv, context, tokens, needed, context_frames)
         return mel.float(), prefix
+
+    def prefix_nbytes(
+        self, frames: int, n_timesteps: int = DEFAULT_N_TIMESTEPS, guidance: bool = True
+    ) -> int:
+        """`FlowPrefix.nbytes` of a prefix of `frames` frames: keys and values of every layer at every
+        solver step (3.6 MB a frame for the full-size flow in float32) and the position context."""
+        context = self.decoder.estimator.input_embed.conv_pos_embed.context_frames
+        dtype = kv_dtype(self.spk_embed_affine_layer.weight)
+        return prefix_nbytes(self.config.dit, frames, n_timesteps, guidance, dtype, context)
 
     def prepare_inputs(
         self,

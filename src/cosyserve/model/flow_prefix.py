@@ -8,36 +8,42 @@ after its token are known; from then on every chunk whose frames all have final 
 keys and values, at every solver step and in every layer, in every later pass over a longer sequence.
 A later pass then only computes the frames after them (`CausalFlow.inference_continued`).
 
+Every later chunk attends to every earlier frame (the official chunk mask has no left limit), so
+nothing can be dropped while more chunks may come; the final call is a full-attention pass that reuses
+none of it, so a stream frees its prefix before that call.
+
 A prefix is immutable: extending it returns a new one that shares the old segments, so one voice's
-prompt prefix serves any number of requests at the same time.
+prompt prefix serves any number of requests at the same time. Each segment is one block of memory
+(one allocation, written in place during the pass that computes it): many small kept tensors
+interleaved with a pass's temporaries would fragment the heap, which holds on to the gaps.
 """
 
 from __future__ import annotations
 
-from collections.abc import Sequence
 from dataclasses import dataclass
 
 import torch
 
 from cosyserve.errors import InputError
+from cosyserve.model.config import DiTConfig
 
 
 @dataclass(frozen=True)
 class KVSegment:
     """Keys and values of frames start .. end - 1 at every solver step and DiT layer.
 
-    Kept as the pass produced them (no copy): keys[step][layer] is (2, H, T, Dh), the guidance halves
-    (conditioned, unconditioned) first.
+    kv: (S, L, 2, R, H, T, Dh), one block: kv[step, layer, 0] are the keys and kv[step, layer, 1] the
+    values (R, H, T, Dh) of that step and layer; R rows are the guidance halves (conditioned,
+    unconditioned), or 1 without guidance.
     """
 
     start: int
     end: int
-    keys: tuple[tuple[torch.Tensor, ...], ...]
-    values: tuple[tuple[torch.Tensor, ...], ...]
+    kv: torch.Tensor
 
     @property
     def nbytes(self) -> int:
-        return sum(t.nbytes for per_step in (*self.keys, *self.values) for t in per_step)
+        return self.kv.nbytes
 
 
 @dataclass(frozen=True)
@@ -53,7 +59,7 @@ class FlowPrefix:
     tokens: torch.Tensor  # (1, n) int64
     n_timesteps: int
     segments: tuple[KVSegment, ...] = ()
-    embed_context: torch.Tensor | None = None  # (S, 2, Tc, D), Tc <= the DiT's context_frames
+    embed_context: torch.Tensor | None = None  # (S, R, Tc, D), Tc <= the DiT's context_frames
     guidance: bool = True  # False: one row (conditioned only) where the docs say 2
 
     @property
@@ -67,14 +73,14 @@ class FlowPrefix:
         return total + (0 if self.embed_context is None else self.embed_context.nbytes)
 
     def past(self, step: int, layers: int) -> list[tuple[list[torch.Tensor], list[torch.Tensor]]]:
-        """Per layer, the key and value segments (2, H, Ti, Dh) of solver step `step`."""
+        """Per layer, the key and value segments (R, H, Ti, Dh) of solver step `step`."""
         return [
-            ([s.keys[step][layer] for s in self.segments], [s.values[step][layer] for s in self.segments])
+            ([s.kv[step, layer, 0] for s in self.segments], [s.kv[step, layer, 1] for s in self.segments])
             for layer in range(layers)
         ]
 
     def context(self, step: int) -> torch.Tensor | None:
-        """(2, Tc, D) projected inputs of the last frames at solver step `step`, or None when empty."""
+        """(R, Tc, D) projected inputs of the last frames at solver step `step`, or None when empty."""
         return None if self.embed_context is None else self.embed_context[step]
 
     def check_continues(self, tokens: torch.Tensor, n_timesteps: int, guidance: bool = True) -> None:
@@ -101,40 +107,45 @@ class FlowPrefix:
     def extended(
         self,
         start: int,
-        end: int,
-        keys: Sequence[Sequence[torch.Tensor]],
-        values: Sequence[Sequence[torch.Tensor]],
-        projected: Sequence[torch.Tensor],
+        kv: torch.Tensor,
+        context: torch.Tensor,
         tokens: torch.Tensor,
         tokens_needed: int,
         context_frames: int,
     ) -> FlowPrefix:
-        """A new prefix with frames start .. end - 1 of a pass that began at `start` (= self.frames).
+        """A new prefix with the frames of a pass that began at `start` (= self.frames).
 
-        keys, values: [step][layer] (2, H, T, Dh) of that pass's frames; projected: [step] (2, T, D);
-        tokens: the pass's tokens, of which the first `tokens_needed` determine frames before `end`.
+        kv: (S, L, 2, R, H, T, Dh) keys and values of exactly the frames to add (`KVSegment`, kept as
+        given); context: (S, R, Tc, D) the projected inputs of the last Tc of them; tokens: the pass's
+        tokens, of which the first `tokens_needed` determine these frames.
         """
         if start != self.frames:
             raise ValueError(f"a pass from frame {start} cannot extend a prefix of {self.frames} frames")
-        count = end - start
-        kept_k, kept_v = _first_frames(keys, count), _first_frames(values, count)
-        new_context = torch.stack([p[:, :count] for p in projected])
-        if self.embed_context is not None:
-            new_context = torch.cat((self.embed_context, new_context), dim=2)
+        if self.embed_context is not None and context.shape[2] < context_frames:
+            context = torch.cat((self.embed_context, context), dim=2)
         return FlowPrefix(
             tokens=tokens[:, :tokens_needed].detach().cpu().clone(),
             n_timesteps=self.n_timesteps,
-            segments=(*self.segments, KVSegment(start, end, kept_k, kept_v)),
-            embed_context=new_context[:, :, -context_frames:].clone(),
+            segments=(*self.segments, KVSegment(start, start + kv.shape[5], kv)),
+            embed_context=context[:, :, -context_frames:].clone(),
             guidance=self.guidance,
         )
 
 
-def _first_frames(
-    per_step: Sequence[Sequence[torch.Tensor]], count: int
-) -> tuple[tuple[torch.Tensor, ...], ...]:
-    """The first `count` frames of [step][layer] (2, H, T, Dh): the tensors themselves when that is all
-    of them, else copies (a view would keep the whole pass's frames alive)."""
-    if count == per_step[0][0].shape[2]:
-        return tuple(tuple(layers) for layers in per_step)
-    return tuple(tuple(kv[:, :, :count].clone() for kv in layers) for layers in per_step)
+def kv_dtype(param: torch.Tensor) -> torch.dtype:
+    """The dtype keys and values come out in from a layer with this parameter: the autocast dtype when
+    autocast is on for its device, else the parameter's own."""
+    if torch.is_autocast_enabled(param.device.type):
+        return torch.get_autocast_dtype(param.device.type)
+    return param.dtype
+
+
+def prefix_nbytes(
+    dit: DiTConfig, frames: int, n_timesteps: int, guidance: bool, dtype: torch.dtype, context_frames: int
+) -> int:
+    """`FlowPrefix.nbytes` of `frames` frames: keys and values (2 x S x L x R x H x Dh a frame) and the
+    projected inputs of the last `context_frames` of them (S x R x D a frame)."""
+    item = torch.empty((), dtype=dtype).element_size()
+    rows = 2 if guidance else 1
+    per_frame = 2 * n_timesteps * dit.depth * rows * dit.heads * dit.dim_head * item
+    return frames * per_frame + n_timesteps * rows * min(frames, context_frames) * dit.dim * item
