@@ -26,7 +26,14 @@ from cosyserve.engine.device import Placement, configure_cpu_threads, resolve_pl
 from cosyserve.engine.model_dir import ModelDir
 from cosyserve.engine.pipeline import EngineOptions, SegmentInput, SpeechEngine
 from cosyserve.engine.speech_lm_runner import PromptPrefix
-from cosyserve.engine.token2wav import MAX_SPEED, MIN_SPEED, FlowPrompt, PromptCache
+from cosyserve.engine.token2wav import (
+    DEFAULT_PROMPT_STORE_BYTES,
+    MAX_SPEED,
+    MIN_SPEED,
+    FlowPrompt,
+    PromptCache,
+    PromptCacheStore,
+)
 from cosyserve.errors import Cancelled, InputError
 from cosyserve.frontend.onnx_models import SpeakerEncoder, SpeechTokenizer
 from cosyserve.frontend.prompt_features import PromptFeatures, analyse_prompt
@@ -45,7 +52,6 @@ ProgressCallback = Callable[[SynthesisProgress], None]
 MAX_SEED = 2**31 - 1
 PREFIX_CACHE_SIZE = 32
 # Streaming caches of the flow's prompt K/V hold ~0.9 GB per 6 s voice at full size: keep only a few.
-FLOW_CACHE_SIZE = 2
 
 
 @dataclass(frozen=True)
@@ -192,7 +198,8 @@ class Synthesizer:
         self.lexicon = dict(lexicon or {})
         self.sample_rate = engine.sample_rate
         self._prefixes: OrderedDict[tuple[int, ...], PromptPrefix] = OrderedDict()
-        self._flow_caches: OrderedDict[str, PromptCache] = OrderedDict()
+        # Saved voices' streaming starts within a byte budget (~0.9 GB per 6 s prompt, full size, float32).
+        self._flow_caches = PromptCacheStore(DEFAULT_PROMPT_STORE_BYTES)
         self._prefix_lock = threading.Lock()
 
     @classmethod
@@ -250,17 +257,9 @@ class Synthesizer:
         return prefix
 
     def cached_flow_prompt(self, voice_id: str, prompt: FlowPrompt) -> PromptCache:
-        """A saved voice's streaming start (prompt K/V of the flow), computed once, kept for a few voices."""
-        with self._prefix_lock:
-            if voice_id in self._flow_caches:
-                self._flow_caches.move_to_end(voice_id)
-                return self._flow_caches[voice_id]
-        cache = self.engine.token2wav.prepare_prompt(prompt)
-        with self._prefix_lock:
-            self._flow_caches[voice_id] = cache
-            while len(self._flow_caches) > FLOW_CACHE_SIZE:
-                self._flow_caches.popitem(last=False)
-        return cache
+        """A saved voice's streaming start (prompt K/V of the flow), computed once and kept while the
+        voices' caches fit their byte budget (least recently used dropped; redone if the prompt changed)."""
+        return self._flow_caches.get(voice_id, prompt, self.engine.token2wav.prepare_prompt)
 
     # ---- synthesis ------------------------------------------------------------------------------
     def synthesize(
