@@ -7,7 +7,7 @@ from pathlib import Path
 
 import pytest
 
-from pg_server import postgres_url  # noqa: F401  (fixture: a throwaway PostgreSQL)
+from pg_server import database_url, postgres_url  # noqa: F401  (fixtures: SQLite or PostgreSQL; PostgreSQL)
 from redis_server import redis_url  # noqa: F401  (fixture: a throwaway redis-server)
 
 REPO_ROOT = Path(__file__).resolve().parents[1]

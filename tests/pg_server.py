@@ -146,3 +146,22 @@ class _Shared:
 
 _shared = _Shared()
 _lock = threading.Lock()
+
+
+@pytest.fixture(params=["sqlite", "postgresql"])
+def database_url(request: pytest.FixtureRequest, tmp_path: Path) -> Iterator[str]:
+    """An empty database, once per kind: a SQLite file, or the session's PostgreSQL (emptied after)."""
+    if request.param == "sqlite":
+        yield f"sqlite:///{tmp_path / 'test.db'}"
+        return
+    url = request.getfixturevalue("postgres_url")
+    yield url
+    import sqlalchemy as sa
+
+    from cosyserve.service.db import make_engine
+
+    engine = make_engine(url)
+    tables = sa.MetaData()
+    tables.reflect(engine)
+    tables.drop_all(engine)
+    engine.dispose()

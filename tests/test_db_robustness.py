@@ -19,24 +19,8 @@ from cosyserve.service.db import make_engine
 from cosyserve.service.jobs import JobStore, sanitize_params
 from cosyserve.service.storage import OutputStore
 from cosyserve.service.voices import VoiceLibrary, VoiceNotFound
-from pg_server import postgres_url  # noqa: F401  (the fixture; harmless once tests/conftest.py imports it)
 
 NOT_JOB_IDS = ["", "abc", "x\x00y", "\x00" * 32, "0" * 31 + "\x00", "0" * 33, "é" * 32, "\ud800", "a" * 500]
-
-
-@pytest.fixture(params=["sqlite", "postgresql"])
-def database_url(request: pytest.FixtureRequest, tmp_path: Path) -> Iterator[str]:
-    """An empty database: a SQLite file, or the session's PostgreSQL (emptied after)."""
-    if request.param == "sqlite":
-        yield f"sqlite:///{tmp_path / 'robust.db'}"
-        return
-    url = request.getfixturevalue("postgres_url")
-    yield url
-    engine = make_engine(url)
-    tables = sa.MetaData()
-    tables.reflect(engine)
-    tables.drop_all(engine)
-    engine.dispose()
 
 
 @pytest.fixture

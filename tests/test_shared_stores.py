@@ -26,27 +26,11 @@ from cosyserve.service.voices import (
     voice_files_table,
     voices_table,
 )
-from pg_server import postgres_url  # noqa: F401  (the fixture; harmless once tests/conftest.py imports it)
 
 AUDIO = b"RIFF" + bytes(range(256)) * 40
 
 
 # ---- databases ----------------------------------------------------------------------------------------
-
-
-@pytest.fixture(params=["sqlite", "postgresql"])
-def database_url(request: pytest.FixtureRequest, tmp_path: Path) -> Iterator[str]:
-    """One database for every node of a test: a SQLite file, or the session's PostgreSQL (emptied after)."""
-    if request.param == "sqlite":
-        yield f"sqlite:///{tmp_path / 'shared.db'}"
-        return
-    url = request.getfixturevalue("postgres_url")
-    yield url
-    engine = make_engine(url)
-    tables = sa.MetaData()
-    tables.reflect(engine)
-    tables.drop_all(engine)
-    engine.dispose()
 
 
 @pytest.fixture
@@ -199,7 +183,7 @@ def test_orphaned_local_copies_are_pruned(engines: tuple[sa.Engine, sa.Engine], 
 
 
 @pytest.fixture
-def pg_engines(postgres_url: str) -> Iterator[tuple[sa.Engine, sa.Engine]]:  # noqa: F811
+def pg_engines(postgres_url: str) -> Iterator[tuple[sa.Engine, sa.Engine]]:
     pair = (make_engine(postgres_url), make_engine(postgres_url))
     yield pair
     for engine in pair:
@@ -211,7 +195,7 @@ def pg_engines(postgres_url: str) -> Iterator[tuple[sa.Engine, sa.Engine]]:  # n
     engine.dispose()
 
 
-def test_postgresql_engine_settings(postgres_url: str) -> None:  # noqa: F811
+def test_postgresql_engine_settings(postgres_url: str) -> None:
     engine = make_engine(postgres_url.replace("postgresql+psycopg://", "postgres://"))
     assert engine.dialect.name == "postgresql" and engine.dialect.driver == "psycopg"
     assert engine.pool.size() >= 5 and engine.pool._pre_ping  # no SQLite pool or pragmas
