@@ -188,6 +188,9 @@ def error_toast(page, screenshot: str | None = None) -> str:
     for close in page.locator(".toast-close").all():
         if close.is_visible():
             close.click()
+    # Closed toasts fade out before they leave the page; wait for that, or a slow machine reads this
+    # toast again as the "newest" one after the next action.
+    page.wait_for_function("document.querySelectorAll('.toast-body').length === 0", timeout=WAIT_MS)
     return message
 
 
