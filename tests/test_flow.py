@@ -114,3 +114,36 @@ def test_full_size_parameter_count(model_dir: ModelDir) -> None:
         model = CausalFlow(full)
     assert sum(p.numel() for p in model.parameters()) == FULL_SIZE_PARAMETERS
     assert model.state_dict()["decoder.estimator.rotary_embed.inv_freq"].shape == (32,)
+
+
+@torch.inference_mode()
+def test_dit_fast_paths_equal_the_general_ones(flow: CausalFlow) -> None:
+    """One shared modulation row, no masks for all-valid frames, a contiguous residual stream: the
+    shortcuts the DiT takes in the common case give the general path's values."""
+    from cosyserve.model.dit import modulate
+
+    estimator = flow.decoder.estimator
+    generator = torch.Generator().manual_seed(3)
+    x = torch.randn(2, 7, estimator.config.dim, generator=generator)
+    scale, shift = torch.randn(1, estimator.config.dim), torch.randn(1, estimator.config.dim)
+    shared = modulate(x, scale, shift)
+    per_row = modulate(x, scale.expand(2, -1), shift.expand(2, -1))
+    torch.testing.assert_close(shared, per_row, atol=1e-6, rtol=0)
+
+    channels, frames = estimator.config.mel_dim, 40
+    args = [torch.randn(2, channels, frames, generator=generator) for _ in range(3)]
+    spks = torch.randn(2, estimator.config.spk_dim, generator=generator)
+    t = torch.full((2,), 0.4)
+    valid = torch.ones(2, 1, frames)
+    unmasked = estimator(args[0], valid, args[1], t, spks, args[2])
+    # A padded third row takes the masked path; the two valid rows must not change.
+    padded = [torch.cat((a, torch.zeros(1, channels, frames))) for a in args]
+    mask = torch.cat((valid, torch.zeros(1, 1, frames)))
+    mask[2, 0, :10] = 1
+    masked = estimator(
+        padded[0], mask, padded[1], torch.full((3,), 0.4), torch.cat((spks, spks[:1])), padded[2]
+    )
+    torch.testing.assert_close(masked[:2], unmasked, atol=1e-5, rtol=0)
+
+    h = estimator.input_embed(*(a.transpose(1, 2) for a in args), spks)
+    assert h.is_contiguous()

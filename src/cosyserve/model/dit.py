@@ -62,7 +62,10 @@ class CausalConvPositionEmbedding(nn.Module):
         return 2 * (self.kernel_size - 1)
 
     def forward(self, x: torch.Tensor, context: torch.Tensor | None = None) -> torch.Tensor:
-        """(B, T, D) -> (B, T, D).
+        """(B, T, D) -> (B, T, D), a transposed view of the convolution's (B, D, T) output.
+
+        Add it to a contiguous tensor as the second operand: a sum takes its layout from the first,
+        and a transposed residual stream would make every later elementwise op and norm strided.
 
         context: (B, Tc, D) the inputs of the frames just before x, for a pass that continues an
         earlier one. With at least `context_frames` of them no padding is needed; fewer means they
@@ -100,7 +103,7 @@ class InputEmbedding(nn.Module):
     ) -> torch.Tensor:
         """x, cond: (B, T, C); mu: (B, T, mu_dim); spks: (B, spk_dim) -> (B, T, D)."""
         h = self.project(x, cond, mu, spks)
-        return self.conv_pos_embed(h) + h
+        return h + self.conv_pos_embed(h)  # h first: the sum keeps its contiguous layout (see below)
 
 
 class RotaryEmbedding(nn.Module):
@@ -124,17 +127,34 @@ class RotaryEmbedding(nn.Module):
 
 
 def apply_rotary(x: torch.Tensor, angles: torch.Tensor) -> torch.Tensor:
-    """Rotate the first Dh channels of x (B, T, H*Dh) by angles (T, Dh).
+    """Rotate the first Dh channels of x (B, T, H*Dh) by angles (T, Dh), in place; returns x.
 
     The official model applies rotary before splitting heads, so only the first head's channels carry
-    positions; the other heads pass through unchanged. The checkpoints were trained that way.
+    positions; the other heads pass through unchanged. The checkpoints were trained that way. Writing
+    into x (a fresh projection) spares a copy of the untouched heads on every call.
     """
-    rot = angles.shape[-1]
-    head, rest = x[..., :rot], x[..., rot:]
+    head = x[..., : angles.shape[-1]]
     pairs = head.unflatten(-1, (-1, 2))
     rotated_half = torch.stack((-pairs[..., 1], pairs[..., 0]), dim=-1).flatten(-2)
-    cos, sin = angles.cos().to(x.dtype), angles.sin().to(x.dtype)
-    return torch.cat((head * cos + rotated_half * sin, rest), dim=-1)
+    head.mul_(angles.cos().to(x.dtype)).addcmul_(rotated_half, angles.sin().to(x.dtype))
+    return x
+
+
+def modulate(x: torch.Tensor, scale: torch.Tensor, shift: torch.Tensor) -> torch.Tensor:
+    """layer_norm(x) * (1 + scale) + shift: x (B, T, D); scale, shift (B or 1, D).
+
+    With one row of modulation (every batch row at the same flow time, the usual case) the norm's
+    affine step applies it in the same kernel; otherwise it is one fused multiply-add.
+    """
+    if scale.shape[0] == 1:
+        return F.layer_norm(x, x.shape[-1:], 1 + scale[0], shift[0], eps=_NORM_EPS)
+    normed = F.layer_norm(x, x.shape[-1:], eps=_NORM_EPS)
+    return torch.addcmul(shift[:, None], normed, 1 + scale[:, None])
+
+
+def gated_residual(x: torch.Tensor, gate: torch.Tensor, update: torch.Tensor) -> torch.Tensor:
+    """x + gate * update: x, update (B, T, D); gate (B or 1, D)."""
+    return torch.addcmul(x, gate[:, None], update)
 
 
 class AdaLayerNormZero(nn.Module):
@@ -151,14 +171,7 @@ class AdaLayerNormZero(nn.Module):
     def forward(self, x: torch.Tensor, mods: torch.Tensor) -> tuple[torch.Tensor, ...]:
         """x: (B, T, D), mods: (B, 6D) -> x' (B, T, D); gate_msa, shift_mlp, scale_mlp, gate_mlp (B, D)."""
         shift_msa, scale_msa, gate_msa, shift_mlp, scale_mlp, gate_mlp = mods.chunk(6, dim=1)
-        normed = F.layer_norm(x, x.shape[-1:], eps=_NORM_EPS)
-        return (
-            normed * (1 + scale_msa[:, None]) + shift_msa[:, None],
-            gate_msa,
-            shift_mlp,
-            scale_mlp,
-            gate_mlp,
-        )
+        return modulate(x, scale_msa, shift_msa), gate_msa, shift_mlp, scale_mlp, gate_mlp
 
 
 class AdaLayerNormZeroFinal(nn.Module):
@@ -171,7 +184,7 @@ class AdaLayerNormZeroFinal(nn.Module):
     def forward(self, x: torch.Tensor, mods: torch.Tensor) -> torch.Tensor:
         """x: (B, T, D), mods: (B, 2D) = linear(silu(timestep embedding)) -> (B, T, D)."""
         scale, shift = mods.chunk(2, dim=1)
-        return F.layer_norm(x, x.shape[-1:], eps=_NORM_EPS) * (1 + scale[:, None]) + shift[:, None]
+        return modulate(x, scale, shift)
 
 
 class Attention(nn.Module):
@@ -195,18 +208,26 @@ class Attention(nn.Module):
         return tuple(t.view(batch, -1, self.heads, self.dim_head).transpose(1, 2) for t in (q, k, v))
 
     def attend(
-        self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, attn_mask: torch.Tensor
+        self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, attn_mask: torch.Tensor | None
     ) -> torch.Tensor:
-        """q: (B, H, Tq, Dh); k, v: (B, H, Tk, Dh); attn_mask: (B or 1, 1, Tq, Tk) bool -> (B, Tq, D)."""
+        """q: (B, H, Tq, Dh); k, v: (B, H, Tk, Dh); attn_mask: (B or 1, 1, Tq, Tk) bool, or None for all
+        keys -> (B, Tq, D)."""
         out = F.scaled_dot_product_attention(q, k, v, attn_mask=attn_mask)
         return self.to_out[0](out.transpose(1, 2).reshape(q.shape[0], -1, self.heads * self.dim_head))
 
     def forward(
-        self, x: torch.Tensor, attn_mask: torch.Tensor, frame_mask: torch.Tensor, angles: torch.Tensor
+        self,
+        x: torch.Tensor,
+        attn_mask: torch.Tensor | None,
+        frame_mask: torch.Tensor | None,
+        angles: torch.Tensor,
     ) -> torch.Tensor:
-        """x: (B, T, D); attn_mask: (B, 1, T, T) bool; frame_mask: (B, T, 1) bool; angles: (T, Dh)."""
+        """x: (B, T, D); attn_mask: (B, 1, T, T) bool; frame_mask: (B, T, 1) bool; angles: (T, Dh).
+
+        Both masks may be None when every frame is valid and attention is unrestricted."""
         q, k, v = self.project(x, angles)
-        return self.attend(q, k, v, attn_mask).masked_fill(~frame_mask, 0.0)
+        out = self.attend(q, k, v, attn_mask)
+        return out if frame_mask is None else out.masked_fill(~frame_mask, 0.0)
 
 
 class FeedForward(nn.Module):
@@ -239,13 +260,14 @@ class DiTBlock(nn.Module):
         self,
         x: torch.Tensor,
         mods: torch.Tensor,
-        attn_mask: torch.Tensor,
-        frame_mask: torch.Tensor,
+        attn_mask: torch.Tensor | None,
+        frame_mask: torch.Tensor | None,
         angles: torch.Tensor,
     ) -> torch.Tensor:
-        """x: (B, T, D), mods: (B, 6D) this block's time modulation -> (B, T, D)."""
+        """x: (B, T, D), mods: (B or 1, 6D) this block's time modulation -> (B, T, D); masks as in
+        `Attention.forward`."""
         normed, gate_msa, shift_mlp, scale_mlp, gate_mlp = self.attn_norm(x, mods)
-        x = x + gate_msa[:, None] * self.attn(normed, attn_mask, frame_mask, angles)
+        x = gated_residual(x, gate_msa, self.attn(normed, attn_mask, frame_mask, angles))
         return self._feed_forward(x, shift_mlp, scale_mlp, gate_mlp)
 
     def forward_continued(
@@ -266,14 +288,13 @@ class DiTBlock(nn.Module):
         q, k, v = self.attn.project(normed, angles)
         keys = torch.cat((*past[0], k), dim=2) if past[0] else k
         values = torch.cat((*past[1], v), dim=2) if past[1] else v
-        x = x + gate_msa[:, None] * self.attn.attend(q, keys, values, attn_mask)
+        x = gated_residual(x, gate_msa, self.attn.attend(q, keys, values, attn_mask))
         return self._feed_forward(x, shift_mlp, scale_mlp, gate_mlp), k, v
 
     def _feed_forward(
         self, x: torch.Tensor, shift: torch.Tensor, scale: torch.Tensor, gate: torch.Tensor
     ) -> torch.Tensor:
-        normed = F.layer_norm(x, x.shape[-1:], eps=_NORM_EPS) * (1 + scale[:, None]) + shift[:, None]
-        return x + gate[:, None] * self.ff(normed)
+        return gated_residual(x, gate, self.ff(modulate(x, scale, shift)))
 
 
 def attention_mask(frame_mask: torch.Tensor, chunk_size: int) -> torch.Tensor:
@@ -297,6 +318,14 @@ def continued_attention_mask(start: int, frames: int, chunk_size: int, device: t
     queries = torch.arange(start, start + frames, device=device)
     chunk_end = (queries // chunk_size + 1) * chunk_size
     return torch.arange(start + frames, device=device)[None, :] < chunk_end[:, None]
+
+
+def _shared_rows(t: torch.Tensor, time: Sequence[torch.Tensor]) -> Sequence[torch.Tensor]:
+    """`time` cut to its first row when every row has the same flow time (t (B,); each entry (B, *)):
+    the modulation vectors depend on t alone, and one row broadcasts over the batch (`modulate`)."""
+    if t.numel() > 1 and bool((t == t[0]).all()):
+        return [mods[:1] for mods in time]
+    return time
 
 
 class DiT(nn.Module):
@@ -334,12 +363,16 @@ class DiT(nn.Module):
         """
         frame_mask = mask[:, 0].bool()  # (B, T)
         chunk_size = self.config.static_chunk_size if streaming else 0
-        attn_mask = attention_mask(frame_mask, chunk_size)
-        time = self.time_conditioning(t) if time is None else time
+        # With every frame valid nothing needs zeroing, and unrestricted attention needs no mask
+        # (SDPA then runs its unmasked kernel).
+        all_valid = bool(frame_mask.all())
+        attn_mask = None if all_valid and chunk_size <= 0 else attention_mask(frame_mask, chunk_size)
+        zero_mask = None if all_valid else frame_mask[..., None]
+        time = _shared_rows(t, self.time_conditioning(t) if time is None else time)
         h = self.input_embed(x.transpose(1, 2), cond.transpose(1, 2), mu.transpose(1, 2), spks)
         angles = self.rotary_embed.angles(h.shape[1])
         for block, mods in zip(self.transformer_blocks, time[:-1], strict=True):
-            h = block(h, mods, attn_mask, frame_mask[..., None], angles)
+            h = block(h, mods, attn_mask, zero_mask, angles)
         return self.proj_out(self.norm_out(h, time[-1])).transpose(1, 2)
 
     def time_conditioning(self, t: torch.Tensor) -> list[torch.Tensor]:
@@ -380,11 +413,11 @@ class DiT(nn.Module):
                 f"a continued DiT pass needs static_chunk_size > 0 and a start on a chunk boundary, got "
                 f"{chunk_size} and {start}; check the flow section of the model's YAML"
             )
-        time = self.time_conditioning(t) if time is None else time
+        time = _shared_rows(t, self.time_conditioning(t) if time is None else time)
         projected = self.input_embed.project(
             x.transpose(1, 2), cond.transpose(1, 2), mu.transpose(1, 2), spks
         )
-        h = self.input_embed.conv_pos_embed(projected, embed_context) + projected
+        h = projected + self.input_embed.conv_pos_embed(projected, embed_context)
         angles = self.rotary_embed.angles(h.shape[1], start)
         attn_mask = continued_attention_mask(start, h.shape[1], chunk_size, h.device)
         keep = 0 if kv_out is None else kv_out.shape[4]
