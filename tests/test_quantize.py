@@ -128,3 +128,22 @@ def test_preset_errors() -> None:
     with pytest.raises(InputError, match="CPU"):
         check_preset("fast", torch.device("cuda"))
     check_preset("exact", torch.device("cuda"))
+
+
+@pytest.mark.skipif(not int8_available(), reason="this torch build has no fbgemm int8 kernels")
+@torch.inference_mode()
+def test_fused_int8_qkv_equals_three_int8_linears() -> None:
+    """The fast preset fuses each LM layer's q, k and v into one int8 product: same values as three."""
+    from cosyserve.bench.full_random import tiny_config
+    from cosyserve.model.qwen2 import Attention
+
+    torch.manual_seed(0)
+    attention = Attention(tiny_config().llm.qwen2).eval()
+    x = torch.randn(3, 5, attention.q_proj.in_features)
+    separate = [
+        Int8Linear(p, reduce_range=False)(x) for p in (attention.q_proj, attention.k_proj, attention.v_proj)
+    ]
+    attention.fuse_qkv(lambda linear: Int8Linear(linear, reduce_range=False))
+    assert not hasattr(attention, "q_proj") and isinstance(attention.qkv_proj, Int8Linear)
+    for got, want in zip(attention._project(x), separate, strict=True):
+        torch.testing.assert_close(got, want, atol=1e-6, rtol=0)

@@ -98,6 +98,18 @@ def quantize_linears(root: nn.Module, select: Callable[[str], bool], reduce_rang
     return len(targets)
 
 
+def _fuse_llm_qkv(llm: SpeechLM, reduce_range: bool) -> int:
+    """Each decoder layer's q, k and v projections as one int8 linear; return how many linears that
+    replaced. Outputs equal three separate int8 linears (per-channel weight scales, and one activation
+    scale for their shared input), with one activation quantisation and one call per decode step
+    instead of three; the DiT's are left apart (fbgemm runs its wide fused product slower)."""
+    replaced = 0
+    for layer in llm.qwen2.layers:
+        layer.self_attn.fuse_qkv(lambda linear: Int8Linear(linear, reduce_range))
+        replaced += 3
+    return replaced
+
+
 def _llm_selected(name: str) -> bool:
     return name.startswith("qwen2.layers.")
 
@@ -161,7 +173,8 @@ def apply_preset(models: HasLLMAndFlow, preset: str, *, measure: bool = True) ->
     reduce_range = not cpu_has_vnni()
     reference = _probe(models) if measure else None
     counts = {
-        "llm": quantize_linears(models.llm, _llm_selected, reduce_range),
+        "llm": _fuse_llm_qkv(models.llm, reduce_range)
+        + quantize_linears(models.llm, _llm_selected, reduce_range),
         "flow": quantize_linears(models.flow, _dit_selected, reduce_range),
     }
     deviation = None

@@ -12,6 +12,8 @@ except activations, so a fixed-shape decode step can later be captured in a CUDA
 
 from __future__ import annotations
 
+from collections.abc import Callable
+
 import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
@@ -99,6 +101,33 @@ class Attention(nn.Module):
         self.k_proj = nn.Linear(hidden, self.num_kv_heads * head_dim, bias=True)
         self.v_proj = nn.Linear(hidden, self.num_kv_heads * head_dim, bias=True)
         self.o_proj = nn.Linear(self.num_heads * head_dim, hidden, bias=False)
+        # Optionally one module computing q, k and v together, `(..., hidden)` -> `(..., q + k + v)`
+        # (see `fuse_qkv`); then the three projections above are gone.
+        self.qkv_proj: nn.Module | None = None
+
+    def fuse_qkv(self, make: Callable[[nn.Linear], nn.Module]) -> None:
+        """Replace q_proj, k_proj and v_proj with `make(one Linear holding all three)`.
+
+        One call per decode step instead of three; for the int8 preset this also quantises the shared
+        input once. The weights are concatenated, so the fused module's outputs are the three
+        projections side by side.
+        """
+        parts = (self.q_proj, self.k_proj, self.v_proj)
+        fused = nn.Linear(parts[0].in_features, sum(p.out_features for p in parts), bias=True)
+        fused = fused.to(device=parts[0].weight.device, dtype=parts[0].weight.dtype)
+        with torch.no_grad():
+            fused.weight.copy_(torch.cat([p.weight for p in parts]))
+            fused.bias.copy_(torch.cat([p.bias for p in parts]))
+        self.qkv_proj = make(fused.requires_grad_(False))
+        del self.q_proj, self.k_proj, self.v_proj
+
+    def _project(self, x: Tensor) -> tuple[Tensor, Tensor, Tensor]:
+        """`(B, T, hidden)` → q `(B, T, heads * head_dim)`, k and v `(B, T, kv_heads * head_dim)`."""
+        if self.qkv_proj is None:
+            return self.q_proj(x), self.k_proj(x), self.v_proj(x)
+        kv_width = self.num_kv_heads * self.head_dim
+        q, k, v = self.qkv_proj(x).split((self.num_heads * self.head_dim, kv_width, kv_width), dim=-1)
+        return q, k, v
 
     def forward(
         self, x: Tensor, cos: Tensor, signed_sin: Tensor, kv: Tensor, start: int, mask: Tensor | None
@@ -109,9 +138,10 @@ class Attention(nn.Module):
         `None` when plain causal attention is right (T == 1, or start == 0), else `(T, start + T)` bool.
         """
         batch, length, _ = x.shape
-        q = self.q_proj(x).view(batch, length, self.num_heads, self.head_dim).transpose(1, 2)
-        k = self.k_proj(x).view(batch, length, self.num_kv_heads, self.head_dim).transpose(1, 2)
-        v = self.v_proj(x).view(batch, length, self.num_kv_heads, self.head_dim).transpose(1, 2)
+        q, k, v = self._project(x)
+        q = q.view(batch, length, self.num_heads, self.head_dim).transpose(1, 2)
+        k = k.view(batch, length, self.num_kv_heads, self.head_dim).transpose(1, 2)
+        v = v.view(batch, length, self.num_kv_heads, self.head_dim).transpose(1, 2)
         q, k = _rotate(q, cos, signed_sin), _rotate(k, cos, signed_sin)
         end = start + length
         kv[0, :, :, start:end] = k
@@ -140,9 +170,10 @@ class Attention(nn.Module):
         this can be captured in a CUDA graph.
         """
         batch = x.shape[0]
-        q = self.q_proj(x).view(batch, 1, self.num_heads, self.head_dim).transpose(1, 2)
-        k = self.k_proj(x).view(batch, 1, self.num_kv_heads, self.head_dim).transpose(1, 2)
-        v = self.v_proj(x).view(batch, 1, self.num_kv_heads, self.head_dim).transpose(1, 2)
+        q, k, v = self._project(x)
+        q = q.view(batch, 1, self.num_heads, self.head_dim).transpose(1, 2)
+        k = k.view(batch, 1, self.num_kv_heads, self.head_dim).transpose(1, 2)
+        v = v.view(batch, 1, self.num_kv_heads, self.head_dim).transpose(1, 2)
         q, k = _rotate(q, cos, signed_sin), _rotate(k, cos, signed_sin)
         index = positions.view(batch, 1, 1, 1).expand(batch, self.num_kv_heads, 1, self.head_dim)
         kv[0].scatter_(2, index, k)
