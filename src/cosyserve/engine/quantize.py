@@ -3,6 +3,7 @@
 `fast` swaps the `nn.Linear` layers of the Qwen2 decoder layers and of the DiT blocks for int8
 versions: weights quantised once per output channel (symmetric), activations quantised per call
 (one scale per tensor) by torch's fbgemm kernels, accumulated in int32 and rescaled to float32.
+Each LM layer's q, k and v become one int8 product (same values, one call per decode step).
 Matrix-vector products (LLM decoding) read a quarter of the bytes and matrix products run on int8
 units, so both get faster, at the cost of a small numeric deviation. Everything else stays float32:
 embeddings, norms, the LM's output layer (its log-probs drive sampling), the flow's input and output
