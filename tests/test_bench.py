@@ -22,6 +22,7 @@ from cosyserve.bench.full_random import (
 )
 from cosyserve.bench.machine import cpu_model_and_flags, peak_rss_bytes
 from cosyserve.bench.report import render
+from cosyserve.bench.roofline import decode_bytes_per_token, flow_flops
 from cosyserve.bench.runner import BenchOptions, run_bench
 from cosyserve.engine.model_dir import ModelDir
 from cosyserve.engine.quantize import PRESETS
@@ -40,7 +41,7 @@ REPORT_FIELDS = {
     "first_chunk_seconds", "voice_prepare_seconds", "chunks", "peak_rss_bytes", "weights_bytes",
     "peak_rss_over_weights", "quantized_linears", "deviation", "machine",
     "flow_steps", "no_cfg", "flow_label", "flow_deviation",
-    "voice_cache_bytes", "stream_prefix_peak_bytes", "max_reuse_bytes",
+    "voice_cache_bytes", "stream_prefix_peak_bytes", "max_reuse_bytes", "efficiency",
 }  # fmt: skip
 MACHINE_FIELDS = {
     "cpu",
@@ -136,7 +137,10 @@ def test_bench_reports_every_field() -> None:
     parts = report["llm_seconds"] + report["flow_seconds"] + report["vocoder_seconds"]
     assert parts <= report["total_seconds"] * 1.001 + 1e-3
     assert report["flow_seconds"] > 0 and report["vocoder_seconds"] > 0
-    assert "real-time factor" in render(report)
+    found = report["efficiency"]
+    assert found["limits"]["memory_gb_s"] > 0 and found["limits"]["matmul_gflop_s"] > 0
+    assert found["decode_gb_s"] > 0 and found["flow_gflop_s"] > 0
+    assert "real-time factor" in render(report) and "machine limits" in render(report)
     json.dumps(report)  # JSON-ready
 
 
@@ -155,6 +159,8 @@ def test_streaming_fast_bench_reports_latency_and_deviation() -> None:
     assert "deviation from exact" in text and "first audio chunk" in text and "NOT bit-exact" in text
     assert 0 < report["voice_cache_bytes"] < report["stream_prefix_peak_bytes"] <= report["max_reuse_bytes"]
     assert "flow keys/values kept for reuse" in text
+    # Streaming flow passes are not one-shot passes: no flow efficiency, decoding's is still there.
+    assert report["efficiency"]["flow_gflop_s"] is None and report["efficiency"]["decode_gb_s"] > 0
 
 
 def test_streaming_budget_option_limits_the_kept_keys_and_values() -> None:
@@ -260,3 +266,15 @@ def test_machine_info_helpers(tmp_path: Path) -> None:
     assert cpu_model_and_flags(cpuinfo) == ("Test CPU", ["avx2", "fma", "avx512f", "avx512_vnni"])
     assert cpu_model_and_flags(tmp_path / "missing")[1] == []
     assert peak_rss_bytes() > 0
+
+
+def test_roofline_counts_the_full_size_work() -> None:
+    """Bytes one decode step reads and operations of the one-shot flow, for the real architecture."""
+    config = full_size_config()
+    with torch.device("meta"):
+        llm, flow = SpeechLM(config.llm), CausalFlow(config.flow)
+    per_layer = 2 * 896 * 896 + 2 * 896 * 128 + 3 * 896 * 4864  # q, o; k, v; gate, up, down
+    assert decode_bytes_per_token(llm) == 4 * (24 * per_layer + 896 * 6761)
+    per_frame = 22 * (4 * 1024 * 1024 + 2 * 1024 * 2048)  # q, k, v, out; two feed-forward products
+    attention = 22 * 16 * 2 * 64 * 800 * 800  # per head: scores and weighted sum over 800 frames
+    assert flow_flops(flow, frames=800, rows=2, steps=10) == 2 * 2 * 10 * (per_frame * 800 + attention)

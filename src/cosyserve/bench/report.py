@@ -64,6 +64,7 @@ def render(report: dict[str, Any]) -> str:
         f"float32 weights ({report['weights_bytes'] / GB:.2f} GB)"
         + (f"; peak GPU {report['peak_gpu_bytes'] / GB:.2f} GB" if "peak_gpu_bytes" in report else ""),
         *_stream_memory(report),
+        *_efficiency(report),
         f"machine: {machine['cpu']}; {', '.join(machine['cpu_flags']) or 'no reported flags'}; "
         f"torch {machine['torch']} ({machine['torch_cpu_capability']}); load average "
         f"{_load(machine.get('load_average_at_start', []))} at start, "
@@ -108,6 +109,24 @@ def _flow_note(report: dict[str, Any]) -> str:
     if report["flow_steps"] != 10 or report["no_cfg"]:
         notes.append(report["flow_label"])
     return "; ".join(note for note in notes if note)
+
+
+def _efficiency(report: dict[str, Any]) -> list[str]:
+    found = report.get("efficiency")
+    if not found:
+        return []
+    limits = found["limits"]
+    line = (
+        f"machine limits: memory {limits['memory_gb_s']:.1f} GB/s, float32 matrix products "
+        f"{limits['matmul_gflop_s']:.0f} GFLOP/s; LLM decoding read weights at "
+        f"{found['decode_gb_s']:.1f} GB/s ({100 * found['decode_share_of_bandwidth']:.0f} %)"
+    )
+    if found["flow_gflop_s"] is not None:
+        line += (
+            f"; flow {found['flow_gflop_s']:.0f} GFLOP/s effective "
+            f"({100 * found['flow_share_of_matmul_peak']:.0f} %)"
+        )
+    return [line]
 
 
 def _stream_memory(report: dict[str, Any]) -> list[str]:

@@ -24,6 +24,7 @@ import torch
 
 from cosyserve.bench.full_random import SCALES, build_random_models, module_bytes
 from cosyserve.bench.machine import load_average, machine_info, peak_rss_bytes
+from cosyserve.bench.roofline import MachineLimits, efficiency, measure_limits
 from cosyserve.bench.timing import StageClock, UtteranceTiming
 from cosyserve.engine.device import Placement, configure_cpu_threads, resolve_placement
 from cosyserve.engine.flow_options import (
@@ -96,6 +97,9 @@ def run_bench(options: BenchOptions, progress: Progress | None = None) -> dict[s
     if placement.device.type == "cpu":
         configure_cpu_threads(options.threads)
     torch.manual_seed(options.seed)
+    # Before any model exists, so that its buffers never add to the run's peak memory.
+    progress.stage("measuring this machine's memory bandwidth and matrix throughput")
+    limits = measure_limits(placement.device)
 
     started = time.perf_counter()
     with _loaded_models(options, progress) as models:
@@ -145,6 +149,7 @@ def run_bench(options: BenchOptions, progress: Progress | None = None) -> dict[s
             options, models, preset, inputs, timing, clock, load_seconds, weights_bytes, placement
         )
         report["flow_deviation"] = None if flow_deviation is None else flow_deviation.to_dict()
+        report["efficiency"] = _efficiency(limits, models, inputs, options, report)
         report["machine"] = machine_info(placement.device, load_at_start)
         return report
 
@@ -316,6 +321,23 @@ def _run_utterance(
     timing.total_seconds = clock.now() - start
     timing.cpu_seconds = time.process_time() - cpu_start
     return timing
+
+
+def _efficiency(
+    limits: MachineLimits, models: _Models, inputs: _Inputs, options: BenchOptions, report: dict[str, Any]
+) -> dict[str, Any]:
+    """The run against the machine's limits; the flow part for one-shot (non-streaming) runs only."""
+    prompt_tokens = int(inputs.prompt.speech_token.shape[1])
+    return efficiency(
+        limits,
+        models.llm,
+        report["decode_tokens_per_second"],
+        None if options.stream else models.flow,
+        frames=(prompt_tokens + inputs.speech_tokens) * models.config.flow.token_mel_ratio,
+        rows=1 if options.no_cfg else 2,
+        steps=options.flow_steps,
+        flow_seconds=report["flow_seconds"],
+    )
 
 
 def token2wav_budget(options: BenchOptions) -> int | None:

@@ -1,0 +1,121 @@
+"""How close a run came to the machine's limits.
+
+Decoding one speech token reads every weight of the LM's decoder layers and output layer once, so its
+speed is bounded by memory bandwidth; the flow's DiT passes are matrix products over all frames, bounded
+by arithmetic throughput. `measure_limits` times both limits on this machine in well under a second
+(a sum over a large tensor, one float32 matrix product); `efficiency` sets what the run achieved against
+them. The figures are effective ones: on the fast preset the flow's int8 products count as the float32
+operations they replace, so its share may exceed 100 %.
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Callable
+from dataclasses import asdict, dataclass
+from typing import Any
+
+import torch
+from torch import nn
+
+from cosyserve.model.flow import CausalFlow
+from cosyserve.model.speech_lm import SpeechLM
+
+_BANDWIDTH_BYTES = 256 << 20  # far beyond any cache, small enough to allocate anywhere
+_MATMUL_SHAPE = (1600, 1024, 1024)  # (M, K, N): one DiT projection over 2 x 800 frames
+_REPEATS = 3
+
+
+@dataclass(frozen=True)
+class MachineLimits:
+    memory_gb_s: float  # read bandwidth: a float32 sum over `_BANDWIDTH_BYTES`, best of `_REPEATS`
+    matmul_gflop_s: float  # float32 (M, K) @ (K, N) at `_MATMUL_SHAPE`, best of `_REPEATS`
+
+    def to_dict(self) -> dict[str, float]:
+        return asdict(self)
+
+
+def measure_limits(device: torch.device) -> MachineLimits:
+    """Time this machine's memory bandwidth and float32 matrix throughput on `device`."""
+    with torch.inference_mode():
+        read = _best_seconds(torch.ones(_BANDWIDTH_BYTES // 4, device=device).sum, device)
+        m, k, n = _MATMUL_SHAPE
+        a, b = torch.randn(m, k, device=device), torch.randn(k, n, device=device)
+        product = _best_seconds(lambda: a @ b, device)
+    return MachineLimits(_BANDWIDTH_BYTES / read / 1e9, 2 * m * k * n / product / 1e9)
+
+
+def _best_seconds(run: Callable[[], object], device: torch.device) -> float:
+    run()  # first call: allocation, kernel selection
+    best = float("inf")
+    for _ in range(_REPEATS):
+        if device.type == "cuda":
+            torch.cuda.synchronize(device)
+        start = time.perf_counter()
+        run()
+        if device.type == "cuda":
+            torch.cuda.synchronize(device)
+        best = min(best, time.perf_counter() - start)
+    return best
+
+
+def decode_bytes_per_token(llm: SpeechLM) -> int:
+    """Weight bytes one decode step reads: the decoder layers' products and the speech output layer.
+
+    Int8 layers count one byte a weight (their packed form is not a tensor attribute). Norms, biases
+    and the one embedding row looked up are negligible and left out.
+    """
+    layers = [m for m in llm.qwen2.layers.modules() if _is_product(m)]
+    return sum(_weight_bytes(m) for m in layers) + _weight_bytes(llm.llm_decoder)
+
+
+def flow_flops(flow: CausalFlow, frames: int, rows: int, steps: int) -> float:
+    """Multiply-add operations x 2 of `steps` one-shot DiT passes over `frames` frames and `rows` rows
+    (2 with guidance): the blocks' products, and attention's two products per head."""
+    estimator = flow.decoder.estimator
+    per_frame = sum(
+        m.in_features * m.out_features
+        for block in estimator.transformer_blocks
+        for name, m in block.named_modules()
+        if _is_product(m) and not name.startswith("attn_norm")  # modulation: once per pass, not per frame
+    )
+    config = estimator.config
+    attention = 2 * config.heads * config.dim_head * frames * frames * config.depth
+    return 2.0 * rows * steps * (per_frame * frames + attention)
+
+
+def efficiency(
+    limits: MachineLimits,
+    llm: SpeechLM,
+    decode_tokens_per_second: float,
+    flow: CausalFlow | None,
+    frames: int,
+    rows: int,
+    steps: int,
+    flow_seconds: float,
+) -> dict[str, Any]:
+    """What the run achieved against `limits`; the flow part needs one-shot passes (`flow` None: left out)."""
+    decode_gb_s = decode_bytes_per_token(llm) * decode_tokens_per_second / 1e9
+    report: dict[str, Any] = {
+        "limits": limits.to_dict(),
+        "decode_gb_s": decode_gb_s,
+        "decode_share_of_bandwidth": decode_gb_s / limits.memory_gb_s,
+        "flow_gflop_s": None,
+        "flow_share_of_matmul_peak": None,
+    }
+    if flow is not None and flow_seconds > 0:
+        flow_gflop_s = flow_flops(flow, frames, rows, steps) / flow_seconds / 1e9
+        report["flow_gflop_s"] = flow_gflop_s
+        report["flow_share_of_matmul_peak"] = flow_gflop_s / limits.matmul_gflop_s
+    return report
+
+
+def _is_product(module: nn.Module) -> bool:
+    return hasattr(module, "in_features") and hasattr(module, "out_features")
+
+
+def _weight_bytes(module: nn.Module) -> int:
+    weight = getattr(module, "weight", None)
+    if isinstance(weight, torch.Tensor):
+        return weight.numel() * weight.element_size()
+    return int(module.in_features) * int(module.out_features)  # int8: one byte a weight
