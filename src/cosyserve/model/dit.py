@@ -103,7 +103,7 @@ class InputEmbedding(nn.Module):
     ) -> torch.Tensor:
         """x, cond: (B, T, C); mu: (B, T, mu_dim); spks: (B, spk_dim) -> (B, T, D)."""
         h = self.project(x, cond, mu, spks)
-        return h + self.conv_pos_embed(h)  # h first: the sum keeps its contiguous layout (see below)
+        return h + self.conv_pos_embed(h)  # h first: the sum keeps its contiguous layout
 
 
 class RotaryEmbedding(nn.Module):
@@ -169,7 +169,8 @@ class AdaLayerNormZero(nn.Module):
         self.linear = nn.Linear(dim, 6 * dim)
 
     def forward(self, x: torch.Tensor, mods: torch.Tensor) -> tuple[torch.Tensor, ...]:
-        """x: (B, T, D), mods: (B, 6D) -> x' (B, T, D); gate_msa, shift_mlp, scale_mlp, gate_mlp (B, D)."""
+        """x: (B, T, D), mods: (B or 1, 6D) -> x' (B, T, D); gate_msa, shift_mlp, scale_mlp, gate_mlp,
+        each (B or 1, D)."""
         shift_msa, scale_msa, gate_msa, shift_mlp, scale_mlp, gate_mlp = mods.chunk(6, dim=1)
         return modulate(x, scale_msa, shift_msa), gate_msa, shift_mlp, scale_mlp, gate_mlp
 
@@ -182,7 +183,7 @@ class AdaLayerNormZeroFinal(nn.Module):
         self.linear = nn.Linear(dim, 2 * dim)
 
     def forward(self, x: torch.Tensor, mods: torch.Tensor) -> torch.Tensor:
-        """x: (B, T, D), mods: (B, 2D) = linear(silu(timestep embedding)) -> (B, T, D)."""
+        """x: (B, T, D), mods: (B or 1, 2D) = linear(silu(timestep embedding)) -> (B, T, D)."""
         scale, shift = mods.chunk(2, dim=1)
         return modulate(x, scale, shift)
 
