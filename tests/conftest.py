@@ -4,11 +4,16 @@ from __future__ import annotations
 
 import os
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 import pytest
 
 from pg_server import database_url, postgres_url  # noqa: F401  (fixtures: SQLite or PostgreSQL; PostgreSQL)
 from redis_server import redis_url  # noqa: F401  (fixture: a throwaway redis-server)
+
+if TYPE_CHECKING:
+    from cosyserve.engine.model_dir import ModelDir
+    from cosyserve.model.flow import CausalFlow
 
 REPO_ROOT = Path(__file__).resolve().parents[1]
 
@@ -38,6 +43,22 @@ def shared_dir() -> Path:
 def tiny_dir(shared_dir: Path) -> Path:
     """The parity fixture directory: `tiny/model` plus the official outputs for it."""
     return shared_dir / "parity" / "tiny"
+
+
+@pytest.fixture(scope="module")
+def model_dir(tiny_dir: Path) -> ModelDir:
+    """The tiny parity model directory (no ONNX front-end graphs needed)."""
+    from cosyserve.engine.model_dir import ModelDir
+
+    return ModelDir.open(tiny_dir / "model", require_onnx=False)
+
+
+@pytest.fixture(scope="module")
+def flow(model_dir: ModelDir) -> CausalFlow:
+    """The tiny model's flow, loaded once per test module."""
+    from cosyserve.engine.loading import load_flow
+
+    return load_flow(model_dir)
 
 
 @pytest.fixture(scope="session")

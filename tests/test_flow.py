@@ -9,7 +9,6 @@ import numpy as np
 import pytest
 import torch
 
-from cosyserve.engine.loading import load_flow
 from cosyserve.engine.model_dir import ModelDir
 from cosyserve.errors import InputError
 from cosyserve.model.flow import MAX_MEL_FRAMES, CausalFlow, fixed_start_noise
@@ -17,16 +16,6 @@ from cosyserve.parity import flow as flow_parity
 
 # Parameters of the full-size flow (DiT dim 1024 x 22 layers, 16 heads x 64, ff x2, pre-lookahead 1024).
 FULL_SIZE_PARAMETERS = 332_257_088
-
-
-@pytest.fixture(scope="module")
-def model_dir(tiny_dir: Path) -> ModelDir:
-    return ModelDir.open(tiny_dir / "model", require_onnx=False)
-
-
-@pytest.fixture(scope="module")
-def flow(model_dir: ModelDir) -> CausalFlow:
-    return load_flow(model_dir)
 
 
 @pytest.fixture(scope="module")

@@ -12,22 +12,12 @@ import torch
 from cosyserve.engine.batching import BatchError
 from cosyserve.engine.flow_batching import FlowBatcher, batched_flow_mels
 from cosyserve.engine.flow_options import flow_options_label, measure_flow_options, probe_mel
-from cosyserve.engine.loading import load_flow, load_hift
+from cosyserve.engine.loading import load_hift
 from cosyserve.engine.model_dir import ModelDir
 from cosyserve.engine.token2wav import FlowPrompt, Token2Wav
 from cosyserve.errors import InputError
 from cosyserve.model.flow import CausalFlow
 from cosyserve.parity import token2wav as token2wav_parity
-
-
-@pytest.fixture(scope="module")
-def model_dir(tiny_dir: Path) -> ModelDir:
-    return ModelDir.open(tiny_dir / "model", require_onnx=False)
-
-
-@pytest.fixture(scope="module")
-def flow(model_dir: ModelDir) -> CausalFlow:
-    return load_flow(model_dir)
 
 
 @pytest.fixture(scope="module")

@@ -21,11 +21,6 @@ FULL_SIZE_PARAMETERS = 20_765_597
 
 
 @pytest.fixture(scope="module")
-def model_dir(tiny_dir: Path) -> ModelDir:
-    return ModelDir.open(tiny_dir / "model", require_onnx=False)
-
-
-@pytest.fixture(scope="module")
 def vocoder(model_dir: ModelDir) -> HiFTVocoder:
     return HiFTVocoder.from_state_dict(model_dir.config.hift, read_state_dict(model_dir.path / "hift.pt"))
 

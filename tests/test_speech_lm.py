@@ -24,11 +24,6 @@ VOCAB = SPEECH_TOKEN_SIZE + 200
 
 
 @pytest.fixture(scope="module")
-def model_dir(tiny_dir: Path) -> ModelDir:
-    return ModelDir.open(tiny_dir / "model", require_onnx=False)
-
-
-@pytest.fixture(scope="module")
 def model(model_dir: ModelDir) -> SpeechLM:
     return SpeechLM.from_checkpoint(model_dir.file("llm.pt"), model_dir.config.llm)
 

@@ -10,7 +10,7 @@ import numpy as np
 import pytest
 import torch
 
-from cosyserve.engine.loading import load_flow, load_hift
+from cosyserve.engine.loading import load_hift
 from cosyserve.engine.model_dir import ModelDir
 from cosyserve.engine.token2wav import FlowPrompt, PromptCache, PromptCacheStore, Token2Wav
 from cosyserve.errors import InputError
@@ -22,16 +22,6 @@ from cosyserve.parity import token2wav as token2wav_parity
 STREAM_TOLERANCE = 1e-4  # the fixture's waveform tolerance
 SAME_PATH_TOLERANCE = 2e-5  # reuse against our own recomputing path: float rounding only (the vocoder
 # turns mel rounding of ~1e-7 into waveform differences of ~1e-5; the fixture tolerance is 1e-4)
-
-
-@pytest.fixture(scope="module")
-def model_dir(tiny_dir: Path) -> ModelDir:
-    return ModelDir.open(tiny_dir / "model", require_onnx=False)
-
-
-@pytest.fixture(scope="module")
-def flow(model_dir: ModelDir) -> CausalFlow:
-    return load_flow(model_dir)
 
 
 @pytest.fixture(scope="module")
