@@ -145,5 +145,7 @@ def test_fused_int8_qkv_equals_three_int8_linears() -> None:
     ]
     attention.fuse_qkv(lambda linear: Int8Linear(linear, reduce_range=False))
     assert not hasattr(attention, "q_proj") and isinstance(attention.qkv_proj, Int8Linear)
+    with pytest.raises(ValueError, match="already fused"):
+        attention.fuse_qkv(lambda linear: Int8Linear(linear, reduce_range=False))
     for got, want in zip(attention._project(x), separate, strict=True):
         torch.testing.assert_close(got, want, atol=1e-6, rtol=0)

@@ -112,6 +112,8 @@ class Attention(nn.Module):
         input once. The weights are concatenated, so the fused module's outputs are the three
         projections side by side.
         """
+        if self.qkv_proj is not None:
+            raise ValueError("q, k and v are already fused in this layer")
         parts = (self.q_proj, self.k_proj, self.v_proj)
         fused = nn.Linear(parts[0].in_features, sum(p.out_features for p in parts), bias=True)
         fused = fused.to(device=parts[0].weight.device, dtype=parts[0].weight.dtype)
