@@ -97,9 +97,6 @@ def run_bench(options: BenchOptions, progress: Progress | None = None) -> dict[s
     if placement.device.type == "cpu":
         configure_cpu_threads(options.threads)
     torch.manual_seed(options.seed)
-    # Before any model exists, so that its buffers never add to the run's peak memory.
-    progress.stage("measuring this machine's memory bandwidth and matrix throughput")
-    limits = measure_limits(placement.device)
 
     started = time.perf_counter()
     with _loaded_models(options, progress) as models:
@@ -149,6 +146,9 @@ def run_bench(options: BenchOptions, progress: Progress | None = None) -> dict[s
             options, models, preset, inputs, timing, clock, load_seconds, weights_bytes, placement
         )
         report["flow_deviation"] = None if flow_deviation is None else flow_deviation.to_dict()
+        # After the report has read the peak memory, so that these buffers never count in it.
+        progress.stage("measuring this machine's memory bandwidth and matrix throughput")
+        limits = measure_limits(placement.device)
         report["efficiency"] = _efficiency(limits, models, inputs, options, report)
         report["machine"] = machine_info(placement.device, load_at_start)
         return report
