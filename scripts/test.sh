@@ -1,5 +1,6 @@
 #!/usr/bin/env bash
-# Install cosyserve with its test extras into .venv (CPU torch 2.13.0) and run the whole test suite.
+# Install cosyserve with its test extras into .venv (torch 2.13.0: the CPU build unless an NVIDIA GPU is
+# present) and run the whole test suite.
 # The browser tests use Debian's chromium; the distributed-mode tests start their own redis-server and
 # PostgreSQL (as the postgres user). As root with apt-get available they are installed here when missing.
 set -euo pipefail
@@ -12,5 +13,7 @@ if [ "$(id -u)" = 0 ] && command -v apt-get >/dev/null 2>&1 \
     chromium redis-server postgresql fonts-wqy-microhei >/dev/null
 fi
 COSYSERVE_TORCH="${COSYSERVE_TORCH:-2.13.0}" COSYSERVE_EXTRAS="test,download,distributed" bash scripts/install.sh
+# Which CPU family and torch build this run is on: numerics and kernels differ between AVX2 and AVX-512.
+.venv/bin/python -m cosyserve.bench.machine
 .venv/bin/ruff check src tests
 .venv/bin/python -m pytest "$@"

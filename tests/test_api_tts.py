@@ -134,9 +134,21 @@ def test_stream_disconnect_cancels_the_work(server) -> None:
     wait_for(lambda: stats()["running"] == 0)
 
 
-def test_disconnect_while_waiting_cancels_the_work(server) -> None:
+def test_disconnect_while_waiting_cancels_the_work(server, monkeypatch) -> None:
     stats = server.service.scheduler.stats
     before = stats()["finished"]["cancelled"]
+    with server.service.synthesizer() as synth:
+        engine = synth.engine
+    generate = engine.generate
+
+    def generate_after_cancel(*args, cancel, **kwargs):
+        """Hold the work until it is cancelled (at most 30 s): it can't finish before the client leaves."""
+        deadline = time.monotonic() + 30.0
+        while not cancel() and time.monotonic() < deadline:
+            time.sleep(0.02)
+        yield from generate(*args, cancel=cancel, **kwargs)
+
+    monkeypatch.setattr(engine, "generate", generate_after_cancel)
     with server.client(timeout=1.0) as http, pytest.raises(httpx.ReadTimeout):
         http.post("/v1/tts", json={"text": LONG_TEXT, "voice": "alice"})
     wait_for(lambda: stats()["finished"]["cancelled"] > before)

@@ -3,6 +3,9 @@
 from __future__ import annotations
 
 import math
+import os
+import subprocess
+import sys
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -16,6 +19,7 @@ from cosyserve.engine.quantize import (
     Int8Linear,
     apply_preset,
     check_preset,
+    cpu_has_vnni,
     int8_available,
     quantize_linears,
 )
@@ -51,8 +55,13 @@ def models(tiny_dir: Path) -> _Models:
 @pytest.mark.parametrize("reduce_range", [True, False])
 @pytest.mark.parametrize("bias", [True, False])
 def test_int8_linear_is_close_to_float(reduce_range: bool, bias: bool) -> None:
+    """On this CPU: 7-bit activations everywhere, 8-bit only where VNNI keeps them from saturating."""
     torch.manual_seed(0)
     linear = nn.Linear(96, 40, bias=bias)
+    if not reduce_range and not cpu_has_vnni():
+        with pytest.raises(InputError, match="VNNI"):
+            Int8Linear(linear, reduce_range)
+        return
     quantized = Int8Linear(linear, reduce_range)
     for shape in [(7, 96), (2, 5, 96), (1, 1, 96)]:
         x = torch.randn(shape)
@@ -61,6 +70,48 @@ def test_int8_linear_is_close_to_float(reduce_range: bool, bias: bool) -> None:
         assert got.shape == expected.shape and got.dtype == torch.float32
         relative = (got - expected).norm() / expected.norm()
         assert relative < 0.05
+
+
+# Run by a child process with fbgemm and ATen capped at AVX2, so the AVX2 family's int8 kernels (no
+# VNNI: pairs of products added in int16) are tested on every CPU, AVX-512 ones included.
+_AVX2_FAMILY_CHECK = """
+import torch
+from torch import nn
+from cosyserve.engine.quantize import Int8Linear, check_reduce_range, cpu_has_vnni
+from cosyserve.errors import InputError
+assert not cpu_has_vnni() and check_reduce_range(None) is True
+torch.manual_seed(0)
+linear = nn.Linear(96, 40)
+x = torch.randn(7, 96)
+with torch.inference_mode():
+    error = (Int8Linear(linear)(x) - linear(x)).norm() / linear(x).norm()
+assert error < 0.05, float(error)
+try:
+    Int8Linear(linear, reduce_range=False)
+except InputError:
+    print("ok", float(error))
+else:
+    raise SystemExit("8-bit activations were accepted without VNNI")
+"""
+
+
+def test_int8_on_the_avx2_family_keeps_7_bit_activations() -> None:
+    env = dict(os.environ, FBGEMM_ENABLE_INSTRUCTIONS="AVX2", ATEN_CPU_CAPABILITY="avx2")
+    done = subprocess.run(
+        [sys.executable, "-c", _AVX2_FAMILY_CHECK], env=env, capture_output=True, text=True, timeout=120
+    )
+    assert done.returncode == 0 and done.stdout.startswith("ok"), done.stdout + done.stderr
+
+
+def test_vnni_needs_the_cpu_flag_and_fbgemm_allowing_it(tmp_path: Path, monkeypatch) -> None:
+    with_vnni, without = tmp_path / "vnni", tmp_path / "avx2"
+    with_vnni.write_text("flags\t\t: fpu avx2 avx512f avx512_vnni\n")
+    without.write_text("flags\t\t: fpu avx2 fma\n")
+    monkeypatch.delenv("FBGEMM_ENABLE_INSTRUCTIONS", raising=False)
+    assert cpu_has_vnni(str(with_vnni)) and not cpu_has_vnni(str(without))
+    for cap, kept in [("AVX2", False), ("AVX512", False), ("AVX512_E1", True), ("unknown", True)]:
+        monkeypatch.setenv("FBGEMM_ENABLE_INSTRUCTIONS", cap)
+        assert cpu_has_vnni(str(with_vnni)) is kept
 
 
 def test_quantize_linears_replaces_only_selected_layers() -> None:
@@ -141,11 +192,11 @@ def test_fused_int8_qkv_equals_three_int8_linears() -> None:
     attention = Attention(tiny_config().llm.qwen2).eval()
     x = torch.randn(3, 5, attention.q_proj.in_features)
     separate = [
-        Int8Linear(p, reduce_range=False)(x) for p in (attention.q_proj, attention.k_proj, attention.v_proj)
+        Int8Linear(p)(x) for p in (attention.q_proj, attention.k_proj, attention.v_proj)
     ]
-    attention.fuse_qkv(lambda linear: Int8Linear(linear, reduce_range=False))
+    attention.fuse_qkv(lambda linear: Int8Linear(linear))
     assert not hasattr(attention, "q_proj") and isinstance(attention.qkv_proj, Int8Linear)
     with pytest.raises(ValueError, match="already fused"):
-        attention.fuse_qkv(lambda linear: Int8Linear(linear, reduce_range=False))
+        attention.fuse_qkv(lambda linear: Int8Linear(linear))
     for got, want in zip(attention._project(x), separate, strict=True):
         torch.testing.assert_close(got, want, atol=1e-6, rtol=0)

@@ -80,3 +80,17 @@ def machine_info(device: torch.device, load_at_start: list[float] | None = None)
     if device.type == "cuda":
         info["gpu"] = torch.cuda.get_device_name(device)
     return info
+
+
+def machine_line() -> str:
+    """One line naming the CPU family and torch build a run used (CI prints it before the tests)."""
+    model, flags = cpu_model_and_flags()
+    build = f"CUDA {torch.version.cuda}" if torch.version.cuda else "CPU build"
+    return (
+        f"CPU: {model} [{' '.join(flags) or 'no vector flags read'}]; "
+        f"torch {torch.__version__} ({build}, kernels {torch.backends.cpu.get_cpu_capability()})"
+    )
+
+
+if __name__ == "__main__":
+    print(machine_line())

@@ -15,6 +15,7 @@ fast preset can report how far it is from the exact path on the very weights it 
 
 from __future__ import annotations
 
+import os
 import warnings
 from collections.abc import Callable
 from dataclasses import asdict, dataclass
@@ -44,11 +45,10 @@ class Int8Linear(nn.Module):
     `(..., in_features)` float32 → `(..., out_features)` float32.
     """
 
-    def __init__(self, linear: nn.Linear, reduce_range: bool) -> None:
+    def __init__(self, linear: nn.Linear, reduce_range: bool | None = None) -> None:
         super().__init__()
         self.in_features, self.out_features = linear.in_features, linear.out_features
-        # Without VNNI, fbgemm's int8 multiply-add can saturate on 8-bit activations; 7 bits avoid it.
-        self.reduce_range = reduce_range
+        self.reduce_range = check_reduce_range(reduce_range)
         weight = linear.weight.detach().float()
         scales = (weight.abs().amax(dim=1) / 127.0).clamp(min=1e-12).double()
         bias = None if linear.bias is None else linear.bias.detach().float().clone()
@@ -76,16 +76,45 @@ def int8_available() -> bool:
         return False
 
 
-def cpu_has_vnni() -> bool:
-    """AVX-512 VNNI present (Linux): 8-bit activations are then safe from int16 saturation."""
+# fbgemm's own cap on the instructions it uses (FBGEMM_ENABLE_INSTRUCTIONS); these values keep VNNI.
+_FBGEMM_VNNI_SETTINGS = ("AVX512_E1", "AVX512_E1_256")
+_FBGEMM_CAP_SETTINGS = ("AVX2", "AVX512", "AVX512_256", *_FBGEMM_VNNI_SETTINGS)
+
+
+def cpu_has_vnni(cpuinfo: str = "/proc/cpuinfo") -> bool:
+    """Whether fbgemm's int8 products run on AVX-512 VNNI here: the CPU has it (Linux) and fbgemm's
+    instruction cap (`FBGEMM_ENABLE_INSTRUCTIONS`, an unknown value is ignored as fbgemm does) keeps it."""
+    cap = os.environ.get("FBGEMM_ENABLE_INSTRUCTIONS")
+    if cap in _FBGEMM_CAP_SETTINGS and cap not in _FBGEMM_VNNI_SETTINGS:
+        return False
     try:
-        with open("/proc/cpuinfo", encoding="ascii", errors="replace") as info:
+        with open(cpuinfo, encoding="ascii", errors="replace") as info:
             return any(line.startswith("flags") and " avx512_vnni" in line for line in info)
     except OSError:
         return False
 
 
-def quantize_linears(root: nn.Module, select: Callable[[str], bool], reduce_range: bool) -> int:
+def check_reduce_range(reduce_range: bool | None) -> bool:
+    """The activation range for int8 products on this CPU: None chooses (7-bit without VNNI, 8-bit with).
+
+    Without VNNI, fbgemm multiplies uint8 activations by int8 weights and adds adjacent pairs in int16
+    (`vpmaddubsw`), which saturates for 8-bit activations (relative error ~0.2 measured on AVX2); 7-bit
+    activations cannot reach the int16 limit. So 8-bit is refused (InputError) where it would saturate.
+    """
+    vnni = cpu_has_vnni()
+    if reduce_range is None:
+        return not vnni
+    if not reduce_range and not vnni:
+        raise InputError(
+            "8-bit int8 activations (reduce_range=False) saturate fbgemm's int8 multiply-add on a CPU "
+            "without AVX-512 VNNI: use reduce_range=True (7-bit) or leave it to the default"
+        )
+    return reduce_range
+
+
+def quantize_linears(
+    root: nn.Module, select: Callable[[str], bool], reduce_range: bool | None = None
+) -> int:
     """Replace every `nn.Linear` under `root` whose qualified name passes `select`; return how many."""
     targets = [
         (name, module)
@@ -171,7 +200,7 @@ def apply_preset(models: HasLLMAndFlow, preset: str, *, measure: bool = True) ->
     check_preset(preset, device)
     if preset == "exact":
         return PresetResult("exact", "exact (float32, parity path)", {}, None)
-    reduce_range = not cpu_has_vnni()
+    reduce_range = check_reduce_range(None)
     reference = _probe(models) if measure else None
     counts = {
         "llm": _fuse_llm_qkv(models.llm, reduce_range)
