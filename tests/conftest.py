@@ -12,8 +12,8 @@ from pg_server import database_url, postgres_url  # noqa: F401  (fixtures: SQLit
 from redis_server import redis_url  # noqa: F401  (fixture: a throwaway redis-server)
 
 if TYPE_CHECKING:
-    from cosyserve.engine.model_dir import ModelDir
     from cosyserve.model.flow import CausalFlow
+    from cosyserve.modeldir.model_dir import ModelDir
 
 REPO_ROOT = Path(__file__).resolve().parents[1]
 
@@ -48,7 +48,7 @@ def tiny_dir(shared_dir: Path) -> Path:
 @pytest.fixture(scope="module")
 def model_dir(tiny_dir: Path) -> ModelDir:
     """The tiny parity model directory (no ONNX front-end graphs needed)."""
-    from cosyserve.engine.model_dir import ModelDir
+    from cosyserve.modeldir.model_dir import ModelDir
 
     return ModelDir.open(tiny_dir / "model", require_onnx=False)
 
@@ -64,7 +64,7 @@ def flow(model_dir: ModelDir) -> CausalFlow:
 @pytest.fixture(scope="session")
 def demo_model_path(tmp_path_factory: pytest.TempPathFactory) -> Path:
     """A demo model directory (random weights, stand-in ONNX graphs), written once per test session."""
-    from cosyserve.engine.demo_model import write_demo_model
+    from cosyserve.modeldir.demo_model import write_demo_model
 
     return write_demo_model(tmp_path_factory.mktemp("models") / "demo", seed=0)
 

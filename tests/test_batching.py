@@ -16,10 +16,10 @@ import torch
 
 from cosyserve.engine.batching import BatchError, DecodeBatcher, Rendezvous
 from cosyserve.engine.kv_cache import KVCache
-from cosyserve.engine.model_dir import ModelDir
 from cosyserve.engine.speech_lm_runner import SpeechLMRunner, decode_one, prefill
 from cosyserve.errors import Cancelled, InputError
 from cosyserve.model.speech_lm import SpeechLM
+from cosyserve.modeldir.model_dir import ModelDir
 
 WINDOW_S = 0.5  # generous: members of a test batch always arrive together, even on a busy machine
 

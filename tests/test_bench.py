@@ -24,12 +24,12 @@ from cosyserve.bench.machine import cpu_model_and_flags, peak_rss_bytes
 from cosyserve.bench.report import render
 from cosyserve.bench.roofline import decode_bytes_per_token, flow_flops
 from cosyserve.bench.runner import BenchOptions, run_bench
-from cosyserve.engine.model_dir import ModelDir
 from cosyserve.engine.quantize import PRESETS
 from cosyserve.errors import InputError
 from cosyserve.model.flow import DEFAULT_N_TIMESTEPS, CausalFlow
 from cosyserve.model.hift import HiFTVocoder
 from cosyserve.model.speech_lm import SpeechLM
+from cosyserve.modeldir.model_dir import ModelDir
 
 # Every field of the JSON report; numbers must be finite where present.
 REPORT_FIELDS = {

@@ -9,9 +9,9 @@ import pytest
 import torch
 from torch import nn
 
-from cosyserve.engine.model_dir import ModelDir
 from cosyserve.errors import CheckpointError, ModelDirError
 from cosyserve.model.checkpoint import fold_weight_norm, load_into, read_state_dict
+from cosyserve.modeldir.model_dir import ModelDir
 
 
 class TwoConvs(nn.Module):

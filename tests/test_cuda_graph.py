@@ -14,9 +14,9 @@ import torch
 
 from cosyserve.engine.cuda_graph import StaticDecodePool, StaticDecodeStep, capacity_bucket
 from cosyserve.engine.kv_cache import KVCache
-from cosyserve.engine.model_dir import ModelDir
 from cosyserve.engine.speech_lm_runner import SpeechLMRunner, decode_one, prefill
 from cosyserve.model.speech_lm import SpeechLM
+from cosyserve.modeldir.model_dir import ModelDir
 
 cuda = pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA device")
 

@@ -11,14 +11,14 @@ import pytest
 import torch
 
 from cosyserve.cli import main as cli_main
-from cosyserve.engine import demo_model
-from cosyserve.engine.demo_model import MARKER_FILE, is_demo_model, write_demo_model
 from cosyserve.engine.loading import load_flow, load_hift, load_speech_lm
-from cosyserve.engine.model_dir import REQUIRED_FILES, ModelDir
 from cosyserve.errors import InputError
 from cosyserve.frontend.onnx_models import SpeakerEncoder, SpeechTokenizer
 from cosyserve.frontend.tokenizer import TextTokenizer
 from cosyserve.model.checkpoint import fold_weight_norm, read_state_dict
+from cosyserve.modeldir import demo_model
+from cosyserve.modeldir.demo_model import MARKER_FILE, is_demo_model, write_demo_model
+from cosyserve.modeldir.model_dir import REQUIRED_FILES, ModelDir
 
 WEIGHT_FILES = ("llm.pt", "flow.pt", "hift.pt", "campplus.onnx", "speech_tokenizer_v3.onnx")
 

@@ -10,8 +10,9 @@ from pathlib import Path
 
 import pytest
 
-from cosyserve.engine import download
-from cosyserve.engine.download import (
+from cosyserve.errors import ModelDirError
+from cosyserve.modeldir import download
+from cosyserve.modeldir.download import (
     SKIP_PATTERNS,
     SOURCE_ENV,
     default_target_dir,
@@ -20,8 +21,7 @@ from cosyserve.engine.download import (
     source_order,
     verify_download,
 )
-from cosyserve.engine.model_dir import REAL_MODEL_MIN_SIZES, REQUIRED_FILES
-from cosyserve.errors import ModelDirError
+from cosyserve.modeldir.model_dir import REAL_MODEL_MIN_SIZES, REQUIRED_FILES
 
 # Before any test imports huggingface_hub, which reads this once; the fakes never reach a network anyway.
 os.environ.setdefault("HF_HUB_OFFLINE", "1")

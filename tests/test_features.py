@@ -8,7 +8,6 @@ import numpy as np
 import pytest
 import torch
 
-from cosyserve.engine.model_dir import ModelDir
 from cosyserve.errors import InputError
 from cosyserve.frontend.features import (
     fbank80,
@@ -17,6 +16,7 @@ from cosyserve.frontend.features import (
     slaney_mel_filters,
     whisper_logmel128,
 )
+from cosyserve.modeldir.model_dir import ModelDir
 from cosyserve.parity import features as feature_parity
 
 TOLERANCE = 1e-3

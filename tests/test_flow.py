@@ -9,9 +9,9 @@ import numpy as np
 import pytest
 import torch
 
-from cosyserve.engine.model_dir import ModelDir
 from cosyserve.errors import InputError
 from cosyserve.model.flow import MAX_MEL_FRAMES, CausalFlow, fixed_start_noise
+from cosyserve.modeldir.model_dir import ModelDir
 from cosyserve.parity import flow as flow_parity
 
 # Parameters of the full-size flow (DiT dim 1024 x 22 layers, 16 heads x 64, ff x2, pre-lookahead 1024).

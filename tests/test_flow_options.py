@@ -13,10 +13,10 @@ from cosyserve.engine.batching import BatchError
 from cosyserve.engine.flow_batching import FlowBatcher, batched_flow_mels
 from cosyserve.engine.flow_options import flow_options_label, measure_flow_options, probe_mel
 from cosyserve.engine.loading import load_hift
-from cosyserve.engine.model_dir import ModelDir
 from cosyserve.engine.token2wav import FlowPrompt, Token2Wav
 from cosyserve.errors import InputError
 from cosyserve.model.flow import CausalFlow
+from cosyserve.modeldir.model_dir import ModelDir
 from cosyserve.parity import token2wav as token2wav_parity
 
 

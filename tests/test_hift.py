@@ -9,10 +9,10 @@ import numpy as np
 import pytest
 import torch
 
-from cosyserve.engine.model_dir import ModelDir
 from cosyserve.errors import InputError
 from cosyserve.model.checkpoint import read_state_dict
 from cosyserve.model.hift import HiFTVocoder, SourceNoise, make_source_noise
+from cosyserve.modeldir.model_dir import ModelDir
 from cosyserve.parity import hift as hift_parity
 
 # Parameters of the 0.5B model's vocoder with weight norm folded into plain weights; the checkpoint

@@ -14,7 +14,6 @@ import torch
 from torch import nn
 
 from cosyserve.engine.loading import load_flow, load_speech_lm
-from cosyserve.engine.model_dir import ModelDir
 from cosyserve.engine.quantize import (
     Int8Linear,
     apply_preset,
@@ -27,6 +26,7 @@ from cosyserve.engine.speech_lm_runner import SpeechLMRunner
 from cosyserve.errors import InputError
 from cosyserve.model.flow import CausalFlow
 from cosyserve.model.speech_lm import SpeechLM
+from cosyserve.modeldir.model_dir import ModelDir
 
 pytestmark = pytest.mark.skipif(not int8_available(), reason="this torch build has no fbgemm int8 kernels")
 

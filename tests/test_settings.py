@@ -8,8 +8,8 @@ from pathlib import Path
 
 import pytest
 
-from cosyserve.engine.model_dir import DEFAULT_MODEL_ID
 from cosyserve.errors import SettingsError
+from cosyserve.modeldir.model_dir import DEFAULT_MODEL_ID
 from cosyserve.service.settings import (
     FLAT_NAMES,
     Settings,

@@ -10,13 +10,13 @@ import pytest
 import torch
 
 from cosyserve.engine.kv_cache import KVCache
-from cosyserve.engine.model_dir import ModelDir
 from cosyserve.engine.sampling import SpeechTokenSampler, repetition_aware_sample
 from cosyserve.engine.speech_lm_runner import SpeechLMRunner, length_limits, prefill
 from cosyserve.errors import CheckpointError, InputError
 from cosyserve.model.checkpoint import load_into, read_state_dict
 from cosyserve.model.config import LLMConfig, Qwen2Config, SamplingConfig
 from cosyserve.model.speech_lm import SpeechLM, checkpoint_to_module_names
+from cosyserve.modeldir.model_dir import ModelDir
 from cosyserve.parity import llm as llm_parity
 
 SPEECH_TOKEN_SIZE = 6561

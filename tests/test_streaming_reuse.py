@@ -11,12 +11,12 @@ import pytest
 import torch
 
 from cosyserve.engine.loading import load_hift
-from cosyserve.engine.model_dir import ModelDir
 from cosyserve.engine.token2wav import FlowPrompt, PromptCache, PromptCacheStore, Token2Wav
 from cosyserve.errors import InputError
 from cosyserve.model.flow import CausalFlow
 from cosyserve.model.hift import HiFTVocoder
 from cosyserve.model.hift_stream import VocoderStream, decoder_context_frames, vocode_increment
+from cosyserve.modeldir.model_dir import ModelDir
 from cosyserve.parity import token2wav as token2wav_parity
 
 STREAM_TOLERANCE = 1e-4  # the fixture's waveform tolerance

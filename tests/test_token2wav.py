@@ -9,9 +9,9 @@ import pytest
 import torch
 
 from cosyserve.engine.loading import load_flow, load_hift
-from cosyserve.engine.model_dir import ModelDir
 from cosyserve.engine.token2wav import Token2Wav
 from cosyserve.errors import InputError
+from cosyserve.modeldir.model_dir import ModelDir
 from cosyserve.parity import token2wav as token2wav_parity
 
 

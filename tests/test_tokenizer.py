@@ -7,9 +7,9 @@ from pathlib import Path
 
 import pytest
 
-from cosyserve.engine.model_dir import ModelDir
 from cosyserve.errors import ModelDirError
 from cosyserve.frontend.tokenizer import COSYVOICE3_SPECIAL_TOKENS, TextTokenizer
+from cosyserve.modeldir.model_dir import ModelDir
 from cosyserve.parity import tokenizer as tokenizer_parity
 
 

@@ -28,7 +28,7 @@ def _cmd_parity(args: argparse.Namespace) -> int:
 
 
 def _cmd_download(args: argparse.Namespace) -> int:
-    from cosyserve.engine.download import download_model
+    from cosyserve.modeldir.download import download_model
 
     path = download_model(args.model, source=args.source, target_dir=Path(args.dir) if args.dir else None)
     print(path)
@@ -36,7 +36,7 @@ def _cmd_download(args: argparse.Namespace) -> int:
 
 
 def _cmd_demo_model(args: argparse.Namespace) -> int:
-    from cosyserve.engine.demo_model import write_demo_model
+    from cosyserve.modeldir.demo_model import write_demo_model
 
     path = write_demo_model(
         Path(args.dir),

@@ -177,7 +177,7 @@ def _loaded_models(options: BenchOptions, progress: Progress) -> Iterator[_Model
             random.config, random.llm, random.flow, random.hift, f"full-random ({options.scale} size)"
         )
     elif options.model == "demo":
-        from cosyserve.engine.demo_model import write_demo_model
+        from cosyserve.modeldir.demo_model import write_demo_model
 
         with tempfile.TemporaryDirectory(prefix="cosyserve-bench-") as tmp:
             progress.stage("writing the demo model")
@@ -194,7 +194,7 @@ def _loaded_models(options: BenchOptions, progress: Progress) -> Iterator[_Model
 
 def _load_dir(path: Path, description: str, progress: Progress) -> _Models:
     from cosyserve.engine.loading import load_flow, load_hift, load_speech_lm
-    from cosyserve.engine.model_dir import ModelDir
+    from cosyserve.modeldir.model_dir import ModelDir
 
     progress.stage(f"loading {path}")
     model_dir = ModelDir.open(path, require_onnx=False)

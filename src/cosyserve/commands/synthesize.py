@@ -47,7 +47,7 @@ def open_voice_library(data_dir: Path | None, model_fingerprint: str):
 
 
 def load_synthesizer(args: argparse.Namespace):
-    from cosyserve.engine.resolve import resolve_model
+    from cosyserve.modeldir.resolve import resolve_model
     from cosyserve.service.synthesizer import Synthesizer
 
     model_dir = resolve_model(args.model)

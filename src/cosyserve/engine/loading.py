@@ -7,11 +7,11 @@ from collections.abc import Callable
 import torch
 from torch import nn
 
-from cosyserve.engine.model_dir import ModelDir
 from cosyserve.model.checkpoint import load_into, read_state_dict
 from cosyserve.model.flow import CausalFlow
 from cosyserve.model.hift import HiFTVocoder
 from cosyserve.model.speech_lm import SpeechLM
+from cosyserve.modeldir.model_dir import ModelDir
 
 CPU = torch.device("cpu")
 

@@ -17,11 +17,11 @@ import torch
 from cosyserve.engine.batching import DecodeBatcher
 from cosyserve.engine.device import Placement, to_device
 from cosyserve.engine.loading import load_flow, load_hift, load_speech_lm
-from cosyserve.engine.model_dir import ModelDir
 from cosyserve.engine.speech_lm_runner import PromptPrefix, SpeechLMRunner
 from cosyserve.engine.token2wav import FlowPrompt, PromptCache, Token2Wav
 from cosyserve.errors import Cancelled
 from cosyserve.model.flow import DEFAULT_N_TIMESTEPS
+from cosyserve.modeldir.model_dir import ModelDir
 
 CancelCheck = Callable[[], bool]
 

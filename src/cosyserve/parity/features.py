@@ -11,10 +11,10 @@ from pathlib import Path
 
 import numpy as np
 
-from cosyserve.engine.model_dir import ModelDir
 from cosyserve.errors import ModelDirError
 from cosyserve.frontend.audio import resample
 from cosyserve.frontend.features import fbank80, mel24k, whisper_logmel128
+from cosyserve.modeldir.model_dir import ModelDir
 from cosyserve.parity import CheckResult, compare
 
 GOLDEN_FILE = "features.npz"

@@ -8,8 +8,8 @@ import numpy as np
 import torch
 
 from cosyserve.engine.loading import load_flow
-from cosyserve.engine.model_dir import ModelDir
 from cosyserve.model.flow import fixed_start_noise
+from cosyserve.modeldir.model_dir import ModelDir
 from cosyserve.parity import CheckResult, compare
 
 MEL_TOLERANCE = 1e-3

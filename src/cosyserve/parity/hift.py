@@ -10,9 +10,9 @@ from pathlib import Path
 import numpy as np
 import torch
 
-from cosyserve.engine.model_dir import ModelDir
 from cosyserve.model.checkpoint import read_state_dict
 from cosyserve.model.hift import HiFTVocoder, SourceNoise
+from cosyserve.modeldir.model_dir import ModelDir
 from cosyserve.parity import CheckResult, compare
 
 WAVEFORM_TOLERANCE = 1e-4  # what the official code meets against itself across machines

@@ -15,9 +15,9 @@ import numpy as np
 import torch
 
 from cosyserve.engine.kv_cache import KVCache
-from cosyserve.engine.model_dir import ModelDir
 from cosyserve.engine.speech_lm_runner import decode_one, prefill
 from cosyserve.model.speech_lm import SpeechLM
+from cosyserve.modeldir.model_dir import ModelDir
 from cosyserve.parity import CheckResult, compare
 
 EMBEDDING_TOLERANCE = 1e-5  # lm_input rows are copies of embedding rows

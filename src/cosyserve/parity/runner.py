@@ -7,8 +7,8 @@ from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from pathlib import Path
 
-from cosyserve.engine.model_dir import ModelDir
 from cosyserve.errors import CosyServeError
+from cosyserve.modeldir.model_dir import ModelDir
 from cosyserve.parity import CheckResult
 
 # golden file -> check module (cosyserve.parity.<module>.run). Order: cheapest first.

@@ -12,10 +12,10 @@ import numpy as np
 import torch
 
 from cosyserve.engine.loading import load_flow, load_hift
-from cosyserve.engine.model_dir import ModelDir
 from cosyserve.engine.token2wav import FlowPrompt, Token2Wav
 from cosyserve.errors import CosyServeError
 from cosyserve.model.hift import SourceNoise
+from cosyserve.modeldir.model_dir import ModelDir
 from cosyserve.parity import CheckResult, compare
 
 WAVEFORM_TOLERANCE = 1e-4

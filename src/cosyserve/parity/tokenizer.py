@@ -5,9 +5,9 @@ from __future__ import annotations
 import json
 from pathlib import Path
 
-from cosyserve.engine.model_dir import ModelDir
 from cosyserve.errors import ModelDirError
 from cosyserve.frontend.tokenizer import TextTokenizer
+from cosyserve.modeldir.model_dir import ModelDir
 from cosyserve.parity import CheckResult
 
 GOLDEN_FILE = "tokenizer_cases.json"

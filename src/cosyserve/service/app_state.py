@@ -99,7 +99,7 @@ SynthesizerFactory = Callable[[Settings, VoiceLibrary], Synthesizer]
 
 def load_synthesizer(settings: Settings, voices: VoiceLibrary) -> Synthesizer:
     """Resolve `settings.engine.model` (downloading or writing the demo model if needed) and load it."""
-    from cosyserve.engine.resolve import resolve_model
+    from cosyserve.modeldir.resolve import resolve_model
 
     engine = settings.engine
     model_dir = resolve_model(engine.model, models_root=engine.models_dir)
@@ -367,7 +367,7 @@ class Service(ServiceTasks):
         synth.voices = self.voices  # whatever the factory did: this service's library and limits
         synth.max_text_chars = self.settings.limits.max_text_chars
         self.voices.model_checksum = synth.model_dir.fingerprint
-        from cosyserve.engine.demo_model import is_demo_model
+        from cosyserve.modeldir.demo_model import is_demo_model
 
         self.model_info = {
             "model": self.settings.engine.model,

@@ -34,8 +34,8 @@ from pydantic import (
 from pydantic.fields import FieldInfo
 from pydantic_settings import BaseSettings, NoDecode, PydanticBaseSettingsSource, SettingsConfigDict
 
-from cosyserve.engine.model_dir import DEFAULT_MODEL_ID
 from cosyserve.errors import SettingsError
+from cosyserve.modeldir.model_dir import DEFAULT_MODEL_ID
 
 if sys.version_info >= (3, 11):
     import tomllib

@@ -23,7 +23,6 @@ import numpy as np
 import torch
 
 from cosyserve.engine.device import Placement, configure_cpu_threads, resolve_placement
-from cosyserve.engine.model_dir import ModelDir
 from cosyserve.engine.pipeline import EngineOptions, SegmentInput, SpeechEngine
 from cosyserve.engine.speech_lm_runner import PromptPrefix
 from cosyserve.engine.token2wav import (
@@ -39,6 +38,7 @@ from cosyserve.frontend.onnx_models import SpeakerEncoder, SpeechTokenizer
 from cosyserve.frontend.prompt_features import PromptFeatures, analyse_prompt
 from cosyserve.frontend.text import PreparedText, prepare_texts
 from cosyserve.frontend.tokenizer import TextTokenizer
+from cosyserve.modeldir.model_dir import ModelDir
 from cosyserve.service.requests import (
     AudioChunk,
     SentenceTiming,

@@ -14,8 +14,8 @@ from collections.abc import Callable, Mapping, Sequence
 from pathlib import Path
 from typing import Literal, Protocol
 
-from cosyserve.engine.model_dir import DEFAULT_MODEL_ID, REAL_MODEL_MIN_SIZES, ModelDir
 from cosyserve.errors import ModelDirError
+from cosyserve.modeldir.model_dir import DEFAULT_MODEL_ID, REAL_MODEL_MIN_SIZES, ModelDir
 
 Source = Literal["modelscope", "huggingface"]
 SOURCES: tuple[Source, ...] = ("modelscope", "huggingface")

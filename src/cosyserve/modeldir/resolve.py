@@ -4,14 +4,14 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from cosyserve.engine.model_dir import DEFAULT_MODEL_ID, ModelDir
 from cosyserve.errors import ModelDirError
+from cosyserve.modeldir.model_dir import DEFAULT_MODEL_ID, ModelDir
 
 DEMO = "demo"
 
 
 def demo_model_dir(models_root: Path | None = None) -> Path:
-    from cosyserve.engine.download import default_models_root
+    from cosyserve.modeldir.download import default_models_root
 
     return (models_root or default_models_root()) / "cosyserve-demo"
 
@@ -25,7 +25,7 @@ def resolve_model(spec: str | None, *, models_root: Path | None = None, download
     if spec == DEMO:
         target = demo_model_dir(models_root)
         if not (target / "cosyserve_demo.json").is_file():
-            from cosyserve.engine.demo_model import write_demo_model
+            from cosyserve.modeldir.demo_model import write_demo_model
 
             write_demo_model(target, seed=0, overwrite=True)
         return ModelDir.open(target)
@@ -36,7 +36,7 @@ def resolve_model(spec: str | None, *, models_root: Path | None = None, download
         raise ModelDirError(
             f"model directory {spec} does not exist (and it is not a model id like owner/name)"
         )
-    from cosyserve.engine.download import default_target_dir, download_model
+    from cosyserve.modeldir.download import default_target_dir, download_model
 
     target = default_target_dir(spec) if models_root is None else models_root / spec.split("/")[1]
     if (target / "cosyvoice3.yaml").is_file():

@@ -23,14 +23,14 @@ import torch
 from torch import Tensor, nn
 
 from cosyserve import __version__
-from cosyserve.engine.demo_tokenizer import FIRST_SPECIAL_ID, LLM_SIZES, tokenizer_files
-from cosyserve.engine.model_dir import TOKENIZER_DIR
 from cosyserve.errors import InputError
 from cosyserve.frontend.standin_onnx import write_campplus_standin, write_speech_tokenizer_standin
 from cosyserve.model.config import CosyVoice3Config, read_cosyvoice3_config
 from cosyserve.model.flow import CausalFlow
 from cosyserve.model.hift import HiFTVocoder
 from cosyserve.model.speech_lm import SpeechLM
+from cosyserve.modeldir.demo_tokenizer import FIRST_SPECIAL_ID, LLM_SIZES, tokenizer_files
+from cosyserve.modeldir.model_dir import TOKENIZER_DIR
 
 logger = logging.getLogger(__name__)
 
