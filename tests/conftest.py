@@ -141,8 +141,8 @@ class LiveServer:
 @pytest.fixture(scope="session")
 def api_synthesizer(demo_model_path: Path):
     """The demo model, loaded once; each test server gets a shallow copy with its own voice library."""
+    from cosyserve.service.local.synthesizer import Synthesizer
     from cosyserve.service.logs import configure_logging
-    from cosyserve.service.synthesizer import Synthesizer
 
     configure_logging("INFO")  # the ring buffer behind GET /admin/logs
     return Synthesizer.load(demo_model_path, device="cpu", threads=2)

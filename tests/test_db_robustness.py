@@ -14,11 +14,11 @@ import torch
 
 from cosyserve.errors import InputError, JobStateError
 from cosyserve.frontend.prompt_features import PromptFeatures
-from cosyserve.service.auth import KeyNotFound, KeyStore
-from cosyserve.service.db import make_engine
-from cosyserve.service.jobs import JobStore, sanitize_params
-from cosyserve.service.storage import OutputStore
-from cosyserve.service.voices import VoiceLibrary, VoiceNotFound
+from cosyserve.service.stores.db import make_engine
+from cosyserve.service.stores.jobs import JobStore, sanitize_params
+from cosyserve.service.stores.keys import KeyNotFound, KeyStore
+from cosyserve.service.stores.outputs import OutputStore
+from cosyserve.service.stores.voices import VoiceLibrary, VoiceNotFound
 
 NOT_JOB_IDS = ["", "abc", "x\x00y", "\x00" * 32, "0" * 31 + "\x00", "0" * 33, "é" * 32, "\ud800", "a" * 500]
 

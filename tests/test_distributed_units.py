@@ -14,9 +14,9 @@ import pytest
 from cosyserve.errors import Cancelled, InputError, JobStateError, QueueFull
 from cosyserve.service.app_tasks import OutputSpec, TtsOutcome
 from cosyserve.service.distributed import codec
-from cosyserve.service.jobs import JobStore
 from cosyserve.service.requests import SynthesisRequest
-from cosyserve.service.voices import VoiceDefaults, VoiceNotFound
+from cosyserve.service.stores.jobs import JobStore
+from cosyserve.service.stores.voices import VoiceDefaults, VoiceNotFound
 
 # -- codec ------------------------------------------------------------------------------------------------
 
@@ -84,7 +84,7 @@ def test_bugs_come_back_as_remote_failure_with_the_cause() -> None:
 
 @pytest.fixture(params=["sqlite", "postgresql"])
 def job_store(request: pytest.FixtureRequest, tmp_path) -> JobStore:
-    from cosyserve.service.db import make_engine
+    from cosyserve.service.stores.db import make_engine
 
     url = (
         f"sqlite:///{tmp_path / 'jobs.db'}"
@@ -151,7 +151,7 @@ def test_racing_claims_have_exactly_one_winner(job_store: JobStore) -> None:
 def test_old_databases_gain_the_claim_columns(tmp_path) -> None:
     import sqlalchemy as sa
 
-    from cosyserve.service.db import make_engine
+    from cosyserve.service.stores.db import make_engine
 
     engine = make_engine(f"sqlite:///{tmp_path / 'old.db'}")
     with engine.begin() as conn:  # the jobs table as it was before claims existed
@@ -248,7 +248,7 @@ class _Context:
 
 @pytest.fixture()
 def dispatcher(redis_url: str, tmp_path):
-    from cosyserve.service.distributed.dispatch import RemoteDispatcher
+    from cosyserve.service.distributed.remote import RemoteDispatcher
     from cosyserve.service.settings import Settings
 
     settings = Settings(queue={"queue_url": redis_url}, storage={"data_dir": tmp_path})
@@ -372,7 +372,7 @@ def test_readiness_needs_a_live_worker_and_takes_its_model_info(dispatcher) -> N
 
 
 def test_an_unreachable_queue_is_a_clear_503(tmp_path) -> None:
-    from cosyserve.service.distributed.dispatch import RemoteDispatcher
+    from cosyserve.service.distributed.remote import RemoteDispatcher
     from cosyserve.service.settings import Settings
 
     settings = Settings(queue={"queue_url": "redis://127.0.0.1:1/0"}, storage={"data_dir": tmp_path})

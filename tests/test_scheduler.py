@@ -13,7 +13,7 @@ import pytest
 
 from cosyserve.errors import Cancelled, InputError, JobStateError, JobTimeout, QueueFull, ShuttingDown
 from cosyserve.service.metrics import Metrics
-from cosyserve.service.scheduler import Scheduler, Ticket, WorkContext
+from cosyserve.service.scheduling.scheduler import Scheduler, Ticket, WorkContext
 
 WAIT = 5.0  # generous upper bound for anything that should happen "soon"
 

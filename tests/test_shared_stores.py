@@ -14,11 +14,11 @@ import torch
 
 from cosyserve.errors import InputError, JobStateError
 from cosyserve.frontend.prompt_features import PromptFeatures
-from cosyserve.service.auth import KeyStore, QuotaTracker
-from cosyserve.service.db import make_engine
-from cosyserve.service.jobs import JobStore
-from cosyserve.service.storage import BUCKET_COPY, OutputNotFound, OutputStore
-from cosyserve.service.voices import (
+from cosyserve.service.stores.db import make_engine
+from cosyserve.service.stores.jobs import JobStore
+from cosyserve.service.stores.keys import KeyStore, QuotaTracker
+from cosyserve.service.stores.outputs import BUCKET_COPY, OutputNotFound, OutputStore
+from cosyserve.service.stores.voices import (
     VoiceDefaults,
     VoiceFilesMissing,
     VoiceLibrary,
@@ -307,7 +307,7 @@ _prefixes = iter(range(10_000))
 @pytest.fixture
 def make_node(endpoint: str, tmp_path: Path) -> Iterator:
     """`make_node(name, **store options)`: an OutputStore on its own dir, all on one bucket + prefix."""
-    from cosyserve.service.s3sync import S3Sync
+    from cosyserve.service.stores.s3sync import S3Sync
 
     prefix = f"run-{next(_prefixes)}"
     syncs: list[S3Sync] = []
@@ -415,7 +415,7 @@ def test_bad_ids_never_reach_the_bucket(tmp_path: Path) -> None:
 
 
 def test_an_unreachable_bucket_leaves_local_outputs_listed(tmp_path: Path) -> None:
-    from cosyserve.service.s3sync import S3Sync, SyncError
+    from cosyserve.service.stores.s3sync import S3Sync, SyncError
 
     sync = S3Sync("http://127.0.0.1:9", "nowhere", "", "us-east-1", "x", "y", path_style=True, max_attempts=1,
                   botocore_attempts=1, connect_timeout_s=1)  # fmt: skip

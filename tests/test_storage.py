@@ -15,7 +15,7 @@ import pytest
 from cosyserve import __version__
 from cosyserve.errors import InputError
 from cosyserve.service.requests import SentenceTiming, SynthesisRequest, SynthesisResult
-from cosyserve.service.storage import (
+from cosyserve.service.stores.outputs import (
     STRAY_GRACE_S,
     OutputNotFound,
     OutputStore,

@@ -12,10 +12,10 @@ import torch
 from tests.conftest import PROMPT_TRANSCRIPT
 
 from cosyserve.errors import InputError
+from cosyserve.service.local.synthesizer import Synthesizer
 from cosyserve.service.requests import SynthesisRequest
+from cosyserve.service.stores.voices import VoiceDefaults, VoiceLibrary
 from cosyserve.service.subtitles import to_srt, to_vtt
-from cosyserve.service.synthesizer import Synthesizer
-from cosyserve.service.voices import VoiceDefaults, VoiceLibrary
 
 SYSTEM = "You are a helpful assistant."
 EOP = "<|endofprompt|>"

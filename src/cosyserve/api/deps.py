@@ -15,7 +15,7 @@ from starlette.concurrency import run_in_threadpool
 
 from cosyserve.service.app_state import AuthRequired, Forbidden, Principal, Service
 from cosyserve.service.app_tasks import OutputSpec
-from cosyserve.service.auth import SESSION_COOKIE
+from cosyserve.service.stores.keys import SESSION_COOKIE
 
 
 def get_service(request: Request) -> Service:

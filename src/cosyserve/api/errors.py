@@ -30,12 +30,12 @@ from cosyserve.errors import (
 )
 from cosyserve.service.app_state import AuthRequired, Forbidden, ModelNotReady, QuotaExceeded, RateLimited
 from cosyserve.service.app_tasks import JobNotFound
-from cosyserve.service.auth import KeyNotFound
 from cosyserve.service.distributed.codec import NoWorkers, QueueUnavailable, WorkerLost
 from cosyserve.service.logs import get_request_id, log_failure
-from cosyserve.service.s3sync import SyncError
-from cosyserve.service.storage import OutputNotFound
-from cosyserve.service.voices import VoiceNotFound
+from cosyserve.service.stores.keys import KeyNotFound
+from cosyserve.service.stores.outputs import OutputNotFound
+from cosyserve.service.stores.s3sync import SyncError
+from cosyserve.service.stores.voices import VoiceNotFound
 
 log = logging.getLogger(__name__)
 _COUNTED = "_cosyserve_counted"

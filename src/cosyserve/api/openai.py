@@ -22,7 +22,7 @@ from cosyserve.api.streaming import (
 )
 from cosyserve.errors import InputError
 from cosyserve.service.requests import SynthesisRequest
-from cosyserve.service.voices import VoiceNotFound
+from cosyserve.service.stores.voices import VoiceNotFound
 
 router = APIRouter(prefix="/v1", tags=["openai"])
 MIN_SPEED, MAX_SPEED = 0.5, 2.0

@@ -18,7 +18,7 @@ from cosyserve.api.schemas import AUDIO_CONTENT, ERRORS, AudioFormat, OutputList
 from cosyserve.service.app_state import Forbidden, Principal, Service
 from cosyserve.service.audio_formats import encode, mime_type
 from cosyserve.service.requests import SentenceTiming
-from cosyserve.service.storage import OutputNotFound, StoredOutput
+from cosyserve.service.stores.outputs import OutputNotFound, StoredOutput
 from cosyserve.service.subtitles import to_srt, to_vtt
 
 router = APIRouter(prefix="/v1/outputs", tags=["outputs"])

@@ -20,7 +20,7 @@ from fastapi.responses import Response, StreamingResponse
 
 from cosyserve.api.errors import classify, error_response, mark_counted
 from cosyserve.service.app_tasks import StreamStart, TtsOutcome
-from cosyserve.service.scheduler import Ticket
+from cosyserve.service.scheduling.scheduler import Ticket
 
 log = logging.getLogger(__name__)
 POLL_S = 0.25

@@ -26,7 +26,7 @@ from cosyserve.api.streaming import audio_response, await_ticket
 from cosyserve.api.tts import upload_limit
 from cosyserve.errors import InputError
 from cosyserve.service.requests import SynthesisRequest
-from cosyserve.service.voices import Voice, VoiceDefaults
+from cosyserve.service.stores.voices import Voice, VoiceDefaults
 
 router = APIRouter(prefix="/v1/voices", tags=["voices"])
 PREVIEW_MAX_CHARS = 100

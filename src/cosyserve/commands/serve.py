@@ -104,8 +104,8 @@ def cmd_serve(args: argparse.Namespace) -> int:
 
 def startup_safety(settings: Any) -> list[str]:
     """`Settings.check_startup_safety` with the key database consulted (before anything is started)."""
-    from cosyserve.service.auth import KeyStore
-    from cosyserve.service.db import make_engine, metadata
+    from cosyserve.service.stores.db import make_engine, metadata
+    from cosyserve.service.stores.keys import KeyStore
 
     engine = make_engine(settings.storage.database_url or "")
     try:
@@ -116,8 +116,8 @@ def startup_safety(settings: Any) -> list[str]:
 
 
 def _key_store(args: argparse.Namespace) -> Any:
-    from cosyserve.service.auth import KeyStore
-    from cosyserve.service.db import make_engine, metadata
+    from cosyserve.service.stores.db import make_engine, metadata
+    from cosyserve.service.stores.keys import KeyStore
 
     settings = load_settings(args, args.settings_dests)
     return KeyStore(make_engine(settings.storage.database_url or ""), metadata)
@@ -133,7 +133,7 @@ def add_parsers(sub: argparse._SubParsersAction) -> None:
     dests = add_settings_flags(serve)
     serve.set_defaults(func=cmd_serve, settings_dests=dests)
 
-    from cosyserve.service.keys_cli import add_keys_parser
+    from cosyserve.commands.keys import add_keys_parser
 
     keys = add_keys_parser(sub, _key_store)
     actions = next(a for a in keys._actions if isinstance(a, argparse._SubParsersAction))

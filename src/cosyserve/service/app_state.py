@@ -19,22 +19,29 @@ from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
 from cosyserve.errors import Cancelled, CosyServeError, InputError, SettingsError
-from cosyserve.service import signing
+from cosyserve.service.access import signing
 from cosyserve.service.app_tasks import ServiceTasks
-from cosyserve.service.auth import ApiKey, KeyStore, QuotaTracker, RateLimiter, SessionTokens, check_password
-from cosyserve.service.db import make_engine, metadata
-from cosyserve.service.jobs import JobStore
+from cosyserve.service.local.synthesizer import Synthesizer
 from cosyserve.service.logs import log_failure
 from cosyserve.service.metrics import Metrics
-from cosyserve.service.s3sync import S3Sync
-from cosyserve.service.scheduler import Scheduler
+from cosyserve.service.scheduling.scheduler import Scheduler
 from cosyserve.service.settings import Settings
-from cosyserve.service.storage import OutputStore, RetentionWorker
-from cosyserve.service.synthesizer import Synthesizer
-from cosyserve.service.voices import VoiceLibrary
+from cosyserve.service.stores.db import make_engine, metadata
+from cosyserve.service.stores.jobs import JobStore
+from cosyserve.service.stores.keys import (
+    ApiKey,
+    KeyStore,
+    QuotaTracker,
+    RateLimiter,
+    SessionTokens,
+    check_password,
+)
+from cosyserve.service.stores.outputs import OutputStore, RetentionWorker
+from cosyserve.service.stores.s3sync import S3Sync
+from cosyserve.service.stores.voices import VoiceLibrary
 
 if TYPE_CHECKING:
-    from cosyserve.service.distributed.dispatch import RemoteDispatcher
+    from cosyserve.service.distributed.remote import RemoteDispatcher
 
 log = logging.getLogger(__name__)
 ROLES = ("single", "api", "worker")  # one process does it all; an API node; a `cosyserve worker`
@@ -219,7 +226,7 @@ class Service(ServiceTasks):
         self._auth_cache: tuple[float, bool] = (0.0, False)
         self.remote: RemoteDispatcher | None = None
         if role == "api":
-            from cosyserve.service.distributed.dispatch import RemoteDispatcher
+            from cosyserve.service.distributed.remote import RemoteDispatcher
 
             self.remote = RemoteDispatcher(self)
 

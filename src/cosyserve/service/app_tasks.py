@@ -22,13 +22,13 @@ import numpy as np
 from cosyserve.errors import Cancelled, InputError, JobStateError
 from cosyserve.frontend.text.split import cut_after, has_content
 from cosyserve.service.audio_formats import StreamEncoder, check_format, check_sample_rate, encode, mime_type
-from cosyserve.service.auth import ApiKey
-from cosyserve.service.jobs import JobRecord
 from cosyserve.service.logs import log_failure, request_context
 from cosyserve.service.requests import SentenceTiming, SynthesisProgress, SynthesisRequest, SynthesisResult
-from cosyserve.service.scheduler import Ticket, WorkContext
-from cosyserve.service.storage import build_manifest
-from cosyserve.service.voices import Voice, VoiceDefaults
+from cosyserve.service.scheduling.scheduler import Ticket, WorkContext
+from cosyserve.service.stores.jobs import JobRecord
+from cosyserve.service.stores.keys import ApiKey
+from cosyserve.service.stores.outputs import build_manifest
+from cosyserve.service.stores.voices import Voice, VoiceDefaults
 
 if TYPE_CHECKING:
     from cosyserve.service.app_state import Service

@@ -19,12 +19,12 @@ from cosyserve.errors import InputError
 from cosyserve.frontend.prompt_check import PromptReport, load_prompt
 from cosyserve.service.app_state import AuthRequired, Forbidden, Principal, Service
 from cosyserve.service.app_tasks import OutputSpec
-from cosyserve.service.auth import SESSION_COOKIE
 from cosyserve.service.logs import recent_logs
 from cosyserve.service.requests import SynthesisRequest
-from cosyserve.service.scheduler import Ticket
-from cosyserve.service.storage import OutputNotFound, StoredOutput
-from cosyserve.service.voices import Voice
+from cosyserve.service.scheduling.scheduler import Ticket
+from cosyserve.service.stores.keys import SESSION_COOKIE
+from cosyserve.service.stores.outputs import OutputNotFound, StoredOutput
+from cosyserve.service.stores.voices import Voice
 
 UI_KEY_COOKIE = "cosyserve_ui_key"  # an API key the login page accepted, for key-only servers
 AUDIO_SUFFIXES = frozenset({".wav", ".mp3", ".flac", ".ogg", ".opus", ".m4a", ".webm", ".aac"})

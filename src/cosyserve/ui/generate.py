@@ -27,8 +27,8 @@ from cosyserve.service.app_state import AuthRequired, Forbidden, ModelNotReady, 
 from cosyserve.service.app_tasks import StreamStart, TtsOutcome
 from cosyserve.service.logs import log_failure, new_request_id
 from cosyserve.service.requests import SynthesisRequest
-from cosyserve.service.scheduler import Ticket
-from cosyserve.service.storage import StoredOutput
+from cosyserve.service.scheduling.scheduler import Ticket
+from cosyserve.service.stores.outputs import StoredOutput
 from cosyserve.ui.bridge import DOWNLOAD_FORMATS, UiBridge, UploadRefused
 from cosyserve.ui.i18n import text
 

@@ -16,7 +16,7 @@ from typing import Any
 import gradio as gr
 
 from cosyserve.frontend.text.presets import INSTRUCT_PRESETS
-from cosyserve.service.storage import StoredOutput
+from cosyserve.service.stores.outputs import StoredOutput
 from cosyserve.ui.bridge import DOWNLOAD_FORMATS, MODES
 from cosyserve.ui.generate import as_gr_error, cache_copy, links_html
 from cosyserve.ui.i18n import text

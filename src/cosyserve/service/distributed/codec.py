@@ -23,8 +23,8 @@ from cosyserve.errors import (
     error_code,
 )
 from cosyserve.service.requests import SynthesisRequest
-from cosyserve.service.storage import OutputNotFound
-from cosyserve.service.voices import VoiceDefaults, VoiceNotFound
+from cosyserve.service.stores.outputs import OutputNotFound
+from cosyserve.service.stores.voices import VoiceDefaults, VoiceNotFound
 
 
 class RemoteFailure(CosyServeError):

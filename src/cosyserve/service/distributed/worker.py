@@ -36,8 +36,8 @@ from cosyserve.service.logs import log_failure
 
 if TYPE_CHECKING:
     from cosyserve.service.app_state import Service
+    from cosyserve.service.scheduling.tickets import Ticket
     from cosyserve.service.settings import Settings
-    from cosyserve.service.tickets import Ticket
 
 log = logging.getLogger(__name__)
 

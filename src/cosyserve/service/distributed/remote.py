@@ -22,14 +22,14 @@ from cosyserve.errors import Cancelled, JobStateError
 from cosyserve.service.distributed import codec
 from cosyserve.service.distributed.celery_app import ENROL_TASK, JOB_TASK, QUEUE, TTS_TASK, make_celery
 from cosyserve.service.distributed.relay import Relay, RelayItem, WorkerRegistry, connect
-from cosyserve.service.jobs import JobRecord
 from cosyserve.service.requests import SynthesisRequest
+from cosyserve.service.stores.jobs import JobRecord
 
 if TYPE_CHECKING:
     from cosyserve.service.app_state import Service
     from cosyserve.service.app_tasks import OutputSpec
-    from cosyserve.service.scheduler import WorkContext
-    from cosyserve.service.voices import Voice, VoiceDefaults
+    from cosyserve.service.scheduling.scheduler import WorkContext
+    from cosyserve.service.stores.voices import Voice, VoiceDefaults
 
 log = logging.getLogger(__name__)
 

@@ -44,7 +44,7 @@ from sqlalchemy import (
 from sqlalchemy.exc import DBAPIError
 
 from cosyserve.errors import Cancelled, InputError, JobStateError, error_code
-from cosyserve.service.db import create_tables, metadata
+from cosyserve.service.stores.db import create_tables, metadata
 
 JobState = Literal["queued", "running", "done", "failed", "cancelled"]
 TERMINAL_STATES: frozenset[str] = frozenset({"done", "failed", "cancelled"})

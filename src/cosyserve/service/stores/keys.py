@@ -29,8 +29,8 @@ import sqlalchemy as sa
 from sqlalchemy.exc import IntegrityError
 
 from cosyserve.errors import InputError
-from cosyserve.service import signing
-from cosyserve.service.db import create_tables
+from cosyserve.service.access import signing
+from cosyserve.service.stores.db import create_tables
 
 KEY_SCHEME = "cs_"
 PREFIX_CHARS = 8  # random characters kept in clear as the lookup prefix

@@ -19,7 +19,7 @@ from typing import TYPE_CHECKING, Any
 from cosyserve.errors import Cancelled
 
 if TYPE_CHECKING:
-    from cosyserve.service.scheduler import Scheduler
+    from cosyserve.service.scheduling.scheduler import Scheduler
 
 logger = logging.getLogger(__name__)
 TERMINAL_STATES: frozenset[str] = frozenset({"done", "failed", "cancelled"})

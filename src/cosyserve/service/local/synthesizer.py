@@ -46,7 +46,7 @@ from cosyserve.service.requests import (
     SynthesisRequest,
     SynthesisResult,
 )
-from cosyserve.service.voices import Voice, VoiceLibrary
+from cosyserve.service.stores.voices import Voice, VoiceLibrary
 
 ProgressCallback = Callable[[SynthesisProgress], None]
 MAX_SEED = 2**31 - 1

@@ -21,7 +21,7 @@ import sqlalchemy as sa
 import torch
 
 from cosyserve.frontend.prompt_features import PromptFeatures
-from cosyserve.service.atomic_files import write_atomic
+from cosyserve.service.stores.atomic_files import write_atomic
 
 FEATURES_FILE = "features.npz"
 

@@ -31,9 +31,9 @@ import sqlalchemy as sa
 
 from cosyserve.errors import InputError
 from cosyserve.frontend.prompt_features import PromptFeatures
-from cosyserve.service.atomic_files import write_atomic
-from cosyserve.service.db import create_tables
-from cosyserve.service.voice_files import (
+from cosyserve.service.stores.atomic_files import write_atomic
+from cosyserve.service.stores.db import create_tables
+from cosyserve.service.stores.voice_files import (
     FEATURES_FILE,
     VoiceFiles,
     blob_row,

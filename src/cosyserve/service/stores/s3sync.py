@@ -40,7 +40,7 @@ from botocore.exceptions import BotoCoreError, ClientError, HTTPClientError
 from botocore.exceptions import ConnectionError as BotoConnectionError
 
 from cosyserve.errors import CosyServeError
-from cosyserve.service.atomic_files import write_atomic
+from cosyserve.service.stores.atomic_files import write_atomic
 
 log = logging.getLogger(__name__)
 

@@ -18,7 +18,7 @@ background; the audio first, so a sidecar in the bucket means its audio is there
 never deletes remote objects: give the bucket a lifecycle rule (`S3Sync.apply_lifecycle`) for that.
 
 Several nodes sharing a bucket (`remote_reads`, on by default with a sync): `get` of an output that is not
-on this node downloads the pair into `root` (`output_bucket.OutputBucket`), where local retention treats
+on this node downloads the pair into `root` (`bucket.OutputBucket`), where local retention treats
 it like any other. Such a copy is served only while the bucket still has the output (checked at most
 every few seconds), so a delete on one node reaches the others; outputs a node saved itself stay there
 until its retention. `list` merges the bucket's sidecars with the local ones (fetched as needed, at most
@@ -46,13 +46,13 @@ from typing import TYPE_CHECKING, Any
 
 from cosyserve import __version__
 from cosyserve.errors import InputError
-from cosyserve.service.output_bucket import (
+from cosyserve.service.stores.bucket import (
     BUCKET_COPY,  # noqa: F401  (re-exported, as are OutputNotFound, StoredOutput, check_output_id)
     REMOTE_LIST_TTL_S,
     OutputBucket,
     RemoteWalk,
 )
-from cosyserve.service.output_files import (
+from cosyserve.service.stores.output_files import (
     EXTENSION,
     OUTPUT_ID,
     TEMP_SUFFIX,
@@ -69,7 +69,7 @@ from cosyserve.service.output_files import (
 )
 
 if TYPE_CHECKING:
-    from cosyserve.service.s3sync import S3Sync
+    from cosyserve.service.stores.s3sync import S3Sync
 
 log = logging.getLogger(__name__)
 

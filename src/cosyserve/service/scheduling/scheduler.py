@@ -26,7 +26,7 @@ from typing import Any, Protocol
 
 from cosyserve.errors import Cancelled, JobStateError, JobTimeout, QueueFull, ShuttingDown, error_code
 from cosyserve.service.logs import log_failure
-from cosyserve.service.tickets import TERMINAL_STATES, Ticket, WorkContext
+from cosyserve.service.scheduling.tickets import TERMINAL_STATES, Ticket, WorkContext
 
 __all__ = ["TERMINAL_STATES", "Scheduler", "SchedulerMetrics", "Ticket", "WorkContext"]
 
