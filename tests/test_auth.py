@@ -17,16 +17,9 @@ import sqlalchemy as sa
 from cosyserve.commands.keys import add_keys_parser
 from cosyserve.errors import InputError, SettingsError
 from cosyserve.service.access import signing
-from cosyserve.service.stores.keys import (
-    ApiKey,
-    KeyNotFound,
-    KeyStore,
-    PasswordHasher,
-    QuotaTracker,
-    RateLimiter,
-    SessionTokens,
-    check_password,
-)
+from cosyserve.service.access.limits import QuotaTracker, RateLimiter
+from cosyserve.service.access.sessions import PasswordHasher, SessionTokens, check_password
+from cosyserve.service.stores.keys import ApiKey, KeyNotFound, KeyStore
 
 SECRET = "s" * 32
 T0 = 1_735_732_800.0  # 2025-01-01 12:00:00 UTC

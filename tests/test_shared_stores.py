@@ -14,9 +14,10 @@ import torch
 
 from cosyserve.errors import InputError, JobStateError
 from cosyserve.frontend.prompt_features import PromptFeatures
+from cosyserve.service.access.limits import QuotaTracker
 from cosyserve.service.stores.db import make_engine
 from cosyserve.service.stores.jobs import JobStore
-from cosyserve.service.stores.keys import KeyStore, QuotaTracker
+from cosyserve.service.stores.keys import KeyStore
 from cosyserve.service.stores.outputs import BUCKET_COPY, OutputNotFound, OutputStore
 from cosyserve.service.stores.voices import (
     VoiceDefaults,

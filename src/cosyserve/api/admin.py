@@ -9,8 +9,8 @@ from starlette.concurrency import run_in_threadpool
 
 from cosyserve.api.deps import CurrentPrincipal, get_service, require_admin
 from cosyserve.api.schemas import ERRORS, LoginBody
+from cosyserve.service.access.sessions import SESSION_COOKIE
 from cosyserve.service.logs import recent_logs
-from cosyserve.service.stores.keys import SESSION_COOKIE
 
 router = APIRouter(prefix="/admin", tags=["admin"], dependencies=[Depends(require_admin)])
 session_router = APIRouter(tags=["auth"])

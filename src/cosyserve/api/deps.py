@@ -13,9 +13,9 @@ from typing import Annotated, Any
 from fastapi import Depends, Request
 from starlette.concurrency import run_in_threadpool
 
+from cosyserve.service.access.sessions import SESSION_COOKIE
 from cosyserve.service.app_state import AuthRequired, Forbidden, Principal, Service
 from cosyserve.service.app_tasks import OutputSpec
-from cosyserve.service.stores.keys import SESSION_COOKIE
 
 
 def get_service(request: Request) -> Service:

@@ -20,6 +20,8 @@ from typing import TYPE_CHECKING, Any
 
 from cosyserve.errors import Cancelled, CosyServeError, InputError, SettingsError
 from cosyserve.service.access import signing
+from cosyserve.service.access.limits import QuotaTracker, RateLimiter
+from cosyserve.service.access.sessions import SessionTokens, check_password
 from cosyserve.service.app_tasks import ServiceTasks
 from cosyserve.service.local.synthesizer import Synthesizer
 from cosyserve.service.logs import log_failure
@@ -28,14 +30,7 @@ from cosyserve.service.scheduling.scheduler import Scheduler
 from cosyserve.service.settings import Settings
 from cosyserve.service.stores.db import make_engine, metadata
 from cosyserve.service.stores.jobs import JobStore
-from cosyserve.service.stores.keys import (
-    ApiKey,
-    KeyStore,
-    QuotaTracker,
-    RateLimiter,
-    SessionTokens,
-    check_password,
-)
+from cosyserve.service.stores.keys import ApiKey, KeyStore
 from cosyserve.service.stores.outputs import OutputStore, RetentionWorker
 from cosyserve.service.stores.s3sync import S3Sync
 from cosyserve.service.stores.voices import VoiceLibrary

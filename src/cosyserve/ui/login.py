@@ -18,8 +18,8 @@ from fastapi import FastAPI, HTTPException, Request
 from fastapi.responses import HTMLResponse, RedirectResponse, Response
 from starlette.concurrency import run_in_threadpool
 
+from cosyserve.service.access.sessions import SESSION_COOKIE
 from cosyserve.service.app_state import AuthRequired
-from cosyserve.service.stores.keys import SESSION_COOKIE
 from cosyserve.ui.bridge import UI_KEY_COOKIE, UiBridge
 from cosyserve.ui.i18n import pick_lang
 

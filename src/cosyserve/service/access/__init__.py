@@ -1,4 +1,6 @@
 """Access: who is calling and what they may do.
 
-`signing` makes and checks HMAC-signed URLs and session tokens.
+`limits` (per-key rate limits and daily audio quotas), `sessions` (the UI login's password check and
+session tokens), `signing` (HMAC-signed URLs and tokens). The API keys themselves are a store
+(`stores.keys`).
 """

@@ -1,10 +1,10 @@
-"""Who may call the API and how much: API keys, roles, per-key rate limits and daily audio quotas; UI login.
+"""API keys: who may call the API and in which role, stored in the `api_keys` table.
 
 API keys look like `cs_<43 urlsafe chars>` (32 random bytes). Only their SHA-256 is stored, with the
 first 8 random characters (`prefix`, shown in listings) to find the row. SHA-256 rather than a slow
 password hash because the key carries 256 bits of entropy: brute force is hopeless either way, and a
 slow hash would cost every API request tens of milliseconds. Passwords (human-chosen, low entropy) get
-scrypt instead (`PasswordHasher`).
+scrypt instead (`access.sessions.PasswordHasher`).
 
 Checking a key looks the row up by prefix, then compares the full hash with `hmac.compare_digest`; an
 unknown prefix is compared against a dummy hash, so the response time does not tell which prefixes exist.
@@ -12,24 +12,20 @@ unknown prefix is compared against a dummy hash, so the response time does not t
 
 from __future__ import annotations
 
-import base64
 import dataclasses
 import hashlib
 import hmac
 import operator
 import re
 import secrets
-import threading
 import time
 from collections.abc import Callable
 from dataclasses import dataclass
-from datetime import datetime, timezone
 
 import sqlalchemy as sa
 from sqlalchemy.exc import IntegrityError
 
 from cosyserve.errors import InputError
-from cosyserve.service.access import signing
 from cosyserve.service.stores.db import create_tables
 
 KEY_SCHEME = "cs_"
@@ -39,8 +35,6 @@ PREFIX_PATTERN = re.compile(r"cs_[A-Za-z0-9_-]{8}")
 ROLES = ("admin", "user")
 NAME_MAX_CHARS = 64
 MAX_KEY_ID = 2**31 - 1  # the id column is a 32-bit integer; larger ids can't exist (PostgreSQL refuses them)
-SESSION_COOKIE = "cosyserve_session"
-MIN_HASH_BYTES = 16  # shortest stored password hash accepted
 _DUMMY_HASH = hashlib.sha256(b"no such key").hexdigest()
 
 
@@ -91,17 +85,6 @@ def api_keys_table(metadata: sa.MetaData) -> sa.Table:
         sa.Column("last_used_at", sa.Float, nullable=True),
     )
 
-
-def audio_usage_table(metadata: sa.MetaData) -> sa.Table:
-    if "audio_usage" in metadata.tables:
-        return metadata.tables["audio_usage"]
-    return sa.Table(
-        "audio_usage",
-        metadata,
-        sa.Column("key_id", sa.Integer, primary_key=True),
-        sa.Column("day", sa.String(10), primary_key=True),  # UTC date, YYYY-MM-DD
-        sa.Column("seconds", sa.Float, nullable=False),
-    )
 
 
 def hash_key(plaintext: str) -> str:
@@ -236,217 +219,3 @@ def _key_number(key_id: object) -> int | None:
 def _record(row: sa.Row) -> ApiKey:
     mapping = row._mapping
     return ApiKey(**{field.name: mapping[field.name] for field in dataclasses.fields(ApiKey)})
-
-
-class RateLimiter:
-    """Token buckets per key: up to a minute's allowance at once, refilled continuously. Thread-safe.
-
-    A key's own `rate_limit_per_minute` wins over `default_per_minute`; None or 0 means unlimited.
-    Strings (e.g. "ip:1.2.3.4" for anonymous callers) get the default.
-    """
-
-    MAX_BUCKETS = 10_000  # beyond this, full (idle) buckets are forgotten
-
-    def __init__(self, default_per_minute: float | None = 60, *, clock: Callable[[], float] = time.monotonic):
-        self.default_per_minute = default_per_minute
-        self._clock = clock
-        self._lock = threading.Lock()
-        self._buckets: dict[str, tuple[float, float]] = {}  # id -> (tokens, updated at)
-
-    def limit_for(self, key: ApiKey | str) -> float | None:
-        own = key.rate_limit_per_minute if isinstance(key, ApiKey) else None
-        limit = own if own is not None else self.default_per_minute
-        return limit or None
-
-    def acquire(self, key: ApiKey | str, cost: float = 1.0) -> float:
-        """0.0 if the request may go ahead (its cost is taken); otherwise the seconds to wait before it
-        would be allowed (nothing is taken)."""
-        per_minute = self.limit_for(key)
-        if per_minute is None:
-            return 0.0
-        bucket_id = f"key:{key.id}" if isinstance(key, ApiKey) else key
-        capacity, per_second = float(per_minute), per_minute / 60.0
-        cost = min(cost, capacity)
-        with self._lock:
-            now = self._clock()
-            tokens, updated = self._buckets.get(bucket_id, (capacity, now))
-            tokens = min(capacity, tokens + (now - updated) * per_second)
-            if tokens >= cost:
-                self._buckets[bucket_id] = (tokens - cost, now)
-                retry_after = 0.0
-            else:
-                self._buckets[bucket_id] = (tokens, now)
-                retry_after = (cost - tokens) / per_second
-            if len(self._buckets) > self.MAX_BUCKETS:
-                self._forget_idle(now)
-        return retry_after
-
-    def _forget_idle(self, now: float) -> None:
-        # An idle bucket has refilled; dropping it changes nothing. 60 s refills any limit >= 1/min.
-        for bucket_id in [b for b, (_, updated) in self._buckets.items() if now - updated > 60.0]:
-            del self._buckets[bucket_id]
-
-
-@dataclass(frozen=True)
-class QuotaStatus:
-    allowed: bool
-    used_s: float  # audio seconds already produced today (UTC)
-    limit_s: float | None  # None: unlimited
-    remaining_s: float | None
-    resets_at: float  # unix time of the next UTC midnight
-
-
-class QuotaTracker:
-    """Seconds of audio produced per key per UTC day, in the `audio_usage` table (survives restarts).
-
-    `check` before synthesis with an estimate, `add` the real duration after. Two requests checked at
-    the same moment can both pass; the overshoot is at most one request's audio.
-    """
-
-    def __init__(
-        self,
-        engine: sa.Engine,
-        metadata: sa.MetaData,
-        *,
-        default_daily_seconds: float | None = None,
-        clock: Callable[[], float] = time.time,
-    ) -> None:
-        self.engine = engine
-        self.table = audio_usage_table(metadata)
-        create_tables(engine, self.table)
-        self.default_daily_seconds = default_daily_seconds
-        self._clock = clock
-
-    def check(self, key: ApiKey, needed_s: float = 0.0) -> QuotaStatus:
-        own = key.daily_audio_seconds_quota
-        limit = own if own is not None else self.default_daily_seconds
-        now = self._clock()
-        used = self.used(key, now=now)
-        day_start = datetime.fromtimestamp(now, timezone.utc).replace(
-            hour=0, minute=0, second=0, microsecond=0
-        )
-        resets_at = day_start.timestamp() + 86400.0
-        if not limit:
-            return QuotaStatus(True, used, None, None, resets_at)
-        return QuotaStatus(used + needed_s <= limit, used, limit, max(0.0, limit - used), resets_at)
-
-    def used(self, key: ApiKey | int, *, now: float | None = None) -> float:
-        """Seconds used today (UTC) by `key`."""
-        conditions = self._where(key, self._clock() if now is None else now)
-        with self.engine.connect() as conn:
-            value = conn.execute(sa.select(self.table.c.seconds).where(*conditions)).scalar()
-        return float(value or 0.0)
-
-    def add(self, key: ApiKey | int, seconds: float) -> float:
-        """Count `seconds` of produced audio for today; returns today's new total."""
-        if seconds < 0:
-            raise InputError(f"audio seconds to add must be >= 0, got {seconds}")
-        now = self._clock()
-        conditions = self._where(key, now)
-        for _ in range(3):  # the insert can race with another process's insert; then update its row
-            try:
-                with self.engine.begin() as conn:
-                    update = self.table.update().where(*conditions)
-                    if not conn.execute(update.values(seconds=self.table.c.seconds + seconds)).rowcount:
-                        row = {"key_id": _key_id(key), "day": _day(now), "seconds": seconds}
-                        conn.execute(self.table.insert().values(**row))
-            except IntegrityError:
-                continue
-            return self.used(key, now=now)
-        raise InputError("could not record audio usage (database busy); try again")
-
-    def _where(self, key: ApiKey | int, now: float) -> tuple[sa.ColumnElement[bool], ...]:
-        return (self.table.c.key_id == _key_id(key), self.table.c.day == _day(now))
-
-
-def _key_id(key: ApiKey | int) -> int:
-    return key.id if isinstance(key, ApiKey) else int(key)
-
-
-def _day(now: float) -> str:
-    return datetime.fromtimestamp(now, timezone.utc).strftime("%Y-%m-%d")
-
-
-class PasswordHasher:
-    """scrypt password hashes as `scrypt$n$r$p$<salt>$<hash>` (urlsafe base64); verify is constant-time.
-
-    `verify` also accepts Django-style `pbkdf2_sha256$<iterations>$<salt>$<base64 hash>` strings, so
-    hashes made by other tools can be pasted into the config.
-    """
-
-    def __init__(self, n: int = 2**14, r: int = 8, p: int = 1, salt_bytes: int = 16, key_bytes: int = 32):
-        self.n, self.r, self.p, self.salt_bytes, self.key_bytes = n, r, p, salt_bytes, key_bytes
-
-    def hash(self, password: str) -> str:
-        salt = secrets.token_bytes(self.salt_bytes)
-        derived = self._scrypt(password, salt, self.n, self.r, self.p, self.key_bytes)
-        return f"scrypt${self.n}${self.r}${self.p}${_b64(salt)}${_b64(derived)}"
-
-    def verify(self, password: str, encoded: str) -> bool:
-        """True if `password` matches `encoded`; False for a wrong password or an unreadable hash."""
-        try:
-            scheme, *fields = encoded.split("$")
-            if scheme == "scrypt" and len(fields) == 5:
-                n, r, p = (int(v) for v in fields[:3])
-                salt, expected = _unb64(fields[3]), _unb64(fields[4])
-                derived = self._scrypt(password, salt, n, r, p, len(expected))
-            elif scheme == "pbkdf2_sha256" and len(fields) == 3:
-                salt, expected = fields[1].encode(), base64.b64decode(fields[2])
-                derived = hashlib.pbkdf2_hmac(
-                    "sha256", password.encode(), salt, int(fields[0]), len(expected)
-                )
-            else:
-                return False
-        except (ValueError, TypeError):
-            return False
-        # A truncated stored hash would compare only a few bytes: that is a broken config, not a match.
-        return len(expected) >= MIN_HASH_BYTES and hmac.compare_digest(derived, expected)
-
-    @staticmethod
-    def is_hash(value: str) -> bool:
-        return value.startswith(("scrypt$", "pbkdf2_sha256$"))
-
-    @staticmethod
-    def _scrypt(password: str, salt: bytes, n: int, r: int, p: int, length: int) -> bytes:
-        # maxmem: scrypt needs 128 * r * n bytes; allow twice that (OpenSSL's default cap is 32 MiB).
-        return hashlib.scrypt(
-            password.encode(), salt=salt, n=n, r=r, p=p, dklen=length, maxmem=256 * r * n + 2**20
-        )
-
-
-def check_password(configured: str, supplied: str, hasher: PasswordHasher | None = None) -> bool:
-    """Does `supplied` match the configured password, which is either a hash or (discouraged) plain text?"""
-    hasher = hasher or PasswordHasher()
-    if hasher.is_hash(configured):
-        return hasher.verify(supplied, configured)
-    # Hash both sides so the comparison takes the same time whatever the lengths.
-    return hmac.compare_digest(
-        hashlib.sha256(configured.encode()).digest(), hashlib.sha256(supplied.encode()).digest()
-    )
-
-
-class SessionTokens:
-    """Signed, expiring session cookie values for the web UI (see `signing.sign_token`)."""
-
-    def __init__(
-        self, secret: str | bytes, ttl_s: float = 7 * 86400, *, clock: Callable[[], float] = time.time
-    ):
-        signing.signature(signing.SESSION_PURPOSE, "", 0, secret)  # refuse a weak secret now, not at login
-        self._secret = secret
-        self.ttl_s = ttl_s
-        self._clock = clock
-
-    def issue(self, subject: str) -> str:
-        return signing.sign_token(subject, int(self._clock() + self.ttl_s), self._secret)
-
-    def verify(self, token: str | None) -> str | None:
-        """The subject (user name) of a valid, unexpired token; None otherwise."""
-        return signing.verify_token(token, self._secret, now=self._clock())
-
-
-def _b64(data: bytes) -> str:
-    return base64.urlsafe_b64encode(data).rstrip(b"=").decode("ascii")
-
-
-def _unb64(text: str) -> bytes:
-    return base64.urlsafe_b64decode(text + "=" * (-len(text) % 4))
