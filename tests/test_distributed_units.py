@@ -12,9 +12,8 @@ import numpy as np
 import pytest
 
 from cosyserve.errors import Cancelled, InputError, JobStateError, QueueFull
-from cosyserve.service.app_tasks import OutputSpec, TtsOutcome
 from cosyserve.service.distributed import codec
-from cosyserve.service.requests import SynthesisRequest
+from cosyserve.service.requests import OutputSpec, SynthesisRequest, TtsOutcome
 from cosyserve.service.stores.jobs import JobStore
 from cosyserve.service.stores.voices import VoiceDefaults, VoiceNotFound
 
@@ -304,7 +303,7 @@ def test_tts_result_and_progress_are_relayed(dispatcher) -> None:
 
 
 def test_a_stream_yields_start_then_bytes_and_returns_the_outcome(dispatcher) -> None:
-    from cosyserve.service.app_tasks import StreamStart
+    from cosyserve.service.requests import StreamStart
 
     work = dispatcher.tts_work(SynthesisRequest(text="hi", voice="v"), OutputSpec(), True)
     items = work(_Context())

@@ -47,6 +47,12 @@ class SettingsError(CosyServeError):
     """A service setting (flag, environment variable or config file value) is invalid or unsafe."""
 
 
+class ModelNotReady(CosyServeError):
+    """The model is still loading, reloading, or failed to load."""
+
+    retry_after_s = 5
+
+
 class JobStateError(CosyServeError):
     """A job cannot make the requested state change (e.g. it already finished: one job, one result)."""
 

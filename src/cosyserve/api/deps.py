@@ -15,7 +15,7 @@ from starlette.concurrency import run_in_threadpool
 
 from cosyserve.service.access.sessions import SESSION_COOKIE
 from cosyserve.service.app_state import AuthRequired, Forbidden, Principal, Service
-from cosyserve.service.app_tasks import OutputSpec
+from cosyserve.service.requests import OutputSpec
 
 
 def get_service(request: Request) -> Service:

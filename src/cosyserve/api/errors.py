@@ -23,15 +23,16 @@ from cosyserve.errors import (
     JobStateError,
     JobTimeout,
     ModelDirError,
+    ModelNotReady,
     QueueFull,
     SettingsError,
     ShuttingDown,
     error_code,
 )
-from cosyserve.service.app_state import AuthRequired, Forbidden, ModelNotReady, QuotaExceeded, RateLimited
-from cosyserve.service.app_tasks import JobNotFound
+from cosyserve.service.app_state import AuthRequired, Forbidden, QuotaExceeded, RateLimited
 from cosyserve.service.distributed.codec import NoWorkers, QueueUnavailable, WorkerLost
 from cosyserve.service.logs import get_request_id, log_failure
+from cosyserve.service.stores.jobs import JobNotFound
 from cosyserve.service.stores.keys import KeyNotFound
 from cosyserve.service.stores.outputs import OutputNotFound
 from cosyserve.service.stores.s3sync import SyncError

@@ -14,8 +14,7 @@ from cosyserve.api.schemas import ERRORS, JobError, JobList, JobParams, JobView,
 from cosyserve.api.tts import upload_limit
 from cosyserve.errors import JobStateError
 from cosyserve.service.app_state import Principal, Service
-from cosyserve.service.app_tasks import JobNotFound
-from cosyserve.service.stores.jobs import JobRecord
+from cosyserve.service.stores.jobs import JobNotFound, JobRecord
 
 router = APIRouter(prefix="/v1/jobs", tags=["jobs"])
 

@@ -6,9 +6,8 @@ from typing import Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field
 
-from cosyserve.service.requests import SynthesisRequest
+from cosyserve.service.requests import MAX_SEED, SynthesisRequest
 
-MAX_SEED = 2**31 - 1
 AudioFormat = Literal["wav", "mp3", "opus", "flac", "pcm"]
 
 

@@ -19,7 +19,7 @@ from fastapi import Request
 from fastapi.responses import Response, StreamingResponse
 
 from cosyserve.api.errors import classify, error_response, mark_counted
-from cosyserve.service.app_tasks import StreamStart, TtsOutcome
+from cosyserve.service.requests import StreamStart, TtsOutcome
 from cosyserve.service.scheduling.scheduler import Ticket
 
 log = logging.getLogger(__name__)

@@ -18,7 +18,7 @@ from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
-from cosyserve.errors import Cancelled, CosyServeError, InputError, SettingsError
+from cosyserve.errors import Cancelled, CosyServeError, InputError, ModelNotReady, SettingsError
 from cosyserve.service.access import signing
 from cosyserve.service.access.limits import QuotaTracker, RateLimiter
 from cosyserve.service.access.sessions import SessionTokens, check_password
@@ -45,12 +45,6 @@ REMOTE_IN_FLIGHT = 64  # requests an API node relays at once unless queue.concur
 ENGINE_FAILURE_LIMIT = 3  # consecutive unexpected synthesis failures before /ready turns false
 AUTH_CACHE_S = 2.0  # how long "does any API key exist?" is cached (keys are made by another process)
 MODEL_WAIT_S = 600.0  # how long queued work waits for a reloading model
-
-
-class ModelNotReady(CosyServeError):
-    """The model is still loading, reloading, or failed to load."""
-
-    retry_after_s = 5
 
 
 class AuthRequired(CosyServeError):

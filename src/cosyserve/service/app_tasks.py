@@ -14,19 +14,26 @@ import threading
 import time
 import uuid
 from collections.abc import Callable, Iterator
-from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
 from cosyserve.errors import Cancelled, InputError, JobStateError
 from cosyserve.frontend.text.split import cut_after, has_content
-from cosyserve.service.audio_formats import StreamEncoder, check_format, check_sample_rate, encode, mime_type
+from cosyserve.service.audio_formats import StreamEncoder, encode, mime_type
 from cosyserve.service.logs import log_failure, request_context
-from cosyserve.service.requests import SentenceTiming, SynthesisProgress, SynthesisRequest, SynthesisResult
+from cosyserve.service.requests import (
+    OutputSpec,
+    SentenceTiming,
+    StreamStart,
+    SynthesisProgress,
+    SynthesisRequest,
+    SynthesisResult,
+    TtsOutcome,
+    job_parameters,
+)
 from cosyserve.service.scheduling.scheduler import Ticket, WorkContext
-from cosyserve.service.stores.jobs import JobRecord
-from cosyserve.service.stores.keys import ApiKey
+from cosyserve.service.stores.jobs import JobNotFound, JobRecord
 from cosyserve.service.stores.outputs import build_manifest
 from cosyserve.service.stores.voices import Voice, VoiceDefaults
 
@@ -39,49 +46,6 @@ JOB_TEXT_FACTOR = 50  # a job may carry this many times max_text_chars; it is sy
 SENTENCE_ENDS = frozenset("。？！；.?!;…\n")
 COMMAS = frozenset("，,、：:")
 PROGRESS_WRITE_S = 0.5  # job progress goes to the database at most this often
-
-
-class JobNotFound(InputError):
-    """No job with that id (never created, purged, or someone else's)."""
-
-
-@dataclass(frozen=True)
-class OutputSpec:
-    """How a result is delivered and attributed."""
-
-    format: str = "wav"
-    sample_rate: int | None = None  # None: the model's rate
-    owner: str | None = None
-    key: ApiKey | None = None  # charged for the audio seconds produced
-    request_id: str | None = None
-    endpoint: str = "tts"
-    extra: dict[str, Any] = field(default_factory=dict)  # recorded in the manifest's parameters
-
-    def checked(self, source_rate: int | None = None) -> OutputSpec:
-        fmt = check_format(self.format)
-        rate = check_sample_rate(fmt, self.sample_rate, source_rate or 24000)
-        return dataclasses.replace(self, format=fmt, sample_rate=rate)
-
-
-@dataclass(frozen=True)
-class StreamStart:
-    """The first item of a streamed ticket."""
-
-    seed: int
-    media_type: str
-    sample_rate: int
-
-
-@dataclass(frozen=True)
-class TtsOutcome:
-    seed: int
-    duration_s: float
-    speech_tokens: int
-    output_id: str | None
-    output_path: str | None
-    media_type: str
-    warnings: tuple[str, ...] = ()
-    audio: bytes | None = None  # the encoded response (not for streams)
 
 
 class ServiceTasks:
@@ -218,7 +182,8 @@ class ServiceTasks:
         recorded = threading.Event()
         ticket = self._submit_job_work(job_id, request, spec, attempt=None, recorded=recorded)
         try:
-            record = self.jobs.create(_job_params(request, spec), kind="tts", owner=spec.owner, job_id=job_id)
+            params = job_parameters(request, spec)
+            record = self.jobs.create(params, kind="tts", owner=spec.owner, job_id=job_id)
         except BaseException:
             recorded.set()  # before cancelling: on_state waits for it
             ticket.cancel("the job record could not be written")
@@ -414,10 +379,6 @@ def split_for_job(text: str, max_chars: int) -> list[str]:
             pieces.append(unit)
         # else: punctuation that fits nowhere says nothing; it is dropped
     return pieces
-
-
-def _job_params(request: SynthesisRequest, spec: OutputSpec) -> dict[str, Any]:
-    return {**dataclasses.asdict(request), "format": spec.format, "sample_rate": spec.sample_rate}
 
 
 def _new_id() -> str:

@@ -33,7 +33,8 @@ import soundfile
 import soxr
 
 from cosyserve.errors import InputError
-from cosyserve.service.requests import SAMPLE_RATE
+
+SAMPLE_RATE = 24000  # the model's output rate: what audio comes at unless a source rate is given
 
 FORMATS = ("wav", "mp3", "opus", "flac", "pcm")
 MIN_SAMPLE_RATE = 8000

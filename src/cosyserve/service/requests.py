@@ -1,12 +1,24 @@
-"""What a synthesis request carries and what it produces: the service layer's vocabulary."""
+"""What a synthesis request carries and what it produces: the service layer's vocabulary.
+
+`SynthesisRequest` (what to say, in which voice) and `OutputSpec` (how the result is delivered and to whom
+it is charged) go in; `SynthesisResult` (raw audio, timings) comes out of the synthesizer and becomes a
+`TtsOutcome` (what was stored and what the caller gets). A stream announces itself with `StreamStart`.
+"""
 
 from __future__ import annotations
 
+import dataclasses
 from dataclasses import dataclass, field
+from typing import Any, Literal
 
 import numpy as np
 
-SAMPLE_RATE = 24000
+from cosyserve.service.audio_formats import SAMPLE_RATE, check_format, check_sample_rate
+from cosyserve.service.stores.keys import ApiKey
+
+MAX_SEED = 2**31 - 1  # seeds are non-negative 31-bit integers everywhere (API, UI, synthesizer)
+WorkState = Literal["queued", "running", "done", "failed", "cancelled"]  # of a ticket and of a job record
+TERMINAL_STATES: frozenset[str] = frozenset({"done", "failed", "cancelled"})
 
 
 @dataclass(frozen=True)
@@ -71,3 +83,49 @@ class SynthesisResult:
     @property
     def duration_s(self) -> float:
         return len(self.audio) / self.sample_rate
+
+
+@dataclass(frozen=True)
+class OutputSpec:
+    """How a result is delivered and attributed."""
+
+    format: str = "wav"
+    sample_rate: int | None = None  # None: the model's rate
+    owner: str | None = None
+    key: ApiKey | None = None  # charged for the audio seconds produced
+    request_id: str | None = None
+    endpoint: str = "tts"
+    extra: dict[str, Any] = field(default_factory=dict)  # recorded in the manifest's parameters
+
+    def checked(self, source_rate: int | None = None) -> OutputSpec:
+        fmt = check_format(self.format)
+        rate = check_sample_rate(fmt, self.sample_rate, source_rate or SAMPLE_RATE)
+        return dataclasses.replace(self, format=fmt, sample_rate=rate)
+
+
+@dataclass(frozen=True)
+class StreamStart:
+    """How a stream begins: the request was checked and its seed is known, so a response can start."""
+
+    seed: int
+    media_type: str
+    sample_rate: int
+
+
+@dataclass(frozen=True)
+class TtsOutcome:
+    """A finished synthesis as the caller sees it: where it was stored, and the audio when not streamed."""
+
+    seed: int
+    duration_s: float
+    speech_tokens: int
+    output_id: str | None
+    output_path: str | None
+    media_type: str
+    warnings: tuple[str, ...] = ()
+    audio: bytes | None = None  # the encoded response (not for streams)
+
+
+def job_parameters(request: SynthesisRequest, spec: OutputSpec) -> dict[str, Any]:
+    """What a job record keeps of its request (everything needed to run it again)."""
+    return {**dataclasses.asdict(request), "format": spec.format, "sample_rate": spec.sample_rate}

@@ -19,9 +19,8 @@ from cosyserve.errors import InputError
 from cosyserve.frontend.prompt_check import PromptReport, load_prompt
 from cosyserve.service.access.sessions import SESSION_COOKIE
 from cosyserve.service.app_state import AuthRequired, Forbidden, Principal, Service
-from cosyserve.service.app_tasks import OutputSpec
 from cosyserve.service.logs import recent_logs
-from cosyserve.service.requests import SynthesisRequest
+from cosyserve.service.requests import OutputSpec, SynthesisRequest
 from cosyserve.service.scheduling.scheduler import Ticket
 from cosyserve.service.stores.outputs import OutputNotFound, StoredOutput
 from cosyserve.service.stores.voices import Voice

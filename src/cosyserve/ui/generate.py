@@ -22,11 +22,10 @@ from typing import Any
 
 import gradio as gr
 
-from cosyserve.errors import Cancelled, CosyServeError, JobTimeout, QueueFull
-from cosyserve.service.app_state import AuthRequired, Forbidden, ModelNotReady, RateLimited
-from cosyserve.service.app_tasks import StreamStart, TtsOutcome
+from cosyserve.errors import Cancelled, CosyServeError, JobTimeout, ModelNotReady, QueueFull
+from cosyserve.service.app_state import AuthRequired, Forbidden, RateLimited
 from cosyserve.service.logs import log_failure, new_request_id
-from cosyserve.service.requests import SynthesisRequest
+from cosyserve.service.requests import MAX_SEED, StreamStart, SynthesisRequest, TtsOutcome
 from cosyserve.service.scheduling.scheduler import Ticket
 from cosyserve.service.stores.outputs import StoredOutput
 from cosyserve.ui.bridge import DOWNLOAD_FORMATS, UiBridge, UploadRefused
@@ -34,7 +33,6 @@ from cosyserve.ui.i18n import text
 
 POLL_S = 0.25
 STREAM_ITEM_TIMEOUT_S = 600.0
-MAX_SEED = 2**31 - 1
 
 
 class UiError(Exception):

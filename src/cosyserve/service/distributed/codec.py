@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import base64
 import dataclasses
+from collections.abc import Callable
 from typing import Any
 
 from cosyserve.errors import (
@@ -18,11 +19,13 @@ from cosyserve.errors import (
     InputError,
     JobStateError,
     JobTimeout,
+    ModelNotReady,
     QueueFull,
     ShuttingDown,
     error_code,
 )
-from cosyserve.service.requests import SynthesisRequest
+from cosyserve.service.requests import OutputSpec, SynthesisRequest, TtsOutcome
+from cosyserve.service.stores.keys import ApiKey
 from cosyserve.service.stores.outputs import OutputNotFound
 from cosyserve.service.stores.voices import VoiceDefaults, VoiceNotFound
 
@@ -49,10 +52,10 @@ class NoWorkers(CosyServeError):
     retry_after_s = 5
 
 
-def _known_errors() -> dict[str, type[BaseException]]:
-    from cosyserve.service.app_state import ModelNotReady
-
-    classes: list[type[BaseException]] = [
+# Errors a worker raises that come back on the API node as the same class (anything else: RemoteFailure).
+KNOWN_ERRORS: dict[str, type[CosyServeError]] = {
+    cls.__name__: cls
+    for cls in (
         VoiceNotFound,
         OutputNotFound,
         InputError,
@@ -63,8 +66,8 @@ def _known_errors() -> dict[str, type[BaseException]]:
         JobStateError,
         ModelNotReady,
         WorkerLost,
-    ]
-    return {cls.__name__: cls for cls in classes}
+    )
+}
 
 
 def b64(data: bytes | None) -> str | None:
@@ -88,7 +91,7 @@ def decode_request(data: dict[str, Any]) -> SynthesisRequest:
     return SynthesisRequest(**values)
 
 
-def encode_spec(spec: Any) -> dict[str, Any]:
+def encode_spec(spec: OutputSpec) -> dict[str, Any]:
     """An `OutputSpec` without its `ApiKey` object: the key travels as its id (the worker charges it)."""
     return {
         "format": spec.format,
@@ -101,10 +104,10 @@ def encode_spec(spec: Any) -> dict[str, Any]:
     }
 
 
-def decode_spec(data: dict[str, Any], key_lookup: Any = None) -> Any:
+def decode_spec(
+    data: dict[str, Any], key_lookup: Callable[[int], ApiKey | None] | None = None
+) -> OutputSpec:
     """The `OutputSpec` back; `key_lookup(key_id)` returns the `ApiKey` (None: not charged here)."""
-    from cosyserve.service.app_tasks import OutputSpec
-
     key = None
     if data.get("key_id") is not None and key_lookup is not None:
         key = key_lookup(int(data["key_id"]))
@@ -119,16 +122,14 @@ def decode_spec(data: dict[str, Any], key_lookup: Any = None) -> Any:
     )
 
 
-def encode_outcome(outcome: Any) -> dict[str, Any]:
+def encode_outcome(outcome: TtsOutcome) -> dict[str, Any]:
     data = dataclasses.asdict(outcome)
     data["warnings"] = list(outcome.warnings)
     data["audio"] = b64(outcome.audio)
     return data
 
 
-def decode_outcome(data: dict[str, Any]) -> Any:
-    from cosyserve.service.app_tasks import TtsOutcome
-
+def decode_outcome(data: dict[str, Any]) -> TtsOutcome:
     values = dict(data)
     values["warnings"] = tuple(values.get("warnings") or ())
     values["audio"] = unb64(values.get("audio"))
@@ -155,7 +156,7 @@ def encode_error(exc: BaseException) -> dict[str, Any]:
 
 def decode_error(data: dict[str, Any]) -> BaseException:
     """The worker's exception as the same user-facing class, else `RemoteFailure`."""
-    cls = _known_errors().get(str(data.get("type")))
+    cls = KNOWN_ERRORS.get(str(data.get("type")))
     message = str(data.get("message") or "the worker failed")
     if cls is None:
         return RemoteFailure(f"the worker failed: {message}")

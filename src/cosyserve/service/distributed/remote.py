@@ -22,12 +22,11 @@ from cosyserve.errors import Cancelled, JobStateError
 from cosyserve.service.distributed import codec
 from cosyserve.service.distributed.celery_app import ENROL_TASK, JOB_TASK, QUEUE, TTS_TASK, make_celery
 from cosyserve.service.distributed.relay import Relay, RelayItem, WorkerRegistry, connect
-from cosyserve.service.requests import SynthesisRequest
+from cosyserve.service.requests import OutputSpec, StreamStart, SynthesisRequest, job_parameters
 from cosyserve.service.stores.jobs import JobRecord
 
 if TYPE_CHECKING:
     from cosyserve.service.app_state import Service
-    from cosyserve.service.app_tasks import OutputSpec
     from cosyserve.service.scheduling.scheduler import WorkContext
     from cosyserve.service.stores.voices import Voice, VoiceDefaults
 
@@ -131,8 +130,6 @@ class RemoteDispatcher:
         return work
 
     def _stream(self, task_id: str, items: Iterator[RelayItem]) -> Iterator[Any]:
-        from cosyserve.service.app_tasks import StreamStart
-
         try:
             for item in items:
                 if item.kind == "start":
@@ -171,10 +168,8 @@ class RemoteDispatcher:
 
     def submit_job(self, job_id: str, request: SynthesisRequest, spec: OutputSpec) -> JobRecord:
         """Record the job, then queue it; if the queue refuses it the record ends failed."""
-        from cosyserve.service.app_tasks import _job_params
-
         record = self.service.jobs.create(
-            _job_params(request, spec), kind="tts", owner=spec.owner, job_id=job_id
+            job_parameters(request, spec), kind="tts", owner=spec.owner, job_id=job_id
         )
         try:
             self._send(JOB_TASK, [job_id, codec.encode_request(request), codec.encode_spec(spec)], job_id)

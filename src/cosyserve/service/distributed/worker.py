@@ -33,6 +33,7 @@ from cosyserve.service.distributed.celery_app import (
 )
 from cosyserve.service.distributed.relay import Relay, WorkerRegistry, connect
 from cosyserve.service.logs import log_failure
+from cosyserve.service.requests import StreamStart
 
 if TYPE_CHECKING:
     from cosyserve.service.app_state import Service
@@ -180,8 +181,6 @@ class WorkerNode:
     def _tts_task(
         self, task: Any, request_data: dict[str, Any], spec_data: dict[str, Any], stream: bool
     ) -> None:
-        from cosyserve.service.app_tasks import StreamStart
-
         task_id = task.request.id
 
         def run(watch: TaskWatch) -> None:

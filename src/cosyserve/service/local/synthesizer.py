@@ -40,6 +40,7 @@ from cosyserve.frontend.text import PreparedText, prepare_texts
 from cosyserve.frontend.tokenizer import TextTokenizer
 from cosyserve.modeldir.model_dir import ModelDir
 from cosyserve.service.requests import (
+    MAX_SEED,
     AudioChunk,
     SentenceTiming,
     SynthesisProgress,
@@ -49,7 +50,6 @@ from cosyserve.service.requests import (
 from cosyserve.service.stores.voices import Voice, VoiceLibrary
 
 ProgressCallback = Callable[[SynthesisProgress], None]
-MAX_SEED = 2**31 - 1
 PREFIX_CACHE_SIZE = 32
 # Streaming caches of the flow's prompt K/V hold ~0.9 GB per 6 s voice at full size: keep only a few.
 

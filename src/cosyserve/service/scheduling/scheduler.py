@@ -26,9 +26,10 @@ from typing import Any, Protocol
 
 from cosyserve.errors import Cancelled, JobStateError, JobTimeout, QueueFull, ShuttingDown, error_code
 from cosyserve.service.logs import log_failure
-from cosyserve.service.scheduling.tickets import TERMINAL_STATES, Ticket, WorkContext
+from cosyserve.service.requests import TERMINAL_STATES
+from cosyserve.service.scheduling.tickets import Ticket, WorkContext
 
-__all__ = ["TERMINAL_STATES", "Scheduler", "SchedulerMetrics", "Ticket", "WorkContext"]
+__all__ = ["Scheduler", "SchedulerMetrics", "Ticket", "WorkContext"]
 
 logger = logging.getLogger(__name__)
 DEFAULT_DURATION_ESTIMATE_S = 10.0  # used for Retry-After before any work has finished

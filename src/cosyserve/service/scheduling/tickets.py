@@ -17,12 +17,12 @@ from collections.abc import AsyncIterator, Callable, Iterator
 from typing import TYPE_CHECKING, Any
 
 from cosyserve.errors import Cancelled
+from cosyserve.service.requests import TERMINAL_STATES
 
 if TYPE_CHECKING:
     from cosyserve.service.scheduling.scheduler import Scheduler
 
 logger = logging.getLogger(__name__)
-TERMINAL_STATES: frozenset[str] = frozenset({"done", "failed", "cancelled"})
 ABANDONED = "the client stopped reading the stream"
 _END = object()
 

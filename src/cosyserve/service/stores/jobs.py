@@ -20,7 +20,7 @@ import uuid
 from collections.abc import Mapping
 from dataclasses import asdict, dataclass
 from datetime import datetime, timedelta, timezone
-from typing import Any, Literal
+from typing import Any
 
 from sqlalchemy import (
     JSON,
@@ -44,10 +44,9 @@ from sqlalchemy import (
 from sqlalchemy.exc import DBAPIError
 
 from cosyserve.errors import Cancelled, InputError, JobStateError, error_code
+from cosyserve.service.requests import TERMINAL_STATES
 from cosyserve.service.stores.db import create_tables, metadata
 
-JobState = Literal["queued", "running", "done", "failed", "cancelled"]
-TERMINAL_STATES: frozenset[str] = frozenset({"done", "failed", "cancelled"})
 ACTIVE_STATES: tuple[str, ...] = ("queued", "running")
 INTERRUPTED_CODE = "interrupted"
 INTERRUPTED_MESSAGE = "interrupted by a restart"
@@ -81,6 +80,10 @@ jobs_table = Table(
     Index("ix_jobs_owner_created", "owner", "created_at"),
     Index("ix_jobs_state", "state"),
 )
+
+
+class JobNotFound(InputError):
+    """No job with that id (never created, purged, or someone else's)."""
 
 
 @dataclass(frozen=True)
