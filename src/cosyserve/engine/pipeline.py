@@ -33,7 +33,6 @@ class SegmentStats:
     speech_tokens: int = 0
     llm_s: float = 0.0
     acoustic_s: float = 0.0  # flow + vocoder
-    first_chunk_s: float | None = None  # from the segment's start to its first audio
 
 
 @dataclass(frozen=True)
@@ -133,7 +132,6 @@ class SpeechEngine:
     ) -> Iterator[np.ndarray]:
         """Yield float32 audio (S,) for one segment: several chunks when streaming, else one."""
         stats = segment.stats
-        started = time.perf_counter()
         tokens = self.lm.generate(
             segment.text_ids,
             () if segment.lm_prefix is not None else segment.prompt_text_ids,
@@ -154,8 +152,6 @@ class SpeechEngine:
             chunks = self.token2wav.stream_step(state, _as_tensor(generated, self.placement.device))
             stats.acoustic_s += time.perf_counter() - acoustic_clock
             for chunk in chunks:
-                if stats.first_chunk_s is None:
-                    stats.first_chunk_s = time.perf_counter() - started
                 yield chunk.cpu().numpy()
             llm_clock = time.perf_counter()
         stats.llm_s += time.perf_counter() - llm_clock
@@ -171,8 +167,6 @@ class SpeechEngine:
         else:
             audio = self.token2wav.stream_finish(state, all_tokens)
         stats.acoustic_s += time.perf_counter() - acoustic_clock
-        if stats.first_chunk_s is None:
-            stats.first_chunk_s = time.perf_counter() - started
         yield audio.cpu().numpy()
 
 

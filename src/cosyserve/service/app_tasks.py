@@ -88,10 +88,14 @@ class ServiceTasks:
             if head:
                 yield head
             chunks = iter(stream)
+            first = True
             while True:
                 chunk = self._run_engine(lambda: next(chunks, None))
                 if chunk is None:
                     break
+                if first and stream.first_audio_at is not None:
+                    first = False
+                    self.metrics.observe_first_chunk(stream.first_audio_at - ctx.submitted_at)
                 data = encoder.encode(chunk.samples)
                 if data:
                     yield data

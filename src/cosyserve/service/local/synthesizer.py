@@ -84,7 +84,10 @@ class SynthesisStream:
         self.warnings = list(plan.prepared.warnings)
         self._chunks: list[np.ndarray] = []
         self._stage = {"prompt": plan.prompt_seconds, "llm": 0.0, "acoustic": 0.0}
-        self._first_chunk_s: float | None = None
+        self._started_at: float | None = None
+        # When the first audio left the engine (time.time()): the one first-chunk measurement, read by
+        # the stage timings here and by the service's first-chunk latency metric.
+        self.first_audio_at: float | None = None
         self._tokens = 0
         self._iterator = self._run()
         self._done = False
@@ -104,8 +107,8 @@ class SynthesisStream:
             pass
         audio = np.concatenate(self._chunks) if self._chunks else np.zeros(0, np.float32)
         stages = dict(self._stage)
-        if self._first_chunk_s is not None:
-            stages["first_chunk"] = self._first_chunk_s
+        if self.first_audio_at is not None and self._started_at is not None:
+            stages["first_chunk"] = self.first_audio_at - self._started_at
         return SynthesisResult(
             audio=audio,
             sample_rate=self._synth.sample_rate,
@@ -137,6 +140,7 @@ class SynthesisStream:
             synth.cached_flow_prompt(plan.voice.id, flow_prompt) if stream_chunks and plan.voice else None
         )
         started = time.perf_counter()
+        self._started_at = time.time()
         samples_so_far = 0
         self._report(0, len(segments), 0.0)
         for index, (segment, shown) in enumerate(zip(segments, plan.prepared.display_segments, strict=True)):
@@ -155,8 +159,8 @@ class SynthesisStream:
                 seg, generator=generator, stream=stream_chunks, speed=plan.speed, cancel=self._cancel.is_set
             ):
                 audio = _apply_volume(audio, plan.request.volume)
-                if self._first_chunk_s is None:
-                    self._first_chunk_s = time.perf_counter() - started
+                if self.first_audio_at is None:
+                    self.first_audio_at = time.time()
                 self._chunks.append(audio)
                 samples_so_far += len(audio)
                 yield AudioChunk(samples=audio, sentence_index=index, sample_rate=synth.sample_rate)

@@ -43,8 +43,6 @@ class SchedulerMetrics(Protocol):
 
     def observe_job(self, state: str, run_s: float | None, wait_s: float) -> None: ...
 
-    def observe_first_chunk(self, seconds: float) -> None: ...
-
     def count_error(self, kind: str) -> None: ...
 
 
@@ -226,10 +224,6 @@ class Scheduler:
             log_failure(kind, str(error), job_id=ticket.id, exc=error)
             if self.metrics is not None:
                 self.metrics.count_error(kind)  # job failures are counted here, not by the API
-
-    def _first_chunk(self, ticket: Ticket) -> None:
-        if self.metrics is not None:
-            self.metrics.observe_first_chunk(time.time() - ticket.submitted_at)
 
     # -- workers ------------------------------------------------------------------------------------------
 

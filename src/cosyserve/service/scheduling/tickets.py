@@ -46,6 +46,11 @@ class WorkContext:
     def owner(self) -> str | None:
         return self._ticket.owner
 
+    @property
+    def submitted_at(self) -> float:
+        """When the work was submitted (`time.time()`): latencies the client sees count from here."""
+        return self._ticket.submitted_at
+
     def set_progress(self, fraction: float) -> None:
         self._ticket.set_progress(fraction)
 
@@ -94,7 +99,6 @@ class Ticket:
         self._error: BaseException | None = None
         self._chunks: deque[Any] = deque()
         self._buffer_size = buffer_size
-        self._produced = 0
         self._settled = False  # final state recorded and on_state callbacks done: waiters may go
         self._emitting_thread: int | None = None
         self._async_waiters: list[tuple[asyncio.AbstractEventLoop, asyncio.Future[None]]] = []
@@ -358,9 +362,5 @@ class Ticket:
             if self._state != "running" or self.cancel_event.is_set():
                 return False
             self._chunks.append(item)
-            self._produced += 1
-            first = self._produced == 1
             self._notify_locked()
-        if first:
-            self._scheduler._first_chunk(self)
         return True
