@@ -24,10 +24,10 @@ from collections import Counter, deque
 from collections.abc import Callable
 from typing import Any, Protocol
 
-from cosyserve.errors import Cancelled, JobStateError, JobTimeout, QueueFull, ShuttingDown, error_code
+from cosyserve.errors import JobStateError, JobTimeout, QueueFull, ShuttingDown, error_code
 from cosyserve.service.logs import log_failure
 from cosyserve.service.requests import TERMINAL_STATES
-from cosyserve.service.scheduling.tickets import Ticket, WorkContext
+from cosyserve.service.scheduling.tickets import Ticket, TicketHooks, WorkContext
 
 __all__ = ["Scheduler", "SchedulerMetrics", "Ticket", "WorkContext"]
 
@@ -81,6 +81,12 @@ class Scheduler:
         # (deadline, tie-breaker, ticket): weak, so a finished ticket and its result are not kept until then
         self._deadlines: list[tuple[float, int, weakref.ref[Ticket]]] = []
         self._deadline_seq = itertools.count()
+        self._hooks = TicketHooks(
+            withdraw=self._withdraw,
+            finished=self._ticket_finished,
+            position=self.position,
+            estimated_wait_s=self.estimated_wait_s,
+        )
         self._workers = [
             threading.Thread(target=self._worker_loop, name=f"{name}-{i}", daemon=True)
             for i in range(concurrency)
@@ -124,7 +130,7 @@ class Scheduler:
                     f"retry in about {retry} s",
                     retry_after_s=retry,
                 )
-            ticket = Ticket(self, work, ticket_id, owner, stream, self.stream_buffer, on_state)
+            ticket = Ticket(self._hooks, work, ticket_id, owner, stream, self.stream_buffer, on_state)
             self._queue.append(ticket)
             self._active[ticket_id] = ticket
             self._lock.notify_all()
@@ -193,20 +199,16 @@ class Scheduler:
                 depth, in_flight = len(self._queue), len(self._executing)
             self.metrics.observe_queue(depth, in_flight)
 
-    # -- called by tickets --------------------------------------------------------------------------------
+    # -- the tickets' hooks -------------------------------------------------------------------------------
 
-    def _cancel(self, ticket: Ticket, reason: str) -> bool:
+    def _withdraw(self, ticket: Ticket) -> bool:
         with self._lock:
-            was_queued = ticket.state == "queued" and ticket in self._queue
-            if was_queued:
+            queued = ticket.state == "queued" and ticket in self._queue
+            if queued:
                 self._queue.remove(ticket)
-        if ticket.finished:
-            return False
-        ticket._request_cancel(reason)
-        if was_queued:
+        if queued:
             self._report_queue()
-            ticket._finish("cancelled", error=Cancelled(reason))
-        return True
+        return queued
 
     def _ticket_finished(self, ticket: Ticket) -> None:
         with self._lock:
@@ -218,7 +220,7 @@ class Scheduler:
                 ticket.finished_at - ticket.started_at if ticket.started_at and ticket.finished_at else None
             )
             self.metrics.observe_job(ticket.state, run_s, max(0.0, wait_s))
-        error = ticket._error
+        error = ticket.error
         if ticket.state == "failed" and error is not None:
             kind = error_code(error)
             log_failure(kind, str(error), job_id=ticket.id, exc=error)
@@ -236,7 +238,7 @@ class Scheduler:
                     return
                 ticket = self._queue.popleft()
                 self._executing.add(ticket)
-                ticket._start()
+                ticket.mark_running()
                 if self.request_timeout_s is not None:
                     deadline = time.monotonic() + self.request_timeout_s
                     heapq.heappush(self._deadlines, (deadline, next(self._deadline_seq), weakref.ref(ticket)))
@@ -245,8 +247,8 @@ class Scheduler:
             self._report_queue()
             outcome: tuple[str, Any, BaseException | None] = ("failed", None, RuntimeError("worker crashed"))
             try:
-                ticket._emit("running")
-                outcome = ticket._run()
+                ticket.emit("running")
+                outcome = ticket.run()
             finally:
                 # Free the slot before waking the client, so it can submit again at once.
                 with self._lock:
@@ -255,7 +257,7 @@ class Scheduler:
                     self._lock.notify_all()
                 self._report_queue()
                 state, result, error = outcome
-                ticket._finish(state, result=result, error=error)
+                ticket.finish(state, result=result, error=error)
 
     def _watchdog_loop(self) -> None:
         while True:
@@ -275,8 +277,8 @@ class Scheduler:
                         f"the job ran longer than the {self.request_timeout_s:g} s request timeout and was "
                         "stopped: shorten the text or raise request_timeout_s"
                     )
-                    ticket._request_cancel("request timeout")
-                    ticket._finish("failed", error=JobTimeout(message))
+                    ticket.request_cancel("request timeout")
+                    ticket.finish("failed", error=JobTimeout(message))
 
     # -- shutdown -----------------------------------------------------------------------------------------
 
@@ -297,8 +299,8 @@ class Scheduler:
             return {"failed_queued": 0, "finished_in_grace": 0, "stopped_running": 0, "stuck_workers": 0}
         self._report_queue()
         for ticket in queued:
-            ticket._request_cancel("server shutting down")
-            ticket._finish("failed", error=ShuttingDown("the server shut down before this job started"))
+            ticket.request_cancel("server shutting down")
+            ticket.finish("failed", error=ShuttingDown("the server shut down before this job started"))
 
         deadline = time.monotonic() + max(0.0, grace_s)
         with self._lock:
@@ -306,8 +308,8 @@ class Scheduler:
                 self._lock.wait(remaining)
             leftover = [ticket for ticket in self._executing if not ticket.finished]
         for ticket in leftover:
-            ticket._request_cancel("server shutting down")
-            ticket._finish("failed", error=ShuttingDown("the server shut down before this job finished"))
+            ticket.request_cancel("server shutting down")
+            ticket.finish("failed", error=ShuttingDown("the server shut down before this job finished"))
         stuck = self._join(join_s)
         return {
             "failed_queued": len(queued),
