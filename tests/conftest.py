@@ -158,7 +158,7 @@ def start_api_server(api_synthesizer, demo_model_path: Path, tmp_path_factory: p
     import copy
 
     from cosyserve.api.app import create_app
-    from cosyserve.service.app_state import Service
+    from cosyserve.service.assembly import Service
     from cosyserve.service.settings import Settings
 
     started: list[LiveServer] = []

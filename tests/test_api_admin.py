@@ -161,7 +161,7 @@ def test_cors_is_off_by_default(gated) -> None:
 
 def test_the_real_loader_applies_the_fast_preset(demo_model_path, tmp_path) -> None:
     from cosyserve.engine.quantize import Int8Linear, int8_available
-    from cosyserve.service.app_state import load_synthesizer
+    from cosyserve.service.local.loading import load_synthesizer
     from cosyserve.service.settings import Settings
 
     if not int8_available():
@@ -175,7 +175,7 @@ def test_the_real_loader_applies_the_fast_preset(demo_model_path, tmp_path) -> N
 def test_repeated_engine_failures_make_ready_false_until_a_success(
     server, monkeypatch, prompt_wav_bytes
 ) -> None:
-    synth = server.service._synth
+    synth = server.service.model.loaded
 
     def broken(*args, **kwargs):
         raise RuntimeError("CUDA error: an illegal memory access was encountered")

@@ -9,7 +9,7 @@ from tests.conftest import API_SEED, API_TEXT, enrol_voice
 
 from cosyserve.cli import main as cli_main
 from cosyserve.errors import SettingsError
-from cosyserve.service.app_state import Service
+from cosyserve.service.assembly import Service
 from cosyserve.service.settings import Settings
 
 

@@ -137,7 +137,7 @@ def test_stream_disconnect_cancels_the_work(server) -> None:
 def test_disconnect_while_waiting_cancels_the_work(server, monkeypatch) -> None:
     stats = server.service.scheduler.stats
     before = stats()["finished"]["cancelled"]
-    with server.service.synthesizer() as synth:
+    with server.service.model.synthesizer() as synth:
         engine = synth.engine
     generate = engine.generate
 
@@ -169,7 +169,7 @@ def _first_chunk_figures(client) -> tuple[float, float]:
 
 def test_first_chunk_latency_is_taken_at_the_first_audio(server, monkeypatch) -> None:
     """The figure counts until audio exists, not until the stream's headers could be sent."""
-    with server.service.synthesizer() as synth:
+    with server.service.model.synthesizer() as synth:
         engine = synth.engine
     generate = engine.generate
 

@@ -247,12 +247,11 @@ class _Context:
 
 @pytest.fixture()
 def dispatcher(redis_url: str, tmp_path):
-    from cosyserve.service.distributed.remote import RemoteDispatcher
+    from cosyserve.service.distributed.remote import RemoteBackend
     from cosyserve.service.settings import Settings
 
     settings = Settings(queue={"queue_url": redis_url}, storage={"data_dir": tmp_path})
-    service = SimpleNamespace(settings=settings, model_info={}, jobs=None, voices=None)
-    remote = RemoteDispatcher(service)  # type: ignore[arg-type]
+    remote = RemoteBackend(settings, None, jobs=None, voices=None)  # type: ignore[arg-type]
     sent: list[tuple[str, str, list]] = []
 
     def send(task: str, args: list, task_id: str | None = None) -> str:
@@ -263,7 +262,7 @@ def dispatcher(redis_url: str, tmp_path):
     remote._send = send  # type: ignore[method-assign]
     remote.sent = sent  # type: ignore[attr-defined]
     yield remote
-    remote.close()
+    remote.stop()
 
 
 def _run_in_thread(function, *args):
@@ -371,11 +370,11 @@ def test_readiness_needs_a_live_worker_and_takes_its_model_info(dispatcher) -> N
 
 
 def test_an_unreachable_queue_is_a_clear_503(tmp_path) -> None:
-    from cosyserve.service.distributed.remote import RemoteDispatcher
+    from cosyserve.service.distributed.remote import RemoteBackend
     from cosyserve.service.settings import Settings
 
     settings = Settings(queue={"queue_url": "redis://127.0.0.1:1/0"}, storage={"data_dir": tmp_path})
-    remote = RemoteDispatcher(SimpleNamespace(settings=settings, model_info={}))  # type: ignore[arg-type]
+    remote = RemoteBackend(settings, None, jobs=None, voices=None)  # type: ignore[arg-type]
     state = remote.readiness(False, accepting=True)
     assert state["ready"] is False and "cannot be reached" in state["reason"]
     with pytest.raises(codec.QueueUnavailable, match="Redis"):

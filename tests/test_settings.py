@@ -225,7 +225,7 @@ def test_nest_flat() -> None:
 
 
 def test_engine_options_follow_device_concurrency_and_flow_settings(monkeypatch) -> None:
-    from cosyserve.service.app_state import engine_options
+    from cosyserve.service.local.loading import engine_options
 
     cpu = engine_options(Settings(engine={"device": "cpu"}))
     assert not cpu.batch_decode and not cpu.batch_flow and not cpu.cuda_graph

@@ -45,7 +45,7 @@ BROWSER_ARGS = [
 @pytest.fixture(scope="module")
 def ui_server(api_synthesizer, demo_model_path, tmp_path_factory):
     from cosyserve.api.app import create_app
-    from cosyserve.service.app_state import Service
+    from cosyserve.service.assembly import Service
     from cosyserve.service.settings import Settings
     from cosyserve.ui.app import mount_ui
 

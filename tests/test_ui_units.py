@@ -9,7 +9,7 @@ from types import SimpleNamespace
 import pytest
 
 from cosyserve.errors import InputError, ModelNotReady, QueueFull
-from cosyserve.service.app_state import AuthRequired
+from cosyserve.service.access.principals import AuthRequired
 from cosyserve.ui.admin_tab import logs_text
 from cosyserve.ui.assets import counter_html
 from cosyserve.ui.bridge import UploadProblem, UploadRefused

@@ -19,7 +19,7 @@ from cosyserve import __version__
 from cosyserve.api import admin, health, jobs, openai, outputs, tts, voices
 from cosyserve.api.errors import install_error_handlers
 from cosyserve.api.middleware import ApiMiddleware
-from cosyserve.service.app_state import Service
+from cosyserve.service.assembly import Service
 
 BODY_SLACK_BYTES = 1 << 20  # form fields and multipart framing on top of the upload itself
 EXPOSED_HEADERS = [

@@ -29,7 +29,7 @@ from cosyserve.errors import (
     ShuttingDown,
     error_code,
 )
-from cosyserve.service.app_state import AuthRequired, Forbidden, QuotaExceeded, RateLimited
+from cosyserve.service.access.principals import AuthRequired, Forbidden, QuotaExceeded, RateLimited
 from cosyserve.service.distributed.codec import NoWorkers, QueueUnavailable, WorkerLost
 from cosyserve.service.logs import get_request_id, log_failure
 from cosyserve.service.stores.jobs import JobNotFound

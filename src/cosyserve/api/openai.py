@@ -38,7 +38,7 @@ MIN_SPEED, MAX_SPEED = 0.5, 2.0
 )
 async def speech(body: SpeechParams, request: Request, principal: CurrentPrincipal) -> Response:
     service = get_service(request)
-    service.check_quota(principal)
+    service.access.check_quota(principal)
     if body.response_format == "aac":
         raise InputError("response_format 'aac' is not supported here: use mp3, opus, flac, wav or pcm")
     if not MIN_SPEED <= body.speed <= MAX_SPEED:
@@ -70,12 +70,12 @@ async def speech(body: SpeechParams, request: Request, principal: CurrentPrincip
         extra={"model": body.model},
     )
     if body.stream_format == "sse":
-        ticket = service.submit_tts(synthesis, spec, stream=True)
+        ticket = service.backend.submit_tts(synthesis, spec, stream=True)
         start, items = await open_stream(request, ticket)
         return sse_response(ticket, start, items, len(body.input))
     if "stream_format" in body.model_fields_set:  # asked for "audio" explicitly: chunks as generated
-        ticket = service.submit_tts(synthesis, spec, stream=True)
+        ticket = service.backend.submit_tts(synthesis, spec, stream=True)
         start, items = await open_stream(request, ticket)
         return audio_stream_response(ticket, start, items)
-    ticket = service.submit_tts(synthesis, spec)
+    ticket = service.backend.submit_tts(synthesis, spec)
     return audio_response(await await_ticket(request, ticket))

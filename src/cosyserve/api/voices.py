@@ -57,7 +57,7 @@ async def create_voice(request: Request, _: AdminPrincipal) -> VoiceView:
     if audio is None:
         raise InputError("no recording: upload the voice's audio as `audio` (multipart) or base64 (JSON)")
     defaults = VoiceDefaults(instruct=params.instruct or None, speed=params.speed, seed=params.seed)
-    ticket = service.submit_enrolment(
+    ticket = service.backend.submit_enrolment(
         params.name,
         audio,
         params.transcript,
@@ -108,7 +108,7 @@ async def preview_voice(
         path = await run_in_threadpool(service.voices.audio_file, voice)
         media_type = mimetypes.guess_type(path.name)[0] or "application/octet-stream"
         return FileResponse(path, media_type=media_type)
-    service.check_quota(principal)
+    service.access.check_quota(principal)
     spec = output_spec(request, principal, "preview")
-    ticket = service.submit_tts(SynthesisRequest(text=text, voice=voice.id), spec)
+    ticket = service.backend.submit_tts(SynthesisRequest(text=text, voice=voice.id), spec)
     return audio_response(await await_ticket(request, ticket))

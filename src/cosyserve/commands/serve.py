@@ -73,7 +73,7 @@ def cmd_serve(args: argparse.Namespace) -> int:
     import uvicorn
 
     from cosyserve.api.app import create_app
-    from cosyserve.service.app_state import Service
+    from cosyserve.service.assembly import Service
     from cosyserve.service.logs import configure_logging
 
     settings = load_settings(args, args.settings_dests)

@@ -21,7 +21,8 @@ import gradio as gr
 from fastapi import FastAPI
 from fastapi.routing import APIRoute
 
-from cosyserve.service.app_state import Principal, Service
+from cosyserve.service.access.principals import Principal
+from cosyserve.service.assembly import Service
 from cosyserve.ui import assets
 from cosyserve.ui.admin_tab import build_admin_tab
 from cosyserve.ui.bridge import MODES, UiBridge
@@ -110,7 +111,7 @@ def build_ui(service: Service, bridge: UiBridge | None = None) -> gr.Blocks:
             is_admin = principal is not None and principal.is_admin
             return [
                 chosen,
-                user_html(principal, chosen, service.auth_enabled()),
+                user_html(principal, chosen, service.access.auth_enabled()),
                 gr.update(visible=True) if is_admin else gr.update(),  # its calls check the role too
                 banner_html,
                 status_md,
@@ -121,7 +122,7 @@ def build_ui(service: Service, bridge: UiBridge | None = None) -> gr.Blocks:
             return [
                 chosen,
                 chosen,
-                user_html(principal, chosen, service.auth_enabled()),
+                user_html(principal, chosen, service.access.auth_enabled()),
                 *model_status(service, chosen)[:2],
                 *tr.updates(chosen),
                 *refresh_values(ctx, chosen),

@@ -17,8 +17,9 @@ from typing import Any
 
 from cosyserve.errors import InputError
 from cosyserve.frontend.prompt_check import PromptReport, load_prompt
+from cosyserve.service.access.principals import AuthRequired, Forbidden, Principal
 from cosyserve.service.access.sessions import SESSION_COOKIE
-from cosyserve.service.app_state import AuthRequired, Forbidden, Principal, Service
+from cosyserve.service.assembly import Service
 from cosyserve.service.logs import recent_logs
 from cosyserve.service.requests import OutputSpec, SynthesisRequest
 from cosyserve.service.scheduling.scheduler import Ticket
@@ -58,18 +59,8 @@ class UiBridge:
     def principal(self, headers: Mapping[str, str], cookies: Mapping[str, str]) -> Principal | None:
         """Like the API: an API key (header, or the login page's key cookie), the session cookie, or
         anonymous with full rights when the server has no authentication at all; None: not signed in."""
-        service = self.service
         key_text = _header_key(headers) or cookies.get(UI_KEY_COOKIE) or None
-        if key_text:
-            key = service.keys.authenticate(key_text)
-            if key is not None:
-                return Principal("key", key.role, key=key, name=key.name)
-        user = service.sessions.verify(cookies.get(SESSION_COOKIE))
-        if user is not None:
-            return Principal("session", "admin", name=user)
-        if not service.auth_enabled():
-            return Principal("anonymous", "admin")
-        return None
+        return self.service.access.identify(key_text, cookies.get(SESSION_COOKIE))
 
     def principal_of(self, request: Any) -> Principal:
         """The principal of a Gradio request; AuthRequired when its credentials are gone or invalid."""
@@ -121,9 +112,9 @@ class UiBridge:
         fmt: str = "wav",
     ) -> Ticket:
         """Queue one synthesis as `principal` (QueueFull, ModelNotReady, RateLimited, InputError, ...)."""
-        service = self.service
-        service.check_rate(principal)
-        service.check_quota(principal)
+        access = self.service.access
+        access.check_rate(principal)
+        access.check_quota(principal)
         spec = OutputSpec(
             format="pcm" if stream else "wav",
             owner=principal.owner,
@@ -132,7 +123,7 @@ class UiBridge:
             endpoint="ui",
             extra={"ui_mode": mode, "ui_format": fmt},
         )
-        return service.submit_tts(request, spec, stream=stream)
+        return self.service.backend.submit_tts(request, spec, stream=stream)
 
     def queue_wait_estimate(self, ticket: Ticket) -> float:
         return ticket.estimated_wait_s()
@@ -149,8 +140,7 @@ class UiBridge:
     def output(self, principal: Principal, output_id: str) -> StoredOutput:
         """A stored result the principal may see (admins and anonymous users see all)."""
         output = self.service.outputs.get(output_id)
-        owner = output.manifest.get("owner")
-        if not (principal.is_admin or (owner is not None and owner == principal.owner)):
+        if not principal.may_see(output.manifest.get("owner")):
             raise OutputNotFound(f"no output {output_id}; it may have expired or been deleted")
         return output
 
@@ -164,7 +154,7 @@ class UiBridge:
     def download_url(self, output: StoredOutput, fmt: str = "wav") -> str:
         """A signed link to the output store's download route (works without credentials until it expires)."""
         query = {"format": fmt} if fmt != "wav" else None
-        return self.service.signed_url(output.url_path, query)
+        return self.service.access.signed_url(output.url_path, query)
 
     # -- voices ------------------------------------------------------------------------------------
 
@@ -179,7 +169,7 @@ class UiBridge:
     ) -> Ticket:
         self.require_admin(principal)
         data, suffix = self.read_upload(path)
-        return self.service.submit_enrolment(
+        return self.service.backend.submit_enrolment(
             name, data, transcript or None, suffix=suffix, request_id=request_id
         )
 
@@ -224,7 +214,7 @@ class UiBridge:
 
     def restart_engine(self, principal: Principal) -> str:
         self.require_admin(principal)
-        return self.service.restart_engine()
+        return self.service.backend.restart_engine()
 
     def logs(self, principal: Principal, limit: int = 100, level: str | None = None) -> list[dict[str, Any]]:
         self.require_admin(principal)

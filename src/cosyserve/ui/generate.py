@@ -23,7 +23,7 @@ from typing import Any
 import gradio as gr
 
 from cosyserve.errors import Cancelled, CosyServeError, JobTimeout, ModelNotReady, QueueFull
-from cosyserve.service.app_state import AuthRequired, Forbidden, RateLimited
+from cosyserve.service.access.principals import AuthRequired, Forbidden, RateLimited
 from cosyserve.service.logs import log_failure, new_request_id
 from cosyserve.service.requests import MAX_SEED, StreamStart, SynthesisRequest, TtsOutcome
 from cosyserve.service.scheduling.scheduler import Ticket

@@ -19,9 +19,10 @@ import os
 import socket
 import threading
 import time
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
-from cosyserve.errors import Cancelled, CosyServeError, JobStateError, ModelDirError
+from cosyserve.errors import Cancelled, CosyServeError, JobStateError, ModelDirError, SettingsError
+from cosyserve.service.assembly import Service
 from cosyserve.service.distributed import codec
 from cosyserve.service.distributed.celery_app import (
     ENROL_TASK,
@@ -32,13 +33,12 @@ from cosyserve.service.distributed.celery_app import (
     task_options,
 )
 from cosyserve.service.distributed.relay import Relay, WorkerRegistry, connect
+from cosyserve.service.local.backend import LocalBackend
 from cosyserve.service.logs import log_failure
 from cosyserve.service.requests import StreamStart
-
-if TYPE_CHECKING:
-    from cosyserve.service.app_state import Service
-    from cosyserve.service.scheduling.tickets import Ticket
-    from cosyserve.service.settings import Settings
+from cosyserve.service.scheduling.tickets import Ticket
+from cosyserve.service.settings import Settings
+from cosyserve.service.stores.keys import ApiKey
 
 log = logging.getLogger(__name__)
 
@@ -56,14 +56,15 @@ class WorkerNode:
     def __init__(
         self, settings: Settings, *, name: str | None = None, service: Service | None = None
     ) -> None:
-        from cosyserve.service.app_state import Service
-
         queue = settings.queue
         if not queue.queue_url:
             raise ValueError("a worker needs queue_url")
         self.settings = settings
         self.name = name or default_worker_name()
         self.service = service or Service(settings, role="worker")
+        if not isinstance(self.service.backend, LocalBackend):
+            raise SettingsError("a worker runs the model itself: its service needs the worker role")
+        self.local: LocalBackend = self.service.backend
         self.lease_s = queue.job_lease_s
         restore = max(1, min(10, int(queue.visibility_timeout_s // 5)))
         self.app = make_celery(
@@ -163,7 +164,7 @@ class WorkerNode:
     def info(self) -> dict[str, Any]:
         """What API nodes show about this worker (its heartbeat)."""
         return {
-            **self.service.model_info,
+            **self.local.model_info,
             "name": self.name,
             "host": socket.gethostname(),
             "pid": os.getpid(),
@@ -186,7 +187,7 @@ class WorkerNode:
         def run(watch: TaskWatch) -> None:
             request = codec.decode_request(request_data)
             spec = codec.decode_spec(spec_data, self._key)
-            ticket = watch.attach(self.service.submit_tts(request, spec, stream=stream))
+            ticket = watch.attach(self.local.submit_tts(request, spec, stream=stream))
             if not stream:
                 self.relay.publish(task_id, "done", codec.encode_outcome(ticket.result()))
                 return
@@ -212,7 +213,7 @@ class WorkerNode:
         task_id = task.request.id
 
         def run(watch: TaskWatch) -> None:
-            ticket = self.service.submit_enrolment(
+            ticket = self.local.submit_enrolment(
                 name,
                 codec.unb64(audio_b64) or b"",
                 transcript,
@@ -264,7 +265,7 @@ class WorkerNode:
             request = codec.decode_request(request_data)
             spec = codec.decode_spec(spec_data, self._key)
             with self._counted(), TaskWatch(self, job_id, job_attempt=attempt) as watch:
-                watch.attach(self.service.run_claimed_job(job_id, attempt, request, spec)).wait()
+                watch.attach(self.local.run_claimed_job(job_id, attempt, request, spec)).wait()
         except BaseException as exc:  # it never reached the scheduler: end the record here
             with contextlib.suppress(JobStateError):
                 jobs.finish_with_exception(job_id, exc, attempt=attempt)
@@ -273,7 +274,7 @@ class WorkerNode:
 
     # -- helpers -----------------------------------------------------------------------------------------
 
-    def _key(self, key_id: int) -> Any:
+    def _key(self, key_id: int) -> ApiKey | None:
         try:
             return self.service.keys.get(key_id)
         except CosyServeError:  # revoked or deleted since: nothing to charge

@@ -1,0 +1,119 @@
+"""Where synthesis runs: the `Backend` protocol, which the service chooses once from its role.
+
+`local.LocalBackend` runs work in this process on the model its `ModelHost` holds (a single server, or a
+`cosyserve worker`); `distributed.remote.RemoteBackend` hands work to workers through a shared queue (an
+API node). Callers (the API, the web UI, the worker's task handlers) see only this protocol. The checks
+both backends make before accepting work are here too, so they cannot drift apart.
+"""
+
+from __future__ import annotations
+
+import uuid
+from typing import Any, Protocol
+
+from cosyserve.errors import InputError, JobStateError
+from cosyserve.frontend.text.split import cut_after, has_content
+from cosyserve.service.requests import OutputSpec, SynthesisRequest
+from cosyserve.service.scheduling.tickets import Ticket
+from cosyserve.service.stores.jobs import JobNotFound, JobRecord, JobStore
+from cosyserve.service.stores.voices import VoiceDefaults
+
+JOB_TEXT_FACTOR = 50  # a job may carry this many times max_text_chars; it is synthesised piece by piece
+SENTENCE_ENDS = frozenset("。？！；.?!;…\n")
+COMMAS = frozenset("，,、：:")
+
+
+class Backend(Protocol):
+    """Synthesis, jobs and voice enrolment, wherever they run."""
+
+    @property
+    def model_info(self) -> dict[str, Any]:
+        """What is known about the model that serves requests (sample_rate once it is known)."""
+        ...
+
+    def start(self) -> None: ...
+
+    def stop(self) -> None: ...
+
+    def readiness(self, detailed: bool, *, accepting: bool) -> dict[str, Any]:
+        """{"ready", "state", "reason", model info...}; `accepting`: the scheduler still takes work."""
+        ...
+
+    def require_ready(self) -> None:
+        """Raise (ModelNotReady, NoWorkers, ...) unless work can be accepted now."""
+        ...
+
+    def restart_engine(self) -> str:
+        """Reload the model; returns the new state (InputError where there is no model to restart)."""
+        ...
+
+    def submit_tts(self, request: SynthesisRequest, spec: OutputSpec, *, stream: bool = False) -> Ticket:
+        """Queue one synthesis; its ticket's result is a `TtsOutcome`."""
+        ...
+
+    def submit_job(self, request: SynthesisRequest, spec: OutputSpec) -> JobRecord:
+        """Accept a (possibly long) text as a job; its record always ends done, failed or cancelled."""
+        ...
+
+    def cancel_job(self, job_id: str) -> JobRecord:
+        """Cancel a queued or running job (JobNotFound, or JobStateError if it already ended)."""
+        ...
+
+    def submit_enrolment(
+        self,
+        name: str,
+        audio: bytes,
+        transcript: str | None,
+        *,
+        suffix: str = ".wav",
+        defaults: VoiceDefaults | None = None,
+        lexicon: dict[str, str] | None = None,
+        request_id: str | None = None,
+    ) -> Ticket:
+        """Analyse and store a new voice; its ticket's result is the `Voice`."""
+        ...
+
+
+def job_pieces(request: SynthesisRequest, max_chars: int) -> list[str]:
+    """The pieces a job's text is synthesised in; InputError for a text too long or with nothing to say."""
+    limit = max_chars * JOB_TEXT_FACTOR
+    if len(request.text) > limit:
+        raise InputError(f"a job text may have at most {limit} characters, got {len(request.text)}")
+    return split_for_job(request.text, max_chars)
+
+
+def cancellable_job(jobs: JobStore, job_id: str) -> JobRecord:
+    """The record of a job that can still be cancelled; JobNotFound or JobStateError otherwise."""
+    record = jobs.get(job_id)
+    if record is None:
+        raise JobNotFound(f"no job {job_id!r}: list your jobs with GET /v1/jobs")
+    if record.is_terminal:
+        raise JobStateError(
+            f"job {job_id} already ended ({record.state}); only queued or running jobs cancel"
+        )
+    return record
+
+
+def new_job_id() -> str:
+    return uuid.uuid4().hex
+
+
+def split_for_job(text: str, max_chars: int) -> list[str]:
+    """Pieces of at most `max_chars` characters, cut after sentences (else commas, else anywhere)."""
+    if len(text.strip()) <= max_chars:
+        return [text]
+    units: list[str] = []
+    for sentence in cut_after(text, SENTENCE_ENDS):
+        if len(sentence) <= max_chars:
+            units.append(sentence)
+            continue
+        for clause in cut_after(sentence, COMMAS):
+            units.extend(clause[i : i + max_chars] for i in range(0, len(clause), max_chars))
+    pieces: list[str] = []
+    for unit in units:
+        if pieces and len(pieces[-1]) + len(unit) <= max_chars:
+            pieces[-1] += unit
+        elif has_content(unit):
+            pieces.append(unit)
+        # else: punctuation that fits nowhere says nothing; it is dropped
+    return pieces
