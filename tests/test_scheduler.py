@@ -229,6 +229,31 @@ def test_stream_error_after_items(make_scheduler: Any) -> None:
     assert got == [1] and ticket.state == "failed"
 
 
+def test_an_audio_stream_is_start_chunks_then_outcome(make_scheduler: Any) -> None:
+    from cosyserve.service.backend import AudioStream
+    from cosyserve.service.requests import StreamStart, TtsOutcome
+
+    start = StreamStart(7, "audio/pcm", 24000)
+    outcome = TtsOutcome(7, 0.1, 3, None, None, "audio/pcm")
+
+    def work(ctx: WorkContext) -> Iterator[Any]:
+        yield start
+        yield b"ab"
+        yield b"cd"
+        return outcome
+
+    stream = AudioStream(make_scheduler().submit(work, stream=True))
+    assert stream.open(WAIT) == start == stream.start
+    assert list(stream.chunks()) == [b"ab", b"cd"] and stream.outcome == outcome
+
+    def refused(ctx: WorkContext) -> Iterator[Any]:
+        raise InputError("the text is empty")
+        yield start  # pragma: no cover
+
+    with pytest.raises(InputError, match="empty"):
+        AudioStream(make_scheduler().submit(refused, stream=True)).open(WAIT)
+
+
 def test_consumer_abandonment_cancels(make_scheduler: Any) -> None:
     scheduler = make_scheduler(stream_buffer=1)
     closed = threading.Event()

@@ -70,12 +70,12 @@ async def speech(body: SpeechParams, request: Request, principal: CurrentPrincip
         extra={"model": body.model},
     )
     if body.stream_format == "sse":
-        ticket = service.backend.submit_tts(synthesis, spec, stream=True)
-        start, items = await open_stream(request, ticket)
-        return sse_response(ticket, start, items, len(body.input))
+        stream = service.backend.stream_tts(synthesis, spec)
+        await open_stream(request, stream)
+        return sse_response(stream, len(body.input))
     if "stream_format" in body.model_fields_set:  # asked for "audio" explicitly: chunks as generated
-        ticket = service.backend.submit_tts(synthesis, spec, stream=True)
-        start, items = await open_stream(request, ticket)
-        return audio_stream_response(ticket, start, items)
+        stream = service.backend.stream_tts(synthesis, spec)
+        await open_stream(request, stream)
+        return audio_stream_response(stream)
     ticket = service.backend.submit_tts(synthesis, spec)
     return audio_response(await await_ticket(request, ticket))

@@ -35,8 +35,8 @@ async def tts(request: Request, principal: CurrentPrincipal) -> Response:
     spec = output_spec(request, principal, "tts", format=params.format, sample_rate=params.sample_rate)
     synthesis = params.to_request(audio)
     if params.stream:
-        ticket = service.backend.submit_tts(synthesis, spec, stream=True)
-        start, items = await open_stream(request, ticket)
-        return audio_stream_response(ticket, start, items)
+        stream = service.backend.stream_tts(synthesis, spec)
+        await open_stream(request, stream)
+        return audio_stream_response(stream)
     ticket = service.backend.submit_tts(synthesis, spec)
     return audio_response(await await_ticket(request, ticket))

@@ -9,11 +9,12 @@ both backends make before accepting work are here too, so they cannot drift apar
 from __future__ import annotations
 
 import uuid
+from collections.abc import AsyncIterator, Iterator
 from typing import Any, Protocol
 
 from cosyserve.errors import InputError, JobStateError
 from cosyserve.frontend.text.split import cut_after, has_content
-from cosyserve.service.requests import OutputSpec, SynthesisRequest
+from cosyserve.service.requests import OutputSpec, StreamStart, SynthesisRequest, TtsOutcome
 from cosyserve.service.scheduling.tickets import Ticket
 from cosyserve.service.stores.jobs import JobNotFound, JobRecord, JobStore
 from cosyserve.service.stores.voices import VoiceDefaults
@@ -21,6 +22,66 @@ from cosyserve.service.stores.voices import VoiceDefaults
 JOB_TEXT_FACTOR = 50  # a job may carry this many times max_text_chars; it is synthesised piece by piece
 SENTENCE_ENDS = frozenset("。？！；.?!;…\n")
 COMMAS = frozenset("，,、：:")
+
+
+class AudioStream:
+    """A streamed synthesis as its reader sees it: `start` once the request was checked (seed, media type,
+    rate: a response can begin), then the encoded audio (`chunks`), then the `outcome`.
+
+    It reads a streaming ticket whose work yields a `StreamStart` first, then bytes, and returns the
+    `TtsOutcome` (the stream work of both backends does). One reader, from a thread (`open`, `chunks`) or
+    an event loop (`open_async`, `achunks`); errors before the start are raised by `open`, later ones after
+    the last chunk; a reader that stops early cancels the work.
+    """
+
+    def __init__(self, ticket: Ticket) -> None:
+        if not ticket.stream:
+            raise TypeError(f"job {ticket.id} was not submitted as a stream")
+        self.ticket = ticket
+        self.start: StreamStart | None = None
+        self._items: Iterator[Any] | None = None
+        self._aitems: AsyncIterator[Any] | None = None
+
+    def open(self, timeout: float | None = None) -> StreamStart:
+        """Wait for the start (each item waits at most `timeout` seconds)."""
+        self._items = self.ticket.chunks(timeout)
+        return self._started(next(self._items, None))
+
+    def chunks(self) -> Iterator[bytes]:
+        """The encoded audio as it is made, after `open`."""
+        if self._items is None:
+            raise RuntimeError("open() the stream before reading its chunks")
+        return self._items
+
+    async def open_async(self, timeout: float | None = None) -> StreamStart:
+        self._aitems = self.ticket.achunks(timeout)
+        try:
+            first = await self._aitems.__anext__()
+        except StopAsyncIteration:
+            first = None
+        return self._started(first)
+
+    def achunks(self) -> AsyncIterator[bytes]:
+        if self._aitems is None:
+            raise RuntimeError("open_async() the stream before reading its chunks")
+        return self._aitems
+
+    async def aclose(self) -> None:
+        """Stop reading (cancels the work unless it finished)."""
+        close = getattr(self._aitems, "aclose", None)
+        if close is not None:
+            await close()
+
+    @property
+    def outcome(self) -> TtsOutcome | None:
+        """The outcome once the last chunk was read (None if the work did not succeed)."""
+        return self.ticket.value
+
+    def _started(self, first: object) -> StreamStart:
+        if not isinstance(first, StreamStart):  # a stream work that ended without a start broke its contract
+            raise RuntimeError(f"job {self.ticket.id} ended without starting its stream")
+        self.start = first
+        return first
 
 
 class Backend(Protocol):
@@ -47,8 +108,12 @@ class Backend(Protocol):
         """Reload the model; returns the new state (InputError where there is no model to restart)."""
         ...
 
-    def submit_tts(self, request: SynthesisRequest, spec: OutputSpec, *, stream: bool = False) -> Ticket:
-        """Queue one synthesis; its ticket's result is a `TtsOutcome`."""
+    def submit_tts(self, request: SynthesisRequest, spec: OutputSpec) -> Ticket:
+        """Queue one synthesis; its ticket's result is a `TtsOutcome` with the encoded audio."""
+        ...
+
+    def stream_tts(self, request: SynthesisRequest, spec: OutputSpec) -> AudioStream:
+        """Queue one synthesis whose audio is read while it is made."""
         ...
 
     def submit_job(self, request: SynthesisRequest, spec: OutputSpec) -> JobRecord:

@@ -20,6 +20,7 @@ from cosyserve.frontend.prompt_check import PromptReport, load_prompt
 from cosyserve.service.access.principals import AuthRequired, Forbidden, Principal
 from cosyserve.service.access.sessions import SESSION_COOKIE
 from cosyserve.service.assembly import Service
+from cosyserve.service.backend import AudioStream
 from cosyserve.service.logs import recent_logs
 from cosyserve.service.requests import OutputSpec, SynthesisRequest
 from cosyserve.service.scheduling.scheduler import Ticket
@@ -102,28 +103,29 @@ class UiBridge:
         return self.service.settings.limits.max_text_chars
 
     def submit(
-        self,
-        principal: Principal,
-        request: SynthesisRequest,
-        *,
-        mode: str,
-        stream: bool,
-        request_id: str,
-        fmt: str = "wav",
+        self, principal: Principal, request: SynthesisRequest, *, mode: str, request_id: str, fmt: str = "wav"
     ) -> Ticket:
         """Queue one synthesis as `principal` (QueueFull, ModelNotReady, RateLimited, InputError, ...)."""
+        return self.service.backend.submit_tts(request, self._spec(principal, "wav", mode, request_id, fmt))
+
+    def stream(
+        self, principal: Principal, request: SynthesisRequest, *, mode: str, request_id: str, fmt: str = "wav"
+    ) -> AudioStream:
+        """The same as `submit`, read while it is made (raw 16-bit PCM, which the page plays as it comes)."""
+        return self.service.backend.stream_tts(request, self._spec(principal, "pcm", mode, request_id, fmt))
+
+    def _spec(self, principal: Principal, delivered: str, mode: str, request_id: str, fmt: str) -> OutputSpec:
         access = self.service.access
         access.check_rate(principal)
         access.check_quota(principal)
-        spec = OutputSpec(
-            format="pcm" if stream else "wav",
+        return OutputSpec(
+            format=delivered,
             owner=principal.owner,
             key=principal.key,
             request_id=request_id,
             endpoint="ui",
             extra={"ui_mode": mode, "ui_format": fmt},
         )
-        return self.service.backend.submit_tts(request, spec, stream=stream)
 
     def queue_wait_estimate(self, ticket: Ticket) -> float:
         return ticket.estimated_wait_s()

@@ -171,7 +171,6 @@ def build_library_tab(ctx: UiContext, panels: list[ModePanel], tabs: gr.Tabs) ->
                 principal,
                 SynthesisRequest(text=words.strip(), voice=voice.id),
                 mode="preview",
-                stream=False,
                 request_id=request_id,
             )
             outcome = ticket.result(PREVIEW_TIMEOUT_S)

@@ -17,15 +17,15 @@ import logging
 import threading
 import time
 import uuid
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Generator, Iterator
 from typing import Any
 
 from cosyserve.errors import Cancelled, InputError, JobStateError
-from cosyserve.service.backend import cancellable_job, job_pieces, new_job_id
+from cosyserve.service.backend import AudioStream, cancellable_job, job_pieces, new_job_id
 from cosyserve.service.distributed import codec
 from cosyserve.service.distributed.celery_app import ENROL_TASK, JOB_TASK, QUEUE, TTS_TASK, make_celery
 from cosyserve.service.distributed.relay import Relay, RelayItem, WorkerRegistry, connect
-from cosyserve.service.requests import OutputSpec, StreamStart, SynthesisRequest, job_parameters
+from cosyserve.service.requests import OutputSpec, StreamStart, SynthesisRequest, TtsOutcome, job_parameters
 from cosyserve.service.scheduling.scheduler import Scheduler, Ticket, WorkContext
 from cosyserve.service.settings import Settings
 from cosyserve.service.stores.jobs import JobRecord, JobStore
@@ -124,13 +124,19 @@ class RemoteBackend:
 
     # -- interactive work --------------------------------------------------------------------------------
 
-    def submit_tts(self, request: SynthesisRequest, spec: OutputSpec, *, stream: bool = False) -> Ticket:
-        """One synthesis on a worker; this node's scheduler slot relays its output."""
+    def submit_tts(self, request: SynthesisRequest, spec: OutputSpec) -> Ticket:
+        """One synthesis on a worker; this node's scheduler slot relays its outcome."""
         self.require_ready()
         spec = spec.checked(self.model_info.get("sample_rate"))
-        if stream:
-            request = dataclasses.replace(request, stream=True)
-        return self.scheduler.submit(self.tts_work(request, spec, stream), owner=spec.owner, stream=stream)
+        return self.scheduler.submit(self.tts_work(request, spec, False), owner=spec.owner)
+
+    def stream_tts(self, request: SynthesisRequest, spec: OutputSpec) -> AudioStream:
+        """One streamed synthesis on a worker; this node's scheduler slot relays its chunks."""
+        self.require_ready()
+        spec = spec.checked(self.model_info.get("sample_rate"))
+        request = dataclasses.replace(request, stream=True)
+        ticket = self.scheduler.submit(self.tts_work(request, spec, True), owner=spec.owner, stream=True)
+        return AudioStream(ticket)
 
     def submit_enrolment(
         self,
@@ -166,7 +172,9 @@ class RemoteBackend:
 
         return work
 
-    def _stream(self, task_id: str, items: Iterator[RelayItem]) -> Iterator[Any]:
+    def _stream(
+        self, task_id: str, items: Iterator[RelayItem]
+    ) -> Generator[StreamStart | bytes, None, TtsOutcome]:
         """The relayed stream: the worker's StreamStart, its chunks, and its outcome as the return value."""
         try:
             for item in items:

@@ -35,7 +35,6 @@ from cosyserve.service.distributed.celery_app import (
 from cosyserve.service.distributed.relay import Relay, WorkerRegistry, connect
 from cosyserve.service.local.backend import LocalBackend
 from cosyserve.service.logs import log_failure
-from cosyserve.service.requests import StreamStart
 from cosyserve.service.scheduling.tickets import Ticket
 from cosyserve.service.settings import Settings
 from cosyserve.service.stores.keys import ApiKey
@@ -187,16 +186,16 @@ class WorkerNode:
         def run(watch: TaskWatch) -> None:
             request = codec.decode_request(request_data)
             spec = codec.decode_spec(spec_data, self._key)
-            ticket = watch.attach(self.local.submit_tts(request, spec, stream=stream))
             if not stream:
+                ticket = watch.attach(self.local.submit_tts(request, spec))
                 self.relay.publish(task_id, "done", codec.encode_outcome(ticket.result()))
                 return
-            for item in ticket.chunks():
-                if isinstance(item, StreamStart):
-                    self.relay.publish(task_id, "start", dataclasses.asdict(item))
-                else:
-                    self.relay.publish(task_id, "chunk", bytes(item))
-            self.relay.publish(task_id, "done", codec.encode_outcome(ticket.value))
+            audio = self.local.stream_tts(request, spec)
+            watch.attach(audio.ticket)
+            self.relay.publish(task_id, "start", dataclasses.asdict(audio.open()))
+            for data in audio.chunks():
+                self.relay.publish(task_id, "chunk", data)
+            self.relay.publish(task_id, "done", codec.encode_outcome(audio.ticket.result()))
 
         self._interactive(task_id, run)
 

@@ -13,12 +13,12 @@ from __future__ import annotations
 import dataclasses
 import logging
 import threading
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Generator
 from typing import Any
 
 from cosyserve.service.access.limits import QuotaTracker
 from cosyserve.service.audio_formats import StreamEncoder, encode, mime_type
-from cosyserve.service.backend import cancellable_job, job_pieces, new_job_id
+from cosyserve.service.backend import AudioStream, cancellable_job, job_pieces, new_job_id
 from cosyserve.service.local.jobs import JobStateRecorder, run_pieces
 from cosyserve.service.local.model_host import ModelHost
 from cosyserve.service.local.synthesizer import Synthesizer
@@ -99,25 +99,35 @@ class LocalBackend:
 
     # -- synthesis -----------------------------------------------------------------------------------------
 
-    def submit_tts(self, request: SynthesisRequest, spec: OutputSpec, *, stream: bool = False) -> Ticket:
+    def submit_tts(self, request: SynthesisRequest, spec: OutputSpec) -> Ticket:
         """Queue one synthesis (QueueFull, ShuttingDown, ModelNotReady, InputError for bad formats)."""
         self.require_ready()
         spec = spec.checked(self.model_info.get("sample_rate"))
-        if stream:
-            request = dataclasses.replace(request, stream=True)
 
-        def work(ctx: WorkContext) -> Any:
-            if stream:
-                return self._stream_items(ctx, request, spec)
+        def work(ctx: WorkContext) -> TtsOutcome:
             with request_context(spec.request_id), self.host.synthesizer(ctx.cancel) as synth:
                 result = self._run_engine(
                     lambda: synth.synthesize(request, progress=_progress_to(ctx), cancel=ctx.cancel).result()
                 )
                 return self._finish(synth, request, result, spec, encoded=True)
 
-        return self.scheduler.submit(work, owner=spec.owner, stream=stream)
+        return self.scheduler.submit(work, owner=spec.owner)
 
-    def _stream_items(self, ctx: WorkContext, request: SynthesisRequest, spec: OutputSpec) -> Iterator[Any]:
+    def stream_tts(self, request: SynthesisRequest, spec: OutputSpec) -> AudioStream:
+        """Queue one synthesis whose encoded audio is read while the engine makes it."""
+        self.require_ready()
+        spec = spec.checked(self.model_info.get("sample_rate"))
+        request = dataclasses.replace(request, stream=True)
+
+        def work(ctx: WorkContext) -> Generator[StreamStart | bytes, None, TtsOutcome]:
+            return self._stream_items(ctx, request, spec)
+
+        return AudioStream(self.scheduler.submit(work, owner=spec.owner, stream=True))
+
+    def _stream_items(
+        self, ctx: WorkContext, request: SynthesisRequest, spec: OutputSpec
+    ) -> Generator[StreamStart | bytes, None, TtsOutcome]:
+        """What `AudioStream` reads: the start, then encoded chunks; returns the outcome."""
         with request_context(spec.request_id), self.host.synthesizer(ctx.cancel) as synth:
             stream = self._run_engine(
                 lambda: synth.synthesize(request, progress=_progress_to(ctx), cancel=ctx.cancel)
