@@ -13,15 +13,13 @@ from collections.abc import AsyncIterator, Iterator
 from typing import Any, Protocol
 
 from cosyserve.errors import InputError, JobStateError
-from cosyserve.frontend.text.split import cut_after, has_content
+from cosyserve.frontend.text.split import split_long_text
 from cosyserve.service.requests import OutputSpec, StreamStart, SynthesisRequest, TtsOutcome
 from cosyserve.service.scheduling.tickets import Ticket
 from cosyserve.service.stores.jobs import JobNotFound, JobRecord, JobStore
 from cosyserve.service.stores.voices import VoiceDefaults
 
 JOB_TEXT_FACTOR = 50  # a job may carry this many times max_text_chars; it is synthesised piece by piece
-SENTENCE_ENDS = frozenset("。？！；.?!;…\n")
-COMMAS = frozenset("，,、：:")
 
 
 class AudioStream:
@@ -140,11 +138,11 @@ class Backend(Protocol):
 
 
 def job_pieces(request: SynthesisRequest, max_chars: int) -> list[str]:
-    """The pieces a job's text is synthesised in; InputError for a text too long or with nothing to say."""
+    """The pieces a job's text is synthesised in (InputError for a text that is too long)."""
     limit = max_chars * JOB_TEXT_FACTOR
     if len(request.text) > limit:
         raise InputError(f"a job text may have at most {limit} characters, got {len(request.text)}")
-    return split_for_job(request.text, max_chars)
+    return split_long_text(request.text, max_chars)
 
 
 def cancellable_job(jobs: JobStore, job_id: str) -> JobRecord:
@@ -162,23 +160,3 @@ def cancellable_job(jobs: JobStore, job_id: str) -> JobRecord:
 def new_job_id() -> str:
     return uuid.uuid4().hex
 
-
-def split_for_job(text: str, max_chars: int) -> list[str]:
-    """Pieces of at most `max_chars` characters, cut after sentences (else commas, else anywhere)."""
-    if len(text.strip()) <= max_chars:
-        return [text]
-    units: list[str] = []
-    for sentence in cut_after(text, SENTENCE_ENDS):
-        if len(sentence) <= max_chars:
-            units.append(sentence)
-            continue
-        for clause in cut_after(sentence, COMMAS):
-            units.extend(clause[i : i + max_chars] for i in range(0, len(clause), max_chars))
-    pieces: list[str] = []
-    for unit in units:
-        if pieces and len(pieces[-1]) + len(unit) <= max_chars:
-            pieces[-1] += unit
-        elif has_content(unit):
-            pieces.append(unit)
-        # else: punctuation that fits nowhere says nothing; it is dropped
-    return pieces

@@ -131,9 +131,7 @@ class SynthesisStream:
         lm_prompt_speech = (
             plan.features.speech_token[0].tolist() if plan.prepared.use_prompt_speech_tokens else []
         )
-        prompt_text_ids = (
-            synth.tokenizer.encode(plan.prepared.lm_prompt_text) if plan.prepared.lm_prompt_text else []
-        )
+        prompt_text_ids = plan.prepared.lm_prompt_ids
         prefix = synth.cached_prefix(prompt_text_ids) if plan.voice is not None and prompt_text_ids else None
         stream_chunks = plan.request.stream and plan.speed == 1.0
         flow_cache = (
@@ -143,11 +141,12 @@ class SynthesisStream:
         self._started_at = time.time()
         samples_so_far = 0
         self._report(0, len(segments), 0.0)
-        for index, (segment, shown) in enumerate(zip(segments, plan.prepared.display_segments, strict=True)):
+        pairs = zip(plan.prepared.segment_ids, plan.prepared.display_segments, strict=True)
+        for index, (text_ids, shown) in enumerate(pairs):
             if self._cancel.is_set():
                 raise Cancelled("the request was cancelled")
             seg = SegmentInput(
-                text_ids=synth.tokenizer.encode(segment),
+                text_ids=text_ids,
                 prompt_text_ids=prompt_text_ids,
                 lm_prompt_speech_ids=lm_prompt_speech,
                 flow_prompt=flow_prompt,
