@@ -7,7 +7,7 @@ import threading
 import time
 
 import pytest
-from tests.conftest import API_SEED, API_TEXT, PROMPT_TRANSCRIPT, enrol_voice
+from tests.conftest import API_SEED, API_TEXT, PROMPT_TRANSCRIPT, enrol_voice, sharing
 
 
 def wait_for(predicate, timeout: float = 30.0) -> None:
@@ -20,14 +20,12 @@ def wait_for(predicate, timeout: float = 30.0) -> None:
 @pytest.fixture(scope="module")
 def gated(start_api_server, api_synthesizer):
     """A server whose model loads only when the test opens `gate` (and counts its loads)."""
-    import copy
-
     gate, loads = threading.Event(), []
 
     def factory(settings, voices):
         gate.wait(60)
         loads.append(time.monotonic())
-        return copy.copy(api_synthesizer)
+        return sharing(api_synthesizer)(settings, voices)
 
     live = start_api_server(factory=factory, wait_ready=False)
     live.gate, live.loads = gate, loads

@@ -6,6 +6,7 @@ objects it creates per call (KV cache, sampler generator, stream state).
 
 from __future__ import annotations
 
+import logging
 import threading
 import time
 from collections.abc import Callable, Iterator
@@ -17,12 +18,15 @@ import torch
 from cosyserve.engine.batching import DecodeBatcher
 from cosyserve.engine.device import Placement, to_device
 from cosyserve.engine.loading import load_flow, load_hift, load_speech_lm
+from cosyserve.engine.quantize import apply_preset
 from cosyserve.engine.speech_lm_runner import PromptPrefix, SpeechLMRunner
 from cosyserve.engine.token2wav import FlowPrompt, PromptCache, Token2Wav
 from cosyserve.errors import Cancelled
-from cosyserve.model.flow import DEFAULT_N_TIMESTEPS
+from cosyserve.model.flow import DEFAULT_N_TIMESTEPS, CausalFlow
+from cosyserve.model.speech_lm import SpeechLM
 from cosyserve.modeldir.model_dir import ModelDir
 
+log = logging.getLogger(__name__)
 CancelCheck = Callable[[], bool]
 
 
@@ -57,6 +61,7 @@ class EngineOptions:
     GPU with more than one request at a time; on a CPU they only add waiting. cuda_graph: replay LM
     decode steps as CUDA graphs (CUDA only; requests in a decode batch do not use it).
     flow_steps < 10 and guidance=False are speed options that change the audio (see `cosyserve bench`).
+    preset: a compute preset of `engine.quantize` ("exact", or "fast": int8 linears on the CPU).
     """
 
     batch_decode: bool = False
@@ -67,6 +72,7 @@ class EngineOptions:
     cuda_graph: bool = False
     flow_steps: int = DEFAULT_N_TIMESTEPS
     guidance: bool = True
+    preset: str = "exact"
 
     @classmethod
     def for_device(cls, device_type: str, concurrency: int) -> EngineOptions:
@@ -99,13 +105,17 @@ class SpeechEngine:
         options = options or EngineOptions()
         lm_dtype = placement.dtype if placement.device.type == "cuda" else torch.float32
         model = load_speech_lm(model_dir, placement.device, lm_dtype)
+        flow = load_flow(model_dir, placement.device)
+        if options.preset != "exact":  # converts the networks in place, before anything wraps them
+            result = apply_preset(_Networks(model, flow), options.preset, measure=False)
+            log.info("compute preset: %s", result.label)
         batcher = None
         if options.batch_decode:
             batcher = DecodeBatcher(model, max_batch=options.max_batch, window_s=options.decode_window_s)
         lm = SpeechLMRunner(model, batch_decode=batcher, use_cuda_graph=options.cuda_graph)
         # Flow weights stay float32; on CUDA the runner wraps it in autocast (as the official fp16 mode).
         token2wav = Token2Wav(
-            load_flow(model_dir, placement.device),
+            flow,
             load_hift(model_dir, placement.device),
             placement,
             chunk_size=model_dir.config.chunk_size,
@@ -168,6 +178,14 @@ class SpeechEngine:
             audio = self.token2wav.stream_finish(state, all_tokens)
         stats.acoustic_s += time.perf_counter() - acoustic_clock
         yield audio.cpu().numpy()
+
+
+@dataclass(frozen=True)
+class _Networks:
+    """The two networks a compute preset converts (`quantize.HasLLMAndFlow`)."""
+
+    llm: SpeechLM
+    flow: CausalFlow
 
 
 def _as_tensor(tokens: list[int], device: torch.device) -> torch.Tensor:

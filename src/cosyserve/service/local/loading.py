@@ -24,7 +24,7 @@ def load_synthesizer(settings: Settings, voices: VoiceLibrary | None) -> Synthes
 
     engine = settings.engine
     model_dir = resolve_model(engine.model, models_root=engine.models_dir)
-    synth = Synthesizer.load(
+    return Synthesizer.load(
         model_dir,
         device=engine.device,
         precision=engine.precision,
@@ -33,19 +33,11 @@ def load_synthesizer(settings: Settings, voices: VoiceLibrary | None) -> Synthes
         max_text_chars=settings.limits.max_text_chars,
         engine_options=engine_options(settings),
     )
-    if engine.preset != "exact":
-        from types import SimpleNamespace
-
-        from cosyserve.engine.quantize import apply_preset
-
-        networks = SimpleNamespace(llm=synth.engine.lm.model, flow=synth.engine.token2wav.flow)
-        log.info("compute preset: %s", apply_preset(networks, engine.preset, measure=False).label)
-    return synth
 
 
 def engine_options(settings: Settings) -> EngineOptions:
-    """How the engine runs for these settings: batching/CUDA graphs on a GPU (unless turned off) and
-    the flow speed options, which change the audio and are logged as such."""
+    """How the engine runs for these settings: batching/CUDA graphs on a GPU (unless turned off), the
+    compute preset, and the flow speed options, which change the audio and are logged as such."""
     engine = settings.engine
     kind = device_type(engine.device)
     options = EngineOptions()
@@ -58,7 +50,9 @@ def engine_options(settings: Settings) -> EngineOptions:
             engine.flow_steps,
             "on" if engine.flow_guidance else "off",
         )
-    return dataclasses.replace(options, flow_steps=engine.flow_steps, guidance=engine.flow_guidance)
+    return dataclasses.replace(
+        options, flow_steps=engine.flow_steps, guidance=engine.flow_guidance, preset=engine.preset
+    )
 
 
 def device_type(spec: str) -> str:

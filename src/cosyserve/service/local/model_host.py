@@ -17,7 +17,7 @@ import time
 from collections.abc import Iterator
 from typing import Any
 
-from cosyserve.errors import Cancelled, CosyServeError, ModelNotReady
+from cosyserve.errors import Cancelled, CosyServeError, ModelNotReady, SettingsError
 from cosyserve.service.local.loading import SynthesizerFactory
 from cosyserve.service.local.synthesizer import Synthesizer
 from cosyserve.service.logs import log_failure
@@ -148,14 +148,14 @@ class ModelHost:
         started = time.perf_counter()
         try:
             synth = self._factory(self.settings, self.voices)
+            if synth.voices is not self.voices:  # the factory's contract: voices and limits are passed in
+                raise SettingsError("the synthesizer factory did not use the voice library it was given")
         except Exception as exc:
             log_failure("model_load", f"loading {self.settings.engine.model} failed: {exc}", exc=exc)
             with self._lock:
                 self._state, self._error = "failed", str(exc) or type(exc).__name__
                 self._lock.notify_all()
             return
-        synth.voices = self.voices  # whatever the factory did: this service's library and limits
-        synth.max_text_chars = self.settings.limits.max_text_chars
         self.voices.model_checksum = synth.model_dir.fingerprint
         self.info = self._describe(synth, time.perf_counter() - started)
         with self._lock:

@@ -236,6 +236,20 @@ class Synthesizer:
             lexicon=lexicon,
         )
 
+    def sharing_model(self, *, voices: VoiceLibrary | None, max_text_chars: int) -> Synthesizer:
+        """A synthesizer on the same loaded networks and front ends with its own voice library and text
+        limit (several services in one process, e.g. test servers sharing one loaded model)."""
+        return Synthesizer(
+            self.model_dir,
+            self.engine,
+            self.tokenizer,
+            self.speaker_encoder,
+            self.speech_tokenizer,
+            voices=voices,
+            max_text_chars=max_text_chars,
+            lexicon=self.lexicon,
+        )
+
     # ---- prompts and voices ---------------------------------------------------------------------
     def analyse_prompt(self, audio: bytes | str | Path) -> PromptFeatures:
         """Validate and analyse a prompt recording (InputError when it is unusable)."""
