@@ -159,4 +159,3 @@ def cancellable_job(jobs: JobStore, job_id: str) -> JobRecord:
 
 def new_job_id() -> str:
     return uuid.uuid4().hex
-

@@ -104,9 +104,7 @@ def encode_spec(spec: OutputSpec) -> dict[str, Any]:
     }
 
 
-def decode_spec(
-    data: dict[str, Any], key_lookup: Callable[[int], ApiKey | None] | None = None
-) -> OutputSpec:
+def decode_spec(data: dict[str, Any], key_lookup: Callable[[int], ApiKey | None] | None = None) -> OutputSpec:
     """The `OutputSpec` back; `key_lookup(key_id)` returns the `ApiKey` (None: not charged here)."""
     key = None
     if data.get("key_id") is not None and key_lookup is not None:

@@ -218,9 +218,7 @@ class RemoteBackend:
         spec = spec.checked(self.model_info.get("sample_rate"))
         job_pieces(request, self.max_text_chars)  # fails early on a text that is too long
         job_id = new_job_id()
-        record = self.jobs.create(
-            job_parameters(request, spec), kind="tts", owner=spec.owner, job_id=job_id
-        )
+        record = self.jobs.create(job_parameters(request, spec), kind="tts", owner=spec.owner, job_id=job_id)
         try:
             self._send(JOB_TASK, [job_id, codec.encode_request(request), codec.encode_spec(spec)], job_id)
         except codec.QueueUnavailable as exc:

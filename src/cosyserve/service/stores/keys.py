@@ -86,7 +86,6 @@ def api_keys_table(metadata: sa.MetaData) -> sa.Table:
     )
 
 
-
 def hash_key(plaintext: str) -> str:
     return hashlib.sha256(plaintext.encode()).hexdigest()
 
