@@ -8,7 +8,6 @@ from __future__ import annotations
 
 import argparse
 import logging
-import sys
 import typing
 from typing import Any
 
@@ -142,14 +141,3 @@ def add_parsers(sub: argparse._SubParsersAction) -> None:
         action.add_argument("--data-dir", dest="data_dir", default=None, help="where the database lives")
         action.add_argument("--database-url", dest="database_url", default=None, help="SQLAlchemy URL")
     keys.set_defaults(settings_dests=["data_dir", "database_url"])
-
-
-def main(argv: list[str] | None = None) -> int:
-    """`python app.py …` and `./run.sh …`: the same as `cosyserve serve …`."""
-    from cosyserve.cli import main as cli_main
-
-    return cli_main(["serve", *(sys.argv[1:] if argv is None else argv)])
-
-
-if __name__ == "__main__":  # pragma: no cover
-    sys.exit(main())
