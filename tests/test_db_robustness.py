@@ -15,7 +15,8 @@ import torch
 from cosyserve.errors import InputError, JobStateError
 from cosyserve.frontend.prompt_features import PromptFeatures
 from cosyserve.service.stores.db import make_engine
-from cosyserve.service.stores.jobs import JobStore, sanitize_params
+from cosyserve.service.stores.job_table import sanitize_params
+from cosyserve.service.stores.jobs import JobStore
 from cosyserve.service.stores.keys import KeyNotFound, KeyStore
 from cosyserve.service.stores.outputs import OutputStore
 from cosyserve.service.stores.voices import VoiceLibrary, VoiceNotFound

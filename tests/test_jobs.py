@@ -21,7 +21,8 @@ from cosyserve.errors import (
 )
 from cosyserve.service.scheduling.scheduler import Scheduler, Ticket
 from cosyserve.service.stores.db import make_engine, sqlite_path
-from cosyserve.service.stores.jobs import INTERRUPTED_MESSAGE, JobStore, sanitize_params, utc_now
+from cosyserve.service.stores.job_table import sanitize_params, utc_now
+from cosyserve.service.stores.jobs import INTERRUPTED_MESSAGE, JobStore
 
 
 @pytest.fixture
