@@ -25,7 +25,8 @@ def _field_annotation(path: str) -> Any:
     raise KeyError(path)  # pragma: no cover - settings_reference only lists real fields
 
 
-FLAG_ALIASES = {"--queue-url": ("--queue",)}  # the short forms the docs use
+# The short forms the docs use, and the official CosyVoice scripts' `--model_dir`.
+FLAG_ALIASES = {"--queue-url": ("--queue",), "--model": ("--model_dir", "--model-dir")}
 
 
 def add_settings_flags(parser: argparse.ArgumentParser) -> list[str]:
@@ -73,6 +74,7 @@ def cmd_serve(args: argparse.Namespace) -> int:
     import uvicorn
 
     from cosyserve.api.app import create_app
+    from cosyserve.commands.startup import print_failure, watch_first_load
     from cosyserve.service.app_state import Service
     from cosyserve.service.logs import configure_logging
 
@@ -98,7 +100,20 @@ def cmd_serve(args: argparse.Namespace) -> int:
     )
     log.info("cosyserve on http://%s:%d (API docs at /docs)", settings.server.host, settings.server.port)
     server = uvicorn.Server(config)
+    load_failed: list[str] = []
+    if service.remote is None and not settings.server.keep_serving_on_load_error:
+
+        def stop_serving(message: str) -> None:
+            load_failed.append(message)
+            server.should_exit = True
+
+        watch_first_load(
+            lambda: service.model_state, lambda: service.load_error, settings.engine.model, stop_serving
+        )
     server.run()
+    if load_failed:
+        print_failure("serve", load_failed[0])
+        return 1
     return 0 if server.started else 1
 
 

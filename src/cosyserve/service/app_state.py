@@ -99,10 +99,14 @@ SynthesizerFactory = Callable[[Settings, VoiceLibrary], Synthesizer]
 
 def load_synthesizer(settings: Settings, voices: VoiceLibrary) -> Synthesizer:
     """Resolve `settings.engine.model` (downloading or writing the demo model if needed) and load it."""
+    from cosyserve.engine.device import resolve_placement
     from cosyserve.modeldir.resolve import resolve_model
 
     engine = settings.engine
-    model_dir = resolve_model(engine.model, models_root=engine.models_dir)
+    resolve_placement(engine.device, engine.precision)  # a device that isn't there fails before a download
+    model_dir = resolve_model(
+        engine.model, models_root=engine.models_dir, retry_budget_s=engine.download_retry_s
+    )
     synth = Synthesizer.load(
         model_dir,
         device=engine.device,
@@ -212,6 +216,7 @@ class Service(ServiceTasks):
         self._synth: Synthesizer | None = None
         self._state = "stopped"  # stopped, loading, ready, failed, restarting
         self._model_error: str | None = None
+        self.load_error: BaseException | None = None  # why the last load failed (start-up reports it)
         self._users = 0  # running work holding the synthesizer
         self._failures = 0
         self._last_failure: str | None = None
@@ -362,6 +367,7 @@ class Service(ServiceTasks):
             log_failure("model_load", f"loading {self.settings.engine.model} failed: {exc}", exc=exc)
             with self._model:
                 self._state, self._model_error = "failed", str(exc) or type(exc).__name__
+                self.load_error = exc
                 self._model.notify_all()
             return
         synth.voices = self.voices  # whatever the factory did: this service's library and limits
