@@ -15,7 +15,7 @@ from typing import Any, TypeVar
 
 from fastapi import Request
 from fastapi.exceptions import RequestValidationError
-from pydantic import BaseModel, ValidationError
+from pydantic import AliasChoices, BaseModel, ValidationError
 from starlette.datastructures import UploadFile
 
 from cosyserve.api.errors import PayloadTooLarge, UnsupportedMediaType
@@ -51,10 +51,14 @@ def media_type(request: Request) -> str:
 async def read_params(
     request: Request, model: type[Params], upload_field: str, max_bytes: int
 ) -> tuple[Params, bytes | None, str]:
-    """The validated parameters, the audio (bytes or None) and its file suffix (".wav" when unknown)."""
+    """The validated parameters, the audio (bytes or None) and its file suffix (".wav" when unknown).
+
+    The recording may come under any of `upload_field`'s names (its validation aliases), once."""
     kind = media_type(request)
+    upload_names = field_names(model, upload_field)
     if kind == "application/json" or kind.endswith("+json"):
         data = await _json_object(request)
+        _at_most_one(upload_names, [name for name in upload_names if data.get(name)])
         params = validate(model, data)
         encoded = getattr(params, upload_field, None)
         audio = decode_base64(encoded, upload_field, max_bytes) if encoded else None
@@ -63,23 +67,24 @@ async def read_params(
         form = await request.form(max_files=2, max_fields=MAX_FORM_FIELDS)
         try:
             fields: dict[str, Any] = {}
-            upload: UploadFile | None = None
+            uploads: dict[str, UploadFile] = {}
             for name, value in form.multi_items():
                 if isinstance(value, str):
                     if name in fields:
                         raise InputError(f"form field {name!r} was given more than once")
                     if value != "":
                         fields[name] = value
-                elif name == upload_field and upload is None:
-                    upload = value
+                elif name in upload_names and name not in uploads:
+                    uploads[name] = value
                 else:
                     raise InputError(
                         f"unexpected file in form field {name!r}: upload the recording as {upload_field!r}"
                     )
-            encoded = fields.pop(upload_field, None)
+            _at_most_one(upload_names, [name for name in upload_names if name in fields or name in uploads])
             params = validate(model, fields)
-            if upload is not None:
-                return params, *await read_upload(upload, max_bytes)
+            if uploads:
+                return params, *await read_upload(next(iter(uploads.values())), max_bytes)
+            encoded = getattr(params, upload_field, None)
             audio = decode_base64(encoded, upload_field, max_bytes) if encoded else None
             return params, audio, ".wav"
         finally:
@@ -88,6 +93,19 @@ async def read_params(
         f"content type {kind or '(none)'!r} is not accepted here: "
         "send application/json or multipart/form-data"
     )
+
+
+def field_names(model: type[BaseModel], field: str) -> tuple[str, ...]:
+    """Every name a body may use for `field`: its validation aliases, or the field's own name."""
+    alias = model.model_fields[field].validation_alias
+    if isinstance(alias, AliasChoices):
+        return tuple(choice for choice in alias.choices if isinstance(choice, str))
+    return (alias,) if isinstance(alias, str) else (field,)
+
+
+def _at_most_one(names: tuple[str, ...], given: list[str]) -> None:
+    if len(given) > 1:
+        raise InputError(f"give the recording once, as one of {', '.join(names)}: got {', '.join(given)}")
 
 
 async def _json_object(request: Request) -> dict[str, Any]:
