@@ -84,10 +84,12 @@ def cmd_serve(args: argparse.Namespace) -> int:
         log.warning(warning)
     # With a shared queue this node loads no model: `cosyserve worker` processes do the synthesis.
     service = Service(settings, role="api" if settings.queue.queue_url else "single")
+    service.preload()  # the model loads while the web UI's imports run
     from cosyserve.ui.app import mount_ui
 
     app = create_app(service)
     mount_ui(app, service)  # the web UI at "/", behind the same auth as the API
+    service.startup.mark("imports done")
     config = uvicorn.Config(
         app,
         host=settings.server.host,

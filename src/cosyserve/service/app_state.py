@@ -29,6 +29,7 @@ from cosyserve.service.metrics import Metrics
 from cosyserve.service.s3sync import S3Sync
 from cosyserve.service.scheduler import Scheduler
 from cosyserve.service.settings import Settings
+from cosyserve.service.startup_clock import StartupClock
 from cosyserve.service.storage import OutputStore, RetentionWorker
 from cosyserve.service.synthesizer import Synthesizer
 from cosyserve.service.voices import VoiceLibrary
@@ -178,6 +179,7 @@ class Service(ServiceTasks):
         self.settings = s = settings
         self.metrics = metrics or Metrics()
         self.started_at = time.time()
+        self.startup = StartupClock()
         self.shutdown_grace_s = (
             min(30.0, s.queue.request_timeout_s) if shutdown_grace_s is None else shutdown_grace_s
         )
@@ -269,7 +271,15 @@ class Service(ServiceTasks):
         if self.remote is not None:
             self.remote.start()
             return
-        self._begin_load("loading")
+        self.preload()
+
+    def preload(self) -> None:
+        """Start loading the model now (in the background), if this process runs one and hasn't yet:
+        `serve` calls it before importing the web UI, so the two overlap."""
+        if self.remote is None:
+            with self._model:
+                if self._state == "stopped":
+                    self._begin_load_locked("loading")
 
     def shutdown(self) -> dict[str, int]:
         """Stop taking work, let running work finish for the grace period, fail the rest; stop the workers."""
@@ -393,6 +403,7 @@ class Service(ServiceTasks):
             self._synth, self._state, self._failures = synth, "ready", 0
             self._model.notify_all()
         self.metrics.set_model_loaded(True)
+        self.startup.mark("model ready", load_s=self.model_info["load_seconds"])
         if self.model_info["demo"]:
             log.warning("serving the demo model: random weights, its audio is noise")
         log.info("model ready", extra={k: v for k, v in self.model_info.items() if k != "model"})

@@ -189,6 +189,7 @@ class ServiceTasks:
             log_failure("storage", f"saving the output failed: {exc}", exc=exc)
             self.metrics.count_error("storage")
         self.metrics.observe_synthesis(result.duration_s, result.stage_seconds.get("total", 0.0))
+        self.startup.first_synthesis(result.stage_seconds.get("total", 0.0), result.duration_s)
         if spec.key is not None:
             self.quota.add(spec.key, result.duration_s)
         return TtsOutcome(
