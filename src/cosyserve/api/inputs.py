@@ -24,6 +24,7 @@ from cosyserve.errors import InputError
 Params = TypeVar("Params", bound=BaseModel)
 READ_PIECE = 64 * 1024
 MAX_FORM_FIELDS = 64
+MAX_JSON_DEPTH = 16  # the deepest request body is 3 levels; refuse what only an attack would send
 AUDIO_SUFFIXES = frozenset(
     {
         ".wav",
@@ -109,14 +110,38 @@ def _at_most_one(names: tuple[str, ...], given: list[str]) -> None:
 
 
 async def _json_object(request: Request) -> dict[str, Any]:
-    raw = await request.body()
-    try:
-        data = json.loads(raw)
-    except (ValueError, UnicodeDecodeError) as exc:
-        raise InputError(f"the body is not valid JSON: {exc}") from None
+    data = parse_json(await request.body(), "the body")
     if not isinstance(data, dict):
         raise InputError(f"the body must be a JSON object, got {type(data).__name__}")
     return data
+
+
+def parse_json(raw: bytes | str, what: str) -> Any:
+    """`json.loads` that refuses nesting deeper than MAX_JSON_DEPTH with an InputError (no request needs
+    it, and deep nesting would exhaust the recursion limit of the parser or of the validation after it)."""
+    try:
+        data = json.loads(raw)
+    except RecursionError:
+        raise InputError(f"{what} is nested too deeply: at most {MAX_JSON_DEPTH} levels") from None
+    except (ValueError, UnicodeDecodeError) as exc:
+        raise InputError(f"{what} is not valid JSON: {exc}") from None
+    if json_depth(data) > MAX_JSON_DEPTH:
+        raise InputError(f"{what} is nested too deeply: at most {MAX_JSON_DEPTH} levels")
+    return data
+
+
+def json_depth(value: Any) -> int:
+    """Nesting depth of parsed JSON (a scalar is 0, `[]` is 1), without recursion."""
+    depth, level = 0, [(value, 0)]
+    while level:
+        item, at = level.pop()
+        if isinstance(item, (dict, list)):
+            depth = max(depth, at + 1)
+            if depth > MAX_JSON_DEPTH:
+                return depth
+            children = item.values() if isinstance(item, dict) else item
+            level.extend((child, at + 1) for child in children)
+    return depth
 
 
 def validate(model: type[Params], data: dict[str, Any]) -> Params:
@@ -173,9 +198,9 @@ def parse_lexicon(value: Any) -> dict[str, str] | None:
         return None
     if isinstance(value, str):
         try:
-            value = json.loads(value)
-        except ValueError:
-            raise InputError('lexicon must be a JSON object such as {"重庆": "[chóng qìng]"}') from None
+            value = parse_json(value, "lexicon")
+        except InputError as exc:
+            raise InputError(f'{exc}; give a JSON object such as {{"重庆": "[chóng qìng]"}}') from None
     if not isinstance(value, dict) or not all(
         isinstance(k, str) and isinstance(v, str) for k, v in value.items()
     ):

@@ -8,6 +8,7 @@ sees an incomplete response instead of a truncated one that looks whole.
 
 from __future__ import annotations
 
+import json
 import logging
 import re
 import time
@@ -24,6 +25,7 @@ REQUEST_ID_HEADER = "x-request-id"
 _SAFE_ID = re.compile(r"[A-Za-z0-9._\-]{1,64}")
 _QUIET_PATHS = ("/health", "/ready", "/metrics")  # polled constantly: logged at DEBUG
 _QUIET_PREFIXES = ("/assets/", "/gradio_api/", "/static/")  # the web UI's own traffic
+_MAX_HELD_BODY = 64 * 1024  # a bare `{"detail": ...}` error is far smaller: larger bodies pass through
 
 
 class ApiMiddleware:
@@ -53,6 +55,8 @@ class ApiMiddleware:
                     (b"x-request-id", request_id.encode("latin-1")),
                 ]
             await send(message)
+
+        send_with_id = _EnvelopeForeignErrors(send_with_id, scope, request_id)
 
         received = 0
         limit = self.max_body_bytes
@@ -98,6 +102,57 @@ class ApiMiddleware:
                 extra={"client": (scope.get("client") or ("-",))[0]},
             )
             reset_request_id(token)
+
+
+class _EnvelopeForeignErrors:
+    """Rewrites `{"detail": ...}` 404/405 answers of mounted apps (the web UI takes every path the API
+    doesn't) into the error envelope, so an unknown route looks like every other error."""
+
+    def __init__(self, send: Send, scope: Scope, request_id: str) -> None:
+        self.send, self.scope, self.request_id = send, scope, request_id
+        self.start: Message | None = None
+        self.body = b""
+
+    async def __call__(self, message: Message) -> None:
+        if message["type"] == "http.response.start" and message["status"] in (404, 405):
+            content_type = dict(message.get("headers", [])).get(b"content-type", b"")
+            if content_type.startswith(b"application/json"):
+                self.start = message  # held until the body shows whether it is a bare `detail`
+                return
+        if self.start is None or message["type"] != "http.response.body":
+            await self.send(message)
+            return
+        self.body += message.get("body", b"")
+        if message.get("more_body", False) and len(self.body) < _MAX_HELD_BODY:
+            return
+        start, body, self.start = self.start, self.body, None
+        if not message.get("more_body", False):
+            replaced = self._envelope(start, body)
+            if replaced is not None:
+                start, body = replaced
+        await self.send(start)
+        await self.send(
+            {"type": "http.response.body", "body": body, "more_body": message.get("more_body", False)}
+        )
+
+    def _envelope(self, start: Message, body: bytes) -> tuple[Message, bytes] | None:
+        status = start["status"]
+        try:
+            detail = json.loads(body)
+        except ValueError:
+            return None
+        if not (isinstance(detail, dict) and set(detail) == {"detail"}):
+            return None
+        method, path = self.scope.get("method", "-"), self.scope.get("path", "")
+        if status == 404:
+            code, text = "not_found", f"no such endpoint: {method} {path} (see /docs)"
+        else:
+            code, text = "method_not_allowed", f"{method} is not allowed on {path} (see /docs)"
+        payload = {"error": {"code": code, "message": text, "request_id": self.request_id}}
+        encoded = json.dumps(payload).encode()
+        kept = [(k, v) for k, v in start.get("headers", []) if k.lower() != b"content-length"]
+        headers = [*kept, (b"content-length", str(len(encoded)).encode())]
+        return {"type": "http.response.start", "status": status, "headers": headers}, encoded
 
 
 def route_label(route: Any) -> str:
