@@ -18,12 +18,12 @@ from fastapi_offline import FastAPIOffline
 
 from cosyserve import __version__
 from cosyserve.api import admin, health, jobs, openai, outputs, tts, voices
+from cosyserve.api.body_budget import BodyBudget
 from cosyserve.api.errors import install_error_handlers
 from cosyserve.api.middleware import ApiMiddleware
 from cosyserve.service.app_state import Service
 
 DOCS_ASSETS_URL = "/docs-assets"
-BODY_SLACK_BYTES = 1 << 20  # form fields and multipart framing on top of the upload itself
 EXPOSED_HEADERS = [
     "X-Request-ID",
     "X-Cosyserve-Seed",
@@ -84,9 +84,13 @@ def create_app(service: Service, *, manage_service: bool = True) -> FastAPI:
             allow_headers=["*"],
             expose_headers=EXPOSED_HEADERS,
         )
-    upload_bytes = int(service.settings.limits.max_upload_mb * 1e6)
-    max_body = upload_bytes * 4 // 3 + BODY_SLACK_BYTES  # base64 in JSON is 4/3 of the bytes
-    app.add_middleware(ApiMiddleware, metrics=service.metrics, max_body_bytes=max_body)  # outermost
+    limits = service.settings.limits
+    app.add_middleware(  # outermost
+        ApiMiddleware,
+        metrics=service.metrics,
+        upload_limit_bytes=int(limits.max_upload_mb * 1e6),
+        body_budget=BodyBudget(int(limits.max_receiving_mb * 1e6)),
+    )
 
     @app.get("/", include_in_schema=False)
     def root() -> RedirectResponse:

@@ -147,6 +147,12 @@ class QueueSettings(_Group):
 class LimitSettings(_Group):
     max_text_chars: int = Field(200, ge=1, description="longest text one request may carry")
     max_upload_mb: float = Field(20.0, gt=0, description="largest prompt-audio upload, in MB")
+    max_receiving_mb: float = Field(
+        64.0,
+        gt=0,
+        description="request bodies over 1 MB being received at once, in MB together: more wait up to "
+        "10 s, then get 503 (bounds the memory a flood of uploads can take)",
+    )
     rate_limit_per_minute: int = Field(60, ge=0, description="requests per minute per API key (0: no limit)")
     daily_audio_seconds_quota: float | None = Field(
         None, gt=0, description="seconds of audio per API key per day (default: unlimited)"
