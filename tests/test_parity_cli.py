@@ -80,4 +80,3 @@ def test_an_unreadable_golden_file_fails(tiny_dir: Path, tmp_path: Path) -> None
     (copy / "resample.npz").unlink()
     (copy / "resample.npz").write_bytes(b"not an npz")
     assert main(["parity", str(copy)]) == 1
-
