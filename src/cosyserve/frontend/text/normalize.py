@@ -100,13 +100,11 @@ def normalize_report(text: str, lang: Language | None = None, *, with_official: 
     if lang == "zh":
         spoken = clean_chinese(spoken)
         official = clean_chinese(official) if official is not None else None
-    collapsed: list[str] = []
-    for chunk, is_tag in split_protected(spoken):
-        if not is_tag:
-            chunk, runs = collapse_runs(chunk, lang)
-            corrections.extend(Correction(PUNCTUATION_RULE, run, run[0], rewritten=False) for run in runs)
-        collapsed.append(chunk)
-    return Normalized("".join(collapsed), lang, tuple(corrections), official)
+    # On the whole text: no special tag holds a sentence mark, and a tag before a run counts as words
+    # (the official split keeps the first mark after `[laughter]`).
+    spoken, runs = collapse_runs(spoken, lang)
+    corrections.extend(Correction(PUNCTUATION_RULE, run, run[0], rewritten=False) for run in runs)
+    return Normalized(spoken, lang, tuple(corrections), official)
 
 
 def normalize_text(text: str, lang: Language | None = None) -> str:

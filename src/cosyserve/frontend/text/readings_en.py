@@ -48,9 +48,10 @@ NOT_PLURALS = _words(
 
 
 def reads_as_year(number: int) -> bool:
-    """Would wetext read this count like a year? It does for 1000..2199 ("twelve thirty four", "ten hundred",
-    "ten zero one") except 2000..2009 and round hundreds ("fifteen hundred" is how people say it)."""
-    if not 1000 <= number <= 2199 or 2000 <= number <= 2009:
+    """Would wetext read this count like a year? It does for 1000..2999 ("twelve thirty four", "ten hundred",
+    "twenty three forty five") except 2000..2009 ("two thousand five") and round hundreds ("fifteen hundred"
+    is how people say it); measured over 1000..9999."""
+    if not 1000 <= number <= 2999 or 2000 <= number <= 2009:
         return False
     return number == 1000 or number % 100 != 0
 
@@ -114,7 +115,7 @@ def _is_plural_noun(word: str) -> bool:
 
 def _read_count(match: re.Match[str]) -> Reading | None:
     number = int(match["num"])
-    before = re.findall(r"[A-Za-z]+", match.string[: match.start()])
+    before = re.findall(r"[A-Za-z]+", match.string[max(0, match.start() - 40) : match.start()])
     if not reads_as_year(number) or not _is_plural_noun(match["noun"]):
         return None
     if before and before[-1].lower() in YEAR_CUES:
