@@ -49,6 +49,7 @@ CASES = [
     Case("money", "他花了$12.50", "他花了十二点五美元", W),
     Case("money", "花了100元。", "花了一百元。", R),
     Case("money", "花了12.5元。", "花了十二点五元。", R),
+    Case("money", "共1,000.00元", "共一千元", W),
     Case("money", "票价$20。", "票价二十美元。", R),
     Case("money", "票价€3.5。", "票价三点五欧元。", R),
     Case("money", "票价£7.25。", "票价七点二五英镑。", R),
@@ -107,6 +108,7 @@ CASES = [
     Case("ranges", "增长了10%-20%。", "增长了百分之十到百分之二十。", W),
     Case("ranges", "比分3-2。", "比分三比二。", W),
     Case("ranges", "比分3:2。", "比分三比二。", R),
+    Case("ranges", "2020–2024年", "二零二零到二零二四年", W),
     # ---- ordinals ----
     Case("ordinals", "He came 1st.", "He came first.", R),
     Case("ordinals", "The 21st century.", "The twenty first century.", R),
@@ -121,6 +123,7 @@ CASES = [
     Case("years", "I have 1234 apples.", "I have one thousand two hundred and thirty four apples.", W),
     Case("years", "We printed 1000 copies.", "We printed one thousand copies.", W),
     Case("years", "We have 3000 apples.", "We have three thousand apples.", R),
+    Case("years", "We met 2345 people.", "We met two thousand three hundred and forty five people.", W),
     Case("years", "Music in the 1990s.", "Music in the nineteen nineties.", W),
     Case("years", "The 2010s were busy.", "The twenty tens were busy.", W),
     Case("years", "The 2000s were busy.", "The two thousands were busy.", R),
@@ -143,6 +146,8 @@ CASES = [
     Case("dates", "2024年3月5日", "二零二四年三月五日", R),
     Case("dates", "今天是2024-03-05", "今天是二零二四年三月五日", R),
     Case("dates", "日期13/05/2024", "日期二零二四年五月十三日", R),
+    Case("dates", "日期2024.03.05", "日期二零二四年三月五日", R),
+    Case("dates", "We met on 2024.03.05.", "We met on the fifth of march twenty twenty four.", R),
     # ---- phone numbers, digit by digit ----
     Case("phones", "Call 555-123-4567.", "Call five five five, one two three, four five six seven.", R),
     Case(

@@ -130,13 +130,18 @@ def _read_decade(match: re.Match[str]) -> Reading | None:
     return Reading(en.plural(en.year(number)), spoken=True)
 
 
+def looks_like_ip_or_date(parts: list[str]) -> bool:
+    """`192.168.0.1`, `2024.03.05`, `5.3.2024`: wetext reads these right (and they are no versions)."""
+    if len(parts) == 4 and all(int(part) <= 255 for part in parts):
+        return True
+    return len(parts) == 3 and (len(parts[0]) == 4 or len(parts[-1]) == 4)
+
+
 def _read_version(match: re.Match[str]) -> Reading | None:
     parts = match["num"].split(".")
     word = match["word"] or ""
-    if not word:
-        looks_like_ip = len(parts) == 4 and all(int(p) <= 255 for p in parts)
-        if looks_like_ip or len(parts[-1]) == 4:  # wetext reads IPs right; 5.3.2024 is a date
-            return None
+    if not word and looks_like_ip_or_date(parts):
+        return None
     spoken = " point ".join(en.cardinal(int(p)) for p in parts)
     if word:
         spoken = ("Version " if word == "Version" else "version ") + spoken

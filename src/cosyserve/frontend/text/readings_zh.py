@@ -14,6 +14,7 @@ import re
 
 from cosyserve.frontend.text.corrections import Reading, Rule, rewrite
 from cosyserve.frontend.text.official import wetext
+from cosyserve.frontend.text.readings_en import looks_like_ip_or_date
 from cosyserve.frontend.text.web_readings import ZH_RULES as WEB_RULES
 
 # Phone digits as said on the phone: 1 is 幺 (not to be heard as 七).
@@ -42,7 +43,7 @@ def _read_phone_plus(match: re.Match[str]) -> Reading | None:
 def _read_version(match: re.Match[str]) -> Reading | None:
     """`2.3.1` -> 二点三点一 (each part as a number); IP addresses and dotted dates are left to wetext."""
     parts = match.group().split(".")
-    if (len(parts) == 4 and all(int(p) <= 255 for p in parts)) or len(parts[-1]) == 4:
+    if looks_like_ip_or_date(parts):
         return None
     return Reading("点".join(wetext(part, "zh") for part in parts), spoken=True)
 
