@@ -123,6 +123,7 @@ CASES = [
     Case("years", "I have 1234 apples.", "I have one thousand two hundred and thirty four apples.", W),
     Case("years", "We printed 1000 copies.", "We printed one thousand copies.", W),
     Case("years", "We have 3000 apples.", "We have three thousand apples.", R),
+    Case("years", "The 2024 elections were close.", "The twenty twenty four elections were close.", R),
     Case("years", "We met 2345 people.", "We met two thousand three hundred and forty five people.", W),
     Case("years", "Music in the 1990s.", "Music in the nineteen nineties.", W),
     Case("years", "The 2010s were busy.", "The twenty tens were busy.", W),

@@ -31,8 +31,9 @@ def _words(text: str) -> frozenset[str]:
     return frozenset(text.split())
 
 
-# A four-digit number after one of these is a year ("in 2024 people moved"), whatever follows.
+# A four-digit number after one of these is a year ("in 2024 people moved", "the 2024 elections").
 YEAR_CUES = _words(
+    "the this that these those its his her their our my your last next "
     "in since by until till from during year circa ca before after early late mid spring summer "
     "autumn fall winter january february march april may june july august september october november "
     "december"
