@@ -1,6 +1,6 @@
 """Prompt audio: decoding, mono mix-down, resampling, silence detection and trimming, loudness normalisation.
 
-Everything works on float32 numpy arrays in [-1, 1] at the file's own rate until `resample`.
+Everything works on float32 numpy arrays in [-1, 1] at the file's own rate; `resampling` takes it from there.
 
 Choices that differ from the official front end (which only loads and resamples) and why:
 - Leading/trailing silence is trimmed down to short margins (`LEAD_MARGIN_S`, `TRAIL_MARGIN_S`): long
@@ -22,7 +22,6 @@ from typing import BinaryIO
 
 import numpy as np
 import soundfile
-import soxr
 
 from cosyserve.errors import InputError
 
@@ -148,14 +147,6 @@ def to_mono(data: np.ndarray) -> np.ndarray:
     if data.ndim == 1:
         return data
     return np.ascontiguousarray(data.mean(axis=1, dtype=np.float32))
-
-
-def resample(samples: np.ndarray, from_rate: int, to_rate: int) -> np.ndarray:
-    """(N,) float32 -> (round(N * to_rate / from_rate),) float32 with soxr's high-quality filter."""
-    samples = np.asarray(samples, dtype=np.float32)
-    if from_rate == to_rate:
-        return samples.copy()
-    return soxr.resample(samples, from_rate, to_rate, quality="HQ").astype(np.float32, copy=False)
 
 
 def frame_levels_db(samples: np.ndarray, sample_rate: int, frame_s: float = FRAME_S) -> np.ndarray:
