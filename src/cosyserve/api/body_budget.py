@@ -22,7 +22,7 @@ class BodyBudget:
     """Bytes of large request bodies being received at once, at most `max_bytes` (a body larger than
     that alone is still let through when nothing else is being received)."""
 
-    def __init__(self, max_bytes: int, wait_s: float = 10.0) -> None:
+    def __init__(self, max_bytes: int, wait_s: float = 30.0) -> None:
         self.max_bytes = max_bytes
         self.wait_s = wait_s
         self.in_use = 0

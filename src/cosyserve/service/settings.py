@@ -151,7 +151,7 @@ class LimitSettings(_Group):
         64.0,
         gt=0,
         description="request bodies over 1 MB being received at once, in MB together: more wait up to "
-        "10 s, then get 503 (bounds the memory a flood of uploads can take)",
+        "30 s, then get 503 (bounds the memory a flood of uploads can take)",
     )
     rate_limit_per_minute: int = Field(60, ge=0, description="requests per minute per API key (0: no limit)")
     daily_audio_seconds_quota: float | None = Field(
