@@ -12,6 +12,7 @@ from __future__ import annotations
 import asyncio
 import ctypes
 import ctypes.util
+import gc
 from typing import Any
 
 SMALL_BODY_BYTES = 1 << 20  # bodies up to this size (almost every API call) are not counted
@@ -58,8 +59,9 @@ class BodyBudget:
 
 
 class FreedMemoryReleaser:
-    """Calls glibc's `malloc_trim(0)` shortly after large bodies were handled: many requests ending
-    together share one call, made off the event loop. A no-op where glibc isn't the allocator."""
+    """Collects cyclic garbage and calls glibc's `malloc_trim(0)` shortly after large bodies were
+    handled: many requests ending together share one call, made off the event loop (the trim is a no-op
+    where glibc isn't the allocator)."""
 
     def __init__(self, delay_s: float = TRIM_DELAY_S) -> None:
         self.delay_s = delay_s
@@ -77,6 +79,9 @@ class FreedMemoryReleaser:
 
     def _run(self) -> None:
         self._pending = False
+        # A failed request's error can keep its body alive in a reference cycle (exception, traceback,
+        # frame) until the cycle collector runs, which large buffers alone never trigger: collect first.
+        gc.collect()
         if self._trim is not None:
             self._trim(0)
             self.calls += 1
