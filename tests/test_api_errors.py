@@ -74,6 +74,23 @@ def test_malformed_requests(client) -> None:
     assert_envelope(client.post("/v1/audio/speech", json={"input": API_TEXT}), 422, "invalid_request")
 
 
+def test_deeply_nested_json_is_a_400_everywhere(client) -> None:
+    deep = b"[" * 1000 + b"]" * 1000
+    nested_object = b'{"text": ' + b'{"a": ' * 50 + b"1" + b"}" * 50 + b"}"
+    headers = {"content-type": "application/json"}
+    for method, path in [("POST", "/v1/tts"), ("POST", "/v1/jobs"), ("POST", "/v1/voices"),
+                         ("POST", "/v1/audio/speech"), ("PATCH", "/v1/voices/alice")]:  # fmt: skip
+        for body in (deep, nested_object):
+            response = client.request(method, path, content=body, headers=headers)
+            assert response.status_code in (400, 422), (path, response.text)
+            assert_envelope(response, response.status_code)
+    lexicon = "[" * 1000 + "]" * 1000
+    form = client.post(
+        "/v1/voices", data={"name": "deep", "lexicon": lexicon}, files={"audio": ("a.wav", b"RIFF")}
+    )
+    assert "nested too deeply" in assert_envelope(form, 400, "invalid_input")["message"]
+
+
 def test_uploads_are_checked(client, prompt_wav_bytes) -> None:
     def upload(name: str, data: bytes, content_type: str):
         return client.post(

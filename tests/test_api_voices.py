@@ -53,6 +53,21 @@ def test_enrol_json_base64_and_duplicate_name(client, prompt_wav_bytes) -> None:
     assert again.status_code == 400 and "already exists" in again.json()["error"]["message"]
 
 
+def test_enrol_accepts_the_tts_field_names(client, prompt_wav_bytes) -> None:
+    """`prompt_wav`/`prompt_text`, as in /v1/tts, are aliases of `audio`/`transcript`."""
+    files = {"prompt_wav": ("erin.wav", prompt_wav_bytes, "audio/wav")}
+    response = client.post("/v1/voices", data={"name": "erin", "prompt_text": PROMPT_TRANSCRIPT}, files=files)
+    assert response.status_code == 201, response.text
+    assert response.json()["transcript"] == PROMPT_TRANSCRIPT
+    encoded = base64.b64encode(prompt_wav_bytes).decode()
+    by_json = client.post("/v1/voices", json={"name": "fay", "prompt_wav": encoded, "prompt_text": "你好"})
+    assert by_json.status_code == 201 and by_json.json()["transcript"] == "你好"
+    both = client.post("/v1/voices", json={"name": "gus", "audio": encoded, "prompt_wav": encoded})
+    assert both.status_code == 400 and "give the recording once" in both.json()["error"]["message"]
+    for name in ("erin", "fay"):
+        assert client.delete(f"/v1/voices/{name}").status_code == 204
+
+
 def test_enrol_needs_usable_audio(client) -> None:
     missing = client.post("/v1/voices", json={"name": "dave"})
     assert missing.status_code == 400 and "no recording" in missing.json()["error"]["message"]

@@ -19,11 +19,11 @@ from cosyserve.frontend.audio import (
     find_speech_span,
     normalise_loudness,
     peak_db,
-    resample,
     speech_rms_db,
     trim_silence,
 )
 from cosyserve.frontend.prompt_check import check_prompt, load_prompt
+from cosyserve.frontend.resampling import output_resample, prompt_resample
 
 
 def speech_like(
@@ -252,8 +252,9 @@ def test_normalise_loudness_targets_speech_rms_and_respects_the_peak_ceiling() -
     assert normalise_loudness(silent, sr) is silent
 
 
+@pytest.mark.parametrize("resample", [prompt_resample, output_resample])
 @pytest.mark.parametrize(("src", "dst"), [(8000, 16000), (22050, 24000), (96000, 16000), (24000, 24000)])
-def test_resample_lengths_and_content(src: int, dst: int) -> None:
+def test_resample_lengths_and_content(src: int, dst: int, resample) -> None:
     t = np.arange(src) / src
     tone = (0.5 * np.sin(2 * np.pi * 440.0 * t)).astype(np.float32)
     out = resample(tone, src, dst)

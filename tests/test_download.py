@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import os
 import shutil
+import time
 import zipfile
 from collections.abc import Sequence
 from pathlib import Path
@@ -15,6 +16,7 @@ from cosyserve.modeldir import download
 from cosyserve.modeldir.download import (
     SKIP_PATTERNS,
     SOURCE_ENV,
+    DownloadError,
     default_target_dir,
     download_model,
     looks_like_mainland_china,
@@ -176,9 +178,52 @@ def test_falls_back_to_the_other_hub(remote: Path, tmp_path: Path, monkeypatch: 
 
 def test_explicit_source_does_not_fall_back(remote: Path, tmp_path: Path) -> None:
     broken, good = BrokenHub(), FakeHub(remote)
-    with pytest.raises(ModelDirError, match=r"modelscope attempt 1: OSError: name resolution failed"):
+    with pytest.raises(ModelDirError, match=r"modelscope \(2 attempts\): OSError: name resolution failed\. "):
         _download(tmp_path / "model", {"modelscope": broken, "huggingface": good}, source="modelscope")
     assert good.calls == 0
+
+
+def test_unreachable_hubs_give_up_after_the_retry_budget(remote: Path, tmp_path: Path) -> None:
+    """Offline: attempts that fetch nothing stop once they have taken the budget; one reason per hub."""
+    slow_broken, other = BrokenHub(), BrokenHub()
+    original = slow_broken.__call__
+
+    def slow(*args, **kwargs):
+        time.sleep(0.05)
+        return original(*args, **kwargs)
+
+    with pytest.raises(DownloadError) as caught:
+        _download(
+            tmp_path / "model",
+            {"huggingface": slow, "modelscope": other},
+            attempts_per_source=5,
+            retry_budget_s=0.01,
+        )
+    assert slow_broken.calls == 1 and other.calls == 0
+    assert caught.value.reason == "OSError: name resolution failed"
+    assert str(caught.value).count("name resolution failed") == 1
+
+
+def test_an_attempt_that_fetched_something_is_retried_whatever_the_budget(
+    remote: Path, tmp_path: Path
+) -> None:
+    hub = FakeHub(remote, cut_file="llm.pt")
+    _download(tmp_path / "model", {"huggingface": hub}, source="huggingface", retry_budget_s=0.0)
+    assert hub.calls == 2
+
+
+def test_root_cause_names_the_innermost_error() -> None:
+    try:
+        try:
+            try:
+                raise OSError("[Errno -2] Name or service not known")
+            except OSError as inner:
+                raise ConnectionError("Max retries exceeded " + "x" * 400) from inner
+        except ConnectionError as middle:
+            raise RuntimeError("An error happened while trying to locate the files on the Hub") from middle
+    except RuntimeError as outer:
+        assert download.root_cause(outer) == "OSError: [Errno -2] Name or service not known"
+    assert len(download.root_cause(ValueError("y" * 1000))) < 200
 
 
 def test_missing_file_is_named(remote: Path, tmp_path: Path) -> None:

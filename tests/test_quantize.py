@@ -191,9 +191,7 @@ def test_fused_int8_qkv_equals_three_int8_linears() -> None:
     torch.manual_seed(0)
     attention = Attention(tiny_config().llm.qwen2).eval()
     x = torch.randn(3, 5, attention.q_proj.in_features)
-    separate = [
-        Int8Linear(p)(x) for p in (attention.q_proj, attention.k_proj, attention.v_proj)
-    ]
+    separate = [Int8Linear(p)(x) for p in (attention.q_proj, attention.k_proj, attention.v_proj)]
     attention.fuse_qkv(lambda linear: Int8Linear(linear))
     assert not hasattr(attention, "q_proj") and isinstance(attention.qkv_proj, Int8Linear)
     with pytest.raises(ValueError, match="already fused"):

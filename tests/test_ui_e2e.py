@@ -11,7 +11,6 @@ from __future__ import annotations
 
 import io
 import itertools
-import os
 import shutil
 import threading
 from pathlib import Path
@@ -20,25 +19,15 @@ import numpy as np
 import pytest
 import soundfile
 
+from browser import chromium
 from conftest import PROMPT_TRANSCRIPT, REPO_ROOT, LiveServer, sharing
 
 pytestmark = pytest.mark.slow
 
-CHROMIUM = Path("/usr/bin/chromium")
 ARTIFACTS = REPO_ROOT / "test-artifacts" / "ui"
 USER, PASSWORD = "admin", "ui-test-password-1"
 MAX_CHARS = 40
 WAIT_MS = 120_000  # generous: the CI machine may be busy
-BROWSER_ARGS = [
-    "--no-sandbox",
-    "--disable-gpu",
-    "--disable-background-networking",
-    "--disable-component-update",
-    "--disable-sync",
-    "--no-first-run",
-    "--disable-quic",
-    "--autoplay-policy=no-user-gesture-required",
-]
 
 
 @pytest.fixture(scope="module")
@@ -71,18 +60,10 @@ def ui_server(api_synthesizer, demo_model_path, tmp_path_factory):
 
 @pytest.fixture(scope="module")
 def browser():
-    if not CHROMIUM.exists():
-        if os.environ.get("CI") == "true":
-            pytest.fail("Debian chromium is missing: scripts/test.sh installs it (apt-get install chromium)")
-        pytest.skip("Debian chromium is not installed (apt-get install chromium)")
-    from playwright.sync_api import sync_playwright
-
-    shutil.rmtree(ARTIFACTS, ignore_errors=True)
-    ARTIFACTS.mkdir(parents=True, exist_ok=True)
-    with sync_playwright() as playwright:
-        browser = playwright.chromium.launch(executable_path=str(CHROMIUM), args=BROWSER_ARGS)
-        yield browser
-        browser.close()
+    with chromium() as launched:
+        shutil.rmtree(ARTIFACTS, ignore_errors=True)
+        ARTIFACTS.mkdir(parents=True, exist_ok=True)
+        yield launched
 
 
 @pytest.fixture(scope="module")

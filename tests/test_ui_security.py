@@ -119,6 +119,16 @@ def test_the_api_still_answers_beside_the_ui(client):
     assert client.get("/v1/voices").status_code == 401  # the API keeps its own auth
 
 
+def test_unknown_routes_answer_with_the_error_envelope(client):
+    """The UI is mounted at "/", so it answers every path the API doesn't: still the one envelope."""
+    for method, path in [("GET", "/v1/nothing-here"), ("POST", "/admin/nope"), ("GET", "/gradio_api/zzz")]:
+        response = client.request(method, path)
+        assert response.status_code == 404
+        error = response.json()["error"]
+        assert error["code"] == "not_found" and path in error["message"]
+        assert error["request_id"] == response.headers["x-request-id"]
+
+
 def test_without_any_auth_the_page_is_open(tmp_path):
     with make_client(tmp_path) as client:
         assert client.get("/", headers=HTML).status_code == 200

@@ -92,6 +92,9 @@ def build_parser() -> argparse.ArgumentParser:
     from cosyserve.commands import worker
 
     worker.add_parser(sub)
+    from cosyserve.commands import normalize
+
+    normalize.add_parser(sub)
     return parser
 
 

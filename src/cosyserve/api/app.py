@@ -1,6 +1,6 @@
 """`create_app(service)`: the FastAPI application around one `Service`.
 
-The API lives under /v1, /admin, /auth, /health, /ready, /metrics and /docs, leaving "/" to the web UI
+The API lives under /v1, /admin, /auth, /health, /ready, /metrics, /docs and /redoc, leaving "/" to the web UI
 (`cosyserve.ui.app.mount_ui` replaces the placeholder redirect from "/" to /docs).
 The app's lifespan starts the service (model loading in the background) and shuts it down gracefully.
 """
@@ -14,14 +14,16 @@ from contextlib import asynccontextmanager
 from fastapi import FastAPI
 from fastapi.middleware.cors import CORSMiddleware
 from fastapi.responses import RedirectResponse
+from fastapi_offline import FastAPIOffline
 
 from cosyserve import __version__
 from cosyserve.api import admin, health, jobs, openai, outputs, tts, voices
+from cosyserve.api.body_budget import BodyBudget
 from cosyserve.api.errors import install_error_handlers
 from cosyserve.api.middleware import ApiMiddleware
 from cosyserve.service.assembly import Service
 
-BODY_SLACK_BYTES = 1 << 20  # form fields and multipart framing on top of the upload itself
+DOCS_ASSETS_URL = "/docs-assets"
 EXPOSED_HEADERS = [
     "X-Request-ID",
     "X-Cosyserve-Seed",
@@ -55,13 +57,15 @@ def create_app(service: Service, *, manage_service: bool = True) -> FastAPI:
             if manage_service:
                 await asyncio.to_thread(service.shutdown)
 
-    app = FastAPI(
+    # Swagger UI and ReDoc from the assets fastapi-offline ships, never a CDN: docs work offline.
+    app = FastAPIOffline(
         title="cosyserve",
         version=__version__,
         description=DESCRIPTION,
         lifespan=lifespan,
         docs_url="/docs",
-        redoc_url=None,
+        redoc_url="/redoc",
+        static_url=DOCS_ASSETS_URL,
     )
     app.state.service = service
     install_error_handlers(app)
@@ -80,9 +84,13 @@ def create_app(service: Service, *, manage_service: bool = True) -> FastAPI:
             allow_headers=["*"],
             expose_headers=EXPOSED_HEADERS,
         )
-    upload_bytes = int(service.settings.limits.max_upload_mb * 1e6)
-    max_body = upload_bytes * 4 // 3 + BODY_SLACK_BYTES  # base64 in JSON is 4/3 of the bytes
-    app.add_middleware(ApiMiddleware, metrics=service.metrics, max_body_bytes=max_body)  # outermost
+    limits = service.settings.limits
+    app.add_middleware(  # outermost
+        ApiMiddleware,
+        metrics=service.metrics,
+        upload_limit_bytes=int(limits.max_upload_mb * 1e6),
+        body_budget=BodyBudget(int(limits.max_receiving_mb * 1e6)),
+    )
 
     @app.get("/", include_in_schema=False)
     def root() -> RedirectResponse:

@@ -53,8 +53,21 @@ class UnsupportedMediaType(InputError):
 class BodyTooLarge(StarletteHTTPException):
     """Raised while a body is being read; an HTTPException so body parsers pass it through unchanged."""
 
-    def __init__(self, limit: int) -> None:
-        super().__init__(413, f"the request body is larger than {limit / 1e6:.1f} MB")
+    def __init__(self, upload_limit_bytes: int) -> None:
+        super().__init__(413, body_too_large_message(upload_limit_bytes))
+
+
+def body_too_large_message(upload_limit_bytes: int) -> str:
+    """Names the limit as configured (`max_upload_mb`), not the body cap derived from it."""
+    return (
+        f"the request body is too large: recordings are limited to {upload_limit_bytes / 1e6:g} MB "
+        "(max_upload_mb), as a file upload or as base64 in JSON"
+    )
+
+
+def body_cap_bytes(upload_limit_bytes: int) -> int:
+    """The largest body a request may have: the upload as base64 (4/3 of its bytes) plus 1 MB of fields."""
+    return upload_limit_bytes * 4 // 3 + (1 << 20)
 
 
 # (exception class, HTTP status, code): the first match wins, so subclasses come first.

@@ -15,7 +15,7 @@ from typing import Any, TypeVar
 
 from fastapi import Request
 from fastapi.exceptions import RequestValidationError
-from pydantic import BaseModel, ValidationError
+from pydantic import AliasChoices, BaseModel, ValidationError
 from starlette.datastructures import UploadFile
 
 from cosyserve.api.errors import PayloadTooLarge, UnsupportedMediaType
@@ -24,6 +24,7 @@ from cosyserve.errors import InputError
 Params = TypeVar("Params", bound=BaseModel)
 READ_PIECE = 64 * 1024
 MAX_FORM_FIELDS = 64
+MAX_JSON_DEPTH = 16  # the deepest request body is 3 levels; refuse what only an attack would send
 AUDIO_SUFFIXES = frozenset(
     {
         ".wav",
@@ -51,10 +52,14 @@ def media_type(request: Request) -> str:
 async def read_params(
     request: Request, model: type[Params], upload_field: str, max_bytes: int
 ) -> tuple[Params, bytes | None, str]:
-    """The validated parameters, the audio (bytes or None) and its file suffix (".wav" when unknown)."""
+    """The validated parameters, the audio (bytes or None) and its file suffix (".wav" when unknown).
+
+    The recording may come under any of `upload_field`'s names (its validation aliases), once."""
     kind = media_type(request)
+    upload_names = field_names(model, upload_field)
     if kind == "application/json" or kind.endswith("+json"):
         data = await _json_object(request)
+        _at_most_one(upload_names, [name for name in upload_names if data.get(name)])
         params = validate(model, data)
         encoded = getattr(params, upload_field, None)
         audio = decode_base64(encoded, upload_field, max_bytes) if encoded else None
@@ -63,23 +68,24 @@ async def read_params(
         form = await request.form(max_files=2, max_fields=MAX_FORM_FIELDS)
         try:
             fields: dict[str, Any] = {}
-            upload: UploadFile | None = None
+            uploads: dict[str, UploadFile] = {}
             for name, value in form.multi_items():
                 if isinstance(value, str):
                     if name in fields:
                         raise InputError(f"form field {name!r} was given more than once")
                     if value != "":
                         fields[name] = value
-                elif name == upload_field and upload is None:
-                    upload = value
+                elif name in upload_names and name not in uploads:
+                    uploads[name] = value
                 else:
                     raise InputError(
                         f"unexpected file in form field {name!r}: upload the recording as {upload_field!r}"
                     )
-            encoded = fields.pop(upload_field, None)
+            _at_most_one(upload_names, [name for name in upload_names if name in fields or name in uploads])
             params = validate(model, fields)
-            if upload is not None:
-                return params, *await read_upload(upload, max_bytes)
+            if uploads:
+                return params, *await read_upload(next(iter(uploads.values())), max_bytes)
+            encoded = getattr(params, upload_field, None)
             audio = decode_base64(encoded, upload_field, max_bytes) if encoded else None
             return params, audio, ".wav"
         finally:
@@ -90,15 +96,52 @@ async def read_params(
     )
 
 
+def field_names(model: type[BaseModel], field: str) -> tuple[str, ...]:
+    """Every name a body may use for `field`: its validation aliases, or the field's own name."""
+    alias = model.model_fields[field].validation_alias
+    if isinstance(alias, AliasChoices):
+        return tuple(choice for choice in alias.choices if isinstance(choice, str))
+    return (alias,) if isinstance(alias, str) else (field,)
+
+
+def _at_most_one(names: tuple[str, ...], given: list[str]) -> None:
+    if len(given) > 1:
+        raise InputError(f"give the recording once, as one of {', '.join(names)}: got {', '.join(given)}")
+
+
 async def _json_object(request: Request) -> dict[str, Any]:
-    raw = await request.body()
-    try:
-        data = json.loads(raw)
-    except (ValueError, UnicodeDecodeError) as exc:
-        raise InputError(f"the body is not valid JSON: {exc}") from None
+    data = parse_json(await request.body(), "the body")
     if not isinstance(data, dict):
         raise InputError(f"the body must be a JSON object, got {type(data).__name__}")
     return data
+
+
+def parse_json(raw: bytes | str, what: str) -> Any:
+    """`json.loads` that refuses nesting deeper than MAX_JSON_DEPTH with an InputError (no request needs
+    it, and deep nesting would exhaust the recursion limit of the parser or of the validation after it)."""
+    try:
+        data = json.loads(raw)
+    except RecursionError:
+        raise InputError(f"{what} is nested too deeply: at most {MAX_JSON_DEPTH} levels") from None
+    except (ValueError, UnicodeDecodeError) as exc:
+        raise InputError(f"{what} is not valid JSON: {exc}") from None
+    if json_depth(data) > MAX_JSON_DEPTH:
+        raise InputError(f"{what} is nested too deeply: at most {MAX_JSON_DEPTH} levels")
+    return data
+
+
+def json_depth(value: Any) -> int:
+    """Nesting depth of parsed JSON (a scalar is 0, `[]` is 1), without recursion."""
+    depth, level = 0, [(value, 0)]
+    while level:
+        item, at = level.pop()
+        if isinstance(item, (dict, list)):
+            depth = max(depth, at + 1)
+            if depth > MAX_JSON_DEPTH:
+                return depth
+            children = item.values() if isinstance(item, dict) else item
+            level.extend((child, at + 1) for child in children)
+    return depth
 
 
 def validate(model: type[Params], data: dict[str, Any]) -> Params:
@@ -155,9 +198,9 @@ def parse_lexicon(value: Any) -> dict[str, str] | None:
         return None
     if isinstance(value, str):
         try:
-            value = json.loads(value)
-        except ValueError:
-            raise InputError('lexicon must be a JSON object such as {"重庆": "[chóng qìng]"}') from None
+            value = parse_json(value, "lexicon")
+        except InputError as exc:
+            raise InputError(f'{exc}; give a JSON object such as {{"重庆": "[chóng qìng]"}}') from None
     if not isinstance(value, dict) or not all(
         isinstance(k, str) and isinstance(v, str) for k, v in value.items()
     ):

@@ -8,6 +8,7 @@ sees an incomplete response instead of a truncated one that looks whole.
 
 from __future__ import annotations
 
+import json
 import logging
 import re
 import time
@@ -16,7 +17,14 @@ from typing import Any
 from starlette.routing import Mount
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
-from cosyserve.api.errors import BodyTooLarge, envelope, error_response
+from cosyserve.api.body_budget import BodyBudget, FreedMemoryReleaser
+from cosyserve.api.errors import (
+    BodyTooLarge,
+    body_cap_bytes,
+    body_too_large_message,
+    envelope,
+    error_response,
+)
 from cosyserve.service.logs import new_request_id, reset_request_id, set_request_id
 
 access_log = logging.getLogger("cosyserve.access")
@@ -24,13 +32,20 @@ REQUEST_ID_HEADER = "x-request-id"
 _SAFE_ID = re.compile(r"[A-Za-z0-9._\-]{1,64}")
 _QUIET_PATHS = ("/health", "/ready", "/metrics")  # polled constantly: logged at DEBUG
 _QUIET_PREFIXES = ("/assets/", "/gradio_api/", "/static/")  # the web UI's own traffic
+BUSY_RETRY_AFTER_S = 5
+_MAX_HELD_BODY = 64 * 1024  # a bare `{"detail": ...}` error is far smaller: larger bodies pass through
 
 
 class ApiMiddleware:
-    def __init__(self, app: ASGIApp, metrics: Any, max_body_bytes: int) -> None:
+    def __init__(
+        self, app: ASGIApp, metrics: Any, upload_limit_bytes: int, body_budget: BodyBudget | None = None
+    ) -> None:
         self.app = app
         self.metrics = metrics
-        self.max_body_bytes = max_body_bytes
+        self.upload_limit_bytes = upload_limit_bytes
+        self.max_body_bytes = body_cap_bytes(upload_limit_bytes)
+        self.body_budget = body_budget
+        self.releaser = FreedMemoryReleaser()
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
         if scope["type"] != "http":
@@ -54,25 +69,37 @@ class ApiMiddleware:
                 ]
             await send(message)
 
+        send_with_id = _EnvelopeForeignErrors(send_with_id, scope, request_id)
+
         received = 0
         limit = self.max_body_bytes
+        held = 0  # bytes reserved in the body budget until the body has been received
 
         async def limited_receive() -> Message:
-            nonlocal received
+            nonlocal received, held
             message = await receive()
             if message["type"] == "http.request":
                 received += len(message.get("body", b""))
                 if received > limit:
-                    raise BodyTooLarge(limit)
+                    raise BodyTooLarge(self.upload_limit_bytes)
+                if held and not message.get("more_body", False):
+                    await self._release(held)
+                    held = 0
             return message
 
         try:
             declared = headers.get("content-length", "")
-            if declared.isdigit() and int(declared) > limit:
-                response = envelope(
-                    413, "payload_too_large", f"the request body is larger than {limit / 1e6:.1f} MB"
-                )
+            size = int(declared) if declared.isdigit() else (limit if "transfer-encoding" in headers else 0)
+            if size > limit:
+                message = body_too_large_message(self.upload_limit_bytes)
+                response = envelope(413, "payload_too_large", message)
                 await response(scope, receive, send_with_id)
+            elif self.body_budget is not None and self.body_budget.counts(size):
+                if await self.body_budget.acquire(size):
+                    held = size
+                    await self.app(scope, limited_receive, send_with_id)
+                else:
+                    await self._busy()(scope, receive, send_with_id)
             else:
                 await self.app(scope, limited_receive, send_with_id)
         except Exception as exc:
@@ -81,6 +108,10 @@ class ApiMiddleware:
             else:
                 error_response(exc, self.metrics)  # logs and counts; the body is cut off
         finally:
+            if held:
+                await self._release(held)
+            if self.body_budget is not None and self.body_budget.counts(received):
+                self.releaser.soon()  # the body's memory is garbage now: give it back to the system
             elapsed = time.perf_counter() - started
             code = status[0] if status else 500
             template = route_label(scope.get("route"))
@@ -98,6 +129,72 @@ class ApiMiddleware:
                 extra={"client": (scope.get("client") or ("-",))[0]},
             )
             reset_request_id(token)
+
+    async def _release(self, nbytes: int) -> None:
+        if self.body_budget is not None:
+            await self.body_budget.release(nbytes)
+
+    def _busy(self) -> Any:
+        budget = self.body_budget
+        assert budget is not None
+        return envelope(
+            503,
+            "server_busy",
+            f"too many large request bodies are being received at once ({budget.in_use / 1e6:.0f} MB of "
+            f"the {budget.max_bytes / 1e6:.0f} MB allowed): retry in a few seconds",
+            {"Retry-After": str(BUSY_RETRY_AFTER_S)},
+        )
+
+
+class _EnvelopeForeignErrors:
+    """Rewrites `{"detail": ...}` 404/405 answers of mounted apps (the web UI takes every path the API
+    doesn't) into the error envelope, so an unknown route looks like every other error."""
+
+    def __init__(self, send: Send, scope: Scope, request_id: str) -> None:
+        self.send, self.scope, self.request_id = send, scope, request_id
+        self.start: Message | None = None
+        self.body = b""
+
+    async def __call__(self, message: Message) -> None:
+        if message["type"] == "http.response.start" and message["status"] in (404, 405):
+            content_type = dict(message.get("headers", [])).get(b"content-type", b"")
+            if content_type.startswith(b"application/json"):
+                self.start = message  # held until the body shows whether it is a bare `detail`
+                return
+        if self.start is None or message["type"] != "http.response.body":
+            await self.send(message)
+            return
+        self.body += message.get("body", b"")
+        if message.get("more_body", False) and len(self.body) < _MAX_HELD_BODY:
+            return
+        start, body, self.start = self.start, self.body, None
+        if not message.get("more_body", False):
+            replaced = self._envelope(start, body)
+            if replaced is not None:
+                start, body = replaced
+        await self.send(start)
+        await self.send(
+            {"type": "http.response.body", "body": body, "more_body": message.get("more_body", False)}
+        )
+
+    def _envelope(self, start: Message, body: bytes) -> tuple[Message, bytes] | None:
+        status = start["status"]
+        try:
+            detail = json.loads(body)
+        except ValueError:
+            return None
+        if not (isinstance(detail, dict) and set(detail) == {"detail"}):
+            return None
+        method, path = self.scope.get("method", "-"), self.scope.get("path", "")
+        if status == 404:
+            code, text = "not_found", f"no such endpoint: {method} {path} (see /docs)"
+        else:
+            code, text = "method_not_allowed", f"{method} is not allowed on {path} (see /docs)"
+        payload = {"error": {"code": code, "message": text, "request_id": self.request_id}}
+        encoded = json.dumps(payload).encode()
+        kept = [(k, v) for k, v in start.get("headers", []) if k.lower() != b"content-length"]
+        headers = [*kept, (b"content-length", str(len(encoded)).encode())]
+        return {"type": "http.response.start", "status": status, "headers": headers}, encoded
 
 
 def route_label(route: Any) -> str:

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from typing import Any, Literal
 
-from pydantic import BaseModel, ConfigDict, Field
+from pydantic import AliasChoices, BaseModel, ConfigDict, Field
 
 from cosyserve.service.requests import MAX_SEED, SynthesisRequest
 
@@ -108,8 +108,18 @@ class VoiceCreateParams(_Strict):
     """Enrol a voice. JSON: `audio` is base64; multipart: upload the recording as `audio`."""
 
     name: str = Field(min_length=1, max_length=64, examples=["alice"])
-    audio: str | None = Field(None, description="the recording (JSON: base64; multipart: the file)")
-    transcript: str | None = Field(None, max_length=500)
+    audio: str | None = Field(
+        None,
+        validation_alias=AliasChoices("audio", "prompt_wav"),
+        description="the recording (JSON: base64; multipart: the file); `prompt_wav`, its name in "
+        "/v1/tts, is accepted too",
+    )
+    transcript: str | None = Field(
+        None,
+        max_length=500,
+        validation_alias=AliasChoices("transcript", "prompt_text"),
+        description="what the recording says; `prompt_text`, its name in /v1/tts, is accepted too",
+    )
     instruct: str | None = Field(None, max_length=500, description="default instruction")
     speed: float | None = Field(None, ge=0.5, le=2.0, description="default speed")
     seed: int | None = Field(None, ge=0, le=MAX_SEED, description="default seed")

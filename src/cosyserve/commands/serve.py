@@ -24,7 +24,8 @@ def _field_annotation(path: str) -> Any:
     raise KeyError(path)  # pragma: no cover - settings_reference only lists real fields
 
 
-FLAG_ALIASES = {"--queue-url": ("--queue",)}  # the short forms the docs use
+# The short forms the docs use, and the official CosyVoice scripts' `--model_dir`.
+FLAG_ALIASES = {"--queue-url": ("--queue",), "--model": ("--model_dir", "--model-dir")}
 
 
 def add_settings_flags(parser: argparse.ArgumentParser) -> list[str]:
@@ -72,6 +73,7 @@ def cmd_serve(args: argparse.Namespace) -> int:
     import uvicorn
 
     from cosyserve.api.app import create_app
+    from cosyserve.commands.startup import print_failure, watch_first_load
     from cosyserve.service.assembly import Service
     from cosyserve.service.logs import configure_logging
 
@@ -81,10 +83,12 @@ def cmd_serve(args: argparse.Namespace) -> int:
         log.warning(warning)
     # With a shared queue this node loads no model: `cosyserve worker` processes do the synthesis.
     service = Service(settings, role="api" if settings.queue.queue_url else "single")
+    service.preload()  # the model loads while the web UI's imports run
     from cosyserve.ui.app import mount_ui
 
     app = create_app(service)
     mount_ui(app, service)  # the web UI at "/", behind the same auth as the API
+    service.startup.mark("imports done")
     config = uvicorn.Config(
         app,
         host=settings.server.host,
@@ -97,7 +101,19 @@ def cmd_serve(args: argparse.Namespace) -> int:
     )
     log.info("cosyserve on http://%s:%d (API docs at /docs)", settings.server.host, settings.server.port)
     server = uvicorn.Server(config)
+    load_failed: list[str] = []
+    host = service.model  # None on an API node: it loads no model
+    if host is not None and not settings.server.keep_serving_on_load_error:
+
+        def stop_serving(message: str) -> None:
+            load_failed.append(message)
+            server.should_exit = True
+
+        watch_first_load(lambda: host.state, lambda: host.load_error, settings.engine.model, stop_serving)
     server.run()
+    if load_failed:
+        print_failure("serve", load_failed[0])
+        return 1
     return 0 if server.started else 1
 
 

@@ -112,9 +112,7 @@ def check_reduce_range(reduce_range: bool | None) -> bool:
     return reduce_range
 
 
-def quantize_linears(
-    root: nn.Module, select: Callable[[str], bool], reduce_range: bool | None = None
-) -> int:
+def quantize_linears(root: nn.Module, select: Callable[[str], bool], reduce_range: bool | None = None) -> int:
     """Replace every `nn.Linear` under `root` whose qualified name passes `select`; return how many."""
     targets = [
         (name, module)

@@ -1,6 +1,6 @@
 """Prompt audio: decoding, mono mix-down, resampling, silence detection and trimming, loudness normalisation.
 
-Everything works on float32 numpy arrays in [-1, 1] at the file's own rate until `resample`.
+Everything works on float32 numpy arrays in [-1, 1] at the file's own rate; `resampling` takes it from there.
 
 Choices that differ from the official front end (which only loads and resamples) and why:
 - Leading/trailing silence is trimmed down to short margins (`LEAD_MARGIN_S`, `TRAIL_MARGIN_S`): long
@@ -15,13 +15,13 @@ Choices that differ from the official front end (which only loads and resamples)
 from __future__ import annotations
 
 import io
+import re
 from dataclasses import dataclass
 from pathlib import Path
 from typing import BinaryIO
 
 import numpy as np
 import soundfile
-import soxr
 
 from cosyserve.errors import InputError
 
@@ -36,7 +36,12 @@ TRAIL_MARGIN_S = 0.3  # silence kept after the last speech frame
 TARGET_SPEECH_RMS_DBFS = -20.0
 PEAK_CEILING_DBFS = -1.0
 MAX_GAIN_DB = 20.0
-MAX_DECODE_S = 600  # longer files are refused unread
+# Admission: what a prompt file may be at most. A prompt holds 3-30 s of speech; a file may carry
+# silence around it, and is trimmed later. Checked from the header before decoding, and while decoding.
+MAX_FILE_S = 60.0
+MAX_SAMPLE_RATE = 192_000
+MAX_CHANNELS = 8
+DECODE_BLOCK_FRAMES = 1 << 16  # frames decoded at a time (2 MB for 8 channels of float32)
 
 
 @dataclass(frozen=True)
@@ -54,7 +59,12 @@ class DecodedAudio:
 
 
 def decode_audio(source: str | Path | bytes | BinaryIO) -> DecodedAudio:
-    """Decode a file path, raw bytes or a binary file object; raise InputError if it is not usable audio."""
+    """Decode a file path, raw bytes or a binary file object; raise InputError if it is not usable audio.
+
+    Admission comes before decoding: the header's sample rate, channels and length are checked first,
+    then the frames are decoded in blocks and mixed down to mono as they come, so memory never exceeds
+    MAX_FILE_S of mono float32 even when a compressed file's header lies about its length.
+    """
     if isinstance(source, (bytes, bytearray, memoryview)):
         if len(source) == 0:
             raise InputError(f"the audio upload is empty (0 bytes); {SUPPORTED_FORMATS_HINT}")
@@ -72,19 +82,63 @@ def decode_audio(source: str | Path | bytes | BinaryIO) -> DecodedAudio:
     try:
         with soundfile.SoundFile(source) as sound:
             sample_rate, channels, fmt = sound.samplerate, sound.channels, sound.format
-            if sound.frames > MAX_DECODE_S * max(sample_rate, 1):  # refuse before reading it into memory
-                raise InputError(
-                    f"{name} is {sound.frames / sample_rate / 60:.0f} minutes long; a prompt is 3 to 30 "
-                    "seconds: cut out one or two clear sentences"
-                )
-            data = sound.read(dtype="float32", always_2d=True)  # (N, C)
+            _admit(name, sample_rate, channels, sound.frames)
+            samples = _read_mono(sound, name, int(MAX_FILE_S * sample_rate))
     except (soundfile.LibsndfileError, RuntimeError, TypeError, ValueError) as exc:
-        raise InputError(f"{name} could not be decoded ({exc}); {SUPPORTED_FORMATS_HINT}") from exc
-    if data.shape[0] == 0:
+        raise InputError(
+            f"{name} could not be decoded ({_without_reprs(exc)}); {SUPPORTED_FORMATS_HINT}"
+        ) from exc
+    if samples.shape[0] == 0:
         raise InputError(f"{name} contains no samples; record or upload a prompt of 3 to 30 seconds")
-    if not np.isfinite(data).all():
+    if not np.isfinite(samples).all():
         raise InputError(f"{name} contains NaN or infinite samples; export it again as 16-bit WAV")
-    return DecodedAudio(to_mono(data), int(sample_rate), int(channels), str(fmt))
+    return DecodedAudio(samples, int(sample_rate), int(channels), str(fmt))
+
+
+def _admit(name: str, sample_rate: int, channels: int, frames: int) -> None:
+    """Refuse from the header what cannot be a prompt, before anything is decoded."""
+    if not 0 < sample_rate <= MAX_SAMPLE_RATE:
+        raise InputError(
+            f"{name}: its sample rate is {sample_rate} Hz, above the {MAX_SAMPLE_RATE} Hz accepted; "
+            "export it at 16, 24, 44.1 or 48 kHz"
+        )
+    if not 0 < channels <= MAX_CHANNELS:
+        raise InputError(
+            f"{name} has {channels} channels; at most {MAX_CHANNELS} are accepted: export it as mono"
+        )
+    if frames > MAX_FILE_S * sample_rate:
+        raise InputError(
+            f"{name} is {_duration(frames / sample_rate)} long; a prompt file may be at most "
+            f"{MAX_FILE_S:.0f} s: cut out one or two clear sentences (3 to 30 seconds)"
+        )
+
+
+def _read_mono(sound: soundfile.SoundFile, name: str, max_frames: int) -> np.ndarray:
+    """Decode block by block into mono float32 (N,), refusing past `max_frames` (a lying header)."""
+    blocks, total = [], 0
+    while True:
+        block = sound.read(DECODE_BLOCK_FRAMES, dtype="float32", always_2d=True)  # (n, C)
+        if block.shape[0] == 0:
+            break
+        total += block.shape[0]
+        if total > max_frames:
+            raise InputError(
+                f"{name} decodes to more than {_duration(max_frames / sound.samplerate)} of audio (its "
+                f"header said less); a prompt file may be at most {MAX_FILE_S:.0f} s: cut out one or two "
+                "sentences"
+            )
+        blocks.append(to_mono(block))
+    return np.concatenate(blocks) if blocks else np.zeros(0, dtype=np.float32)
+
+
+def _duration(seconds: float) -> str:
+    return f"{seconds / 60:.0f} minutes" if seconds >= 120 else f"{seconds:.0f} s"
+
+
+def _without_reprs(exc: BaseException) -> str:
+    """The decoder's message without Python object reprs (`<_io.BytesIO object at 0x…>`)."""
+    text = re.sub(r"<[^<>]* at 0x[0-9a-fA-F]+>", "the upload", str(exc))
+    return " ".join(text.split()) or type(exc).__name__
 
 
 def to_mono(data: np.ndarray) -> np.ndarray:
@@ -93,14 +147,6 @@ def to_mono(data: np.ndarray) -> np.ndarray:
     if data.ndim == 1:
         return data
     return np.ascontiguousarray(data.mean(axis=1, dtype=np.float32))
-
-
-def resample(samples: np.ndarray, from_rate: int, to_rate: int) -> np.ndarray:
-    """(N,) float32 -> (round(N * to_rate / from_rate),) float32 with soxr's high-quality filter."""
-    samples = np.asarray(samples, dtype=np.float32)
-    if from_rate == to_rate:
-        return samples.copy()
-    return soxr.resample(samples, from_rate, to_rate, quality="HQ").astype(np.float32, copy=False)
 
 
 def frame_levels_db(samples: np.ndarray, sample_rate: int, frame_s: float = FRAME_S) -> np.ndarray:

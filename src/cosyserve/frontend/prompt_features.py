@@ -2,6 +2,13 @@
 
 validate -> trim silence -> normalise loudness -> resample to 16 and 24 kHz -> features -> ONNX models ->
 cut the prompt mel and the prompt tokens to a common length: mel frames (50 Hz) = 2 x tokens (25 Hz).
+
+The official front end only loads, averages the channels and resamples the file (once per target rate,
+always from the file's own rate) with the resampler that `prompt_resample` reproduces. Trimming and
+loudness normalisation are cosyserve's additions (see `audio`); they run at the file's rate before the
+resampling, which is equivalent to running them after it: the gain is linear, and the trimmed edges keep
+silence margins far wider than the filter's reach (tests/test_prompt_resampling.py checks both on the
+official resampling fixtures).
 """
 
 from __future__ import annotations
@@ -13,10 +20,11 @@ from typing import BinaryIO
 import numpy as np
 import torch
 
-from cosyserve.frontend.audio import normalise_loudness, resample, trim_silence
+from cosyserve.frontend.audio import normalise_loudness, trim_silence
 from cosyserve.frontend.features import FLOW_MEL_24K, fbank80, mel24k, whisper_logmel128
 from cosyserve.frontend.onnx_models import SpeakerEncoder, SpeechTokenizer
 from cosyserve.frontend.prompt_check import MAX_PROMPT_S, PromptReport, load_prompt
+from cosyserve.frontend.resampling import prompt_resample
 
 TOKENIZER_SAMPLE_RATE = 16000
 MEL_FRAMES_PER_TOKEN = 2  # 50 Hz prompt mel / 25 Hz speech tokens
@@ -69,11 +77,29 @@ def prepare_prompt_audio(
 ) -> tuple[np.ndarray, np.ndarray, PromptReport]:
     """Decode, validate, trim and normalise a prompt; return (wav16k (N16,), wav at `sample_rate`, report)."""
     audio, report = load_prompt(source)
-    samples = trim_silence(audio.samples, audio.sample_rate, max_duration_s=MAX_PROMPT_S)
-    samples = normalise_loudness(samples, audio.sample_rate)
-    wav16k = resample(samples, audio.sample_rate, TOKENIZER_SAMPLE_RATE)
-    wav_flow = resample(samples, audio.sample_rate, sample_rate)
+    wav16k, wav_flow = condition_prompt(audio.samples, audio.sample_rate, sample_rate)
     return wav16k, wav_flow, report
+
+
+def condition_prompt(
+    samples: np.ndarray, source_rate: int, flow_rate: int = FLOW_MEL_24K.sample_rate
+) -> tuple[np.ndarray, np.ndarray]:
+    """A validated prompt (N,) at `source_rate` -> (wav16k (N16,), wav at `flow_rate` (Nf,)): trimmed,
+    loudness-normalised, then resampled from `source_rate` with the official resampler."""
+    samples = trim_silence(samples, source_rate, max_duration_s=MAX_PROMPT_S)
+    samples = normalise_loudness(samples, source_rate)
+    return resample_prompt(samples, source_rate, flow_rate)
+
+
+def resample_prompt(
+    samples: np.ndarray, source_rate: int, flow_rate: int = FLOW_MEL_24K.sample_rate
+) -> tuple[np.ndarray, np.ndarray]:
+    """(N,) at `source_rate` -> (wav16k, wav at `flow_rate`), each resampled from the source as the official
+    `load_wav(wav, 16000)` / `load_wav(wav, 24000)` do."""
+    return (
+        prompt_resample(samples, source_rate, TOKENIZER_SAMPLE_RATE),
+        prompt_resample(samples, source_rate, flow_rate),
+    )
 
 
 def analyse_prompt(

@@ -35,8 +35,21 @@ _CHINA_TIMEZONES = frozenset(
 )
 
 
+DEFAULT_RETRY_BUDGET_S = 30.0  # failed attempts that fetched nothing: give up after this much time in them
+_REASON_CHARS = 160
+
+
 class MissingClientError(ModelDirError):
     """The hub's client library is not installed: retrying that hub cannot help."""
+
+
+class DownloadError(ModelDirError):
+    """No hub delivered a complete model. `reason` is the last failure's root cause, in one short line."""
+
+    def __init__(self, message: str, *, model_id: str, reason: str) -> None:
+        super().__init__(message)
+        self.model_id = model_id
+        self.reason = reason
 
 
 class Fetcher(Protocol):
@@ -158,6 +171,7 @@ def download_model(
     min_sizes: Mapping[str, int] = REAL_MODEL_MIN_SIZES,
     skip_patterns: Sequence[str] = SKIP_PATTERNS,
     attempts_per_source: int = 2,
+    retry_budget_s: float | None = DEFAULT_RETRY_BUDGET_S,
     refresh: bool = False,
     fetchers: Mapping[str, Fetcher] | None = None,
     log: Callable[[str], None] | None = None,
@@ -166,9 +180,12 @@ def download_model(
 
     `source` None means: `$COSYSERVE_DOWNLOAD_SOURCE`, else ModelScope first where the machine looks like it
     is in mainland China and Hugging Face first elsewhere, falling back to the other hub. A failed attempt is
-    retried `attempts_per_source` times; each retry resumes the partial files. A directory that already
-    verifies is returned without contacting a hub unless `refresh`. `min_sizes` overrides the real-model
-    size floors (tests use tiny files).
+    retried `attempts_per_source` times; each retry resumes the partial files. Attempts that fail without
+    fetching anything (a hub out of reach) stop before they would take more than `retry_budget_s`
+    seconds together, judged by the hub's last such attempt (None: no limit), so an offline machine hears
+    within seconds, while a transfer cut midway is still resumed. A directory that already verifies is
+    returned without contacting a hub unless `refresh`.
+    `min_sizes` overrides the real-model size floors (tests use tiny files). Raises DownloadError.
     """
     model_id = model_id or DEFAULT_MODEL_ID
     target = Path(target_dir).expanduser() if target_dir else default_target_dir(model_id)
@@ -184,35 +201,81 @@ def download_model(
             return model_dir.path
     target.mkdir(parents=True, exist_ok=True)
     table = FETCHERS if fetchers is None else fetchers
-    failures: list[str] = []
+    failures: dict[str, list[str]] = {}  # hub -> one short reason per failed attempt
+    idle_s = 0.0  # time spent in failed attempts that fetched nothing
     for hub in order:
         fetch = table.get(hub)
         if fetch is None:
-            failures.append(f"{hub}: no fetch function given")
+            failures[hub] = ["no fetch function given"]
             continue
+        last_idle_s = 0.0  # the hub's last fruitless attempt: the next one will likely take as long
         for attempt in range(1, max(1, attempts_per_source) + 1):
+            if retry_budget_s is not None and idle_s + last_idle_s > retry_budget_s:
+                say(f"giving up on {hub}: {idle_s:.0f} s of attempts fetched nothing")
+                break
             say(f"downloading {model_id} from {hub} into {target} (attempt {attempt})")
-            started = time.monotonic()
+            started, size_before = time.monotonic(), _bytes_under(target)
             try:
                 fetch(model_id, target, skip_patterns=skip_patterns, progress=progress)
                 model_dir = verify_download(target, min_sizes)
-            except ModelDirError as exc:  # incomplete result or a missing client library
-                failures.append(f"{hub} attempt {attempt}: {_one_line(exc)}")
-                say(f"{hub} attempt {attempt} failed: {_one_line(exc)}")
+            except Exception as exc:  # hub/network errors, an incomplete result, a missing client library
+                reason = root_cause(exc)
+                failures.setdefault(hub, []).append(reason)
+                say(f"{hub} attempt {attempt} failed: {reason}")
+                last_idle_s = 0.0
+                if _bytes_under(target) == size_before:
+                    last_idle_s = time.monotonic() - started
+                    idle_s += last_idle_s
                 if isinstance(exc, MissingClientError):
                     break
-                continue
-            except Exception as exc:  # any hub/network error: retry (resuming), then try the other hub
-                failures.append(f"{hub} attempt {attempt}: {_one_line(exc)}")
-                say(f"{hub} attempt {attempt} failed: {_one_line(exc)}")
                 continue
             say(f"{model_id} ready in {model_dir.path} ({time.monotonic() - started:.0f} s)")
             return model_dir.path
     hint = "" if source else f"; set {SOURCE_ENV}=modelscope or huggingface to pick the hub"
-    raise ModelDirError(
-        f"could not download {model_id} into {target}: {' | '.join(failures)}. "
-        f"Rerun `cosyserve download` to resume (partial files are kept){hint}"
+    last_reason = next((reasons[-1] for reasons in reversed(failures.values()) if reasons), "no hub tried")
+    raise DownloadError(
+        f"could not download {model_id} into {target}: {_summarise(failures)}. "
+        f"Rerun `cosyserve download` to resume (partial files are kept){hint}",
+        model_id=model_id,
+        reason=last_reason,
     )
+
+
+def root_cause(exc: BaseException) -> str:
+    """`Type: message` of the innermost exception behind `exc` (hub libraries wrap the network error
+    several times, each repeating it), on one line and cut to a readable length."""
+    seen = {id(exc)}
+    while True:
+        inner = exc.__cause__ or exc.__context__
+        if inner is None or id(inner) in seen or isinstance(exc, ModelDirError):
+            break  # our own errors already say what they mean
+        seen.add(id(inner))
+        exc = inner
+    text = " ".join(str(exc).split()).rstrip(".") or "no details"
+    if len(text) > _REASON_CHARS:
+        text = text[: _REASON_CHARS - 1].rstrip() + "…"
+    return f"{type(exc).__name__}: {text}"
+
+
+def _summarise(failures: Mapping[str, list[str]]) -> str:
+    """Each hub once: its attempts and their distinct reasons (identical ones are not repeated)."""
+    parts = []
+    for hub, reasons in failures.items():
+        attempts = f"{len(reasons)} attempt{'s' if len(reasons) != 1 else ''}"
+        parts.append(f"{hub} ({attempts}): {'; '.join(dict.fromkeys(reasons))}")
+    return " | ".join(parts)
+
+
+def _bytes_under(directory: Path) -> int:
+    """Bytes of every file under `directory` (partial downloads included): did an attempt fetch anything?"""
+    total = 0
+    for path in directory.rglob("*"):
+        try:
+            if path.is_file():
+                total += path.stat().st_size
+        except OSError:
+            continue
+    return total
 
 
 def _system_timezone(localtime: Path | None) -> str:
@@ -227,11 +290,6 @@ def _system_timezone(localtime: Path | None) -> str:
     except OSError:
         pass
     return ""
-
-
-def _one_line(exc: BaseException) -> str:
-    text = " ".join(str(exc).split()).rstrip(".") or type(exc).__name__
-    return f"{type(exc).__name__}: {text[:300]}"
 
 
 def _stderr(message: str) -> None:

@@ -15,6 +15,7 @@ from cosyserve.parity import CheckResult
 GOLDEN_CHECKS: dict[str, str] = {
     "tokenizer_cases.json": "tokenizer",
     "features.npz": "features",
+    "resample.npz": "resample",
     "llm.npz": "llm",
     "flow.npz": "flow",
     "hift.npz": "hift",

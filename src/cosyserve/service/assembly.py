@@ -24,6 +24,7 @@ from cosyserve.service.logs import log_failure
 from cosyserve.service.metrics import Metrics
 from cosyserve.service.scheduling.scheduler import Scheduler
 from cosyserve.service.settings import S3Settings, Settings
+from cosyserve.service.startup_clock import StartupClock
 from cosyserve.service.stores.db import make_engine, metadata
 from cosyserve.service.stores.jobs import JobStore
 from cosyserve.service.stores.keys import KeyStore
@@ -57,6 +58,7 @@ class Service:
         self.settings = s = settings
         self.metrics = metrics or Metrics()
         self.started_at = time.time()
+        self.startup = StartupClock()  # how long getting ready took, each phase logged once
         self.shutdown_grace_s = (
             min(30.0, s.queue.request_timeout_s) if shutdown_grace_s is None else shutdown_grace_s
         )
@@ -98,6 +100,7 @@ class Service:
             factory=factory or load_synthesizer,
             device_type=self.device_type,
             release_wait_s=self.shutdown_grace_s,
+            startup=self.startup,
         )
         return LocalBackend(
             self.model,
@@ -107,6 +110,7 @@ class Service:
             quota=self.access.quota,
             metrics=self.metrics,
             limits=self.settings.limits,
+            startup=self.startup,
             # With several nodes, queued and running jobs belong to the workers, not to one process.
             recover_jobs=self.role == "single",
             # A worker uploads before answering: the API node that serves the result reads the bucket.
@@ -119,6 +123,12 @@ class Service:
         """Refuse (SettingsError) a reachable address with no authentication; warnings to log otherwise."""
         auth = self.settings.auth
         return self.settings.check_startup_safety(self.access.any_key(), auth.ui_login_configured)
+
+    def preload(self) -> None:
+        """Start loading the model now, in the background, if this process runs one and hasn't yet:
+        `serve` calls it before importing the web UI, so that the two overlap."""
+        if self.model is not None:
+            self.model.start()
 
     def start(self) -> None:
         self.retention.start()

@@ -58,6 +58,12 @@ class EngineSettings(_Group):
     models_dir: Path | None = Field(
         None, description="where hub models are downloaded (default: $COSYSERVE_HOME/models or the cache)"
     )
+    download_retry_s: float = Field(
+        30.0,
+        ge=0,
+        description="give up downloading the model after this many seconds of attempts that fetched "
+        "nothing (hubs out of reach); a transfer cut midway is always resumed",
+    )
     device: str = Field("auto", description="auto, cpu, cuda or cuda:N", pattern=r"^(auto|cpu|cuda(:\d+)?)$")
     precision: Literal["auto", "float32", "float16", "bfloat16"] = Field(
         "auto", description="compute dtype: auto (float16 on GPU, float32 on CPU), float32, float16, bfloat16"
@@ -88,6 +94,11 @@ class ServerSettings(_Group):
     port: int = Field(7860, ge=1, le=65535, description="TCP port to listen on")
     insecure: bool = Field(
         False, description="allow a non-loopback address without any API key or UI login configured"
+    )
+    keep_serving_on_load_error: bool = Field(
+        False,
+        description="keep serving (health, UI, admin restart) when the model can't be loaded at start, "
+        "instead of exiting with the reason",
     )
     cors_origins: Annotated[list[str], NoDecode] = Field(
         default_factory=list, description="origins allowed by CORS, comma-separated (empty: CORS off)"
@@ -136,6 +147,12 @@ class QueueSettings(_Group):
 class LimitSettings(_Group):
     max_text_chars: int = Field(200, ge=1, description="longest text one request may carry")
     max_upload_mb: float = Field(20.0, gt=0, description="largest prompt-audio upload, in MB")
+    max_receiving_mb: float = Field(
+        64.0,
+        gt=0,
+        description="request bodies over 1 MB being received at once, in MB together: more wait up to "
+        "30 s, then get 503 (bounds the memory a flood of uploads can take)",
+    )
     rate_limit_per_minute: int = Field(60, ge=0, description="requests per minute per API key (0: no limit)")
     daily_audio_seconds_quota: float | None = Field(
         None, gt=0, description="seconds of audio per API key per day (default: unlimited)"

@@ -1,11 +1,13 @@
 """The text frontend: from what a user typed to the texts the LM reads (pure functions, no model math).
 
-`prepare_texts` runs everything; the modules can be used on their own:
-`prompts` (modes, instructions), `presets` (trained instructions), `normalize` (wetext + cleanups),
-`split` (segments), `pronunciation` (pinyin / CMU to native tokens), `japanese` (katakana),
+`prepare_texts` runs everything and `describe_text` shows what it made of a text; the modules can be used
+on their own: `prompts` (modes, instructions), `presets` (trained instructions), `normalize` (the official
+normalisation from `official`, corrected by the rules in `readings_en`, `readings_zh`, `web_readings` and
+`punctuation`), `split` (segments), `pronunciation` (pinyin / CMU to native tokens), `japanese` (katakana),
 `lexicon` (user pronunciation dictionary), `tags` (special tags kept intact).
 """
 
+from cosyserve.frontend.text.describe import TextDescription, describe_text
 from cosyserve.frontend.text.japanese import to_katakana
 from cosyserve.frontend.text.lexicon import Lexicon
 from cosyserve.frontend.text.normalize import normalize_text, text_language
@@ -42,9 +44,11 @@ __all__ = [
     "LMTexts",
     "Lexicon",
     "PreparedText",
+    "TextDescription",
     "assemble_lm_texts",
     "check_length",
     "convert_pronunciations",
+    "describe_text",
     "find_preset",
     "inline_instruction",
     "leading_tag_instruction",

@@ -1,28 +1,50 @@
-"""Text normalisation: numbers, dates, money and units written out as words, plus the official cleanups.
+"""Text normalisation: numbers, dates, money, units and addresses written out as words.
 
-Chinese text (any Han character) goes through wetext's Chinese grammar, then the official cleanups:
-newlines dropped, blanks removed except between two ASCII characters, ²/³ spelled out, every `.` made
-`。`, ` - ` made `，`, brackets （）【】 and backticks dropped, `——` made a blank, trailing commas made `。`.
-Other text goes through wetext's English grammar, then any digits left are spelled out in English.
+The official normalisation (`official`: wetext + the official cleanups) reads most text right; cosyserve
+keeps its reading there, word for word, and corrects it where it is wrong (`readings_en`, `readings_zh`,
+`web_readings`: rules that fire only on what the official misreads), then collapses runs of sentence marks
+as the official sentence split does (`punctuation`). `normalize_report` also says what was corrected and
+what the official would have read.
 
-Special tags and pronunciation tokens are never shown to wetext: each stretch of text between them is
-normalised on its own and the tags are put back unchanged (see `tags.split_protected`).
+Special tags and pronunciation tokens are never shown to wetext or the rules: each stretch of text between
+them is normalised on its own and the tags are put back unchanged (see `tags.split_protected`).
 """
 
 from __future__ import annotations
 
 import re
-import threading
-import unicodedata
-from typing import Literal
+from dataclasses import dataclass
 
-from cosyserve.frontend.text.tags import PINYIN_TOKENS, split_protected, strip_tags
+from cosyserve.frontend.text import readings_en, readings_zh
+from cosyserve.frontend.text.corrections import Correction, Rule, apply_rules
+from cosyserve.frontend.text.official import (
+    Language,
+    clean_chinese,
+    drop_blanks,
+    number_to_words,
+    official_chunk,
+    spell_out_numbers,
+)
+from cosyserve.frontend.text.punctuation import collapse_runs
+from cosyserve.frontend.text.tags import PINYIN_TOKENS, nfc, split_protected, strip_tags
 
-Language = Literal["zh", "en"]
+__all__ = [
+    "Language",
+    "Normalized",
+    "clean_chinese",
+    "contains_chinese",
+    "drop_blanks",
+    "normalize_report",
+    "normalize_text",
+    "number_to_words",
+    "official_normalize",
+    "spell_out_numbers",
+    "text_language",
+]
 
 _HAN = re.compile(r"[\u4e00-\u9fff]")
-_LOCK = threading.Lock()
-_NORMALIZERS: dict[str, object] = {}
+RULES: dict[str, tuple[Rule, ...]] = {"zh": readings_zh.RULES, "en": readings_en.RULES}
+PUNCTUATION_RULE = "runs of punctuation"
 
 
 def contains_chinese(text: str) -> bool:
@@ -40,32 +62,49 @@ def text_language(text: str) -> Language:
     return "zh" if has_pinyin and not re.search(r"[A-Za-z]", plain) else "en"
 
 
-def _normalizer(lang: Language):
-    """One wetext Normalizer per language and process, built on first use (loading the FSTs takes time)."""
-    with _LOCK:
-        normalizer = _NORMALIZERS.get(lang)
-        if normalizer is None:
-            from wetext import Normalizer
+@dataclass(frozen=True)
+class Normalized:
+    """A text as cosyserve reads it, and where and how that differs from the official reading."""
 
-            options = {"remove_erhua": False} if lang == "zh" else {}
-            normalizer = Normalizer(lang=lang, operator="tn", **options)
-            _NORMALIZERS[lang] = normalizer
-        return normalizer
+    spoken: str  # what the LM reads (before the sentence split)
+    language: Language
+    corrections: tuple[Correction, ...]  # in order of application; empty: read as the official reads it
+    official: str | None = None  # what the official normalisation gives, when asked for
 
 
-def _wetext(chunk: str, lang: Language) -> str:
-    """wetext on one stretch of plain text, keeping the blanks around it (wetext strips them)."""
-    core = chunk.strip()
-    if not core:
-        return chunk
-    try:
-        normalized = _normalizer(lang).normalize(core)
-    except (AssertionError, IndexError, KeyError, RuntimeError, ValueError):
-        # wetext has no path for a few inputs; reading them unnormalised beats failing the request.
-        normalized = core
-    lead = chunk[: len(chunk) - len(chunk.lstrip())]
-    trail = chunk[len(chunk.rstrip()) :]
-    return lead + normalized + trail
+def normalize_report(text: str, lang: Language | None = None, *, with_official: bool = False) -> Normalized:
+    """Normalise `text` (NFC, stripped) for the LM and report the corrections; special tags stay as they are.
+
+    `lang` defaults to `text_language(text)`. With `with_official`, `official` holds the official reading of
+    the same text (wetext runs twice). Empty, tag-only or punctuation-only text comes back without error.
+    """
+    text = nfc(text).strip()
+    lang = lang or text_language(text)
+    if not text:
+        return Normalized("", lang, (), "" if with_official else None)
+    spoken_parts: list[str] = []
+    official_parts: list[str] = []
+    corrections: list[Correction] = []
+    for chunk, is_tag in split_protected(text):
+        if is_tag:
+            spoken_parts.append(chunk)
+            official_parts.append(chunk)
+            continue
+        pieces, found = apply_rules(chunk, RULES[lang])
+        corrections.extend(found)
+        spoken_parts.extend(p.text if p.spoken else official_chunk(p.text, lang) for p in pieces)
+        if with_official:
+            official_parts.append(official_chunk(chunk, lang))
+    spoken = "".join(spoken_parts)
+    official = "".join(official_parts) if with_official else None
+    if lang == "zh":
+        spoken = clean_chinese(spoken)
+        official = clean_chinese(official) if official is not None else None
+    # On the whole text: no special tag holds a sentence mark, and a tag before a run counts as words
+    # (the official split keeps the first mark after `[laughter]`).
+    spoken, runs = collapse_runs(spoken, lang)
+    corrections.extend(Correction(PUNCTUATION_RULE, run, run[0], rewritten=False) for run in runs)
+    return Normalized(spoken, lang, tuple(corrections), official)
 
 
 def normalize_text(text: str, lang: Language | None = None) -> str:
@@ -73,83 +112,10 @@ def normalize_text(text: str, lang: Language | None = None) -> str:
 
     Text that is empty, only tags or only punctuation comes back (stripped) without error.
     """
-    text = unicodedata.normalize("NFC", text).strip()
-    if not text:
-        return ""
-    lang = lang or text_language(text)
-    pieces = []
-    for chunk, is_tag in split_protected(text):
-        if is_tag:
-            pieces.append(chunk)
-        elif lang == "zh":
-            pieces.append(_wetext(chunk, "zh"))
-        else:
-            pieces.append(spell_out_numbers(_wetext(chunk, "en")))
-    text = "".join(pieces)
-    return clean_chinese(text) if lang == "zh" else text
+    return normalize_report(text, lang).spoken
 
 
-def clean_chinese(text: str) -> str:
-    """The official cleanups for Chinese text after wetext (see the module doc)."""
-    text = text.replace("\r", "").replace("\n", "").replace("\t", " ")
-    text = drop_blanks(text)
-    text = text.replace("²", "平方").replace("³", "立方")
-    text = text.replace(".", "。")
-    text = text.replace(" - ", "，")
-    for mark in ("（", "）", "【", "】", "`"):
-        text = text.replace(mark, "")
-    text = text.replace("——", " ")
-    return re.sub(r"[，,、]+$", "。", text)
-
-
-def drop_blanks(text: str) -> str:
-    """Remove spaces, except a single one between two ASCII non-space characters (`a b`, `3 kg`)."""
-    kept = []
-    for i, char in enumerate(text):
-        if char == " ":
-            before = text[i - 1] if i > 0 else " "
-            after = text[i + 1] if i + 1 < len(text) else " "
-            if not (before.isascii() and before != " " and after.isascii() and after != " "):
-                continue
-        kept.append(char)
-    return "".join(kept)
-
-
-_ONES = (
-    *("zero", "one", "two", "three", "four", "five", "six", "seven", "eight", "nine", "ten"),
-    *("eleven", "twelve", "thirteen", "fourteen", "fifteen", "sixteen", "seventeen", "eighteen", "nineteen"),
-)
-_TENS = ("", "", "twenty", "thirty", "forty", "fifty", "sixty", "seventy", "eighty", "ninety")
-_SCALES = ((10**12, "trillion"), (10**9, "billion"), (10**6, "million"), (1000, "thousand"))
-
-
-def number_to_words(number: int) -> str:
-    """English words for a non-negative integer below 10**15: 123 -> "one hundred and twenty three"."""
-    if number < 20:
-        return _ONES[number]
-    if number < 100:
-        tens, ones = divmod(number, 10)
-        return _TENS[tens] + (f" {_ONES[ones]}" if ones else "")
-    if number < 1000:
-        hundreds, rest = divmod(number, 100)
-        return f"{_ONES[hundreds]} hundred" + (f" and {number_to_words(rest)}" if rest else "")
-    for scale, name in _SCALES:
-        if number >= scale:
-            high, rest = divmod(number, scale)
-            words = f"{number_to_words(high)} {name}"
-            if rest:
-                words += (" and " if rest < 100 else " ") + number_to_words(rest)
-            return words
-    raise ValueError(f"{number} is too large to spell out")
-
-
-def spell_out_numbers(text: str) -> str:
-    """Spell out the digit runs that wetext left; leading zeros and very long runs are read digit by digit."""
-
-    def spell(match: re.Match[str]) -> str:
-        digits = match.group()
-        if (len(digits) > 1 and digits[0] == "0") or len(digits) > 15:
-            return " ".join(_ONES[int(d)] for d in digits)
-        return number_to_words(int(digits))
-
-    return re.sub(r"[0-9]+", spell, text)
+def official_normalize(text: str, lang: Language | None = None) -> str:
+    """What the official normalisation reads for `text` (no corrections, no punctuation collapsing)."""
+    reading = normalize_report(text, lang, with_official=True).official
+    return reading or ""

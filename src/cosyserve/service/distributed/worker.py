@@ -34,6 +34,7 @@ from cosyserve.service.distributed.celery_app import (
 )
 from cosyserve.service.distributed.relay import Relay, WorkerRegistry, connect
 from cosyserve.service.local.backend import LocalBackend
+from cosyserve.service.local.load_failure import load_failure_message
 from cosyserve.service.logs import log_failure
 from cosyserve.service.scheduling.tickets import Ticket
 from cosyserve.service.settings import Settings
@@ -86,7 +87,13 @@ class WorkerNode:
             logging.getLogger(chatty).setLevel(max(logging.WARNING, logging.getLogger().level))
         self.service.start()
         http = self._start_http()
-        self._wait_for_model()
+        try:
+            self._wait_for_model()
+        except BaseException:
+            self.service.shutdown()
+            if http is not None:
+                http.close()
+            raise
         beat = threading.Thread(target=self._heartbeat_loop, name="cosyserve-heartbeat", daemon=True)
         beat.start()
         concurrency = self.service.scheduler.concurrency
@@ -140,9 +147,9 @@ class WorkerNode:
             if time.monotonic() > deadline:
                 raise ModelDirError("the model did not load within an hour")
             time.sleep(0.2)
-        state = self.service.readiness(detailed=True)
         if self.service.model_state != "ready":
-            raise ModelDirError(f"the worker cannot start: {state['reason']}")
+            error = self.local.host.load_error or RuntimeError(str(self.service.readiness()["reason"]))
+            raise ModelDirError(load_failure_message(self.settings.engine.model, error))
 
     def _heartbeat_loop(self) -> None:
         interval = max(0.5, self.lease_s / 3)

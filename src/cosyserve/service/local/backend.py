@@ -35,6 +35,7 @@ from cosyserve.service.requests import (
 )
 from cosyserve.service.scheduling.scheduler import Scheduler, Ticket, WorkContext
 from cosyserve.service.settings import LimitSettings
+from cosyserve.service.startup_clock import StartupClock
 from cosyserve.service.stores.jobs import JobRecord, JobStore
 from cosyserve.service.stores.outputs import OutputStore, build_manifest
 from cosyserve.service.stores.voices import Voice, VoiceDefaults
@@ -57,6 +58,7 @@ class LocalBackend:
         quota: QuotaTracker,
         metrics: Metrics,
         limits: LimitSettings,
+        startup: StartupClock,
         recover_jobs: bool,
         upload_outputs: bool,
     ) -> None:
@@ -67,6 +69,7 @@ class LocalBackend:
         self.quota = quota
         self.metrics = metrics
         self.limits = limits
+        self.startup = startup
         self.recover_jobs = recover_jobs
         self.upload_outputs = upload_outputs
 
@@ -205,6 +208,7 @@ class LocalBackend:
             log_failure("storage", f"saving the output failed: {exc}", exc=exc)
             self.metrics.count_error("storage")
         self.metrics.observe_synthesis(result.duration_s, result.stage_seconds.get("total", 0.0))
+        self.startup.first_synthesis(result.stage_seconds.get("total", 0.0), result.duration_s)
         if spec.key is not None:
             self.quota.add(spec.key, result.duration_s)
         return TtsOutcome(

@@ -7,6 +7,7 @@ import dataclasses
 import logging
 from collections.abc import Callable
 
+from cosyserve.engine.device import resolve_placement
 from cosyserve.engine.pipeline import EngineOptions
 from cosyserve.service.local.synthesizer import Synthesizer
 from cosyserve.service.settings import Settings
@@ -23,7 +24,10 @@ def load_synthesizer(settings: Settings, voices: VoiceLibrary | None) -> Synthes
     from cosyserve.modeldir.resolve import resolve_model
 
     engine = settings.engine
-    model_dir = resolve_model(engine.model, models_root=engine.models_dir)
+    resolve_placement(engine.device, engine.precision)  # a device that isn't there fails before a download
+    model_dir = resolve_model(
+        engine.model, models_root=engine.models_dir, retry_budget_s=engine.download_retry_s
+    )
     return Synthesizer.load(
         model_dir,
         device=engine.device,

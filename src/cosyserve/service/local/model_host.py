@@ -23,6 +23,7 @@ from cosyserve.service.local.synthesizer import Synthesizer
 from cosyserve.service.logs import log_failure
 from cosyserve.service.metrics import Metrics
 from cosyserve.service.settings import Settings
+from cosyserve.service.startup_clock import StartupClock
 from cosyserve.service.stores.voices import VoiceLibrary
 
 log = logging.getLogger(__name__)
@@ -44,6 +45,7 @@ class ModelHost:
         factory: SynthesizerFactory,
         device_type: str,
         release_wait_s: float,
+        startup: StartupClock,
     ) -> None:
         self.settings = settings
         self.voices = voices
@@ -51,10 +53,12 @@ class ModelHost:
         self.device_type = device_type
         self.release_wait_s = release_wait_s  # how long a reload waits for running work to finish
         self._factory = factory
+        self.startup = startup
         self._lock = threading.Condition()
         self._synth: Synthesizer | None = None
         self._state = "stopped"
         self._error: str | None = None
+        self.load_error: BaseException | None = None  # why the last load failed (start-up reports it)
         self._users = 0  # running work holding the synthesizer
         self._failures = 0
         self._last_failure: str | None = None
@@ -111,9 +115,11 @@ class ModelHost:
     # -- loading -------------------------------------------------------------------------------------------
 
     def start(self) -> None:
-        """Begin loading in the background."""
+        """Begin loading in the background, unless a load began already (`serve` starts it early, so that
+        the model loads while the web UI's imports run)."""
         with self._lock:
-            self._begin_load_locked("loading")
+            if self._state == "stopped":
+                self._begin_load_locked("loading")
 
     def restart(self) -> str:
         """Reload the model (freeing its memory first); returns the new state. Idempotent while reloading."""
@@ -154,6 +160,7 @@ class ModelHost:
             log_failure("model_load", f"loading {self.settings.engine.model} failed: {exc}", exc=exc)
             with self._lock:
                 self._state, self._error = "failed", str(exc) or type(exc).__name__
+                self.load_error = exc
                 self._lock.notify_all()
             return
         self.voices.model_checksum = synth.model_dir.fingerprint
@@ -164,6 +171,7 @@ class ModelHost:
             self._synth, self._state, self._failures = synth, "ready", 0
             self._lock.notify_all()
         self.metrics.set_model_loaded(True)
+        self.startup.mark("model ready", load_s=self.info["load_seconds"])
         if self.info["demo"]:
             log.warning("serving the demo model: random weights, its audio is noise")
         log.info("model ready", extra={k: v for k, v in self.info.items() if k != "model"})

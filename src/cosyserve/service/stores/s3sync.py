@@ -34,8 +34,6 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, TypeVar
 
-import boto3
-from botocore.config import Config
 from botocore.exceptions import BotoCoreError, ClientError
 
 from cosyserve.service.stores.atomic_files import write_atomic
@@ -105,6 +103,9 @@ class S3Sync:
         self.max_attempts = max_attempts
         self.backoff_s = backoff_s
         self.max_backoff_s = max_backoff_s
+        import boto3  # only when S3 sync is on (boto3's import costs ~0.15 s of every start)
+        from botocore.config import Config
+
         config = Config(
             region_name=region,
             retries={"mode": "standard", "total_max_attempts": max(1, botocore_attempts)},

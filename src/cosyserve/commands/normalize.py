@@ -1,0 +1,98 @@
+"""`cosyserve normalize TEXT`: show what the model will read: the spoken form, the sentence split, the tokens.
+
+Only the model's tokenizer is needed (the English split counts tokens, and the tokens are shown), so it
+runs without loading any network: `--model` names a model directory, a downloaded model id or `demo`.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+from dataclasses import asdict
+from pathlib import Path
+
+from cosyserve.errors import InputError
+
+
+def load_tokenizer(spec: str | None):
+    """The text tokenizer of a model directory (or of its `CosyVoice-BlankEN/`), a downloaded id or `demo`."""
+    from cosyserve.frontend.tokenizer import TextTokenizer
+    from cosyserve.modeldir.model_dir import TOKENIZER_DIR
+    from cosyserve.modeldir.resolve import resolve_model
+
+    path = Path(spec).expanduser() if spec else None
+    if path is not None and path.is_dir():
+        for candidate in (path / TOKENIZER_DIR, path):
+            if (candidate / "vocab.json").is_file():
+                return TextTokenizer.from_dir(candidate)
+        raise InputError(
+            f"{path} holds no tokenizer (vocab.json, or {TOKENIZER_DIR}/vocab.json): pass a model dir"
+        )
+    return TextTokenizer.from_dir(resolve_model(spec, download=False).tokenizer_dir)
+
+
+def _read_text(args: argparse.Namespace) -> str:
+    if (args.text is None) == (args.text_file is None):
+        raise InputError("give the text to read, or --text-file FILE (not both)")
+    if args.text_file is None:
+        return args.text
+    try:
+        return Path(args.text_file).read_text(encoding="utf-8")
+    except (OSError, UnicodeDecodeError) as exc:
+        raise InputError(f"cannot read --text-file {args.text_file}: {exc}") from exc
+
+
+def render(description) -> str:
+    """The description as aligned text lines (see `frontend.text.describe.TextDescription`)."""
+    lines = [f"language     {description.language}", f"typed        {description.typed.strip()}"]
+    lines.append(f"spoken       {description.spoken}")
+    if description.official != description.spoken:
+        lines.append(f"official     {description.official}")
+    for index, correction in enumerate(description.corrections):
+        how = "  (rewritten for wetext)" if correction.rewritten else ""
+        label = "differences" if index == 0 else ""
+        lines.append(f"{label:<12} {correction.rule}: {correction.written} -> {correction.reading}{how}")
+    mode = description.mode + (f" ({description.instruction})" if description.instruction else "")
+    lines.append(f"mode         {mode}")
+    for index, segment in enumerate(description.segments, 1):
+        lines.append(f"{'sentences' if index == 1 else '':<12} {index}. {segment}")
+    if description.prompt is not None:
+        lines.append(f"LM prompt    {description.prompt.text}  ({len(description.prompt.token_ids)} tokens)")
+    for index, lm_input in enumerate(description.lm_inputs, 1):
+        label = "LM reads" if index == 1 else ""
+        lines.append(f"{label:<12} {index}. {lm_input.text}  ({len(lm_input.token_ids)} tokens)")
+        lines.append(f"{'':<15}{'|'.join(lm_input.pieces)}")
+    lines.extend(f"warning      {warning}" for warning in description.warnings)
+    return "\n".join(lines)
+
+
+def cmd_normalize(args: argparse.Namespace) -> int:
+    from cosyserve.frontend.text.describe import describe_text
+
+    description = describe_text(
+        _read_text(args),
+        load_tokenizer(args.model),
+        prompt_text=args.prompt_text,
+        instruct=args.instruct,
+        max_chars=None,
+    )
+    print(json.dumps(asdict(description), ensure_ascii=False, indent=2) if args.json else render(description))
+    return 0
+
+
+def add_parser(sub: argparse._SubParsersAction) -> None:
+    parser = sub.add_parser(
+        "normalize", help="show how a text is read: spoken form, sentence split and the LM's tokens"
+    )
+    parser.add_argument("text", nargs="?", default=None, help="the text (or use --text-file)")
+    parser.add_argument("--text-file", default=None, help="read the text from this UTF-8 file")
+    parser.add_argument(
+        "--model",
+        default=os.environ.get("COSYSERVE_MODEL"),
+        help="model directory, downloaded model id or 'demo' (only its tokenizer is read)",
+    )
+    parser.add_argument("--prompt-text", default=None, help="transcript of the prompt audio (zero-shot mode)")
+    parser.add_argument("--instruct", default=None, help="an instruction or preset (instruct mode)")
+    parser.add_argument("--json", action="store_true", help="print the description as JSON")
+    parser.set_defaults(func=cmd_normalize)

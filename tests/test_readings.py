@@ -1,0 +1,250 @@
+"""How cosyserve reads written forms, case by case, against how the official normaliser reads them.
+
+Each case: category, what a user types, what a native speaker says (written by hand, in the wording the
+normaliser uses elsewhere), and whether the official normaliser (wetext 0.1.8 + the official cleanups,
+`official_normalize`) already says exactly that. Where it does, cosyserve must say the same, word for word.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import pytest
+
+from cosyserve.frontend.text.normalize import normalize_report, normalize_text, official_normalize
+
+
+@dataclass(frozen=True)
+class Case:
+    category: str
+    written: str
+    spoken: str
+    official_right: bool
+
+
+R, W = True, False  # the official reading is right / wrong
+
+CASES = [
+    # ---- money ----
+    Case("money", "It costs $12.50.", "It costs twelve dollars and fifty cents.", W),
+    Case("money", "It costs $12.", "It costs twelve dollars.", R),
+    Case("money", "It costs $1.", "It costs one dollar.", R),
+    Case("money", "It costs $0.99.", "It costs ninety nine cents.", W),
+    Case("money", "It costs $1.01.", "It costs one dollar and one cent.", W),
+    Case(
+        "money",
+        "The car costs $1,250.75.",
+        "The car costs one thousand two hundred and fifty dollars and seventy five cents.",
+        W,
+    ),
+    Case("money", "The fee is $1500.", "The fee is one thousand five hundred dollars.", W),
+    Case("money", "That is €3.50.", "That is three euros and fifty cents.", W),
+    Case("money", "That is €20.", "That is twenty euros.", R),
+    Case("money", "A coffee is £2.40.", "A coffee is two pounds and forty pence.", W),
+    Case("money", "A stamp is 75¢.", "A stamp is seventy five cents.", W),
+    Case("money", "It costs ¥500.", "It costs five hundred yen.", R),
+    Case("money", "They raised $1.5 million.", "They raised one point five million dollars.", R),
+    Case("money", "这件衣服¥12.50。", "这件衣服十二点五元。", W),
+    Case("money", "价格12.00元", "价格十二元", W),
+    Case("money", "他花了$12.50", "他花了十二点五美元", W),
+    Case("money", "花了100元。", "花了一百元。", R),
+    Case("money", "花了12.5元。", "花了十二点五元。", R),
+    Case("money", "共1,000.00元", "共一千元", W),
+    Case("money", "票价$20。", "票价二十美元。", R),
+    Case("money", "票价€3.5。", "票价三点五欧元。", R),
+    Case("money", "票价£7.25。", "票价七点二五英镑。", R),
+    # ---- thousands separators ----
+    Case("thousands", "1,234 people came.", "one thousand two hundred and thirty four people came.", W),
+    Case(
+        "thousands",
+        "The city has 12,345,678 people.",
+        "The city has twelve million three hundred forty five thousand six hundred and seventy eight people.",
+        R,
+    ),
+    Case("thousands", "We sold 10,000 copies.", "We sold ten thousand copies.", R),
+    Case("thousands", "It is 1,500 km away.", "It is one thousand five hundred kilometers away.", R),
+    Case("thousands", "We saw 1,000 people.", "We saw one thousand people.", W),
+    Case(
+        "thousands",
+        "It is 1,234.5 km.",
+        "It is one thousand two hundred and thirty four point five kilometers.",
+        W,
+    ),
+    Case("thousands", "一共1,234人。", "一共一千二百三十四人。", R),
+    Case("thousands", "人口12,345,678人。", "人口一千二百三十四万五千六百七十八人。", R),
+    Case("thousands", "共计1,234.5元", "共计一千二百三十四点五元", R),
+    # ---- decimals ----
+    Case("decimals", "Pi is about 3.14.", "Pi is about three point one four.", R),
+    Case("decimals", "It took 0.5 seconds.", "It took zero point five seconds.", R),
+    Case("decimals", "圆周率约为3.14。", "圆周率约为三点一四。", R),
+    Case("decimals", "用时0.5秒。", "用时零点五秒。", R),
+    # ---- negatives ----
+    Case("negatives", "It was -5 degrees.", "It was negative five degrees.", R),
+    Case("negatives", "It fell to −5 degrees.", "It fell to negative five degrees.", W),
+    Case(
+        "negatives",
+        "The loss was -1,234 dollars.",
+        "The loss was negative one thousand two hundred and thirty four dollars.",
+        W,
+    ),
+    Case("negatives", "气温-5度。", "气温负五度。", R),
+    Case("negatives", "气温−5℃。", "气温负五摄氏度。", W),
+    Case("negatives", "余额-12.50元。", "余额负十二点五元。", W),
+    # ---- percentages ----
+    Case("percentages", "Growth was 12.5%.", "Growth was twelve point five percent.", R),
+    Case("percentages", "It is -3% now.", "It is negative three percent now.", R),
+    Case("percentages", "增长了25%。", "增长了百分之二十五。", R),
+    Case("percentages", "下降了-3%。", "下降了负百分之三。", W),
+    Case("percentages", "降到-0.5%。", "降到负百分之零点五。", W),
+    # ---- ranges ----
+    Case("ranges", "It takes 3-5 days.", "It takes three to five days.", R),
+    Case("ranges", "It takes 3–5 days.", "It takes three to five days.", W),
+    Case("ranges", "Read pages 10–20.", "Read pages ten to twenty.", W),
+    Case("ranges", "Up 10%-20% this year.", "Up ten to twenty percent this year.", W),
+    Case("ranges", "需要3-5天。", "需要三到五天。", R),
+    Case("ranges", "需要3–5天。", "需要三到五天。", W),
+    Case("ranges", "需要3～5天。", "需要三到五天。", W),
+    Case("ranges", "阅读第3-5章。", "阅读第三到五章。", W),
+    Case("ranges", "增长了10%-20%。", "增长了百分之十到百分之二十。", W),
+    Case("ranges", "比分3-2。", "比分三比二。", W),
+    Case("ranges", "比分3:2。", "比分三比二。", R),
+    Case("ranges", "2020–2024年", "二零二零到二零二四年", W),
+    # ---- ordinals ----
+    Case("ordinals", "He came 1st.", "He came first.", R),
+    Case("ordinals", "The 21st century.", "The twenty first century.", R),
+    Case("ordinals", "For the 100th time.", "For the one hundredth time.", R),
+    Case("ordinals", "第1名", "第一名", R),
+    Case("ordinals", "第21届", "第二十一届", R),
+    # ---- years and numbers ----
+    Case("years", "In 2024 we won.", "In twenty twenty four we won.", R),
+    Case("years", "He was born in 1999.", "He was born in nineteen ninety nine.", R),
+    Case("years", "It happened in 2005.", "It happened in two thousand five.", R),
+    Case("years", "2024 people came.", "two thousand and twenty four people came.", W),
+    Case("years", "I have 1234 apples.", "I have one thousand two hundred and thirty four apples.", W),
+    Case("years", "We printed 1000 copies.", "We printed one thousand copies.", W),
+    Case("years", "We have 3000 apples.", "We have three thousand apples.", R),
+    Case("years", "The 2024 elections were close.", "The twenty twenty four elections were close.", R),
+    Case("years", "We met 2345 people.", "We met two thousand three hundred and forty five people.", W),
+    Case("years", "Music in the 1990s.", "Music in the nineteen nineties.", W),
+    Case("years", "The 2010s were busy.", "The twenty tens were busy.", W),
+    Case("years", "The 2000s were busy.", "The two thousands were busy.", R),
+    Case("years", "2024年", "二零二四年", R),
+    Case("years", "在2024年我们赢了", "在二零二四年我们赢了", R),
+    Case("years", "2024人参加", "两千零二十四人参加", R),
+    Case("years", "他1999年出生", "他一九九九年出生", R),
+    # ---- times ----
+    Case("times", "Meet at 10:30 am.", "Meet at ten thirty AM.", R),
+    Case("times", "The train leaves at 14:45.", "The train leaves at fourteen forty five.", R),
+    Case("times", "It's 3:00.", "It's three o'clock.", R),
+    Case("times", "现在是10:30。", "现在是十点三十分。", R),
+    Case("times", "上午9:05出发", "上午九点零五分出发", R),
+    # ---- dates, both orders ----
+    Case("dates", "Born on 2024-03-05.", "Born on the fifth of march twenty twenty four.", R),
+    Case("dates", "Due on 13/05/2024.", "Due on the thirteenth of may twenty twenty four.", R),
+    Case("dates", "Due on 05/13/2024.", "Due on the thirteenth of may twenty twenty four.", R),
+    Case("dates", "Born on March 5th, 2024.", "Born on the fifth of march, twenty twenty four.", R),
+    Case("dates", "Born on 5 March 2024.", "Born on the fifth of march twenty twenty four.", R),
+    Case("dates", "2024年3月5日", "二零二四年三月五日", R),
+    Case("dates", "今天是2024-03-05", "今天是二零二四年三月五日", R),
+    Case("dates", "日期13/05/2024", "日期二零二四年五月十三日", R),
+    Case("dates", "日期2024.03.05", "日期二零二四年三月五日", R),
+    Case("dates", "We met on 2024.03.05.", "We met on the fifth of march twenty twenty four.", R),
+    # ---- phone numbers, digit by digit ----
+    Case("phones", "Call 555-123-4567.", "Call five five five, one two three, four five six seven.", R),
+    Case(
+        "phones",
+        "Call +1 555 123 4567.",
+        "Call plus one, five five five, one two three, four five six seven.",
+        W,
+    ),
+    Case("phones", "Call 13812345678.", "Call one three eight one two three four five six seven eight.", W),
+    Case("phones", "电话13812345678", "电话幺三八幺二三四五六七八", R),
+    Case("phones", "拨打+86 138 1234 5678", "拨打加八六，幺三八，幺二三四，五六七八", W),
+    Case("phones", "拨打110", "拨打幺幺零", R),
+    # ---- units ----
+    Case("units", "The limit is 60 km/h.", "The limit is sixty kilometers per hour.", R),
+    Case("units", "It is 25°C outside.", "It is twenty five degrees Celsius outside.", R),
+    Case("units", "It weighs 5 kg.", "It weighs five kilograms.", R),
+    Case("units", "It has 16 GB of memory.", "It has sixteen gigabytes of memory.", R),
+    Case("units", "Run 100 m.", "Run one hundred meters.", W),
+    Case("units", "It moves at 30 m/s.", "It moves at thirty meters per second.", W),
+    Case("units", "Add 2 L of water.", "Add two liters of water.", W),
+    Case("units", "It used 20 kWh.", "It used twenty kilowatt hours.", W),
+    Case("units", "时速60km/h", "时速每小时六十公里", R),
+    Case("units", "气温25°C", "气温二十五摄氏度", R),
+    Case("units", "重5kg", "重五千克", R),
+    Case("units", "速度30m/s", "速度每秒三十米", R),
+    # ---- fractions ----
+    Case("fractions", "Add 1/2 cup.", "Add one half cup.", R),
+    Case("fractions", "3/4 of them agreed.", "three quarters of them agreed.", R),
+    Case("fractions", "It took 2 1/2 hours.", "It took two and a half hours.", R),
+    Case("fractions", "3/4的人同意", "四分之三的人同意", R),
+    Case("fractions", "一半是1/2", "一半是二分之一", R),
+    # ---- version numbers ----
+    Case("versions", "Install version 2.3.1 now.", "Install version two point three point one now.", W),
+    Case("versions", "Update to v1.2.", "Update to version one point two.", W),
+    Case("versions", "Update to 2.3.1.", "Update to two point three point one.", W),
+    Case("versions", "Open 192.168.0.1 now.", "Open one nine two dot one six eight dot zero dot one now.", R),
+    Case("versions", "版本2.3.1", "版本二点三点一", W),
+    Case("versions", "版本v1.2", "版本v一点二", R),
+    # ---- web and e-mail addresses ----
+    Case(
+        "web",
+        "Visit https://www.example.com/docs today.",
+        "Visit WWW dot example dot com slash docs today.",
+        W,
+    ),
+    Case("web", "Visit www.example.com today.", "Visit WWW dot example dot com today.", R),
+    Case("web", "Email john.doe@example.com please.", "Email john dot doe at example dot com please.", R),
+    Case("web", "访问www.example.com。", "访问WWW点example点com。", W),
+    Case("web", "网址是https://example.com/a/b", "网址是example点com斜杠a斜杠b", W),
+    Case("web", "邮箱john.doe@example.com", "邮箱john点doe at example点com", W),
+    # ---- number signs ----
+    Case("number signs", "Room No. 5", "Room number five", W),
+    Case("number signs", "Item #5", "Item number five", W),
+    # ---- runs of punctuation ----
+    Case("punctuation", "你好。。。！！", "你好。", W),
+    Case("punctuation", "真的吗？？？", "真的吗？", W),
+    Case("punctuation", "等一下……", "等一下……", R),
+    Case("punctuation", "好吧，，", "好吧。", R),
+    Case("punctuation", "Hello!!!", "Hello!", W),
+    Case("punctuation", "Really?!", "Really?", W),
+    Case("punctuation", "Wait...", "Wait.", W),
+]
+
+CATEGORIES = {
+    *("money", "thousands", "decimals", "negatives", "percentages", "ranges", "ordinals", "years", "times"),
+    *("dates", "phones", "units", "fractions", "versions", "web", "punctuation"),
+}
+
+
+def _id(case: Case) -> str:
+    return f"{case.category}:{case.written}"
+
+
+@pytest.mark.parametrize("case", CASES, ids=_id)
+def test_cosyserve_reads_it_as_a_native_speaker(case: Case) -> None:
+    assert normalize_text(case.written) == case.spoken
+
+
+@pytest.mark.parametrize("case", CASES, ids=_id)
+def test_official_marking_is_true(case: Case) -> None:
+    """Right cases: the official says exactly this (so cosyserve says what the official says)."""
+    assert (official_normalize(case.written) == case.spoken) == case.official_right
+
+
+@pytest.mark.parametrize("case", CASES, ids=_id)
+def test_corrections_are_reported_only_where_the_official_is_wrong(case: Case) -> None:
+    report = normalize_report(case.written, with_official=True)
+    assert report.spoken == case.spoken
+    assert bool(report.corrections) == (not case.official_right)
+
+
+def test_the_table_covers_both_languages_and_every_category() -> None:
+    assert len(CASES) >= 80
+    assert {case.category for case in CASES} >= CATEGORIES
+    chinese = sum(any("\u4e00" <= char <= "\u9fff" for char in case.written) for case in CASES)
+    assert 30 <= chinese <= len(CASES) - 30
+    assert len({case.written for case in CASES}) == len(CASES)
+    wrong = sum(not case.official_right for case in CASES)
+    assert wrong >= 40  # what the table is for
