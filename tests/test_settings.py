@@ -10,13 +10,8 @@ import pytest
 
 from cosyserve.errors import SettingsError
 from cosyserve.modeldir.model_dir import DEFAULT_MODEL_ID
-from cosyserve.service.settings import (
-    FLAT_NAMES,
-    Settings,
-    is_loopback,
-    nest_flat,
-    settings_reference,
-)
+from cosyserve.service.setting_groups import FLAT_NAMES, nest_flat
+from cosyserve.service.settings import Settings, is_loopback, settings_reference
 
 
 @pytest.fixture(autouse=True)

@@ -15,7 +15,7 @@ log = logging.getLogger("cosyserve.serve")
 
 
 def _field_annotation(path: str) -> Any:
-    from cosyserve.service.settings import GROUPS
+    from cosyserve.service.setting_groups import GROUPS
 
     group, key = path.split(".")
     for name, info in GROUPS[group].model_fields.items():

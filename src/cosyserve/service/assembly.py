@@ -23,7 +23,8 @@ from cosyserve.service.local.model_host import ModelHost
 from cosyserve.service.logs import log_failure
 from cosyserve.service.metrics import Metrics
 from cosyserve.service.scheduling.scheduler import Scheduler
-from cosyserve.service.settings import S3Settings, Settings
+from cosyserve.service.setting_groups import S3Settings
+from cosyserve.service.settings import Settings
 from cosyserve.service.startup_clock import StartupClock
 from cosyserve.service.stores.db import make_engine, metadata
 from cosyserve.service.stores.jobs import JobStore

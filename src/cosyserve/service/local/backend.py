@@ -34,7 +34,7 @@ from cosyserve.service.requests import (
     job_parameters,
 )
 from cosyserve.service.scheduling.scheduler import Scheduler, Ticket, WorkContext
-from cosyserve.service.settings import LimitSettings
+from cosyserve.service.setting_groups import LimitSettings
 from cosyserve.service.startup_clock import StartupClock
 from cosyserve.service.stores.jobs import JobRecord, JobStore
 from cosyserve.service.stores.outputs import OutputStore, build_manifest
