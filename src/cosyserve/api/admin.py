@@ -51,14 +51,7 @@ def status(request: Request) -> dict[str, Any]:
 async def login(body: LoginBody, request: Request, response: Response) -> dict[str, Any]:
     service = get_service(request)
     token = await run_in_threadpool(service.access.login, body.username, body.password)
-    response.set_cookie(
-        SESSION_COOKIE,
-        token,
-        max_age=int(service.access.sessions.ttl_s),
-        httponly=True,
-        samesite="lax",
-        secure=request.url.scheme == "https",
-    )
+    response.set_cookie(**service.access.session_cookie(token, secure=request.url.scheme == "https"))
     return {"user": body.username}
 
 

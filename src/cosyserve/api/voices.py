@@ -25,7 +25,7 @@ from cosyserve.api.schemas import (
 from cosyserve.api.streaming import audio_response, await_ticket
 from cosyserve.api.tts import upload_limit
 from cosyserve.errors import InputError
-from cosyserve.service.requests import SynthesisRequest
+from cosyserve.service.requests import EnrolmentRequest, SynthesisRequest
 from cosyserve.service.stores.voices import Voice, VoiceDefaults
 
 router = APIRouter(prefix="/v1/voices", tags=["voices"])
@@ -57,15 +57,10 @@ async def create_voice(request: Request, _: AdminPrincipal) -> VoiceView:
     if audio is None:
         raise InputError("no recording: upload the voice's audio as `audio` (multipart) or base64 (JSON)")
     defaults = VoiceDefaults(instruct=params.instruct or None, speed=params.speed, seed=params.seed)
-    ticket = service.backend.submit_enrolment(
-        params.name,
-        audio,
-        params.transcript,
-        suffix=suffix,
-        defaults=defaults,
-        lexicon=parse_lexicon(params.lexicon),
-        request_id=request_id(request),
+    enrolment = EnrolmentRequest(
+        params.name, audio, params.transcript, suffix, defaults, parse_lexicon(params.lexicon)
     )
+    ticket = service.backend.submit_enrolment(enrolment, request_id=request_id(request))
     voice: Voice = await await_ticket(request, ticket)
     return view(voice)
 

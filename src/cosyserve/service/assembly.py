@@ -104,8 +104,8 @@ class Service:
             startup=self.startup,
         )
         return LocalBackend(
-            self.model,
-            self.scheduler,
+            host=self.model,
+            scheduler=self.scheduler,
             jobs=self.jobs,
             outputs=self.outputs,
             quota=self.access.quota,

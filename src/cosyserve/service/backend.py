@@ -14,10 +14,9 @@ from typing import Any, Protocol
 
 from cosyserve.errors import InputError, JobStateError
 from cosyserve.frontend.text.split import split_long_text
-from cosyserve.service.requests import OutputSpec, StreamStart, SynthesisRequest, TtsOutcome
+from cosyserve.service.requests import EnrolmentRequest, OutputSpec, StreamStart, SynthesisRequest, TtsOutcome
 from cosyserve.service.scheduling.tickets import Ticket
 from cosyserve.service.stores.jobs import JobNotFound, JobRecord, JobStore
-from cosyserve.service.stores.voices import VoiceDefaults
 
 JOB_TEXT_FACTOR = 50  # a job may carry this many times max_text_chars; it is synthesised piece by piece
 
@@ -122,17 +121,7 @@ class Backend(Protocol):
         """Cancel a queued or running job (JobNotFound, or JobStateError if it already ended)."""
         ...
 
-    def submit_enrolment(
-        self,
-        name: str,
-        audio: bytes,
-        transcript: str | None,
-        *,
-        suffix: str = ".wav",
-        defaults: VoiceDefaults | None = None,
-        lexicon: dict[str, str] | None = None,
-        request_id: str | None = None,
-    ) -> Ticket:
+    def submit_enrolment(self, enrolment: EnrolmentRequest, *, request_id: str | None = None) -> Ticket:
         """Analyse and store a new voice; its ticket's result is the `Voice`."""
         ...
 

@@ -3,6 +3,7 @@
 `SynthesisRequest` (what to say, in which voice) and `OutputSpec` (how the result is delivered and to whom
 it is charged) go in; `SynthesisResult` (raw audio, timings) comes out of the synthesizer and becomes a
 `TtsOutcome` (what was stored and what the caller gets). A stream announces itself with `StreamStart`.
+A new voice is asked for with an `EnrolmentRequest`.
 """
 
 from __future__ import annotations
@@ -15,6 +16,7 @@ import numpy as np
 
 from cosyserve.service.audio_formats import SAMPLE_RATE, check_format, check_sample_rate
 from cosyserve.service.stores.keys import ApiKey
+from cosyserve.service.stores.voices import VoiceDefaults
 
 MAX_SEED = 2**31 - 1  # seeds are non-negative 31-bit integers everywhere (API, UI, synthesizer)
 WorkState = Literal["queued", "running", "done", "failed", "cancelled"]  # of a ticket and of a job record
@@ -83,6 +85,18 @@ class SynthesisResult:
     @property
     def duration_s(self) -> float:
         return len(self.audio) / self.sample_rate
+
+
+@dataclass(frozen=True)
+class EnrolmentRequest:
+    """A voice to save: its name, a prompt recording, and what to remember with it."""
+
+    name: str
+    audio: bytes  # the recording, in any format soundfile decodes
+    transcript: str | None = None  # what is said in it (zero-shot cloning needs it)
+    suffix: str = ".wav"  # the uploaded file's suffix: a hint for decoding
+    defaults: VoiceDefaults | None = None  # instruct, speed and seed used when a request gives none
+    lexicon: dict[str, str] | None = None  # word -> pronunciation for this voice
 
 
 @dataclass(frozen=True)

@@ -1,7 +1,7 @@
 """What the web UI asks of the service, in one place: the same `Service` calls the API routers make.
 
 The UI never touches the engine or the synthesizer: synthesis goes through the scheduler
-(`Service.submit_tts`), voices through the library and `Service.submit_enrolment`, results through the
+(`service.backend`), voices through the library and `backend.submit_enrolment`, results through the
 output store, and every call is made as a `Principal` resolved from the same credentials the API takes
 (the API's session cookie, an API key, or nobody when auth is off).
 """
@@ -22,7 +22,7 @@ from cosyserve.service.access.sessions import SESSION_COOKIE
 from cosyserve.service.assembly import Service
 from cosyserve.service.backend import AudioStream
 from cosyserve.service.logs import recent_logs
-from cosyserve.service.requests import OutputSpec, SynthesisRequest
+from cosyserve.service.requests import EnrolmentRequest, OutputSpec, SynthesisRequest
 from cosyserve.service.scheduling.scheduler import Ticket
 from cosyserve.service.stores.outputs import OutputNotFound, StoredOutput
 from cosyserve.service.stores.voices import Voice
@@ -171,9 +171,8 @@ class UiBridge:
     ) -> Ticket:
         self.require_admin(principal)
         data, suffix = self.read_upload(path)
-        return self.service.backend.submit_enrolment(
-            name, data, transcript or None, suffix=suffix, request_id=request_id
-        )
+        enrolment = EnrolmentRequest(name, data, transcript or None, suffix)
+        return self.service.backend.submit_enrolment(enrolment, request_id=request_id)
 
     def rename_voice(self, principal: Principal, voice_id: str, new_name: str) -> Voice:
         self.require_admin(principal)

@@ -157,14 +157,7 @@ def install_login_routes(app: FastAPI, bridge: UiBridge) -> None:
             except AuthRequired:
                 token = None
             if token is not None:
-                response.set_cookie(
-                    SESSION_COOKIE,
-                    token,
-                    max_age=int(service.access.sessions.ttl_s),
-                    httponly=True,
-                    samesite="lax",
-                    secure=secure,
-                )
+                response.set_cookie(**service.access.session_cookie(token, secure=secure))
                 return response
         await asyncio.sleep(FAILED_LOGIN_DELAY_S)
         page = login_page(bridge, lang_of(request), next_path, error=True)

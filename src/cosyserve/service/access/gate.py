@@ -15,7 +15,7 @@ import sqlalchemy as sa
 from cosyserve.service.access import signing
 from cosyserve.service.access.limits import QuotaTracker, RateLimiter
 from cosyserve.service.access.principals import AuthRequired, Principal, QuotaExceeded, RateLimited
-from cosyserve.service.access.sessions import SessionTokens, check_password
+from cosyserve.service.access.sessions import SESSION_COOKIE, SessionTokens, check_password
 from cosyserve.service.settings import Settings
 from cosyserve.service.stores.db import metadata
 from cosyserve.service.stores.keys import KeyStore
@@ -74,6 +74,17 @@ class Access:
         if not (name_ok and password_ok):
             raise AuthRequired("wrong user name or password")
         return self.sessions.issue(username)
+
+    def session_cookie(self, token: str, *, secure: bool) -> dict[str, Any]:
+        """How a UI session cookie is set: the keyword arguments of `Response.set_cookie`."""
+        return {
+            "key": SESSION_COOKIE,
+            "value": token,
+            "max_age": int(self.sessions.ttl_s),
+            "httponly": True,  # never readable by the page's scripts
+            "samesite": "lax",
+            "secure": secure,  # https only when the login came over https
+        }
 
     def check_rate(self, principal: Principal) -> None:
         """RateLimited when the caller's key used up its requests per minute."""

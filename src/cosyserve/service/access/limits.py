@@ -17,16 +17,14 @@ import sqlalchemy as sa
 from sqlalchemy.exc import IntegrityError
 
 from cosyserve.errors import InputError
-from cosyserve.service.stores.db import create_tables
+from cosyserve.service.stores.db import create_tables, table
 from cosyserve.service.stores.keys import ApiKey
 
 
 def audio_usage_table(metadata: sa.MetaData) -> sa.Table:
-    if "audio_usage" in metadata.tables:
-        return metadata.tables["audio_usage"]
-    return sa.Table(
-        "audio_usage",
+    return table(
         metadata,
+        "audio_usage",
         sa.Column("key_id", sa.Integer, primary_key=True),
         sa.Column("day", sa.String(10), primary_key=True),  # UTC date, YYYY-MM-DD
         sa.Column("seconds", sa.Float, nullable=False),

@@ -24,7 +24,7 @@ from cosyserve.errors import (
     ShuttingDown,
     error_code,
 )
-from cosyserve.service.requests import OutputSpec, SynthesisRequest, TtsOutcome
+from cosyserve.service.requests import EnrolmentRequest, OutputSpec, SynthesisRequest, TtsOutcome
 from cosyserve.service.stores.keys import ApiKey
 from cosyserve.service.stores.outputs import OutputNotFound
 from cosyserve.service.stores.voices import VoiceDefaults, VoiceNotFound
@@ -132,6 +132,25 @@ def decode_outcome(data: dict[str, Any]) -> TtsOutcome:
     values["warnings"] = tuple(values.get("warnings") or ())
     values["audio"] = unb64(values.get("audio"))
     return TtsOutcome(**values)
+
+
+def encode_enrolment(enrolment: EnrolmentRequest) -> list[Any]:
+    """The enrolment task's arguments: name, base64 audio, transcript, suffix, defaults, lexicon."""
+    e = enrolment
+    return [e.name, b64(e.audio), e.transcript, e.suffix, encode_defaults(e.defaults), e.lexicon]
+
+
+def decode_enrolment(
+    name: str,
+    audio_b64: str,
+    transcript: str | None,
+    suffix: str,
+    defaults: dict[str, Any] | None,
+    lexicon: dict[str, str] | None,
+) -> EnrolmentRequest:
+    return EnrolmentRequest(
+        name, unb64(audio_b64) or b"", transcript, suffix, decode_defaults(defaults), lexicon
+    )
 
 
 def encode_defaults(defaults: VoiceDefaults | None) -> dict[str, Any] | None:

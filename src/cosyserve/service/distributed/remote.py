@@ -25,11 +25,18 @@ from cosyserve.service.backend import AudioStream, cancellable_job, job_pieces, 
 from cosyserve.service.distributed import codec
 from cosyserve.service.distributed.celery_app import ENROL_TASK, JOB_TASK, QUEUE, TTS_TASK, make_celery
 from cosyserve.service.distributed.relay import Relay, RelayItem, WorkerRegistry, connect
-from cosyserve.service.requests import OutputSpec, StreamStart, SynthesisRequest, TtsOutcome, job_parameters
+from cosyserve.service.requests import (
+    EnrolmentRequest,
+    OutputSpec,
+    StreamStart,
+    SynthesisRequest,
+    TtsOutcome,
+    job_parameters,
+)
 from cosyserve.service.scheduling.scheduler import Scheduler, Ticket, WorkContext
 from cosyserve.service.settings import Settings
 from cosyserve.service.stores.jobs import JobRecord, JobStore
-from cosyserve.service.stores.voices import Voice, VoiceDefaults, VoiceLibrary
+from cosyserve.service.stores.voices import Voice, VoiceLibrary
 
 log = logging.getLogger(__name__)
 
@@ -138,21 +145,10 @@ class RemoteBackend:
         ticket = self.scheduler.submit(self.tts_work(request, spec, True), owner=spec.owner, stream=True)
         return AudioStream(ticket)
 
-    def submit_enrolment(
-        self,
-        name: str,
-        audio: bytes,
-        transcript: str | None,
-        *,
-        suffix: str = ".wav",
-        defaults: VoiceDefaults | None = None,
-        lexicon: dict[str, str] | None = None,
-        request_id: str | None = None,
-    ) -> Ticket:
+    def submit_enrolment(self, enrolment: EnrolmentRequest, *, request_id: str | None = None) -> Ticket:
         """A voice enrolment on a worker (the prompt models run on its accelerator)."""
         self.require_ready()
-        work = self.enrol_work(name, audio, transcript, suffix=suffix, defaults=defaults, lexicon=lexicon)
-        return self.scheduler.submit(work)
+        return self.scheduler.submit(self.enrol_work(enrolment))
 
     def tts_work(
         self, request: SynthesisRequest, spec: OutputSpec, stream: bool
@@ -188,17 +184,8 @@ class RemoteBackend:
         finally:
             self._drop_quietly(task_id)
 
-    def enrol_work(
-        self,
-        name: str,
-        audio: bytes,
-        transcript: str | None,
-        *,
-        suffix: str,
-        defaults: VoiceDefaults | None,
-        lexicon: dict[str, str] | None,
-    ) -> Callable[[WorkContext], Voice]:
-        args = [name, codec.b64(audio), transcript, suffix, codec.encode_defaults(defaults), lexicon]
+    def enrol_work(self, enrolment: EnrolmentRequest) -> Callable[[WorkContext], Voice]:
+        args = codec.encode_enrolment(enrolment)
 
         def work(ctx: WorkContext) -> Voice:
             task_id = self._send(ENROL_TASK, args)

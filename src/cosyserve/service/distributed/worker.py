@@ -23,15 +23,7 @@ from typing import Any
 
 from cosyserve.errors import Cancelled, CosyServeError, JobStateError, ModelDirError, SettingsError
 from cosyserve.service.assembly import Service
-from cosyserve.service.distributed import codec
-from cosyserve.service.distributed.celery_app import (
-    ENROL_TASK,
-    JOB_TASK,
-    QUEUE,
-    TTS_TASK,
-    make_celery,
-    task_options,
-)
+from cosyserve.service.distributed import celery_app, codec
 from cosyserve.service.distributed.relay import Relay, WorkerRegistry, connect
 from cosyserve.service.local.backend import LocalBackend
 from cosyserve.service.local.load_failure import load_failure_message
@@ -67,7 +59,7 @@ class WorkerNode:
         self.local: LocalBackend = self.service.backend
         self.lease_s = queue.job_lease_s
         restore = max(1, min(10, int(queue.visibility_timeout_s // 5)))
-        self.app = make_celery(
+        self.app = celery_app.make_celery(
             queue.queue_url, visibility_timeout_s=queue.visibility_timeout_s, restore_interval_s=restore
         )
         self.client = connect(queue.queue_url)
@@ -97,11 +89,11 @@ class WorkerNode:
         beat = threading.Thread(target=self._heartbeat_loop, name="cosyserve-heartbeat", daemon=True)
         beat.start()
         concurrency = self.service.scheduler.concurrency
-        log.info("worker %s takes up to %d tasks at once from %s", self.name, concurrency, QUEUE)
+        log.info("worker %s takes up to %d tasks at once from %s", self.name, concurrency, celery_app.QUEUE)
         worker = self.app.Worker(
             pool="threads",
             concurrency=concurrency,
-            queues=[QUEUE],
+            queues=[celery_app.QUEUE],
             hostname=f"{self.name}@{socket.gethostname()}",
             loglevel=loglevel,
             without_gossip=True,
@@ -181,9 +173,13 @@ class WorkerNode:
     # -- tasks -------------------------------------------------------------------------------------------
 
     def _register_tasks(self) -> None:
-        handlers = {TTS_TASK: self._tts_task, JOB_TASK: self._job_task, ENROL_TASK: self._enrol_task}
+        handlers = {
+            celery_app.TTS_TASK: self._tts_task,
+            celery_app.JOB_TASK: self._job_task,
+            celery_app.ENROL_TASK: self._enrol_task,
+        }
         for name, handler in handlers.items():
-            self.app.task(**task_options(name))(_task_body(self, name, handler))
+            self.app.task(**celery_app.task_options(name))(_task_body(self, name, handler))
 
     def _tts_task(
         self, task: Any, request_data: dict[str, Any], spec_data: dict[str, Any], stream: bool
@@ -206,28 +202,12 @@ class WorkerNode:
 
         self._interactive(task_id, run)
 
-    def _enrol_task(
-        self,
-        task: Any,
-        name: str,
-        audio_b64: str,
-        transcript: str | None,
-        suffix: str,
-        defaults: dict[str, Any] | None,
-        lexicon: dict[str, str] | None,
-    ) -> None:
+    def _enrol_task(self, task: Any, *args: Any) -> None:
         task_id = task.request.id
+        enrolment = codec.decode_enrolment(*args)  # a TypeError: arguments this worker cannot take
 
         def run(watch: TaskWatch) -> None:
-            ticket = self.local.submit_enrolment(
-                name,
-                codec.unb64(audio_b64) or b"",
-                transcript,
-                suffix=suffix,
-                defaults=codec.decode_defaults(defaults),
-                lexicon=lexicon,
-            )
-            voice = watch.attach(ticket).result()
+            voice = watch.attach(self.local.submit_enrolment(enrolment)).result()
             self.relay.publish(task_id, "done", {"id": voice.id})
 
         self._interactive(task_id, run)
@@ -315,7 +295,7 @@ def _task_body(node: WorkerNode, name: str, handler: Any) -> Any:
         try:
             handler(task, *args)
         except TypeError as exc:
-            if name == JOB_TASK:
+            if name == celery_app.JOB_TASK:
                 if args:
                     with contextlib.suppress(Exception):
                         node.service.jobs.finish_failed(

@@ -14,6 +14,7 @@ import dataclasses
 import logging
 import threading
 from collections.abc import Callable, Generator
+from dataclasses import dataclass
 from typing import Any
 
 from cosyserve.service.access.limits import QuotaTracker
@@ -25,6 +26,7 @@ from cosyserve.service.local.synthesizer import Synthesizer
 from cosyserve.service.logs import log_failure, request_context
 from cosyserve.service.metrics import Metrics
 from cosyserve.service.requests import (
+    EnrolmentRequest,
     OutputSpec,
     StreamStart,
     SynthesisProgress,
@@ -38,40 +40,26 @@ from cosyserve.service.setting_groups import LimitSettings
 from cosyserve.service.startup_clock import StartupClock
 from cosyserve.service.stores.jobs import JobRecord, JobStore
 from cosyserve.service.stores.outputs import OutputStore, build_manifest
-from cosyserve.service.stores.voices import Voice, VoiceDefaults
+from cosyserve.service.stores.voices import Voice
 
 log = logging.getLogger(__name__)
 
 
+@dataclass(frozen=True, eq=False)
 class LocalBackend:
-    """Synthesis in this process. `recover_jobs`: this process alone owns the job table (a single server),
-    so jobs an earlier process left unfinished are marked failed at start. `upload_outputs`: outputs go to
-    the bucket before the answer (a worker's API node reads them from there)."""
+    """Synthesis in this process: the model its host holds, run on its scheduler, results kept in the
+    stores and counted."""
 
-    def __init__(
-        self,
-        host: ModelHost,
-        scheduler: Scheduler,
-        *,
-        jobs: JobStore,
-        outputs: OutputStore,
-        quota: QuotaTracker,
-        metrics: Metrics,
-        limits: LimitSettings,
-        startup: StartupClock,
-        recover_jobs: bool,
-        upload_outputs: bool,
-    ) -> None:
-        self.host = host
-        self.scheduler = scheduler
-        self.jobs = jobs
-        self.outputs = outputs
-        self.quota = quota
-        self.metrics = metrics
-        self.limits = limits
-        self.startup = startup
-        self.recover_jobs = recover_jobs
-        self.upload_outputs = upload_outputs
+    host: ModelHost
+    scheduler: Scheduler
+    jobs: JobStore
+    outputs: OutputStore
+    quota: QuotaTracker  # charged for the audio each key's requests produce
+    metrics: Metrics
+    limits: LimitSettings
+    startup: StartupClock
+    recover_jobs: bool  # this process alone owns the job table: an earlier process's leftovers end failed
+    upload_outputs: bool  # outputs go to the bucket before the answer (a worker's API node reads them there)
 
     # -- lifecycle and readiness ---------------------------------------------------------------------------
 
@@ -283,24 +271,20 @@ class LocalBackend:
 
     # -- voices --------------------------------------------------------------------------------------------
 
-    def submit_enrolment(
-        self,
-        name: str,
-        audio: bytes,
-        transcript: str | None,
-        *,
-        suffix: str = ".wav",
-        defaults: VoiceDefaults | None = None,
-        lexicon: dict[str, str] | None = None,
-        request_id: str | None = None,
-    ) -> Ticket:
+    def submit_enrolment(self, enrolment: EnrolmentRequest, *, request_id: str | None = None) -> Ticket:
         """Analyse and store a new voice (the prompt models run on the accelerator too)."""
         self.require_ready()
+        e = enrolment
 
         def work(ctx: WorkContext) -> Voice:
             with request_context(request_id), self.host.synthesizer(ctx.cancel) as synth:
                 return synth.add_voice(
-                    name, audio, transcript, audio_suffix=suffix, defaults=defaults, lexicon=lexicon
+                    e.name,
+                    e.audio,
+                    e.transcript,
+                    audio_suffix=e.suffix,
+                    defaults=e.defaults,
+                    lexicon=e.lexicon,
                 )
 
         return self.scheduler.submit(work)

@@ -196,21 +196,25 @@ class Ticket:
         return self._iter_chunks(timeout)
 
     def _iter_chunks(self, timeout: float | None) -> Iterator[Any]:
-        finished = False
-        try:
-            while True:
-                with self._cond:
-                    if not self._cond.wait_for(lambda: self._chunks or self._settled, timeout):
-                        raise TimeoutError(f"job {self.id} produced nothing for {timeout} s")
-                    item = self._pop_locked()
-                if item is _END:
-                    break
+        with self._cancelled_if_left():
+            while (item := self._next_item(timeout)) is not _END:
                 yield item
-            finished = True
-        finally:
-            if not finished:
-                self.cancel(ABANDONED)
         self._outcome()
+
+    def _next_item(self, timeout: float | None) -> Any:
+        with self._cond:
+            if not self._cond.wait_for(lambda: self._chunks or self._settled, timeout):
+                raise TimeoutError(f"job {self.id} produced nothing for {timeout} s")
+            return self._pop_locked()
+
+    @contextlib.contextmanager
+    def _cancelled_if_left(self) -> Iterator[None]:
+        """A reader that leaves before the end (break, disconnect, timeout) cancels the work."""
+        try:
+            yield
+        except BaseException:
+            self.cancel(ABANDONED)
+            raise
 
     # -- the same for asyncio -----------------------------------------------------------------------------
 
@@ -226,21 +230,16 @@ class Ticket:
         """`chunks` for an event loop; closing the async generator (client disconnect) cancels the work."""
         if not self.stream:
             raise TypeError(f"job {self.id} was not submitted with stream=True: use result_async()")
-        finished = False
-        try:
-            while True:
-                if not await self._until(lambda: bool(self._chunks) or self._settled, timeout):
-                    raise TimeoutError(f"job {self.id} produced nothing for {timeout} s")
-                with self._cond:
-                    item = self._pop_locked()
-                if item is _END:
-                    break
+        with self._cancelled_if_left():
+            while (item := await self._anext_item(timeout)) is not _END:
                 yield item
-            finished = True
-        finally:
-            if not finished:
-                self.cancel(ABANDONED)
         self._outcome()
+
+    async def _anext_item(self, timeout: float | None) -> Any:
+        if not await self._until(lambda: bool(self._chunks) or self._settled, timeout):
+            raise TimeoutError(f"job {self.id} produced nothing for {timeout} s")
+        with self._cond:
+            return self._pop_locked()
 
     async def _until(self, predicate: Callable[[], bool], timeout: float | None) -> bool:
         loop = asyncio.get_running_loop()

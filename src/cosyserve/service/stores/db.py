@@ -114,6 +114,14 @@ def _postgresql_engine(url: URL, *, echo: bool) -> Engine:
         ) from exc
 
 
+def table(metadata: MetaData, name: str, *columns: Any) -> Table:
+    """The table `name` of `metadata`, defined with `columns` the first time it is asked for: every store
+    of one kind shares the definition."""
+    if name in metadata.tables:
+        return metadata.tables[name]
+    return Table(name, metadata, *columns)
+
+
 def create_tables(engine: Engine, *tables: Table) -> None:
     """Create those of `tables` that don't exist yet. Safe when several processes start at once: on
     PostgreSQL they take turns under an advisory lock (DDL is transactional there); elsewhere a creation

@@ -26,7 +26,7 @@ import sqlalchemy as sa
 from sqlalchemy.exc import IntegrityError
 
 from cosyserve.errors import InputError
-from cosyserve.service.stores.db import create_tables
+from cosyserve.service.stores.db import create_tables, table
 
 KEY_SCHEME = "cs_"
 PREFIX_CHARS = 8  # random characters kept in clear as the lookup prefix
@@ -68,11 +68,9 @@ class ApiKey:
 
 
 def api_keys_table(metadata: sa.MetaData) -> sa.Table:
-    if "api_keys" in metadata.tables:
-        return metadata.tables["api_keys"]
-    return sa.Table(
-        "api_keys",
+    return table(
         metadata,
+        "api_keys",
         sa.Column("id", sa.Integer, primary_key=True, autoincrement=True),
         sa.Column("name", sa.String(NAME_MAX_CHARS), nullable=False),
         sa.Column("prefix", sa.String(16), nullable=False, unique=True),

@@ -32,7 +32,7 @@ import sqlalchemy as sa
 from cosyserve.errors import InputError
 from cosyserve.frontend.prompt_features import PromptFeatures
 from cosyserve.service.stores.atomic_files import write_atomic
-from cosyserve.service.stores.db import create_tables
+from cosyserve.service.stores.db import create_tables, table
 from cosyserve.service.stores.voice_files import (
     FEATURES_FILE,
     VoiceFiles,
@@ -94,11 +94,9 @@ class Voice:
 
 
 def voices_table(metadata: sa.MetaData) -> sa.Table:
-    if "voices" in metadata.tables:
-        return metadata.tables["voices"]
-    return sa.Table(
-        "voices",
+    return table(
         metadata,
+        "voices",
         sa.Column("id", sa.String(32), primary_key=True),
         sa.Column("name", sa.String(64), nullable=False, unique=True),
         sa.Column("transcript", sa.Text, nullable=True),
