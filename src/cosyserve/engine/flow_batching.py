@@ -68,7 +68,10 @@ class FlowBatcher(Rendezvous[FlowJob, torch.Tensor]):
 
     `window_s` 0 (the default) never delays a lone request: batches form from the calls that arrive
     while a batch runs. `autocast` is entered around each batch (the running thread's own state).
+    Requests are independent, so a batch that runs out of memory is retried in halves.
     """
+
+    split_on_oom = True
 
     def __init__(
         self,
@@ -90,7 +93,8 @@ class FlowBatcher(Rendezvous[FlowJob, torch.Tensor]):
         """The one-shot mel (1, C, frames) of `tokens` (1, T) after `prompt`, batched with concurrent calls.
 
         Raises InputError for unusable inputs (checked here, so one request cannot fail the others'
-        batch) and BatchError when the batch fails (in every caller's thread).
+        batch), OutOfMemory when this request does not fit even alone, and BatchError when the batch
+        fails otherwise (in every caller's thread).
         """
         self.flow.check_inputs(tokens, prompt.speech_token, prompt.speech_feat, prompt.embedding, True)
         return self.submit((tokens, prompt))

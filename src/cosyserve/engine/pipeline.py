@@ -17,6 +17,7 @@ import torch
 from cosyserve.engine.batching import DecodeBatcher
 from cosyserve.engine.device import Placement, to_device
 from cosyserve.engine.loading import load_flow, load_hift, load_speech_lm
+from cosyserve.engine.memory import out_of_memory_as_error
 from cosyserve.engine.speech_lm_runner import PromptPrefix, SpeechLMRunner
 from cosyserve.engine.token2wav import FlowPrompt, PromptCache, Token2Wav
 from cosyserve.errors import Cancelled
@@ -119,7 +120,7 @@ class SpeechEngine:
 
     def prepare_prefix(self, prompt_text_ids: list[int]) -> PromptPrefix:
         """The LM prefix `[sos, prompt_text]` of a voice, to be cached and reused by later requests."""
-        with self._prefix_lock:
+        with self._prefix_lock, out_of_memory_as_error("a voice's prompt preparation"):
             return self.lm.prepare_prefix(prompt_text_ids)
 
     def generate(
@@ -131,7 +132,21 @@ class SpeechEngine:
         speed: float = 1.0,
         cancel: CancelCheck = lambda: False,
     ) -> Iterator[np.ndarray]:
-        """Yield float32 audio (S,) for one segment: several chunks when streaming, else one."""
+        """Yield float32 audio (S,) for one segment: several chunks when streaming, else one.
+
+        Raises OutOfMemory (the device cache freed, the engine usable) when the GPU runs out of memory.
+        """
+        with out_of_memory_as_error("synthesis"):
+            yield from self._generate(segment, generator, stream, speed, cancel)
+
+    def _generate(
+        self,
+        segment: SegmentInput,
+        generator: torch.Generator,
+        stream: bool,
+        speed: float,
+        cancel: CancelCheck,
+    ) -> Iterator[np.ndarray]:
         stats = segment.stats
         started = time.perf_counter()
         tokens = self.lm.generate(
