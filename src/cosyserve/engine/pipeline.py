@@ -15,7 +15,7 @@ import numpy as np
 import torch
 
 from cosyserve.engine.batching import DecodeBatcher
-from cosyserve.engine.device import Placement, to_device
+from cosyserve.engine.device import Placement
 from cosyserve.engine.loading import load_flow, load_hift, load_speech_lm
 from cosyserve.engine.memory import out_of_memory_as_error
 from cosyserve.engine.speech_lm_runner import PromptPrefix, SpeechLMRunner
@@ -166,7 +166,7 @@ class SpeechEngine:
                 continue
             stats.llm_s += time.perf_counter() - llm_clock
             acoustic_clock = time.perf_counter()
-            chunks = self.token2wav.stream_step(state, _as_tensor(generated, self.placement.device))
+            chunks = self.token2wav.stream_step(state, _host_tokens(generated))
             stats.acoustic_s += time.perf_counter() - acoustic_clock
             for chunk in chunks:
                 if stats.first_chunk_s is None:
@@ -180,7 +180,7 @@ class SpeechEngine:
         if not generated:
             return  # the LM ended at once (possible with random weights): nothing to say
         acoustic_clock = time.perf_counter()
-        all_tokens = _as_tensor(generated, self.placement.device)
+        all_tokens = _host_tokens(generated)
         if state is None:
             audio = self.token2wav.synthesize(all_tokens, segment.flow_prompt, speed=speed)
         else:
@@ -191,5 +191,6 @@ class SpeechEngine:
         yield audio.cpu().numpy()
 
 
-def _as_tensor(tokens: list[int], device: torch.device) -> torch.Tensor:
-    return to_device(torch.tensor(tokens, dtype=torch.long), device)[None]
+def _host_tokens(tokens: list[int]) -> torch.Tensor:
+    """(1, T) int64 on the host: Token2Wav reads ids there and copies them to the device itself."""
+    return torch.tensor(tokens, dtype=torch.long)[None]
