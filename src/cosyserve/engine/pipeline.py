@@ -10,13 +10,14 @@ import threading
 import time
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
+from typing import Any
 
 import numpy as np
 import torch
 
 from cosyserve.engine.batching import DecodeBatcher
 from cosyserve.engine.device import Placement
-from cosyserve.engine.loading import load_flow, load_hift, load_speech_lm
+from cosyserve.engine.loading import load_flow, load_hift, load_speech_lm, network_dtypes, place_networks
 from cosyserve.engine.memory import out_of_memory_as_error
 from cosyserve.engine.speech_lm_runner import PromptPrefix, SpeechLMRunner
 from cosyserve.engine.token2wav import FlowPrompt, PromptCache, Token2Wav
@@ -99,16 +100,16 @@ class SpeechEngine:
         cls, model_dir: ModelDir, placement: Placement, options: EngineOptions | None = None
     ) -> SpeechEngine:
         options = options or EngineOptions()
-        lm_dtype = placement.dtype if placement.device.type == "cuda" else torch.float32
-        model = load_speech_lm(model_dir, placement.device, lm_dtype)
+        model, flow, hift = place_networks(
+            load_speech_lm(model_dir), load_flow(model_dir), load_hift(model_dir), placement
+        )
         batcher = None
         if options.batch_decode:
             batcher = DecodeBatcher(model, max_batch=options.max_batch, window_s=options.decode_window_s)
         lm = SpeechLMRunner(model, batch_decode=batcher, use_cuda_graph=options.cuda_graph)
-        # Flow weights stay float32; on CUDA the runner wraps it in autocast (as the official fp16 mode).
         token2wav = Token2Wav(
-            load_flow(model_dir, placement.device),
-            load_hift(model_dir, placement.device),
+            flow,
+            hift,
             placement,
             chunk_size=model_dir.config.chunk_size,
             flow_steps=options.flow_steps,
@@ -117,6 +118,25 @@ class SpeechEngine:
             max_flow_batch=options.max_flow_batch,
         )
         return cls(model_dir, lm, token2wav, placement)
+
+    def describe(self) -> dict[str, Any]:
+        """How this engine runs, for readiness/model info: device, precision, the dtype of each part
+        (`loading.network_dtypes`) and the GPU paths on (CUDA graphs, batching, flow options)."""
+        t2w = self.token2wav
+        return {
+            "device": str(self.placement.device),
+            "precision": self.placement.dtype_name,
+            "dtypes": network_dtypes(self.lm.model, t2w.flow, t2w.hift, self.placement),
+            "cuda_graph": self.lm.static_pool is not None,
+            "batch_decode": self.lm.batcher is not None,
+            "batch_flow": t2w.flow_batcher is not None,
+            "flow_steps": t2w.flow_steps,
+            "guidance": t2w.guidance,
+        }
+
+    def dtypes(self) -> dict[str, str]:
+        """The dtype each part of the engine computes in (`describe()["dtypes"]`)."""
+        return network_dtypes(self.lm.model, self.token2wav.flow, self.token2wav.hift, self.placement)
 
     def prepare_prefix(self, prompt_text_ids: list[int]) -> PromptPrefix:
         """The LM prefix `[sos, prompt_text]` of a voice, to be cached and reused by later requests."""

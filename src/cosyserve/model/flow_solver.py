@@ -27,8 +27,9 @@ TIME_DTYPE = torch.float32  # the time grid and the Euler state (see the module 
 def kv_dtype(param: torch.Tensor) -> torch.dtype:
     """The dtype keys and values come out in from a layer with this parameter: the autocast dtype when
     autocast is on for its device, else the parameter's own."""
-    if torch.is_autocast_enabled(param.device.type):
-        return torch.get_autocast_dtype(param.device.type)
+    device_type = param.device.type
+    if torch.amp.is_autocast_available(device_type) and torch.is_autocast_enabled(device_type):
+        return torch.get_autocast_dtype(device_type)
     return param.dtype
 
 
