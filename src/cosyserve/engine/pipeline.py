@@ -22,7 +22,9 @@ from cosyserve.engine.memory import out_of_memory_as_error
 from cosyserve.engine.speech_lm_runner import PromptPrefix, SpeechLMRunner
 from cosyserve.engine.token2wav import FlowPrompt, PromptCache, Token2Wav
 from cosyserve.errors import Cancelled
-from cosyserve.model.flow import DEFAULT_N_TIMESTEPS
+from cosyserve.model.flow import DEFAULT_N_TIMESTEPS, CausalFlow
+from cosyserve.model.hift import HiFTVocoder
+from cosyserve.model.speech_lm import SpeechLM
 from cosyserve.modeldir.model_dir import ModelDir
 
 CancelCheck = Callable[[], bool]
@@ -82,6 +84,35 @@ class EngineOptions:
         return cls(cuda_graph=True)
 
 
+def build_runners(
+    llm: SpeechLM,
+    flow: CausalFlow,
+    hift: HiFTVocoder,
+    placement: Placement,
+    options: EngineOptions,
+    chunk_size: int,
+    **token2wav_options: Any,
+) -> tuple[SpeechLMRunner, Token2Wav]:
+    """The LM runner and token-to-audio runner over placed networks, with `options`' batching, CUDA
+    graphs and flow options: what the service runs, and what `cosyserve bench` measures."""
+    batcher = None
+    if options.batch_decode:
+        batcher = DecodeBatcher(llm, max_batch=options.max_batch, window_s=options.decode_window_s)
+    lm = SpeechLMRunner(llm, batch_decode=batcher, use_cuda_graph=options.cuda_graph)
+    token2wav = Token2Wav(
+        flow,
+        hift,
+        placement,
+        chunk_size=chunk_size,
+        flow_steps=options.flow_steps,
+        guidance=options.guidance,
+        batch_flow=options.batch_flow,
+        max_flow_batch=options.max_flow_batch,
+        **token2wav_options,
+    )
+    return lm, token2wav
+
+
 class SpeechEngine:
     """The loaded networks of one model directory on one device."""
 
@@ -103,20 +134,7 @@ class SpeechEngine:
         model, flow, hift = place_networks(
             load_speech_lm(model_dir), load_flow(model_dir), load_hift(model_dir), placement
         )
-        batcher = None
-        if options.batch_decode:
-            batcher = DecodeBatcher(model, max_batch=options.max_batch, window_s=options.decode_window_s)
-        lm = SpeechLMRunner(model, batch_decode=batcher, use_cuda_graph=options.cuda_graph)
-        token2wav = Token2Wav(
-            flow,
-            hift,
-            placement,
-            chunk_size=model_dir.config.chunk_size,
-            flow_steps=options.flow_steps,
-            guidance=options.guidance,
-            batch_flow=options.batch_flow,
-            max_flow_batch=options.max_flow_batch,
-        )
+        lm, token2wav = build_runners(model, flow, hift, placement, options, model_dir.config.chunk_size)
         return cls(model_dir, lm, token2wav, placement)
 
     def describe(self) -> dict[str, Any]:
