@@ -59,8 +59,9 @@ def _cuda_index(device: str) -> int | None:
 def choose_providers(device: str = "auto") -> list[Provider]:
     """`device` "auto" | "cpu" | "cuda" | "cuda:N" -> the providers to ask onnxruntime for: CUDA on that
     device (its `device_id`) then the CPU, when this onnxruntime build has the CUDA provider; else the
-    CPU. "auto" uses GPU 0 when the build has CUDA and a GPU is usable. Whether CUDA then really loads (its libraries may
-    be missing or of another CUDA version) only the session knows: `open_session` checks."""
+    CPU. "auto" uses GPU 0 when the build has CUDA and a GPU is usable. Whether CUDA then really loads
+    (its libraries may be missing or of another CUDA version) only the session knows: `open_session`
+    checks."""
     index = _cuda_index(device)
     has_cuda = CUDA_PROVIDER in ort.get_available_providers()
     if index is not None and not has_cuda:
