@@ -102,9 +102,10 @@ def test_reduced_precision_keeps_time_and_solver_state_float32(
         mel = t2w.flow.inference(tokens, prompt.speech_token, prompt.speech_feat, prompt.embedding)
     assert len(seen) == 10 and all(dtypes == (torch.float32, torch.float32) for dtypes in seen)
     exact = flow.inference(tokens, prompt.speech_token, prompt.speech_feat, prompt.embedding)
-    # bfloat16 products (8 mantissa bits) through 10 steps: a loose bound, measured 0.08-0.12 on
-    # AVX-512 and AVX2; here only to show the reduced path computes the same mel, not noise.
-    assert torch.isfinite(mel).all() and float((mel - exact).abs().mean()) < 0.5
+    # bfloat16 DiT products (8 mantissa bits) through 10 steps against float32: measured mean 0.0024, max
+    # 0.015 |d mel| on AVX-512 and AVX2 alike (ATEN_CPU_CAPABILITY=avx2 ...); bounds at ~4x.
+    d_mel = (mel - exact).abs()
+    assert torch.isfinite(mel).all() and float(d_mel.mean()) < 0.01 and float(d_mel.max()) < 0.06
 
 
 def test_reduced_precision_engine_speaks(
