@@ -177,3 +177,21 @@ def test_the_engine_describes_its_dtypes(bf16_engine: SpeechEngine, model_dir: M
     plain = SpeechEngine.load(model_dir, Placement(torch.device("cpu"))).describe()
     assert set(plain["dtypes"].values()) <= {"float32", "float64", "n/a"}
     assert not plain["cuda_graph"] and not plain["batch_decode"] and plain["flow_steps"] == 10
+
+
+@torch.inference_mode()
+def test_lm_steps_read_no_device_values(model_dir: ModelDir) -> None:
+    """Item 8: prefill, a decode step and the static (graph) step on meta tensors: no value is read."""
+    from cosyserve.engine.cuda_graph import StaticDecodeStep
+    from cosyserve.engine.kv_cache import KVCache
+    from cosyserve.engine.loading import load_speech_lm
+    from cosyserve.engine.speech_lm_runner import decode_one, prefill
+
+    model = load_speech_lm(model_dir).to("meta")
+    embeds = model.embed_speech(torch.zeros(1, 10, dtype=torch.long, device="meta"))
+    cache = KVCache.allocate(model.config.qwen2, 64, device="meta")
+    prefill(model, embeds, cache)
+    assert decode_one(model, torch.zeros(1, dtype=torch.long, device="meta"), cache).device.type == "meta"
+    step = StaticDecodeStep(model, 64, capture=False)
+    prefill(model, embeds, step.reset())
+    assert step(5).device.type == "meta"
