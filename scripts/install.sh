@@ -61,6 +61,15 @@ if [ "$keep" = no ]; then
   fi
 fi
 $py -m pip install --quiet -e ".[${extras}]"
+# On Linux x86_64 the package wants onnxruntime-gpu; a venv made before that still has the CPU-only
+# onnxruntime, and two distributions owning one package overwrite each other's files: keep one.
+if $py -c 'import importlib.metadata as m, sys
+names = ("onnxruntime", "onnxruntime-gpu")
+sys.exit(0 if all(any(True for _ in m.distributions(name=n)) for n in names) else 1)' 2>/dev/null; then
+  echo "removing the CPU-only onnxruntime that an earlier install left beside onnxruntime-gpu"
+  $py -m pip uninstall --quiet -y onnxruntime onnxruntime-gpu
+  $py -m pip install --quiet -e ".[${extras}]"
+fi
 read -r got_version got_build <<<"$(installed_torch)"
 [ "$got_build" = "$build" ] || echo "note: asked for torch's $build build, got the $got_build build"
 echo "installed: $(.venv/bin/cosyserve --version), torch $got_version ($got_build build)," \

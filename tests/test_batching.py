@@ -17,7 +17,7 @@ import torch
 from cosyserve.engine.batching import BatchError, DecodeBatcher, Rendezvous
 from cosyserve.engine.kv_cache import KVCache
 from cosyserve.engine.speech_lm_runner import SpeechLMRunner, decode_one, prefill
-from cosyserve.errors import Cancelled, InputError
+from cosyserve.errors import Cancelled, InputError, OutOfMemory
 from cosyserve.model.speech_lm import SpeechLM
 from cosyserve.modeldir.model_dir import ModelDir
 
@@ -201,6 +201,108 @@ def test_failed_forward_ends_every_generation(model: SpeechLM, requests, monkeyp
     assert list(runner.generate(*requests[0][:3], seed=requests[0][3])) == list(
         SpeechLMRunner(model).generate(*requests[0][:3], seed=requests[0][3])
     )
+
+
+@pytest.fixture
+def freed(monkeypatch) -> list[int]:
+    """Pretend a CUDA context exists and count `torch.cuda.empty_cache` calls."""
+    calls: list[int] = []
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: True)
+    monkeypatch.setattr(torch.cuda, "is_initialized", lambda: True)
+    monkeypatch.setattr(torch.cuda, "empty_cache", lambda: calls.append(1))
+    return calls
+
+
+def _out_of_memory(*args, **kwargs):
+    raise torch.cuda.OutOfMemoryError("CUDA out of memory. Tried to allocate 2.00 GiB")
+
+
+def test_out_of_memory_is_a_typed_error_for_each_member(
+    model: SpeechLM, requests, monkeypatch, freed
+) -> None:
+    """Issue 21, item 4: not a BatchError in every member; the cache freed, the batcher still usable."""
+    batcher = DecodeBatcher(model, max_batch=4, window_s=WINDOW_S)
+    members = [batcher.join(_prefilled(model, r)[0]) for r in requests]
+    lengths = [m.length for m in members]
+    monkeypatch.setattr(model, "decode_rows", _out_of_memory)
+    outcome = _run_threads([lambda m=m: batcher.step(m, 5) for m in members])
+    for error in outcome:
+        assert isinstance(error, OutOfMemory) and not isinstance(error, BatchError), error
+        assert error.retry_after_s > 0 and "out of memory" in str(error)
+        assert isinstance(error.__cause__, torch.cuda.OutOfMemoryError)
+    assert len(freed) == 2  # after the first failure and after the retry
+    assert [m.length for m in members] == lengths  # nothing advanced
+    monkeypatch.undo()
+    expected = [decode_one(model, torch.tensor([5]), _prefilled(model, r)[0]) for r in requests]
+    got = _run_threads([lambda m=m: batcher.step(m, 5) for m in members])
+    for row, want in zip(got, expected, strict=True):
+        assert float((row - want[0]).abs().max()) <= 1e-5  # the bound of the batched-step tests above
+    for member in members:
+        batcher.leave(member)
+
+
+def test_a_passing_out_of_memory_is_retried_once(model: SpeechLM, requests, monkeypatch, freed) -> None:
+    batcher = DecodeBatcher(model, max_batch=4, window_s=WINDOW_S)
+    member = batcher.join(_prefilled(model, requests[0])[0])
+    real = model.decode_rows
+    failures = [1]
+
+    def flaky(*args, **kwargs):
+        if failures:
+            failures.pop()
+            _out_of_memory()
+        return real(*args, **kwargs)
+
+    monkeypatch.setattr(model, "decode_rows", flaky)
+    assert batcher.step(member, 5).shape == (model.config.decoder_size,)
+    assert len(freed) == 1 and member.steps == 1
+    batcher.leave(member)
+
+
+def test_out_of_memory_in_a_flow_batch_fails_only_what_does_not_fit(freed) -> None:
+    """Independent items (flow batches) are retried in halves: only the item that fits nowhere fails."""
+
+    class Flows(Rendezvous[int, int]):
+        split_on_oom = True
+
+        def run_batch(self, items: list[int]) -> list[int]:
+            sizes.append(len(items))
+            if 99 in items or len(items) > 2:
+                _out_of_memory()
+            return [2 * item for item in items]
+
+    sizes: list[int] = []
+    flows = Flows(max_batch=4, window_s=WINDOW_S)
+    outcome = _run_threads([lambda i=i: flows.submit(i) for i in (1, 2, 99, 3)])
+    assert sorted(x for x in outcome if isinstance(x, int)) == [2, 4, 6]
+    assert [type(x) for x in outcome].count(OutOfMemory) == 1
+    assert flows.submit(5) == 10  # healthy afterwards
+
+
+def test_engine_turns_out_of_memory_into_a_typed_error(tiny_dir: Path, monkeypatch, freed) -> None:
+    """Outside a batch too: a segment answers OutOfMemory, not a raw torch error; the engine recovers."""
+    from cosyserve.engine.device import Placement
+    from cosyserve.engine.pipeline import SegmentInput, SpeechEngine
+    from cosyserve.engine.token2wav import FlowPrompt
+
+    engine = SpeechEngine.load(
+        ModelDir.open(tiny_dir / "model", require_onnx=False), Placement(torch.device("cpu"))
+    )
+    golden = np.load(tiny_dir / "flow.npz")
+    prompt = FlowPrompt(
+        torch.from_numpy(golden["prompt_token"]).long().reshape(1, -1),
+        torch.from_numpy(golden["prompt_feat"]).float().reshape(1, -1, 80),
+        torch.from_numpy(golden["embedding"]).float().reshape(1, -1),
+    )
+    llm = np.load(tiny_dir / "llm.npz")
+    segment = SegmentInput(llm["text"][:3].tolist(), llm["prompt_text"].tolist(), [], prompt)
+    monkeypatch.setattr(engine.lm.model, "forward", _out_of_memory)
+    with pytest.raises(OutOfMemory, match="out of memory"):
+        list(engine.generate(segment, generator=torch.Generator().manual_seed(0), stream=False))
+    assert freed == [1]
+    monkeypatch.undo()
+    audio = list(engine.generate(segment, generator=torch.Generator().manual_seed(0), stream=False))
+    assert audio and all(np.isfinite(a).all() for a in audio)
 
 
 def test_cancel_leaves_the_batch(model: SpeechLM, requests) -> None:

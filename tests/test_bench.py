@@ -42,6 +42,7 @@ REPORT_FIELDS = {
     "peak_rss_over_weights", "quantized_linears", "deviation", "machine",
     "flow_steps", "no_cfg", "flow_label", "flow_deviation",
     "voice_cache_bytes", "stream_prefix_peak_bytes", "max_reuse_bytes", "efficiency",
+    "dtypes", "engine_options", "concurrent",
 }  # fmt: skip
 MACHINE_FIELDS = {
     "cpu",
@@ -278,3 +279,32 @@ def test_roofline_counts_the_full_size_work() -> None:
     per_frame = 22 * (4 * 1024 * 1024 + 2 * 1024 * 2048)  # q, k, v, out; two feed-forward products
     attention = 22 * 16 * 2 * 64 * 800 * 800  # per head: scores and weighted sum over 800 frames
     assert flow_flops(flow, frames=800, rows=2, steps=10) == 2 * 2 * 10 * (per_frame * 800 + attention)
+
+
+def test_bench_runs_the_networks_and_paths_the_service_runs(model_dir: ModelDir, monkeypatch) -> None:
+    """Issue 21, item 5: the bench placed its own fp16 flow (inv_freq included) and decoded with its own
+    loop; it must measure the service's networks (same dtypes for the same placement), its batching
+    path for concurrent requests, and rate the flow against the peak of the dtype it computes in."""
+    from cosyserve.bench import runner as bench_runner
+    from cosyserve.engine.device import Placement
+    from cosyserve.engine.pipeline import EngineOptions, SpeechEngine
+
+    placement = Placement(torch.device("cpu"), torch.bfloat16)  # the reduced-precision path, on the CPU
+    monkeypatch.setattr(bench_runner, "resolve_placement", lambda device, precision: placement)
+    asked: list[tuple[str, int]] = []
+
+    def for_device(device_type: str, concurrency: int) -> EngineOptions:
+        asked.append((device_type, concurrency))  # what a GPU gets: batching for concurrent requests
+        return EngineOptions(batch_decode=True, max_batch=concurrency, batch_flow=True, decode_window_s=0.05)
+
+    monkeypatch.setattr(bench_runner.EngineOptions, "for_device", staticmethod(for_device))
+    report = run_bench(BenchOptions(**{**TINY, "audio_seconds": 1.0}, concurrency=3, deviation=False))
+    assert asked == [("cpu", 3)]
+    assert report["dtypes"] == SpeechEngine.load(model_dir, placement).dtypes()
+    assert report["dtypes"]["flow_rotary_inv_freq"] == "float32" and report["dtype"] == "bfloat16"
+    assert report["efficiency"]["limits"]["matmul_dtype"] == "bfloat16"
+    concurrent = report["concurrent"]
+    assert concurrent["requests"] == 3 and len(concurrent["request_seconds"]) == 3
+    assert concurrent["decode_batches"] > 0 and concurrent["decode_rows_per_batch"] > 1
+    assert concurrent["flow_batches"] >= 1
+    assert "3 at once" in render(report)

@@ -74,3 +74,17 @@ def test_voices_and_errors(demo_model_path, shared_dir, tmp_path, capsys) -> Non
     assert err.count("\n") == 0 and "exactly one of --voice" in err
     assert _synthesize(demo_model_path, tmp_path, tmp_path / "v.wav", "--voice", "me") == 2
     assert "no voice 'me'" in capsys.readouterr().err
+
+
+def test_precision_and_engine_options(demo_model_path, shared_dir, tmp_path, capsys) -> None:
+    """Issue 21, item 10: precision and the engine options reach the engine from the command line."""
+    prompt = str(shared_dir / "audio" / "prompt_zh_24k.wav")
+    args = ("--prompt-wav", prompt, "--seed", "2", "--precision", "float32", "--flow-steps", "4", "--no-cfg")
+    out = tmp_path / "p.wav"
+    assert main(["synthesize", "--model", str(demo_model_path), "--data-dir", str(tmp_path),
+                 "--text", "你好。", "--out", str(out), *args]) == 0  # fmt: skip
+    err = capsys.readouterr().err
+    assert "engine: cpu float32" in err and "4 flow steps, no CFG" in err
+    assert sf.info(out).frames > 0
+    assert _synthesize(demo_model_path, tmp_path, out, "--prompt-wav", prompt, "--precision", "float16") == 2
+    assert "only supported on CUDA" in capsys.readouterr().err

@@ -6,13 +6,21 @@ On the CPU the static step must give the normal decode step's log-probs and toke
 
 from __future__ import annotations
 
+import contextlib
+import warnings
 from pathlib import Path
 
 import numpy as np
 import pytest
 import torch
 
-from cosyserve.engine.cuda_graph import StaticDecodePool, StaticDecodeStep, capacity_bucket
+from cosyserve.engine.cuda_graph import (
+    CudaGraphError,
+    StaticDecodePool,
+    StaticDecodeStep,
+    capacity_bucket,
+    capture_graph,
+)
 from cosyserve.engine.kv_cache import KVCache
 from cosyserve.engine.speech_lm_runner import SpeechLMRunner, decode_one, prefill
 from cosyserve.model.speech_lm import SpeechLM
@@ -102,6 +110,106 @@ def test_capacity_bucket() -> None:
     assert capacity_bucket(5000, 32768) == 8192
     assert capacity_bucket(30000, 32768) == 32768
     assert capacity_bucket(200, 128) == 128  # capped: acquire then refuses what does not fit
+
+
+class _FakeCuda:
+    """Just enough of `torch.cuda` to follow which device and stream a capture uses, on the CPU.
+
+    Like torch, a graph captured on a stream whose device is not the current one records nothing and
+    torch only warns that it is empty.
+    """
+
+    def __init__(self) -> None:
+        self.current_device = 0
+        self.current_stream_device: int | None = None
+        self.forward_calls: list[tuple[int, int | None]] = []  # (current device, current stream's device)
+        self.graph_kwargs: dict = {}
+        fake = self
+
+        class Stream:
+            def __init__(self, device=None) -> None:
+                self.device_index = torch.device(device).index if device is not None else fake.current_device
+
+            def wait_stream(self, other) -> None:
+                pass
+
+        class Graph:
+            pass
+
+        @contextlib.contextmanager
+        def device(device):
+            saved, fake.current_device = fake.current_device, torch.device(device).index
+            try:
+                yield
+            finally:
+                fake.current_device = saved
+
+        @contextlib.contextmanager
+        def stream(s):
+            saved, fake.current_stream_device = fake.current_stream_device, s.device_index
+            try:
+                yield
+            finally:
+                fake.current_stream_device = saved
+
+        @contextlib.contextmanager
+        def graph(cuda_graph, stream=None, **kwargs):
+            fake.graph_kwargs = {"stream": stream, **kwargs}
+            capture_stream = stream if stream is not None else Stream()  # torch: the current device's
+            calls = len(fake.forward_calls)
+            with fake.stream(capture_stream):
+                yield
+            recorded = [d for d, s in fake.forward_calls[calls:] if d == s]
+            if not recorded:
+                warnings.warn(
+                    "The CUDA Graph is empty. This usually means that the graph was attempted "
+                    "to be captured on wrong device or stream.",
+                    UserWarning,
+                    stacklevel=2,
+                )
+
+        self.Stream, self.CUDAGraph, self.device, self.stream, self.graph = (
+            Stream,
+            Graph,
+            device,
+            stream,
+            graph,
+        )
+        self.current_stream = lambda device=None: Stream(device)
+
+    def install(self, monkeypatch) -> None:
+        for name in ("Stream", "CUDAGraph", "device", "stream", "graph", "current_stream"):
+            monkeypatch.setattr(torch.cuda, name, getattr(self, name))
+
+    def record(self) -> None:
+        self.forward_calls.append((self.current_device, self.current_stream_device))
+
+
+def test_capture_runs_on_the_models_device_and_a_stream_of_it(model: SpeechLM, monkeypatch) -> None:
+    """Issue 21, item 1: with the model on cuda:1 and device 0 current, warm-up and capture must run on
+    a stream of cuda:1 inside `torch.cuda.device(1)`; else the graph is empty and replays stale output."""
+    fake = _FakeCuda()
+    fake.install(monkeypatch)
+    step = StaticDecodeStep(model, 64, capture=False)
+    monkeypatch.setattr(
+        StaticDecodeStep, "device", property(lambda self: torch.device("cuda", 1)), raising=False
+    )
+    forward = step._forward
+    monkeypatch.setattr(step, "_forward", lambda: (fake.record(), forward())[1])
+    step._capture()
+    assert step.captured and fake.forward_calls
+    assert all(call == (1, 1) for call in fake.forward_calls), fake.forward_calls
+    assert fake.graph_kwargs["stream"].device_index == 1
+
+
+def test_an_empty_capture_is_an_error(monkeypatch) -> None:
+    """A capture that records nothing (here: work done off the capture stream) raises, never replays."""
+    fake = _FakeCuda()
+    fake.install(monkeypatch)
+    with pytest.raises(CudaGraphError, match="empty"):
+        capture_graph(lambda: torch.zeros(1), torch.device("cuda", 1))
+    _graph, output = capture_graph(lambda: (fake.record(), torch.ones(1))[1], torch.device("cuda", 1))
+    assert float(output) == 1.0
 
 
 @cuda

@@ -2,7 +2,9 @@
 
 from __future__ import annotations
 
+import importlib.metadata
 import io
+import logging
 from pathlib import Path
 
 import numpy as np
@@ -18,6 +20,7 @@ from cosyserve.frontend.onnx_models import (
     SpeakerEncoder,
     SpeechTokenizer,
     choose_providers,
+    onnxruntime_distributions,
 )
 from cosyserve.frontend.prompt_features import align_prompt, analyse_prompt
 from cosyserve.frontend.standin_onnx import write_campplus_standin, write_speech_tokenizer_standin
@@ -106,6 +109,49 @@ def test_int64_token_output_is_accepted(tmp_path: Path, tokenizer: SpeechTokeniz
 def test_speech_tokenizer_refuses_more_than_30_s(tokenizer: SpeechTokenizer) -> None:
     with pytest.raises(InputError, match="at most 30 s"):
         tokenizer(torch.zeros(1, 128, 3001))
+
+
+def test_cuda_providers_name_the_device_and_are_checked_after_loading(
+    onnx_dir: Path, monkeypatch, caplog
+) -> None:
+    """Issue 21, item 9: cuda:N must reach onnxruntime as device_id N, and what the session really
+    loaded (`get_providers()`), not what the build contains, decides where it runs. This machine's
+    onnxruntime is the CPU build: told it has CUDA, its real session falls back to the CPU."""
+    import onnxruntime as ort
+
+    monkeypatch.setattr(
+        ort, "get_available_providers", lambda: ["CUDAExecutionProvider", "CPUExecutionProvider"]
+    )
+    assert choose_providers("cuda:1") == [("CUDAExecutionProvider", {"device_id": 1}), "CPUExecutionProvider"]
+    assert choose_providers("cuda")[0] == ("CUDAExecutionProvider", {"device_id": 0})
+    assert choose_providers("cpu") == ["CPUExecutionProvider"]
+    asked: list = []
+    real = ort.InferenceSession
+
+    def session(*args, **kwargs):
+        asked.append(kwargs["providers"])
+        return real(*args, **kwargs)
+
+    monkeypatch.setattr(ort, "InferenceSession", session)
+    with caplog.at_level(logging.WARNING, logger="cosyserve.frontend.onnx_models"):
+        encoder = SpeakerEncoder.from_model_dir(onnx_dir, device="cuda:1", intra_op_threads=1)
+    assert asked == [[("CUDAExecutionProvider", {"device_id": 1}), "CPUExecutionProvider"]]
+    assert encoder.providers == ["CPUExecutionProvider"] and encoder.device == "cpu"
+    assert "CUDA provider did not load" in caplog.text
+    assert encoder(torch.zeros(1, 50, 80)).shape == (1, 192)  # and it works there
+
+
+def test_two_onnxruntime_distributions_are_found(monkeypatch) -> None:
+    installed = {"onnxruntime", "onnxruntime-gpu"}
+    real = importlib.metadata.distribution
+
+    def distribution(name: str):
+        if name in installed:
+            return real("torch")  # any installed distribution: only presence is read
+        raise importlib.metadata.PackageNotFoundError(name)
+
+    monkeypatch.setattr(importlib.metadata, "distribution", distribution)
+    assert onnxruntime_distributions() == ["onnxruntime", "onnxruntime-gpu"]
 
 
 def test_sessions_use_explicit_threads_and_known_providers(encoder: SpeakerEncoder) -> None:

@@ -10,12 +10,14 @@ import numpy as np
 import pytest
 import torch
 
+from cosyserve.engine.flow_stream import continue_flow
 from cosyserve.engine.loading import load_hift
 from cosyserve.engine.token2wav import FlowPrompt, PromptCache, PromptCacheStore, Token2Wav
+from cosyserve.engine.vocoder_stream import VocoderStream, vocode_increment
 from cosyserve.errors import InputError
 from cosyserve.model.flow import CausalFlow
 from cosyserve.model.hift import HiFTVocoder
-from cosyserve.model.hift_stream import VocoderStream, decoder_context_frames, vocode_increment
+from cosyserve.model.hift_stream import decoder_context_frames
 from cosyserve.modeldir.model_dir import ModelDir
 from cosyserve.parity import token2wav as token2wav_parity
 
@@ -122,7 +124,7 @@ def test_flow_prefix_continues_the_streaming_flow(flow: CausalFlow, prompt: Flow
     for hop in (38, 50, 100):
         chunk_tokens = tokens[:, : offset + hop + flow.lookahead]
         start = 0 if prefix is None else prefix.frames
-        mel, prefix = flow.inference_continued(chunk_tokens, *args, prefix)
+        mel, prefix = continue_flow(flow, chunk_tokens, *args, prefix)
         full = flow.inference(chunk_tokens, *args, streaming=True, finalize=False)
         assert prefix.frames == n_prompt + 2 * (offset + hop)  # every chunk of this call is kept
         got = mel[:, :, n_prompt + 2 * offset - start :]
@@ -133,13 +135,13 @@ def test_flow_prefix_continues_the_streaming_flow(flow: CausalFlow, prompt: Flow
 def test_changed_tokens_are_rejected(flow: CausalFlow, prompt: FlowPrompt) -> None:
     tokens = _long_tokens(60)
     args = (prompt.speech_token, prompt.speech_feat, prompt.embedding)
-    _, prefix = flow.inference_continued(tokens[:, :41], *args)
+    _, prefix = continue_flow(flow, tokens[:, :41], *args)
     changed = tokens.clone()
     changed[0, 5] = (changed[0, 5] + 1) % 6561
     with pytest.raises(InputError, match="tokens differ"):
-        flow.inference_continued(changed[:, :58], *args, prefix)
+        continue_flow(flow, changed[:, :58], *args, prefix)
     with pytest.raises(InputError, match="solver steps"):
-        flow.inference_continued(tokens[:, :58], *args, prefix, n_timesteps=5)
+        continue_flow(flow, tokens[:, :58], *args, prefix, n_timesteps=5)
 
 
 def test_interleaved_requests_sharing_a_voice_equal_each_alone(
@@ -238,10 +240,10 @@ def test_final_pass_runs_after_the_stream_prefix_is_freed(
 def test_pass_beyond_the_budget_keeps_nothing(flow: CausalFlow, prompt: FlowPrompt) -> None:
     tokens = _long_tokens(60)
     args = (prompt.speech_token, prompt.speech_feat, prompt.embedding)
-    _, first = flow.inference_continued(tokens[:, :41], *args)
-    mel, same = flow.inference_continued(tokens[:, :58], *args, first, max_prefix_bytes=first.nbytes)
+    _, first = continue_flow(flow, tokens[:, :41], *args)
+    mel, same = continue_flow(flow, tokens[:, :58], *args, first, max_prefix_bytes=first.nbytes)
     assert same is first
-    reference, _ = flow.inference_continued(tokens[:, :58], *args, first)
+    reference, _ = continue_flow(flow, tokens[:, :58], *args, first)
     torch.testing.assert_close(mel, reference, atol=1e-6, rtol=0)
 
 

@@ -35,6 +35,15 @@ class QueueFull(CosyServeError):
         self.retry_after_s = retry_after_s
 
 
+class OutOfMemory(CosyServeError):
+    """The accelerator ran out of memory for this request; the engine freed what it could and stays
+    usable. The client should retry after `retry_after_s` seconds (or send shorter text)."""
+
+    def __init__(self, message: str, retry_after_s: int = 5) -> None:
+        super().__init__(message)
+        self.retry_after_s = retry_after_s
+
+
 class JobTimeout(CosyServeError):
     """A job ran longer than the request timeout and was stopped."""
 

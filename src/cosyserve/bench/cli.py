@@ -11,6 +11,7 @@ from typing import Any
 PRESETS = ("exact", "fast")
 SCALES = ("full", "tiny")
 DEFAULT_FLOW_STEPS = 10  # `cosyserve.model.flow.DEFAULT_N_TIMESTEPS`
+PRECISIONS = ("auto", "float32", "float16", "bfloat16")  # `cosyserve.engine.device.PRECISIONS` and auto
 
 _DESCRIPTION = """\
 Time one utterance through the engine: LM prefill and decoding, flow, vocoder, real-time factor,
@@ -77,6 +78,20 @@ def add_bench_parser(subparsers: Any) -> argparse.ArgumentParser:
         help="--stream: most flow keys/values one stream keeps, in MB (its voice's prompt part included; "
         "default: the engine's); beyond it later chunks recompute (same audio, slower, less memory)",
     )
+    bench.add_argument(
+        "--precision",
+        choices=PRECISIONS,
+        default="auto",
+        help="compute dtype, as the service's setting: auto (float16 on a GPU, float32 on the CPU), "
+        "float32, float16, bfloat16",
+    )
+    bench.add_argument(
+        "--concurrency",
+        type=int,
+        default=1,
+        help="also run this many utterances at once, as concurrent requests (on a GPU through the "
+        "batching path the service uses for them); default 1",
+    )
     bench.add_argument("--no-warmup", action="store_true", help="time the very first pass too")
     bench.add_argument(
         "--json", action="store_true", help="print the report as JSON (progress goes to stderr)"
@@ -104,6 +119,8 @@ def run_bench_command(args: argparse.Namespace) -> int:
         flow_steps=args.flow_steps,
         no_cfg=args.no_cfg,
         max_reuse_mb=args.max_reuse_mb,
+        precision=args.precision,
+        concurrency=args.concurrency,
     )
     progress = _TerminalProgress()
     try:

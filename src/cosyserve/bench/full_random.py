@@ -113,15 +113,8 @@ def full_size_config() -> CosyVoice3Config:
         conv_pre_look_right=4,
         f0_predictor=F0PredictorConfig(num_class=1, in_channels=80, cond_channels=512),
     )
-    return CosyVoice3Config(
-        sample_rate=24000,
-        token_frame_rate=25,
-        token_mel_ratio=2,
-        chunk_size=25,
-        llm=llm,
-        flow=flow,
-        hift=hift,
-    )
+    rates = {"sample_rate": 24000, "token_frame_rate": 25, "token_mel_ratio": 2, "chunk_size": 25}
+    return CosyVoice3Config(**rates, llm=llm, flow=flow, hift=hift)
 
 
 def tiny_config() -> CosyVoice3Config:

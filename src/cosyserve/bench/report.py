@@ -64,6 +64,7 @@ def render(report: dict[str, Any]) -> str:
         f"float32 weights ({report['weights_bytes'] / GB:.2f} GB)"
         + (f"; peak GPU {report['peak_gpu_bytes'] / GB:.2f} GB" if "peak_gpu_bytes" in report else ""),
         *_stream_memory(report),
+        *_concurrent(report),
         *_efficiency(report),
         f"machine: {machine['cpu']}; {', '.join(machine['cpu_flags']) or 'no reported flags'}; "
         f"torch {machine['torch']} ({machine['torch_cpu_capability']}); load average "
@@ -117,7 +118,8 @@ def _efficiency(report: dict[str, Any]) -> list[str]:
         return []
     limits = found["limits"]
     line = (
-        f"machine limits: memory {limits['memory_gb_s']:.1f} GB/s, float32 matrix products "
+        f"machine limits: memory {limits['memory_gb_s']:.1f} GB/s, "
+        f"{limits.get('matmul_dtype', 'float32')} matrix products "
         f"{limits['matmul_gflop_s']:.0f} GFLOP/s; LLM decoding read weights at "
         f"{found['decode_gb_s']:.1f} GB/s ({100 * found['decode_share_of_bandwidth']:.0f} %)"
     )
@@ -126,6 +128,24 @@ def _efficiency(report: dict[str, Any]) -> list[str]:
             f"; flow {found['flow_gflop_s']:.0f} GFLOP/s effective "
             f"({100 * found['flow_share_of_matmul_peak']:.0f} %)"
         )
+    return [line]
+
+
+def _concurrent(report: dict[str, Any]) -> list[str]:
+    found = report.get("concurrent")
+    if not found:
+        return []
+    slowest = max(found["request_seconds"])
+    line = (
+        f"{found['requests']} at once: {found['audio_seconds']:.1f} s of audio in "
+        f"{found['wall_seconds']:.2f} s ({found['realtime_multiple']:.1f} x real time), "
+        f"slowest request {slowest:.2f} s"
+    )
+    firsts = found["first_chunk_seconds"]
+    if firsts:
+        line += f", first chunks after {min(firsts):.2f}-{max(firsts):.2f} s"
+    if found["decode_rows_per_batch"] is not None:
+        line += f"; {found['decode_rows_per_batch']:.1f} requests per decode step"
     return [line]
 
 

@@ -3,8 +3,9 @@
 Decoding one speech token reads every weight of the LM's decoder layers and output layer once, so its
 speed is bounded by memory bandwidth; the flow's DiT passes are matrix products over all frames, bounded
 by arithmetic throughput. `measure_limits` times both limits on this machine in well under a second
-(a sum over a large tensor, one float32 matrix product); `efficiency` sets what the run achieved against
-them. The figures are effective ones: on the fast preset the flow's int8 products count as the float32
+(a sum over a large tensor, one matrix product in the dtype the flow's products run in: float16 work
+is rated against the float16 peak, float32 against float32); `efficiency` sets what the run achieved
+against them. The figures are effective ones: on the fast preset the flow's int8 products count as the float32
 operations they replace, so its share may exceed 100 %.
 """
 
@@ -29,20 +30,23 @@ _REPEATS = 3
 @dataclass(frozen=True)
 class MachineLimits:
     memory_gb_s: float  # read bandwidth: a float32 sum over `_BANDWIDTH_BYTES`, best of `_REPEATS`
-    matmul_gflop_s: float  # float32 (M, K) @ (K, N) at `_MATMUL_SHAPE`, best of `_REPEATS`
+    matmul_gflop_s: float  # (M, K) @ (K, N) at `_MATMUL_SHAPE` in `matmul_dtype`, best of `_REPEATS`
+    matmul_dtype: str = "float32"
 
-    def to_dict(self) -> dict[str, float]:
+    def to_dict(self) -> dict[str, float | str]:
         return asdict(self)
 
 
-def measure_limits(device: torch.device) -> MachineLimits:
-    """Time this machine's memory bandwidth and float32 matrix throughput on `device`."""
+def measure_limits(device: torch.device, dtype: torch.dtype = torch.float32) -> MachineLimits:
+    """Time this machine's memory bandwidth and matrix throughput in `dtype` on `device`."""
     with torch.inference_mode():
         read = _best_seconds(torch.ones(_BANDWIDTH_BYTES // 4, device=device).sum, device)
         m, k, n = _MATMUL_SHAPE
-        a, b = torch.randn(m, k, device=device), torch.randn(k, n, device=device)
+        a = torch.randn(m, k, device=device, dtype=dtype)
+        b = torch.randn(k, n, device=device, dtype=dtype)
         product = _best_seconds(lambda: a @ b, device)
-    return MachineLimits(_BANDWIDTH_BYTES / read / 1e9, 2 * m * k * n / product / 1e9)
+    name = str(dtype).removeprefix("torch.")
+    return MachineLimits(_BANDWIDTH_BYTES / read / 1e9, 2 * m * k * n / product / 1e9, name)
 
 
 def _best_seconds(run: Callable[[], object], device: torch.device) -> float:

@@ -1,17 +1,16 @@
-"""One timed utterance through the real engine path: LM prefill and decode, flow, vocoder.
+"""`cosyserve bench`: one timed utterance through the engine the service runs, and optionally several
+at once through its batching path.
 
-The input is synthetic but shaped like a real request: a prompt of `prompt_seconds` (25 speech
-tokens and 50 mel frames per second, random values), prompt text and text of one text token per
-`SPEECH_TOKENS_PER_TEXT_TOKEN` speech tokens, and exactly `audio_seconds * 25` generated speech
-tokens: stop ids are masked for the whole length (EOS ignored), so runs on different weights and
-machines do the same work. Every stage calls the functions the engine uses (`prefill`, `decode_one`,
-the request sampler, `Token2Wav.synthesize` or its streaming schedule), so the bench measures the
-real path. Streaming interleaves decoding and chunk synthesis in one thread, as a request would.
+The networks are placed by `loading.place_networks` and the runners built by
+`pipeline.build_runners` with `EngineOptions.for_device(device, concurrency)`: on a GPU the same
+precisions (float32 flow weights with the DiT's products in half, float32 vocoder without TF32), the
+CUDA-graph decode path for one request and the batching path for several. The utterance itself:
+`bench.utterance`.
 """
 
 from __future__ import annotations
 
-import math
+import dataclasses
 import tempfile
 import time
 from collections.abc import Iterator
@@ -26,6 +25,14 @@ from cosyserve.bench.full_random import SCALES, build_random_models, module_byte
 from cosyserve.bench.machine import load_average, machine_info, peak_rss_bytes
 from cosyserve.bench.roofline import MachineLimits, efficiency, measure_limits
 from cosyserve.bench.timing import StageClock, UtteranceTiming
+from cosyserve.bench.utterance import (
+    BenchInputs,
+    Progress,
+    make_inputs,
+    run_concurrent,
+    run_utterance,
+    warm_up,
+)
 from cosyserve.engine.device import Placement, configure_cpu_threads, resolve_placement
 from cosyserve.engine.flow_options import (
     check_flow_options,
@@ -34,20 +41,20 @@ from cosyserve.engine.flow_options import (
     measure_flow_options,
     probe_mel,
 )
-from cosyserve.engine.kv_cache import KVCache
+from cosyserve.engine.loading import network_dtypes, place_networks
+from cosyserve.engine.pipeline import EngineOptions, build_runners
 from cosyserve.engine.quantize import PresetResult, apply_preset, check_preset
-from cosyserve.engine.sampling import SpeechTokenSampler
-from cosyserve.engine.speech_lm_runner import ENDOFPROMPT_ID, decode_one, prefill
-from cosyserve.engine.token2wav import DEFAULT_MAX_REUSE_BYTES, FlowPrompt, Token2Wav
+from cosyserve.engine.token2wav import DEFAULT_MAX_REUSE_BYTES
 from cosyserve.errors import InputError
 from cosyserve.model.config import CosyVoice3Config
 from cosyserve.model.flow import DEFAULT_N_TIMESTEPS, CausalFlow
 from cosyserve.model.hift import HiFTVocoder
 from cosyserve.model.speech_lm import SpeechLM
 
-SPEECH_TOKENS_PER_TEXT_TOKEN = 5  # typical of the 0.5B model: ~5 speech tokens (0.2 s) per BPE token
-FIRST_SPECIAL_TEXT_ID = 151643  # text ids below this are ordinary BPE tokens
+__all__ = ["BenchOptions", "Progress", "run_bench", "token2wav_budget"]
+
 MODEL_CHOICES = ("full-random", "demo")  # or a model directory
+MAX_CONCURRENCY = 64
 
 
 @dataclass(frozen=True)
@@ -66,16 +73,8 @@ class BenchOptions:
     flow_steps: int = DEFAULT_N_TIMESTEPS  # fewer: a speed option, not the exact path
     no_cfg: bool = False  # skip classifier-free guidance: a speed option, not the exact path
     max_reuse_mb: float | None = None  # streaming: the stream's flow keys/values budget; None: engine default
-
-
-class Progress:
-    """Receives stage messages and token counts; the default shows nothing."""
-
-    def stage(self, message: str) -> None:
-        pass
-
-    def tokens(self, done: int, total: int) -> None:
-        pass
+    precision: str = "auto"  # as the service's: float16 on a GPU, float32 on the CPU
+    concurrency: int = 1  # > 1: also run that many utterances at once (the batching path on a GPU)
 
 
 @dataclass
@@ -88,11 +87,12 @@ class _Models:
 
 
 def run_bench(options: BenchOptions, progress: Progress | None = None) -> dict[str, Any]:
-    """Load (or build) the model, apply the preset, synthesise one utterance; return the JSON report."""
+    """Load (or build) the model, place it as the service does, apply the preset, synthesise one
+    utterance (and `concurrency` at once when above 1); return the JSON report."""
     progress = progress or Progress()
     load_at_start = load_average()
     _check_options(options)
-    placement = resolve_placement(options.device, "auto")
+    placement = resolve_placement(options.device, options.precision)
     check_preset(options.preset, placement.device)
     if placement.device.type == "cpu":
         configure_cpu_threads(options.threads)
@@ -101,57 +101,88 @@ def run_bench(options: BenchOptions, progress: Progress | None = None) -> dict[s
     started = time.perf_counter()
     with _loaded_models(options, progress) as models:
         weights_bytes = sum(module_bytes(m) for m in (models.llm, models.flow, models.hift))
-        models.llm = models.llm.to(device=placement.device, dtype=placement.dtype)
-        models.flow = models.flow.to(device=placement.device, dtype=placement.dtype)
-        models.hift = models.hift.to(device=placement.device)
+        models.llm, models.flow, models.hift = place_networks(models.llm, models.flow, models.hift, placement)
         load_seconds = time.perf_counter() - started
-        if options.preset != "exact":
-            progress.stage(
-                f"applying preset {options.preset}"
-                + (" and measuring its deviation" if options.deviation else "")
-            )
-        flow_reference = None
-        flow_exact = is_exact(options.flow_steps, options.no_cfg)
-        if options.deviation and not flow_exact:
-            progress.stage("measuring the exact flow on a probe input, for the flow options' deviation")
-            flow_reference = probe_mel(models.flow)  # before the preset: the exact path's weights
-        preset = apply_preset(models, options.preset, measure=options.deviation)
-        flow_deviation = None
-        if flow_reference is not None:
-            against = "exact path (10 Euler steps with CFG" + (
-                ")" if options.preset == "exact" else f"; measured with the {options.preset} preset applied)"
-            )
-            flow_deviation = measure_flow_options(
-                flow_reference, models.flow, options.flow_steps, options.no_cfg, against
-            )
+        preset, flow_deviation = _apply_options(models, options, placement, progress)
+        engine_options = dataclasses.replace(
+            EngineOptions.for_device(placement.device.type, options.concurrency),
+            flow_steps=options.flow_steps,
+            guidance=not options.no_cfg,
+        )
         budget = {} if options.max_reuse_mb is None else {"max_reuse_bytes": int(options.max_reuse_mb * 1e6)}
-        token2wav = Token2Wav(
+        runner, token2wav = build_runners(
+            models.llm,
             models.flow,
             models.hift,
             placement,
-            chunk_size=models.config.chunk_size,
-            flow_steps=options.flow_steps,
-            guidance=not options.no_cfg,
-            **budget,  # type: ignore[arg-type]
+            engine_options,
+            models.config.chunk_size,
+            **budget,
         )
-        inputs = _make_inputs(models.config, options, placement.device)
+        inputs = make_inputs(
+            models.config, options.prompt_seconds, options.audio_seconds, options.seed, placement.device
+        )
         if options.warmup:
             progress.stage("warm-up")
-            _warm_up(models, token2wav, inputs)
+            warm_up(runner, token2wav, inputs)
         clock = StageClock(placement.device)
         progress.stage("synthesising" + (" (streaming)" if options.stream else ""))
         with clock.timing_flow(models.flow):
-            timing = _run_utterance(models, token2wav, inputs, options.stream, clock, progress)
+            timing = run_utterance(runner, token2wav, models.config, inputs, options.stream, clock, progress)
         report = _report(
             options, models, preset, inputs, timing, clock, load_seconds, weights_bytes, placement
         )
         report["flow_deviation"] = None if flow_deviation is None else flow_deviation.to_dict()
+        report["dtypes"] = network_dtypes(models.llm, models.flow, models.hift, placement)
+        report["engine_options"] = dataclasses.asdict(engine_options)
+        report["concurrent"] = None
+        if options.concurrency > 1:
+            progress.stage(f"synthesising {options.concurrency} utterances at once")
+            report["concurrent"] = run_concurrent(
+                runner, token2wav, models.config, inputs, options.stream, options.concurrency, options.seed
+            )
         # After the report has read the peak memory, so that these buffers never count in it.
         progress.stage("measuring this machine's memory bandwidth and matrix throughput")
-        limits = measure_limits(placement.device)
+        limits = measure_limits(placement.device, _product_dtype(placement))
         report["efficiency"] = _efficiency(limits, models, inputs, options, report)
         report["machine"] = machine_info(placement.device, load_at_start)
         return report
+
+
+def _apply_options(
+    models: _Models, options: BenchOptions, placement: Placement, progress: Progress
+) -> tuple[PresetResult, Any]:
+    """The preset, and the flow options' deviation from the exact path (None when exact), measured in
+    the precision the flow runs in."""
+    if options.preset != "exact":
+        progress.stage(
+            f"applying preset {options.preset}"
+            + (" and measuring its deviation" if options.deviation else "")
+        )
+    autocast = torch.autocast(
+        placement.device.type, dtype=placement.dtype, enabled=placement.autocast_enabled
+    )
+    flow_reference = None
+    if options.deviation and not is_exact(options.flow_steps, options.no_cfg):
+        progress.stage("measuring the exact flow on a probe input, for the flow options' deviation")
+        with autocast:
+            flow_reference = probe_mel(models.flow)  # before the preset: the exact path's weights
+    preset = apply_preset(models, options.preset, measure=options.deviation)
+    if flow_reference is None:
+        return preset, None
+    against = "exact path (10 Euler steps with CFG" + (
+        ")" if options.preset == "exact" else f"; measured with the {options.preset} preset applied)"
+    )
+    with autocast:
+        deviation = measure_flow_options(
+            flow_reference, models.flow, options.flow_steps, options.no_cfg, against
+        )
+    return preset, deviation
+
+
+def _product_dtype(placement: Placement) -> torch.dtype:
+    """The dtype the flow's matrix products run in (the peak to rate them against)."""
+    return placement.dtype if placement.autocast_enabled else torch.float32
 
 
 def _check_options(options: BenchOptions) -> None:
@@ -166,6 +197,8 @@ def _check_options(options: BenchOptions) -> None:
     check_flow_options(options.flow_steps, options.no_cfg)
     if options.max_reuse_mb is not None and options.max_reuse_mb < 0:
         raise InputError(f"--max-reuse-mb {options.max_reuse_mb:g}: use 0 or more")
+    if not 1 <= options.concurrency <= MAX_CONCURRENCY:
+        raise InputError(f"--concurrency {options.concurrency}: use 1 to {MAX_CONCURRENCY}")
 
 
 @contextmanager
@@ -203,128 +236,8 @@ def _load_dir(path: Path, description: str, progress: Progress) -> _Models:
     )
 
 
-@dataclass(frozen=True)
-class _Inputs:
-    prompt_text: torch.Tensor  # (Tpt,) text ids ending in <|endofprompt|>
-    text: torch.Tensor  # (Tt,)
-    prompt: FlowPrompt
-    speech_tokens: int  # tokens to generate
-
-
-def _make_inputs(config: CosyVoice3Config, options: BenchOptions, device: torch.device) -> _Inputs:
-    generator = torch.Generator().manual_seed(options.seed)
-    rate = config.token_frame_rate
-    prompt_tokens = max(1, round(options.prompt_seconds * rate))
-    speech_tokens = max(1, round(options.audio_seconds * rate))
-    vocab = min(config.llm.qwen2.vocab_size, FIRST_SPECIAL_TEXT_ID)
-    prompt_text = torch.randint(
-        0, vocab, (math.ceil(prompt_tokens / SPEECH_TOKENS_PER_TEXT_TOKEN),), generator=generator
-    )
-    if config.llm.qwen2.vocab_size > ENDOFPROMPT_ID:
-        prompt_text = torch.cat([prompt_text, torch.tensor([ENDOFPROMPT_ID])])
-    text = torch.randint(
-        0, vocab, (math.ceil(speech_tokens / SPEECH_TOKENS_PER_TEXT_TOKEN),), generator=generator
-    )
-    codes = config.llm.speech_token_size
-    mel_shape = (1, prompt_tokens * config.token_mel_ratio, config.flow.output_size)
-    prompt = FlowPrompt(
-        speech_token=torch.randint(0, codes, (1, prompt_tokens), generator=generator).to(device),
-        # A log-mel of speech lies roughly in [-11, 2]; values in that range cost the same as real ones.
-        speech_feat=(torch.randn(mel_shape, generator=generator) * 2 - 5).to(device),
-        embedding=torch.randn(1, config.flow.spk_embed_dim, generator=generator).to(device),
-    )
-    return _Inputs(prompt_text, text, prompt, speech_tokens)
-
-
-@torch.inference_mode()
-def _warm_up(models: _Models, token2wav: Token2Wav, inputs: _Inputs) -> None:
-    """A few positions through each network: first-call allocations and kernel selection are not timed."""
-    device = models.llm.speech_embedding.weight.device
-    embeds = models.llm.embed_prefix(
-        inputs.prompt_text[:2], inputs.text[:2], inputs.prompt.speech_token[0, :2]
-    )
-    cache = KVCache.allocate(
-        models.config.llm.qwen2,
-        embeds.shape[1] + 1,
-        device=device,
-        dtype=models.llm.speech_embedding.weight.dtype,
-    )
-    prefill(models.llm, embeds, cache)
-    decode_one(models.llm, torch.tensor([0], device=device), cache)
-    short = FlowPrompt(
-        inputs.prompt.speech_token[:, :2], inputs.prompt.speech_feat[:, :4], inputs.prompt.embedding
-    )
-    token2wav.synthesize(inputs.prompt.speech_token[:, :4], short)
-
-
-@torch.inference_mode()
-def _run_utterance(
-    models: _Models,
-    token2wav: Token2Wav,
-    inputs: _Inputs,
-    stream: bool,
-    clock: StageClock,
-    progress: Progress,
-) -> UtteranceTiming:
-    llm, config = models.llm, models.config
-    device, dtype = llm.speech_embedding.weight.device, llm.speech_embedding.weight.dtype
-    total = inputs.speech_tokens
-    sampler = SpeechTokenSampler(config.llm.sampling, config.llm.speech_token_size, min_len=total, seed=0)
-    timing = UtteranceTiming()
-    voice_cache = None
-    if stream:
-        # A saved voice has this per-voice flow work done once, before any request: not in the total.
-        prepare_start = clock.now()
-        voice_cache = token2wav.prepare_prompt(inputs.prompt)
-        timing.voice_prepare_seconds = clock.now() - prepare_start
-        timing.voice_cache_bytes = timing.stream_prefix_peak_bytes = voice_cache.nbytes
-        clock.flow_seconds = 0.0
-    start = clock.now()
-    cpu_start = time.process_time()
-    embeds = llm.embed_prefix(inputs.prompt_text, inputs.text, inputs.prompt.speech_token[0].cpu())
-    timing.prefix_positions = embeds.shape[1]
-    cache = KVCache.allocate(config.llm.qwen2, embeds.shape[1] + total, device=device, dtype=dtype)
-    logp = prefill(llm, embeds, cache)
-    timing.prefill_seconds = clock.now() - start
-    state = token2wav.start_stream(inputs.prompt, voice_cache) if stream else None
-    tokens: list[int] = []
-    for step in range(total):
-        step_start = clock.now()
-        tokens.append(sampler.sample(logp[0]))
-        if step + 1 < total:
-            logp = decode_one(llm, torch.tensor(tokens[-1:], device=device), cache)
-        step_end = clock.now()
-        if step == 0:
-            timing.first_token_seconds = step_end - start
-        timing.decode_seconds += step_end - step_start
-        progress.tokens(step + 1, total)
-        if state is not None and len(tokens) >= token2wav.tokens_needed(state):
-            with clock.timing_token2wav():
-                chunks = token2wav.stream_step(state, torch.tensor([tokens], device=device))
-            if chunks and timing.first_chunk_seconds is None:
-                timing.first_chunk_seconds = clock.now() - start
-            timing.chunks += len(chunks)
-            if state.flow_prefix is not None:
-                held = max(timing.stream_prefix_peak_bytes or 0, state.flow_prefix.nbytes)
-                timing.stream_prefix_peak_bytes = held
-            timing.audio_samples += sum(int(chunk.shape[0]) for chunk in chunks)
-    speech = torch.tensor([tokens], device=device)
-    with clock.timing_token2wav():
-        if state is None:
-            wav = token2wav.synthesize(speech, inputs.prompt)
-        else:
-            wav = token2wav.stream_finish(state, speech)
-    timing.audio_samples += int(wav.shape[0])
-    timing.chunks += 1
-    if state is not None and timing.first_chunk_seconds is None:  # no early chunk: the last is the first
-        timing.first_chunk_seconds = clock.now() - start
-    timing.total_seconds = clock.now() - start
-    timing.cpu_seconds = time.process_time() - cpu_start
-    return timing
-
-
 def _efficiency(
-    limits: MachineLimits, models: _Models, inputs: _Inputs, options: BenchOptions, report: dict[str, Any]
+    limits: MachineLimits, models: _Models, inputs: BenchInputs, options: BenchOptions, report: dict[str, Any]
 ) -> dict[str, Any]:
     """The run against the machine's limits; the flow part for one-shot (non-streaming) runs only."""
     prompt_tokens = int(inputs.prompt.speech_token.shape[1])
@@ -351,7 +264,7 @@ def _report(
     options: BenchOptions,
     models: _Models,
     preset: PresetResult,
-    inputs: _Inputs,
+    inputs: BenchInputs,
     timing: UtteranceTiming,
     clock: StageClock,
     load_seconds: float,

@@ -26,6 +26,13 @@ def add_model_arguments(parser: argparse.ArgumentParser) -> None:
         help="model directory, model id (downloaded if missing) or 'demo' (random weights: noise)",
     )
     parser.add_argument("--device", default="auto", help="auto, cpu, cuda or cuda:N")
+    parser.add_argument(
+        "--precision",
+        choices=("auto", "float32", "float16", "bfloat16"),
+        default=os.environ.get("COSYSERVE_PRECISION", "auto"),
+        help="compute dtype: auto (float16 on a GPU, float32 on the CPU), float32 (the exact path), "
+        "float16, bfloat16 (GPU only); the vocoder always runs in float32",
+    )
     parser.add_argument("--threads", type=int, default=None, help="CPU threads (default: all available)")
     parser.add_argument(
         "--data-dir",
@@ -55,13 +62,46 @@ def load_synthesizer(args: argparse.Namespace):
     synthesizer = Synthesizer.load(
         model_dir,
         device=args.device,
+        precision=args.precision,
         threads=args.threads,
         voices=voices,
         max_text_chars=args.max_chars if hasattr(args, "max_chars") else 200,
+        engine_options=engine_options(args),
     )
     if (model_dir.path / "cosyserve_demo.json").is_file():
         print("note: the demo model has random weights; its audio is noise", file=sys.stderr)
+    if not getattr(args, "quiet", False):
+        print(f"engine: {describe_engine(synthesizer.engine.describe())}", file=sys.stderr)
     return synthesizer
+
+
+def engine_options(args: argparse.Namespace):
+    """How the engine runs one request from the command line: CUDA graphs for the LM step on a GPU
+    (unless --no-cuda-graph), and the flow options (which change the audio: `cosyserve bench`)."""
+    import dataclasses
+
+    from cosyserve.engine.device import resolve_device
+    from cosyserve.engine.flow_options import check_flow_options
+    from cosyserve.engine.pipeline import EngineOptions
+
+    flow_steps, no_cfg = getattr(args, "flow_steps", 10), getattr(args, "no_cfg", False)
+    check_flow_options(flow_steps, no_cfg)
+    options = EngineOptions.for_device(resolve_device(args.device).type, 1)
+    if getattr(args, "no_cuda_graph", False):
+        options = dataclasses.replace(options, cuda_graph=False)
+    return dataclasses.replace(options, flow_steps=flow_steps, guidance=not no_cfg)
+
+
+def describe_engine(described: dict) -> str:
+    """One line from `SpeechEngine.describe()`: device, precision and where it applies."""
+    dtypes = described["dtypes"]
+    paths = [name for name in ("cuda_graph", "batch_decode", "batch_flow") if described[name]]
+    flow = f"{described['flow_steps']} flow steps" + ("" if described["guidance"] else ", no CFG")
+    return (
+        f"{described['device']} {described['precision']} (LM {dtypes['lm_weights']}, flow DiT "
+        f"{dtypes['flow_dit_products']} computing in {dtypes['flow_compute']}, vocoder {dtypes['vocoder']}); "
+        f"{flow}" + (f"; {', '.join(paths)}" if paths else "")
+    )
 
 
 def _read_text(args: argparse.Namespace) -> str:
@@ -177,6 +217,18 @@ def add_parsers(sub: argparse._SubParsersAction) -> None:
     synth.add_argument("--speed", type=float, default=None, help="0.5 to 2.0 (default 1.0)")
     synth.add_argument("--volume", type=float, default=1.0)
     synth.add_argument("--stream", action="store_true", help="generate and write in chunks as tokens arrive")
+    synth.add_argument(
+        "--flow-steps",
+        type=int,
+        default=10,
+        help="flow solver steps (default 10, the exact path); fewer is faster but changes the audio",
+    )
+    synth.add_argument(
+        "--no-cfg",
+        action="store_true",
+        help="flow without classifier-free guidance: faster, changes the audio",
+    )
+    synth.add_argument("--no-cuda-graph", action="store_true", help="on a GPU: decode without CUDA graphs")
     synth.add_argument(
         "--max-chars", type=int, default=int(os.environ.get("COSYSERVE_MAX_TEXT_CHARS", "200"))
     )

@@ -35,7 +35,8 @@ from torch import Tensor
 
 from cosyserve.engine.device import to_device
 from cosyserve.engine.kv_cache import KVCache
-from cosyserve.errors import Cancelled, InputError
+from cosyserve.engine.memory import free_cached_memory, is_out_of_memory, out_of_memory
+from cosyserve.errors import Cancelled, InputError, OutOfMemory
 from cosyserve.model.speech_lm import SpeechLM
 
 T = TypeVar("T")
@@ -45,8 +46,8 @@ DEFAULT_DECODE_WINDOW_S = 0.002  # a GPU decode step takes ~5-20 ms: waiting 2 m
 
 
 class BatchError(RuntimeError):
-    """A batched forward failed. Raised in the thread of every request in that batch; the original
-    exception is its `__cause__`."""
+    """A batched forward failed (other than by running out of memory: `OutOfMemory`). Raised in the
+    thread of every request in that batch; the original exception is its `__cause__`."""
 
 
 @dataclass(eq=False)
@@ -65,7 +66,13 @@ class Rendezvous(Generic[T, R]):
     batch is ready when `max_batch` items wait, when `all_arrived()` says so, or `window_s` after its
     first item arrived. Subclasses may override the hooks `admit`, `all_arrived`, `batch_started` and
     `batch_finished` (called with the lock held).
+
+    A batch that runs out of accelerator memory does not fail its members: the cache is freed and it
+    runs once more (in halves, down to single items, when `split_on_oom`: items are independent); only
+    what still does not fit gets `OutOfMemory`, a typed error the service answers with a 503.
     """
+
+    split_on_oom = False  # whether a batch's items may run in separate, smaller batches
 
     def __init__(self, *, max_batch: int, window_s: float) -> None:
         if max_batch < 1:
@@ -115,10 +122,14 @@ class Rendezvous(Generic[T, R]):
                 break
             # The batch this thread runs may hold other items only (first come, first served).
             self._execute(batch)
-        if ticket.error is not None:
-            if isinstance(ticket.error, Cancelled):
-                raise Cancelled(str(ticket.error))
-            raise BatchError(f"the batched step failed: {ticket.error!r}") from ticket.error
+        error = ticket.error
+        if error is not None:
+            # A fresh exception per thread: one object raised in several threads would share a traceback.
+            if isinstance(error, Cancelled):
+                raise Cancelled(str(error))
+            if isinstance(error, OutOfMemory):
+                raise OutOfMemory(str(error), retry_after_s=error.retry_after_s) from error.__cause__
+            raise BatchError(f"the batched step failed: {error!r}") from error
         return ticket.result
 
     def withdraw(self, predicate: Callable[[T], bool], error: BaseException) -> None:
@@ -159,28 +170,39 @@ class Rendezvous(Generic[T, R]):
 
     def _execute(self, batch: list[_Ticket[T]]) -> None:
         items = [t.item for t in batch]
-        results: Sequence[R] | None = None
-        error: BaseException | None = None
-        try:
-            results = self.run_batch(items)
-            if len(results) != len(items):
-                raise RuntimeError(f"a batch of {len(items)} gave {len(results)} results")
-        except BaseException as exc:  # every waiting thread must hear of it, whatever it is
-            error, results = exc, None
+        outcomes = self._run(items, retried=False)
+        failed = any(error is not None for _, error in outcomes)
         with self._cond:
             try:
-                self.batch_finished(items, results)
+                self.batch_finished(items, None if failed else [result for result, _ in outcomes])
             finally:
-                for index, ticket in enumerate(batch):
-                    if results is None:
-                        ticket.error = error
-                    else:
-                        ticket.result = results[index]
-                    ticket.done = True
+                for ticket, (result, error) in zip(batch, outcomes, strict=True):
+                    ticket.result, ticket.error, ticket.done = result, error, True
                 self._running = False
                 self.batches += 1
                 self.rows += len(batch)
                 self._cond.notify_all()
+
+    def _run(self, items: list[T], *, retried: bool) -> list[tuple[Any, BaseException | None]]:
+        """(result, error) per item. Out of memory: the cache is freed and the batch runs again, in
+        halves when `split_on_oom`; items that still do not fit alone get `OutOfMemory`."""
+        try:
+            results = self.run_batch(items)
+            if len(results) != len(items):
+                raise RuntimeError(f"a batch of {len(items)} gave {len(results)} results")
+            return [(result, None) for result in results]
+        except BaseException as exc:  # every waiting thread must hear of it, whatever it is
+            if not is_out_of_memory(exc):
+                return [(None, exc)] * len(items)
+            free_cached_memory()
+            if self.split_on_oom and len(items) > 1:
+                half = len(items) // 2
+                return self._run(items[:half], retried=retried) + self._run(items[half:], retried=retried)
+            if not retried:
+                return self._run(items, retried=True)
+            error = out_of_memory(f"a batched step of {len(items)} request(s)", exc)
+            error.__cause__ = exc
+            return [(None, error)] * len(items)
 
 
 @dataclass(eq=False)
@@ -268,7 +290,8 @@ class DecodeBatcher(Rendezvous[tuple[BatchMember, int], Tensor]):
     def step(self, member: BatchMember, token: int) -> Tensor:
         """Feed `token` for `member`; its log-probs `(V,)` for the next token once the batch has run.
 
-        Raises BatchError (in every member's thread) when the batched forward fails.
+        Raises BatchError (in every member's thread) when the batched forward fails, OutOfMemory when
+        it still does not fit after the cache was freed (the member stays usable: nothing advanced).
         """
         return self.submit((member, int(token)))
 

@@ -15,7 +15,8 @@ captured graphs serve every request length.
 from __future__ import annotations
 
 import threading
-from collections.abc import Sequence
+import warnings
+from collections.abc import Callable, Sequence
 
 import torch
 from torch import Tensor
@@ -25,6 +26,7 @@ from cosyserve.model.speech_lm import SpeechLM
 
 MIN_CAPACITY = 256  # smallest bucket: short requests share one graph
 _WARMUP_RUNS = 2  # eager runs on a side stream before capture (lazy init, kernel selection)
+_EMPTY_GRAPH = "graph is empty"  # torch's warning when a capture recorded no kernel
 
 
 class StaticDecodeStep:
@@ -78,24 +80,56 @@ class StaticDecodeStep:
         # The graph's output is overwritten by the next replay; the caller owns (and may edit) a copy.
         return self._logp.clone()  # type: ignore[union-attr]
 
+    @property
+    def device(self) -> torch.device:
+        return self.cache.buffer.device
+
     def _forward(self) -> Tensor:
         return self.model.decode_rows(self._token, self.cache.buffer, self._position, self.capacity)
 
     def _capture(self) -> None:
         # Warm-up and capture write K/V at position 0 (the position buffer is 0): a request's prefill
-        # overwrites it. `thread_local` lets other threads keep using the GPU during the capture.
-        device = self.cache.buffer.device
+        # overwrites it.
         with torch.inference_mode():
-            side = torch.cuda.Stream(device)
-            side.wait_stream(torch.cuda.current_stream(device))
-            with torch.cuda.stream(side):
-                for _ in range(_WARMUP_RUNS):
-                    self._forward()
-            torch.cuda.current_stream(device).wait_stream(side)
-            graph = torch.cuda.CUDAGraph()
-            with torch.cuda.graph(graph, capture_error_mode="thread_local"):
-                self._logp = self._forward()
-        self._graph = graph
+            self._graph, self._logp = capture_graph(self._forward, self.device)
+
+
+class CudaGraphError(RuntimeError):
+    """A CUDA graph capture recorded nothing: replaying it would return stale outputs."""
+
+
+def capture_graph(
+    forward: Callable[[], Tensor], device: torch.device, warmup_runs: int = _WARMUP_RUNS
+) -> tuple[torch.cuda.CUDAGraph, Tensor]:
+    """Warm `forward` up and capture it as a graph on a side stream of `device`; (graph, its output).
+
+    `torch.cuda.graph` captures on a stream of the *current* device unless given one: with the model
+    on cuda:1 and the current device 0, the kernels would run eagerly and the graph stay empty (torch
+    only warns). So everything runs inside `torch.cuda.device(device)` on a stream of that device, and
+    an empty graph raises CudaGraphError. `capture_error_mode="thread_local"` lets other threads keep
+    using the GPU meanwhile.
+    """
+    with torch.cuda.device(device):
+        side = torch.cuda.Stream(device)
+        current = torch.cuda.current_stream(device)
+        side.wait_stream(current)
+        with torch.cuda.stream(side):
+            for _ in range(warmup_runs):
+                forward()
+        current.wait_stream(side)
+        graph = torch.cuda.CUDAGraph()
+        with warnings.catch_warnings(record=True) as caught:
+            warnings.simplefilter("always")
+            with torch.cuda.graph(graph, stream=side, capture_error_mode="thread_local"):
+                output = forward()
+    for warning in caught:
+        if _EMPTY_GRAPH in str(warning.message).lower():
+            raise CudaGraphError(
+                f"the CUDA graph captured on {device} is empty ({warning.message}); turn the "
+                "gpu_batching setting off (engine option cuda_graph=False) and report this"
+            )
+        warnings.warn_explicit(warning.message, warning.category, warning.filename, warning.lineno)
+    return graph, output
 
 
 def capacity_bucket(capacity: int, limit: int, minimum: int = MIN_CAPACITY) -> int:

@@ -3,6 +3,9 @@
 from __future__ import annotations
 
 import os
+import threading
+from collections.abc import Iterator
+from contextlib import contextmanager
 from dataclasses import dataclass
 
 import torch
@@ -21,7 +24,14 @@ class Placement:
 
     @property
     def autocast_enabled(self) -> bool:
-        return self.device.type == "cuda" and self.dtype != torch.float32
+        """Whether the LM-independent networks run under autocast (reduced precision: CUDA in
+        practice; `resolve_placement` refuses it on the CPU, but tests build CPU bfloat16 placements
+        to run the same path)."""
+        return self.dtype != torch.float32
+
+    @property
+    def dtype_name(self) -> str:
+        return str(self.dtype).removeprefix("torch.")
 
 
 def resolve_device(spec: str = "auto") -> torch.device:
@@ -81,3 +91,39 @@ def to_device(tensor: torch.Tensor, device: torch.device | str) -> torch.Tensor:
     if not tensor.is_pinned():
         tensor = tensor.pin_memory()  # the caching host allocator keeps it alive until the copy is done
     return tensor.to(device, non_blocking=True)
+
+
+class _Float32Exact:
+    """`float32_exact()`: float32 convolutions and matrix products without TF32 inside the block.
+
+    cuDNN allows TF32 by default, so on Ampere and later GPUs a "float32" convolution rounds its inputs
+    to 10 mantissa bits: the vocoder (float32 on purpose: its F0 and phase are sensitive) would not
+    match the CPU at float32 tolerances. The flags are process-wide, so the first thread in turns TF32
+    off and the last one out restores what was there before: afterwards nothing has changed.
+    Meanwhile other threads' float32 work also runs without TF32 (only more exact); half-precision
+    work is not affected.
+    """
+
+    def __init__(self) -> None:
+        self._lock = threading.Lock()
+        self._users = 0
+        self._saved: tuple[bool, bool] = (False, False)
+
+    @contextmanager
+    def __call__(self) -> Iterator[None]:
+        with self._lock:
+            if self._users == 0:
+                self._saved = (torch.backends.cudnn.allow_tf32, torch.backends.cuda.matmul.allow_tf32)
+                torch.backends.cudnn.allow_tf32 = False
+                torch.backends.cuda.matmul.allow_tf32 = False
+            self._users += 1
+        try:
+            yield
+        finally:
+            with self._lock:
+                self._users -= 1
+                if self._users == 0:
+                    torch.backends.cudnn.allow_tf32, torch.backends.cuda.matmul.allow_tf32 = self._saved
+
+
+float32_exact = _Float32Exact()  # `with float32_exact():` around float32 GPU work

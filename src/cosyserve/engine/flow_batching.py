@@ -15,18 +15,15 @@ from __future__ import annotations
 
 from collections.abc import Callable, Sequence
 from contextlib import AbstractContextManager, nullcontext
-from typing import TYPE_CHECKING
 
 import torch
 import torch.nn.functional as F
 
 from cosyserve.engine.batching import Rendezvous
+from cosyserve.engine.flow_stream import FlowPrompt
 from cosyserve.model.flow import DEFAULT_N_TIMESTEPS, CausalFlow
 
-if TYPE_CHECKING:
-    from cosyserve.engine.token2wav import FlowPrompt
-
-FlowJob = tuple[torch.Tensor, "FlowPrompt"]  # tokens (1, T), the request's prompt
+FlowJob = tuple[torch.Tensor, FlowPrompt]  # tokens (1, T), the request's prompt
 
 
 @torch.inference_mode()
@@ -45,17 +42,20 @@ def batched_flow_mels(
         flow.prepare_inputs(tokens, p.speech_token, p.speech_feat, p.embedding, finalize=True)
         for tokens, p in jobs
     ]
-    frames = [noise.shape[2] for _, noise, _, _, _ in prepared]
+    frames = [inputs.frames for inputs in prepared]
     longest = max(frames)
 
-    def padded(index: int) -> torch.Tensor:
-        return torch.cat([F.pad(p[index], (0, longest - p[index].shape[2])) for p in prepared])
+    def padded(field: str) -> torch.Tensor:
+        tensors = [getattr(inputs, field) for inputs in prepared]
+        return torch.cat([F.pad(t, (0, longest - t.shape[2])) for t in tensors])
 
-    noise, mu, cond = padded(1), padded(2), padded(4)
-    spks = torch.cat([p[3] for p in prepared])
-    mask = torch.zeros_like(noise[:, :1])
+    noise, mu, cond = padded("noise"), padded("mu"), padded("cond")
+    spks = torch.cat([inputs.spks for inputs in prepared])
+    # Built on the host from the known lengths and copied once (no device work to read back).
+    mask = torch.zeros(len(frames), 1, longest, dtype=noise.dtype)
     for row, count in enumerate(frames):
         mask[row, :, :count] = 1
+    mask = mask.to(noise.device, non_blocking=True)
     mel = flow.decoder.solve(noise, mu, mask, spks, cond, False, n_timesteps, guidance)
     return [
         mel[row : row + 1, :, prompt.speech_feat.shape[1] : count].float()
@@ -68,7 +68,10 @@ class FlowBatcher(Rendezvous[FlowJob, torch.Tensor]):
 
     `window_s` 0 (the default) never delays a lone request: batches form from the calls that arrive
     while a batch runs. `autocast` is entered around each batch (the running thread's own state).
+    Requests are independent, so a batch that runs out of memory is retried in halves.
     """
+
+    split_on_oom = True
 
     def __init__(
         self,
@@ -90,7 +93,8 @@ class FlowBatcher(Rendezvous[FlowJob, torch.Tensor]):
         """The one-shot mel (1, C, frames) of `tokens` (1, T) after `prompt`, batched with concurrent calls.
 
         Raises InputError for unusable inputs (checked here, so one request cannot fail the others'
-        batch) and BatchError when the batch fails (in every caller's thread).
+        batch), OutOfMemory when this request does not fit even alone, and BatchError when the batch
+        fails otherwise (in every caller's thread).
         """
         self.flow.check_inputs(tokens, prompt.speech_token, prompt.speech_feat, prompt.embedding, True)
         return self.submit((tokens, prompt))

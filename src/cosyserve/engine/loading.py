@@ -1,4 +1,15 @@
-"""Building the three networks of a model directory with their weights, strictly checked."""
+"""Building the three networks of a model directory with their weights, strictly checked, and placing
+them on a device in the precisions the engine runs them in (`place_networks`: the service and
+`cosyserve bench` both go through it, so the bench measures the networks the service runs).
+
+Precisions with a reduced-precision placement (float16 / bfloat16 on a GPU):
+- the speech LM: weights and KV cache in that dtype;
+- the flow: float32 weights under autocast, except the DiT's linears and convolutions, cast to the
+  dtype once here (autocast would otherwise re-cast ~185 M parameters at each of the 10 solver steps:
+  in inference mode it caches no casts). The DiT's rotary `inv_freq`, the start noise, the time grid
+  and the solver's state stay float32 (`flow_solver`);
+- the vocoder: float32 (its F0 predictor float64), TF32 off (`device.float32_exact`).
+"""
 
 from __future__ import annotations
 
@@ -7,6 +18,7 @@ from collections.abc import Callable
 import torch
 from torch import nn
 
+from cosyserve.engine.device import Placement
 from cosyserve.model.checkpoint import load_into, read_state_dict
 from cosyserve.model.flow import CausalFlow
 from cosyserve.model.hift import HiFTVocoder
@@ -42,6 +54,67 @@ def load_hift(
     del dtype
     vocoder = HiFTVocoder.from_state_dict(model_dir.config.hift, read_state_dict(model_dir.file("hift.pt")))
     return vocoder.to(device=device).requires_grad_(False)
+
+
+def cast_dit_products(flow: CausalFlow, dtype: torch.dtype) -> int:
+    """Cast the weights of the DiT's linears and convolutions to `dtype` in place; return how many
+    parameters were cast. Buffers (the rotary `inv_freq`) and the rest of the flow are left as they are."""
+    cast = 0
+    for module in flow.decoder.estimator.modules():
+        if isinstance(module, (nn.Linear, nn.Conv1d)):
+            module.to(dtype=dtype)
+            cast += sum(p.numel() for p in module.parameters(recurse=False))
+    return cast
+
+
+def place_speech_lm(model: SpeechLM, placement: Placement) -> SpeechLM:
+    return model.to(device=placement.device, dtype=placement.dtype)
+
+
+def place_flow(flow: CausalFlow, placement: Placement) -> CausalFlow:
+    """The flow on the placement's device: float32, its DiT's products in the reduced dtype if any."""
+    flow = flow.to(device=placement.device)
+    if placement.autocast_enabled:
+        cast_dit_products(flow, placement.dtype)
+    return flow
+
+
+def place_hift(hift: HiFTVocoder, placement: Placement) -> HiFTVocoder:
+    """The vocoder on the placement's device, float32 whatever the placement's dtype."""
+    return hift.to(device=placement.device)
+
+
+def place_networks(
+    llm: SpeechLM, flow: CausalFlow, hift: HiFTVocoder, placement: Placement
+) -> tuple[SpeechLM, CausalFlow, HiFTVocoder]:
+    """All three networks placed as the engine runs them (see the module docstring)."""
+    return place_speech_lm(llm, placement), place_flow(flow, placement), place_hift(hift, placement)
+
+
+def network_dtypes(
+    llm: SpeechLM, flow: CausalFlow, hift: HiFTVocoder, placement: Placement
+) -> dict[str, str]:
+    """The dtype each part computes and keeps its state in, by name (for /ready and reports)."""
+    dit = flow.decoder.estimator
+    compute = placement.dtype_name if placement.autocast_enabled else "float32"
+    return {
+        "lm_weights": _name(llm.speech_embedding.weight.dtype),
+        "lm_kv_cache": _name(llm.speech_embedding.weight.dtype),
+        "lm_log_probs": "float32",
+        "flow_weights": _name(flow.spk_embed_affine_layer.weight.dtype),
+        "flow_dit_products": _name(dit.proj_out.weight.dtype),
+        "flow_compute": compute,
+        "flow_rotary_inv_freq": _name(dit.rotary_embed.inv_freq.dtype),
+        "flow_start_noise": _name(flow.start_noise.dtype),
+        "flow_solver_state": "float32",
+        "vocoder": _name(next(hift.parameters()).dtype),
+        "vocoder_f0": "float64",
+        "vocoder_tf32": "off" if placement.device.type == "cuda" else "n/a",
+    }
+
+
+def _name(dtype: torch.dtype) -> str:
+    return str(dtype).removeprefix("torch.")
 
 
 CHECKPOINT_LOADERS: dict[str, Callable[[ModelDir], nn.Module]] = {

@@ -11,18 +11,21 @@ import threading
 import time
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
+from typing import Any
 
 import numpy as np
 import torch
 
 from cosyserve.engine.batching import DecodeBatcher
-from cosyserve.engine.device import Placement, to_device
-from cosyserve.engine.loading import load_flow, load_hift, load_speech_lm
+from cosyserve.engine.device import Placement
+from cosyserve.engine.loading import load_flow, load_hift, load_speech_lm, network_dtypes, place_networks
+from cosyserve.engine.memory import out_of_memory_as_error
 from cosyserve.engine.quantize import apply_preset
 from cosyserve.engine.speech_lm_runner import PromptPrefix, SpeechLMRunner
 from cosyserve.engine.token2wav import FlowPrompt, PromptCache, Token2Wav
 from cosyserve.errors import Cancelled
 from cosyserve.model.flow import DEFAULT_N_TIMESTEPS, CausalFlow
+from cosyserve.model.hift import HiFTVocoder
 from cosyserve.model.speech_lm import SpeechLM
 from cosyserve.modeldir.model_dir import ModelDir
 
@@ -85,6 +88,35 @@ class EngineOptions:
         return cls(cuda_graph=True)
 
 
+def build_runners(
+    llm: SpeechLM,
+    flow: CausalFlow,
+    hift: HiFTVocoder,
+    placement: Placement,
+    options: EngineOptions,
+    chunk_size: int,
+    **token2wav_options: Any,
+) -> tuple[SpeechLMRunner, Token2Wav]:
+    """The LM runner and token-to-audio runner over placed networks, with `options`' batching, CUDA
+    graphs and flow options: what the service runs, and what `cosyserve bench` measures."""
+    batcher = None
+    if options.batch_decode:
+        batcher = DecodeBatcher(llm, max_batch=options.max_batch, window_s=options.decode_window_s)
+    lm = SpeechLMRunner(llm, batch_decode=batcher, use_cuda_graph=options.cuda_graph)
+    token2wav = Token2Wav(
+        flow,
+        hift,
+        placement,
+        chunk_size=chunk_size,
+        flow_steps=options.flow_steps,
+        guidance=options.guidance,
+        batch_flow=options.batch_flow,
+        max_flow_batch=options.max_flow_batch,
+        **token2wav_options,
+    )
+    return lm, token2wav
+
+
 class SpeechEngine:
     """The loaded networks of one model directory on one device."""
 
@@ -103,32 +135,37 @@ class SpeechEngine:
         cls, model_dir: ModelDir, placement: Placement, options: EngineOptions | None = None
     ) -> SpeechEngine:
         options = options or EngineOptions()
-        lm_dtype = placement.dtype if placement.device.type == "cuda" else torch.float32
-        model = load_speech_lm(model_dir, placement.device, lm_dtype)
-        flow = load_flow(model_dir, placement.device)
-        if options.preset != "exact":  # converts the networks in place, before anything wraps them
+        model, flow, hift = place_networks(
+            load_speech_lm(model_dir), load_flow(model_dir), load_hift(model_dir), placement
+        )
+        if options.preset != "exact":  # converts the networks in place, before the runners wrap them
             result = apply_preset(_Networks(model, flow), options.preset, measure=False)
             log.info("compute preset: %s", result.label)
-        batcher = None
-        if options.batch_decode:
-            batcher = DecodeBatcher(model, max_batch=options.max_batch, window_s=options.decode_window_s)
-        lm = SpeechLMRunner(model, batch_decode=batcher, use_cuda_graph=options.cuda_graph)
-        # Flow weights stay float32; on CUDA the runner wraps it in autocast (as the official fp16 mode).
-        token2wav = Token2Wav(
-            flow,
-            load_hift(model_dir, placement.device),
-            placement,
-            chunk_size=model_dir.config.chunk_size,
-            flow_steps=options.flow_steps,
-            guidance=options.guidance,
-            batch_flow=options.batch_flow,
-            max_flow_batch=options.max_flow_batch,
-        )
+        lm, token2wav = build_runners(model, flow, hift, placement, options, model_dir.config.chunk_size)
         return cls(model_dir, lm, token2wav, placement)
+
+    def describe(self) -> dict[str, Any]:
+        """How this engine runs, for readiness/model info: device, precision, the dtype of each part
+        (`loading.network_dtypes`) and the GPU paths on (CUDA graphs, batching, flow options)."""
+        t2w = self.token2wav
+        return {
+            "device": str(self.placement.device),
+            "precision": self.placement.dtype_name,
+            "dtypes": network_dtypes(self.lm.model, t2w.flow, t2w.hift, self.placement),
+            "cuda_graph": self.lm.static_pool is not None,
+            "batch_decode": self.lm.batcher is not None,
+            "batch_flow": t2w.flow_batcher is not None,
+            "flow_steps": t2w.flow_steps,
+            "guidance": t2w.guidance,
+        }
+
+    def dtypes(self) -> dict[str, str]:
+        """The dtype each part of the engine computes in (`describe()["dtypes"]`)."""
+        return network_dtypes(self.lm.model, self.token2wav.flow, self.token2wav.hift, self.placement)
 
     def prepare_prefix(self, prompt_text_ids: list[int]) -> PromptPrefix:
         """The LM prefix `[sos, prompt_text]` of a voice, to be cached and reused by later requests."""
-        with self._prefix_lock:
+        with self._prefix_lock, out_of_memory_as_error("a voice's prompt preparation"):
             return self.lm.prepare_prefix(prompt_text_ids)
 
     def generate(
@@ -140,7 +177,21 @@ class SpeechEngine:
         speed: float = 1.0,
         cancel: CancelCheck = lambda: False,
     ) -> Iterator[np.ndarray]:
-        """Yield float32 audio (S,) for one segment: several chunks when streaming, else one."""
+        """Yield float32 audio (S,) for one segment: several chunks when streaming, else one.
+
+        Raises OutOfMemory (the device cache freed, the engine usable) when the GPU runs out of memory.
+        """
+        with out_of_memory_as_error("synthesis"):
+            yield from self._generate(segment, generator, stream, speed, cancel)
+
+    def _generate(
+        self,
+        segment: SegmentInput,
+        generator: torch.Generator,
+        stream: bool,
+        speed: float,
+        cancel: CancelCheck,
+    ) -> Iterator[np.ndarray]:
         stats = segment.stats
         tokens = self.lm.generate(
             segment.text_ids,
@@ -159,7 +210,7 @@ class SpeechEngine:
                 continue
             stats.llm_s += time.perf_counter() - llm_clock
             acoustic_clock = time.perf_counter()
-            chunks = self.token2wav.stream_step(state, _as_tensor(generated, self.placement.device))
+            chunks = self.token2wav.stream_step(state, _host_tokens(generated))
             stats.acoustic_s += time.perf_counter() - acoustic_clock
             for chunk in chunks:
                 yield chunk.cpu().numpy()
@@ -171,7 +222,7 @@ class SpeechEngine:
         if not generated:
             return  # the LM ended at once (possible with random weights): nothing to say
         acoustic_clock = time.perf_counter()
-        all_tokens = _as_tensor(generated, self.placement.device)
+        all_tokens = _host_tokens(generated)
         if state is None:
             audio = self.token2wav.synthesize(all_tokens, segment.flow_prompt, speed=speed)
         else:
@@ -188,5 +239,6 @@ class _Networks:
     flow: CausalFlow
 
 
-def _as_tensor(tokens: list[int], device: torch.device) -> torch.Tensor:
-    return to_device(torch.tensor(tokens, dtype=torch.long), device)[None]
+def _host_tokens(tokens: list[int]) -> torch.Tensor:
+    """(1, T) int64 on the host: Token2Wav reads ids there and copies them to the device itself."""
+    return torch.tensor(tokens, dtype=torch.long)[None]

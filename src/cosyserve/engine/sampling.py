@@ -9,6 +9,14 @@ The rule (CosyVoice's `ras_sampling`):
 Each draw is one `torch.multinomial(..., 1, replacement=True)` call on the request's own generator,
 so a seeded request gives the same tokens whatever other requests do in between.
 
+On an accelerator the same rule runs on the device (`draw_on_device`): the draw is an exponential race
+(the argmax of p_i / E_i with E_i ~ Exp(1) picks i with probability p_i; pytorch-labs/gpt-fast's
+idea), the redraw is computed every step and chosen by a device-side `where`, and the recent tokens
+live in a device window, so the host reads one value per token: the drawn id, which it needs anyway
+(to stop, to stream). The device generator is seeded from the request's own generator, so a seeded
+request still draws the same tokens whatever other requests do (but not the CPU path's tokens: a
+different algorithm on different random numbers). On the CPU nothing changed: the same tokens as ever.
+
 Before the minimum length, every id >= `speech_token_size` (EOS and the other stop ids) is masked.
 The official HF decode loop masks only id `speech_token_size` (the CosyVoice2 EOS; in CosyVoice3
 that id is sos, while EOS is `speech_token_size + 1`), which lets EOS end a sentence early; its vLLM
@@ -61,10 +69,40 @@ def repetition_aware_sample(
     return token
 
 
+def exponential_race(probs: Tensor, generator: torch.Generator) -> Tensor:
+    """Index (1,) drawn from `probs` `(V,)` (unnormalised weights >= 0) without reading them on the host."""
+    race = torch.empty_like(probs).exponential_(1.0, generator=generator)
+    return torch.argmax(probs / race, dim=0, keepdim=True)
+
+
+def draw_on_device(
+    scores: Tensor, window: Tensor, config: SamplingConfig, generator: torch.Generator
+) -> Tensor:
+    """The repetition-aware draw of `repetition_aware_sample`, done on `scores`' device: token id (1,).
+
+    scores `(V,)` log-probabilities (not modified); window `(W,)` int64 the last W drawn tokens (-1
+    where none yet), W = `win_size`. Nothing is read back to the host.
+    """
+    probs = scores.softmax(dim=0)
+    sorted_probs, order = probs.sort(descending=True, stable=True)
+    sorted_probs, order = sorted_probs[: config.top_k], order[: config.top_k]
+    mass_before = torch.cat([sorted_probs.new_zeros(1), torch.cumsum(sorted_probs, dim=0)[:-1]])
+    taken = mass_before < config.top_p
+    taken[0] = True  # the most likely token always
+    token = order[exponential_race(torch.where(taken, sorted_probs, 0.0), generator)]
+    if config.win_size <= 0:
+        return token
+    repeats = (window == token).sum()
+    redrawn = exponential_race(scores.scatter(0, token, -float("inf")).softmax(dim=0), generator)
+    return torch.where(repeats >= config.win_size * config.tau_r, redrawn, token)
+
+
 class SpeechTokenSampler:
     """Per-request sampling state: the generator, the decoded history and the length limits.
 
     `min_len` tokens are produced before a stop id may be drawn; the caller stops after `max_len`.
+    Log-probs on the CPU are drawn from as they always were; on an accelerator (or with
+    `on_device=True`) by `draw_on_device` with a device generator seeded from `generator`.
     """
 
     def __init__(
@@ -75,6 +113,7 @@ class SpeechTokenSampler:
         min_len: int = 0,
         generator: torch.Generator | None = None,
         seed: int | None = None,
+        on_device: bool | None = None,
     ) -> None:
         if generator is None:
             generator = torch.Generator()
@@ -89,6 +128,9 @@ class SpeechTokenSampler:
         self.min_len = min_len
         self.generator = generator
         self.history: list[int] = []
+        self.on_device = on_device  # None: wherever the log-probs are
+        self._device_generator: torch.Generator | None = None
+        self._window: Tensor | None = None
 
     def is_stop(self, token: int) -> bool:
         """Whether `token` ends decoding (EOS or any other special id)."""
@@ -96,11 +138,30 @@ class SpeechTokenSampler:
 
     def sample(self, logp: Tensor) -> int:
         """Draw the next token from `logp` `(V,)` (modified in place) and record it unless it is a stop id."""
-        if logp.device != self.generator.device:
+        on_device = self.on_device if self.on_device is not None else logp.device.type != "cpu"
+        if not on_device and logp.device != self.generator.device:
             logp = logp.to(self.generator.device)
         if len(self.history) < self.min_len:
             logp[self.speech_token_size :] = -float("inf")
-        token = repetition_aware_sample(logp, self.history, self.config, self.generator)
+        if on_device:
+            token = self._draw_on_device(logp)
+        else:
+            token = repetition_aware_sample(logp, self.history, self.config, self.generator)
         if not self.is_stop(token):
             self.history.append(token)
         return token
+
+    def _draw_on_device(self, logp: Tensor) -> int:
+        if self._device_generator is None or self._device_generator.device != logp.device:
+            # Seeded from the request's generator: reproducible per request, independent of others.
+            seed = int(torch.randint(0, 2**62, (1,), generator=self.generator))
+            self._device_generator = torch.Generator(device=logp.device).manual_seed(seed)
+            self._window = torch.full(
+                (max(self.config.win_size, 1),), -1, dtype=torch.long, device=logp.device
+            )
+        window = self._window
+        assert window is not None
+        token = draw_on_device(logp, window, self.config, self._device_generator)
+        # A stop id ends decoding, so the window only ever holds tokens the history keeps.
+        self._window = torch.cat((window[1:], token))
+        return int(token)  # the one value the host reads per token

@@ -150,6 +150,12 @@ class SpeechLMRunner:
         )
         return self._decode(prompt_text, text, speech, prefix, sampler, max_len, _cancel_check(cancel))
 
+    def session(self, capacity: int, prefix: PromptPrefix | None = None) -> DecodeSession:
+        """A request's decoding with `capacity` positions: the path this runner's options choose (a
+        static CUDA-graph step, a decode batch after prefill, or a plain cache). Use as a context
+        manager: leaving it frees the batch slot or static step (also on errors and cancellation)."""
+        return DecodeSession(self, capacity, prefix)
+
     @torch.inference_mode()
     def _decode(
         self,
@@ -167,24 +173,11 @@ class SpeechLMRunner:
             to_device(text, self._device), to_device(speech, self._device)
         )
         capacity = 1 + len(prompt_text) + suffix.shape[1] + max_len
-        static = None
-        if self.static_pool is not None and self.batcher is None:
-            static = self.static_pool.acquire(capacity)
-        member: BatchMember | None = None
-        try:
-            if prefix is not None:
-                if static is not None:
-                    cache = static.reset(prefix.cache)
-                else:
-                    cache = prefix.cache.to(self._device).clone(capacity)
-                logp = prefill(self.model, suffix, cache)
-            else:
-                cache = static.reset() if static is not None else self.new_cache(capacity)
+        with self.session(capacity, prefix) as session:
+            if prefix is None:
                 voice = self.model.embed_voice_prefix(to_device(prompt_text, self._device))
-                logp = prefill(self.model, torch.cat([voice, suffix], dim=1), cache)
-            if self.batcher is not None:
-                member = self.batcher.join(cache)
-            decode = self._decode_step(cache, static, member)
+                suffix = torch.cat([voice, suffix], dim=1)
+            logp = session.prefill(suffix)
             for step in range(max_len):
                 token = sampler.sample(logp[0])
                 if sampler.is_stop(token):
@@ -193,13 +186,7 @@ class SpeechLMRunner:
                 # The last allowed token is never fed back: nothing would read its output.
                 if step + 1 == max_len or is_cancelled():
                     return
-                logp = decode(token)
-        finally:
-            # Also on cancellation, errors and an abandoned iterator: free the batch slot / static step.
-            if member is not None:
-                self.batcher.leave(member)  # type: ignore[union-attr]
-            if static is not None:
-                self.static_pool.release(static)  # type: ignore[union-attr]
+                logp = session.step(token)
 
     def _decode_step(
         self, cache: KVCache, static: StaticDecodeStep | None, member: BatchMember | None
@@ -251,6 +238,58 @@ class SpeechLMRunner:
                 "split the text into shorter sentences or use a shorter prompt"
             )
         return min_len, max_len
+
+
+class DecodeSession:
+    """One request's KV cache and decode step on the path its runner's options choose.
+
+    `prefill(embeds)` appends the prefix (after a voice's cached `[sos, prompt_text]` when given) and
+    returns the log-probs `(1, V)` of the first token; `step(token)` feeds one token and returns the
+    next log-probs. On the batching path the request joins the decode batch after its prefill; on the
+    graph path it decodes through a static step (`cuda_graph`). `close()` (or leaving the `with`
+    block) gives the slot or step back.
+    """
+
+    def __init__(self, runner: SpeechLMRunner, capacity: int, prefix: PromptPrefix | None = None) -> None:
+        self.runner = runner
+        self.static: StaticDecodeStep | None = None
+        if runner.static_pool is not None and runner.batcher is None:
+            self.static = runner.static_pool.acquire(capacity)
+        if prefix is not None:
+            if self.static is not None:
+                self.cache = self.static.reset(prefix.cache)
+            else:
+                self.cache = prefix.cache.to(runner.model.speech_embedding.weight.device).clone(capacity)
+        else:
+            self.cache = self.static.reset() if self.static is not None else runner.new_cache(capacity)
+        self.member: BatchMember | None = None
+        self._step: Callable[[int], Tensor] | None = None
+
+    def prefill(self, embeds: Tensor) -> Tensor:
+        logp = prefill(self.runner.model, embeds, self.cache)
+        if self.runner.batcher is not None:
+            self.member = self.runner.batcher.join(self.cache)
+        self._step = self.runner._decode_step(self.cache, self.static, self.member)
+        return logp
+
+    def step(self, token: int) -> Tensor:
+        if self._step is None:
+            raise RuntimeError("prefill before the first decode step")
+        return self._step(token)
+
+    def close(self) -> None:
+        if self.member is not None:
+            self.runner.batcher.leave(self.member)  # type: ignore[union-attr]
+            self.member = None
+        if self.static is not None:
+            self.runner.static_pool.release(self.static)  # type: ignore[union-attr]
+            self.static = None
+
+    def __enter__(self) -> DecodeSession:
+        return self
+
+    def __exit__(self, *exc_info: object) -> None:
+        self.close()
 
 
 def _cancel_check(cancel: CancelCheck | None) -> Callable[[], bool]:

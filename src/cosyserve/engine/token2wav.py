@@ -11,141 +11,64 @@ The official code recomputes the whole prefix at every chunk. With `reuse` (the 
 chunks come out of less work: the chunk-causal flow keeps the keys and values of finished chunks
 (`FlowPrefix`, per request, and per voice for the prompt's fixed part: `prepare_prompt`), and the
 vocoder runs on the new frames only (`vocode_increment`). Both give the official values up to float
-rounding (about 1e-6).
+rounding (about 1e-6). The per-stream state lives in `flow_stream` (prefixes, progress),
+`vocoder_stream` and `prompt_cache` (per-voice starts and their store).
 
 Memory: a kept frame costs `CausalFlow.prefix_nbytes` (3.6 MB full-size in float32). Every later chunk
 attends to every earlier frame, so nothing is dropped while chunks may follow; the final pass reuses
 nothing, so a stream frees its keys and values before it. Budgets: `max_prompt_cache_bytes` per
 voice, `max_reuse_bytes` per stream (beyond it, later chunks recompute: slower, same audio), and
 `PromptCacheStore` for all voices together.
+
+Precision: on a GPU the flow runs under autocast (its DiT's weights cast to half once: `loading`),
+the vocoder in float32 with TF32 off (`float32_exact`). Speech token ids stay on the host: they are
+checked and compared there without waiting for the GPU, and copied over once per flow call.
 """
 
 from __future__ import annotations
 
 import math
-import threading
-from collections import OrderedDict
-from collections.abc import Callable
 from contextlib import AbstractContextManager, nullcontext
-from dataclasses import dataclass, field
 
 import torch
 import torch.nn.functional as F
 
-from cosyserve.engine.device import Placement, to_device
+from cosyserve.engine.device import Placement, float32_exact, to_device
+from cosyserve.engine.flow_batching import FlowBatcher
+from cosyserve.engine.flow_stream import (
+    FlowPrefix,
+    FlowPrompt,
+    StreamState,
+    continue_flow,
+    frames_within_budget,
+)
+from cosyserve.engine.prompt_cache import (
+    DEFAULT_PROMPT_STORE_BYTES,
+    PromptCache,
+    PromptCacheStore,
+    same_prompt,
+)
+from cosyserve.engine.vocoder_stream import VocoderStream, vocode_increment
 from cosyserve.errors import InputError
 from cosyserve.model.flow import DEFAULT_N_TIMESTEPS, MAX_MEL_FRAMES, CausalFlow
-from cosyserve.model.flow_prefix import FlowPrefix
 from cosyserve.model.hift import HiFTVocoder, SourceNoise
-from cosyserve.model.hift_stream import VocoderStream, vocode_increment
+
+__all__ = [
+    "DEFAULT_MAX_PROMPT_CACHE_BYTES",
+    "DEFAULT_MAX_REUSE_BYTES",
+    "DEFAULT_PROMPT_STORE_BYTES",
+    "MAX_SPEED",
+    "MIN_SPEED",
+    "FlowPrompt",
+    "PromptCache",
+    "PromptCacheStore",
+    "StreamState",
+    "Token2Wav",
+]
 
 MIN_SPEED, MAX_SPEED = 0.5, 2.0
 DEFAULT_MAX_REUSE_BYTES = 4 << 30  # ~1200 frames (24 s incl. the prompt) of the full-size flow in float32
 DEFAULT_MAX_PROMPT_CACHE_BYTES = 2 << 30  # one voice: ~590 frames (a 12 s prompt), full-size, float32
-DEFAULT_PROMPT_STORE_BYTES = 2 << 30  # all voices of a `PromptCacheStore` together
-
-
-@dataclass(frozen=True)
-class FlowPrompt:
-    """Everything the acoustic model takes from a prompt recording (computed once per voice)."""
-
-    speech_token: torch.Tensor  # (1, Tp) int64 prompt speech tokens (25 Hz)
-    speech_feat: torch.Tensor  # (1, 2 * Tp, 80) prompt mel (50 Hz)
-    embedding: torch.Tensor  # (1, 192) speaker embedding
-
-    @property
-    def num_tokens(self) -> int:
-        return int(self.speech_token.shape[1])
-
-
-@dataclass(frozen=True)
-class PromptCache:
-    """What every stream of one voice starts from (`Token2Wav.prepare_prompt`): the flow's keys and
-    values of the prompt frames that no generated token can change. Read-only, so one object serves
-    any number of concurrent requests; it holds `nbytes` of memory (about 3.6 MB per cached prompt
-    frame for the full-size flow in float32, half that in 16-bit), so cache it per saved voice
-    (`PromptCacheStore`)."""
-
-    prompt: FlowPrompt
-    flow_prefix: FlowPrefix
-
-    @property
-    def frames(self) -> int:
-        """Prompt mel frames whose flow work the cache holds (whole 50-frame chunks)."""
-        return self.flow_prefix.frames
-
-    @property
-    def nbytes(self) -> int:
-        return self.flow_prefix.nbytes
-
-
-class PromptCacheStore:
-    """Per-voice `PromptCache`s within a memory budget: the least recently used are dropped first.
-
-    One store serves every thread. `get(key, prompt, prepare)` returns the cache of `key` when it was
-    prepared for this prompt, else `prepare(prompt)` (outside the lock), kept while the caches fit in
-    `max_bytes` together (None: no limit); one larger than that alone is returned but not kept.
-    """
-
-    def __init__(self, max_bytes: int | None = DEFAULT_PROMPT_STORE_BYTES) -> None:
-        self.max_bytes = max_bytes
-        self._caches: OrderedDict[str, PromptCache] = OrderedDict()
-        self._lock = threading.Lock()
-
-    def get(self, key: str, prompt: FlowPrompt, prepare: Callable[[FlowPrompt], PromptCache]) -> PromptCache:
-        with self._lock:
-            cache = self._caches.get(key)
-            if cache is not None and (cache.prompt is prompt or _same_prompt(cache.prompt, prompt)):
-                self._caches.move_to_end(key)
-                return cache
-        cache = prepare(prompt)
-        with self._lock:
-            self._caches.pop(key, None)
-            if self.max_bytes is None or cache.nbytes <= self.max_bytes:
-                self._caches[key] = cache
-                while self.max_bytes is not None and self._held() > self.max_bytes:
-                    self._caches.popitem(last=False)
-        return cache
-
-    def discard(self, key: str) -> None:
-        """Forget `key` (a voice deleted or changed); streams that hold its cache keep it until they end."""
-        with self._lock:
-            self._caches.pop(key, None)
-
-    @property
-    def nbytes(self) -> int:
-        with self._lock:
-            return self._held()
-
-    def _held(self) -> int:
-        return sum(cache.nbytes for cache in self._caches.values())
-
-    def __len__(self) -> int:
-        return len(self._caches)
-
-    def __contains__(self, key: object) -> bool:
-        return key in self._caches
-
-
-@dataclass
-class StreamState:
-    """Per-request streaming progress. Create with `Token2Wav.start_stream`; never shared."""
-
-    prompt: FlowPrompt
-    hop: int  # tokens the next chunk advances by (before the first-chunk padding)
-    first_hop_padding: int  # tokens added to the first hop so prompt + hop is a multiple of chunk_size
-    token_offset: int = 0  # tokens already turned into emitted audio
-    mel: torch.Tensor | None = None  # (1, 80, frames) mel of every token before token_offset (no reuse)
-    samples_emitted: int = 0
-    finished: bool = False
-    chunk_lengths: list[int] = field(default_factory=list)
-    reuse: bool = False  # whether this stream reuses work (flow prefix, incremental vocoding)
-    flow_prefix: FlowPrefix | None = None  # frozen flow work so far (reuse only)
-    vocoder: VocoderStream | None = None  # incremental vocoding state (reuse only)
-
-    @property
-    def this_hop(self) -> int:
-        return self.hop + (self.first_hop_padding if self.token_offset == 0 else 0)
 
 
 class Token2Wav:
@@ -197,8 +120,6 @@ class Token2Wav:
         self.guidance = guidance
         self.flow_batcher = None
         if batch_flow:
-            from cosyserve.engine.flow_batching import FlowBatcher
-
             self.flow_batcher = FlowBatcher(
                 flow,
                 n_timesteps=flow_steps,
@@ -219,7 +140,8 @@ class Token2Wav:
         mel = self._flow(tokens, self._on_device(prompt), streaming=False, finalize=True)
         if speed != 1.0:
             mel = F.interpolate(mel, size=int(mel.shape[2] / speed), mode="linear")
-        wav, _ = self.hift.inference(mel, finalize=True, noise=self.source_noise)
+        with self._vocoder_precision():
+            wav, _ = self.hift.inference(mel, finalize=True, noise=self.source_noise)
         return wav[0]
 
     # ---- streaming ------------------------------------------------------------------------------
@@ -229,22 +151,23 @@ class Token2Wav:
         `max_prompt_cache_bytes` of them)."""
         chunk = max(self.flow.config.dit.static_chunk_size, 1)
         fixed = (prompt.num_tokens - self.lookahead) * self.mel_ratio  # later tokens cannot change these
-        frames = fixed // chunk * chunk  # kept: whole chunks only, within the budget
         budget = self.max_prompt_cache_bytes
-        no_tokens = prompt.speech_token[:, :0]
+        placed = self._on_device(prompt)
+        no_tokens = placed.speech_token[:, :0]
         with self._autocast():  # sizes in the dtype the pass computes in
-            size = self.flow.prefix_nbytes
-            while budget is not None and frames and size(frames, self.flow_steps, self.guidance) > budget:
-                frames -= chunk
+            # Kept: whole chunks only, within the budget.
+            frames = frames_within_budget(
+                self.flow, fixed // chunk * chunk, 0, budget, self.flow_steps, self.guidance
+            )
             if not (self._reusable(prompt) and frames > 0):
-                empty = FlowPrefix(no_tokens.long().cpu(), self.flow_steps, guidance=self.guidance)
+                empty = FlowPrefix(no_tokens.long(), self.flow_steps, guidance=self.guidance)
                 return PromptCache(prompt, empty)
             # The pass runs to the end of the fixed frames when all their whole chunks are kept: the
             # shapes a stream without the cache uses, so that its first chunk matches this bit for bit
             # (matrix kernels may round differently for other lengths, and the vocoder's phase
             # amplifies any difference).
-            _, prefix = self.flow.inference_continued(
-                no_tokens, prompt.speech_token, prompt.speech_feat, prompt.embedding,
+            _, prefix = continue_flow(
+                self.flow, no_tokens, placed.speech_token, placed.speech_feat, placed.embedding,
                 finalize=True, stop_frame=fixed if frames == fixed // chunk * chunk else frames,
                 max_prefix_bytes=budget, n_timesteps=self.flow_steps, guidance=self.guidance,
             )  # fmt: skip
@@ -256,7 +179,7 @@ class Token2Wav:
         state = StreamState(prompt=prompt, hop=self.chunk_size, first_hop_padding=padding)
         state.reuse = self._reusable(prompt)
         if cache is not None:
-            if cache.prompt is not prompt and not _same_prompt(cache.prompt, prompt):
+            if cache.prompt is not prompt and not same_prompt(cache.prompt, prompt):
                 raise InputError(
                     "the PromptCache was prepared for a different prompt: use the cache of this voice, "
                     "or none"
@@ -314,14 +237,13 @@ class Token2Wav:
     # ---- internals ------------------------------------------------------------------------------
     def _emit(self, state: StreamState, new_mel: torch.Tensor, finalize: bool) -> torch.Tensor:
         """Vocode the mel of the tokens from token_offset on; return the samples not yet emitted."""
-        if state.vocoder is not None:
-            fresh = vocode_increment(self.hift, state.vocoder, new_mel, finalize, self.source_noise)[0]
-            state.samples_emitted += fresh.shape[0]
-            state.chunk_lengths.append(int(fresh.shape[0]))
-            return fresh
-        state.mel = new_mel if state.mel is None else torch.cat((state.mel, new_mel), dim=2)
-        wav, _ = self.hift.inference(state.mel, finalize=finalize, noise=self.source_noise)
-        fresh = wav[0, state.samples_emitted :]
+        with self._vocoder_precision():
+            if state.vocoder is not None:
+                fresh = vocode_increment(self.hift, state.vocoder, new_mel, finalize, self.source_noise)[0]
+            else:
+                state.mel = new_mel if state.mel is None else torch.cat((state.mel, new_mel), dim=2)
+                wav, _ = self.hift.inference(state.mel, finalize=finalize, noise=self.source_noise)
+                fresh = wav[0, state.samples_emitted :]
         state.samples_emitted += fresh.shape[0]
         state.chunk_lengths.append(int(fresh.shape[0]))
         return fresh
@@ -331,9 +253,10 @@ class Token2Wav:
         self._check_frames(tokens, state.prompt)
         prompt = state.prompt
         with self._autocast():
-            mel, prefix = self.flow.inference_continued(
-                tokens, prompt.speech_token, prompt.speech_feat, prompt.embedding, state.flow_prefix,
-                max_prefix_bytes=self.max_reuse_bytes, n_timesteps=self.flow_steps, guidance=self.guidance,
+            mel, prefix = continue_flow(
+                self.flow, tokens, prompt.speech_token, prompt.speech_feat, prompt.embedding,
+                state.flow_prefix, max_prefix_bytes=self.max_reuse_bytes, n_timesteps=self.flow_steps,
+                guidance=self.guidance,
             )  # fmt: skip
         start = 0 if state.flow_prefix is None else state.flow_prefix.frames
         state.flow_prefix = prefix
@@ -375,28 +298,28 @@ class Token2Wav:
             ).float()
 
     def _on_device(self, prompt: FlowPrompt) -> FlowPrompt:
-        """`prompt` with its tensors on the flow's device (pinned copies on CUDA; itself when there)."""
+        """`prompt` with its features on the flow's device (pinned copies on CUDA) and its speech token
+        ids on the host, checked there (itself when already so)."""
         device = self.flow.spk_embed_affine_layer.weight.device
-        tensors = (prompt.speech_token, prompt.speech_feat, prompt.embedding)
-        if all(t.device == device for t in tensors):
+        token = prompt.speech_token.cpu()  # ids are read on the host (checks, prefix comparisons)
+        self.flow.check_ids(token, "prompt speech token")
+        placed = FlowPrompt(token, to_device(prompt.speech_feat, device), to_device(prompt.embedding, device))
+        if all(a is b for a, b in zip(_fields(placed), _fields(prompt), strict=True)):
             return prompt
-        return FlowPrompt(*(to_device(t, device) for t in tensors))
+        return placed
 
     def _autocast(self) -> AbstractContextManager[object]:
         if self.placement.autocast_enabled:
-            return torch.autocast(device_type="cuda", dtype=self.placement.dtype)
+            return torch.autocast(device_type=self.placement.device.type, dtype=self.placement.dtype)
         return nullcontext()
 
+    def _vocoder_precision(self) -> AbstractContextManager[object]:
+        """The vocoder computes in float32: on a GPU without TF32 (`float32_exact`)."""
+        return float32_exact() if self.placement.device.type == "cuda" else nullcontext()
 
-def _same_prompt(a: FlowPrompt, b: FlowPrompt) -> bool:
-    return all(
-        x.shape == y.shape and torch.equal(x.cpu(), y.cpu())
-        for x, y in (
-            (a.speech_token, b.speech_token),
-            (a.speech_feat, b.speech_feat),
-            (a.embedding, b.embedding),
-        )
-    )
+
+def _fields(prompt: FlowPrompt) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    return prompt.speech_token, prompt.speech_feat, prompt.embedding
 
 
 def _check_speed(speed: float) -> None:

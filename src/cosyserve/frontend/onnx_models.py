@@ -4,12 +4,17 @@
 - `SpeechTokenizer` (`speech_tokenizer_v3.onnx`): Whisper log-mel `feats` (1, 128, T) float32 plus
   `feats_length` (1,) int32 -> `indices`, T / 4 speech tokens (25 Hz) in [0, 6561).
 
+Providers: CUDA on the engine's GPU (`device_id` of cuda:N) when the installed onnxruntime build has
+it, checked after the session is made (`session.get_providers()`: a CUDA provider whose libraries do
+not load falls back to the CPU silently); the CPU otherwise.
+
 Inputs are fed by position, as the official front end does, so graphs whose tensor names differ still work;
 the signature is checked when the file is opened so a wrong file fails early with a clear message.
 """
 
 from __future__ import annotations
 
+import importlib.metadata
 import logging
 import os
 from pathlib import Path
@@ -33,22 +38,75 @@ def default_intra_op_threads() -> int:
     return max(1, min(4, os.cpu_count() or 1))
 
 
-def choose_providers(device: str = "auto") -> list[str]:
-    """`device` "auto" | "cuda" | "cpu" -> onnxruntime providers; CUDA only when onnxruntime offers it."""
-    if device not in ("auto", "cuda", "cpu"):
-        raise ValueError(f"device must be 'auto', 'cuda' or 'cpu', got {device!r}")
-    has_cuda = "CUDAExecutionProvider" in ort.get_available_providers()
-    if device == "cuda" and not has_cuda:
-        log.warning("onnxruntime has no CUDAExecutionProvider (install onnxruntime-gpu); using the CPU")
-    if device != "cpu" and has_cuda:
-        return ["CUDAExecutionProvider", "CPUExecutionProvider"]
-    return ["CPUExecutionProvider"]
+Provider = str | tuple[str, dict[str, Any]]
+CUDA_PROVIDER = "CUDAExecutionProvider"
+CPU_PROVIDER = "CPUExecutionProvider"
+# Distributions that install the `onnxruntime` package; two at once overwrite each other's files.
+ONNXRUNTIME_DISTRIBUTIONS = ("onnxruntime", "onnxruntime-gpu", "onnxruntime-directml", "onnxruntime-openvino")
+
+
+def _cuda_index(device: str) -> int | None:
+    """The CUDA device index `device` asks for ("cuda" -> 0, "cuda:N" -> N), None for cpu/auto."""
+    if device == "cuda":
+        return 0
+    if device.startswith("cuda:") and device[5:].isdigit():
+        return int(device[5:])
+    if device in ("auto", "cpu"):
+        return None
+    raise ValueError(f"device must be 'auto', 'cpu', 'cuda' or 'cuda:N', got {device!r}")
+
+
+def choose_providers(device: str = "auto") -> list[Provider]:
+    """`device` "auto" | "cpu" | "cuda" | "cuda:N" -> the providers to ask onnxruntime for: CUDA on that
+    device (its `device_id`) then the CPU, when this onnxruntime build has the CUDA provider; else the
+    CPU. "auto" uses GPU 0 when the build has CUDA and a GPU is usable. Whether CUDA then really loads
+    (its libraries may be missing or of another CUDA version) only the session knows: `open_session`
+    checks."""
+    index = _cuda_index(device)
+    has_cuda = CUDA_PROVIDER in ort.get_available_providers()
+    if index is not None and not has_cuda:
+        log.warning(
+            "onnxruntime has no %s (the CPU build %s is installed): the prompt models run on the CPU; "
+            "install the GPU build (see the README's GPU section)",
+            CUDA_PROVIDER,
+            ", ".join(onnxruntime_distributions()) or "onnxruntime",
+        )
+    if device == "auto" and has_cuda and torch.cuda.is_available():
+        index = 0
+    if index is not None and has_cuda:
+        return [(CUDA_PROVIDER, {"device_id": index}), CPU_PROVIDER]
+    return [CPU_PROVIDER]
+
+
+def onnxruntime_distributions() -> list[str]:
+    """The installed distributions that own the `onnxruntime` package (more than one is a broken
+    install: they overwrite each other's files)."""
+    found = []
+    for name in ONNXRUNTIME_DISTRIBUTIONS:
+        try:
+            importlib.metadata.distribution(name)
+        except importlib.metadata.PackageNotFoundError:
+            continue
+        found.append(name)
+    return found
+
+
+def session_device(session: ort.InferenceSession) -> str:
+    """Where a session really runs: "cuda:N" when its CUDA provider loaded, else "cpu"."""
+    if CUDA_PROVIDER not in session.get_providers():
+        return "cpu"
+    options = session.get_provider_options().get(CUDA_PROVIDER, {})
+    return f"cuda:{options.get('device_id', 0)}"
 
 
 def open_session(
     path: str | Path, *, device: str = "auto", intra_op_threads: int | None = None, inter_op_threads: int = 1
 ) -> ort.InferenceSession:
-    """A session with full graph optimisation and explicit thread counts; ModelDirError if unloadable."""
+    """A session with full graph optimisation and explicit thread counts; ModelDirError if unloadable.
+
+    When CUDA was asked for, the session's own provider list says whether it loaded; if not, the
+    session runs on the CPU and a warning says why (onnxruntime only logs it at its own level).
+    """
     path = Path(path)
     if not path.is_file():
         raise ModelDirError(f"{path.name} is missing from {path.parent}; {FIX_HINT}")
@@ -56,11 +114,23 @@ def open_session(
     options.graph_optimization_level = ort.GraphOptimizationLevel.ORT_ENABLE_ALL
     options.intra_op_num_threads = intra_op_threads or default_intra_op_threads()
     options.inter_op_num_threads = inter_op_threads
+    providers = choose_providers(device)
     try:
-        return ort.InferenceSession(str(path), sess_options=options, providers=choose_providers(device))
+        session = ort.InferenceSession(str(path), sess_options=options, providers=providers)
     except Exception as exc:  # onnxruntime raises its own non-public exception types
         first_line = str(exc).strip().splitlines()[0] if str(exc).strip() else type(exc).__name__
         raise ModelDirError(f"{path} cannot be loaded by onnxruntime ({first_line}); {FIX_HINT}") from exc
+    wanted = next((p for p in providers if isinstance(p, tuple)), None)
+    if wanted is not None and session_device(session) == "cpu":
+        owners = onnxruntime_distributions()
+        log.warning(
+            "%s: onnxruntime's CUDA provider did not load (device_id %s; installed: %s): it runs on the "
+            "CPU. Check that one onnxruntime-gpu build for this CUDA version is installed, alone",
+            path.name,
+            wanted[1]["device_id"],
+            ", ".join(owners) or "none",
+        )
+    return session
 
 
 def _input_signature(session: ort.InferenceSession) -> list[tuple[str, str, list]]:
@@ -95,7 +165,13 @@ class _OnnxFrontModel:
 
     @property
     def providers(self) -> list[str]:
+        """The providers the session really runs with (not those asked for)."""
         return self.session.get_providers()
+
+    @property
+    def device(self) -> str:
+        """Where the session really runs: "cuda:N" or "cpu"."""
+        return session_device(self.session)
 
 
 class SpeakerEncoder(_OnnxFrontModel):

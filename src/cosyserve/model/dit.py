@@ -9,7 +9,6 @@ Shapes: B batch, T mel frames, C mel channels (80), D model width, H heads, Dh h
 
 from __future__ import annotations
 
-import math
 from collections.abc import Sequence
 
 import torch
@@ -18,126 +17,9 @@ from torch import nn
 
 from cosyserve.errors import ConfigError
 from cosyserve.model.config import DiTConfig
+from cosyserve.model.dit_embeddings import InputEmbedding, RotaryEmbedding, TimestepEmbedding, apply_rotary
 
-_TIME_FREQ_DIM = 256  # width of the sinusoidal timestep features
-_TIME_SCALE = 1000.0  # t in [0, 1] is stretched before the sinusoids, as in training
-_CONV_POS_KERNEL = 31
-_CONV_POS_GROUPS = 16
 _NORM_EPS = 1e-6
-
-
-def _timestep_features(t: torch.Tensor, dim: int) -> torch.Tensor:
-    """Sinusoidal features of the flow time: (B,) -> (B, dim), sines first then cosines."""
-    half = dim // 2
-    rate = math.log(10000) / (half - 1)
-    freqs = torch.exp(torch.arange(half, device=t.device).float() * -rate)
-    angles = _TIME_SCALE * t.unsqueeze(1) * freqs.unsqueeze(0)
-    return torch.cat((angles.sin(), angles.cos()), dim=-1)
-
-
-class TimestepEmbedding(nn.Module):
-    """Flow time (B,) -> conditioning vector (B, D)."""
-
-    def __init__(self, dim: int, freq_dim: int = _TIME_FREQ_DIM) -> None:
-        super().__init__()
-        self.freq_dim = freq_dim
-        self.time_mlp = nn.Sequential(nn.Linear(freq_dim, dim), nn.SiLU(), nn.Linear(dim, dim))
-
-    def forward(self, t: torch.Tensor) -> torch.Tensor:
-        return self.time_mlp(_timestep_features(t, self.freq_dim).to(t.dtype))
-
-
-class CausalConvPositionEmbedding(nn.Module):
-    """Two grouped convolutions padded on the left only, so frame i never sees frames after i."""
-
-    def __init__(self, dim: int, kernel_size: int = _CONV_POS_KERNEL, groups: int = _CONV_POS_GROUPS) -> None:
-        super().__init__()
-        self.kernel_size = kernel_size
-        self.conv1 = nn.Sequential(nn.Conv1d(dim, dim, kernel_size, groups=groups), nn.Mish())
-        self.conv2 = nn.Sequential(nn.Conv1d(dim, dim, kernel_size, groups=groups), nn.Mish())
-
-    @property
-    def context_frames(self) -> int:
-        """Earlier frames one output frame depends on (both convolutions together)."""
-        return 2 * (self.kernel_size - 1)
-
-    def forward(self, x: torch.Tensor, context: torch.Tensor | None = None) -> torch.Tensor:
-        """(B, T, D) -> (B, T, D), a transposed view of the convolution's (B, D, T) output.
-
-        Add it to a contiguous tensor as the second operand: a sum takes its layout from the first,
-        and a transposed residual stream would make every later elementwise op and norm strided.
-
-        context: (B, Tc, D) the inputs of the frames just before x, for a pass that continues an
-        earlier one. With at least `context_frames` of them no padding is needed; fewer means they
-        start at frame 0, and the zero padding goes before them, exactly as for the whole sequence.
-        """
-        if context is not None and context.shape[1] >= self.context_frames:
-            h = torch.cat((context[:, -self.context_frames :], x), dim=1).transpose(1, 2)
-            return self.conv2(self.conv1(h)).transpose(1, 2)
-        frames = x.shape[1]
-        if context is not None and context.shape[1]:
-            x = torch.cat((context, x), dim=1)
-        h = x.transpose(1, 2)
-        h = self.conv1(F.pad(h, (self.kernel_size - 1, 0)))
-        h = self.conv2(F.pad(h, (self.kernel_size - 1, 0)))
-        return h.transpose(1, 2)[:, -frames:] if frames else h.transpose(1, 2)[:, :0]
-
-
-class InputEmbedding(nn.Module):
-    """Concatenate [x, cond, mu, spks] per frame, project to the model width, add conv positions."""
-
-    def __init__(self, mel_dim: int, mu_dim: int, spk_dim: int, dim: int) -> None:
-        super().__init__()
-        self.proj = nn.Linear(2 * mel_dim + mu_dim + spk_dim, dim)
-        self.conv_pos_embed = CausalConvPositionEmbedding(dim)
-
-    def project(
-        self, x: torch.Tensor, cond: torch.Tensor, mu: torch.Tensor, spks: torch.Tensor
-    ) -> torch.Tensor:
-        """x, cond: (B, T, C); mu: (B, T, mu_dim); spks: (B, spk_dim) -> (B, T, D), before positions."""
-        spks = spks.unsqueeze(1).expand(-1, x.shape[1], -1)
-        return self.proj(torch.cat((x, cond, mu, spks), dim=-1))
-
-    def forward(
-        self, x: torch.Tensor, cond: torch.Tensor, mu: torch.Tensor, spks: torch.Tensor
-    ) -> torch.Tensor:
-        """x, cond: (B, T, C); mu: (B, T, mu_dim); spks: (B, spk_dim) -> (B, T, D)."""
-        h = self.project(x, cond, mu, spks)
-        return h + self.conv_pos_embed(h)  # h first: the sum keeps its contiguous layout
-
-
-class RotaryEmbedding(nn.Module):
-    """Rotary position angles with adjacent channel pairs (x_transformers layout).
-
-    `inv_freq` is a persistent buffer because the official checkpoint stores it.
-    """
-
-    def __init__(self, dim_head: int, base: float = 10000.0) -> None:
-        super().__init__()
-        inv_freq = 1.0 / (base ** (torch.arange(0, dim_head, 2).float() / dim_head))
-        self.register_buffer("inv_freq", inv_freq)
-
-    def angles(self, seq_len: int, start: int = 0) -> torch.Tensor:
-        """(T, Dh) angles in float32 of positions start .. start + T - 1, each frequency repeated for
-        its channel pair."""
-        inv_freq = self.inv_freq.float()
-        positions = torch.arange(start, start + seq_len, device=inv_freq.device, dtype=torch.float32)
-        angles = torch.outer(positions, inv_freq)
-        return angles.repeat_interleave(2, dim=-1)
-
-
-def apply_rotary(x: torch.Tensor, angles: torch.Tensor) -> torch.Tensor:
-    """Rotate the first Dh channels of x (B, T, H*Dh) by angles (T, Dh), in place; returns x.
-
-    The official model applies rotary before splitting heads, so only the first head's channels carry
-    positions; the other heads pass through unchanged. The checkpoints were trained that way. Writing
-    into x (a fresh projection) spares a copy of the untouched heads on every call.
-    """
-    head = x[..., : angles.shape[-1]]
-    pairs = head.unflatten(-1, (-1, 2))
-    rotated_half = torch.stack((-pairs[..., 1], pairs[..., 0]), dim=-1).flatten(-2)
-    head.mul_(angles.cos().to(x.dtype)).addcmul_(rotated_half, angles.sin().to(x.dtype))
-    return x
 
 
 def modulate(x: torch.Tensor, scale: torch.Tensor, shift: torch.Tensor) -> torch.Tensor:
@@ -323,10 +205,35 @@ def continued_attention_mask(start: int, frames: int, chunk_size: int, device: t
 
 def _shared_rows(t: torch.Tensor, time: Sequence[torch.Tensor]) -> Sequence[torch.Tensor]:
     """`time` cut to its first row when every row has the same flow time (t (B,); each entry (B, *)):
-    the modulation vectors depend on t alone, and one row broadcasts over the batch (`modulate`)."""
-    if t.numel() > 1 and bool((t == t[0]).all()):
+    the modulation vectors depend on t alone, and one row broadcasts over the batch (`modulate`).
+
+    Decided from the layout when possible (the solver passes one time expanded over the rows), and
+    from the values only on the CPU: reading device values would make the host wait for the GPU.
+    """
+    if t.numel() == 1 or t.stride(0) == 0:
+        return [mods[:1] for mods in time]
+    if t.device.type == "cpu" and bool((t == t[0]).all()):
         return [mods[:1] for mods in time]
     return time
+
+
+def frame_masks(
+    mask: torch.Tensor | None, batch: int, frames: int, chunk_size: int, device: torch.device
+) -> tuple[torch.Tensor | None, torch.Tensor | None]:
+    """The attention mask (B, 1, T, T) and the padding mask (B, T, 1) of `DiT.forward`, each None when
+    not needed. mask: (B, 1, T) nonzero on valid frames, or None when every frame is valid.
+
+    A mask given on the CPU is read, and dropped when it has no padding (SDPA then runs its unmasked
+    kernel); on an accelerator reading it would make the host wait, so it is applied as given.
+    """
+    if mask is None:
+        if chunk_size <= 0:
+            return None, None
+        return attention_mask(torch.ones(batch, frames, dtype=torch.bool, device=device), chunk_size), None
+    frame_mask = mask[:, 0].bool()  # (B, T)
+    if mask.device.type == "cpu" and bool(frame_mask.all()):
+        return (None if chunk_size <= 0 else attention_mask(frame_mask, chunk_size)), None
+    return attention_mask(frame_mask, chunk_size), frame_mask[..., None]
 
 
 class DiT(nn.Module):
@@ -347,7 +254,7 @@ class DiT(nn.Module):
     def forward(
         self,
         x: torch.Tensor,
-        mask: torch.Tensor,
+        mask: torch.Tensor | None,
         mu: torch.Tensor,
         t: torch.Tensor,
         spks: torch.Tensor,
@@ -357,18 +264,13 @@ class DiT(nn.Module):
     ) -> torch.Tensor:
         """Velocity (B, C, T).
 
-        x, cond: (B, C, T); mask: (B, 1, T), nonzero on valid frames; mu: (B, mu_dim, T);
-        t: (B,) flow time in [0, 1]; spks: (B, spk_dim). `streaming` restricts attention to chunks of
-        `static_chunk_size` frames (see `attention_mask`). time: `time_conditioning(t)`, if the caller
-        computed it already (one solver step's slice of it).
+        x, cond: (B, C, T); mask: (B, 1, T), nonzero on valid frames, or None when all are valid;
+        mu: (B, mu_dim, T); t: (B,) flow time in [0, 1]; spks: (B, spk_dim). `streaming` restricts
+        attention to chunks of `static_chunk_size` frames (see `attention_mask`). time:
+        `time_conditioning(t)`, if the caller computed it already (one solver step's slice of it).
         """
-        frame_mask = mask[:, 0].bool()  # (B, T)
         chunk_size = self.config.static_chunk_size if streaming else 0
-        # With every frame valid nothing needs zeroing, and unrestricted attention needs no mask
-        # (SDPA then runs its unmasked kernel).
-        all_valid = bool(frame_mask.all())
-        attn_mask = None if all_valid and chunk_size <= 0 else attention_mask(frame_mask, chunk_size)
-        zero_mask = None if all_valid else frame_mask[..., None]
+        attn_mask, zero_mask = frame_masks(mask, x.shape[0], x.shape[2], chunk_size, x.device)
         time = _shared_rows(t, self.time_conditioning(t) if time is None else time)
         h = self.input_embed(x.transpose(1, 2), cond.transpose(1, 2), mu.transpose(1, 2), spks)
         angles = self.rotary_embed.angles(h.shape[1])

@@ -2,69 +2,70 @@
 
 Tokens (prompt ++ new) are embedded, mixed with a few tokens of look-ahead by two convolutions,
 repeated `token_mel_ratio` times to the mel rate, and then a DiT velocity field is integrated from
-fixed noise to a mel with a few Euler steps and classifier-free guidance. The prompt mel conditions
-the first frames; only the frames after it are returned. Attribute names reproduce the official
-`flow.pt` keys (`input_embedding`, `spk_embed_affine_layer`, `pre_lookahead_layer`, `decoder.estimator`).
+fixed noise to a mel with a few Euler steps and classifier-free guidance (`flow_solver`). The prompt
+mel conditions the first frames; only the frames after it are returned. Attribute names reproduce the
+official `flow.pt` keys (`input_embedding`, `spk_embed_affine_layer`, `pre_lookahead_layer`,
+`decoder.estimator`).
+
+Streaming passes that continue earlier ones are math here (`solve_span`); what a stream keeps between
+them, and within which budget, is the engine's (`cosyserve.engine.flow_stream`).
 
 Shapes: T tokens, Tp prompt tokens, Tm prompt mel frames, N = total mel frames, C mel channels (80).
 """
 
 from __future__ import annotations
 
-import math
 import threading
-from collections.abc import Iterator, Sequence
+from collections.abc import Sequence
+from dataclasses import dataclass
 
 import torch
 import torch.nn.functional as F
 from torch import nn
 
-from cosyserve.errors import ConfigError, InputError
-from cosyserve.model.config import CFMConfig, DiTConfig, FlowConfig
-from cosyserve.model.dit import DiT
-from cosyserve.model.flow_prefix import FlowPrefix, kv_dtype, prefix_nbytes
+from cosyserve.errors import InputError
+from cosyserve.model.config import FlowConfig
+from cosyserve.model.flow_solver import DEFAULT_N_TIMESTEPS, CausalCFM, kv_dtype
+
+__all__ = ["DEFAULT_N_TIMESTEPS", "MAX_MEL_FRAMES", "CausalFlow", "FlowInputs", "fixed_start_noise"]
 
 MAX_MEL_FRAMES = 15000  # 300 s at 50 Hz: the length of the official fixed start noise
-DEFAULT_N_TIMESTEPS = 10  # Euler steps the official inference uses
 _NOISE_SEED = 0
 
-_noise_cache: dict[int, torch.Tensor] = {}
-_device_noise: dict[tuple[int, str, torch.dtype], torch.Tensor] = {}
+_official_noise: dict[int, torch.Tensor] = {}
 _noise_lock = threading.Lock()
 
 
 def fixed_start_noise(channels: int = 80) -> torch.Tensor:
-    """The official start noise (1, channels, MAX_MEL_FRAMES), CPU float32, created once per process.
+    """The official start noise (1, channels, MAX_MEL_FRAMES), CPU float32: a read-only constant made
+    once per process, from which every flow's `start_noise` buffer is taken.
 
     Equal to `torch.manual_seed(0); torch.randn(1, 80, 15000)`, drawn from a private generator so the
     global RNG is untouched. Every request starts from its first N frames, which makes output
     deterministic and lets streaming chunks agree with one-shot synthesis.
     """
     with _noise_lock:
-        noise = _noise_cache.get(channels)
+        noise = _official_noise.get(channels)
         if noise is None:
             generator = torch.Generator(device="cpu").manual_seed(_NOISE_SEED)
-            noise = torch.randn(1, channels, MAX_MEL_FRAMES, generator=generator)
-            _noise_cache[channels] = noise
+            noise = torch.randn(1, channels, MAX_MEL_FRAMES, generator=generator, device="cpu")
+            _official_noise[channels] = noise
     return noise
 
 
-def start_noise(channels: int, frames: int, device: torch.device, dtype: torch.dtype) -> torch.Tensor:
-    """The first `frames` frames of the fixed start noise (1, channels, frames) on `device` in `dtype`.
+@dataclass(frozen=True)
+class FlowInputs:
+    """A flow call's checked inputs on the parameters' device (`CausalFlow.prepare_inputs`)."""
 
-    On an accelerator the whole noise is kept there (once per device and dtype), so requests do not
-    copy it from the host every time.
-    """
-    if device.type == "cpu":
-        return fixed_start_noise(channels)[:, :, :frames].to(device=device, dtype=dtype)
-    key = (channels, str(device), dtype)
-    with _noise_lock:
-        noise = _device_noise.get(key)
-    if noise is None:
-        noise = fixed_start_noise(channels).to(device=device, dtype=dtype)
-        with _noise_lock:
-            noise = _device_noise.setdefault(key, noise)
-    return noise[:, :, :frames]
+    tokens: torch.Tensor  # (1, Tp + T) int64: prompt tokens, then the new ones
+    noise: torch.Tensor  # (1, C, N) float32: the first N frames of the fixed start noise
+    mu: torch.Tensor  # (1, C, N) token condition
+    spks: torch.Tensor  # (1, C) projected speaker embedding
+    cond: torch.Tensor  # (1, C, N) prompt mel on its frames, zeros after
+
+    @property
+    def frames(self) -> int:
+        return int(self.noise.shape[2])
 
 
 class PreLookaheadLayer(nn.Module):
@@ -91,157 +92,6 @@ class PreLookaheadLayer(nn.Module):
         return h.transpose(1, 2) + x
 
 
-class CausalCFM(nn.Module):
-    """Conditional flow matching sampler around the DiT estimator (Euler, cosine time schedule, CFG)."""
-
-    def __init__(self, cfm: CFMConfig, dit: DiTConfig) -> None:
-        super().__init__()
-        if cfm.solver != "euler":
-            raise ConfigError(f"flow solver {cfm.solver!r} in the YAML is not supported; use 'euler'")
-        self.cfg_rate = cfm.inference_cfg_rate
-        self.t_scheduler = cfm.t_scheduler
-        self.estimator = DiT(dit)
-
-    def estimate(
-        self,
-        x: torch.Tensor,
-        mask: torch.Tensor,
-        mu: torch.Tensor,
-        t: torch.Tensor,
-        spks: torch.Tensor,
-        cond: torch.Tensor,
-        streaming: bool,
-        time: Sequence[torch.Tensor] | None = None,
-    ) -> torch.Tensor:
-        """One estimator call, velocity (B, C, N); arguments as `DiT.forward`. Kept apart to be swappable
-        (compiled graphs, TensorRT) without touching the solver."""
-        return self.estimator(x, mask, mu, t, spks, cond, streaming, time)
-
-    def time_span(self, n_timesteps: int, device: torch.device, dtype: torch.dtype) -> torch.Tensor:
-        """(n_timesteps + 1,) times from 0 to 1; the cosine schedule takes smaller steps near t = 0."""
-        t_span = torch.linspace(0, 1, n_timesteps + 1, device=device, dtype=dtype)
-        if self.t_scheduler == "cosine":
-            t_span = 1 - torch.cos(t_span * 0.5 * math.pi)
-        return t_span
-
-    def solve(
-        self,
-        noise: torch.Tensor,
-        mu: torch.Tensor,
-        mask: torch.Tensor,
-        spks: torch.Tensor,
-        cond: torch.Tensor,
-        streaming: bool,
-        n_timesteps: int = DEFAULT_N_TIMESTEPS,
-        guidance: bool = True,
-    ) -> torch.Tensor:
-        """Integrate from `noise` (B, C, N) to a mel (B, C, N); B = 1 except for batched requests.
-
-        mu, cond: (B, *, N); mask: (B, 1, N), zero on padding frames; spks: (B, spk_dim). Each step
-        runs the estimator on the conditioned rows and the unconditioned ones (mu, spks, cond zeroed);
-        the guided velocity is (1 + r) * v_cond - r * v_uncond. guidance=False (a speed option, not the
-        official output) runs the conditioned rows alone and steps with v_cond.
-        """
-        mask_in = torch.cat((mask, mask)) if guidance else mask
-        mu_in, spks_in, cond_in = _with_unconditioned(mu, spks, cond) if guidance else (mu, spks, cond)
-        steps = list(self.euler_times(n_timesteps, mu.device, mu.dtype))
-        times = self._step_times(steps, mu_in.shape[0])
-        x = noise
-        for step, (t, dt) in enumerate(steps):
-            x_in = torch.cat((x, x)) if guidance else x
-            velocity = self.estimate(
-                x_in, mask_in, mu_in, t.expand(x_in.shape[0]), spks_in, cond_in, streaming, times[step]
-            )
-            x = self._step(x, dt, velocity, guidance)
-        return x
-
-    def _step_times(
-        self, steps: list[tuple[torch.Tensor, torch.Tensor]], rows: int
-    ) -> list[list[torch.Tensor]]:
-        """Per solver step, `DiT.time_conditioning` of its time for `rows` rows, computed for all steps
-        at once: each layer's modulation weights are read once per pass, not once per step."""
-        per_layer = self.estimator.time_conditioning(
-            torch.stack([t for t, _ in steps])[:, None].expand(-1, rows)
-        )
-        return [[layer[step] for layer in per_layer] for step in range(len(steps))]
-
-    def solve_continued(
-        self,
-        noise: torch.Tensor,
-        mu: torch.Tensor,
-        spks: torch.Tensor,
-        cond: torch.Tensor,
-        start: int,
-        prefix: FlowPrefix | None,
-        n_timesteps: int = DEFAULT_N_TIMESTEPS,
-        guidance: bool = True,
-        keep: int = 0,
-        context_frames: int = 0,
-    ) -> tuple[torch.Tensor, torch.Tensor | None, torch.Tensor | None]:
-        """`solve` with chunked attention for frames start .. start + T - 1, the frames before them
-        taken from `prefix` (None: start is 0).
-
-        noise, mu, cond: (1, *, T) of those frames; spks: (1, spk_dim). Returns the mel (1, C, T) and,
-        for the first `keep` of these frames only, what `FlowPrefix.extended` keeps: their keys and
-        values at every solver step and layer in one block (S, L, 2, R, H, keep, Dh), written as the
-        pass goes, and the projected inputs of the last `context_frames` of them (S, R, Tc, D); both
-        None when keep is 0. R is 2 with guidance (conditioned, unconditioned), else 1.
-        """
-        mu_in, spks_in, cond_in = _with_unconditioned(mu, spks, cond) if guidance else (mu, spks, cond)
-        estimator = self.estimator
-        depth = len(estimator.transformer_blocks)
-        kv = None
-        if keep:
-            dit = estimator.config
-            shape = (n_timesteps, depth, 2, mu_in.shape[0], dit.heads, keep, dit.dim_head)
-            kv = torch.empty(shape, device=mu.device, dtype=kv_dtype(estimator.proj_out.weight))
-        contexts = []
-        steps = list(self.euler_times(n_timesteps, mu.device, mu.dtype))
-        times = self._step_times(steps, mu_in.shape[0])
-        x = noise
-        for step, (t, dt) in enumerate(steps):
-            past = prefix.past(step, depth) if prefix is not None else [([], [])] * depth
-            context = prefix.context(step) if prefix is not None else None
-            x_in = torch.cat((x, x)) if guidance else x
-            velocity, projected = estimator.forward_continued(
-                x_in, mu_in, t.expand(x_in.shape[0]), spks_in, cond_in, start, past, context,
-                None if kv is None else kv[step], times[step],
-            )  # fmt: skip
-            if keep:
-                contexts.append(projected[:, max(0, keep - context_frames) : keep])
-            x = self._step(x, dt, velocity, guidance)
-        return x, kv, (torch.stack(contexts) if keep else None)
-
-    def euler_times(
-        self, n_timesteps: int, device: torch.device, dtype: torch.dtype
-    ) -> Iterator[tuple[torch.Tensor, torch.Tensor]]:
-        """(t, dt) of each Euler step. The time advances by accumulating dt (not by indexing the
-        schedule) to match the official rounding."""
-        t_span = self.time_span(n_timesteps, device, dtype)
-        t, dt = t_span[0], t_span[1] - t_span[0]
-        for step in range(1, n_timesteps + 1):
-            yield t, dt
-            t = t + dt
-            if step < n_timesteps:
-                dt = t_span[step + 1] - t
-
-    def _step(
-        self, x: torch.Tensor, dt: torch.Tensor, velocity: torch.Tensor, guidance: bool = True
-    ) -> torch.Tensor:
-        """One Euler step; guided from the conditioned and unconditioned halves of `velocity`."""
-        if not guidance:
-            return x + dt * velocity
-        v_cond, v_uncond = velocity.chunk(2, dim=0)
-        return x + dt * ((1.0 + self.cfg_rate) * v_cond - self.cfg_rate * v_uncond)
-
-
-def _with_unconditioned(
-    mu: torch.Tensor, spks: torch.Tensor, cond: torch.Tensor
-) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
-    """Batch of two for classifier-free guidance: the conditions, then zeros."""
-    return tuple(torch.cat((c, torch.zeros_like(c))) for c in (mu, spks, cond))
-
-
 class CausalFlow(nn.Module):
     """Speech tokens + prompt (tokens, mel, speaker embedding) -> mel of the new tokens."""
 
@@ -255,6 +105,14 @@ class CausalFlow(nn.Module):
         pre = config.pre_lookahead
         self.pre_lookahead_layer = PreLookaheadLayer(pre.in_channels, pre.channels, pre.pre_lookahead_len)
         self.decoder = CausalCFM(config.cfm, config.dit)
+        # The start noise is this model's buffer: it follows the model to its device (once), and is
+        # freed with it. Not in the checkpoint, and never cast with the weights (`start_noise` frames).
+        self.register_buffer("start_noise", fixed_start_noise(config.output_size), persistent=False)
+
+    @property
+    def context_frames(self) -> int:
+        """Earlier frames the DiT's position convolutions read (what a continued pass needs of them)."""
+        return self.decoder.estimator.input_embed.conv_pos_embed.context_frames
 
     def speaker_condition(self, embedding: torch.Tensor) -> torch.Tensor:
         """Speaker embedding (1, spk_embed_dim) -> L2-normalised and projected (1, C)."""
@@ -265,8 +123,10 @@ class CausalFlow(nn.Module):
 
         finalize=False: the last `lookahead` tokens are only look-ahead context for the tokens before
         them and produce no frames (they arrive again, with their own look-ahead, in the next chunk).
+        Ids are clamped into the codebook: host ids were checked (`check_inputs`), and device ids are
+        never read past the embedding table.
         """
-        h = self.input_embedding(tokens.clamp(min=0))
+        h = self.input_embedding(tokens.clamp(0, self.config.vocab_size - 1))
         if finalize:
             h = self.pre_lookahead_layer(h)
         else:
@@ -285,7 +145,11 @@ class CausalFlow(nn.Module):
         embedding: torch.Tensor,
         finalize: bool,
     ) -> int:
-        """Validate shapes and lengths; return the total number of mel frames N."""
+        """Validate shapes, lengths and host-side ids; return the total number of mel frames N.
+
+        Ids on an accelerator are not read (that would wait for the device): check them before moving
+        them there (the engine keeps speech tokens on the host).
+        """
         cfg = self.config
         if token.dim() != 2 or prompt_token.dim() != 2 or token.shape[0] != 1 or prompt_token.shape[0] != 1:
             raise InputError(
@@ -300,13 +164,9 @@ class CausalFlow(nn.Module):
             raise InputError(
                 f"speaker embedding must have shape (1, {cfg.spk_embed_dim}), got {tuple(embedding.shape)}"
             )
+        self.check_ids(token, "token")
+        self.check_ids(prompt_token, "prompt_token")
         n_tokens = prompt_token.shape[1] + token.shape[1]
-        for name, ids in (("token", token), ("prompt_token", prompt_token)):
-            if ids.numel() and int(ids.max()) >= cfg.vocab_size:
-                raise InputError(
-                    f"{name} holds id {int(ids.max())}, outside the {cfg.vocab_size} speech codes; "
-                    "drop special tokens (eos, sos, ...) before the flow"
-                )
         if not finalize and n_tokens <= self.lookahead:
             raise InputError(
                 f"a non-final flow call needs more than {self.lookahead} tokens (the last {self.lookahead} "
@@ -325,6 +185,17 @@ class CausalFlow(nn.Module):
                 f"the prompt mel must be {cfg.token_mel_ratio} frames per prompt token at most"
             )
         return n_frames
+
+    def check_ids(self, ids: torch.Tensor, name: str = "token") -> None:
+        """InputError for a host tensor holding an id outside the codebook; device tensors pass unread."""
+        if ids.device.type != "cpu" or not ids.numel():
+            return
+        top = int(ids.max())
+        if top >= self.config.vocab_size:
+            raise InputError(
+                f"{name} holds id {top}, outside the {self.config.vocab_size} speech codes; "
+                "drop special tokens (eos, sos, ...) before the flow"
+            )
 
     @torch.inference_mode()
     def inference(
@@ -347,80 +218,62 @@ class CausalFlow(nn.Module):
         unknown ids or more than MAX_MEL_FRAMES frames. Computed on the parameters' device and dtype.
         n_timesteps (fewer than 10) and guidance=False are speed options that change the output.
         """
-        _, noise, mu, spks, cond = self.prepare_inputs(token, prompt_token, prompt_feat, embedding, finalize)
-        mask = torch.ones_like(noise[:, :1])
-        mel = self.decoder.solve(noise, mu, mask, spks, cond, streaming, n_timesteps, guidance)
+        inputs = self.prepare_inputs(token, prompt_token, prompt_feat, embedding, finalize)
+        mel = self.decoder.solve(
+            inputs.noise, inputs.mu, None, inputs.spks, inputs.cond, streaming, n_timesteps, guidance
+        )
         return mel[:, :, prompt_feat.shape[1] :].float()
 
-    @torch.inference_mode()
-    def inference_continued(
-        self,
-        token: torch.Tensor,
-        prompt_token: torch.Tensor,
-        prompt_feat: torch.Tensor,
-        embedding: torch.Tensor,
-        prefix: FlowPrefix | None = None,
-        *,
-        finalize: bool = False,
-        n_timesteps: int = DEFAULT_N_TIMESTEPS,
-        stop_frame: int | None = None,
-        max_prefix_bytes: int | None = None,
-        guidance: bool = True,
-    ) -> tuple[torch.Tensor, FlowPrefix]:
-        """The streaming (chunked attention) mel, computing only the frames after `prefix`.
-
-        Arguments as `inference`; prefix: what an earlier call on the same prompt and a prefix of these
-        tokens returned (None: nothing yet). Returns (mel, new prefix): mel (1, C, stop - prefix.frames)
-        float32 of frames prefix.frames .. stop - 1 counted from the first PROMPT frame (unlike
-        `inference`), stop = stop_frame or all N frames; these values are those of
-        `inference(..., streaming=True, finalize=finalize)` up to rounding. The new prefix adds every
-        whole chunk whose inputs no later token can change, as far as it then holds at most
-        `max_prefix_bytes` (`prefix_nbytes`). Raises InputError as `inference` does, or when the tokens
-        do not continue those of the prefix.
-        """
-        tokens, noise, mu, spks, cond = self.prepare_inputs(
-            token, prompt_token, prompt_feat, embedding, finalize
-        )
-        n_tokens, n_frames = tokens.shape[1], noise.shape[2]
-        if prefix is None:
-            prefix = FlowPrefix(tokens[:, :0].cpu(), n_timesteps, guidance=guidance)
-        prefix.check_continues(tokens, n_timesteps, guidance)
-        start = prefix.frames
-        stop = n_frames if stop_frame is None else min(stop_frame, n_frames)
-        if stop <= start:
-            if stop < start:
-                raise InputError(f"stop_frame {stop} is before the {start} frames the prefix already holds")
-            return noise[:, :, :0].float(), prefix
-        # Decided before the pass, so that frames which will not be kept are never accumulated: whole
-        # chunks whose token conditions have their real look-ahead (finalize pads it), within budget.
+    def keepable_frames(self, n_tokens: int, stop: int) -> int:
+        """Frames from the first prompt frame whose streaming keys and values no later token changes,
+        for a pass over `n_tokens` tokens up to frame `stop`: whole chunks whose token conditions have
+        their real look-ahead (a finalized pass pads it)."""
         stable = min(stop, (n_tokens - self.lookahead) * self.token_mel_ratio)
         chunk = self.config.dit.static_chunk_size
-        keep_end = max(start, stable // chunk * chunk)
-        while (
-            keep_end > start
-            and max_prefix_bytes is not None
-            and self.prefix_nbytes(keep_end, n_timesteps, guidance) > max_prefix_bytes
-        ):
-            keep_end -= chunk  # as many whole chunks as the budget holds
+        return stable // chunk * chunk
+
+    def tokens_determining(self, frames: int) -> int:
+        """How many tokens (prompt first) the conditions of frames 0 .. frames - 1 read."""
+        return (frames - 1) // self.token_mel_ratio + self.lookahead + 1
+
+    @torch.inference_mode()
+    def solve_span(
+        self,
+        inputs: FlowInputs,
+        start: int,
+        stop: int,
+        past_kv: Sequence[torch.Tensor] = (),
+        embed_context: torch.Tensor | None = None,
+        *,
+        keep: int = 0,
+        n_timesteps: int = DEFAULT_N_TIMESTEPS,
+        guidance: bool = True,
+    ) -> tuple[torch.Tensor, torch.Tensor | None, torch.Tensor | None]:
+        """The streaming (chunked attention) mel of frames start .. stop - 1 of `inputs`, counted from
+        the first prompt frame, the frames before `start` (whole chunks) given by their keys and values
+        and projected inputs (`CausalCFM.solve_continued`). Returns (mel (1, C, stop - start) float32,
+        the kept keys and values of the first `keep` frames, their last projected inputs): the values of
+        `inference(..., streaming=True)` on those frames, up to rounding."""
         span = slice(start, stop)
-        context_frames = self.decoder.estimator.input_embed.conv_pos_embed.context_frames
         mel, kv, context = self.decoder.solve_continued(
-            noise[:, :, span], mu[:, :, span], spks, cond[:, :, span], start, prefix, n_timesteps, guidance,
-            keep=keep_end - start, context_frames=context_frames,
+            inputs.noise[:, :, span], inputs.mu[:, :, span], inputs.spks, inputs.cond[:, :, span], start,
+            past_kv, embed_context, n_timesteps, guidance, keep=keep, context_frames=self.context_frames,
         )  # fmt: skip
-        if kv is not None and context is not None:
-            needed = (keep_end - 1) // self.token_mel_ratio + self.lookahead + 1
-            prefix = prefix.extended(start, kv, context, tokens, needed, context_frames)
-        return mel.float(), prefix
+        return mel.float(), kv, context
 
     def prefix_nbytes(
         self, frames: int, n_timesteps: int = DEFAULT_N_TIMESTEPS, guidance: bool = True
     ) -> int:
-        """`FlowPrefix.nbytes` of a prefix of `frames` frames: keys and values of every layer at every
-        solver step (3.6 MB a frame for the full-size flow in float32) and the position context."""
-        context = self.decoder.estimator.input_embed.conv_pos_embed.context_frames
-        dtype = kv_dtype(self.spk_embed_affine_layer.weight)
-        return prefix_nbytes(self.config.dit, frames, n_timesteps, guidance, dtype, context)
+        """Memory that keeping `frames` frames of a streaming pass costs: keys and values of every layer
+        at every solver step (2 x S x L x R x H x Dh a frame: 3.6 MB full-size in float32) and the
+        projected inputs of the last `context_frames` of them (S x R x D a frame), in the dtype the
+        pass computes in (autocast's, when on)."""
+        dit = self.config.dit
+        item = torch.empty((), dtype=kv_dtype(self.spk_embed_affine_layer.weight)).element_size()
+        rows = 2 if guidance else 1
+        per_frame = 2 * n_timesteps * dit.depth * rows * dit.heads * dit.dim_head * item
+        context = n_timesteps * rows * min(frames, self.context_frames) * dit.dim * item
+        return frames * per_frame + context
 
     def prepare_inputs(
         self,
@@ -429,16 +282,16 @@ class CausalFlow(nn.Module):
         prompt_feat: torch.Tensor,
         embedding: torch.Tensor,
         finalize: bool,
-    ) -> tuple[torch.Tensor, ...]:
-        """Checked inputs -> tokens (1, Tp + T), noise (1, C, N), mu (1, C, N), spks (1, C), cond (1, C, N),
-        on the parameters' device and dtype."""
+    ) -> FlowInputs:
+        """Checked inputs on the parameters' device and dtype (`FlowInputs`); the noise float32."""
         n_frames = self.check_inputs(token, prompt_token, prompt_feat, embedding, finalize)
         param = self.spk_embed_affine_layer.weight
         device, dtype = param.device, param.dtype
-        tokens = torch.cat((prompt_token, token), dim=1).to(device=device, dtype=torch.long)
+        ids = [t.to(device=device, dtype=torch.long, non_blocking=True) for t in (prompt_token, token)]
+        tokens = torch.cat(ids, dim=1)
         spks = self.speaker_condition(embedding.to(device=device, dtype=dtype))
         mu = self.token_condition(tokens, finalize)
         cond = torch.zeros_like(mu)
         cond[:, :, : prompt_feat.shape[1]] = prompt_feat.to(device=device, dtype=dtype).transpose(1, 2)
-        noise = start_noise(self.config.output_size, n_frames, device, dtype)
-        return tokens, noise, mu, spks, cond
+        noise = self.start_noise[:, :, :n_frames].to(device=device, dtype=dtype)
+        return FlowInputs(tokens, noise, mu, spks, cond)
