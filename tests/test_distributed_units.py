@@ -13,9 +13,9 @@ import pytest
 
 from cosyserve.errors import Cancelled, InputError, JobStateError, QueueFull
 from cosyserve.service.distributed import codec
-from cosyserve.service.requests import OutputSpec, SynthesisRequest, TtsOutcome
+from cosyserve.service.requests import OutputSpec, SynthesisRequest, TtsOutcome, VoiceDefaults
 from cosyserve.service.stores.jobs import JobStore
-from cosyserve.service.stores.voices import VoiceDefaults, VoiceNotFound
+from cosyserve.service.stores.voices import VoiceNotFound
 
 # -- codec ------------------------------------------------------------------------------------------------
 

@@ -13,8 +13,8 @@ from tests.conftest import PROMPT_TRANSCRIPT
 
 from cosyserve.errors import InputError
 from cosyserve.service.local.synthesizer import Synthesizer
-from cosyserve.service.requests import SynthesisRequest
-from cosyserve.service.stores.voices import VoiceDefaults, VoiceLibrary
+from cosyserve.service.requests import SynthesisRequest, VoiceDefaults
+from cosyserve.service.stores.voices import VoiceLibrary
 from cosyserve.service.subtitles import to_srt, to_vtt
 
 SYSTEM = "You are a helpful assistant."

@@ -25,8 +25,8 @@ from cosyserve.api.schemas import (
 from cosyserve.api.streaming import audio_response, await_ticket
 from cosyserve.api.tts import upload_limit
 from cosyserve.errors import InputError
-from cosyserve.service.requests import EnrolmentRequest, SynthesisRequest
-from cosyserve.service.stores.voices import Voice, VoiceDefaults
+from cosyserve.service.requests import EnrolmentRequest, SynthesisRequest, VoiceDefaults
+from cosyserve.service.stores.voices import Voice
 
 router = APIRouter(prefix="/v1/voices", tags=["voices"])
 PREVIEW_MAX_CHARS = 100

@@ -16,7 +16,6 @@ import numpy as np
 
 from cosyserve.service.audio_formats import SAMPLE_RATE, check_format, check_sample_rate
 from cosyserve.service.stores.keys import ApiKey
-from cosyserve.service.stores.voices import VoiceDefaults
 
 MAX_SEED = 2**31 - 1  # seeds are non-negative 31-bit integers everywhere (API, UI, synthesizer)
 WorkState = Literal["queued", "running", "done", "failed", "cancelled"]  # of a ticket and of a job record
@@ -85,6 +84,15 @@ class SynthesisResult:
     @property
     def duration_s(self) -> float:
         return len(self.audio) / self.sample_rate
+
+
+@dataclass(frozen=True)
+class VoiceDefaults:
+    """Per-voice defaults, used when a request does not set the field."""
+
+    instruct: str | None = None
+    speed: float | None = None
+    seed: int | None = None
 
 
 @dataclass(frozen=True)

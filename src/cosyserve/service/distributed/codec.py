@@ -24,10 +24,16 @@ from cosyserve.errors import (
     ShuttingDown,
     error_code,
 )
-from cosyserve.service.requests import EnrolmentRequest, OutputSpec, SynthesisRequest, TtsOutcome
+from cosyserve.service.requests import (
+    EnrolmentRequest,
+    OutputSpec,
+    SynthesisRequest,
+    TtsOutcome,
+    VoiceDefaults,
+)
 from cosyserve.service.stores.keys import ApiKey
 from cosyserve.service.stores.outputs import OutputNotFound
-from cosyserve.service.stores.voices import VoiceDefaults, VoiceNotFound
+from cosyserve.service.stores.voices import VoiceNotFound
 
 
 class RemoteFailure(CosyServeError):

@@ -31,6 +31,7 @@ import sqlalchemy as sa
 
 from cosyserve.errors import InputError
 from cosyserve.frontend.prompt_features import PromptFeatures
+from cosyserve.service.requests import VoiceDefaults
 from cosyserve.service.stores.atomic_files import write_atomic
 from cosyserve.service.stores.db import create_tables, table
 from cosyserve.service.stores.voice_files import (
@@ -56,15 +57,6 @@ class VoiceNotFound(InputError):
 
 class VoiceFilesMissing(VoiceNotFound):
     """The voice exists but its files are on another node only (enrolled before files were shared)."""
-
-
-@dataclass(frozen=True)
-class VoiceDefaults:
-    """Per-voice defaults, used when a request does not set the field."""
-
-    instruct: str | None = None
-    speed: float | None = None
-    seed: int | None = None
 
 
 @dataclass(frozen=True)
