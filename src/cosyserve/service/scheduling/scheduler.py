@@ -22,7 +22,7 @@ import uuid
 import weakref
 from collections import Counter, deque
 from collections.abc import Callable
-from typing import Any, Protocol
+from typing import Any, Literal, Protocol
 
 from cosyserve.errors import JobStateError, JobTimeout, QueueFull, ShuttingDown, error_code
 from cosyserve.service.logs import log_failure
@@ -34,6 +34,7 @@ __all__ = ["Scheduler", "SchedulerMetrics", "Ticket", "WorkContext"]
 logger = logging.getLogger(__name__)
 DEFAULT_DURATION_ESTIMATE_S = 10.0  # used for Retry-After before any work has finished
 RECENT_DURATIONS = 100
+REQUEST_TIMEOUT = "request"  # `submit(timeout_s=...)`: the scheduler's request timeout applies
 
 
 class SchedulerMetrics(Protocol):
@@ -86,6 +87,7 @@ class Scheduler:
             finished=self._ticket_finished,
             position=self.position,
             estimated_wait_s=self.estimated_wait_s,
+            set_timeout=self._set_timeout,
         )
         self._workers = [
             threading.Thread(target=self._worker_loop, name=f"{name}-{i}", daemon=True)
@@ -106,8 +108,12 @@ class Scheduler:
         owner: str | None = None,
         stream: bool = False,
         on_state: Callable[[Ticket, str], None] | None = None,
+        timeout_s: float | Literal["request"] | None = REQUEST_TIMEOUT,
     ) -> Ticket:
         """Queue `work`; raises QueueFull (with `retry_after_s`) or ShuttingDown instead of waiting.
+
+        `timeout_s`: how long the work may run once started: the request timeout by default; None for no
+        limit until the work sets its own with `ctx.set_timeout` (jobs: one per segment).
 
         `work(ctx)` runs on a worker thread; with `stream=True` it returns an iterable (see `Ticket.chunks`).
         `on_state(ticket, state)` is called with "running" when the work starts (unless it never does) and
@@ -131,6 +137,7 @@ class Scheduler:
                     retry_after_s=retry,
                 )
             ticket = Ticket(self._hooks, work, ticket_id, owner, stream, self.stream_buffer, on_state)
+            ticket.timeout_s = timeout_s
             self._queue.append(ticket)
             self._active[ticket_id] = ticket
             self._lock.notify_all()
@@ -239,10 +246,15 @@ class Scheduler:
                 ticket = self._queue.popleft()
                 self._executing.add(ticket)
                 ticket.mark_running()
-                if self.request_timeout_s is not None:
-                    deadline = time.monotonic() + self.request_timeout_s
-                    heapq.heappush(self._deadlines, (deadline, next(self._deadline_seq), weakref.ref(ticket)))
-                    self._lock.notify_all()  # the watchdog may need to wake earlier
+                if ticket.timeout_s == REQUEST_TIMEOUT and self.request_timeout_s is not None:
+                    message = (
+                        f"the job ran longer than the {self.request_timeout_s:g} s request timeout and was "
+                        "stopped: shorten the text or raise request_timeout_s"
+                    )
+                    self._arm_locked(ticket, self.request_timeout_s, message)
+                elif isinstance(ticket.timeout_s, float | int):
+                    message = f"the job ran longer than its {ticket.timeout_s:g} s timeout and was stopped"
+                    self._arm_locked(ticket, float(ticket.timeout_s), message)
             began = time.monotonic()
             self._report_queue()
             outcome: tuple[str, Any, BaseException | None] = ("failed", None, RuntimeError("worker crashed"))
@@ -259,25 +271,36 @@ class Scheduler:
                 state, result, error = outcome
                 ticket.finish(state, result=result, error=error)
 
+    def _set_timeout(self, ticket: Ticket, seconds: float, message: str) -> None:
+        with self._lock:
+            if ticket in self._executing:
+                self._arm_locked(ticket, seconds, message)
+
+    def _arm_locked(self, ticket: Ticket, seconds: float, message: str) -> None:
+        """`ticket` times out `seconds` from now (replacing an earlier deadline) with `message`."""
+        deadline = time.monotonic() + seconds
+        ticket.deadline = (deadline, message)
+        heapq.heappush(self._deadlines, (deadline, next(self._deadline_seq), weakref.ref(ticket)))
+        self._lock.notify_all()  # the watchdog may need to wake earlier
+
     def _watchdog_loop(self) -> None:
         while True:
-            expired: list[Ticket | None] = []
+            expired: list[tuple[Ticket, str]] = []
             with self._lock:
                 if self._stopping:
                     return
                 now = time.monotonic()
                 while self._deadlines and self._deadlines[0][0] <= now:
-                    expired.append(heapq.heappop(self._deadlines)[2]())
+                    ticket = heapq.heappop(self._deadlines)[2]()
+                    # an entry older than the ticket's current deadline was replaced (`set_timeout`)
+                    if ticket is not None and ticket.deadline is not None and ticket.deadline[0] <= now:
+                        expired.append((ticket, ticket.deadline[1]))
                 if not expired:
                     self._lock.wait(self._deadlines[0][0] - now if self._deadlines else None)
                     continue
-            for ticket in expired:
-                if ticket is not None and ticket.state == "running":
-                    message = (
-                        f"the job ran longer than the {self.request_timeout_s:g} s request timeout and was "
-                        "stopped: shorten the text or raise request_timeout_s"
-                    )
-                    ticket.request_cancel("request timeout")
+            for ticket, message in expired:
+                if ticket.state == "running":
+                    ticket.request_cancel("timeout")
                     ticket.finish("failed", error=JobTimeout(message))
 
     # -- shutdown -----------------------------------------------------------------------------------------

@@ -56,6 +56,11 @@ class WorkContext:
     def set_progress(self, fraction: float) -> None:
         self._ticket.set_progress(fraction)
 
+    def set_timeout(self, seconds: float, message: str) -> None:
+        """Fail the work with JobTimeout(`message`) unless it ends within `seconds` from now; replaces the
+        previous deadline (a job sets one per segment, so its limit scales with its length)."""
+        self._ticket.set_timeout(seconds, message)
+
     def check_cancelled(self) -> None:
         """Raise Cancelled if the work was asked to stop."""
         if self._ticket.cancel_event.is_set():
@@ -70,6 +75,7 @@ class TicketHooks:
     finished: Callable[[Ticket], None]  # it reached its final state: count it, log a failure
     position: Callable[[Ticket], int | None]  # 0: next to start; None: not queued
     estimated_wait_s: Callable[[Ticket], float]
+    set_timeout: Callable[[Ticket, float, str], None]  # (ticket, seconds from now, message on expiry)
 
 
 def _resolve(future: asyncio.Future[None]) -> None:
@@ -101,6 +107,8 @@ class Ticket:
         self.started_at: float | None = None
         self.finished_at: float | None = None
         self._hooks = hooks
+        self.timeout_s: Any = None  # set by the scheduler: its timeout policy for this ticket
+        self.deadline: tuple[float, str] | None = None  # (time.monotonic() deadline, message) once running
         self._work: Callable[[WorkContext], Any] | None = work
         self._on_state = on_state
         self._cond = threading.Condition()
@@ -290,6 +298,10 @@ class Ticket:
             self._state = "running"
             self.started_at = time.time()
             self._notify_locked()
+
+    def set_timeout(self, seconds: float, message: str) -> None:
+        """A new deadline for running work (see `WorkContext.set_timeout`)."""
+        self._hooks.set_timeout(self, seconds, message)
 
     def request_cancel(self, reason: str) -> None:
         """Set the cancel event (the work stops at its next check); the state is the scheduler's to end."""
