@@ -125,27 +125,52 @@ def test_only_one_racing_finisher_wins(on_disk: bool, tmp_path: Path) -> None:
     assert store.get(job.id).seed == wins[0]
 
 
-def test_recover_interrupted_after_restart(tmp_path: Path) -> None:
+def test_requeue_interrupted_after_restart(tmp_path: Path) -> None:
     url = f"sqlite:///{tmp_path / 'nested' / 'dir' / 'cosyserve.db'}"
     before = JobStore(make_engine(url))
-    queued, running, done = before.create({}), before.create({}), before.create({})
-    before.mark_running(running.id)
-    before.mark_running(done.id)
+    queued = before.create({}, prompt_wav=b"RIFF-audio")
+    running, done, worn = before.create({}), before.create({}), before.create({})
+    assert before.claim(running.id, "node-1", 30).attempt == 1
+    before.claim(done.id, "node-1", 30)
     before.finish_done(done.id, seed=5)
+    for _ in range(3):  # interrupted three times already
+        before.claim(worn.id, "node-1", 0)
     before.engine.dispose()
 
     after = JobStore(make_engine(url))  # a new process on the same database
-    assert after.recover_interrupted() == 2
-    for job_id in (queued.id, running.id):
-        job = after.get(job_id)
-        assert (job.state, job.error_code, job.error_message) == (
-            "failed",
-            "interrupted",
-            INTERRUPTED_MESSAGE,
-        )
-        assert job.finished_at is not None
+    requeued, failed = after.requeue_interrupted(max_attempts=3)
+    assert [job.id for job in requeued] == [queued.id, running.id] and failed == 1
+    assert after.get(running.id).state == "queued" and after.get(running.id).attempt == 1
+    assert after.claim(running.id, "node-2", 30).attempt == 2  # the retry is the next attempt
+    assert (after.get(worn.id).state, after.get(worn.id).error_code) == ("failed", "interrupted")
+    assert INTERRUPTED_MESSAGE in after.get(worn.id).error_message
     assert after.get(done.id).state == "done"
-    assert after.recover_interrupted() == 0
+    assert after.prompt_wav(queued.id) == b"RIFF-audio"  # kept while the job waits
+    after.finish_cancelled(queued.id)
+    assert after.prompt_wav(queued.id) is None  # and dropped once it ended
+
+
+def test_release_gives_a_running_attempt_back_to_the_queue(store: JobStore) -> None:
+    job = store.create({})
+    attempt = store.claim(job.id, "node", 30).attempt
+    store.release(job.id, attempt)
+    assert store.get(job.id).state == "queued"
+    with pytest.raises(JobStateError):
+        store.release(job.id, attempt)  # no longer running
+    assert store.claim(job.id, "node", 30).attempt == attempt + 1
+
+
+def test_a_job_stopped_early_keeps_its_finished_part(store: JobStore) -> None:
+    from cosyserve.service.access.principals import QuotaExceeded
+
+    job = store.create({}, owner="key:1", reserved_s=10.0)
+    store.claim(job.id, "node", 30)
+    store.charge(job.id, 4.0)
+    assert store.reserved_s("key:1") == pytest.approx(6.0)  # set aside, less what was charged
+    assert store.reserved_s("key:2") == 0.0
+    ended = store.finish_done(job.id, output_id="out", duration_s=4.0, stopped=QuotaExceeded("quota", 60))
+    assert (ended.state, ended.error_code, ended.output_id) == ("failed", "quota_exceeded", "out")
+    assert store.reserved_s("key:1") == 0.0  # a finished job holds nothing back
 
 
 def test_list_by_owner_newest_first_with_paging(store: JobStore) -> None:

@@ -66,11 +66,16 @@ class JobStateError(CosyServeError):
     """A job cannot make the requested state change (e.g. it already finished: one job, one result)."""
 
 
+class StorageError(CosyServeError):
+    """A result could not be saved (disk full, output directory unwritable): nothing to download."""
+
+
 _CODES: tuple[tuple[type[BaseException], str], ...] = (
     (JobTimeout, "timeout"),
     (Cancelled, "cancelled"),
     (ShuttingDown, "shutting_down"),
     (QueueFull, "queue_full"),
+    (StorageError, "storage_error"),
     (InputError, "invalid_input"),
 )
 

@@ -26,9 +26,10 @@ from cosyserve.service.scheduling.scheduler import Scheduler
 from cosyserve.service.setting_groups import S3Settings
 from cosyserve.service.settings import Settings
 from cosyserve.service.startup_clock import StartupClock
+from cosyserve.service.stores.batches import BatchStore
 from cosyserve.service.stores.db import make_engine, metadata
 from cosyserve.service.stores.jobs import JobStore
-from cosyserve.service.stores.keys import KeyStore
+from cosyserve.service.stores.keys import ApiKey, KeyStore
 from cosyserve.service.stores.outputs import OutputStore, RetentionWorker
 from cosyserve.service.stores.s3sync import S3Sync
 from cosyserve.service.stores.voices import VoiceLibrary
@@ -66,6 +67,7 @@ class Service:
         # Stores
         self.db = make_engine(s.storage.database_url or "")
         self.jobs = JobStore(self.db)
+        self.batches = BatchStore(self.db)
         self.keys = KeyStore(self.db, metadata)
         self.voices = VoiceLibrary(s.storage.data_dir / "voices", self.db, metadata, model_checksum="")
         self.s3 = _s3_sync(s.s3) if s.s3.sync else None
@@ -116,7 +118,17 @@ class Service:
             recover_jobs=self.role == "single",
             # A worker uploads before answering: the API node that serves the result reads the bucket.
             upload_outputs=self.role == "worker" and self.s3 is not None,
+            batches=self.batches,
+            key_lookup=self._key,
+            queue=self.settings.queue,
         )
+
+    def _key(self, key_id: int) -> ApiKey | None:
+        """The key that submitted a job (None once it was revoked or deleted: nothing is charged)."""
+        try:
+            return self.keys.get(key_id)
+        except CosyServeError:
+            return None
 
     # -- lifecycle -----------------------------------------------------------------------------------------
 

@@ -13,7 +13,8 @@ from collections.abc import AsyncIterator, Iterator
 from typing import Any, Protocol
 
 from cosyserve.errors import InputError, JobStateError
-from cosyserve.frontend.text.split import split_long_text
+from cosyserve.frontend.text.split import has_content, split_long_text
+from cosyserve.service.batch_input import ItemSpec
 from cosyserve.service.requests import EnrolmentRequest, OutputSpec, StreamStart, SynthesisRequest, TtsOutcome
 from cosyserve.service.scheduling.tickets import Ticket
 from cosyserve.service.stores.jobs import JobNotFound, JobRecord, JobStore
@@ -117,6 +118,17 @@ class Backend(Protocol):
         """Accept a (possibly long) text as a job; its record always ends done, failed or cancelled."""
         ...
 
+    def submit_batch(
+        self,
+        kind: str,
+        items: list[ItemSpec],
+        shared: dict[str, Any],
+        prompt_wav: bytes | None,
+        spec: OutputSpec,
+    ) -> JobRecord:
+        """Accept a batch ("batch") or a dub ("dub") of checked items as one job; its items end one by one."""
+        ...
+
     def cancel_job(self, job_id: str) -> JobRecord:
         """Cancel a queued or running job (JobNotFound, or JobStateError if it already ended)."""
         ...
@@ -127,11 +139,18 @@ class Backend(Protocol):
 
 
 def job_pieces(request: SynthesisRequest, max_chars: int) -> list[str]:
-    """The pieces a job's text is synthesised in (InputError for a text that is too long)."""
+    """The pieces a job's text is synthesised in (InputError for a text that is too long, or that has
+    nothing to speak: refused at submit, as /v1/tts refuses it)."""
     limit = max_chars * JOB_TEXT_FACTOR
     if len(request.text) > limit:
         raise InputError(f"a job text may have at most {limit} characters, got {len(request.text)}")
-    return split_long_text(request.text, max_chars)
+    pieces = split_long_text(request.text, max_chars)
+    if not pieces or not any(has_content(piece) for piece in pieces):
+        raise InputError(
+            f"the text {request.text[:80]!r} has nothing to speak (only punctuation or blanks): "
+            "give words to read"
+        )
+    return pieces
 
 
 def cancellable_job(jobs: JobStore, job_id: str) -> JobRecord:

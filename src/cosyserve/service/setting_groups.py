@@ -104,6 +104,15 @@ class QueueSettings(_Group):
     job_lease_s: float = Field(
         30.0, ge=1, description="distributed: a worker silent this long loses its running job to another"
     )
+    job_segment_timeout_s: float = Field(
+        300.0,
+        gt=0,
+        description="a job's segment (a sentence of a long text, an item of a batch) running longer than "
+        "this fails; a job's own limit grows with its length, apart from request_timeout_s",
+    )
+    job_max_attempts: int = Field(
+        3, ge=1, description="a job interrupted by a restart this many times fails instead of running again"
+    )
 
     @field_validator("queue_url")
     @classmethod
@@ -125,6 +134,9 @@ class LimitSettings(_Group):
     rate_limit_per_minute: int = Field(60, ge=0, description="requests per minute per API key (0: no limit)")
     daily_audio_seconds_quota: float | None = Field(
         None, gt=0, description="seconds of audio per API key per day (default: unlimited)"
+    )
+    max_batch_items: int = Field(
+        1000, ge=1, description="most items (lines of a script, cues of a subtitle file) in one batch or dub"
     )
 
 

@@ -22,6 +22,7 @@ from typing import Any
 
 from cosyserve.errors import Cancelled, InputError, JobStateError
 from cosyserve.service.backend import AudioStream, cancellable_job, job_pieces, new_job_id
+from cosyserve.service.batch_input import ItemSpec
 from cosyserve.service.distributed import codec
 from cosyserve.service.distributed.celery_app import ENROL_TASK, JOB_TASK, QUEUE, TTS_TASK, make_celery
 from cosyserve.service.distributed.relay import Relay, RelayItem, WorkerRegistry, connect
@@ -42,6 +43,10 @@ log = logging.getLogger(__name__)
 
 WORKERS_CACHE_S = 2.0  # how long the list of live workers is reused for readiness checks
 LEASE_CHECK_S = 1.0  # how often a waiting request checks that its worker still holds the task
+
+
+class BatchesNotDistributed(InputError):
+    """This API node hands work to workers, which do not run batches yet."""
 
 
 class RemoteBackend:
@@ -213,6 +218,19 @@ class RemoteBackend:
                 self.jobs.finish_failed(job_id, "queue_unavailable", str(exc))
             raise
         return record
+
+    def submit_batch(
+        self,
+        kind: str,
+        items: list[ItemSpec],
+        shared: dict[str, Any],
+        prompt_wav: bytes | None,
+        spec: OutputSpec,
+    ) -> JobRecord:
+        raise BatchesNotDistributed(
+            "batches and dubbing run on a single server (`cosyserve serve` without --queue) for now: "
+            "submit long texts as jobs (POST /v1/jobs), which the workers run"
+        )
 
     def cancel_job(self, job_id: str) -> JobRecord:
         """End the record now; the worker running it (if any) sees the cancel and stops."""

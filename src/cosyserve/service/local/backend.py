@@ -11,17 +11,22 @@ can begin), then encoded bytes as they are ready.
 from __future__ import annotations
 
 import dataclasses
+import functools
 import logging
-import threading
+import os
+import socket
 from collections.abc import Callable, Generator
 from dataclasses import dataclass
 from typing import Any
 
 from cosyserve.service.access.limits import QuotaTracker
 from cosyserve.service.audio_formats import StreamEncoder, encode, mime_type
-from cosyserve.service.backend import AudioStream, cancellable_job, job_pieces, new_job_id
-from cosyserve.service.local.jobs import JobStateRecorder, run_pieces
+from cosyserve.service.backend import AudioStream
+from cosyserve.service.batch_input import ItemSpec
+from cosyserve.service.local.job_quota import JobQuota
+from cosyserve.service.local.job_runner import LocalJobs
 from cosyserve.service.local.model_host import ModelHost
+from cosyserve.service.local.recovery import JobFeeder
 from cosyserve.service.local.synthesizer import Synthesizer
 from cosyserve.service.logs import log_failure, request_context
 from cosyserve.service.metrics import Metrics
@@ -33,12 +38,13 @@ from cosyserve.service.requests import (
     SynthesisRequest,
     SynthesisResult,
     TtsOutcome,
-    job_parameters,
 )
 from cosyserve.service.scheduling.scheduler import Scheduler, Ticket, WorkContext
-from cosyserve.service.setting_groups import LimitSettings
+from cosyserve.service.setting_groups import LimitSettings, QueueSettings
 from cosyserve.service.startup_clock import StartupClock
+from cosyserve.service.stores.batches import BatchStore
 from cosyserve.service.stores.jobs import JobRecord, JobStore
+from cosyserve.service.stores.keys import ApiKey
 from cosyserve.service.stores.outputs import OutputStore, build_manifest
 from cosyserve.service.stores.voices import Voice
 
@@ -58,8 +64,11 @@ class LocalBackend:
     metrics: Metrics
     limits: LimitSettings
     startup: StartupClock
-    recover_jobs: bool  # this process alone owns the job table: an earlier process's leftovers end failed
+    recover_jobs: bool  # this process alone owns the job table: an earlier process's jobs run again
     upload_outputs: bool  # outputs go to the bucket before the answer (a worker's API node reads them there)
+    batches: BatchStore  # the items of batch and dub jobs
+    key_lookup: Callable[[int], ApiKey | None]  # a job's key by id (quotas of jobs run after a restart)
+    queue: QueueSettings  # job timeouts, retry limit, lease
 
     # -- lifecycle and readiness ---------------------------------------------------------------------------
 
@@ -68,15 +77,13 @@ class LocalBackend:
         return self.host.info
 
     def start(self) -> None:
-        if self.recover_jobs:
-            recovered = self.jobs.recover_interrupted()
-            if recovered:
-                log.warning(
-                    "%d jobs left queued or running by an earlier process were marked failed", recovered
-                )
         self.host.start()
+        if self.recover_jobs:
+            self.feeder.start()
 
     def stop(self) -> None:
+        if self.recover_jobs:
+            self.feeder.stop()
         self.host.stop()
 
     def readiness(self, detailed: bool, *, accepting: bool) -> dict[str, Any]:
@@ -210,64 +217,57 @@ class LocalBackend:
             audio=audio,
         )
 
-    # -- jobs ----------------------------------------------------------------------------------------------
+    # -- jobs (`local.job_runner`) --------------------------------------------------------------------------
+
+    @functools.cached_property
+    def job_runner(self) -> LocalJobs:
+        return LocalJobs(
+            host=self.host,
+            scheduler=self.scheduler,
+            jobs=self.jobs,
+            batches=self.batches,
+            outputs=self.outputs,
+            quota=JobQuota(self.quota, self.jobs, self.key_lookup),
+            finish=self._finish,
+            run_engine=self._run_engine,
+            max_text_chars=self.limits.max_text_chars,
+            segment_timeout_s=self.queue.job_segment_timeout_s,
+            lease_s=self.queue.job_lease_s,
+            owns_jobs=self.recover_jobs,
+            node=f"{socket.gethostname()}-{os.getpid()}",
+        )
+
+    @functools.cached_property
+    def feeder(self) -> JobFeeder:
+        return JobFeeder(self.job_runner, self.queue.job_max_attempts)
 
     def submit_job(self, request: SynthesisRequest, spec: OutputSpec) -> JobRecord:
         """Accept a (possibly long) text as a job; its record always ends done, failed or cancelled."""
         self.require_ready()
-        spec = spec.checked(self.model_info.get("sample_rate"))
-        job_pieces(request, self.limits.max_text_chars)  # fails early on a text that is too long
-        job_id = new_job_id()
-        recorded = threading.Event()
-        ticket = self._submit_job_work(job_id, request, spec, attempt=None, recorded=recorded)
-        try:
-            params = job_parameters(request, spec)
-            record = self.jobs.create(params, kind="tts", owner=spec.owner, job_id=job_id)
-        except BaseException:
-            recorded.set()  # before cancelling: on_state waits for it
-            ticket.cancel("the job record could not be written")
-            raise
-        recorded.set()
-        return record
+        return self.job_runner.submit_job(request, spec.checked(self.model_info.get("sample_rate")))
+
+    def submit_batch(
+        self,
+        kind: str,
+        items: list[ItemSpec],
+        shared: dict[str, Any],
+        prompt_wav: bytes | None,
+        spec: OutputSpec,
+    ) -> JobRecord:
+        """Accept a batch or a dub of checked items as one job."""
+        self.require_ready()
+        return self.job_runner.submit_batch(kind, items, shared, prompt_wav, spec.checked())
 
     def run_claimed_job(
         self, job_id: str, attempt: int, request: SynthesisRequest, spec: OutputSpec
     ) -> Ticket:
         """Run a job this worker claimed (`JobStore.claim`) as `attempt`; its results land only while that
         attempt is still the job's current one."""
-        done = threading.Event()
-        done.set()
-        return self._submit_job_work(job_id, request, spec, attempt=attempt, recorded=done)
-
-    def _submit_job_work(
-        self,
-        job_id: str,
-        request: SynthesisRequest,
-        spec: OutputSpec,
-        *,
-        attempt: int | None,
-        recorded: threading.Event,
-    ) -> Ticket:
-        pieces = job_pieces(request, self.limits.max_text_chars)
-        on_state = JobStateRecorder(self.jobs, self.outputs, job_id, attempt, recorded, spec, len(pieces))
-
-        def work(ctx: WorkContext) -> TtsOutcome:
-            with request_context(spec.request_id), self.host.synthesizer(ctx.cancel) as synth:
-                result = self._run_engine(
-                    lambda: run_pieces(ctx, synth, request, pieces, self.jobs, job_id, attempt)
-                )
-                ctx.check_cancelled()  # lost the job while finishing the last piece: no output
-                return self._finish(synth, request, result, spec, encoded=False)
-
-        return self.scheduler.submit(work, job_id=job_id, owner=spec.owner, on_state=on_state)
+        return self.job_runner.run_claimed_job(job_id, attempt, request, spec)
 
     def cancel_job(self, job_id: str) -> JobRecord:
         """Cancel a queued or running job (JobStateError if it already ended)."""
-        record = cancellable_job(self.jobs, job_id)
-        if not self.scheduler.cancel(job_id, "cancelled by the client"):
-            # Not in this process's scheduler (an earlier process's record): end the record itself.
-            return self.jobs.finish_cancelled(job_id, "cancelled by the client")
-        return self.jobs.get(job_id) or record
+        return self.job_runner.cancel_job(job_id)
 
     # -- voices --------------------------------------------------------------------------------------------
 

@@ -1,10 +1,15 @@
 """Long-text jobs on the local backend: a text too long for one request is synthesised piece by piece,
 its progress and its end written to the job's record.
 
-The record follows the ticket (`JobStateRecorder` is the ticket's `on_state`): running, then done with the
-stored output, failed or cancelled. A worker runs a job as a numbered attempt; whatever it writes lands
-only while that attempt is the job's current one (another worker may have taken it over), and an output
-made by an attempt that lost the job is deleted again.
+The record follows the ticket (`JobStateRecorder` is the ticket's `on_state`): the work claims the job as a
+numbered attempt when it starts (`JobStore.claim`), then the record ends done with the stored output,
+failed, or cancelled. Whatever an attempt writes lands only while it is the job's current one (another
+worker may have taken it over), and an output made by an attempt that lost the job is deleted again. A
+shutdown leaves the jobs of a server that owns its job table in the queue for its next start.
+
+Each segment gets its own timeout (`job_segment_timeout_s`), so a job's limit grows with its length and
+does not depend on the interactive request timeout; each segment's audio is charged to the key's quota as
+it is made, and the job stops with `quota_exceeded`, keeping what it finished, once the quota is used up.
 """
 
 from __future__ import annotations
@@ -13,13 +18,15 @@ import dataclasses
 import logging
 import threading
 import time
+from dataclasses import dataclass, field
+from typing import Any
 
 import numpy as np
 
-from cosyserve.errors import Cancelled, JobStateError
+from cosyserve.errors import Cancelled, CosyServeError, JobStateError, ShuttingDown
+from cosyserve.service.local.job_quota import JobQuota
 from cosyserve.service.local.synthesizer import Synthesizer
 from cosyserve.service.requests import (
-    OutputSpec,
     SentenceTiming,
     SynthesisProgress,
     SynthesisRequest,
@@ -27,6 +34,7 @@ from cosyserve.service.requests import (
     TtsOutcome,
 )
 from cosyserve.service.scheduling.tickets import Ticket, WorkContext
+from cosyserve.service.stores.batches import BatchStore
 from cosyserve.service.stores.jobs import JobStore
 from cosyserve.service.stores.outputs import OutputStore
 
@@ -36,53 +44,100 @@ PROGRESS_WRITE_S = 0.5  # job progress goes to the database at most this often
 RECORD_WAIT_S = 30.0  # how long a state change waits for the job's record to be written
 
 
+@dataclass(frozen=True)
+class JobResult:
+    """What a job's work returns: the stored result (None: a batch, whose items are its result), what the
+    record keeps besides, and why it stopped early (its finished part kept)."""
+
+    outcome: TtsOutcome | None
+    extra: dict[str, Any] = field(default_factory=dict)
+    stopped: CosyServeError | None = None
+
+
+@dataclass(frozen=True)
+class JobRun:
+    """One attempt at one job, as the work that runs it sees it."""
+
+    job_id: str
+    attempt: int
+    key_id: int | None  # the key charged for its audio
+    jobs: JobStore
+    quota: JobQuota
+    segment_timeout_s: float
+
+    def arm(self, ctx: WorkContext, what: str = "a segment of the job") -> None:
+        """Start the clock of the next segment (or item)."""
+        ctx.set_timeout(
+            self.segment_timeout_s,
+            f"{what} ran longer than {self.segment_timeout_s:g} s (job_segment_timeout_s) and was stopped: "
+            "the server may be overloaded; retry the job, or raise job_segment_timeout_s",
+        )
+
+
+class QuotaStop(Exception):
+    """Raised between segments when the key's quota ran out: the job keeps what it finished."""
+
+
 class JobStateRecorder:
-    """A job ticket's `on_state`: moves the job's record along with the ticket."""
+    """A job ticket's `on_state`: moves the job's record (and a batch's items) along with the ticket."""
 
     def __init__(
         self,
         jobs: JobStore,
+        batches: BatchStore,
         outputs: OutputStore,
         job_id: str,
-        attempt: int | None,
+        kind: str,
         recorded: threading.Event,
-        spec: OutputSpec,
-        pieces: int,
+        *,
+        attempt: int | None = None,
+        keep_queued: bool = False,
     ) -> None:
-        self.jobs, self.outputs = jobs, outputs
-        self.job_id, self.attempt = job_id, attempt  # attempt None: this process created the job
+        self.jobs, self.batches, self.outputs = jobs, batches, outputs
+        self.job_id, self.kind = job_id, kind
         self.recorded = recorded  # set once the record exists (it is written right after submit returns)
-        self.spec, self.pieces = spec, pieces
+        self.attempt = attempt  # the attempt running it (set by the work once it claimed the job)
+        self.keep_queued = keep_queued  # a shutdown leaves the job for this server's next start
 
     def __call__(self, ticket: Ticket, state: str) -> None:
         self.recorded.wait(RECORD_WAIT_S)
         try:
-            if state == "running":
-                if self.attempt is None:  # a claimed job is already running
-                    self.jobs.mark_running(self.job_id)
-            elif state == "done":
+            if state == "done":
                 self._done(ticket.value)
-            else:
-                error = ticket.error or Cancelled("cancelled")
-                self.jobs.finish_with_exception(self.job_id, error, attempt=self.attempt)
+            elif state != "running":
+                self._ended(ticket.error or Cancelled("cancelled"))
         except JobStateError as exc:
             log.warning("job %s: %s", self.job_id, exc)
 
-    def _done(self, outcome: TtsOutcome) -> None:
-        extra = {"warnings": list(outcome.warnings), "format": self.spec.format, "pieces": self.pieces}
+    def _ended(self, error: BaseException) -> None:
+        if self.keep_queued and isinstance(error, ShuttingDown):
+            if self.attempt is not None:
+                self.jobs.release(self.job_id, self.attempt)
+            return  # still queued: the next start runs it (again)
+        self.jobs.finish_with_exception(self.job_id, error, attempt=self.attempt)
+        if self.kind != "tts":
+            code = "cancelled" if isinstance(error, Cancelled) else "batch_stopped"
+            self.batches.cancel_rest(self.job_id, code, f"the batch ended before this item ran: {error}")
+
+    def _done(self, result: JobResult) -> None:
+        outcome = result.outcome
         try:
             self.jobs.finish_done(
                 self.job_id,
-                output_id=outcome.output_id,
-                output_path=outcome.output_path,
-                duration_s=outcome.duration_s,
-                seed=outcome.seed,
-                extra=extra,
+                output_id=outcome.output_id if outcome else None,
+                output_path=outcome.output_path if outcome else None,
+                duration_s=outcome.duration_s if outcome else result.extra.get("audio_s"),
+                seed=outcome.seed if outcome else None,
+                extra={"warnings": list(outcome.warnings) if outcome else [], **result.extra},
                 attempt=self.attempt,
+                stopped=result.stopped,
             )
         except JobStateError:
-            self._discard_output(outcome.output_id)  # another attempt owns the job's result
+            if outcome is not None:
+                self._discard_output(outcome.output_id)  # another attempt owns the job's result
             raise
+        if result.stopped is not None and self.kind != "tts":
+            self.batches.cancel_rest(self.job_id, "quota_exceeded", str(result.stopped))
 
     def _discard_output(self, output_id: str | None) -> None:
         if output_id is None:
@@ -94,34 +149,53 @@ class JobStateRecorder:
 
 
 def run_pieces(
-    ctx: WorkContext,
-    synth: Synthesizer,
-    request: SynthesisRequest,
-    pieces: list[str],
-    jobs: JobStore,
-    job_id: str,
-    attempt: int | None = None,
-) -> SynthesisResult:
-    """Synthesise the pieces in order with one seed, reporting progress on the ticket and the record."""
+    ctx: WorkContext, synth: Synthesizer, request: SynthesisRequest, pieces: list[str], run: JobRun
+) -> tuple[SynthesisResult, bool]:
+    """Synthesise the pieces in order with one seed, reporting progress on the ticket and the record and
+    charging each segment; returns the result and whether the quota stopped it early."""
     results: list[SynthesisResult] = []
     seed = request.seed
     last_write = 0.0
     for index, piece in enumerate(pieces):
         ctx.check_cancelled()
+        run.arm(ctx)
+        charged = 0.0
 
         def progress(p: SynthesisProgress, index: int = index) -> None:
-            nonlocal last_write
+            nonlocal last_write, charged
             fraction = (index + p.fraction) / len(pieces)
             ctx.set_progress(fraction)
+            run.arm(ctx)  # the next segment's clock
+            if p.audio_seconds > charged:
+                allowed = run.quota.charge(run.key_id, run.job_id, p.audio_seconds - charged)
+                charged = p.audio_seconds
+                if not allowed and fraction < 1.0:
+                    raise QuotaStop
             if time.monotonic() - last_write >= PROGRESS_WRITE_S:
                 last_write = time.monotonic()
-                jobs.set_progress(job_id, fraction, attempt=attempt)
+                run.jobs.set_progress(run.job_id, fraction, attempt=run.attempt)
 
         part = dataclasses.replace(request, text=piece, seed=seed)
-        result = synth.synthesize(part, progress=progress, cancel=ctx.cancel).result()
+        stream = synth.synthesize(part, progress=progress, cancel=ctx.cancel)
+        chunks: list[np.ndarray] = []
+        try:
+            chunks.extend(chunk.samples for chunk in stream)
+        except QuotaStop:  # the segments it finished are whole: keep them
+            if chunks:
+                results.append(_partial(stream.seed, synth.sample_rate, chunks, stream.timings))
+            if not results:
+                raise run.quota.exceeded(run.key_id) from None
+            return merge_results(results), True
+        result = stream.result()
         seed = result.seed  # later pieces reuse the first piece's seed: one seed reproduces the job
         results.append(result)
-    return merge_results(results)
+    return merge_results(results), False
+
+
+def _partial(
+    seed: int, rate: int, chunks: list[np.ndarray], timings: list[SentenceTiming]
+) -> SynthesisResult:
+    return SynthesisResult(audio=np.concatenate(chunks), sample_rate=rate, seed=seed, timings=list(timings))
 
 
 def merge_results(results: list[SynthesisResult]) -> SynthesisResult:

@@ -57,8 +57,7 @@ class WorkContext:
         self._ticket.set_progress(fraction)
 
     def set_timeout(self, seconds: float, message: str) -> None:
-        """Fail the work with JobTimeout(`message`) unless it ends within `seconds` from now; replaces the
-        previous deadline (a job sets one per segment, so its limit scales with its length)."""
+        """A new deadline: JobTimeout(`message`) unless the work ends within `seconds` (jobs: per segment)."""
         self._ticket.set_timeout(seconds, message)
 
     def check_cancelled(self) -> None:

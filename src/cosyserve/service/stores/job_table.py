@@ -24,6 +24,7 @@ from sqlalchemy import (
     Float,
     Index,
     Integer,
+    LargeBinary,
     String,
     Table,
     Text,
@@ -61,8 +62,20 @@ jobs_table = Table(
     Column("attempt", Integer, nullable=False, default=0),  # how many times a worker claimed it
     Column("worker", String(128), nullable=True),  # who holds (or last held) it
     Column("lease_until", DateTime(timezone=True), nullable=True),  # a running job's holder renews this
+    Column("spec", JSON, nullable=True),  # how its result is delivered and charged (to run it again)
+    Column("reserved_s", Float, nullable=True),  # audio seconds its key's quota set aside at submit
+    Column("charged_s", Float, nullable=True),  # audio seconds charged so far (segment by segment)
     Index("ix_jobs_owner_created", "owner", "created_at"),
     Index("ix_jobs_state", "state"),
+)
+
+# A job's uploaded prompt recording, kept apart from `jobs` (listing jobs never reads it) until it ends, so
+# a job that a restart interrupts can run again.
+job_inputs_table = Table(
+    "job_inputs",
+    metadata,
+    Column("job_id", String(32), primary_key=True),
+    Column("prompt_wav", LargeBinary, nullable=False),
 )
 
 
@@ -89,6 +102,9 @@ class JobRecord:
     attempt: int = 0
     worker: str | None = None
     lease_until: datetime | None = None
+    spec: dict[str, Any] | None = None
+    reserved_s: float | None = None
+    charged_s: float = 0.0
 
     @property
     def is_terminal(self) -> bool:
@@ -118,6 +134,7 @@ def record_from_row(row: Mapping[str, Any]) -> JobRecord:
     for key in ("created_at", "started_at", "finished_at", "lease_until"):
         data[key] = aware(data.get(key))
     data["attempt"] = data.get("attempt") or 0
+    data["charged_s"] = data.get("charged_s") or 0.0
     return JobRecord(**data)
 
 
@@ -159,7 +176,8 @@ def fit_to_column(text: str | None, column: Column) -> str | None:
 
 
 def add_missing_columns(engine: Engine) -> None:
-    """Databases made before the claim columns existed get them (nullable or with a default)."""
+    """Databases made before the claim (and spec, quota) columns existed get them (nullable or with a
+    default)."""
     present = {column["name"] for column in inspect(engine).get_columns(jobs_table.name)}
     missing = [column for column in jobs_table.columns if column.name not in present]
     if not missing:

@@ -4,11 +4,12 @@ Every accepted job ends in exactly one of done, failed (with a reason) or cancel
 single conditional UPDATEs (`… WHERE state IN (allowed)`), so two threads or processes racing to finish
 the same job cannot both succeed: the loser gets `JobStateError` and no second result is recorded.
 
-Several worker processes (distributed mode) take jobs with `claim`: it moves a queued job, or a running one
-whose lease ran out (its worker died), to running under a new `attempt` number with a lease the worker
-renews while it works. Progress and results written with that attempt number only land while the attempt
-is still the current one, so a worker that lost its job (cancelled, or taken over after a stall) cannot
-record a second result.
+Workers take jobs with `claim`: it moves a queued job, or a running one whose lease ran out (its worker
+died), to running under a new `attempt` number with a lease the worker renews while it works. Progress and
+results written with that attempt number only land while the attempt is still the current one, so a worker
+that lost its job (cancelled, or taken over after a stall) cannot record a second result. A single server
+claims its own jobs the same way; when it starts, the jobs an earlier process left running go back to the
+queue (`requeue_interrupted`) and are claimed again as their next attempt, up to a retry limit.
 """
 
 from __future__ import annotations
@@ -20,6 +21,7 @@ from typing import Any
 
 from sqlalchemy import (
     Engine,
+    delete,
     func,
     insert,
     select,
@@ -35,6 +37,7 @@ from cosyserve.service.stores.job_table import (
     clean_text,
     fit_to_column,
     is_job_id,
+    job_inputs_table,
     jobs_table,
     record_from_row,
     sanitize_params,
@@ -56,7 +59,7 @@ class JobStore:
 
     def __init__(self, engine: Engine) -> None:
         self.engine = engine
-        create_tables(engine, jobs_table)
+        create_tables(engine, jobs_table, job_inputs_table)
         add_missing_columns(engine)
 
     def create(
@@ -66,8 +69,13 @@ class JobStore:
         kind: str = "tts",
         owner: str | None = None,
         job_id: str | None = None,
+        spec: Mapping[str, Any] | None = None,
+        reserved_s: float | None = None,
+        prompt_wav: bytes | None = None,
     ) -> JobRecord:
-        """A new queued job; `params` are stored sanitized (no raw audio), `owner` cut to fit (`_fit`)."""
+        """A new queued job; `params` are stored sanitized (no raw audio), `owner` cut to fit (`_fit`).
+        `spec`: how its result is delivered (to run it again); `reserved_s`: audio seconds its key's quota
+        sets aside; `prompt_wav`: an uploaded recording, kept until the job ends."""
         if job_id is not None and not is_job_id(job_id):
             raise InputError(f"job id {job_id!r} is not usable: use 1-32 letters, digits, '-' or '_'")
         row = {
@@ -78,10 +86,23 @@ class JobStore:
             "owner": fit_to_column(owner, jobs_table.c.owner),
             "created_at": utc_now(),
             "params": sanitize_params(dict(params)),
+            "spec": sanitize_params(dict(spec)) if spec is not None else None,
+            "reserved_s": reserved_s,
         }
         with self.engine.begin() as conn:
             conn.execute(insert(jobs_table).values(**row))
+            if prompt_wav is not None:
+                conn.execute(insert(job_inputs_table).values(job_id=row["id"], prompt_wav=bytes(prompt_wav)))
         return self._require(row["id"])
+
+    def prompt_wav(self, job_id: str) -> bytes | None:
+        """The recording uploaded with a job that has not ended yet (None: none, or it ended)."""
+        if not is_job_id(job_id):
+            return None
+        query = select(job_inputs_table.c.prompt_wav).where(job_inputs_table.c.job_id == job_id)
+        with self.engine.connect() as conn:
+            value = conn.execute(query).scalar()
+        return bytes(value) if value is not None else None
 
     def get(self, job_id: str) -> JobRecord | None:
         """The job, or None when there is none with that id (or `job_id` is not a job id at all)."""
@@ -141,7 +162,31 @@ class JobStore:
             )
         return result.rowcount == 1
 
-    # -- claims (several workers) ------------------------------------------------------------------------
+    def charge(self, job_id: str, seconds: float) -> None:
+        """Count `seconds` of audio charged to the job's key (what it still holds of its reservation)."""
+        if not is_job_id(job_id):
+            return
+        with self.engine.begin() as conn:
+            conn.execute(
+                update(jobs_table)
+                .where(jobs_table.c.id == job_id)
+                .values(charged_s=func.coalesce(jobs_table.c.charged_s, 0.0) + float(seconds))
+            )
+
+    def reserved_s(self, owner: str, *, excluding: str | None = None) -> float:
+        """Audio seconds `owner`'s queued and running jobs set aside and have not been charged yet."""
+        query = select(jobs_table.c.reserved_s, jobs_table.c.charged_s).where(
+            jobs_table.c.owner == fit_to_column(owner, jobs_table.c.owner),
+            jobs_table.c.state.in_(ACTIVE_STATES),
+            jobs_table.c.reserved_s.is_not(None),
+        )
+        if excluding is not None:
+            query = query.where(jobs_table.c.id != excluding)
+        with self.engine.connect() as conn:
+            rows = conn.execute(query).all()
+        return sum(max(0.0, float(reserved) - float(charged or 0.0)) for reserved, charged in rows)
+
+    # -- claims (workers, and a single server's own jobs) -------------------------------------------------
 
     def claim(self, job_id: str, worker: str, lease_s: float) -> JobRecord | None:
         """Take a queued job, or a running one whose lease expired, for `worker`; None when it is not
@@ -184,6 +229,13 @@ class JobStore:
             )
         return result.rowcount == 1
 
+    def release(self, job_id: str, attempt: int) -> JobRecord:
+        """A running attempt gives its job back to the queue (a shutdown stopped it): the next start runs
+        it again as a new attempt."""
+        return self._transition(
+            job_id, ("running",), attempt=attempt, state="queued", lease_until=None, worker=None
+        )
+
     def finish_done(
         self,
         job_id: str,
@@ -194,13 +246,22 @@ class JobStore:
         seed: int | None = None,
         extra: Mapping[str, Any] | None = None,
         attempt: int | None = None,
+        stopped: BaseException | None = None,
     ) -> JobRecord:
+        """Done with its result; with `stopped`, failed for that reason but with the part it finished (a
+        quota that ran out) kept as its result."""
+        ending: dict[str, Any] = {"state": "done", "progress": 1.0}
+        if stopped is not None:
+            ending = {
+                "state": "failed",
+                "error_code": fit_to_column(error_code(stopped), jobs_table.c.error_code),
+                "error_message": clean_text(str(stopped)),
+            }
         return self._transition(
             job_id,
             ("running",),
             attempt=attempt,
-            state="done",
-            progress=1.0,
+            **ending,
             finished_at=utc_now(),
             output_id=output_id,
             output_path=output_path,
@@ -241,20 +302,36 @@ class JobStore:
             return self.finish_cancelled(job_id, str(exc) or "cancelled", attempt=attempt)
         return self.finish_failed(job_id, error_code(exc), str(exc) or type(exc).__name__, attempt=attempt)
 
-    def recover_interrupted(self) -> int:
-        """At startup (single process): jobs a crashed process left queued or running become failed."""
+    def requeue_interrupted(self, max_attempts: int) -> tuple[list[JobRecord], int]:
+        """At startup (single process): jobs an earlier process left running go back to the queue, to run
+        again as their next attempt, unless they used up `max_attempts` (those fail). Returns the queued
+        jobs, oldest first, and how many failed."""
         with self.engine.begin() as conn:
-            result = conn.execute(
+            failed = conn.execute(
                 update(jobs_table)
-                .where(jobs_table.c.state.in_(ACTIVE_STATES))
+                .where(jobs_table.c.state == "running", jobs_table.c.attempt >= max_attempts)
                 .values(
                     state="failed",
                     finished_at=utc_now(),
+                    lease_until=None,
                     error_code=INTERRUPTED_CODE,
-                    error_message=INTERRUPTED_MESSAGE,
+                    error_message=f"{INTERRUPTED_MESSAGE} {max_attempts} times (the retry limit): "
+                    "resubmit it, or look in the server log for what stops the server while it runs",
                 )
+            ).rowcount
+            conn.execute(
+                update(jobs_table)
+                .where(jobs_table.c.state == "running")
+                .values(state="queued", lease_until=None, worker=None)
             )
-        return int(result.rowcount)
+            conn.execute(delete(job_inputs_table).where(~job_inputs_table.c.job_id.in_(_active_ids())))
+            rows = conn.execute(
+                select(jobs_table)
+                .where(jobs_table.c.state == "queued")
+                .order_by(jobs_table.c.created_at, jobs_table.c.id)
+            ).mappings()
+            queued = [record_from_row(row) for row in rows]
+        return queued, int(failed)
 
     def purge_finished_before(self, cutoff: datetime) -> int:
         """Delete finished jobs older than `cutoff` (retention); returns how many went."""
@@ -271,7 +348,8 @@ class JobStore:
     ) -> JobRecord:
         if not is_job_id(job_id):
             raise JobStateError(f"no job {job_id!r}: it never existed or was purged")
-        if values["state"] in TERMINAL_STATES:
+        terminal = values["state"] in TERMINAL_STATES
+        if terminal:
             values["lease_until"] = None
         with self.engine.begin() as conn:
             result = conn.execute(
@@ -279,6 +357,8 @@ class JobStore:
                 .where(jobs_table.c.id == job_id, jobs_table.c.state.in_(allowed), *_of_attempt(attempt))
                 .values(**values)
             )
+            if terminal and result.rowcount == 1:  # its recording is no longer needed
+                conn.execute(delete(job_inputs_table).where(job_inputs_table.c.job_id == job_id))
         if result.rowcount != 1:
             current = self.get(job_id)
             if current is None:
@@ -299,6 +379,10 @@ class JobStore:
         if record is None:  # pragma: no cover - only if deleted concurrently
             raise JobStateError(f"job {job_id} vanished while being updated")
         return record
+
+
+def _active_ids() -> Any:
+    return select(jobs_table.c.id).where(jobs_table.c.state.in_(ACTIVE_STATES))
 
 
 def _of_attempt(attempt: int | None) -> tuple[Any, ...]:

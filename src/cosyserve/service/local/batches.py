@@ -1,0 +1,267 @@
+"""Running a batch (or a dub) on the local backend: its items in order, one synthesis at a time.
+
+A batch is one job on the scheduler; its work takes the first unfinished item (`BatchStore`), so an
+attempt that follows a restart goes on where the last one stopped. Each item is stored as an output of its
+own and charged to the key's quota; an item that cannot be made (bad text, unknown voice, its own timeout,
+a failed save) fails alone with its reason and the batch goes on. A dub then assembles its cues' audio
+into one track (`local.dubbing`), stored as the job's result.
+
+An item found running when a batch resumes was interrupted: if its output was saved before the crash, it
+is adopted instead of being made twice.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import logging
+import threading
+import time
+from collections.abc import Callable
+from dataclasses import dataclass
+from typing import Any
+
+import soundfile as sf
+
+from cosyserve.errors import Cancelled, CosyServeError, ModelNotReady, error_code
+from cosyserve.service.audio_formats import encode
+from cosyserve.service.local.dubbing import CueSlot, assemble, synthesize_cue
+from cosyserve.service.local.jobs import JobResult, JobRun
+from cosyserve.service.local.model_host import ModelHost
+from cosyserve.service.requests import (
+    OutputSpec,
+    SentenceTiming,
+    SynthesisRequest,
+    SynthesisResult,
+    TtsOutcome,
+)
+from cosyserve.service.scheduling.tickets import WorkContext
+from cosyserve.service.stores.batches import BatchItem, BatchStore
+from cosyserve.service.stores.outputs import OutputStore, StoredOutput, build_manifest
+
+log = logging.getLogger(__name__)
+
+UNEXPECTED_FAILURES_LIMIT = 3  # unexpected errors in a row (bugs, the engine failing) stop the batch
+ORPHAN_SCAN = 200  # recent outputs looked through for an interrupted item's saved output
+
+
+class ItemsFailed(CosyServeError):
+    """Every item of a batch failed (each item's error says why)."""
+
+
+class ItemCancel(threading.Event):
+    """An item's cancel: its own deadline, or its batch's cancel. The engine polls `is_set`, so a late
+    item fails alone while a cancelled batch stops."""
+
+    def __init__(self, batch: threading.Event, timeout_s: float) -> None:
+        super().__init__()
+        self.batch = batch
+        self.deadline = time.monotonic() + timeout_s
+
+    def is_set(self) -> bool:
+        return super().is_set() or self.batch.is_set() or time.monotonic() > self.deadline
+
+
+@dataclass(frozen=True)
+class BatchPlan:
+    """A batch or a dub as its work runs it: shared settings, the uploaded prompt, how outputs are kept."""
+
+    job_id: str
+    kind: str  # "batch" or "dub"
+    shared: dict[str, Any]  # the job record's params (voice, prompt_text, max_speed, ...)
+    prompt_wav: bytes | None
+    spec: OutputSpec  # owner and request id of every output (never a key: items are charged here)
+
+
+@dataclass(frozen=True)
+class BatchRunner:
+    """Runs `BatchPlan`s; `finish` stores and counts one synthesis (`LocalBackend._finish`)."""
+
+    host: ModelHost
+    batches: BatchStore
+    outputs: OutputStore
+    finish: Callable[..., TtsOutcome]
+    run_engine: Callable[[Callable[[], Any]], Any]
+
+    def run(self, ctx: WorkContext, plan: BatchPlan, run: JobRun) -> JobResult:
+        """Every unfinished item in order; then the dub's track. Stops between items when cancelled or when
+        the key's quota ran out (what finished is kept)."""
+        stopped = None
+        unexpected = 0
+        while (item := self.batches.next_unfinished(plan.job_id)) is not None:
+            ctx.check_cancelled()
+            if not run.quota.allows_id(run.key_id):
+                stopped = run.quota.exceeded(run.key_id)
+                break
+            unexpected = self._item(ctx, plan, run, item, unexpected)
+            counts = self.batches.counts(plan.job_id)
+            fraction = counts.finished / max(1, counts.total)
+            ctx.set_progress(fraction)
+            run.jobs.set_progress(plan.job_id, fraction, attempt=run.attempt)
+        counts = self.batches.counts(plan.job_id)
+        extra = {"items": counts.total, "done": counts.done, "failed": counts.failed}
+        if counts.done == 0:
+            raise stopped or ItemsFailed(f"all {counts.total} items failed: see each item's error")
+        outcome = self._track(plan) if plan.kind == "dub" else None
+        extra["audio_s"] = round(sum(i.duration_s or 0.0 for i in self._done(plan)), 3)
+        return JobResult(outcome, extra, stopped)
+
+    # -- one item ---------------------------------------------------------------------------------------
+
+    def _item(self, ctx: WorkContext, plan: BatchPlan, run: JobRun, item: BatchItem, unexpected: int) -> int:
+        """Run one item to its end (done or failed); returns the count of unexpected failures in a row."""
+        if item.state == "running" and self._adopt(plan, run, item):
+            return unexpected
+        if not self.batches.start(plan.job_id, item.position, run.attempt):
+            raise Cancelled("this attempt lost the batch (cancelled, or taken over)")
+        # A backstop for work that stops answering; each synthesis has its own clock (`ItemCancel`).
+        ctx.set_timeout(run.segment_timeout_s * 3, f"item {item.position} stopped answering")
+        started = time.monotonic()
+        try:
+            outcome, result = self._make(ctx, plan, run, item)
+        except Cancelled:
+            if ctx.cancel.is_set():
+                raise
+            error = ("timeout", f"it ran longer than {run.segment_timeout_s:g} s (job_segment_timeout_s)")
+        except ModelNotReady:
+            raise
+        except CosyServeError as exc:
+            error = (error_code(exc), str(exc))
+        except Exception as exc:  # a bug or an engine failure: this item fails; a run of them stops it all
+            log.exception("batch %s: item %d failed", plan.job_id, item.position)
+            if unexpected + 1 >= UNEXPECTED_FAILURES_LIMIT:
+                raise
+            self.batches.finish(plan.job_id, item.position, run.attempt, error=("internal", str(exc)))
+            return unexpected + 1
+        else:
+            if outcome.output_id is None:
+                error = ("storage_error", "its audio could not be saved (the server log says why)")
+            else:
+                run.quota.charge(run.key_id, plan.job_id, outcome.duration_s)
+                self.batches.finish(
+                    plan.job_id,
+                    item.position,
+                    run.attempt,
+                    output_id=outcome.output_id,
+                    duration_s=round(outcome.duration_s, 3),
+                    seed=outcome.seed,
+                    run_s=round(time.monotonic() - started, 3),
+                    result=result,
+                )
+                return 0
+        self.batches.finish(plan.job_id, item.position, run.attempt, error=error)
+        return unexpected
+
+    def _make(
+        self, ctx: WorkContext, plan: BatchPlan, run: JobRun, item: BatchItem
+    ) -> tuple[TtsOutcome, dict[str, Any]]:
+        request = item_request(plan, item)
+
+        def cancel() -> threading.Event:
+            return ItemCancel(ctx.cancel, run.segment_timeout_s)
+
+        spec = dataclasses.replace(
+            plan.spec,
+            extra={**plan.spec.extra, "batch_id": plan.job_id, "item": item.position, "name": item.name},
+        )
+        with self.host.synthesizer(ctx.cancel) as synth:
+            if plan.kind == "dub":
+                max_speed = float(plan.shared.get("max_speed") or 1.25)
+                cue = self.run_engine(
+                    lambda: synthesize_cue(synth, request, CueSlot.of(item.params).slot_s, max_speed, cancel)
+                )
+                request = dataclasses.replace(request, speed=cue.speed)
+                result, extra = cue.result, {"speed": cue.speed, "natural_s": round(cue.natural_s, 3)}
+            else:
+                result = self.run_engine(lambda: synth.synthesize(request, cancel=cancel()).result())
+                extra = {}
+            return self.finish(synth, request, result, spec, encoded=False), extra
+
+    def _adopt(self, plan: BatchPlan, run: JobRun, item: BatchItem) -> bool:
+        """Record an interrupted item done with the output its earlier attempt saved, if there is one."""
+        found = _saved_item(self.outputs, plan, item.position)
+        if found is None or not self.batches.start(plan.job_id, item.position, run.attempt):
+            return False
+        manifest = found.manifest
+        log.info("batch %s: item %d was saved before the interruption: kept", plan.job_id, item.position)
+        return self.batches.finish(
+            plan.job_id,
+            item.position,
+            run.attempt,
+            output_id=found.id,
+            duration_s=manifest.get("duration_s"),
+            seed=manifest.get("seed"),
+            result={"speed": manifest.get("speed")} if plan.kind == "dub" else None,
+        )
+
+    # -- a dub's track ----------------------------------------------------------------------------------
+
+    def _done(self, plan: BatchPlan) -> list[BatchItem]:
+        return [i for i in self.batches.items(plan.job_id) if i.state == "done" and i.output_id]
+
+    def _track(self, plan: BatchPlan) -> TtsOutcome:
+        """Place every finished cue at its start in one track, store it, and return it as the result."""
+        items = self.batches.items(plan.job_id)
+        cues = []
+        rate = 0
+        for item in items:
+            audio = None
+            if item.state == "done" and item.output_id:
+                audio, rate = sf.read(self.outputs.get(item.output_id).path, dtype="float32")
+            cues.append((CueSlot.of(item.params), audio))
+        rate = rate or int(self.host.info.get("sample_rate") or 24000)
+        last_end = max(CueSlot.of(item.params).end_s for item in items)
+        track, placements = assemble(cues, last_end, rate)
+        timings = [
+            SentenceTiming(item.position, item.params.get("text", ""), p.start_s, p.actual_end_s)
+            for item, p in zip(items, placements, strict=True)
+            if p is not None
+        ]
+        result = SynthesisResult(audio=track, sample_rate=rate, seed=0, timings=timings)
+        request = SynthesisRequest(
+            text="\n".join(str(item.params.get("text", "")) for item in items),
+            voice=plan.shared.get("voice"),
+            instruct=plan.shared.get("instruct"),
+        )
+        parameters = {"endpoint": "dub", "batch_id": plan.job_id, "request_id": plan.spec.request_id}
+        manifest = build_manifest(
+            request,
+            result,
+            format="wav",
+            sample_rate=rate,
+            model_checksum=str(self.host.info.get("fingerprint") or ""),
+            owner=plan.spec.owner,
+            parameters=parameters,
+        )
+        stored = self.outputs.save(encode(track, "wav", source_rate=rate), "wav", manifest)
+        return TtsOutcome(
+            seed=0,
+            duration_s=result.duration_s,
+            speech_tokens=0,
+            output_id=stored.id,
+            output_path=str(stored.path),
+            media_type="audio/wav",
+        )
+
+
+def item_request(plan: BatchPlan, item: BatchItem) -> SynthesisRequest:
+    """The synthesis an item asks for: its own voice, else the batch's uploaded recording."""
+    params = item.params
+    voice = params.get("voice")
+    return SynthesisRequest(
+        text=str(params.get("text") or ""),
+        voice=voice,
+        prompt_wav=None if voice else plan.prompt_wav,
+        prompt_text=None if voice else plan.shared.get("prompt_text"),
+        instruct=params.get("instruct"),
+        seed=params.get("seed"),
+        speed=params.get("speed"),
+        volume=float(params.get("volume") if params.get("volume") is not None else 1.0),
+    )
+
+
+def _saved_item(outputs: OutputStore, plan: BatchPlan, position: int) -> StoredOutput | None:
+    for output in outputs.list(owner=plan.spec.owner, limit=ORPHAN_SCAN):
+        parameters = output.manifest.get("parameters") or {}
+        if parameters.get("batch_id") == plan.job_id and parameters.get("item") == position:
+            return output
+    return None

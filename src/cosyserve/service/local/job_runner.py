@@ -1,0 +1,268 @@
+"""Jobs on the local backend: long texts, batches and dubs submitted to the scheduler as claimed attempts.
+
+Every job is a row in the job table first and a ticket on the scheduler second; its work claims the row
+as a numbered attempt when it starts (`JobStore.claim`, the same as a distributed worker does), then runs
+a long text (`local.jobs.run_pieces`) or a batch (`local.batches.BatchRunner`). What a job needs to run
+again after a restart — its request, how its result is delivered, its uploaded recording — is kept with
+it, so `resubmit` can put it back on the scheduler from its record alone. An attempt that follows one a
+crash interrupted first looks for the result the earlier attempt saved, so nothing is produced twice.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import threading
+from collections.abc import Callable
+from dataclasses import dataclass
+from typing import Any
+
+from cosyserve.errors import Cancelled, StorageError
+from cosyserve.service.backend import cancellable_job, job_pieces, new_job_id
+from cosyserve.service.batch_input import ItemSpec
+from cosyserve.service.local.batches import BatchPlan, BatchRunner
+from cosyserve.service.local.job_quota import JobQuota, estimate_audio_s
+from cosyserve.service.local.jobs import RECORD_WAIT_S, JobResult, JobRun, JobStateRecorder, run_pieces
+from cosyserve.service.local.model_host import ModelHost
+from cosyserve.service.logs import request_context
+from cosyserve.service.requests import OutputSpec, SynthesisRequest, TtsOutcome, job_parameters
+from cosyserve.service.scheduling.scheduler import Scheduler, Ticket, WorkContext
+from cosyserve.service.stores.batches import BatchStore
+from cosyserve.service.stores.jobs import JobRecord, JobStore
+from cosyserve.service.stores.outputs import OutputStore
+
+Body = Callable[[WorkContext, JobRun], JobResult]
+ORPHAN_SCAN = 200  # recent outputs looked through for a result an interrupted attempt saved
+
+
+@dataclass(frozen=True)
+class LocalJobs:
+    """Submits, resubmits and cancels this process's jobs; `finish` stores and counts one synthesis."""
+
+    host: ModelHost
+    scheduler: Scheduler
+    jobs: JobStore
+    batches: BatchStore
+    outputs: OutputStore
+    quota: JobQuota
+    finish: Callable[..., TtsOutcome]
+    run_engine: Callable[[Callable[[], Any]], Any]
+    max_text_chars: int
+    segment_timeout_s: float
+    lease_s: float
+    owns_jobs: bool  # this process alone runs the table's jobs: a shutdown leaves them queued
+    node: str  # the name its attempts are recorded under
+
+    # -- submitting -------------------------------------------------------------------------------------
+
+    def submit_job(self, request: SynthesisRequest, spec: OutputSpec) -> JobRecord:
+        """Accept a (possibly long) text as a job; its record always ends done, failed or cancelled."""
+        pieces = job_pieces(request, self.max_text_chars)  # fails early on a text that can't be a job
+        self.quota.admit(spec.key, spec.owner)
+        job_id = new_job_id()
+        spec = dataclasses.replace(spec, extra={**spec.extra, "job_id": job_id})
+
+        def create() -> JobRecord:
+            return self.jobs.create(
+                job_parameters(request, spec),
+                kind="tts",
+                owner=spec.owner,
+                job_id=job_id,
+                spec=spec_record(spec),
+                reserved_s=estimate_audio_s(request.text),
+                prompt_wav=request.prompt_wav,
+            )
+
+        body = self._tts_body(job_id, request, spec, pieces)
+        return self._submit(job_id, "tts", body, create, spec)
+
+    def submit_batch(
+        self,
+        kind: str,
+        items: list[ItemSpec],
+        shared: dict[str, Any],
+        prompt_wav: bytes | None,
+        spec: OutputSpec,
+    ) -> JobRecord:
+        """Accept a batch (kind "batch") or a dub (kind "dub") of checked items; items with a problem are
+        stored failed at once."""
+        self.quota.admit(spec.key, spec.owner)
+        job_id = new_job_id()
+        reserved = sum(estimate_audio_s(i.params.get("text", "")) for i in items if i.problem is None)
+
+        def create() -> JobRecord:
+            record = self.jobs.create(
+                {**shared, "items": len(items)},
+                kind=kind,
+                owner=spec.owner,
+                job_id=job_id,
+                spec=spec_record(spec),
+                reserved_s=round(reserved, 1),
+                prompt_wav=prompt_wav,
+            )
+            self.batches.add(job_id, [item.as_row() for item in items])
+            return record
+
+        plan = BatchPlan(job_id, kind, dict(shared), prompt_wav, dataclasses.replace(spec, key=None))
+        return self._submit(job_id, kind, self._batch_body(plan), create, spec)
+
+    def run_claimed_job(
+        self, job_id: str, attempt: int, request: SynthesisRequest, spec: OutputSpec
+    ) -> Ticket:
+        """Run a job a distributed worker claimed as `attempt`; its results land only while that attempt
+        is still the job's current one."""
+        pieces = job_pieces(request, self.max_text_chars)
+        body = self._tts_body(job_id, request, spec, pieces)
+        return self._ticket(job_id, "tts", body, spec, _set_event(), attempt=attempt)
+
+    def resubmit(self, record: JobRecord) -> Ticket:
+        """Put a queued job back on the scheduler from its record (after a restart); QueueFull when the
+        queue has no room yet."""
+        spec = self._spec_of(record)
+        prompt_wav = self.jobs.prompt_wav(record.id)
+        if record.kind == "tts":
+            request = request_of(record.params, prompt_wav)
+            body = self._tts_body(record.id, request, spec, job_pieces(request, self.max_text_chars))
+        else:
+            plan_spec = dataclasses.replace(spec, key=None)  # items are charged by the runner
+            plan = BatchPlan(record.id, record.kind, dict(record.params), prompt_wav, plan_spec)
+            body = self._batch_body(plan)
+        return self._ticket(record.id, record.kind, body, spec, _set_event())
+
+    def cancel_job(self, job_id: str) -> JobRecord:
+        """Cancel a queued or running job (JobStateError if it already ended)."""
+        record = cancellable_job(self.jobs, job_id)
+        if not self.scheduler.cancel(job_id, "cancelled by the client"):
+            # Not on this process's scheduler (waiting to be resubmitted): end the record itself.
+            record = self.jobs.finish_cancelled(job_id, "cancelled by the client")
+            if record.kind != "tts":
+                self.batches.cancel_rest(job_id, "cancelled", "cancelled by the client")
+            return record
+        return self.jobs.get(job_id) or record
+
+    # -- the work ---------------------------------------------------------------------------------------
+
+    def _submit(
+        self, job_id: str, kind: str, body: Body, create: Callable[[], JobRecord], spec: OutputSpec
+    ) -> JobRecord:
+        # The ticket first: a full queue refuses the job before any record exists.
+        recorded = threading.Event()
+        ticket = self._ticket(job_id, kind, body, spec, recorded)
+        try:
+            record = create()
+        except BaseException:
+            recorded.set()  # before cancelling: on_state waits for it
+            ticket.cancel("the job record could not be written")
+            raise
+        recorded.set()
+        return record
+
+    def _ticket(
+        self,
+        job_id: str,
+        kind: str,
+        body: Body,
+        spec: OutputSpec,
+        recorded: threading.Event,
+        *,
+        attempt: int | None = None,
+    ) -> Ticket:
+        recorder = JobStateRecorder(
+            self.jobs, self.batches, self.outputs, job_id, kind, recorded, keep_queued=self.owns_jobs
+        )
+        key_id = spec.key.id if spec.key is not None else (spec.extra.get("key_id") if spec.extra else None)
+
+        def work(ctx: WorkContext) -> JobResult:
+            recorded.wait(RECORD_WAIT_S)
+            number = attempt
+            if number is None:
+                claimed = self.jobs.claim(job_id, self.node, self.lease_s)
+                if claimed is None:
+                    raise Cancelled("the job ended before it started")
+                number = claimed.attempt
+            recorder.attempt = number
+            run = JobRun(job_id, number, key_id, self.jobs, self.quota, self.segment_timeout_s)
+            with request_context(spec.request_id):
+                return body(ctx, run)
+
+        # No scheduler timeout: each segment (or item) sets its own (`JobRun.arm`).
+        return self.scheduler.submit(work, job_id=job_id, owner=spec.owner, on_state=recorder, timeout_s=None)
+
+    def _tts_body(self, job_id: str, request: SynthesisRequest, spec: OutputSpec, pieces: list[str]) -> Body:
+        def body(ctx: WorkContext, run: JobRun) -> JobResult:
+            extra = {"format": spec.format, "pieces": len(pieces)}
+            saved = self._saved_result(job_id, spec.owner) if run.attempt > 1 else None
+            if saved is not None:
+                return JobResult(saved, extra)
+            with self.host.synthesizer(ctx.cancel) as synth:
+                result, stopped = self.run_engine(lambda: run_pieces(ctx, synth, request, pieces, run))
+                ctx.check_cancelled()  # lost the job while finishing the last piece: no output
+                # the key was charged segment by segment (`run_pieces`), not again here
+                outcome = self.finish(
+                    synth, request, result, dataclasses.replace(spec, key=None), encoded=False
+                )
+            if outcome.output_id is None:
+                raise StorageError(
+                    "the job's audio could not be saved (the server log says why): make room in the output "
+                    "directory, then submit the job again"
+                )
+            return JobResult(outcome, extra, run.quota.exceeded(run.key_id) if stopped else None)
+
+        return body
+
+    def _batch_body(self, plan: BatchPlan) -> Body:
+        runner = BatchRunner(self.host, self.batches, self.outputs, self.finish, self.run_engine)
+        return lambda ctx, run: runner.run(ctx, plan, run)
+
+    def _saved_result(self, job_id: str, owner: str | None) -> TtsOutcome | None:
+        """The output an interrupted attempt of this job saved before it could record it, if any."""
+        for output in self.outputs.list(owner=owner, limit=ORPHAN_SCAN):
+            if (output.manifest.get("parameters") or {}).get("job_id") == job_id:
+                manifest = output.manifest
+                return TtsOutcome(
+                    seed=int(manifest.get("seed") or 0),
+                    duration_s=float(manifest.get("duration_s") or 0.0),
+                    speech_tokens=int(manifest.get("speech_tokens") or 0),
+                    output_id=output.id,
+                    output_path=str(output.path),
+                    media_type="audio/wav",
+                    warnings=tuple(manifest.get("warnings") or ()),
+                )
+        return None
+
+    def _spec_of(self, record: JobRecord) -> OutputSpec:
+        data = record.spec or {}
+        key_id = data.get("key_id")
+        return OutputSpec(
+            format=data.get("format") or (record.params or {}).get("format") or "wav",
+            sample_rate=data.get("sample_rate"),
+            owner=record.owner,
+            key=self.quota.key_lookup(int(key_id)) if key_id is not None else None,
+            request_id=data.get("request_id"),
+            endpoint=data.get("endpoint") or "jobs",
+            extra={**(data.get("extra") or {}), "key_id": key_id},
+        )
+
+
+def spec_record(spec: OutputSpec) -> dict[str, Any]:
+    """What a job keeps of its `OutputSpec` (the key as its id) to run again after a restart."""
+    return {
+        "format": spec.format,
+        "sample_rate": spec.sample_rate,
+        "key_id": spec.key.id if spec.key is not None else None,
+        "request_id": spec.request_id,
+        "endpoint": spec.endpoint,
+        "extra": spec.extra,
+    }
+
+
+def request_of(params: dict[str, Any], prompt_wav: bytes | None) -> SynthesisRequest:
+    """A job's request again from its stored parameters and recording."""
+    fields = {f.name for f in dataclasses.fields(SynthesisRequest)} - {"prompt_wav", "stream"}
+    values = {key: value for key, value in params.items() if key in fields}
+    return SynthesisRequest(**values, prompt_wav=prompt_wav)
+
+
+def _set_event() -> threading.Event:
+    event = threading.Event()
+    event.set()
+    return event
