@@ -17,7 +17,7 @@ from fastapi.responses import RedirectResponse
 from fastapi_offline import FastAPIOffline
 
 from cosyserve import __version__
-from cosyserve.api import admin, health, jobs, openai, outputs, tts, voices
+from cosyserve.api import admin, batches, dub, health, jobs, openai, outputs, tts, voices
 from cosyserve.api.body_budget import BodyBudget
 from cosyserve.api.errors import install_error_handlers
 from cosyserve.api.middleware import ApiMiddleware
@@ -38,6 +38,7 @@ Voice-cloning text-to-speech with CosyVoice3.
 * `POST /v1/tts`: text → audio in a saved voice or one cloned from an upload (JSON or multipart; streaming).
 * `POST /v1/audio/speech`: OpenAI-compatible; point an OpenAI SDK's `base_url` at `<server>/v1`.
 * `/v1/voices`, `/v1/jobs`, `/v1/outputs`: saved voices, long-text jobs, stored results.
+* `/v1/batches`, `/v1/dub`: a script of lines as one job and a ZIP; a subtitle file as a timed voice-over.
 
 Errors always look like `{"error": {"code", "message", "request_id"}}`. When the server has API keys,
 send one as `Authorization: Bearer <key>` or `X-API-Key: <key>`.
@@ -69,7 +70,7 @@ def create_app(service: Service, *, manage_service: bool = True) -> FastAPI:
     )
     app.state.service = service
     install_error_handlers(app)
-    for module in (tts, openai, voices, jobs, outputs, health):
+    for module in (tts, openai, voices, jobs, batches, dub, outputs, health):
         app.include_router(module.router)
     app.include_router(admin.router)
     app.include_router(admin.session_router)

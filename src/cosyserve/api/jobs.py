@@ -30,7 +30,7 @@ def job_view(service: Service, record: JobRecord) -> JobView:
         position = ticket.position
         wait = round(ticket.estimated_wait_s(), 1) if position is not None else None
     result_url = None
-    if record.state == "done" and record.output_id:
+    if record.state in ("done", "failed") and record.output_id:  # failed with a result: stopped early
         fmt = (record.params or {}).get("format")
         rate = (record.params or {}).get("sample_rate")
         query = {"format": fmt if fmt != "wav" else None, "sample_rate": rate}
@@ -52,6 +52,8 @@ def job_view(service: Service, record: JobRecord) -> JobView:
         seed=record.seed,
         params=record.params or {},
         warnings=list((record.result_extra or {}).get("warnings", [])),
+        kind=record.kind,
+        partial=record.state == "failed" and record.output_id is not None,
     )
 
 

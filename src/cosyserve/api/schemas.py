@@ -182,6 +182,8 @@ class JobView(BaseModel):
     seed: int | None = None
     params: dict[str, Any] = Field(default_factory=dict)
     warnings: list[str] = Field(default_factory=list)
+    kind: str = Field("tts", description="tts (a long text), batch or dub (see /v1/batches)")
+    partial: bool = Field(False, description="it stopped early (error says why); result_url has what it made")
 
 
 class JobList(BaseModel):

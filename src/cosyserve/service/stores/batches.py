@@ -232,10 +232,10 @@ class BatchStore:
         return int(result.rowcount)
 
     def _move(
-        self, batch_id: str, position: int, attempt: int, allowed: tuple[str, ...], **values: Any
+        self, batch_id: str, position: int, of_attempt: int, allowed: tuple[str, ...], **values: Any
     ) -> bool:
         current_attempt = exists().where(
-            jobs_table.c.id == batch_id, jobs_table.c.attempt == attempt, jobs_table.c.state == "running"
+            jobs_table.c.id == batch_id, jobs_table.c.attempt == of_attempt, jobs_table.c.state == "running"
         )
         with self.engine.begin() as conn:
             result = conn.execute(

@@ -119,8 +119,9 @@ class JobStore:
         state: str | None = None,
         limit: int = 50,
         offset: int = 0,
+        kinds: tuple[str, ...] | None = None,
     ) -> list[JobRecord]:
-        """Newest first; `owner=None` lists every owner's jobs (admin view)."""
+        """Newest first; `owner=None` lists every owner's jobs (admin view); `kinds`: only these kinds."""
         if not 1 <= limit <= MAX_PAGE:
             raise InputError(f"limit must be between 1 and {MAX_PAGE}, got {limit}")
         if offset < 0:
@@ -130,6 +131,8 @@ class JobStore:
             query = query.where(jobs_table.c.owner == fit_to_column(owner, jobs_table.c.owner))
         if state is not None:
             query = query.where(jobs_table.c.state == clean_text(state))
+        if kinds is not None:
+            query = query.where(jobs_table.c.kind.in_(kinds))
         with self.engine.connect() as conn:
             rows = conn.execute(query.limit(limit).offset(offset)).mappings().all()
         return [record_from_row(row) for row in rows]

@@ -1,0 +1,121 @@
+"""Request and response bodies of batches and dubs, with the constraints and examples /docs shows."""
+
+from __future__ import annotations
+
+from typing import Any, Literal
+
+from pydantic import BaseModel, ConfigDict, Field
+
+from cosyserve.api.schemas import AudioFormat, JobError
+from cosyserve.service.requests import MAX_SEED
+
+TrackFormat = Literal["wav", "flac", "mp3"]
+
+
+class _Shared(BaseModel):
+    model_config = ConfigDict(extra="forbid", allow_inf_nan=False)
+
+    voice: str | None = Field(None, max_length=64, description="a saved voice for items that name none")
+    prompt_wav: str | None = Field(
+        None, description="instead of a voice: a 3-30 s recording (JSON: base64; multipart: the file)"
+    )
+    prompt_text: str | None = Field(None, max_length=500, description="transcript of prompt_wav")
+    instruct: str | None = Field(None, max_length=500, description="an instruction for every item")
+    seed: int | None = Field(None, ge=0, le=MAX_SEED)
+    speed: float | None = Field(None, ge=0.5, le=2.0)
+    volume: float | None = Field(None, ge=0.0, le=4.0)
+
+
+class BatchParams(_Shared):
+    """Shared settings of a batch (form fields, query parameters, or the JSON body beside `items`)."""
+
+    model_config = ConfigDict(
+        extra="forbid",
+        allow_inf_nan=False,
+        json_schema_extra={
+            "examples": [
+                {
+                    "voice": "alice",
+                    "items": [
+                        {"text": "第一课：你好。", "name": "lesson1"},
+                        {"text": "第二课：谢谢。", "name": "lesson2", "seed": 7},
+                    ],
+                }
+            ]
+        },
+    )
+
+    format: AudioFormat = Field("wav", description="format of the items' files (an item may set its own)")
+    items: list[dict[str, Any] | str] | None = Field(
+        None,
+        max_length=100_000,
+        description="JSON only: the items, each {text, voice, instruct, seed, speed, volume, format, name}",
+    )
+
+
+class DubParams(_Shared):
+    """A dub's settings (form fields, query parameters, or the JSON body beside `subtitles`)."""
+
+    model_config = ConfigDict(
+        extra="forbid",
+        allow_inf_nan=False,
+        json_schema_extra={
+            "examples": [{"voice": "alice", "subtitles": "1\n00:00:01,000 --> 00:00:02,500\n你好。\n"}]
+        },
+    )
+
+    format: TrackFormat = Field("wav", description="the track's format")
+    max_speed: float = Field(
+        1.25, ge=1.0, le=2.0, description="a cue longer than its slot is sped up at most this much"
+    )
+    subtitles: str | None = Field(
+        None, max_length=10_000_000, description="JSON only: the SRT or WebVTT text"
+    )
+
+
+class BatchItemView(BaseModel):
+    position: int
+    name: str
+    state: Literal["queued", "running", "done", "failed", "cancelled"]
+    text: str
+    voice: str | None = None
+    error: JobError | None = None
+    output_id: str | None = None
+    url: str | None = Field(None, description="signed download link of its audio")
+    duration_s: float | None = None
+    seed: int | None = None
+    start_s: float | None = Field(None, description="dub: the cue's start")
+    end_s: float | None = Field(None, description="dub: the cue's planned end")
+    speed: float | None = Field(None, description="dub: the speed it was synthesised at")
+    overflow_s: float | None = Field(None, description="dub: how far its speech runs past the cue's end")
+    cut_s: float | None = Field(None, description="dub: how much was cut so as not to run over the next cue")
+
+
+class BatchView(BaseModel):
+    id: str
+    kind: Literal["batch", "dub"]
+    state: Literal["queued", "running", "done", "failed", "cancelled"]
+    progress: float
+    total: int
+    done: int
+    failed: int
+    cancelled: int
+    created_at: str
+    started_at: str | None = None
+    finished_at: str | None = None
+    position: int | None = Field(None, description="place in the queue (0: next); only while queued")
+    estimated_time_left_s: float | None = Field(None, description="from the items done so far")
+    error: JobError | None = None
+    duration_s: float | None = Field(None, description="seconds of audio made (a dub: the track's length)")
+    archive_url: str | None = Field(None, description="signed link to the ZIP of every finished item")
+    track_url: str | None = Field(None, description="dub: signed link to the track")
+    report_url: str | None = Field(None, description="dub: the per-cue report (JSON; ?format=csv)")
+    params: dict[str, Any] = Field(default_factory=dict)
+    items: list[BatchItemView] = Field(
+        default_factory=list, description="a page of the items (offset, limit)"
+    )
+
+
+class BatchList(BaseModel):
+    object: Literal["list"] = "list"
+    data: list[BatchView]

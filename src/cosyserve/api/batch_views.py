@@ -1,0 +1,116 @@
+"""What a batch or a dub looks like to its client: state, counts, time left, items, signed links.
+
+Shared by the batch and dub routers (and the web UI, through its bridge): a batch is a job of kind "batch"
+or "dub" whose items are in the batch store.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from cosyserve.api.batch_schemas import BatchItemView, BatchView
+from cosyserve.api.schemas import JobError
+from cosyserve.service.access.principals import Principal
+from cosyserve.service.assembly import Service
+from cosyserve.service.batch_archive import placement
+from cosyserve.service.stores.batches import BatchItem
+from cosyserve.service.stores.jobs import JobNotFound, JobRecord
+
+BATCH_KINDS = ("batch", "dub")
+
+
+def own_batch(
+    service: Service, principal: Principal, batch_id: str, kinds: tuple[str, ...] = BATCH_KINDS
+) -> JobRecord:
+    """The caller's batch (admins: anyone's); JobNotFound otherwise (someone else's looks absent)."""
+    record = service.jobs.get(batch_id)
+    if record is None or record.kind not in kinds or not principal.may_see(record.owner):
+        noun = "dub" if kinds == ("dub",) else "batch"
+        raise JobNotFound(f"no {noun} {batch_id!r}: list yours with GET /v1/batches")
+    return record
+
+
+def batch_view(service: Service, record: JobRecord, *, offset: int = 0, limit: int = 100) -> BatchView:
+    counts = service.batches.counts(record.id)
+    ticket = service.scheduler.get(record.id)
+    progress, position, left = record.progress, None, None
+    if not record.is_terminal:
+        remaining = counts.queued + counts.running
+        if counts.mean_run_s is not None:
+            left = remaining * counts.mean_run_s
+        if ticket is not None:
+            progress = max(progress, ticket.progress)
+            position = ticket.position
+            if position is not None and left is not None:
+                left += ticket.estimated_wait_s()
+    elif record.state == "done":
+        progress = 1.0
+    data = record.to_dict()
+    error = JobError(code=record.error_code, message=record.error_message) if record.error_code else None
+    base = f"/v1/batches/{record.id}"
+    signed = service.access.signed_url
+    items = service.batches.items(record.id, offset=offset, limit=limit)
+    fmt = (record.params or {}).get("format") or "wav"
+    return BatchView(
+        id=record.id,
+        kind=record.kind,  # type: ignore[arg-type]
+        state=record.state,  # type: ignore[arg-type]
+        progress=round(progress, 4),
+        total=counts.total,
+        done=counts.done,
+        failed=counts.failed,
+        cancelled=counts.cancelled,
+        created_at=data["created_at"],
+        started_at=data["started_at"],
+        finished_at=data["finished_at"],
+        position=position,
+        estimated_time_left_s=round(left, 1) if left is not None else None,
+        error=error,
+        duration_s=record.duration_s,
+        archive_url=signed(f"{base}/archive") if counts.done else None,
+        track_url=track_url(service, record),
+        report_url=signed(f"{base}/report") if record.kind == "dub" else None,
+        params=_shown(record.params or {}),
+        items=[item_view(service, item, fmt) for item in items],
+    )
+
+
+def track_url(service: Service, record: JobRecord) -> str | None:
+    if record.kind != "dub" or not record.output_id:
+        return None
+    fmt = (record.params or {}).get("format") or "wav"
+    query = {"format": fmt} if fmt != "wav" else None
+    return service.access.signed_url(f"/v1/outputs/{record.output_id}", query)
+
+
+def item_view(service: Service, item: BatchItem, batch_format: str = "wav") -> BatchItemView:
+    params = item.params
+    url = None
+    if item.state == "done" and item.output_id:
+        fmt = params.get("format") or batch_format
+        query = {"format": fmt} if fmt not in ("wav", "pcm") else None
+        url = service.access.signed_url(f"/v1/outputs/{item.output_id}", query)
+    view: dict[str, Any] = {
+        "position": item.position,
+        "name": item.name,
+        "state": item.state,
+        "text": str(params.get("text") or ""),
+        "voice": params.get("voice"),
+        "error": JobError(code=item.error_code, message=item.error_message) if item.error_code else None,
+        "output_id": item.output_id,
+        "url": url,
+        "duration_s": item.duration_s,
+        "seed": item.seed,
+    }
+    if "start_s" in params:
+        view.update(start_s=params["start_s"], end_s=params["end_s"])
+        if item.state == "done" and item.duration_s is not None:
+            placed = placement(item.duration_s, params["start_s"], params["end_s"], params["limit_s"])
+            view.update(
+                speed=(item.result or {}).get("speed", 1.0), overflow_s=placed.overflow_s, cut_s=placed.cut_s
+            )
+    return BatchItemView(**view)
+
+
+def _shown(params: dict[str, Any]) -> dict[str, Any]:
+    return {key: value for key, value in params.items() if key != "prompt_wav"}

@@ -1,0 +1,115 @@
+"""Dubbing: a subtitle file becomes a timed voice-over.
+
+`POST /v1/dub` takes an SRT or WebVTT file and a voice: every cue is synthesised and placed at its start
+in one track as long as the last cue's end; a cue longer than its slot is sped up by the model up to
+`max_speed`, and what still does not fit runs into the gap after it (reported as `overflow_s`), never over
+the next cue. A dub is a batch of cues (progress, resume after a restart, cancel): `GET /v1/dub/{id}` is
+`GET /v1/batches/{id}`; the track and the per-cue report have routes of their own.
+"""
+
+from __future__ import annotations
+
+from typing import Literal
+
+from fastapi import APIRouter, Query, Request, Response
+from fastapi.responses import RedirectResponse
+from starlette.concurrency import run_in_threadpool
+
+from cosyserve.api.batch_inputs import read_submission
+from cosyserve.api.batch_schemas import BatchView, DubParams
+from cosyserve.api.batch_views import batch_view, own_batch, track_url
+from cosyserve.api.batches import batch_report, batch_rules
+from cosyserve.api.deps import CurrentPrincipal, get_service, output_spec
+from cosyserve.api.schemas import ERRORS
+from cosyserve.api.tts import upload_limit
+from cosyserve.errors import InputError, JobStateError
+from cosyserve.frontend.subtitles import parse_subtitles
+from cosyserve.service.batch_input import cue_items
+
+router = APIRouter(prefix="/v1/dub", tags=["dubbing"])
+SHARED = ("voice", "instruct", "seed", "speed", "volume", "format", "prompt_text", "max_speed")
+
+
+@router.post(
+    "",
+    status_code=202,
+    response_model=BatchView,
+    responses=ERRORS,
+    summary="Voice a subtitle file (SRT or WebVTT) as one timed track",
+    description="A multipart form (the subtitles as `file`, a recording as `prompt_wav`, settings as "
+    "fields), JSON (`subtitles` beside the settings), or the file itself as the body (application/x-subrip, "
+    "text/vtt) with settings as query parameters. Poll GET /v1/dub/{id}.",
+)
+async def create_dub(request: Request, response: Response, principal: CurrentPrincipal) -> BatchView:
+    service = get_service(request)
+    service.access.check_quota(principal)
+    got = await read_submission(request, DubParams, upload_limit(request))
+    params: DubParams = got.params
+    source = got.data if got.data is not None else params.subtitles
+    if not source:
+        raise InputError("no subtitles: upload the SRT or WebVTT file as `file`, or give `subtitles` in JSON")
+    cues = parse_subtitles(source, what=got.filename or "the subtitle file")
+    shared = {key: getattr(params, key) for key in SHARED}
+    item_shared = {**shared, "format": "wav"}  # each cue is kept as WAV; the track has the dub's format
+    items = cue_items(cues, batch_rules(service, item_shared, got.prompt_wav is not None))
+    spec = output_spec(request, principal, "dub")
+    record = await run_in_threadpool(service.backend.submit_batch, "dub", items, shared, got.prompt_wav, spec)
+    response.headers["Location"] = f"/v1/dub/{record.id}"
+    return batch_view(service, record)
+
+
+@router.get("/{dub_id}", response_model=BatchView, responses=ERRORS, summary="A dub's state and cues")
+def get_dub(
+    dub_id: str,
+    request: Request,
+    principal: CurrentPrincipal,
+    offset: int = Query(0, ge=0),
+    limit: int = Query(100, ge=0, le=1000),
+) -> BatchView:
+    service = get_service(request)
+    return batch_view(service, own_batch(service, principal, dub_id, ("dub",)), offset=offset, limit=limit)
+
+
+@router.delete(
+    "/{dub_id}", status_code=202, response_model=BatchView, responses=ERRORS, summary="Cancel a dub"
+)
+def cancel_dub(dub_id: str, request: Request, principal: CurrentPrincipal) -> BatchView:
+    service = get_service(request)
+    own_batch(service, principal, dub_id, ("dub",))
+    return batch_view(service, service.backend.cancel_job(dub_id))
+
+
+@router.get(
+    "/{dub_id}/track",
+    status_code=307,
+    responses=ERRORS,
+    summary="Redirect to the track's signed download URL (?format=wav|flac|mp3)",
+)
+def dub_track(
+    dub_id: str,
+    request: Request,
+    principal: CurrentPrincipal,
+    format: Literal["wav", "flac", "mp3"] | None = None,
+) -> Response:
+    service = get_service(request)
+    record = own_batch(service, principal, dub_id, ("dub",))
+    url = track_url(service, record)
+    if url is None or record.output_id is None:
+        raise JobStateError(f"dub {dub_id} is {record.state}: it has no track to download yet")
+    if format is not None:
+        query = {"format": format} if format != "wav" else None
+        url = service.access.signed_url(f"/v1/outputs/{record.output_id}", query)
+    return RedirectResponse(url, status_code=307)
+
+
+@router.get(
+    "/{dub_id}/report",
+    responses={200: {"content": {"application/json": {}, "text/csv": {}}}, **ERRORS},
+    summary="Per cue: planned and actual start, duration, speed used, overflow",
+)
+async def dub_report(
+    dub_id: str, request: Request, principal: CurrentPrincipal, format: Literal["json", "csv"] = "json"
+) -> Response:
+    service = get_service(request)
+    own_batch(service, principal, dub_id, ("dub",))
+    return await batch_report(dub_id, request, format, None, None)
