@@ -85,3 +85,96 @@ def test_a_csv_script_becomes_files_and_a_manifest(client) -> None:
             assert row["subtitles"] in names
     item = client.get(f"/v1/batches/{batch['id']}/items/1", follow_redirects=True)
     assert item.status_code == 200 and item.headers["content-type"] == "audio/wav"
+
+
+def test_cancel_stops_the_rest(client, server) -> None:
+    lines = "\n".join(f"第{n}句话，稍微长一点。" for n in range(1, 31)).encode()
+    files = {"file": ("script.txt", lines, "text/plain")}
+    batch = client.post("/v1/batches", data={"voice": "alice"}, files=files).json()
+    deadline = time.monotonic() + 120
+    while client.get(f"/v1/batches/{batch['id']}").json()["done"] < 2:
+        assert time.monotonic() < deadline
+        time.sleep(0.1)
+    cancelled = client.delete(f"/v1/batches/{batch['id']}")
+    assert cancelled.status_code == 202
+    final = wait_batch(client, batch["id"])
+    assert final["state"] == "cancelled" and final["error"]["code"] == "cancelled"
+    assert 2 <= final["done"] < 30 and final["done"] + final["cancelled"] == 30
+    assert {i["error"]["code"] for i in final["items"] if i["state"] == "cancelled"} == {"cancelled"}
+    time.sleep(1.0)  # nothing runs after the cancel
+    assert client.get(f"/v1/batches/{batch['id']}").json()["done"] == final["done"]
+    assert server.service.scheduler.stats()["running"] == 0
+    again = client.delete(f"/v1/batches/{batch['id']}")
+    assert again.status_code == 409
+    assert client.get(final["archive_url"]).status_code == 200  # what finished before still downloads
+
+
+def test_items_come_as_json_json_lines_or_plain_text(client) -> None:
+    body = {
+        "voice": "alice",
+        "seed": 4,
+        "items": ["第一句。", {"text": "第二句。", "name": "two", "format": "mp3"}],
+    }
+    as_json = client.post("/v1/batches", json=body)
+    jsonl = (
+        b'{"text": "\xe7\xac\xac\xe4\xb8\x80\xe5\x8f\xa5\xe3\x80\x82"}\n{"text": "hello there."}\nnot json\n'
+    )
+    as_jsonl = client.post(
+        "/v1/batches",
+        content=jsonl,
+        params={"voice": "alice"},
+        headers={"content-type": "application/x-ndjson"},
+    )
+    as_text = client.post(
+        "/v1/batches", data={"voice": "alice"}, files={"file": ("a.txt", b"one.\n\ntwo.\n")}
+    )
+    finals = [wait_batch(client, r.json()["id"]) for r in (as_json, as_jsonl, as_text)]
+    assert [(f["total"], f["done"], f["failed"]) for f in finals] == [(2, 2, 0), (3, 2, 1), (2, 2, 0)]
+    assert [i["name"] for i in finals[0]["items"]] == ["第一句", "two"] and finals[0]["items"][0]["seed"] == 4
+    assert "line 3 is not valid JSON" in finals[1]["items"][2]["error"]["message"]
+    mp3 = client.get(finals[0]["items"][1]["url"])
+    assert mp3.headers["content-type"] == "audio/mpeg"
+    with zipfile.ZipFile(io.BytesIO(client.get(finals[0]["archive_url"]).content)) as zipped:
+        assert {"0001_第一句.wav", "0002_two.mp3", "manifest.csv"} <= set(zipped.namelist())
+    listed = [b["id"] for b in client.get("/v1/batches").json()["data"]]
+    assert {f["id"] for f in finals} <= set(listed)
+
+
+@pytest.mark.parametrize(
+    ("filename", "content", "message"),
+    [
+        ("a.csv", b"words,voice\nhi,alice\n", "needs a header row with a `text` column"),
+        ("a.csv", b"text,colour\nhi,red\n", "unknown CSV column 'colour'"),
+        ("a.csv", "text\nhi\n".encode("utf-16"), "not UTF-8"),
+        ("a.txt", b"\n\n", "has no items"),
+        ("a.doc", b"hi", "can't tell what kind of batch file"),
+        ("a.txt", b"hi\n" * 1001, "the limit is 1000"),
+    ],
+)
+def test_a_batch_file_that_cannot_be_read_is_refused(client, filename, content, message) -> None:
+    response = client.post("/v1/batches", data={"voice": "alice"}, files={"file": (filename, content)})
+    assert response.status_code == 400 and message in response.json()["error"]["message"], response.text
+
+
+def test_items_that_cannot_run_fail_alone_with_their_reason(client) -> None:
+    items = [
+        {"text": "第一句。"},
+        {"text": "第二句。", "voice": "nobody"},
+        {"text": "第三句。", "seed": "seven"},
+        {"text": "。。。"},
+        {"text": "第五句。", "speed": 9},
+    ]
+    final = wait_batch(
+        client, client.post("/v1/batches", json={"voice": "alice", "items": items}).json()["id"]
+    )
+    assert final["state"] == "done" and (final["done"], final["failed"]) == (1, 4)
+    errors = [item["error"] and item["error"]["code"] for item in final["items"]]
+    assert errors == [None] + ["invalid_input"] * 4
+    assert "no voice 'nobody'" in final["items"][1]["error"]["message"]
+    messages = [item["error"]["message"] for item in final["items"][2:]]
+    assert (
+        "not a number" in messages[0] and "nothing to speak" in messages[1] and "out of range" in messages[2]
+    )
+    no_voice = wait_batch(client, client.post("/v1/batches", json={"items": ["hi."]}).json()["id"])
+    assert (no_voice["state"], no_voice["error"]["code"]) == ("failed", "items_failed")
+    assert "no voice" in no_voice["items"][0]["error"]["message"]

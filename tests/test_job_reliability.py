@@ -1,0 +1,135 @@
+"""Issue 16 for jobs, over HTTP: quotas that hold (reserved at submit, charged per segment or item, a job
+stopped at the quota keeps its finished part), timeouts per segment apart from the request timeout,
+storage failures that never end `done`, and texts with nothing to speak refused at submit."""
+
+from __future__ import annotations
+
+import io
+import time
+
+import httpx
+import pytest
+import soundfile as sf
+
+from conftest import LONG_TEXT, enrol_voice
+
+TERMINAL = {"done", "failed", "cancelled"}
+SENTENCES = "第一句话。第二句话。第三句话。第四句话。第五句话。第六句话。"
+
+
+@pytest.fixture(scope="module")
+def server(start_api_server, prompt_wav_bytes):
+    live = start_api_server(max_text_chars=40, request_timeout_s=1.5, api_keys_required=True)
+    live.admin_key = live.service.keys.create("ops", "admin")[1]
+    with as_key(live, live.admin_key) as admin:
+        enrol_voice(admin, "alice", prompt_wav_bytes)
+    yield live
+    live.stop()
+
+
+def as_key(server, key: str) -> httpx.Client:
+    return server.client(headers={"Authorization": f"Bearer {key}"})
+
+
+def wait(client, path: str, timeout: float = 120.0) -> dict:
+    deadline = time.monotonic() + timeout
+    while (body := client.get(path).json())["state"] not in TERMINAL:
+        assert time.monotonic() < deadline, body
+        time.sleep(0.1)
+    return body
+
+
+def test_a_one_second_quota_stops_a_job_at_the_quota(server) -> None:
+    _, key = server.service.keys.create("one-second", "user", quota=1.0)
+    with as_key(server, key) as client:
+        job = client.post("/v1/jobs", json={"text": SENTENCES * 2, "voice": "alice", "seed": 3}).json()
+        final = wait(client, f"/v1/jobs/{job['id']}")
+        assert final["state"] == "failed" and final["error"]["code"] == "quota_exceeded", final
+        assert final["partial"] and final["result_url"]  # what it finished is kept and downloadable
+        audio, rate = sf.read(io.BytesIO(httpx.get(client.base_url.join(final["result_url"])).content))
+        used = client.get("/v1/me").json()["quota"]["used_s"]
+        assert used >= 1.0 and abs(used - len(audio) / rate) < 0.01  # charged for exactly what it made
+        manifest = client.get(f"/v1/outputs/{final['output_id']}/manifest").json()
+        assert len(manifest["sentences"]) == 1  # it stopped after the segment that crossed the quota
+        refused = client.post("/v1/jobs", json={"text": "再来一句。", "voice": "alice"})
+        assert refused.status_code == 429 and refused.json()["error"]["code"] == "quota_exceeded"
+
+
+def test_queued_jobs_set_aside_their_estimated_seconds(server) -> None:
+    _, key = server.service.keys.create("ten-seconds", "user", quota=10.0)
+    with as_key(server, key) as client:
+        first = client.post("/v1/jobs", json={"text": LONG_TEXT * 2, "voice": "alice"})  # ~50 s estimated
+        assert first.status_code == 202
+        second = client.post("/v1/jobs", json={"text": "短。", "voice": "alice"})
+        assert second.status_code == 429 and "set aside" in second.json()["error"]["message"]
+        client.delete(f"/v1/jobs/{first.json()['id']}")
+        wait(client, f"/v1/jobs/{first.json()['id']}")
+
+
+def test_a_batch_is_charged_per_item_and_stops_at_the_quota(server) -> None:
+    _, key = server.service.keys.create("two-seconds", "user", quota=2.0)
+    with as_key(server, key) as client:
+        lines = "\n".join(f"第{n}句话。" for n in range(1, 11))
+        response = client.post(
+            "/v1/batches",
+            content=lines.encode(),
+            params={"voice": "alice"},
+            headers={"content-type": "text/plain"},
+        )
+        assert response.status_code == 202, response.text
+        batch = wait(client, f"/v1/batches/{response.json()['id']}")
+        assert batch["state"] == "failed" and batch["error"]["code"] == "quota_exceeded", batch
+        done = [item for item in batch["items"] if item["state"] == "done"]
+        rest = [item for item in batch["items"] if item["state"] == "cancelled"]
+        assert done and rest and len(done) + len(rest) == 10
+        assert {item["error"]["code"] for item in rest} == {"quota_exceeded"}
+        used = client.get("/v1/me").json()["quota"]["used_s"]
+        assert used == pytest.approx(sum(item["duration_s"] for item in done), abs=0.01)
+        assert client.get(batch["archive_url"]).status_code == 200  # the finished part downloads
+
+
+def test_jobs_have_their_own_timeout_per_segment(server, start_api_server, prompt_wav_bytes) -> None:
+    with as_key(server, server.admin_key) as client:
+        started = time.monotonic()
+        job = client.post("/v1/jobs", json={"text": SENTENCES * 3, "voice": "alice", "seed": 5}).json()
+        final = wait(client, f"/v1/jobs/{job['id']}")
+        assert final["state"] == "done", final
+        assert time.monotonic() - started > 1.5  # longer than the 1.5 s request timeout, and still done
+    hasty = start_api_server(max_text_chars=40, job_segment_timeout_s=0.05)  # a segment has 50 ms
+    with hasty.client() as client:
+        enrol_voice(client, "alice", prompt_wav_bytes)
+        job = client.post("/v1/jobs", json={"text": SENTENCES, "voice": "alice"}).json()
+        final = wait(client, f"/v1/jobs/{job['id']}")
+    hasty.stop()
+    assert final["state"] == "failed" and final["error"]["code"] == "timeout", final
+    assert "job_segment_timeout_s" in final["error"]["message"]
+
+
+def test_a_result_that_cannot_be_saved_fails_with_storage_error(server, monkeypatch) -> None:
+    def disk_full(*args, **kwargs):
+        raise OSError(28, "No space left on device")
+
+    monkeypatch.setattr(server.service.outputs, "save", disk_full)
+    with as_key(server, server.admin_key) as client:
+        job = client.post("/v1/jobs", json={"text": "第一句话。", "voice": "alice"}).json()
+        final = wait(client, f"/v1/jobs/{job['id']}")
+        assert (final["state"], final["error"]["code"], final["result_url"]) == (
+            "failed",
+            "storage_error",
+            None,
+        )
+        batch = client.post("/v1/batches", json={"voice": "alice", "items": ["第一句。", "第二句。"]}).json()
+        final = wait(client, f"/v1/batches/{batch['id']}")
+        assert final["state"] == "failed" and final["archive_url"] is None
+        assert {item["error"]["code"] for item in final["items"]} == {"storage_error"}
+
+
+@pytest.mark.parametrize("text", ["。。。！！", "……！？" * 200])
+def test_a_text_with_nothing_to_speak_is_refused_at_submit(server, text: str) -> None:
+    with as_key(server, server.admin_key) as client:
+        for path in ("/v1/tts", "/v1/jobs"):
+            response = client.post(
+                path, json={"text": text[:40] if path == "/v1/tts" else text, "voice": "alice"}
+            )
+            assert response.status_code == 400, (path, response.text)
+            assert "nothing to speak" in response.json()["error"]["message"]
