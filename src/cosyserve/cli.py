@@ -82,6 +82,9 @@ def build_parser() -> argparse.ArgumentParser:
     from cosyserve.commands import synthesize
 
     synthesize.add_parsers(sub)
+    from cosyserve.commands import batch
+
+    batch.add_parsers(sub)
 
     from cosyserve.bench.cli import add_bench_parser
 

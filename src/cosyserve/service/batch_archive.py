@@ -108,7 +108,7 @@ def stream_zip(
                 archive, sink, f"dub.{EXTENSIONS.get(track_format, track_format)}", track, track_format
             )
             archive.writestr("report.csv", report_csv(dub_report(items)))
-        archive.writestr("manifest.csv", _csv(MANIFEST_COLUMNS, rows))
+        archive.writestr("manifest.csv", rows_csv(MANIFEST_COLUMNS, rows))
     yield sink.take()
 
 
@@ -198,14 +198,14 @@ def placement(duration_s: float, start_s: float, end_s: float, limit_s: float) -
 
 
 def report_csv(rows: list[dict[str, Any]]) -> str:
-    return _csv(REPORT_COLUMNS, rows)
+    return rows_csv(REPORT_COLUMNS, rows)
 
 
 def report_json(rows: list[dict[str, Any]]) -> str:
     return json.dumps({"cues": rows}, ensure_ascii=False, indent=1)
 
 
-def _csv(columns: tuple[str, ...], rows: list[dict[str, Any]]) -> str:
+def rows_csv(columns: tuple[str, ...], rows: list[dict[str, Any]]) -> str:
     buffer = io.StringIO()
     writer = csv.DictWriter(buffer, fieldnames=columns, extrasaction="ignore", lineterminator="\n")
     writer.writeheader()

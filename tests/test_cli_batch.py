@@ -1,0 +1,108 @@
+"""`cosyserve batch` and `cosyserve dub`, locally with the demo model and against a running server:
+files and manifest, failing lines reported with a non-zero status, `--resume` making only what is missing,
+and the server path following (not resubmitting) its batch."""
+
+from __future__ import annotations
+
+import csv
+import json
+from pathlib import Path
+
+import pytest
+import soundfile as sf
+
+from conftest import PROMPT_TRANSCRIPT, enrol_voice
+from cosyserve.cli import main as cli_main
+
+SCRIPT = "text,name,seed\n第一句。,one,1\n第二句。,two,2\n" + "太长" * 30 + ",bad,3\n第四句。,four,4\n"
+SRT = (
+    "1\n00:00:00,500 --> 00:00:02,000\n第一句。\n\n"
+    "2\n00:00:03,000 --> 00:00:03,800\n这一句话非常非常长，长到无论如何都放不进它的时间里去。\n\n"
+    "3\n00:00:05,000 --> 00:00:06,500\n好。\n"
+)
+
+
+@pytest.fixture
+def prompt_args(shared_dir: Path, demo_model_path: Path, tmp_path: Path) -> list[str]:
+    prompt = shared_dir / "audio" / "prompt_zh_24k.wav"
+    return [
+        "--model", str(demo_model_path), "--device", "cpu", "--threads", "1",
+        "--data-dir", str(tmp_path / "data"), "--prompt-wav", str(prompt), "--prompt-text", PROMPT_TRANSCRIPT,
+        "--max-chars", "40", "--quiet",
+    ]  # fmt: skip
+
+
+def manifest(out: Path) -> list[dict]:
+    with (out / "manifest.csv").open(encoding="utf-8") as source:
+        return list(csv.DictReader(source))
+
+
+def test_a_local_batch_resumes_where_it_stopped(tmp_path, prompt_args, capsys) -> None:
+    script = tmp_path / "script.csv"
+    script.write_text(SCRIPT, encoding="utf-8")
+    out = tmp_path / "out"
+    assert cli_main(["batch", str(script), "--out", str(out), *prompt_args]) == 1  # one line failed
+    assert "3 of 4 items made" in capsys.readouterr().err
+    rows = manifest(out)
+    assert [row["state"] for row in rows] == ["done", "done", "failed", "done"]
+    assert "limit is 40" in rows[2]["error"]
+    for row in rows:
+        if row["file"]:
+            audio, rate = sf.read(out / row["file"])
+            assert abs(len(audio) / rate - float(row["duration_s"])) < 0.002
+    assert cli_main(["batch", str(script), "--out", str(out), *prompt_args]) == 2  # results there: refused
+    assert "pass --resume" in capsys.readouterr().err
+
+    kept = (out / "0001_one.wav").stat().st_mtime_ns
+    (out / "0002_two.wav").unlink()
+    assert cli_main(["batch", str(script), "--out", str(out), "--resume", *prompt_args]) == 1
+    assert (out / "0002_two.wav").exists() and (out / "0001_one.wav").stat().st_mtime_ns == kept
+    assert [row["seed"] for row in manifest(out)] == ["1", "2", "", "4"]
+
+
+def test_a_local_dub(tmp_path, prompt_args) -> None:
+    subtitles = tmp_path / "episode.srt"
+    subtitles.write_text(SRT, encoding="utf-8")
+    track = tmp_path / "episode.flac"
+    assert cli_main(["dub", str(subtitles), "--out", str(track), "--seed", "1", *prompt_args]) == 0
+    audio, rate = sf.read(track)
+    assert abs(len(audio) / rate - 6.5) <= 0.05
+    with (tmp_path / "episode.report.csv").open(encoding="utf-8") as source:
+        report = list(csv.DictReader(source))
+    assert [row["state"] for row in report] == ["done"] * 3
+    assert float(report[1]["speed"]) == pytest.approx(1.25) and float(report[1]["cut_s"]) > 0
+    assert float(report[1]["actual_end_s"]) <= 5.0 + 1e-3  # never over the next cue
+    assert (tmp_path / "episode.flac.parts").is_dir()
+    again = ["dub", str(subtitles), "--out", str(track), "--resume", "--report", str(tmp_path / "r.json")]
+    assert cli_main([*again, *prompt_args]) == 0  # every cue was there: only the track is written again
+    assert len(json.loads((tmp_path / "r.json").read_text())["cues"]) == 3
+
+
+def test_batch_and_dub_against_a_server(tmp_path, start_api_server, prompt_wav_bytes, capsys) -> None:
+    live = start_api_server(max_text_chars=40)
+    with live.client() as client:
+        enrol_voice(client, "alice", prompt_wav_bytes)
+    script = tmp_path / "lines.txt"
+    script.write_text("第一句。\n第二句。\n", encoding="utf-8")
+    out = tmp_path / "out"
+    remote = ["--server", live.url, "--voice", "alice", "--quiet"]
+    assert cli_main(["batch", str(script), "--out", str(out), *remote]) == 0
+    assert sorted(p.name for p in out.glob("*.wav")) == ["0001_第一句.wav", "0002_第二句.wav"]
+    assert len(manifest(out)) == 2
+    assert cli_main(["batch", str(script), "--out", str(out), *remote]) == 2  # submitted before
+    assert "pass --resume" in capsys.readouterr().err
+    assert cli_main(["batch", str(script), "--out", str(out), "--resume", *remote]) == 0
+    assert len(live.service.jobs.list(kinds=("batch",))) == 1  # followed, not submitted again
+
+    subtitles = tmp_path / "episode.vtt"
+    subtitles.write_text("WEBVTT\n\n00:00.500 --> 00:02.000\n第一句。\n\n00:03.000 --> 00:04.500\n第二句。\n")
+    track = tmp_path / "episode.mp3"
+    assert cli_main(["dub", str(subtitles), "--out", str(track), *remote]) == 0
+    audio, rate = sf.read(track)
+    assert abs(len(audio) / rate - 4.5) <= 0.1  # mp3 frames pad a little
+    assert (tmp_path / "episode.report.csv").read_text().count("\n") == 3
+    assert (
+        cli_main(["batch", str(script), "--out", str(tmp_path / "x"), "--server", "http://127.0.0.1:9"]) == 2
+    )
+    assert "could not be reached" in capsys.readouterr().err
+    live.stop()
