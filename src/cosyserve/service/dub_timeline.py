@@ -66,7 +66,7 @@ def fit_speed(duration_s: float, slot_s: float, speed: float, max_speed: float) 
     (and never slower than `speed`)."""
     if duration_s <= slot_s or slot_s <= 0:
         return speed
-    return min(max_speed, max(speed, speed * duration_s / slot_s * FIT_MARGIN))
+    return max(speed, min(max_speed, speed * duration_s / slot_s * FIT_MARGIN))
 
 
 def place(

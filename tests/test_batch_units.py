@@ -1,0 +1,170 @@
+"""Batches and dubbing without a model: subtitle files, batch files, and where a dub's cues go."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+
+from cosyserve.errors import InputError
+from cosyserve.frontend.subtitles import parse_subtitles
+from cosyserve.service.batch_input import BatchRules, cue_items, items_from, kind_of, read_items
+from cosyserve.service.dub_timeline import audible_span, fit_speed, place
+from cosyserve.service.local.dubbing import CueSlot, assemble
+
+RATE = 24000
+RULES = BatchRules(max_items=5, max_text_chars=20, shared={"voice": "alice", "seed": 3})
+
+
+def test_srt_is_read_leniently_where_players_are() -> None:
+    srt = (
+        "\ufeff2\r\n00:00:04,500 --> 00:00:06,000\r\n<i>second</i> {\\an8}line\r\n\r\n"
+        "1\r\n00:00:01.000 --> 00:00:03,250 X1:10\r\nfirst\r\nand more\r\n\r\n"
+        "00:00:07,000 --> 00:00:08,000\r\n♪♪\r\n"
+    )
+    cues = parse_subtitles(srt.encode("utf-8"))
+    assert [(c.index, c.start_s, c.end_s, c.text) for c in cues] == [
+        (1, 1.0, 3.25, "first and more"),
+        (2, 4.5, 6.0, "second line"),
+        (3, 7.0, 8.0, "♪♪"),
+    ]
+
+
+def test_webvtt_notes_settings_and_short_times() -> None:
+    vtt = (
+        "WEBVTT - episode 1\n\nNOTE a comment\nthat spans lines\n\nSTYLE\n::cue { color: red }\n\n"
+        "intro\n00:01.000 --> 00:02.500 align:start position:10%\n<v Alice>Hello <b>there</b>.\n\n"
+        "01:00:00.000 --> 01:00:01.000\nlate\n"
+    )
+    cues = parse_subtitles(vtt)
+    assert [(c.start_s, c.end_s, c.text) for c in cues] == [
+        (1.0, 2.5, "Hello there."),
+        (3600.0, 3601.0, "late"),
+    ]
+
+
+@pytest.mark.parametrize(
+    ("text", "message"),
+    [
+        (
+            "1\n00:00:01,000 --> 00:00:0x,000\nhi\n",
+            "line 2: '00:00:01,000 --> 00:00:0x,000' is not a time range",
+        ),
+        ("1\n00:00:03,000 --> 00:00:02,000\nhi\n", "line 2: the cue ends (00:00:02,000) before it starts"),
+        ("just some text\n", "has no cues"),
+        (
+            "00:00:01,000 --> 00:00:02,000\na\n\n00:00:01,000 --> 00:00:03,000\nb\n",
+            "two cues start at 00:00:01.000",
+        ),
+        (b"\xff\xfe\x00\xd8", "not UTF-8"),
+    ],
+)
+def test_subtitles_that_would_misplace_speech_are_refused(text, message) -> None:
+    with pytest.raises(InputError, match=message.replace("(", r"\(").replace(")", r"\)")):
+        parse_subtitles(text, what="episode.srt")
+
+
+def test_csv_items_with_shared_settings_and_problems() -> None:
+    data = (
+        "Text, Name ,seed,speed,format\n"
+        "hello.,greeting,,,\n"
+        "hi again.,a/b c,7,1.5,mp3\n"
+        ",empty,,,\n"
+        "this text is far too long to say,,,,\n"
+        "。。。,,,,\n"
+        "x.,,x,,\n"
+        "y.,,,9,\n"
+        "z.,,,,ogg\n"
+    ).encode()
+    with pytest.raises(InputError, match="8 items, the limit is 5"):
+        read_items(data, "csv", RULES)
+    items = read_items(data, "csv", BatchRules(10, 20, shared={"voice": "alice", "seed": 3}))
+    first, second = items[0], items[1]
+    assert (first.name, first.params["seed"], first.params["voice"], first.params["format"]) == (
+        "greeting",
+        3,
+        "alice",
+        "wav",
+    )
+    assert (second.name, second.params["seed"], second.params["speed"], second.params["format"]) == (
+        "a_b_c",
+        7,
+        1.5,
+        "mp3",
+    )
+    problems = [item.problem for item in items]
+    assert problems[:2] == [None, None]
+    assert "no text" in problems[2] and "limit is 20" in problems[3] and "nothing to speak" in problems[4]
+    assert (
+        "not a number" in problems[5]
+        and "out of range" in problems[6]
+        and "'ogg' is not one of" in problems[7]
+    )
+    assert items[3].name == "this_text_is_far_too_lon"  # from its text: letters, digits, _ and -
+
+
+def test_json_jsonl_and_text_items() -> None:
+    json_items = read_items(b'{"items": ["one.", {"text": "two.", "colour": "red"}]}', "json", RULES)
+    assert [i.problem for i in json_items] == [None, "unknown field 'colour': items have text, voice, "
+                                                "instruct, seed, speed, volume, format, name"]  # fmt: skip
+    lines = read_items(b'{"text": "a."}\nnot json\n\n"b."\n', "jsonl", RULES)
+    assert [i.problem for i in lines] == [None, "line 2 is not valid JSON", None]
+    text = read_items(b"first.\n\n second. \n", "txt", RULES)
+    assert [i.params["text"] for i in text] == ["first.", "second."]
+    assert items_from(["x."], BatchRules(shared={}))[0].problem.startswith("no voice")
+    assert items_from(["x."], BatchRules(has_prompt=True))[0].problem is None
+    with pytest.raises(InputError, match="no items"):
+        items_from([], RULES)
+    with pytest.raises(InputError, match="header row with a `text` column"):
+        read_items(b"words\nhi\n", "csv", RULES)
+    assert (kind_of("a.CSV"), kind_of(None, "application/x-ndjson"), kind_of("b.txt")) == (
+        "csv",
+        "jsonl",
+        "txt",
+    )
+    with pytest.raises(InputError, match="can't tell"):
+        kind_of("a.xlsx")
+
+
+def test_cue_items_must_stop_at_the_next_cue() -> None:
+    cues = parse_subtitles("00:01.000 --> 00:02.000\na.\n\n00:02.500 --> 00:04.000\nb.\n")
+    items = cue_items(cues, RULES)
+    assert [(i.name, i.params["start_s"], i.params["end_s"], i.params["limit_s"]) for i in items] == [
+        ("cue1", 1.0, 2.0, 2.5),
+        ("cue2", 2.5, 4.0, 4.0),
+    ]
+
+
+def noise(seconds: float, lead: float = 0.0, tail: float = 0.0) -> np.ndarray:
+    rng = np.random.default_rng(0)
+    body = (0.05 * rng.standard_normal(int(seconds * RATE))).astype(np.float32)
+    return np.concatenate(
+        [np.zeros(int(lead * RATE), np.float32), body, np.zeros(int(tail * RATE), np.float32)]
+    )
+
+
+def test_near_silence_around_speech_is_trimmed() -> None:
+    first, last = audible_span(noise(1.0, lead=0.2, tail=0.3), RATE)
+    assert abs(first / RATE - 0.198) < 0.003 and abs(last / RATE - 1.22) < 0.003
+    assert audible_span(np.zeros(RATE, np.float32), RATE) == (0, 0)
+    first, _ = audible_span(noise(1.0, lead=2.0), RATE)
+    assert first == int(0.5 * RATE)  # at most half a second: a long pause is the speaker's
+
+
+def test_fit_speed_stays_within_its_limit() -> None:
+    assert fit_speed(1.0, 2.0, 1.0, 1.25) == 1.0
+    assert fit_speed(2.2, 2.0, 1.0, 1.25) == pytest.approx(1.1 * 1.01)
+    assert fit_speed(5.0, 2.0, 1.0, 1.25) == 1.25
+    assert fit_speed(5.0, 2.0, 1.5, 1.25) == 1.5  # never slower than asked
+
+
+def test_place_overflows_into_the_gap_and_is_cut_before_the_next_cue() -> None:
+    start, clip, placed = place(noise(1.5), RATE, 1.0, 2.0, 3.0)  # 0.5 s past its end, within the gap
+    assert start == RATE and len(clip) == int(1.5 * RATE)
+    assert (placed.overflow_s, placed.cut_s, placed.actual_end_s) == (0.5, 0.0, 2.5)
+    start, clip, placed = place(noise(3.0), RATE, 1.0, 2.0, 3.0)  # would run over the next cue at 3.0
+    assert len(clip) == 2 * RATE and (placed.overflow_s, placed.cut_s) == (2.0, 1.0)
+    assert abs(clip[-1]) < 1e-6 and np.max(np.abs(clip[-10:])) < 0.01  # faded out, no click
+    track, placements = assemble(
+        [(CueSlot(1.0, 2.0, 3.0), noise(3.0)), (CueSlot(3.0, 4.0, 4.0), None)], 4.0, RATE
+    )
+    assert len(track) == 4 * RATE and placements[1] is None and np.all(track[3 * RATE :] == 0)
