@@ -13,6 +13,7 @@ from cosyserve.api.schemas import JobError
 from cosyserve.service.access.principals import Principal
 from cosyserve.service.assembly import Service
 from cosyserve.service.batch_archive import placement
+from cosyserve.service.batch_status import batch_status
 from cosyserve.service.stores.batches import BatchItem
 from cosyserve.service.stores.jobs import JobNotFound, JobRecord
 
@@ -31,20 +32,8 @@ def own_batch(
 
 
 def batch_view(service: Service, record: JobRecord, *, offset: int = 0, limit: int = 100) -> BatchView:
-    counts = service.batches.counts(record.id)
-    ticket = service.scheduler.get(record.id)
-    progress, position, left = record.progress, None, None
-    if not record.is_terminal:
-        remaining = counts.queued + counts.running
-        if counts.mean_run_s is not None:
-            left = remaining * counts.mean_run_s
-        if ticket is not None:
-            progress = max(progress, ticket.progress)
-            position = ticket.position
-            if position is not None and left is not None:
-                left += ticket.estimated_wait_s()
-    elif record.state == "done":
-        progress = 1.0
+    status = batch_status(service.batches, service.scheduler, record)
+    counts = status.counts
     data = record.to_dict()
     error = JobError(code=record.error_code, message=record.error_message) if record.error_code else None
     base = f"/v1/batches/{record.id}"
@@ -55,7 +44,7 @@ def batch_view(service: Service, record: JobRecord, *, offset: int = 0, limit: i
         id=record.id,
         kind=record.kind,  # type: ignore[arg-type]
         state=record.state,  # type: ignore[arg-type]
-        progress=round(progress, 4),
+        progress=status.progress,
         total=counts.total,
         done=counts.done,
         failed=counts.failed,
@@ -63,8 +52,8 @@ def batch_view(service: Service, record: JobRecord, *, offset: int = 0, limit: i
         created_at=data["created_at"],
         started_at=data["started_at"],
         finished_at=data["finished_at"],
-        position=position,
-        estimated_time_left_s=round(left, 1) if left is not None else None,
+        position=status.position,
+        estimated_time_left_s=status.time_left_s,
         error=error,
         duration_s=record.duration_s,
         archive_url=signed(f"{base}/archive") if counts.done else None,

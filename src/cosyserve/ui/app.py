@@ -25,6 +25,7 @@ from cosyserve.service.access.principals import Principal
 from cosyserve.service.assembly import Service
 from cosyserve.ui import assets
 from cosyserve.ui.admin_tab import build_admin_tab
+from cosyserve.ui.batch_tab import build_batch_tab
 from cosyserve.ui.bridge import MODES, UiBridge
 from cosyserve.ui.generate import TicketRegistry
 from cosyserve.ui.history_tab import HistoryTab, build_history_tab
@@ -91,6 +92,7 @@ def build_ui(service: Service, bridge: UiBridge | None = None) -> gr.Blocks:
         with gr.Tabs(elem_id="cosy-tabs") as tabs:
             panels = [build_mode_panel(mode, ctx) for mode in MODES]
             library = build_library_tab(ctx, panels, tabs)
+            build_batch_tab(ctx)
             # (the admin tab is not the last one: Gradio 6.31 duplicates the button of a last tab when
             # that tab is first opened)
             admin = build_admin_tab(ctx)

@@ -1,0 +1,117 @@
+"""What the web UI's Batch tab asks of the service: the same calls `/v1/batches` and `/v1/dub` make.
+
+A script (CSV, TXT, JSONL, JSON) becomes a batch and a subtitle file (SRT, WebVTT) a dub, submitted as the
+signed-in principal (its rate limit and quota apply, its key is charged per item); status, items and
+signed download links come from the same stores and helpers the API uses.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+from cosyserve.errors import InputError
+from cosyserve.frontend.subtitles import parse_subtitles
+from cosyserve.service.access.principals import Principal
+from cosyserve.service.batch_input import BatchRules, ItemSpec, cue_items, kind_of, read_items
+from cosyserve.service.batch_status import BatchStatus, batch_status
+from cosyserve.service.requests import OutputSpec
+from cosyserve.service.stores.batches import BatchItem
+from cosyserve.service.stores.jobs import JobNotFound, JobRecord
+from cosyserve.service.stores.outputs import StoredOutput
+from cosyserve.ui.bridge import UiBridge
+
+SCRIPT_SUFFIXES = (".csv", ".txt", ".jsonl", ".json")
+SUBTITLE_SUFFIXES = (".srt", ".vtt")
+BATCH_KINDS = ("batch", "dub")
+
+
+class BatchBridge:
+    """The Batch tab's view of the service, through the page's `UiBridge`."""
+
+    def __init__(self, bridge: UiBridge) -> None:
+        self.bridge = bridge
+        self.service = bridge.service
+
+    def submit(
+        self,
+        principal: Principal,
+        path: str | Path,
+        *,
+        voice: str | None,
+        instruct: str | None,
+        fmt: str,
+        max_speed: float,
+        request_id: str,
+    ) -> JobRecord:
+        """A batch (a script) or a dub (a subtitle file) of the uploaded file, as `principal`."""
+        service = self.service
+        data, suffix = self._read(path)
+        service.access.check_rate(principal)
+        service.access.check_quota(principal)
+        limits = service.settings.limits
+        shared = {"voice": voice or None, "instruct": (instruct or "").strip() or None, "format": fmt}
+        if suffix in SUBTITLE_SUFFIXES:
+            kind, shared = "dub", {**shared, "max_speed": max_speed}
+            rules = BatchRules(
+                limits.max_batch_items, limits.max_text_chars, False, {**shared, "format": "wav"}
+            )
+            items: list[ItemSpec] = cue_items(parse_subtitles(data, what=Path(path).name), rules)
+        else:
+            kind = "batch"
+            rules = BatchRules(limits.max_batch_items, limits.max_text_chars, False, shared)
+            items = read_items(data, kind_of(Path(path).name), rules)
+        spec = OutputSpec(
+            owner=principal.owner, key=principal.key, request_id=request_id, endpoint=f"ui-{kind}"
+        )
+        return service.backend.submit_batch(kind, items, shared, None, spec)
+
+    def _read(self, path: str | Path) -> tuple[bytes, str]:
+        path = Path(path)
+        suffix = path.suffix.lower()
+        if suffix not in SCRIPT_SUFFIXES + SUBTITLE_SUFFIXES:
+            raise InputError(
+                f"{path.name}: upload a script ({', '.join(SCRIPT_SUFFIXES)}) or subtitles (.srt, .vtt)"
+            )
+        limit_mb = self.service.settings.limits.max_upload_mb
+        if path.stat().st_size > limit_mb * 1e6:
+            raise InputError(f"{path.name} is larger than the limit of {limit_mb:g} MB")
+        return path.read_bytes(), suffix
+
+    def record(self, principal: Principal, batch_id: str) -> JobRecord:
+        record = self.service.jobs.get(batch_id)
+        if record is None or record.kind not in BATCH_KINDS or not principal.may_see(record.owner):
+            raise JobNotFound(f"no batch {batch_id!r}")
+        return record
+
+    def status(self, principal: Principal, batch_id: str) -> BatchStatus:
+        record = self.record(principal, batch_id)
+        return batch_status(self.service.batches, self.service.scheduler, record)
+
+    def items(self, batch_id: str) -> list[BatchItem]:
+        return self.service.batches.items(batch_id)
+
+    def cancel(self, principal: Principal, batch_id: str) -> JobRecord:
+        self.record(principal, batch_id)
+        return self.service.backend.cancel_job(batch_id)
+
+    def item_output(self, principal: Principal, batch_id: str, position: int) -> StoredOutput:
+        self.record(principal, batch_id)
+        item = self.service.batches.item(batch_id, position)
+        if item is None or item.state != "done" or not item.output_id:
+            raise InputError(f"item {position} has no audio yet")
+        return self.service.outputs.get(item.output_id)
+
+    # -- signed links (they work without credentials until they expire) ----------------------------------
+
+    def archive_url(self, batch_id: str) -> str:
+        return self.service.access.signed_url(f"/v1/batches/{batch_id}/archive")
+
+    def report_url(self, batch_id: str) -> str:
+        return self.service.access.signed_url(f"/v1/batches/{batch_id}/report", {"format": "csv"})
+
+    def track_url(self, record: JobRecord) -> str | None:
+        if record.kind != "dub" or not record.output_id:
+            return None
+        fmt = (record.params or {}).get("format") or "wav"
+        query = {"format": fmt} if fmt != "wav" else None
+        return self.service.access.signed_url(f"/v1/outputs/{record.output_id}", query)

@@ -1,0 +1,312 @@
+"""The Batch tab: upload a script (CSV, TXT, JSONL) or a subtitle file (SRT, WebVTT), pick a voice, and
+watch it run — a live progress bar and a table of every item — then play any finished item and download
+the ZIP (a script) or the track and its timing report (subtitles).
+
+The tab follows one batch at a time, polling its status once a second while it runs (`gr.Timer`); the
+batch itself is a job on the server, so it goes on if the page is closed, and survives a restart.
+"""
+
+from __future__ import annotations
+
+import html
+from dataclasses import dataclass
+from typing import Any
+
+import gradio as gr
+
+from cosyserve.service.access.principals import Principal
+from cosyserve.service.batch_status import BatchStatus
+from cosyserve.service.logs import new_request_id
+from cosyserve.ui.batch_bridge import SCRIPT_SUFFIXES, SUBTITLE_SUFFIXES, BatchBridge
+from cosyserve.ui.generate import as_gr_error, cache_copy
+from cosyserve.ui.studio import UiContext
+
+POLL_S = 1.0
+STRINGS: dict[str, tuple[str, str]] = {
+    "tab": ("批量与配音", "Batch"),
+    "about": (
+        "上传脚本（CSV 需含 text 列；TXT 每行一句；JSONL）批量生成，"
+        "或上传字幕（SRT、WebVTT）生成对齐时间轴的配音。"
+        "任务在服务器上运行：关闭页面后仍会继续，服务器重启后从中断处接着做。",
+        "Upload a script (CSV with a `text` column, TXT with one line per item, JSONL) to voice every "
+        "line, or subtitles (SRT, WebVTT) for a voice-over timed to the cues. It runs on the server: it "
+        "goes on if you close the page, and resumes after a restart.",
+    ),
+    "file": ("脚本或字幕文件", "Script or subtitle file"),
+    "voice": ("音色", "Voice"),
+    "instruct": ("指令（可选，用于每一句）", "Instruction (optional, for every line)"),
+    "format": ("格式", "Format"),
+    "max_speed": ("字幕配音：最多加速到", "Subtitles: speed a line up at most"),
+    "start": ("开始", "Start"),
+    "cancel": ("取消剩余", "Cancel the rest"),
+    "pick": ("播放已完成的一项", "Play a finished item"),
+    "audio": ("试听", "Listen"),
+    "cols": ("序号|名称|状态|时长（秒）|错误", "#|Name|State|Seconds|Error"),
+    "no_file": ("请先上传脚本或字幕文件。", "Upload a script or a subtitle file first."),
+    "no_voice": ("请选择一个已保存的音色。", "Pick a saved voice first."),
+    "progress": (
+        "{finished} / {total} 已处理 · {done} 完成 · {failed} 失败",
+        "{finished} / {total} finished · {done} done · {failed} failed",
+    ),
+    "left": ("约剩 {seconds:.0f} 秒", "about {seconds:.0f} s left"),
+    "state_queued": ("排队中", "queued"),
+    "state_running": ("进行中", "running"),
+    "state_done": ("完成", "done"),
+    "state_failed": ("失败", "failed"),
+    "state_cancelled": ("已取消", "cancelled"),
+    "zip": ("下载 ZIP", "Download ZIP"),
+    "track": ("下载配音", "Download the track"),
+    "report": ("时间轴报告 (CSV)", "Timing report (CSV)"),
+}
+
+
+def bt(key: str, lang: str, **values: Any) -> str:
+    zh, en = STRINGS[key]
+    template = zh if lang == "zh" else en
+    return template.format(**values) if values else template
+
+
+def _in(key: str) -> Any:
+    return lambda lang: bt(key, lang)
+
+
+@dataclass
+class BatchTab:
+    tab: Any
+    voice: gr.Dropdown
+
+
+@dataclass
+class _Parts:
+    """The tab's components, for the event handlers."""
+
+    progress: gr.HTML
+    links: gr.HTML
+    table: gr.Dataframe
+    pick: gr.Dropdown
+    audio: gr.Audio
+    timer: gr.Timer
+    current: gr.State
+
+    @property
+    def view(self) -> list[Any]:
+        return [self.progress, self.links, self.table, self.pick, self.timer]
+
+
+def build_batch_tab(ctx: UiContext) -> BatchTab:
+    tr = ctx.tr
+    with tr.bind(gr.Tab(tr_text(ctx, "tab"), id="batch", elem_id="tab-batch"), label=_in("tab")) as tab:
+        tr.bind(gr.Markdown(tr_text(ctx, "about")), value=_in("about"))
+        with gr.Row(equal_height=False):
+            with gr.Column(scale=4):
+                inputs = _inputs(ctx)
+            with gr.Column(scale=6):
+                parts = _outputs(ctx)
+    actions = _BatchActions(ctx, BatchBridge(ctx.bridge), parts)
+    file, voice, instruct, fmt, max_speed, start, cancel = inputs
+    start.click(
+        actions.start,
+        [ctx.lang, file, voice, instruct, fmt, max_speed],
+        [parts.current, *parts.view, parts.audio],
+    )
+    parts.timer.tick(actions.refresh, [ctx.lang, parts.current], parts.view, show_progress="hidden")
+    cancel.click(actions.cancel, [ctx.lang, parts.current], parts.view)
+    parts.pick.change(actions.play, [ctx.lang, parts.current, parts.pick], [parts.audio])
+    tab.select(actions.voices, [ctx.lang, voice], [voice])
+    ctx.lang.change(actions.refresh, [ctx.lang, parts.current], parts.view, show_progress="hidden")
+    return BatchTab(tab, voice)
+
+
+def tr_text(ctx: UiContext, key: str) -> str:
+    return bt(key, ctx.tr.lang)
+
+
+def _inputs(ctx: UiContext) -> tuple[Any, ...]:
+    tr, lang = ctx.tr, ctx.tr.lang
+    file = tr.bind(
+        gr.File(
+            label=bt("file", lang),
+            file_types=list(SCRIPT_SUFFIXES + SUBTITLE_SUFFIXES),
+            type="filepath",
+            elem_id="batch-file",
+        ),
+        label=_in("file"),
+    )
+    choices = [(voice.name, voice.id) for voice in ctx.bridge.voices()]
+    voice = tr.bind(
+        gr.Dropdown(choices=choices, value=None, label=bt("voice", lang), elem_id="batch-voice"),
+        label=_in("voice"),
+    )
+    instruct = tr.bind(
+        gr.Textbox(label=bt("instruct", lang), max_lines=1, elem_id="batch-instruct"), label=_in("instruct")
+    )
+    fmt = tr.bind(
+        gr.Radio(["wav", "mp3", "flac"], value="wav", label=bt("format", lang), elem_id="batch-format"),
+        label=_in("format"),
+    )
+    max_speed = tr.bind(
+        gr.Slider(1.0, 2.0, value=1.25, step=0.05, label=bt("max_speed", lang), elem_id="batch-max-speed"),
+        label=_in("max_speed"),
+    )
+    with gr.Row():
+        start = tr.bind(
+            gr.Button(bt("start", lang), variant="primary", elem_id="batch-start"), value=_in("start")
+        )
+        cancel = tr.bind(
+            gr.Button(bt("cancel", lang), variant="stop", elem_id="batch-cancel"), value=_in("cancel")
+        )
+    return file, voice, instruct, fmt, max_speed, start, cancel
+
+
+def _outputs(ctx: UiContext) -> _Parts:
+    tr, lang = ctx.tr, ctx.tr.lang
+    progress = gr.HTML("", elem_id="batch-progress")
+    links = gr.HTML("", elem_id="batch-links")
+    table = gr.Dataframe(interactive=False, wrap=True, elem_id="batch-table")
+    pick = tr.bind(
+        gr.Dropdown(choices=[], value=None, label=bt("pick", lang), elem_id="batch-pick"), label=_in("pick")
+    )
+    audio = tr.bind(
+        gr.Audio(type="filepath", interactive=False, label=bt("audio", lang), elem_id="batch-audio"),
+        label=_in("audio"),
+    )
+    return _Parts(progress, links, table, pick, audio, gr.Timer(POLL_S, active=False), gr.State(None))
+
+
+class _BatchActions:
+    """The tab's event handlers; every one resolves the caller again from the request's credentials."""
+
+    def __init__(self, ctx: UiContext, batches: BatchBridge, parts: _Parts) -> None:
+        self.ctx, self.batches, self.parts = ctx, batches, parts
+
+    def _principal(self, request: gr.Request) -> Principal:
+        return self.ctx.bridge.principal_of(request)
+
+    def start(
+        self,
+        lang: str,
+        path: str | None,
+        voice: str | None,
+        instruct: str,
+        fmt: str,
+        max_speed: float,
+        request: gr.Request,
+    ) -> list[Any]:
+        if not path:
+            raise gr.Error(bt("no_file", lang), print_exception=False)
+        if not voice:
+            raise gr.Error(bt("no_voice", lang), print_exception=False)
+        request_id = new_request_id()
+        try:
+            principal = self._principal(request)
+            record = self.batches.submit(
+                principal,
+                path,
+                voice=voice,
+                instruct=instruct,
+                fmt=fmt,
+                max_speed=max_speed,
+                request_id=request_id,
+            )
+            view = self._view(lang, principal, record.id)
+        except Exception as exc:
+            raise as_gr_error(exc, lang, request_id) from None
+        view[3] = gr.update(choices=[], value=None)  # a new batch: nothing of it to play yet
+        return [record.id, *view, None]
+
+    def refresh(self, lang: str, batch_id: str | None, request: gr.Request) -> list[Any]:
+        if not batch_id:
+            return [gr.update(), gr.update(), gr.update(), gr.update(), gr.Timer(active=False)]
+        try:
+            return self._view(lang, self._principal(request), batch_id)
+        except Exception as exc:
+            raise as_gr_error(exc, lang) from None
+
+    def cancel(self, lang: str, batch_id: str | None, request: gr.Request) -> list[Any]:
+        if not batch_id:
+            return self.refresh(lang, batch_id, request)
+        try:
+            principal = self._principal(request)
+            if not self.batches.record(principal, batch_id).is_terminal:
+                self.batches.cancel(principal, batch_id)
+            return self._view(lang, principal, batch_id)
+        except Exception as exc:
+            raise as_gr_error(exc, lang) from None
+
+    def play(self, lang: str, batch_id: str | None, position: int | None, request: gr.Request) -> Any:
+        if not batch_id or not position:
+            return None
+        try:
+            output = self.batches.item_output(self._principal(request), batch_id, int(position))
+        except Exception as exc:
+            raise as_gr_error(exc, lang) from None
+        return cache_copy(output.path, self.ctx.cache_dir)
+
+    def voices(self, lang: str, current: str | None) -> Any:
+        choices = [(voice.name, voice.id) for voice in self.ctx.bridge.voices()]
+        ids = {value for _, value in choices}
+        return gr.update(choices=choices, value=current if current in ids else None)
+
+    def _view(self, lang: str, principal: Principal, batch_id: str) -> list[Any]:
+        status = self.batches.status(principal, batch_id)
+        items = self.batches.items(batch_id)
+        headers = bt("cols", lang).split("|")
+        rows = [
+            [
+                item.position,
+                item.name,
+                bt(f"state_{item.state}", lang),
+                item.duration_s or "",
+                item.error_message or "",
+            ]
+            for item in items
+        ]
+        finished = [
+            (f"{item.position:04d} · {item.name}", item.position) for item in items if item.state == "done"
+        ]
+        return [
+            progress_html(status, lang),
+            self._links(status, lang),
+            gr.update(value={"headers": headers, "data": rows}, headers=headers),
+            gr.update(choices=finished),
+            gr.Timer(active=not status.record.is_terminal),
+        ]
+
+    def _links(self, status: BatchStatus, lang: str) -> str:
+        record, parts = status.record, []
+        if status.counts.done:
+            url = html.escape(self.batches.archive_url(record.id), quote=True)
+            parts.append(
+                f'<a class="cosy-download" id="batch-zip" href="{url}" download>⬇ {bt("zip", lang)}</a>'
+            )
+        track = self.batches.track_url(record)
+        if track:
+            url = html.escape(track, quote=True)
+            parts.append(
+                f'<a class="cosy-download" id="batch-track" href="{url}" download>⬇ {bt("track", lang)}</a>'
+            )
+        if record.kind == "dub" and record.is_terminal:
+            url = html.escape(self.batches.report_url(record.id), quote=True)
+            parts.append(
+                f'<a class="cosy-download" id="batch-report" href="{url}" download>⬇ {bt("report", lang)}</a>'
+            )
+        return f'<div class="cosy-links">{"".join(parts)}</div>'
+
+
+def progress_html(status: BatchStatus, lang: str) -> str:
+    """A progress bar with the counts, the state and the time left (the page reads `#batch-bar`)."""
+    counts, record = status.counts, status.record
+    line = bt(
+        "progress", lang, finished=counts.finished, total=counts.total, done=counts.done, failed=counts.failed
+    )
+    state = bt(f"state_{record.state}", lang)
+    left = f" · {bt('left', lang, seconds=status.time_left_s)}" if status.time_left_s else ""
+    error = (
+        f"<br><span class='bad'>{html.escape(record.error_message or '')}</span>" if record.error_code else ""
+    )
+    return (
+        f'<div class="cosy-batch" data-state="{record.state}" data-batch="{record.id}">'
+        f'<progress id="batch-bar" style="width: 60%" value="{counts.finished}" max="{max(1, counts.total)}">'
+        "</progress> "
+        f"<b>{state}</b> · {line}{left}{error}</div>"
+    )
