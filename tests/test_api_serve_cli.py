@@ -103,7 +103,8 @@ def test_serve_answers_then_stops_cleanly_on_sigterm(
     assert process.returncode in (0, -signal.SIGTERM), output  # uvicorn re-raises the signal it caught
     assert '"message": "scheduler stopped' in output  # JSON log lines
     record = JobStore(make_engine(f"sqlite:///{tmp_path / 'data' / 'cosyserve.db'}")).get(job_id)
-    assert record is not None and record.state in ("done", "failed", "cancelled")
+    # finished within the grace period, or kept in the queue for the next start (never lost or failed)
+    assert record is not None and record.state in ("done", "queued")
 
 
 def test_flags_override_environment_override_config_file(tmp_path: Path, monkeypatch) -> None:

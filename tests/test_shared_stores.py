@@ -15,6 +15,7 @@ import torch
 from cosyserve.errors import InputError, JobStateError
 from cosyserve.frontend.prompt_features import PromptFeatures
 from cosyserve.service.access.limits import QuotaTracker
+from cosyserve.service.stores.batches import BatchStore
 from cosyserve.service.stores.db import make_engine
 from cosyserve.service.stores.jobs import JobStore
 from cosyserve.service.stores.keys import KeyStore
@@ -251,8 +252,36 @@ def test_job_store_on_postgresql(pg_engines: tuple[sa.Engine, sa.Engine]) -> Non
     assert [j.id for j in api.list(owner="key:1")] == [third.id, job.id]
     assert [j.id for j in api.list(limit=1, offset=1)] == [second.id]
     assert api.count(state="cancelled") == 1 and api.count(owner="key:1") == 2
-    assert worker.recover_interrupted() == 1 and api.get(third.id).state == "failed"
+    running = api.create({}, owner="key:1", prompt_wav=b"RIFF-recording", reserved_s=12.5)
+    assert worker.claim(running.id, "w0", lease_s=30).attempt == 1
+    worker.charge(running.id, 2.5)
+    assert api.reserved_s("key:1") == pytest.approx(10.0)
+    requeued, failed = worker.requeue_interrupted(max_attempts=3)  # the next start of a single server
+    assert [j.id for j in requeued] == [third.id, running.id] and failed == 0
+    assert api.get(running.id).state == "queued" and api.prompt_wav(running.id) == b"RIFF-recording"
+    api.finish_failed(third.id, "x", "late")
     assert api.purge_finished_before(api.get(third.id).finished_at) == 2
+
+
+def test_batch_items_on_postgresql(pg_engines: tuple[sa.Engine, sa.Engine]) -> None:
+    jobs, batches = JobStore(pg_engines[0]), BatchStore(pg_engines[1])
+    batch = jobs.create({"voice": "alice"}, kind="batch", owner="key:1")
+    items = [{"name": "one", "params": {"text": "一。"}}, {"name": "two", "params": {"text": "二。"}}]
+    batches.add(
+        batch.id,
+        [*items, {"name": "bad", "params": {}, "error_code": "invalid_input", "error_message": "no"}],
+    )
+    assert batches.counts(batch.id).total == 3 and batches.counts(batch.id).failed == 1
+    assert not batches.start(batch.id, 1, attempt=1)  # the batch is not running as attempt 1
+    attempt = jobs.claim(batch.id, "w0", lease_s=30).attempt
+    assert batches.start(batch.id, 1, attempt) and not batches.start(batch.id, 1, attempt + 1)
+    assert batches.finish(
+        batch.id, 1, attempt, output_id="o1", duration_s=1.5, run_s=0.5, result={"speed": 1.1}
+    )
+    assert batches.next_unfinished(batch.id).position == 2
+    assert batches.counts(batch.id).mean_run_s == pytest.approx(0.5)
+    assert batches.cancel_rest(batch.id, "cancelled", "stop") == 1
+    assert [i.state for i in batches.items(batch.id)] == ["done", "cancelled", "failed"]
 
 
 def test_keys_and_quotas_on_postgresql(pg_engines: tuple[sa.Engine, sa.Engine]) -> None:
