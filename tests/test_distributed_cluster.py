@@ -292,3 +292,45 @@ def test_jobs_survive_an_api_node_restart_and_cancel_reaches_the_worker(cluster:
     # Both workers are free again: a short request is answered.
     response = cluster.http.post("/v1/tts", json={"text": "好。", "voice": voice})
     assert response.status_code == 200
+
+
+def test_batches_and_dubs_run_on_the_workers(cluster: Cluster, voice: str) -> None:
+    """A batch and a dub sent to the API node run on the workers; a worker killed mid-batch hands it to
+    the other, which goes on at the first unfinished item (every item made once); a cancel stops one."""
+    before = set(cluster.bucket_outputs())
+    plain = {"content-type": "text/plain"}
+    lines = "\n".join(f"第{n}句，稍微长一点的一句话。" for n in range(1, 21)).encode()
+    batch = cluster.http.post("/v1/batches", content=lines, params={"voice": voice}, headers=plain).json()
+    srt = "".join(f"{n}\n00:00:0{2 * n - 1},000 --> 00:00:0{2 * n},500\n第{n}句。\n\n" for n in range(1, 4))
+    dub = cluster.http.post("/v1/dub", data={"voice": voice}, files={"file": ("a.srt", srt.encode())}).json()
+    deadline = time.monotonic() + 120
+    while (record := cluster.jobs.get(batch["id"])).state != "running" or record.progress < 0.2:
+        assert time.monotonic() < deadline, cluster.logs()
+        time.sleep(0.1)
+    holder = record.worker
+    cluster.nodes[holder].stop(signal.SIGKILL)
+    records = cluster.wait_jobs([batch["id"], dub["id"]], timeout=300)
+    assert records[batch["id"]].state == "done" and records[batch["id"]].attempt >= 2, cluster.logs()
+    view = cluster.http.get(f"/v1/batches/{batch['id']}", params={"limit": 100}).json()
+    assert view["done"] == 20 and len({item["output_id"] for item in view["items"]}) == 20
+    track = cluster.http.get(f"/v1/dub/{dub['id']}").json()
+    assert track["state"] == "done" and track["done"] == 3, track
+    new = set(cluster.bucket_outputs()) - before  # every item once, plus the dub's cues and its track
+    made = {f"{item['output_id']}.json" for item in view["items"]} | {f"{records[dub['id']].output_id}.json"}
+    made |= {f"{item['output_id']}.json" for item in track["items"]}
+    assert new == made
+    archive = cluster.http.get(view["archive_url"])  # read through the bucket by the API node
+    assert archive.status_code == 200 and archive.content[:2] == b"PK"
+    cluster.nodes[holder].start()
+    cluster.wait_ready(workers=2)
+
+    victim = cluster.http.post("/v1/batches", content=lines, params={"voice": voice}, headers=plain).json()
+    while cluster.http.get(f"/v1/batches/{victim['id']}").json()["done"] < 1:
+        assert time.monotonic() < deadline + 300, cluster.logs()
+        time.sleep(0.1)
+    assert cluster.http.delete(f"/v1/batches/{victim['id']}").status_code == 202
+    time.sleep(LEASE_S * 2)  # the worker notices and stops
+    ended = cluster.http.get(f"/v1/batches/{victim['id']}", params={"limit": 100}).json()
+    assert ended["state"] == "cancelled" and ended["done"] + ended["cancelled"] == 20, ended
+    time.sleep(LEASE_S)
+    assert cluster.http.get(f"/v1/batches/{victim['id']}").json()["done"] == ended["done"]

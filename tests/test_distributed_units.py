@@ -251,7 +251,7 @@ def dispatcher(redis_url: str, tmp_path):
     from cosyserve.service.settings import Settings
 
     settings = Settings(queue={"queue_url": redis_url}, storage={"data_dir": tmp_path})
-    remote = RemoteBackend(settings, None, jobs=None, voices=None)  # type: ignore[arg-type]
+    remote = RemoteBackend(settings, None, jobs=None, voices=None, batches=None)  # type: ignore[arg-type]
     sent: list[tuple[str, str, list]] = []
 
     def send(task: str, args: list, task_id: str | None = None) -> str:
@@ -374,7 +374,7 @@ def test_an_unreachable_queue_is_a_clear_503(tmp_path) -> None:
     from cosyserve.service.settings import Settings
 
     settings = Settings(queue={"queue_url": "redis://127.0.0.1:1/0"}, storage={"data_dir": tmp_path})
-    remote = RemoteBackend(settings, None, jobs=None, voices=None)  # type: ignore[arg-type]
+    remote = RemoteBackend(settings, None, jobs=None, voices=None, batches=None)  # type: ignore[arg-type]
     state = remote.readiness(False, accepting=True)
     assert state["ready"] is False and "cannot be reached" in state["reason"]
     with pytest.raises(codec.QueueUnavailable, match="Redis"):

@@ -95,7 +95,9 @@ class Service:
     def _make_backend(self, factory: SynthesizerFactory | None) -> Backend:
         """The one place the role decides anything: where synthesis runs."""
         if self.role == "api":
-            return RemoteBackend(self.settings, self.scheduler, jobs=self.jobs, voices=self.voices)
+            return RemoteBackend(
+                self.settings, self.scheduler, jobs=self.jobs, voices=self.voices, batches=self.batches
+            )
         self.model = ModelHost(
             self.settings,
             self.voices,

@@ -165,5 +165,18 @@ def cancellable_job(jobs: JobStore, job_id: str) -> JobRecord:
     return record
 
 
+def spec_record(spec: OutputSpec) -> dict[str, Any]:
+    """What a job keeps of its `OutputSpec` (the key as its id), to run again after a restart or on a
+    worker that claims it."""
+    return {
+        "format": spec.format,
+        "sample_rate": spec.sample_rate,
+        "key_id": spec.key.id if spec.key is not None else None,
+        "request_id": spec.request_id,
+        "endpoint": spec.endpoint,
+        "extra": spec.extra,
+    }
+
+
 def new_job_id() -> str:
     return uuid.uuid4().hex

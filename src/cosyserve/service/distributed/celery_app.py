@@ -1,7 +1,9 @@
 """The Celery application API nodes send tasks to and workers consume from.
 
 Delivery guarantees, per task:
-- `cosyserve.job` (long texts; a row in the jobs table): acknowledged *late*, after it finished, so a
+- `cosyserve.job` (long texts) and `cosyserve.batch` (batches and dubs, their items in the batch_items
+  table; the message carries only the job's id): rows in the jobs table, acknowledged *late*, after they
+  finished, so a
   worker that dies mid-job leaves the message unacknowledged and Redis hands it to another worker after
   `visibility_timeout_s`. The jobs table's claim/lease/attempt (see `stores/jobs.py`) makes the
   redelivered copy wait while the first worker is alive and makes sure only one attempt records a result.
@@ -20,6 +22,7 @@ QUEUE = "cosyserve"
 TTS_TASK = "cosyserve.tts"
 JOB_TASK = "cosyserve.job"
 ENROL_TASK = "cosyserve.enrol"
+BATCH_TASK = "cosyserve.batch"
 
 
 def make_celery(broker_url: str, *, visibility_timeout_s: float = 600.0, restore_interval_s: int = 10) -> Any:
@@ -54,5 +57,5 @@ def make_celery(broker_url: str, *, visibility_timeout_s: float = 600.0, restore
 
 def task_options(name: str) -> dict[str, Any]:
     """Decorator options for each task: late acks for jobs only (see the module docstring)."""
-    late = name == JOB_TASK
+    late = name in (JOB_TASK, BATCH_TASK)
     return {"name": name, "bind": True, "acks_late": late, "reject_on_worker_lost": late}

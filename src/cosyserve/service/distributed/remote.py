@@ -21,10 +21,17 @@ from collections.abc import Callable, Generator, Iterator
 from typing import Any
 
 from cosyserve.errors import Cancelled, InputError, JobStateError
-from cosyserve.service.backend import AudioStream, cancellable_job, job_pieces, new_job_id
+from cosyserve.service.backend import AudioStream, cancellable_job, job_pieces, new_job_id, spec_record
 from cosyserve.service.batch_input import ItemSpec
 from cosyserve.service.distributed import codec
-from cosyserve.service.distributed.celery_app import ENROL_TASK, JOB_TASK, QUEUE, TTS_TASK, make_celery
+from cosyserve.service.distributed.celery_app import (
+    BATCH_TASK,
+    ENROL_TASK,
+    JOB_TASK,
+    QUEUE,
+    TTS_TASK,
+    make_celery,
+)
 from cosyserve.service.distributed.relay import Relay, RelayItem, WorkerRegistry, connect
 from cosyserve.service.requests import (
     EnrolmentRequest,
@@ -36,6 +43,7 @@ from cosyserve.service.requests import (
 )
 from cosyserve.service.scheduling.scheduler import Scheduler, Ticket, WorkContext
 from cosyserve.service.settings import Settings
+from cosyserve.service.stores.batches import BatchStore
 from cosyserve.service.stores.jobs import JobRecord, JobStore
 from cosyserve.service.stores.voices import Voice, VoiceLibrary
 
@@ -45,15 +53,17 @@ WORKERS_CACHE_S = 2.0  # how long the list of live workers is reused for readine
 LEASE_CHECK_S = 1.0  # how often a waiting request checks that its worker still holds the task
 
 
-class BatchesNotDistributed(InputError):
-    """This API node hands work to workers, which do not run batches yet."""
-
-
 class RemoteBackend:
     """Sends work to `cosyserve worker` processes through Celery and reads their results from Redis."""
 
     def __init__(
-        self, settings: Settings, scheduler: Scheduler, *, jobs: JobStore, voices: VoiceLibrary
+        self,
+        settings: Settings,
+        scheduler: Scheduler,
+        *,
+        jobs: JobStore,
+        voices: VoiceLibrary,
+        batches: BatchStore,
     ) -> None:
         queue = settings.queue
         if not queue.queue_url:
@@ -61,6 +71,7 @@ class RemoteBackend:
         self.scheduler = scheduler
         self.jobs = jobs
         self.voices = voices
+        self.batches = batches
         self.max_text_chars = settings.limits.max_text_chars
         self.model_info: dict[str, Any] = {"model": settings.engine.model, "device": settings.engine.device}
         self.url = queue.queue_url
@@ -227,15 +238,35 @@ class RemoteBackend:
         prompt_wav: bytes | None,
         spec: OutputSpec,
     ) -> JobRecord:
-        raise BatchesNotDistributed(
-            "batches and dubbing run on a single server (`cosyserve serve` without --queue) for now: "
-            "submit long texts as jobs (POST /v1/jobs), which the workers run"
+        """Record the batch and its items, then queue it: a worker claims it and runs its items in order
+        (after a worker dies, another goes on at the first unfinished item)."""
+        self.require_ready()
+        spec = spec.checked()
+        job_id = new_job_id()
+        record = self.jobs.create(
+            {**shared, "items": len(items)},
+            kind=kind,
+            owner=spec.owner,
+            job_id=job_id,
+            spec=spec_record(spec),
+            prompt_wav=prompt_wav,
         )
+        self.batches.add(job_id, [item.as_row() for item in items])
+        try:
+            self._send(BATCH_TASK, [job_id], job_id)
+        except codec.QueueUnavailable as exc:
+            with contextlib.suppress(JobStateError):  # nobody else knows the batch yet
+                self.jobs.finish_failed(job_id, "queue_unavailable", str(exc))
+            self.batches.cancel_rest(job_id, "queue_unavailable", str(exc))
+            raise
+        return record
 
     def cancel_job(self, job_id: str) -> JobRecord:
         """End the record now; the worker running it (if any) sees the cancel and stops."""
         cancellable_job(self.jobs, job_id)
         record = self.jobs.finish_cancelled(job_id, "cancelled by the client")
+        if record.kind != "tts":
+            self.batches.cancel_rest(job_id, "cancelled", "cancelled by the client")
         try:
             self.relay.request_cancel(job_id)
         except Exception as exc:  # the record is cancelled; the worker notices at its next lease renewal

@@ -177,6 +177,7 @@ class WorkerNode:
             celery_app.TTS_TASK: self._tts_task,
             celery_app.JOB_TASK: self._job_task,
             celery_app.ENROL_TASK: self._enrol_task,
+            celery_app.BATCH_TASK: self._batch_task,
         }
         for name, handler in handlers.items():
             self.app.task(**celery_app.task_options(name))(_task_body(self, name, handler))
@@ -232,6 +233,19 @@ class WorkerNode:
     def _job_task(
         self, task: Any, job_id: str, request_data: dict[str, Any], spec_data: dict[str, Any]
     ) -> None:
+        def run(attempt: int) -> Ticket:
+            request = codec.decode_request(request_data)
+            spec = codec.decode_spec(spec_data, self._key)
+            return self.local.run_claimed_job(job_id, attempt, request, spec)
+
+        self._claimed(task, job_id, run)
+
+    def _batch_task(self, task: Any, job_id: str) -> None:
+        """A batch or a dub: everything it needs is in the shared database (its row and items)."""
+        self._claimed(task, job_id, lambda attempt: self.local.run_claimed_batch(job_id, attempt))
+
+    def _claimed(self, task: Any, job_id: str, run: Any) -> None:
+        """Claim the job, run it as this attempt while renewing its lease; end its record on failure."""
         jobs = self.service.jobs
         record = jobs.claim(job_id, self.name, self.lease_s)
         if record is None:
@@ -248,10 +262,8 @@ class WorkerNode:
             reason = self.relay.cancel_reason(job_id)
             if reason is not None:
                 raise Cancelled(reason)
-            request = codec.decode_request(request_data)
-            spec = codec.decode_spec(spec_data, self._key)
             with self._counted(), TaskWatch(self, job_id, job_attempt=attempt) as watch:
-                watch.attach(self.local.run_claimed_job(job_id, attempt, request, spec)).wait()
+                watch.attach(run(attempt)).wait()
         except BaseException as exc:  # it never reached the scheduler: end the record here
             with contextlib.suppress(JobStateError):
                 jobs.finish_with_exception(job_id, exc, attempt=attempt)

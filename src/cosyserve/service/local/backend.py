@@ -265,6 +265,10 @@ class LocalBackend:
         attempt is still the job's current one."""
         return self.job_runner.run_claimed_job(job_id, attempt, request, spec)
 
+    def run_claimed_batch(self, job_id: str, attempt: int) -> Ticket:
+        """Run a batch or a dub this worker claimed as `attempt` (from its record and items)."""
+        return self.job_runner.run_claimed_batch(job_id, attempt)
+
     def cancel_job(self, job_id: str) -> JobRecord:
         """Cancel a queued or running job (JobStateError if it already ended)."""
         return self.job_runner.cancel_job(job_id)

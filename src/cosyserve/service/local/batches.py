@@ -137,7 +137,7 @@ class BatchRunner:
                 error = ("storage_error", "its audio could not be saved (the server log says why)")
             else:
                 run.quota.charge(run.key_id, plan.job_id, outcome.duration_s)
-                self.batches.finish(
+                recorded = self.batches.finish(
                     plan.job_id,
                     item.position,
                     run.attempt,
@@ -147,6 +147,8 @@ class BatchRunner:
                     run_s=round(time.monotonic() - started, 3),
                     result=result,
                 )
+                if not recorded:  # the batch was cancelled or taken over meanwhile: nothing refers to it
+                    self._discard(outcome.output_id)
                 return 0
         self.batches.finish(plan.job_id, item.position, run.attempt, error=error)
         return unexpected
@@ -175,6 +177,12 @@ class BatchRunner:
                 result = self.run_engine(lambda: synth.synthesize(request, cancel=cancel()).result())
                 extra = {}
             return self.finish(synth, request, result, spec, encoded=False), extra
+
+    def _discard(self, output_id: str) -> None:
+        try:
+            self.outputs.delete(output_id)
+        except Exception as exc:  # retention removes it later anyway
+            log.warning("could not delete the unused output %s: %s", output_id, exc)
 
     def _adopt(self, plan: BatchPlan, run: JobRun, item: BatchItem) -> bool:
         """Record an interrupted item done with the output its earlier attempt saved, if there is one."""

@@ -17,7 +17,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from cosyserve.errors import Cancelled, StorageError
-from cosyserve.service.backend import cancellable_job, job_pieces, new_job_id
+from cosyserve.service.backend import cancellable_job, job_pieces, new_job_id, spec_record
 from cosyserve.service.batch_input import ItemSpec
 from cosyserve.service.local.batches import BatchPlan, BatchRunner
 from cosyserve.service.local.job_quota import JobQuota, estimate_audio_s
@@ -27,7 +27,7 @@ from cosyserve.service.logs import request_context
 from cosyserve.service.requests import OutputSpec, SynthesisRequest, TtsOutcome, job_parameters
 from cosyserve.service.scheduling.scheduler import Scheduler, Ticket, WorkContext
 from cosyserve.service.stores.batches import BatchStore
-from cosyserve.service.stores.jobs import JobRecord, JobStore
+from cosyserve.service.stores.jobs import JobNotFound, JobRecord, JobStore
 from cosyserve.service.stores.outputs import OutputStore
 
 Body = Callable[[WorkContext, JobRun], JobResult]
@@ -114,9 +114,16 @@ class LocalJobs:
         body = self._tts_body(job_id, request, spec, pieces)
         return self._ticket(job_id, "tts", body, spec, _set_event(), attempt=attempt)
 
-    def resubmit(self, record: JobRecord) -> Ticket:
-        """Put a queued job back on the scheduler from its record (after a restart); QueueFull when the
-        queue has no room yet."""
+    def run_claimed_batch(self, job_id: str, attempt: int) -> Ticket:
+        """Run a batch or a dub a distributed worker claimed as `attempt`, from its record and items."""
+        record = self.jobs.get(job_id)
+        if record is None:
+            raise JobNotFound(f"no job {job_id!r}: it was purged")
+        return self.resubmit(record, attempt=attempt)
+
+    def resubmit(self, record: JobRecord, *, attempt: int | None = None) -> Ticket:
+        """Put a queued job back on the scheduler from its record (after a restart; on a worker, as the
+        attempt it claimed); QueueFull when the queue has no room yet."""
         spec = self._spec_of(record)
         prompt_wav = self.jobs.prompt_wav(record.id)
         if record.kind == "tts":
@@ -126,7 +133,7 @@ class LocalJobs:
             plan_spec = dataclasses.replace(spec, key=None)  # items are charged by the runner
             plan = BatchPlan(record.id, record.kind, dict(record.params), prompt_wav, plan_spec)
             body = self._batch_body(plan)
-        return self._ticket(record.id, record.kind, body, spec, _set_event())
+        return self._ticket(record.id, record.kind, body, spec, _set_event(), attempt=attempt)
 
     def cancel_job(self, job_id: str) -> JobRecord:
         """Cancel a queued or running job (JobStateError if it already ended)."""
@@ -241,18 +248,6 @@ class LocalJobs:
             endpoint=data.get("endpoint") or "jobs",
             extra={**(data.get("extra") or {}), "key_id": key_id},
         )
-
-
-def spec_record(spec: OutputSpec) -> dict[str, Any]:
-    """What a job keeps of its `OutputSpec` (the key as its id) to run again after a restart."""
-    return {
-        "format": spec.format,
-        "sample_rate": spec.sample_rate,
-        "key_id": spec.key.id if spec.key is not None else None,
-        "request_id": spec.request_id,
-        "endpoint": spec.endpoint,
-        "extra": spec.extra,
-    }
 
 
 def request_of(params: dict[str, Any], prompt_wav: bytes | None) -> SynthesisRequest:

@@ -114,10 +114,13 @@ class JobStateRecorder:
             if self.attempt is not None:
                 self.jobs.release(self.job_id, self.attempt)
             return  # still queued: the next start runs it (again)
-        self.jobs.finish_with_exception(self.job_id, error, attempt=self.attempt)
-        if self.kind != "tts":
-            code = "cancelled" if isinstance(error, Cancelled) else "batch_stopped"
-            self.batches.cancel_rest(self.job_id, code, f"the batch ended before this item ran: {error}")
+        try:
+            self.jobs.finish_with_exception(self.job_id, error, attempt=self.attempt)
+        finally:  # its items end with it, also when its record was ended elsewhere (a cancel)
+            record = self.jobs.get(self.job_id)
+            if self.kind != "tts" and record is not None and record.is_terminal:
+                code = "cancelled" if isinstance(error, Cancelled) else "batch_stopped"
+                self.batches.cancel_rest(self.job_id, code, f"the batch ended before this item ran: {error}")
 
     def _done(self, result: JobResult) -> None:
         outcome = result.outcome
