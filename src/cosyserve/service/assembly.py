@@ -10,6 +10,7 @@ talk to these parts through this object, never to the engine.
 from __future__ import annotations
 
 import logging
+import threading
 import time
 from typing import Any
 
@@ -88,6 +89,8 @@ class Service:
             concurrency = s.resolve_concurrency(self.device_type)
         self.scheduler = Scheduler(concurrency, s.queue.queue_size, s.queue.request_timeout_s, self.metrics)
         self.model: ModelHost | None = None  # the model this process serves (None on an API node)
+        self._drain_lock = threading.Lock()
+        self._drained: dict[str, int] | None = None
         self.backend: Backend = self._make_backend(synthesizer_factory)
 
     def _make_backend(self, factory: SynthesizerFactory | None) -> Backend:
@@ -102,6 +105,7 @@ class Service:
             device_type=self.device_type,
             release_wait_s=self.shutdown_grace_s,
             startup=self.startup,
+            cancel_running=self.scheduler.cancel_running,
         )
         return LocalBackend(
             host=self.model,
@@ -145,10 +149,18 @@ class Service:
                 log_failure("s3", f"S3 sync is on but the bucket can't be used: {exc}", exc=exc)
         self.backend.start()
 
+    def drain(self) -> dict[str, int]:
+        """Stop taking work (new requests get 503 `shutting_down`), let running work finish for the grace
+        period, then cancel it. Idempotent: later calls return the first call's counts."""
+        with self._drain_lock:
+            if self._drained is None:
+                self._drained = self.scheduler.shutdown(self.shutdown_grace_s)
+                log.info("scheduler stopped: %s", self._drained)
+            return self._drained
+
     def shutdown(self) -> dict[str, int]:
-        """Stop taking work, let running work finish for the grace period, fail the rest; stop the parts."""
-        counts = self.scheduler.shutdown(self.shutdown_grace_s)
-        log.info("scheduler stopped: %s", counts)
+        """`drain()`, then stop the parts."""
+        counts = self.drain()
         self.retention.stop(timeout=5.0)
         if self.s3 is not None:
             self.s3.close(timeout=10.0)

@@ -20,6 +20,7 @@ from cosyserve.errors import (
     JobStateError,
     JobTimeout,
     ModelNotReady,
+    OutOfMemory,
     QueueFull,
     ShuttingDown,
     error_code,
@@ -71,6 +72,7 @@ KNOWN_ERRORS: dict[str, type[CosyServeError]] = {
         ShuttingDown,
         JobStateError,
         ModelNotReady,
+        OutOfMemory,
         WorkerLost,
     )
 }
@@ -183,6 +185,6 @@ def decode_error(data: dict[str, Any]) -> BaseException:
     message = str(data.get("message") or "the worker failed")
     if cls is None:
         return RemoteFailure(f"the worker failed: {message}")
-    if cls is QueueFull:
-        return QueueFull(message, retry_after_s=int(data.get("retry_after_s") or 1))
+    if cls in (QueueFull, OutOfMemory):  # these carry how long to wait
+        return cls(message, retry_after_s=int(data.get("retry_after_s") or 1))  # type: ignore[call-arg]
     return cls(message)

@@ -224,7 +224,7 @@ class Synthesizer:
         placement: Placement = resolve_placement(device, precision)
         if placement.device.type == "cpu":
             threads = configure_cpu_threads(threads)
-        onnx_device = "cuda" if placement.device.type == "cuda" else "cpu"
+        onnx_device = str(placement.device)  # "cuda:N" keeps the prompt models on the engine's GPU
         return cls(
             model_dir,
             SpeechEngine.load(model_dir, placement, engine_options),

@@ -146,6 +146,14 @@ class Scheduler:
         ticket = self.get(ticket_id)
         return ticket.cancel(reason) if ticket is not None else False
 
+    def cancel_running(self, reason: str) -> int:
+        """Ask every running piece of work to stop (each ends `cancelled` at its next check); how many."""
+        with self._lock:
+            running = [ticket for ticket in self._executing if not ticket.finished]
+        for ticket in running:
+            ticket.request_cancel(reason)
+        return len(running)
+
     def position(self, ticket: Ticket) -> int | None:
         """0 for the next ticket to start; None once it started."""
         with self._lock:
