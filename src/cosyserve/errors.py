@@ -49,7 +49,10 @@ class JobTimeout(CosyServeError):
 
 
 class ShuttingDown(CosyServeError):
-    """The server is shutting down and accepts no new work; queued work is failed with this."""
+    """The server is shutting down and accepts no new work; queued work is failed with this. Another
+    node, or this one once restarted, can take it: retry after `retry_after_s`."""
+
+    retry_after_s = 5
 
 
 class SettingsError(CosyServeError):
