@@ -28,6 +28,7 @@ from cosyserve.errors import (
     QueueFull,
     SettingsError,
     ShuttingDown,
+    StorageError,
     error_code,
 )
 from cosyserve.service.access.principals import AuthRequired, Forbidden, QuotaExceeded, RateLimited
@@ -86,6 +87,7 @@ _MAP: tuple[tuple[type[BaseException], int, str], ...] = (
     (Forbidden, 403, "forbidden"),
     (ModelNotReady, 503, "model_not_ready"),
     (OutOfMemory, 503, "out_of_memory"),
+    (StorageError, 503, "storage_error"),
     (NoWorkers, 503, "no_workers"),
     (WorkerLost, 503, "worker_lost"),
     (QueueUnavailable, 503, "queue_unavailable"),

@@ -30,7 +30,8 @@ from cosyserve.service.startup_clock import StartupClock
 from cosyserve.service.stores.db import make_engine, metadata
 from cosyserve.service.stores.jobs import JobStore
 from cosyserve.service.stores.keys import KeyStore
-from cosyserve.service.stores.outputs import OutputStore, RetentionWorker
+from cosyserve.service.stores.output_space import RetentionWorker
+from cosyserve.service.stores.outputs import OutputStore
 from cosyserve.service.stores.s3sync import S3Sync
 from cosyserve.service.stores.voices import VoiceLibrary
 
@@ -77,6 +78,7 @@ class Service:
             retention_days=s.storage.retention_days,
             max_total_bytes=int(s.storage.retention_max_gb * 1e9),
             sync=self.s3,
+            min_free_bytes=int(s.storage.min_free_mb * 1e6),
         )
         self.retention = RetentionWorker(self.outputs, retention_interval_s)
         # Access, scheduling, and the backend the role asks for
@@ -178,7 +180,12 @@ class Service:
     def readiness(self, detailed: bool = False) -> dict[str, Any]:
         """{"ready": bool, "state": ..., "reason": why not ready (or None), model info}; `detailed` adds
         what only admins see (the model's path, the last engine failure, the workers)."""
-        return self.backend.readiness(detailed, accepting=self.scheduler.accepting)
+        state = self.backend.readiness(detailed, accepting=self.scheduler.accepting)
+        problem = self.outputs.health.problem()  # results that can't be kept: not ready either
+        state["storage"] = problem or "ok"
+        if problem and state["ready"]:
+            state.update(ready=False, reason=f"storage: {problem}")
+        return state
 
 
 def _s3_sync(cfg: S3Settings) -> S3Sync:

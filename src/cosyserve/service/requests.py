@@ -146,6 +146,7 @@ class TtsOutcome:
     media_type: str
     warnings: tuple[str, ...] = ()
     audio: bytes | None = None  # the encoded response (not for streams)
+    storage_error: str | None = None  # why the result could not be saved (None: it was, or not asked)
 
 
 def job_parameters(request: SynthesisRequest, spec: OutputSpec) -> dict[str, Any]:

@@ -148,7 +148,12 @@ class StorageSettings(_Group):
     )
     retention_days: float = Field(7.0, ge=0, description="delete outputs older than this (0: keep forever)")
     retention_max_gb: float = Field(
-        10.0, ge=0, description="delete oldest outputs above this size (0: no cap)"
+        10.0, ge=0, description="delete oldest outputs above this size, checked at every save (0: no cap)"
+    )
+    min_free_mb: float = Field(
+        200.0,
+        ge=0,
+        description="below this much free space in the output directory /ready turns false (0: no floor)",
     )
 
 

@@ -23,6 +23,7 @@ from cosyserve.errors import (
     OutOfMemory,
     QueueFull,
     ShuttingDown,
+    StorageError,
     error_code,
 )
 from cosyserve.service.requests import (
@@ -73,6 +74,7 @@ KNOWN_ERRORS: dict[str, type[CosyServeError]] = {
         JobStateError,
         ModelNotReady,
         OutOfMemory,
+        StorageError,
         WorkerLost,
     )
 }

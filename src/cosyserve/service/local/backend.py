@@ -189,12 +189,13 @@ class LocalBackend:
             owner=spec.owner,
             parameters=parameters,
         )
-        stored = None
+        stored, storage_error = None, None
         try:
             stored = self.outputs.save(wav, "wav", manifest, upload_now=self.upload_outputs)
-        except Exception as exc:  # the caller still gets its audio; the failure is logged and counted
-            log_failure("storage", f"saving the output failed: {exc}", exc=exc)
-            self.metrics.count_error("storage")
+        except Exception as exc:  # a waiting caller still gets its audio, marked unsaved; jobs fail
+            storage_error = str(exc) or type(exc).__name__
+            log_failure("storage_error", f"saving the output failed: {exc}", exc=exc)
+            self.metrics.count_error("storage_error")
         self.metrics.observe_synthesis(result.duration_s, result.stage_seconds.get("total", 0.0))
         self.startup.first_synthesis(result.stage_seconds.get("total", 0.0), result.duration_s)
         if spec.key is not None:
@@ -208,6 +209,7 @@ class LocalBackend:
             media_type=mime_type(spec.format),
             warnings=tuple(result.warnings),
             audio=audio,
+            storage_error=storage_error,
         )
 
     # -- jobs ----------------------------------------------------------------------------------------------
