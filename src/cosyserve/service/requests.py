@@ -105,6 +105,7 @@ class EnrolmentRequest:
     suffix: str = ".wav"  # the uploaded file's suffix: a hint for decoding
     defaults: VoiceDefaults | None = None  # instruct, speed and seed used when a request gives none
     lexicon: dict[str, str] | None = None  # word -> pronunciation for this voice
+    owner: str | None = None  # the enrolling key's owner string; None: a shared voice (admins, auth off)
 
 
 @dataclass(frozen=True)

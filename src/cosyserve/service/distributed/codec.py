@@ -147,7 +147,7 @@ def decode_outcome(data: dict[str, Any]) -> TtsOutcome:
 def encode_enrolment(enrolment: EnrolmentRequest) -> list[Any]:
     """The enrolment task's arguments: name, base64 audio, transcript, suffix, defaults, lexicon."""
     e = enrolment
-    return [e.name, b64(e.audio), e.transcript, e.suffix, encode_defaults(e.defaults), e.lexicon]
+    return [e.name, b64(e.audio), e.transcript, e.suffix, encode_defaults(e.defaults), e.lexicon, e.owner]
 
 
 def decode_enrolment(
@@ -157,9 +157,10 @@ def decode_enrolment(
     suffix: str,
     defaults: dict[str, Any] | None,
     lexicon: dict[str, str] | None,
+    owner: str | None = None,  # absent in tasks sent by API nodes from before voices had owners
 ) -> EnrolmentRequest:
     return EnrolmentRequest(
-        name, unb64(audio_b64) or b"", transcript, suffix, decode_defaults(defaults), lexicon
+        name, unb64(audio_b64) or b"", transcript, suffix, decode_defaults(defaults), lexicon, owner
     )
 
 

@@ -287,6 +287,7 @@ class LocalBackend:
                     audio_suffix=e.suffix,
                     defaults=e.defaults,
                     lexicon=e.lexicon,
+                    owner=e.owner,
                 )
 
         return self.scheduler.submit(work)
