@@ -39,8 +39,9 @@ class EngineSettings(_Group):
     )
     preset: Literal["exact", "fast"] = Field(
         "exact",
-        description="exact: float32, matches the official outputs; "
-        "fast: int8 LLM and DiT linears on CPU (not bit-exact; `cosyserve bench` reports the deviation)",
+        description="exact: the networks as they are, in the precision setting's dtype (float32 matches the "
+        "official outputs; on a GPU auto means float16); fast: int8 LLM and DiT linears on CPU (not "
+        "bit-exact; `cosyserve bench` reports the deviation)",
     )
     threads: int | None = Field(
         None, ge=1, description="CPU threads for the engine (default: all usable cores)"

@@ -198,8 +198,10 @@ class Scheduler:
         return sum(self._durations) / len(self._durations)
 
     def _retry_after_locked(self) -> int:
-        # A waiting slot frees whenever any worker finishes: about every mean/concurrency seconds.
-        return max(1, math.ceil(self._mean_duration_locked() / self.concurrency))
+        # A slot frees about every mean/concurrency seconds, but every client turned away competes for
+        # it: the fair wait is the time the work now waiting takes to start (measured mean durations).
+        waiting = max(1, len(self._queue))
+        return max(1, math.ceil(waiting * self._mean_duration_locked() / self.concurrency))
 
     def _report_queue(self) -> None:
         if self.metrics is not None:
