@@ -142,6 +142,11 @@ def prompt_resample(samples: np.ndarray, from_rate: int, to_rate: int) -> np.nda
     return out.numpy()
 
 
+def output_resample_stream(from_rate: int, to_rate: int) -> soxr.ResampleStream:
+    """A streaming resampler for generated audio (chunk by chunk, filter state kept between them)."""
+    return soxr.ResampleStream(from_rate, to_rate, 1, dtype="float32", quality=OUTPUT_SOXR_QUALITY)
+
+
 def output_resample(samples: np.ndarray, from_rate: int, to_rate: int) -> np.ndarray:
     """Generated audio (N,) float32 -> (round(N * to / from),) float32 with soxr's high-quality filter."""
     samples = np.asarray(samples, dtype=np.float32)
