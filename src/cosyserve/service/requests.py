@@ -80,6 +80,7 @@ class SynthesisResult:
     speech_tokens: int = 0
     stage_seconds: dict[str, float] = field(default_factory=dict)  # e.g. {"llm": 1.2, "flow": 3.4, ...}
     warnings: list[str] = field(default_factory=list)
+    reading: dict[str, Any] = field(default_factory=dict)  # what the model read (`reading_report`)
 
     @property
     def duration_s(self) -> float:

@@ -37,6 +37,7 @@ from cosyserve.errors import Cancelled, InputError
 from cosyserve.frontend.onnx_models import SpeakerEncoder, SpeechTokenizer
 from cosyserve.frontend.prompt_features import PromptFeatures, analyse_prompt
 from cosyserve.frontend.text import PreparedText, prepare_texts
+from cosyserve.frontend.text.describe import reading_report
 from cosyserve.frontend.tokenizer import TextTokenizer
 from cosyserve.modeldir.model_dir import ModelDir
 from cosyserve.service.requests import (
@@ -117,6 +118,7 @@ class SynthesisStream:
             speech_tokens=self._tokens,
             stage_seconds=stages,
             warnings=self.warnings,
+            reading=reading_report(self._plan.prepared, self._synth.tokenizer),
         )
 
     def _run(self) -> Iterator[AudioChunk]:
