@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import time
+
 import httpx
 import openai
 import pytest
@@ -24,6 +26,14 @@ def server(start_api_server, prompt_wav_bytes):
         enrol_voice(client, "alice", prompt_wav_bytes)
     yield live
     live.stop()
+
+
+def wait_for_job(client: httpx.Client, job_id: str, timeout_s: float = 60.0) -> dict:
+    deadline = time.monotonic() + timeout_s
+    while (job := client.get(f"/v1/jobs/{job_id}").json())["state"] in ("queued", "running"):
+        assert time.monotonic() < deadline, job
+        time.sleep(0.1)
+    return job
 
 
 def as_key(server, key: str | None) -> httpx.Client:
@@ -75,12 +85,13 @@ def test_voices_belong_to_the_key_that_enrolled_them(server, prompt_wav_bytes) -
             assert response.status_code == 404 and response.json()["error"]["code"] == "voice_not_found", path
         assert "carol" not in [v["name"] for v in other.get("/v1/voices").json()["data"]]
         speech = {"model": "tts-1", "input": API_TEXT, "voice": "carol"}
-        uses = [
-            ("/v1/tts", {"text": API_TEXT, "voice": "carol"}),
-            ("/v1/jobs", {"text": API_TEXT, "voice": "carol"}),
-        ]
-        for path, body in [*uses, ("/v1/audio/speech", speech)]:
+        for path, body in [("/v1/tts", {"text": API_TEXT, "voice": "carol"}), ("/v1/audio/speech", speech)]:
             assert other.post(path, json=body).status_code == 404, path
+        job = other.post(
+            "/v1/jobs", json={"text": API_TEXT, "voice": "carol"}
+        ).json()  # as for a missing voice
+        final = wait_for_job(other, job["id"])
+        assert final["state"] == "failed" and "no voice 'carol'" in final["error"]["message"]
         assert other.delete("/v1/voices/carol").status_code == 404
         assert user.get(f"/v1/voices/{voice_id}/preview").status_code == 200  # the owner's recording
         shared = user.get("/v1/voices/alice/preview")

@@ -16,7 +16,7 @@ from starlette.concurrency import run_in_threadpool
 from cosyserve.service.access.principals import AuthRequired, Forbidden, Principal
 from cosyserve.service.access.sessions import SESSION_COOKIE
 from cosyserve.service.assembly import Service
-from cosyserve.service.requests import OutputSpec, SynthesisRequest
+from cosyserve.service.requests import OutputSpec
 from cosyserve.service.stores.voices import Voice
 
 
@@ -74,15 +74,6 @@ def usable_voice(request: Request, principal: Principal, id_or_name: str) -> Voi
     """The saved voice `principal` may use: their own or a shared one (404 `voice_not_found` for any
     other, the same as for a missing one)."""
     return get_service(request).voices.get(id_or_name, principal.voices)
-
-
-def with_usable_voice(
-    request: Request, principal: Principal, synthesis: SynthesisRequest
-) -> SynthesisRequest:
-    """`synthesis`, once its saved voice (if any) is checked to be one `principal` may use."""
-    if synthesis.voice is not None:
-        usable_voice(request, principal, synthesis.voice)
-    return synthesis
 
 
 def output_spec(request: Request, principal: Principal, endpoint: str, **fields: Any) -> OutputSpec:

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from fastapi import APIRouter, Request, Response
 
-from cosyserve.api.deps import CurrentPrincipal, get_service, output_spec, with_usable_voice
+from cosyserve.api.deps import CurrentPrincipal, get_service, output_spec
 from cosyserve.api.inputs import read_params
 from cosyserve.api.schemas import AUDIO_CONTENT, ERRORS, TtsParams, body_doc
 from cosyserve.api.streaming import audio_response, audio_stream_response, await_ticket, open_stream
@@ -33,7 +33,7 @@ async def tts(request: Request, principal: CurrentPrincipal) -> Response:
     service.access.check_quota(principal)
     params, audio, _ = await read_params(request, TtsParams, "prompt_wav", upload_limit(request))
     spec = output_spec(request, principal, "tts", format=params.format, sample_rate=params.sample_rate)
-    synthesis = with_usable_voice(request, principal, params.to_request(audio))
+    synthesis = params.to_request(audio)  # a saved voice is looked up for this caller where it is used
     if params.stream:
         stream = service.backend.stream_tts(synthesis, spec)
         await open_stream(request, stream)

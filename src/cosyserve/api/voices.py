@@ -42,7 +42,8 @@ def view(voice: Voice) -> VoiceView:
 
 @router.get("", response_model=VoiceList, responses=ERRORS, summary="List saved voices (yours and shared)")
 def list_voices(request: Request, principal: CurrentPrincipal) -> VoiceList:
-    return VoiceList(data=[view(v) for v in get_service(request).voices.list(principal.voices)])
+    scope = principal.voices
+    return VoiceList(data=[view(v) for v in get_service(request).voices.list() if scope.includes(v.owner)])
 
 
 @router.post(

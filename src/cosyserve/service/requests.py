@@ -110,6 +110,21 @@ class EnrolmentRequest:
 
 
 @dataclass(frozen=True)
+class VoiceScope:
+    """The voices a caller may use: all of them (admins, and everyone when auth is off), or the shared
+    ones (owner None: enrolled by an admin, or before voices had owners) and the caller's own."""
+
+    owner: str | None = None
+    everything: bool = True
+
+    def includes(self, voice_owner: str | None) -> bool:
+        return self.everything or voice_owner is None or voice_owner == self.owner
+
+
+EVERY_VOICE = VoiceScope()
+
+
+@dataclass(frozen=True)
 class OutputSpec:
     """How a result is delivered and attributed."""
 
@@ -120,6 +135,14 @@ class OutputSpec:
     request_id: str | None = None
     endpoint: str = "tts"
     extra: dict[str, Any] = field(default_factory=dict)  # recorded in the manifest's parameters
+
+    @property
+    def voice_scope(self) -> VoiceScope:
+        """The saved voices this request may use: a user key's own and the shared ones; everything for
+        admin keys, UI sessions and callers without keys (auth off). Checked where the voice is used."""
+        if self.key is not None and self.key.role != "admin":
+            return VoiceScope(owner=self.owner, everything=False)
+        return EVERY_VOICE
 
     def checked(self, source_rate: int | None = None) -> OutputSpec:
         fmt = check_format(self.format)

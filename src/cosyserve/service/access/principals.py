@@ -5,8 +5,8 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from cosyserve.errors import CosyServeError
+from cosyserve.service.requests import EVERY_VOICE, VoiceScope
 from cosyserve.service.stores.keys import ApiKey
-from cosyserve.service.stores.voices import EVERY_VOICE, VoiceScope
 
 
 class AuthRequired(CosyServeError):

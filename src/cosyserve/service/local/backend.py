@@ -98,7 +98,9 @@ class LocalBackend:
         def work(ctx: WorkContext) -> TtsOutcome:
             with request_context(spec.request_id), self.host.synthesizer(ctx.cancel) as synth:
                 result = self._run_engine(
-                    lambda: synth.synthesize(request, progress=_progress_to(ctx), cancel=ctx.cancel).result()
+                    lambda: synth.synthesize(
+                        request, progress=_progress_to(ctx), cancel=ctx.cancel, voices=spec.voice_scope
+                    ).result()
                 )
                 return self._finish(synth, request, result, spec, encoded=True)
 
@@ -121,7 +123,9 @@ class LocalBackend:
         """What `AudioStream` reads: the start, then encoded chunks; returns the outcome."""
         with request_context(spec.request_id), self.host.synthesizer(ctx.cancel) as synth:
             stream = self._run_engine(
-                lambda: synth.synthesize(request, progress=_progress_to(ctx), cancel=ctx.cancel)
+                lambda: synth.synthesize(
+                    request, progress=_progress_to(ctx), cancel=ctx.cancel, voices=spec.voice_scope
+                )
             )
             encoder = StreamEncoder(spec.format, spec.sample_rate, source_rate=synth.sample_rate)
             yield StreamStart(stream.seed, encoder.media_type, encoder.sample_rate)
@@ -256,7 +260,9 @@ class LocalBackend:
         def work(ctx: WorkContext) -> TtsOutcome:
             with request_context(spec.request_id), self.host.synthesizer(ctx.cancel) as synth:
                 result = self._run_engine(
-                    lambda: run_pieces(ctx, synth, request, pieces, self.jobs, job_id, attempt)
+                    lambda: run_pieces(
+                        ctx, synth, request, pieces, self.jobs, job_id, attempt, voices=spec.voice_scope
+                    )
                 )
                 ctx.check_cancelled()  # lost the job while finishing the last piece: no output
                 return self._finish(synth, request, result, spec, encoded=False)

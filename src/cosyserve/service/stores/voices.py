@@ -31,7 +31,7 @@ import sqlalchemy as sa
 
 from cosyserve.errors import InputError
 from cosyserve.frontend.prompt_features import PromptFeatures
-from cosyserve.service.requests import VoiceDefaults
+from cosyserve.service.requests import EVERY_VOICE, VoiceDefaults, VoiceScope
 from cosyserve.service.stores.atomic_files import write_atomic
 from cosyserve.service.stores.db import add_missing_columns, create_tables, table
 from cosyserve.service.stores.voice_fields import check_name, check_transcript, lexicon_json
@@ -55,21 +55,6 @@ class VoiceNotFound(InputError):
 
 class VoiceFilesMissing(VoiceNotFound):
     """The voice exists but its files are on another node only (enrolled before files were shared)."""
-
-
-@dataclass(frozen=True)
-class VoiceScope:
-    """The voices a caller may use: all of them (admins, and everyone when auth is off), or the shared
-    ones (owner None: enrolled by an admin, or before voices had owners) and the caller's own."""
-
-    owner: str | None = None
-    everything: bool = True
-
-    def includes(self, voice_owner: str | None) -> bool:
-        return self.everything or voice_owner is None or voice_owner == self.owner
-
-
-EVERY_VOICE = VoiceScope()
 
 
 @dataclass(frozen=True)
