@@ -33,7 +33,7 @@ async def tts(request: Request, principal: CurrentPrincipal) -> Response:
     service.access.check_quota(principal)
     params, audio, _ = await read_params(request, TtsParams, "prompt_wav", upload_limit(request))
     spec = output_spec(request, principal, "tts", format=params.format, sample_rate=params.sample_rate)
-    synthesis = params.to_request(audio)
+    synthesis = params.to_request(audio)  # a saved voice is looked up for this caller where it is used
     if params.stream:
         stream = service.backend.stream_tts(synthesis, spec)
         await open_stream(request, stream)

@@ -33,6 +33,7 @@ from cosyserve.service.requests import (
     SynthesisRequest,
     SynthesisResult,
     TtsOutcome,
+    VoiceScope,
 )
 from cosyserve.service.scheduling.tickets import WorkContext
 from cosyserve.service.stores.batches import BatchItem, BatchStore
@@ -70,6 +71,7 @@ class BatchPlan:
     shared: dict[str, Any]  # the job record's params (voice, prompt_text, max_speed, ...)
     prompt_wav: bytes | None
     spec: OutputSpec  # owner and request id of every output (never a key: items are charged here)
+    voices: VoiceScope  # the saved voices its caller may use
 
 
 @dataclass(frozen=True)
@@ -134,7 +136,8 @@ class BatchRunner:
             return unexpected + 1
         else:
             if outcome.output_id is None:
-                error = ("storage_error", "its audio could not be saved (the server log says why)")
+                reason = outcome.storage_error or "see the server log"
+                error = ("storage_error", f"its audio could not be saved ({reason})")
             else:
                 run.quota.charge(run.key_id, plan.job_id, outcome.duration_s)
                 recorded = self.batches.finish(
@@ -168,13 +171,16 @@ class BatchRunner:
         with self.host.synthesizer(ctx.cancel) as synth:
             if plan.kind == "dub":
                 max_speed = float(plan.shared.get("max_speed") or 1.25)
+                slot = CueSlot.of(item.params).slot_s
                 cue = self.run_engine(
-                    lambda: synthesize_cue(synth, request, CueSlot.of(item.params).slot_s, max_speed, cancel)
+                    lambda: synthesize_cue(synth, request, slot, max_speed, cancel, plan.voices)
                 )
                 request = dataclasses.replace(request, speed=cue.speed)
                 result, extra = cue.result, {"speed": cue.speed, "natural_s": round(cue.natural_s, 3)}
             else:
-                result = self.run_engine(lambda: synth.synthesize(request, cancel=cancel()).result())
+                result = self.run_engine(
+                    lambda: synth.synthesize(request, cancel=cancel(), voices=plan.voices).result()
+                )
                 extra = {}
             return self.finish(synth, request, result, spec, encoded=False), extra
 

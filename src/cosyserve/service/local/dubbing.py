@@ -18,7 +18,13 @@ import numpy as np
 
 from cosyserve.service.dub_timeline import Placement, audible_span, empty_track, fit_speed, place
 from cosyserve.service.local.synthesizer import Synthesizer
-from cosyserve.service.requests import SentenceTiming, SynthesisRequest, SynthesisResult
+from cosyserve.service.requests import (
+    EVERY_VOICE,
+    SentenceTiming,
+    SynthesisRequest,
+    SynthesisResult,
+    VoiceScope,
+)
 
 CancelFactory = Callable[[], threading.Event]  # a fresh cancel event (with its own clock) per synthesis
 
@@ -38,16 +44,19 @@ def synthesize_cue(
     slot_s: float,
     max_speed: float,
     cancel: CancelFactory,
+    voices: VoiceScope = EVERY_VOICE,
 ) -> CueAudio:
-    """The cue's speech at `request.speed` (default 1), sped up to fit `slot_s` if needed and allowed."""
+    """The cue's speech at `request.speed` (default 1), sped up to fit `slot_s` if needed and allowed; a
+    saved voice outside `voices` is not found."""
     base = request.speed or 1.0
-    first = _trimmed(synth.synthesize(dataclasses.replace(request, speed=base), cancel=cancel()).result())
+    at_base = dataclasses.replace(request, speed=base)
+    first = _trimmed(synth.synthesize(at_base, cancel=cancel(), voices=voices).result())
     natural = first.duration_s
     speed = fit_speed(natural, slot_s, base, max(base, max_speed))
     if speed <= base:
         return CueAudio(first, base, natural)
     again = dataclasses.replace(request, speed=round(speed, 4), seed=first.seed)
-    faster = _trimmed(synth.synthesize(again, cancel=cancel()).result())
+    faster = _trimmed(synth.synthesize(again, cancel=cancel(), voices=voices).result())
     if faster.duration_s >= natural:  # pragma: no cover - speeding up always shortens the mel
         return CueAudio(first, base, natural)
     return CueAudio(faster, round(speed, 4), natural)

@@ -24,7 +24,13 @@ from cosyserve.service.local.job_quota import JobQuota, estimate_audio_s
 from cosyserve.service.local.jobs import RECORD_WAIT_S, JobResult, JobRun, JobStateRecorder, run_pieces
 from cosyserve.service.local.model_host import ModelHost
 from cosyserve.service.logs import request_context
-from cosyserve.service.requests import OutputSpec, SynthesisRequest, TtsOutcome, job_parameters
+from cosyserve.service.requests import (
+    OutputSpec,
+    SynthesisRequest,
+    TtsOutcome,
+    VoiceScope,
+    job_parameters,
+)
 from cosyserve.service.scheduling.scheduler import Scheduler, Ticket, WorkContext
 from cosyserve.service.stores.batches import BatchStore
 from cosyserve.service.stores.jobs import JobNotFound, JobRecord, JobStore
@@ -72,7 +78,7 @@ class LocalJobs:
                 prompt_wav=request.prompt_wav,
             )
 
-        body = self._tts_body(job_id, request, spec, pieces)
+        body = self._tts_body(job_id, request, spec, pieces, spec.voice_scope)
         return self._submit(job_id, "tts", body, create, spec)
 
     def submit_batch(
@@ -102,7 +108,8 @@ class LocalJobs:
             self.batches.add(job_id, [item.as_row() for item in items])
             return record
 
-        plan = BatchPlan(job_id, kind, dict(shared), prompt_wav, dataclasses.replace(spec, key=None))
+        unkeyed = dataclasses.replace(spec, key=None)  # items are charged by the runner
+        plan = BatchPlan(job_id, kind, dict(shared), prompt_wav, unkeyed, spec.voice_scope)
         return self._submit(job_id, kind, self._batch_body(plan), create, spec)
 
     def run_claimed_job(
@@ -111,7 +118,7 @@ class LocalJobs:
         """Run a job a distributed worker claimed as `attempt`; its results land only while that attempt
         is still the job's current one."""
         pieces = job_pieces(request, self.max_text_chars)
-        body = self._tts_body(job_id, request, spec, pieces)
+        body = self._tts_body(job_id, request, spec, pieces, spec.voice_scope)
         return self._ticket(job_id, "tts", body, spec, _set_event(), attempt=attempt)
 
     def run_claimed_batch(self, job_id: str, attempt: int) -> Ticket:
@@ -125,13 +132,15 @@ class LocalJobs:
         """Put a queued job back on the scheduler from its record (after a restart; on a worker, as the
         attempt it claimed); QueueFull when the queue has no room yet."""
         spec = self._spec_of(record)
+        voices = _scope_of(record, spec)
         prompt_wav = self.jobs.prompt_wav(record.id)
         if record.kind == "tts":
             request = request_of(record.params, prompt_wav)
-            body = self._tts_body(record.id, request, spec, job_pieces(request, self.max_text_chars))
+            pieces = job_pieces(request, self.max_text_chars)
+            body = self._tts_body(record.id, request, spec, pieces, voices)
         else:
             plan_spec = dataclasses.replace(spec, key=None)  # items are charged by the runner
-            plan = BatchPlan(record.id, record.kind, dict(record.params), prompt_wav, plan_spec)
+            plan = BatchPlan(record.id, record.kind, dict(record.params), prompt_wav, plan_spec, voices)
             body = self._batch_body(plan)
         return self._ticket(record.id, record.kind, body, spec, _set_event(), attempt=attempt)
 
@@ -194,14 +203,18 @@ class LocalJobs:
         # No scheduler timeout: each segment (or item) sets its own (`JobRun.arm`).
         return self.scheduler.submit(work, job_id=job_id, owner=spec.owner, on_state=recorder, timeout_s=None)
 
-    def _tts_body(self, job_id: str, request: SynthesisRequest, spec: OutputSpec, pieces: list[str]) -> Body:
+    def _tts_body(
+        self, job_id: str, request: SynthesisRequest, spec: OutputSpec, pieces: list[str], voices: VoiceScope
+    ) -> Body:
         def body(ctx: WorkContext, run: JobRun) -> JobResult:
             extra = {"format": spec.format, "pieces": len(pieces)}
             saved = self._saved_result(job_id, spec.owner) if run.attempt > 1 else None
             if saved is not None:
                 return JobResult(saved, extra)
             with self.host.synthesizer(ctx.cancel) as synth:
-                result, stopped = self.run_engine(lambda: run_pieces(ctx, synth, request, pieces, run))
+                result, stopped = self.run_engine(
+                    lambda: run_pieces(ctx, synth, request, pieces, run, voices)
+                )
                 ctx.check_cancelled()  # lost the job while finishing the last piece: no output
                 # the key was charged segment by segment (`run_pieces`), not again here
                 outcome = self.finish(
@@ -209,8 +222,8 @@ class LocalJobs:
                 )
             if outcome.output_id is None:
                 raise StorageError(
-                    "the job's audio could not be saved (the server log says why): make room in the output "
-                    "directory, then submit the job again"
+                    f"the job's audio could not be saved ({outcome.storage_error or 'see the server log'}): "
+                    "make room in the output directory, then submit the job again"
                 )
             return JobResult(outcome, extra, run.quota.exceeded(run.key_id) if stopped else None)
 
@@ -248,6 +261,14 @@ class LocalJobs:
             endpoint=data.get("endpoint") or "jobs",
             extra={**(data.get("extra") or {}), "key_id": key_id},
         )
+
+
+def _scope_of(record: JobRecord, spec: OutputSpec) -> VoiceScope:
+    """The voices a job run again may use: its key's; its owner's own and the shared ones when its key
+    was revoked or deleted since (never more than it had)."""
+    if spec.key is None and (record.spec or {}).get("key_id") is not None:
+        return VoiceScope(owner=record.owner, everything=False)
+    return spec.voice_scope
 
 
 def request_of(params: dict[str, Any], prompt_wav: bytes | None) -> SynthesisRequest:

@@ -27,11 +27,13 @@ from cosyserve.errors import Cancelled, CosyServeError, JobStateError, ShuttingD
 from cosyserve.service.local.job_quota import JobQuota
 from cosyserve.service.local.synthesizer import Synthesizer
 from cosyserve.service.requests import (
+    EVERY_VOICE,
     SentenceTiming,
     SynthesisProgress,
     SynthesisRequest,
     SynthesisResult,
     TtsOutcome,
+    VoiceScope,
 )
 from cosyserve.service.scheduling.tickets import Ticket, WorkContext
 from cosyserve.service.stores.batches import BatchStore
@@ -152,10 +154,16 @@ class JobStateRecorder:
 
 
 def run_pieces(
-    ctx: WorkContext, synth: Synthesizer, request: SynthesisRequest, pieces: list[str], run: JobRun
+    ctx: WorkContext,
+    synth: Synthesizer,
+    request: SynthesisRequest,
+    pieces: list[str],
+    run: JobRun,
+    voices: VoiceScope = EVERY_VOICE,
 ) -> tuple[SynthesisResult, bool]:
     """Synthesise the pieces in order with one seed, reporting progress on the ticket and the record and
-    charging each segment; returns the result and whether the quota stopped it early."""
+    charging each segment; returns the result and whether the quota stopped it early. A saved voice
+    outside `voices` (the job's caller may not use it) is not found."""
     results: list[SynthesisResult] = []
     seed = request.seed
     last_write = 0.0
@@ -179,7 +187,7 @@ def run_pieces(
                 run.jobs.set_progress(run.job_id, fraction, attempt=run.attempt)
 
         part = dataclasses.replace(request, text=piece, seed=seed)
-        stream = synth.synthesize(part, progress=progress, cancel=ctx.cancel)
+        stream = synth.synthesize(part, progress=progress, cancel=ctx.cancel, voices=voices)
         chunks: list[np.ndarray] = []
         try:
             chunks.extend(chunk.samples for chunk in stream)
