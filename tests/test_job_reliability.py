@@ -12,6 +12,7 @@ import pytest
 import soundfile as sf
 
 from conftest import LONG_TEXT, enrol_voice
+from test_api_storage_full import full_disk  # noqa: F401  (fixture: a full tmpfs as the output directory)
 
 TERMINAL = {"done", "failed", "cancelled"}
 SENTENCES = "第一句话。第二句话。第三句话。第四句话。第五句话。第六句话。"
@@ -133,3 +134,43 @@ def test_a_text_with_nothing_to_speak_is_refused_at_submit(server, text: str) ->
             )
             assert response.status_code == 400, (path, response.text)
             assert "nothing to speak" in response.json()["error"]["message"]
+
+
+def test_a_batch_uses_only_the_voices_its_key_may_use(server, prompt_wav_bytes) -> None:
+    _, mine = server.service.keys.create("carol-app", "user")
+    _, theirs = server.service.keys.create("dave-app", "user")
+    with as_key(server, theirs) as dave:
+        enrol_voice(dave, "dave-voice", prompt_wav_bytes)
+    with as_key(server, mine) as carol:
+        items = [{"text": "一。", "voice": "alice"}, {"text": "二。", "voice": "dave-voice"}]
+        batch_id = carol.post("/v1/batches", json={"items": items}).json()["id"]
+        batch = wait(carol, f"/v1/batches/{batch_id}")
+    assert [item["state"] for item in batch["items"]] == ["done", "failed"]  # alice is shared
+    assert "dave-voice" in batch["items"][1]["error"]["message"]
+
+
+def test_jobs_on_a_full_disk_end_with_storage_error(
+    start_api_server,
+    prompt_wav_bytes,
+    full_disk,  # noqa: F811  (the fixture imported above)
+) -> None:
+    live = start_api_server(output_dir=str(full_disk), min_free_mb=0, wait_ready=False)
+    try:
+        deadline = time.monotonic() + 60
+        while live.service.model_state != "ready":
+            assert time.monotonic() < deadline
+            time.sleep(0.05)
+        with live.client() as client:
+            enrol_voice(client, "alice", prompt_wav_bytes)
+            job_id = client.post("/v1/jobs", json={"text": "一。", "voice": "alice"}).json()["id"]
+            job = wait(client, f"/v1/jobs/{job_id}")
+            assert (job["state"], job["error"]["code"]) == ("failed", "storage_error")
+            assert "No space" in job["error"]["message"]
+            assert client.get(f"/v1/jobs/{job['id']}/result").status_code == 409
+            items = {"voice": "alice", "items": ["一。", "二。"]}
+            batch_id = client.post("/v1/batches", json=items).json()["id"]
+            batch = wait(client, f"/v1/batches/{batch_id}")
+            assert (batch["state"], batch["error"]["code"]) == ("failed", "items_failed")
+            assert {item["error"]["code"] for item in batch["items"]} == {"storage_error"}
+    finally:
+        live.stop()
