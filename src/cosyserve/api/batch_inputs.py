@@ -61,7 +61,7 @@ async def read_submission(request: Request, model: type[Params], max_bytes: int)
             raise InputError(f"the body must be a JSON object, got {type(data).__name__}")
         params = validate_model(model, data)
         return Submission(params, prompt_wav=_base64_prompt(params, max_bytes))
-    if kind == "multipart/form-data":
+    if kind in ("multipart/form-data", "application/x-www-form-urlencoded"):
         return await _form(request, model, max_bytes)
     if kind in RAW_TYPES:
         params = validate_model(model, dict(request.query_params))

@@ -119,3 +119,20 @@ class BatchView(BaseModel):
 class BatchList(BaseModel):
     object: Literal["list"] = "list"
     data: list[BatchView]
+
+
+def upload_body_doc(model: type[BaseModel], raw_types: tuple[str, ...]) -> dict[str, Any]:
+    """`openapi_extra` for a route that takes JSON, a multipart form with `file` (and `prompt_wav`), or the
+    file itself as the body."""
+    schema = model.model_json_schema()
+    files = {
+        "file": {"type": "string", "format": "binary", "description": "the script or subtitle file"},
+        "prompt_wav": {"type": "string", "format": "binary", "description": "a recording (instead of voice)"},
+    }
+    multipart = {**schema, "properties": {**schema["properties"], **files}}
+    content: dict[str, Any] = {
+        "application/json": {"schema": schema},
+        "multipart/form-data": {"schema": multipart},
+    }
+    content.update({kind: {"schema": {"type": "string"}} for kind in raw_types})
+    return {"requestBody": {"required": True, "content": content}}

@@ -15,7 +15,7 @@ from fastapi.responses import RedirectResponse, StreamingResponse
 from starlette.concurrency import run_in_threadpool
 
 from cosyserve.api.batch_inputs import Submission, read_submission
-from cosyserve.api.batch_schemas import BatchList, BatchParams, BatchView
+from cosyserve.api.batch_schemas import BatchList, BatchParams, BatchView, upload_body_doc
 from cosyserve.api.batch_views import BATCH_KINDS, batch_view, own_batch
 from cosyserve.api.deps import CurrentPrincipal, current_principal, get_service, output_spec
 from cosyserve.api.schemas import ERRORS
@@ -46,6 +46,7 @@ def batch_rules(service: Service, shared: dict, has_prompt: bool) -> BatchRules:
     "header row, .jsonl, .json or .txt with one text per line; a recording as `prompt_wav`; shared settings "
     "as fields), or the file itself as the body (text/csv, text/plain, application/x-ndjson) with settings "
     "as query parameters. Items that cannot be spoken fail alone. Poll GET /v1/batches/{id}.",
+    openapi_extra=upload_body_doc(BatchParams, ("text/csv", "text/plain", "application/x-ndjson")),
 )
 async def create_batch(request: Request, response: Response, principal: CurrentPrincipal) -> BatchView:
     service = get_service(request)

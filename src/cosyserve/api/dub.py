@@ -16,7 +16,7 @@ from fastapi.responses import RedirectResponse
 from starlette.concurrency import run_in_threadpool
 
 from cosyserve.api.batch_inputs import read_submission
-from cosyserve.api.batch_schemas import BatchView, DubParams
+from cosyserve.api.batch_schemas import BatchView, DubParams, upload_body_doc
 from cosyserve.api.batch_views import batch_view, own_batch, track_url
 from cosyserve.api.batches import batch_report, batch_rules
 from cosyserve.api.deps import CurrentPrincipal, get_service, output_spec
@@ -39,6 +39,7 @@ SHARED = ("voice", "instruct", "seed", "speed", "volume", "format", "prompt_text
     description="A multipart form (the subtitles as `file`, a recording as `prompt_wav`, settings as "
     "fields), JSON (`subtitles` beside the settings), or the file itself as the body (application/x-subrip, "
     "text/vtt) with settings as query parameters. Poll GET /v1/dub/{id}.",
+    openapi_extra=upload_body_doc(DubParams, ("application/x-subrip", "text/vtt")),
 )
 async def create_dub(request: Request, response: Response, principal: CurrentPrincipal) -> BatchView:
     service = get_service(request)

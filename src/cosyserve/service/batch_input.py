@@ -25,6 +25,7 @@ from cosyserve.service.audio_formats import FORMATS
 from cosyserve.service.requests import MAX_SEED
 
 ITEM_FIELDS = ("text", "voice", "instruct", "seed", "speed", "volume", "format", "name")
+TEXT_FIELDS = ("text", "voice", "instruct", "format")
 SHARED_FIELDS = ("voice", "instruct", "seed", "speed", "volume", "format", "prompt_text")
 KINDS = ("json", "jsonl", "csv", "txt")
 NAME_CHARS = re.compile(r"[^\w-]+")
@@ -194,20 +195,50 @@ def _item(number: int, value: Mapping[str, Any] | str, rules: BatchRules) -> Ite
     if isinstance(value, str):
         value = {"text": value}
     if not isinstance(value, Mapping):
-        return ItemSpec(f"item{number}", {}, f"item {number} is not an object with a text")
-    params: dict[str, Any] = {key: rules.shared.get(key) for key in SHARED_FIELDS if key != "prompt_text"}
-    params.update({key: v for key, v in value.items() if key in ITEM_FIELDS and key != "name" and v != ""})
-    params["text"] = str(params.get("text") or "").strip()
-    name = _file_name(value.get("name"), params["text"], number)
-    unknown = [key for key in value if key not in ITEM_FIELDS and not key.startswith("_")]
+        return ItemSpec(f"item{number}", {"text": ""}, f"item {number} is not an object with a text")
+    unknown = [key for key in value if key not in ITEM_FIELDS and not str(key).startswith("_")]
     problem = value.get("_problem") or (
         f"unknown field {unknown[0]!r}: items have {', '.join(ITEM_FIELDS)}" if unknown else None
     )
+    given = {key: v for key, v in value.items() if key in ITEM_FIELDS and key != "name" and v != ""}
+    for key in TEXT_FIELDS:
+        if key in given:
+            try:
+                given[key] = _as_text(given[key], key)
+            except InputError as exc:
+                problem, given[key] = problem or str(exc), None
+    params: dict[str, Any] = {key: rules.shared.get(key) for key in SHARED_FIELDS if key != "prompt_text"}
+    params.update(given)
+    params["text"] = str(params.get("text") or "").strip()
+    name = _file_name(_as_name(value.get("name")), params["text"], number)
     try:
         _check(params, rules)
     except InputError as exc:
         problem = problem or str(exc)
+    if problem is not None:  # keep only what the views and manifests can show
+        for key in ("seed", "speed", "volume"):
+            if isinstance(params.get(key), bool) or not isinstance(params.get(key), int | float):
+                params[key] = None
+        for key in ("voice", "instruct", "format"):
+            if not isinstance(params.get(key), str):
+                params[key] = None
     return ItemSpec(name, params, problem)
+
+
+def _as_text(value: Any, key: str) -> str | None:
+    """A text field as text: strings, and numbers written as they are (a CSV cell, `"text": 42`)."""
+    if value is None or isinstance(value, str):
+        return value
+    if isinstance(value, int | float) and not isinstance(value, bool):
+        return str(value)
+    raise InputError(f"{key} must be text, got {type(value).__name__}")
+
+
+def _as_name(value: Any) -> str | None:
+    try:
+        return _as_text(value, "name")
+    except InputError:
+        return None
 
 
 def _check(params: dict[str, Any], rules: BatchRules) -> None:
