@@ -51,7 +51,6 @@ def csv_script(lines: list[dict]) -> bytes:
 
 def test_a_csv_script_becomes_files_and_a_manifest(client) -> None:
     lines = [{"name": f"line{n}", "text": f"第{n}句话。", "seed": n} for n in range(1, 31)]
-    lines[6]["text"] = "这一句太长了" * 10  # 60 characters, the limit is 40: this line alone fails
     files = {"file": ("script.csv", csv_script(lines), "text/csv")}
     response = client.post("/v1/batches", data={"voice": "alice"}, files=files)
     assert response.status_code == 202, response.text
@@ -62,29 +61,38 @@ def test_a_csv_script_becomes_files_and_a_manifest(client) -> None:
         seen_progress.add(batch["done"])
         time.sleep(0.3)
         batch = client.get(f"/v1/batches/{batch['id']}", params={"limit": 1000}).json()
-    assert batch["state"] == "done" and (batch["done"], batch["failed"]) == (29, 1), batch
+    assert batch["state"] == "done" and (batch["done"], batch["failed"]) == (30, 0), batch
     assert len(seen_progress) > 2  # progress was visible while it ran
-    bad = batch["items"][6]
-    assert bad["state"] == "failed" and "limit is 40" in bad["error"]["message"]
 
     archive = client.get(batch["archive_url"])  # signed: no key needed
     assert archive.status_code == 200 and archive.headers["content-type"] == "application/zip"
     with zipfile.ZipFile(io.BytesIO(archive.content)) as zipped:
         names = zipped.namelist()
         manifest = list(csv.DictReader(io.StringIO(zipped.read("manifest.csv").decode())))
-        assert len(manifest) == 30
         wavs = [name for name in names if name.endswith(".wav")]
-        assert len(wavs) == 29 and "0001_line1.wav" in wavs and "0007_line7.wav" not in wavs
+        assert len(manifest) == 30 and len(wavs) == 30 and "0001_line1.wav" in wavs
         for row in manifest:
-            if row["state"] != "done":
-                assert row["file"] == "" and "limit is 40" in row["error"]
-                continue
             audio, rate = sf.read(io.BytesIO(zipped.read(row["file"])))
-            assert abs(len(audio) / rate - float(row["duration_s"])) < 0.002, row
+            assert abs(len(audio) / rate - float(row["duration_s"])) < 0.002, row  # durations match files
             assert row["text"] and row["voice"] == "alice" and row["seed"] == row["name"][4:]
-            assert row["subtitles"] in names
+            assert row["state"] == "done" and row["subtitles"] in names
     item = client.get(f"/v1/batches/{batch['id']}/items/1", follow_redirects=True)
     assert item.status_code == 200 and item.headers["content-type"] == "audio/wav"
+
+
+def test_a_bad_line_fails_alone(client) -> None:
+    lines = [{"name": f"line{n}", "text": f"第{n}句话。", "seed": n} for n in range(1, 6)]
+    lines[2]["text"] = "这一句太长了" * 10  # 60 characters, the limit is 40
+    files = {"file": ("script.csv", csv_script(lines), "text/csv")}
+    batch = wait_batch(client, client.post("/v1/batches", data={"voice": "alice"}, files=files).json()["id"])
+    assert batch["state"] == "done" and (batch["done"], batch["failed"]) == (4, 1), batch
+    bad = batch["items"][2]
+    assert bad["state"] == "failed" and "limit is 40" in bad["error"]["message"]
+    with zipfile.ZipFile(io.BytesIO(client.get(batch["archive_url"]).content)) as zipped:
+        manifest = list(csv.DictReader(io.StringIO(zipped.read("manifest.csv").decode())))
+        assert "0003_line3.wav" not in zipped.namelist()
+    assert [row["state"] for row in manifest] == ["done", "done", "failed", "done", "done"]
+    assert manifest[2]["file"] == "" and "limit is 40" in manifest[2]["error"]
 
 
 def test_cancel_stops_the_rest(client, server) -> None:
