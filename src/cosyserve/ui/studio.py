@@ -20,7 +20,7 @@ HELP = {
     "zh": """
 | 写法 | 作用 |
 | --- | --- |
-| `[h][ào]` | 按拼音（带声调）读单个字：`爱好[h][ào]` |
+| `[h][ào]` | 用拼音（带声调）替换一个字：`爱[h][ào]` 读作「爱好（hào）」 |
 | `[重庆][chóng qìng]` | 整词指定读音（自动转换为拼音标记） |
 | `[M][AY0][N][UW1][T]` | 英文单词用 CMU 音素指定读音 |
 | `[breath]` `[laughter]` `[cough]` `[sigh]` | 在该处插入呼吸、笑声、咳嗽、叹气 |
@@ -30,7 +30,7 @@ HELP = {
     "en": """
 | Write | Effect |
 | --- | --- |
-| `[h][ào]` | read one character with this pinyin (with tone): `爱好[h][ào]` |
+| `[h][ào]` | replace one character by its pinyin (with tone): `爱[h][ào]` reads 爱好 as ài hào |
 | `[重庆][chóng qìng]` | give a whole word's pronunciation (converted to pinyin marks) |
 | `[M][AY0][N][UW1][T]` | an English word's pronunciation as CMU phonemes |
 | `[breath]` `[laughter]` `[cough]` `[sigh]` | a breath, laughter, cough or sigh at that point |

@@ -141,7 +141,7 @@ class SynthesisStream:
         self._started_at = time.time()
         samples_so_far = 0
         self._report(0, len(segments), 0.0)
-        pairs = zip(plan.prepared.segment_ids, plan.prepared.display_segments, strict=True)
+        pairs = zip(plan.prepared.segment_ids, plan.prepared.written_segments, strict=True)
         for index, (text_ids, shown) in enumerate(pairs):
             if self._cancel.is_set():
                 raise Cancelled("the request was cancelled")
