@@ -150,6 +150,22 @@ class StorageSettings(_Group):
     retention_max_gb: float = Field(
         10.0, ge=0, description="delete oldest outputs above this size (0: no cap)"
     )
+    retention_interval_s: float = Field(
+        3600.0, ge=1, description="how often old outputs are looked for and deleted, in seconds"
+    )
+    timezone: str = Field(
+        "local",
+        description="time zone of output file names: local (this machine's), UTC, or a name such as "
+        "Asia/Shanghai; the sidecar always records the UTC instant too",
+    )
+
+    @field_validator("timezone")
+    @classmethod
+    def _check_timezone(cls, value: str) -> str:
+        from cosyserve.service.stores.clock import output_timezone
+
+        output_timezone(value)  # raises ValueError naming the problem
+        return value
 
 
 class S3Settings(_Group):
@@ -182,6 +198,11 @@ class AuthSettings(_Group):
 class LogSettings(_Group):
     level: Literal["DEBUG", "INFO", "WARNING", "ERROR", "CRITICAL"] = Field("INFO", description="log level")
     json_lines: bool = Field(False, alias="json", description="log one JSON object per line")
+    file: Path | None = Field(
+        None, description="also write the log to this file, rotated by size (unset: the console only)"
+    )
+    file_max_mb: float = Field(50.0, gt=0, description="rotate the log file when it reaches this size, in MB")
+    file_backups: int = Field(5, ge=0, description="rotated log files kept (file.1 … file.N)")
 
     model_config = ConfigDict(extra="forbid", validate_default=True, populate_by_name=True)
 

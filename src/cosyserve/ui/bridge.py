@@ -15,12 +15,14 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from cosyserve.errors import InputError
+from cosyserve.errors import InputError, error_code
 from cosyserve.frontend.prompt_check import PromptReport, load_prompt
 from cosyserve.service.access.principals import AuthRequired, Forbidden, Principal
 from cosyserve.service.access.sessions import SESSION_COOKIE
+from cosyserve.service.activity import log_activity
 from cosyserve.service.assembly import Service
 from cosyserve.service.backend import AudioStream
+from cosyserve.service.gpu import engine_allocator, gpu_report
 from cosyserve.service.logs import recent_logs
 from cosyserve.service.requests import EnrolmentRequest, OutputSpec, SynthesisRequest
 from cosyserve.service.scheduling.scheduler import Ticket
@@ -198,24 +200,27 @@ class UiBridge:
         }
 
     def memory(self) -> dict[str, Any]:
-        """Process memory, and the accelerator's when the model runs on one."""
-        info: dict[str, Any] = {"process_rss_mb": _rss_mb(), "device_type": self.service.device_type}
-        if self.service.device_type == "cuda":
-            import torch
-
-            if torch.cuda.is_available():
-                free, total = torch.cuda.mem_get_info()
-                info.update(
-                    cuda_allocated_mb=round(torch.cuda.memory_allocated() / 2**20, 1),
-                    cuda_reserved_mb=round(torch.cuda.memory_reserved() / 2**20, 1),
-                    cuda_free_mb=round(free / 2**20, 1),
-                    cuda_total_mb=round(total / 2**20, 1),
-                )
-        return info
+        """Process memory, every GPU as NVML reports it (no CUDA context is created), and PyTorch's
+        allocator on the engine's own device; a figure that can't be read is left out, never an error."""
+        report = gpu_report()
+        device = str(self.service.readiness().get("device") or self.service.device_type)
+        return {
+            "process_rss_mb": _rss_mb(),
+            "device": device,
+            "gpus": [gpu.as_dict() for gpu in report.gpus],
+            "gpu_absent_reason": report.absent_reason,
+            "engine_allocator": engine_allocator(device),
+        }
 
     def restart_engine(self, principal: Principal) -> str:
         self.require_admin(principal)
-        return self.service.backend.restart_engine()
+        try:
+            state = self.service.backend.restart_engine()
+        except Exception as exc:
+            log_activity("restart", error_code(exc), who=principal.name or principal.owner, endpoint="ui")
+            raise
+        log_activity("restart", "ok", who=principal.name or principal.owner, endpoint="ui", state=state)
+        return state
 
     def logs(self, principal: Principal, limit: int = 100, level: str | None = None) -> list[dict[str, Any]]:
         self.require_admin(principal)

@@ -18,6 +18,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from cosyserve.service.access.limits import QuotaTracker
+from cosyserve.service.activity import both, enrolment_logger, synthesis_logger
 from cosyserve.service.audio_formats import StreamEncoder, encode, mime_type
 from cosyserve.service.backend import AudioStream, cancellable_job, job_pieces, new_job_id
 from cosyserve.service.local.jobs import JobStateRecorder, run_pieces
@@ -100,9 +101,11 @@ class LocalBackend:
                 result = self._run_engine(
                     lambda: synth.synthesize(request, progress=_progress_to(ctx), cancel=ctx.cancel).result()
                 )
+                ctx.check_cancelled()  # cancelled during the last sentence's audio: nothing is stored
                 return self._finish(synth, request, result, spec, encoded=True)
 
-        return self.scheduler.submit(work, owner=spec.owner)
+        logged = synthesis_logger("synthesis", request, spec, self.model_info.get("device"))
+        return self.scheduler.submit(work, owner=spec.owner, on_state=logged)
 
     def stream_tts(self, request: SynthesisRequest, spec: OutputSpec) -> AudioStream:
         """Queue one synthesis whose encoded audio is read while the engine makes it."""
@@ -113,7 +116,8 @@ class LocalBackend:
         def work(ctx: WorkContext) -> Generator[StreamStart | bytes, None, TtsOutcome]:
             return self._stream_items(ctx, request, spec)
 
-        return AudioStream(self.scheduler.submit(work, owner=spec.owner, stream=True))
+        logged = synthesis_logger("synthesis", request, spec, self.model_info.get("device"))
+        return AudioStream(self.scheduler.submit(work, owner=spec.owner, stream=True, on_state=logged))
 
     def _stream_items(
         self, ctx: WorkContext, request: SynthesisRequest, spec: OutputSpec
@@ -143,6 +147,7 @@ class LocalBackend:
             tail = encoder.finish()
             if tail:
                 yield tail
+            ctx.check_cancelled()
             return self._finish(synth, request, stream.result(), spec, encoded=False)
 
     def _run_engine(self, call: Callable[[], Any]) -> Any:
@@ -259,7 +264,8 @@ class LocalBackend:
                 ctx.check_cancelled()  # lost the job while finishing the last piece: no output
                 return self._finish(synth, request, result, spec, encoded=False)
 
-        return self.scheduler.submit(work, job_id=job_id, owner=spec.owner, on_state=on_state)
+        logged = synthesis_logger("job", request, spec, self.model_info.get("device"), job_id)
+        return self.scheduler.submit(work, job_id=job_id, owner=spec.owner, on_state=both(on_state, logged))
 
     def cancel_job(self, job_id: str) -> JobRecord:
         """Cancel a queued or running job (JobStateError if it already ended)."""
@@ -287,7 +293,9 @@ class LocalBackend:
                     lexicon=e.lexicon,
                 )
 
-        return self.scheduler.submit(work)
+        return self.scheduler.submit(
+            work, on_state=enrolment_logger(e.name, request_id, self.model_info.get("device"))
+        )
 
 
 def _progress_to(ctx: WorkContext) -> Callable[[SynthesisProgress], None]:
