@@ -4,6 +4,7 @@ time zone with the UTC instant in the sidecar, and the retention interval as a s
 
 from __future__ import annotations
 
+import io
 import json
 import logging
 import sys
@@ -104,7 +105,7 @@ def test_engine_allocator_never_touches_cuda_off_gpu() -> None:
 def activity_log() -> Iterator[None]:
     root = logging.getLogger()
     handlers, level = list(root.handlers), root.level
-    configure_logging("INFO", stream=open("/dev/null", "w"))  # noqa: SIM115 - closed with the handler
+    configure_logging("INFO", stream=io.StringIO())
     clear_recent_logs()
     yield
     root.handlers[:] = handlers
@@ -144,9 +145,7 @@ def test_log_file_rotates(tmp_path: Path) -> None:
     handlers, level = list(root.handlers), root.level
     target = tmp_path / "logs" / "cosyserve.log"
     try:
-        configure_logging(
-            "INFO", True, stream=open("/dev/null", "w"), file=target, file_max_mb=0.002, file_backups=2
-        )  # noqa: SIM115
+        configure_logging("INFO", True, stream=io.StringIO(), file=target, file_max_mb=0.002, file_backups=2)
         for index in range(60):
             logging.getLogger("cosyserve.test").info("line %d %s", index, "x" * 40)
     finally:

@@ -106,7 +106,8 @@ def test_instruct(tokenizer: TextTokenizer, instruct: str) -> None:
 def test_free_text_instruction_gets_final_punctuation() -> None:
     assert resolve_instruction("  Speak like a pirate ") == "Speak like a pirate."
     assert resolve_instruction("用播音员的语气") == "用播音员的语气。"
-    assert resolve_instruction("You are a helpful assistant. 请像老师一样！<|endofprompt|>") == "请像老师一样！"
+    typed = "You are a helpful assistant. 请像老师一样！<|endofprompt|>"
+    assert resolve_instruction(typed) == "请像老师一样！"
     assert resolve_instruction("   ") is None
 
 
