@@ -56,7 +56,9 @@ async def create_voice(request: Request, _: AdminPrincipal) -> VoiceView:
     params, audio, suffix = await read_params(request, VoiceCreateParams, "audio", upload_limit(request))
     if audio is None:
         raise InputError("no recording: upload the voice's audio as `audio` (multipart) or base64 (JSON)")
-    defaults = VoiceDefaults(instruct=params.instruct or None, speed=params.speed, seed=params.seed)
+    defaults = VoiceDefaults(
+        instruct=params.instruct or None, speed=params.speed, seed=params.seed, denoise=params.denoise or None
+    )
     enrolment = EnrolmentRequest(
         params.name, audio, params.transcript, suffix, defaults, parse_lexicon(params.lexicon)
     )

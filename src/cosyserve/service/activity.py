@@ -20,12 +20,16 @@ from cosyserve.service.requests import TERMINAL_STATES, OutputSpec, SynthesisReq
 from cosyserve.service.scheduling.tickets import Ticket
 
 log = logging.getLogger("cosyserve.activity")
+_RECORD_ATTRS = frozenset(vars(logging.makeLogRecord({}))) | {"message", "asctime"}
 OnState = Callable[[Ticket, str], None]
 
 
 def log_activity(event: str, result: str, *, request_id: str | None = None, **fields: Any) -> None:
     """The line: `"<event> <result>"` plus the fields (None values left out)."""
-    extra = {"event": event, "result": result, **{k: v for k, v in fields.items() if v is not None}}
+    extra = {"event": event, "result": result}
+    for key, value in fields.items():
+        if value is not None:
+            extra[f"{key}_" if key in _RECORD_ATTRS else key] = value
     if request_id:
         extra["request_id"] = request_id
     log.info("%s %s", event, result, extra=extra)
@@ -111,7 +115,7 @@ def enrolment_logger(name: str, request_id: str | None, device: str | None) -> O
                 "enrolment",
                 ticket_result(ticket),
                 request_id=request_id,
-                name=name,
+                voice_name=name,
                 voice=getattr(voice, "id", None),
                 device=device,
                 **ticket_times(ticket),

@@ -34,6 +34,11 @@ class EngineSettings(_Group):
         "nothing (hubs out of reach); a transfer cut midway is always resumed",
     )
     device: str = Field("auto", description="auto, cpu, cuda or cuda:N", pattern=r"^(auto|cpu|cuda(:\d+)?)$")
+    asr_model: Path | None = Field(
+        None,
+        description="prompt-transcription model directory (SenseVoice-Small for sherpa-onnx; default: "
+        "where `cosyserve download --asr` puts it)",
+    )
     precision: Literal["auto", "float32", "float16", "bfloat16"] = Field(
         "auto", description="compute dtype: auto (float16 on GPU, float32 on CPU), float32, float16, bfloat16"
     )
