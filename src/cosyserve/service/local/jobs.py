@@ -121,6 +121,7 @@ def run_pieces(
         result = synth.synthesize(part, progress=progress, cancel=ctx.cancel).result()
         seed = result.seed  # later pieces reuse the first piece's seed: one seed reproduces the job
         results.append(result)
+        ctx.share_partial(tuple(results))  # the studio plays the finished pieces while the rest is made
     return merge_results(results)
 
 

@@ -56,6 +56,10 @@ class WorkContext:
     def set_progress(self, fraction: float) -> None:
         self._ticket.set_progress(fraction)
 
+    def share_partial(self, value: Any) -> None:
+        """Offer what is finished so far (e.g. a long job's first pieces) to a client that shows it early."""
+        self._ticket.partial = value
+
     def check_cancelled(self) -> None:
         """Raise Cancelled if the work was asked to stop."""
         if self._ticket.cancel_event.is_set():
@@ -97,6 +101,7 @@ class Ticket:
         self.cancel_event = threading.Event()
         self.cancel_reason: str | None = None
         self.progress = 0.0
+        self.partial: Any = None  # what the work shared of its result so far (`WorkContext.share_partial`)
         self.submitted_at = time.time()
         self.started_at: float | None = None
         self.finished_at: float | None = None
