@@ -479,10 +479,14 @@ def test_voice_preview_is_listed_as_preview_and_history_fits(page):
     open_tab(page, "history")
     page.click("#history-refresh")
     page.wait_for_function("document.querySelector('#history-table').innerText.includes('试听一下')")
-    row = page.locator("#history-table tr", has_text="试听一下").first.inner_text()
+    row = page.evaluate(
+        "Array.from(document.querySelectorAll('#history-table [role=row], #history-table tr'))"
+        ".map(r => r.innerText).find(t => t.includes('试听一下')) || ''"
+    )
     assert "preview" in row and "API" not in row, row
     fits = page.evaluate(
-        "(() => { const t = document.querySelector('#history-table'); const cells = t.querySelectorAll('th');"
+        "(() => { const t = document.querySelector('#history-table');"
+        " const cells = t.querySelectorAll('[role=columnheader], th');"
         " const last = cells[cells.length - 1].getBoundingClientRect();"
         " return last.right <= t.getBoundingClientRect().right + 1 && last.width > 40; })()"
     )

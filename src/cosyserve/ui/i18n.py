@@ -147,7 +147,6 @@ STRINGS: dict[str, tuple[str, str]] = {
         "{done} / {total} sentences · {elapsed} elapsed · about {remaining} left",
     ),
     "job_queued": ("任务排队中……", "The job is queued…"),
-    "cancelling": ("正在取消……", "Cancelling…"),
     "cancel_too_late": (
         "取消时已生成完毕：结果已保存（见历史记录）。",
         "It had finished before the cancel arrived: the result was kept (see History).",

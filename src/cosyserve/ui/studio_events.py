@@ -125,10 +125,10 @@ def _wire_text_and_run(panel: ModePanel, ctx: UiContext) -> None:
             bridge, registry, Form(mode, **values), chosen, request, progress, ctx.cache_dir
         )
 
-    def cancel(chosen: str, request: gr.Request) -> str:
-        # The running handler reports how it ended (cancelled, or finished before the cancel arrived).
+    def cancel(request: gr.Request) -> None:
+        # Only the running handler writes the outcome (cancelled, or finished before the cancel arrived):
+        # a message from here could arrive after it and overwrite it.
         registry.cancel(getattr(request, "session_hash", None) or "")
-        return text("cancelling", chosen)
 
     panel.run_fn = run
     panel.generate.click(None, None, None, js=assets.UNLOCK_JS)
@@ -143,4 +143,4 @@ def _wire_text_and_run(panel: ModePanel, ctx: UiContext) -> None:
         show_progress_on=[panel.result],  # one status (and at most one "Error" badge), on the player
     )
     panel.stream_box.change(None, [panel.stream_box], None, js=assets.FEED_JS)
-    panel.cancel.click(cancel, [lang], [panel.info], js=assets.STOP_JS, queue=False)
+    panel.cancel.click(cancel, None, None, js=assets.STOP_JS, queue=False)
