@@ -231,3 +231,15 @@ def test_api_answers_404_for_job_ids_with_nul(start_api_server, database_url: st
             assert client.get("/v1/voices/%00").status_code == 404
     finally:
         server.stop()
+
+
+def test_the_sqlite_file_is_private_to_its_owner(tmp_path: Path) -> None:
+    """It holds key hashes, voices and job texts: 0600, also when an earlier version made it 0644."""
+    path = tmp_path / "cosyserve.db"
+    engine = make_engine(f"sqlite:///{path}")
+    JobStore(engine)
+    assert path.stat().st_mode & 0o777 == 0o600
+    engine.dispose()
+    path.chmod(0o644)
+    make_engine(f"sqlite:///{path}").dispose()
+    assert path.stat().st_mode & 0o777 == 0o600

@@ -417,3 +417,20 @@ def test_bounded_load() -> None:
         assert ticket.state == "done"
     assert scheduler.shutdown(grace_s=WAIT)["stuck_workers"] == 0
     assert threading.active_count() == baseline
+
+
+def test_retry_after_is_the_time_the_waiting_work_takes_to_start(make_scheduler: Any) -> None:
+    """Clients turned away wait about as long as the queue takes to drain, from measured durations."""
+    scheduler = make_scheduler(concurrency=2, queue_size=4)
+    for seconds in (3.0, 5.0):  # two finished syntheses: a mean of 4 s
+        scheduler._durations.append(seconds)
+    gate = threading.Event()
+    running = [scheduler.submit(blocker(gate)) for _ in range(2)]
+    wait_until(lambda: all(t.state == "running" for t in running))
+    queued = [scheduler.submit(blocker(gate)) for _ in range(4)]
+    with pytest.raises(QueueFull) as info:
+        scheduler.submit(blocker(gate))
+    assert info.value.retry_after_s == 8  # 4 waiting x 4 s / 2 workers
+    gate.set()
+    for ticket in running + queued:
+        ticket.result(WAIT)

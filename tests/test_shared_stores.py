@@ -24,6 +24,7 @@ from cosyserve.service.stores.voices import (
     VoiceFilesMissing,
     VoiceLibrary,
     VoiceNotFound,
+    VoiceScope,
     voice_files_table,
     voices_table,
 )
@@ -165,6 +166,47 @@ def test_an_old_sqlite_database_without_the_files_table_opens(tmp_path: Path) ->
     voices = library(tmp_path / "voices", engine, "m")
     assert sa.inspect(engine).has_table(voice_files_table(sa.MetaData()).name)
     assert voices.audio_file(voices.get("old")).read_bytes() == AUDIO
+    engine.dispose()
+
+
+def test_voices_from_before_owners_become_shared(tmp_path: Path, database_url: str) -> None:
+    """A voices table made before voices had owners gains the column; its voices are shared by all."""
+    engine = make_engine(database_url)
+    before = sa.Table(  # the voices table as it was made before owners
+        "voices",
+        sa.MetaData(),
+        sa.Column("id", sa.String(32), primary_key=True),
+        sa.Column("name", sa.String(64), nullable=False, unique=True),
+        sa.Column("transcript", sa.Text, nullable=True),
+        sa.Column("created_at", sa.Float, nullable=False),
+        sa.Column("model_checksum", sa.String(64), nullable=False),
+        sa.Column("audio_file", sa.String(255), nullable=False),
+        *(sa.Column(name, sa.Text, nullable=False) for name in ("defaults", "lexicon", "report")),
+    )
+    before.create(engine)
+    with engine.begin() as conn:
+        conn.execute(
+            before.insert().values(
+                id="1" * 32,
+                name="legacy",
+                created_at=1.0,
+                model_checksum="m",
+                audio_file="prompt.wav",
+                defaults="{}",
+                lexicon="{}",
+                report="{}",
+            )
+        )
+    voices = library(tmp_path / "voices", engine, "m")
+    assert "owner" in {c["name"] for c in sa.inspect(engine).get_columns("voices")}
+    user_scope = VoiceScope(owner="key:some-user", everything=False)
+    assert voices.get("legacy", user_scope).owner is None
+    own = voices.add("mine", AUDIO, FakeAnalyser(), owner="key:some-user")
+    assert [v.name for v in voices.list(VoiceScope(owner="key:another", everything=False))] == ["legacy"]
+    assert {v.name for v in voices.list(user_scope)} == {"legacy", "mine"} and own.owner == "key:some-user"
+    with pytest.raises(VoiceNotFound):
+        voices.get("mine", VoiceScope(owner="key:another", everything=False))
+    library(tmp_path / "voices2", engine, "m")  # a second process opening it adds nothing twice
     engine.dispose()
 
 

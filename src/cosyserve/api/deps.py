@@ -17,6 +17,7 @@ from cosyserve.service.access.principals import AuthRequired, Forbidden, Princip
 from cosyserve.service.access.sessions import SESSION_COOKIE
 from cosyserve.service.assembly import Service
 from cosyserve.service.requests import OutputSpec
+from cosyserve.service.stores.voices import Voice
 
 
 def get_service(request: Request) -> Service:
@@ -67,6 +68,12 @@ async def require_admin(principal: CurrentPrincipal) -> Principal:
 
 
 AdminPrincipal = Annotated[Principal, Depends(require_admin)]
+
+
+def usable_voice(request: Request, principal: Principal, id_or_name: str) -> Voice:
+    """The saved voice `principal` may use: their own or a shared one (404 `voice_not_found` for any
+    other, the same as for a missing one)."""
+    return get_service(request).voices.get(id_or_name, principal.voices)
 
 
 def output_spec(request: Request, principal: Principal, endpoint: str, **fields: Any) -> OutputSpec:

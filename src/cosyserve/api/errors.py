@@ -24,9 +24,11 @@ from cosyserve.errors import (
     JobTimeout,
     ModelDirError,
     ModelNotReady,
+    OutOfMemory,
     QueueFull,
     SettingsError,
     ShuttingDown,
+    StorageError,
     error_code,
 )
 from cosyserve.service.access.principals import AuthRequired, Forbidden, QuotaExceeded, RateLimited
@@ -84,6 +86,8 @@ _MAP: tuple[tuple[type[BaseException], int, str], ...] = (
     (AuthRequired, 401, "auth_required"),
     (Forbidden, 403, "forbidden"),
     (ModelNotReady, 503, "model_not_ready"),
+    (OutOfMemory, 503, "out_of_memory"),
+    (StorageError, 503, "storage_error"),
     (NoWorkers, 503, "no_workers"),
     (WorkerLost, 503, "worker_lost"),
     (QueueUnavailable, 503, "queue_unavailable"),

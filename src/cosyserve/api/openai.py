@@ -11,7 +11,7 @@ from __future__ import annotations
 
 from fastapi import APIRouter, Request, Response
 
-from cosyserve.api.deps import CurrentPrincipal, get_service, output_spec
+from cosyserve.api.deps import CurrentPrincipal, get_service, output_spec, usable_voice
 from cosyserve.api.schemas import AUDIO_CONTENT, ERRORS, SpeechParams
 from cosyserve.api.streaming import (
     audio_response,
@@ -47,7 +47,7 @@ async def speech(body: SpeechParams, request: Request, principal: CurrentPrincip
         )
     name = body.voice_name
     try:
-        service.voices.get(name)
+        usable_voice(request, principal, name)
     except VoiceNotFound:
         raise VoiceNotFound(
             f"no saved voice {name!r}. `voice` must name a voice saved on this server: create one with "

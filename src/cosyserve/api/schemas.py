@@ -149,6 +149,7 @@ class VoiceView(BaseModel):
     defaults: dict[str, Any]
     lexicon: dict[str, str]
     report: dict[str, Any]
+    shared: bool = True  # False: it belongs to the API key that enrolled it
     preview_url: str
 
 

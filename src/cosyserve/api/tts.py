@@ -33,7 +33,9 @@ async def tts(request: Request, principal: CurrentPrincipal) -> Response:
     service.access.check_quota(principal)
     params, audio, _ = await read_params(request, TtsParams, "prompt_wav", upload_limit(request))
     spec = output_spec(request, principal, "tts", format=params.format, sample_rate=params.sample_rate)
-    synthesis = await with_transcript(service, params, audio)
+    synthesis = await with_transcript(
+        service, params, audio
+    )  # a saved voice is looked up for this caller where it is used
     if params.stream:
         stream = service.backend.stream_tts(synthesis, spec)
         await open_stream(request, stream)

@@ -73,6 +73,7 @@ def cmd_serve(args: argparse.Namespace) -> int:
     import uvicorn
 
     from cosyserve.api.app import create_app
+    from cosyserve.commands.draining import DrainingServer
     from cosyserve.commands.startup import print_failure, watch_first_load
     from cosyserve.service.assembly import Service
     from cosyserve.service.logs import configure_from_settings
@@ -103,7 +104,7 @@ def cmd_serve(args: argparse.Namespace) -> int:
         server_header=False,
     )
     log.info("cosyserve on http://%s:%d (API docs at /docs)", settings.server.host, settings.server.port)
-    server = uvicorn.Server(config)
+    server = DrainingServer(config, drain=service.drain)
     load_failed: list[str] = []
     host = service.model  # None on an API node: it loads no model
     if host is not None and not settings.server.keep_serving_on_load_error:

@@ -10,6 +10,7 @@ talk to these parts through this object, never to the engine.
 from __future__ import annotations
 
 import logging
+import threading
 import time
 from typing import Any
 
@@ -30,7 +31,8 @@ from cosyserve.service.stores.clock import output_timezone
 from cosyserve.service.stores.db import make_engine, metadata
 from cosyserve.service.stores.jobs import JobStore
 from cosyserve.service.stores.keys import KeyStore
-from cosyserve.service.stores.outputs import OutputStore, RetentionWorker
+from cosyserve.service.stores.output_space import RetentionWorker
+from cosyserve.service.stores.outputs import OutputStore
 from cosyserve.service.stores.s3sync import S3Sync
 from cosyserve.service.stores.voices import VoiceLibrary
 
@@ -78,6 +80,7 @@ class Service:
             max_total_bytes=int(s.storage.retention_max_gb * 1e9),
             sync=self.s3,
             zone=output_timezone(s.storage.timezone),
+            min_free_bytes=int(s.storage.min_free_mb * 1e6),
         )
         interval = s.storage.retention_interval_s if retention_interval_s is None else retention_interval_s
         self.retention = RetentionWorker(self.outputs, interval)
@@ -91,6 +94,8 @@ class Service:
             concurrency = s.resolve_concurrency(self.device_type)
         self.scheduler = Scheduler(concurrency, s.queue.queue_size, s.queue.request_timeout_s, self.metrics)
         self.model: ModelHost | None = None  # the model this process serves (None on an API node)
+        self._drain_lock = threading.Lock()
+        self._drained: dict[str, int] | None = None
         self.backend: Backend = self._make_backend(synthesizer_factory)
 
     def _make_backend(self, factory: SynthesizerFactory | None) -> Backend:
@@ -105,6 +110,7 @@ class Service:
             device_type=self.device_type,
             release_wait_s=self.shutdown_grace_s,
             startup=self.startup,
+            cancel_running=self.scheduler.cancel_running,
         )
         return LocalBackend(
             host=self.model,
@@ -148,10 +154,18 @@ class Service:
                 log_failure("s3", f"S3 sync is on but the bucket can't be used: {exc}", exc=exc)
         self.backend.start()
 
+    def drain(self) -> dict[str, int]:
+        """Stop taking work (new requests get 503 `shutting_down`), let running work finish for the grace
+        period, then cancel it. Idempotent: later calls return the first call's counts."""
+        with self._drain_lock:
+            if self._drained is None:
+                self._drained = self.scheduler.shutdown(self.shutdown_grace_s)
+                log.info("scheduler stopped: %s", self._drained)
+            return self._drained
+
     def shutdown(self) -> dict[str, int]:
-        """Stop taking work, let running work finish for the grace period, fail the rest; stop the parts."""
-        counts = self.scheduler.shutdown(self.shutdown_grace_s)
-        log.info("scheduler stopped: %s", counts)
+        """`drain()`, then stop the parts."""
+        counts = self.drain()
         self.retention.stop(timeout=5.0)
         if self.s3 is not None:
             self.s3.close(timeout=10.0)
@@ -169,7 +183,12 @@ class Service:
     def readiness(self, detailed: bool = False) -> dict[str, Any]:
         """{"ready": bool, "state": ..., "reason": why not ready (or None), model info}; `detailed` adds
         what only admins see (the model's path, the last engine failure, the workers)."""
-        return self.backend.readiness(detailed, accepting=self.scheduler.accepting)
+        state = self.backend.readiness(detailed, accepting=self.scheduler.accepting)
+        problem = self.outputs.health.problem()  # results that can't be kept: not ready either
+        state["storage"] = problem or "ok"
+        if problem and state["ready"]:
+            state.update(ready=False, reason=f"storage: {problem}")
+        return state
 
 
 def _s3_sync(cfg: S3Settings) -> S3Sync:

@@ -81,6 +81,7 @@ class SynthesisResult:
     speech_tokens: int = 0
     stage_seconds: dict[str, float] = field(default_factory=dict)  # e.g. {"llm": 1.2, "flow": 3.4, ...}
     warnings: list[str] = field(default_factory=list)
+    reading: dict[str, Any] = field(default_factory=dict)  # what the model read (`reading_report`)
 
     @property
     def duration_s(self) -> float:
@@ -107,6 +108,22 @@ class EnrolmentRequest:
     suffix: str = ".wav"  # the uploaded file's suffix: a hint for decoding
     defaults: VoiceDefaults | None = None  # instruct, speed and seed used when a request gives none
     lexicon: dict[str, str] | None = None  # word -> pronunciation for this voice
+    owner: str | None = None  # the enrolling key's owner string; None: a shared voice (admins, auth off)
+
+
+@dataclass(frozen=True)
+class VoiceScope:
+    """The voices a caller may use: all of them (admins, and everyone when auth is off), or the shared
+    ones (owner None: enrolled by an admin, or before voices had owners) and the caller's own."""
+
+    owner: str | None = None
+    everything: bool = True
+
+    def includes(self, voice_owner: str | None) -> bool:
+        return self.everything or voice_owner is None or voice_owner == self.owner
+
+
+EVERY_VOICE = VoiceScope()
 
 
 @dataclass(frozen=True)
@@ -120,6 +137,14 @@ class OutputSpec:
     request_id: str | None = None
     endpoint: str = "tts"
     extra: dict[str, Any] = field(default_factory=dict)  # recorded in the manifest's parameters
+
+    @property
+    def voice_scope(self) -> VoiceScope:
+        """The saved voices this request may use: a user key's own and the shared ones; everything for
+        admin keys, UI sessions and callers without keys (auth off). Checked where the voice is used."""
+        if self.key is not None and self.key.role != "admin":
+            return VoiceScope(owner=self.owner, everything=False)
+        return EVERY_VOICE
 
     def checked(self, source_rate: int | None = None) -> OutputSpec:
         fmt = check_format(self.format)
@@ -148,6 +173,7 @@ class TtsOutcome:
     media_type: str
     warnings: tuple[str, ...] = ()
     audio: bytes | None = None  # the encoded response (not for streams)
+    storage_error: str | None = None  # why the result could not be saved (None: it was, or not asked)
 
 
 def job_parameters(request: SynthesisRequest, spec: OutputSpec) -> dict[str, Any]:

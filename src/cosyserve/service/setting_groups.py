@@ -44,8 +44,9 @@ class EngineSettings(_Group):
     )
     preset: Literal["exact", "fast"] = Field(
         "exact",
-        description="exact: float32, matches the official outputs; "
-        "fast: int8 LLM and DiT linears on CPU (not bit-exact; `cosyserve bench` reports the deviation)",
+        description="exact: the networks as they are, in the precision setting's dtype (float32 matches the "
+        "official outputs; on a GPU auto means float16); fast: int8 LLM and DiT linears on CPU (not "
+        "bit-exact; `cosyserve bench` reports the deviation)",
     )
     threads: int | None = Field(
         None, ge=1, description="CPU threads for the engine (default: all usable cores)"
@@ -153,7 +154,12 @@ class StorageSettings(_Group):
     )
     retention_days: float = Field(7.0, ge=0, description="delete outputs older than this (0: keep forever)")
     retention_max_gb: float = Field(
-        10.0, ge=0, description="delete oldest outputs above this size (0: no cap)"
+        10.0, ge=0, description="delete oldest outputs above this size, checked at every save (0: no cap)"
+    )
+    min_free_mb: float = Field(
+        200.0,
+        ge=0,
+        description="below this much free space in the output directory /ready turns false (0: no floor)",
     )
     retention_interval_s: float = Field(
         3600.0, ge=1, description="how often old outputs are looked for and deleted, in seconds"

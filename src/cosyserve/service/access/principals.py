@@ -5,6 +5,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from cosyserve.errors import CosyServeError
+from cosyserve.service.requests import EVERY_VOICE, VoiceScope
 from cosyserve.service.stores.keys import ApiKey
 
 
@@ -53,3 +54,13 @@ class Principal:
     def may_see(self, owner: str | None) -> bool:
         """Admins see everything; other callers only what they own."""
         return self.is_admin or (owner is not None and owner == self.owner)
+
+    @property
+    def voices(self) -> VoiceScope:
+        """The voices this caller may use: admins all of them, others the shared ones and their own."""
+        return EVERY_VOICE if self.is_admin else VoiceScope(owner=self.owner, everything=False)
+
+    @property
+    def voice_owner(self) -> str | None:
+        """The owner a voice this caller enrols gets: None (shared) for admins, else the caller."""
+        return None if self.is_admin else self.owner

@@ -20,8 +20,10 @@ from cosyserve.errors import (
     JobStateError,
     JobTimeout,
     ModelNotReady,
+    OutOfMemory,
     QueueFull,
     ShuttingDown,
+    StorageError,
     error_code,
 )
 from cosyserve.service.requests import (
@@ -71,6 +73,8 @@ KNOWN_ERRORS: dict[str, type[CosyServeError]] = {
         ShuttingDown,
         JobStateError,
         ModelNotReady,
+        OutOfMemory,
+        StorageError,
         WorkerLost,
     )
 }
@@ -143,7 +147,7 @@ def decode_outcome(data: dict[str, Any]) -> TtsOutcome:
 def encode_enrolment(enrolment: EnrolmentRequest) -> list[Any]:
     """The enrolment task's arguments: name, base64 audio, transcript, suffix, defaults, lexicon."""
     e = enrolment
-    return [e.name, b64(e.audio), e.transcript, e.suffix, encode_defaults(e.defaults), e.lexicon]
+    return [e.name, b64(e.audio), e.transcript, e.suffix, encode_defaults(e.defaults), e.lexicon, e.owner]
 
 
 def decode_enrolment(
@@ -153,9 +157,10 @@ def decode_enrolment(
     suffix: str,
     defaults: dict[str, Any] | None,
     lexicon: dict[str, str] | None,
+    owner: str | None = None,  # absent in tasks sent by API nodes from before voices had owners
 ) -> EnrolmentRequest:
     return EnrolmentRequest(
-        name, unb64(audio_b64) or b"", transcript, suffix, decode_defaults(defaults), lexicon
+        name, unb64(audio_b64) or b"", transcript, suffix, decode_defaults(defaults), lexicon, owner
     )
 
 
@@ -183,6 +188,6 @@ def decode_error(data: dict[str, Any]) -> BaseException:
     message = str(data.get("message") or "the worker failed")
     if cls is None:
         return RemoteFailure(f"the worker failed: {message}")
-    if cls is QueueFull:
-        return QueueFull(message, retry_after_s=int(data.get("retry_after_s") or 1))
+    if cls in (QueueFull, OutOfMemory):  # these carry how long to wait
+        return cls(message, retry_after_s=int(data.get("retry_after_s") or 1))  # type: ignore[call-arg]
     return cls(message)

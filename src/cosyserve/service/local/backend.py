@@ -99,7 +99,9 @@ class LocalBackend:
         def work(ctx: WorkContext) -> TtsOutcome:
             with request_context(spec.request_id), self.host.synthesizer(ctx.cancel) as synth:
                 result = self._run_engine(
-                    lambda: synth.synthesize(request, progress=_progress_to(ctx), cancel=ctx.cancel).result()
+                    lambda: synth.synthesize(
+                        request, progress=_progress_to(ctx), cancel=ctx.cancel, voices=spec.voice_scope
+                    ).result()
                 )
                 ctx.check_cancelled()  # cancelled during the last sentence's audio: nothing is stored
                 return self._finish(synth, request, result, spec, encoded=True)
@@ -125,7 +127,9 @@ class LocalBackend:
         """What `AudioStream` reads: the start, then encoded chunks; returns the outcome."""
         with request_context(spec.request_id), self.host.synthesizer(ctx.cancel) as synth:
             stream = self._run_engine(
-                lambda: synth.synthesize(request, progress=_progress_to(ctx), cancel=ctx.cancel)
+                lambda: synth.synthesize(
+                    request, progress=_progress_to(ctx), cancel=ctx.cancel, voices=spec.voice_scope
+                )
             )
             encoder = StreamEncoder(spec.format, spec.sample_rate, source_rate=synth.sample_rate)
             yield StreamStart(stream.seed, encoder.media_type, encoder.sample_rate)
@@ -194,12 +198,13 @@ class LocalBackend:
             owner=spec.owner,
             parameters=parameters,
         )
-        stored = None
+        stored, storage_error = None, None
         try:
             stored = self.outputs.save(wav, "wav", manifest, upload_now=self.upload_outputs)
-        except Exception as exc:  # the caller still gets its audio; the failure is logged and counted
-            log_failure("storage", f"saving the output failed: {exc}", exc=exc)
-            self.metrics.count_error("storage")
+        except Exception as exc:  # a waiting caller still gets its audio, marked unsaved; jobs fail
+            storage_error = str(exc) or type(exc).__name__
+            log_failure("storage_error", f"saving the output failed: {exc}", exc=exc)
+            self.metrics.count_error("storage_error")
         self.metrics.observe_synthesis(result.duration_s, result.stage_seconds.get("total", 0.0))
         self.startup.first_synthesis(result.stage_seconds.get("total", 0.0), result.duration_s)
         if spec.key is not None:
@@ -213,6 +218,7 @@ class LocalBackend:
             media_type=mime_type(spec.format),
             warnings=tuple(result.warnings),
             audio=audio,
+            storage_error=storage_error,
         )
 
     # -- jobs ----------------------------------------------------------------------------------------------
@@ -259,7 +265,9 @@ class LocalBackend:
         def work(ctx: WorkContext) -> TtsOutcome:
             with request_context(spec.request_id), self.host.synthesizer(ctx.cancel) as synth:
                 result = self._run_engine(
-                    lambda: run_pieces(ctx, synth, request, pieces, self.jobs, job_id, attempt)
+                    lambda: run_pieces(
+                        ctx, synth, request, pieces, self.jobs, job_id, attempt, voices=spec.voice_scope
+                    )
                 )
                 ctx.check_cancelled()  # lost the job while finishing the last piece: no output
                 return self._finish(synth, request, result, spec, encoded=False)
@@ -291,6 +299,7 @@ class LocalBackend:
                     audio_suffix=e.suffix,
                     defaults=e.defaults,
                     lexicon=e.lexicon,
+                    owner=e.owner,
                 )
 
         return self.scheduler.submit(

@@ -19,12 +19,14 @@ import numpy as np
 from cosyserve.errors import Cancelled, JobStateError
 from cosyserve.service.local.synthesizer import Synthesizer
 from cosyserve.service.requests import (
+    EVERY_VOICE,
     OutputSpec,
     SentenceTiming,
     SynthesisProgress,
     SynthesisRequest,
     SynthesisResult,
     TtsOutcome,
+    VoiceScope,
 )
 from cosyserve.service.scheduling.tickets import Ticket, WorkContext
 from cosyserve.service.stores.jobs import JobStore
@@ -101,8 +103,10 @@ def run_pieces(
     jobs: JobStore,
     job_id: str,
     attempt: int | None = None,
+    voices: VoiceScope = EVERY_VOICE,
 ) -> SynthesisResult:
-    """Synthesise the pieces in order with one seed, reporting progress on the ticket and the record."""
+    """Synthesise the pieces in order with one seed, reporting progress on the ticket and the record;
+    a saved voice outside `voices` (the job's caller may not use it) is not found."""
     results: list[SynthesisResult] = []
     seed = request.seed
     last_write = 0.0
@@ -118,7 +122,7 @@ def run_pieces(
                 jobs.set_progress(job_id, fraction, attempt=attempt)
 
         part = dataclasses.replace(request, text=piece, seed=seed)
-        result = synth.synthesize(part, progress=progress, cancel=ctx.cancel).result()
+        result = synth.synthesize(part, progress=progress, cancel=ctx.cancel, voices=voices).result()
         seed = result.seed  # later pieces reuse the first piece's seed: one seed reproduces the job
         results.append(result)
         ctx.share_partial(tuple(results))  # the studio plays the finished pieces while the rest is made

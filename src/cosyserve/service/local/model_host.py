@@ -14,7 +14,7 @@ import gc
 import logging
 import threading
 import time
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from typing import Any
 
 from cosyserve.errors import Cancelled, CosyServeError, ModelNotReady, SettingsError
@@ -46,6 +46,7 @@ class ModelHost:
         device_type: str,
         release_wait_s: float,
         startup: StartupClock,
+        cancel_running: Callable[[str], object] = lambda reason: None,
     ) -> None:
         self.settings = settings
         self.voices = voices
@@ -54,6 +55,7 @@ class ModelHost:
         self.release_wait_s = release_wait_s  # how long a reload waits for running work to finish
         self._factory = factory
         self.startup = startup
+        self._cancel_running = cancel_running  # asks running work to stop (a restart that can't wait)
         self._lock = threading.Condition()
         self._synth: Synthesizer | None = None
         self._state = "stopped"
@@ -144,15 +146,10 @@ class ModelHost:
         threading.Thread(target=self._load, name="cosyserve-model-loader", daemon=True).start()
 
     def _load(self) -> None:
-        with self._lock:  # a restart first waits for running work to let go of the old model
-            self._lock.wait_for(lambda: self._users == 0, timeout=self.release_wait_s)
-        gc.collect()
-        if self.device_type == "cuda":
-            import torch
-
-            torch.cuda.empty_cache()
         started = time.perf_counter()
         try:
+            self._release_old_model()
+            started = time.perf_counter()
             synth = self._factory(self.settings, self.voices)
             if synth.voices is not self.voices:  # the factory's contract: voices and limits are passed in
                 raise SettingsError("the synthesizer factory did not use the voice library it was given")
@@ -176,6 +173,26 @@ class ModelHost:
             log.warning("serving the demo model: random weights, its audio is noise")
         log.info("model ready", extra={k: v for k, v in self.info.items() if k != "model"})
 
+    def _release_old_model(self) -> None:
+        """Before a (re)load: wait for running work to let go of the old model — asking it to stop once
+        the grace period is over — and free its memory, so two models are never held at once. Raises
+        ModelNotReady if the work does not let go (the old model is then still in memory)."""
+        with self._lock:
+            if not self._lock.wait_for(lambda: self._users == 0, timeout=self.release_wait_s):
+                log.warning("engine restart: asking %d running requests to stop", self._users)
+                self._cancel_running("the engine is restarting")
+                if not self._lock.wait_for(lambda: self._users == 0, timeout=self.release_wait_s):
+                    raise ModelNotReady(
+                        f"{self._users} running requests did not let go of the old model within "
+                        f"{2 * self.release_wait_s:.0f} s, so no second copy was loaded: try the restart "
+                        "again, or restart the process"
+                    )
+        gc.collect()
+        if self.device_type == "cuda":  # inside the caller's try: a broken CUDA context fails the load
+            import torch
+
+            torch.cuda.empty_cache()
+
     def _describe(self, synth: Synthesizer, load_seconds: float) -> dict[str, Any]:
         from cosyserve.modeldir.demo_model import is_demo_model
 
@@ -190,6 +207,8 @@ class ModelHost:
             "preset": engine.preset,
             "flow_steps": engine.flow_steps,
             "flow_guidance": engine.flow_guidance,
+            "precision": synth.engine.placement.dtype_name,
+            "dtypes": synth.engine.dtypes(),  # what each part computes in (float16 on a GPU by default)
             "load_seconds": round(load_seconds, 2),
         }
 

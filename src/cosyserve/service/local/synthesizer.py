@@ -38,15 +38,18 @@ from cosyserve.errors import Cancelled, InputError
 from cosyserve.frontend.onnx_models import SpeakerEncoder, SpeechTokenizer
 from cosyserve.frontend.prompt_features import PromptFeatures, analyse_prompt
 from cosyserve.frontend.text import PreparedText, prepare_texts
+from cosyserve.frontend.text.describe import reading_report
 from cosyserve.frontend.tokenizer import TextTokenizer
 from cosyserve.modeldir.model_dir import ModelDir
 from cosyserve.service.requests import (
+    EVERY_VOICE,
     MAX_SEED,
     AudioChunk,
     SentenceTiming,
     SynthesisProgress,
     SynthesisRequest,
     SynthesisResult,
+    VoiceScope,
 )
 from cosyserve.service.stores.voices import Voice, VoiceLibrary
 
@@ -118,6 +121,7 @@ class SynthesisStream:
             speech_tokens=self._tokens,
             stage_seconds=stages,
             warnings=self.warnings,
+            reading=reading_report(self._plan.prepared, self._synth.tokenizer),
         )
 
     def _run(self) -> Iterator[AudioChunk]:
@@ -225,7 +229,7 @@ class Synthesizer:
         placement: Placement = resolve_placement(device, precision)
         if placement.device.type == "cpu":
             threads = configure_cpu_threads(threads)
-        onnx_device = "cuda" if placement.device.type == "cuda" else "cpu"
+        onnx_device = str(placement.device)  # "cuda:N" keeps the prompt models on the engine's GPU
         return cls(
             model_dir,
             SpeechEngine.load(model_dir, placement, engine_options),
@@ -290,15 +294,17 @@ class Synthesizer:
         *,
         progress: ProgressCallback | None = None,
         cancel: threading.Event | None = None,
+        voices: VoiceScope = EVERY_VOICE,
     ) -> SynthesisStream:
-        """Check the request now (InputError), generate lazily as the stream is read."""
-        return SynthesisStream(self, self._plan(request), progress, cancel)
+        """Check the request now (InputError; a saved voice outside `voices` is not found), generate
+        lazily as the stream is read."""
+        return SynthesisStream(self, self._plan(request, voices), progress, cancel)
 
     def run(self, request: SynthesisRequest, **kwargs: object) -> SynthesisResult:
         """Synthesise the whole request and return it."""
         return self.synthesize(request, **kwargs).result()  # type: ignore[arg-type]
 
-    def _plan(self, request: SynthesisRequest) -> _Plan:
+    def _plan(self, request: SynthesisRequest, voices: VoiceScope) -> _Plan:
         started = time.perf_counter()
         if (request.voice is None) == (request.prompt_wav is None):
             raise InputError("give exactly one of `voice` (a saved voice) or `prompt_wav` (a recording)")
@@ -309,7 +315,7 @@ class Synthesizer:
         voice = None
         lexicon = dict(self.lexicon)
         if request.voice is not None:
-            voice = self._library().get(request.voice)
+            voice = self._library().get(request.voice, voices)
             analyse = functools.partial(self.analyse_prompt, denoise=bool(voice.defaults.denoise))
             features = self._library().features(voice, analyse)
             transcript = request.prompt_text if request.prompt_text is not None else voice.transcript

@@ -146,6 +146,14 @@ class Scheduler:
         ticket = self.get(ticket_id)
         return ticket.cancel(reason) if ticket is not None else False
 
+    def cancel_running(self, reason: str) -> int:
+        """Ask every running piece of work to stop (each ends `cancelled` at its next check); how many."""
+        with self._lock:
+            running = [ticket for ticket in self._executing if not ticket.finished]
+        for ticket in running:
+            ticket.request_cancel(reason)
+        return len(running)
+
     def position(self, ticket: Ticket) -> int | None:
         """0 for the next ticket to start; None once it started."""
         with self._lock:
@@ -190,8 +198,10 @@ class Scheduler:
         return sum(self._durations) / len(self._durations)
 
     def _retry_after_locked(self) -> int:
-        # A waiting slot frees whenever any worker finishes: about every mean/concurrency seconds.
-        return max(1, math.ceil(self._mean_duration_locked() / self.concurrency))
+        # A slot frees about every mean/concurrency seconds, but every client turned away competes for
+        # it: the fair wait is the time the work now waiting takes to start (measured mean durations).
+        waiting = max(1, len(self._queue))
+        return max(1, math.ceil(waiting * self._mean_duration_locked() / self.concurrency))
 
     def _report_queue(self) -> None:
         if self.metrics is not None:

@@ -143,6 +143,7 @@ def build_manifest(
         "duration_s": round(result.duration_s, 3),
         "speech_tokens": result.speech_tokens,
         "sentences": [dataclasses.asdict(timing) for timing in result.timings],
+        "reading": dict(result.reading),  # spoken form, LM text and token pieces of every segment
         "stage_seconds": dict(result.stage_seconds),
         "warnings": list(result.warnings),
         "owner": owner,
