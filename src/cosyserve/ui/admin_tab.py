@@ -73,8 +73,8 @@ def build_admin_tab(ctx: UiContext) -> AdminTab:
             with gr.Column(scale=6, min_width=320):
                 _heading(tr, "gpu_title")
                 gpus = gr.Markdown("", elem_id="admin-gpus", elem_classes="cosy-table")
-                _heading(tr, "activity_title")
-                activity = gr.Markdown("", elem_id="admin-activity", elem_classes="cosy-table")
+        _heading(tr, "activity_title")  # full width: ten columns of figures
+        activity = gr.Markdown("", elem_id="admin-activity", elem_classes="cosy-table")
         level = tr.bind(
             gr.Dropdown(LEVELS, value="INFO", label=tr("log_level"), elem_id="admin-level"), label="log_level"
         )
