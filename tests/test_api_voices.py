@@ -38,7 +38,7 @@ def test_enrol_multipart_with_defaults_and_lexicon(client, prompt_wav_bytes) -> 
     assert response.status_code == 201, response.text
     voice = response.json()
     assert voice["name"] == "bob" and voice["transcript"] == PROMPT_TRANSCRIPT
-    assert voice["defaults"] == {"instruct": None, "speed": 1.25, "seed": 9}
+    assert voice["defaults"] == {"instruct": None, "speed": 1.25, "seed": 9, "denoise": None}
     assert voice["lexicon"] == {"重庆": "[chóng qìng]"}
     assert voice["report"]["duration_s"] > 3
     assert client.get(f"/v1/voices/{voice['id']}").json() == voice

@@ -106,8 +106,33 @@ def test_instruct(tokenizer: TextTokenizer, instruct: str) -> None:
 def test_free_text_instruction_gets_final_punctuation() -> None:
     assert resolve_instruction("  Speak like a pirate ") == "Speak like a pirate."
     assert resolve_instruction("用播音员的语气") == "用播音员的语气。"
-    assert resolve_instruction("You are a helpful assistant. 请快一点！<|endofprompt|>") == "请快一点！"
+    typed = "You are a helpful assistant. 请像老师一样！<|endofprompt|>"
+    assert resolve_instruction(typed) == "请像老师一样！"
     assert resolve_instruction("   ") is None
+
+
+@pytest.mark.parametrize(
+    ("typed", "preset_wording"),
+    [
+        ("请用四川话说", "请用四川话表达。"),
+        ("用四川话讲。", "请用四川话表达。"),
+        ("Please speak in Cantonese", "请用广东话表达。"),
+        ("请开心地说", "请非常开心地说一句话。"),
+        ("请快一点！", "请用尽可能快地语速说一句话。"),
+    ],
+)
+def test_paraphrase_of_a_preset_becomes_its_trained_wording(
+    tokenizer: TextTokenizer, typed: str, preset_wording: str
+) -> None:
+    assert resolve_instruction(typed) == preset_wording
+    prepared = prepare_texts("今天天气不错。", tokenizer=tokenizer, instruct=typed)
+    assert prepared.instruction == preset_wording
+    assert any(preset_wording in warning for warning in prepared.warnings)  # shown to the user
+
+
+def test_free_instruction_that_is_no_paraphrase_is_kept() -> None:
+    assert resolve_instruction("说四川话的时候要慢") == "说四川话的时候要慢。"
+    assert resolve_instruction("请用温柔的语气慢慢地说。") == "请用温柔的语气慢慢地说。"
 
 
 def test_instruction_typed_into_the_text(tokenizer: TextTokenizer) -> None:
@@ -250,6 +275,19 @@ def test_pronunciation_lexicon_and_japanese_end_to_end(tokenizer: TextTokenizer)
     assert as_dict == ["[h][áng][zh][ǎng]。"]
     japanese = prepare_texts("私は学生です。", tokenizer=tokenizer).display_segments
     assert japanese == ["ワタシ ワ ガクセイ デス。"]
+
+
+def test_written_segments_show_words_not_tokens(tokenizer: TextTokenizer) -> None:
+    """Subtitles and timings show what the user wrote: the word of a word form or lexicon entry, the
+    syllable of a bare pinyin token, never the LM's bracketed tokens (issue 18, bug 2)."""
+    lexicon = {"行长": "hang2 zhang3"}
+    prepared = prepare_texts("[重庆](chóng qìng)的行长说[j][ǐ]予好评。", tokenizer=tokenizer, lexicon=lexicon)
+    assert prepared.written_segments == ["重庆的行长说jǐ予好评。"]
+    joined = prepare_texts("[重庆][chóng qìng][火锅][huǒ guō]", tokenizer=tokenizer).written_segments
+    assert joined == ["重庆火锅。"]
+    english = prepare_texts("Read [M][AY0][N][UW1][T] now.", tokenizer=tokenizer).written_segments
+    assert english == ["Read M AY0 N UW1 T now."]
+    assert prepare_texts("[laughter]好", tokenizer=tokenizer).written_segments == ["[laughter]好。"]
 
 
 def test_unknown_phone_is_an_input_error(tokenizer: TextTokenizer) -> None:

@@ -9,8 +9,10 @@ are written to test-artifacts/ui/.
 
 from __future__ import annotations
 
+import base64
 import io
 import itertools
+import json
 import shutil
 import threading
 from pathlib import Path
@@ -28,6 +30,14 @@ ARTIFACTS = REPO_ROOT / "test-artifacts" / "ui"
 USER, PASSWORD = "admin", "ui-test-password-1"
 MAX_CHARS = 40
 WAIT_MS = 120_000  # generous: the CI machine may be busy
+
+
+def standin_asr(directory: Path) -> Path:
+    """A stand-in transcription model (same interface as SenseVoice-Small): answers the prompt's words."""
+    (directory / "standin-asr.json").write_text(
+        json.dumps({"transcript": PROMPT_TRANSCRIPT}), encoding="utf-8"
+    )
+    return directory
 
 
 @pytest.fixture(scope="module")
@@ -48,6 +58,7 @@ def ui_server(api_synthesizer, demo_model_path, tmp_path_factory):
         ui_username=USER,
         ui_password=PASSWORD,
         signing_secret="test-signing-secret-0123456789abcdef",
+        asr_model=standin_asr(tmp_path_factory.mktemp("asr")),
     )
     service = Service(settings, synthesizer_factory=sharing(api_synthesizer))
     app = create_app(service)
@@ -127,7 +138,7 @@ def upload_prompt(page, mode: str, path: Path) -> str:
     clear_prompt(page, mode)
     page.set_input_files(f"#{mode}-prompt input[type=file]", str(path))
     page.wait_for_function(  # a verdict: measurements, or why the prompt can't be used
-        f"/dBFS|❌/.test(document.querySelector('#{mode}-feedback').innerText)", timeout=WAIT_MS
+        f"/dBFS|✗/.test(document.querySelector('#{mode}-feedback').innerText)", timeout=WAIT_MS
     )
     return page.inner_text(f"#{mode}-feedback")
 
@@ -256,7 +267,6 @@ def test_cross_lingual_not_streamed_mp3(page, shared_dir):
     assert "usable" in feedback
     page.fill("#cross_lingual-text textarea", "Hello there.")
     page.uncheck("#cross_lingual-stream input")
-    page.click("#cross_lingual-format label:has-text('mp3')")
     page.click("#cross_lingual-dice")
     page.wait_for_function(
         "(() => { const el = document.querySelector("
@@ -332,6 +342,229 @@ def test_history_survives_reload_and_reruns(page):
     shot(page, "rerun")
 
 
+def choose(page, elem_id: str, label: str) -> None:
+    """Pick `label` in a Gradio dropdown."""
+    page.click(f"#{elem_id} input")
+    page.locator("[data-testid='dropdown-option']", has_text=label).first.click()
+
+
+def newest_output(service):
+    return service.outputs.list(limit=1)[0]
+
+
+def test_saved_voice_locks_the_recording_fields(page, ui_server, shared_dir):
+    """Bug 1: with a saved voice the upload and transcript are off and the page says which transcript is
+    used; an unrelated transcript can't reach the manifest, and Cross-lingual takes no upload."""
+    open_tab(page, "zero_shot")
+    page.wait_for_function("document.querySelector('#zero_shot-voice input').value === 'bob'")
+    note = page.locator("#zero_shot-voice-note")
+    note.wait_for()
+    page.wait_for_function("document.querySelector('#zero_shot-voice-note').innerText.includes('bob')")
+    assert PROMPT_TRANSCRIPT in note.inner_text()
+    transcript = page.locator("#zero_shot-transcript textarea")
+    assert transcript.is_disabled() and transcript.input_value() == PROMPT_TRANSCRIPT
+    assert page.locator("#zero_shot-prompt input[type=file]").count() == 0
+    shot(page, "saved-voice-locks-fields", full_page=False)
+    page.fill("#zero_shot-text textarea", "周末我们一起去[重庆][chóng qìng]吃火锅吧")
+    generate(page, "zero_shot")
+    manifest = newest_output(ui_server.service).manifest
+    voice = ui_server.service.voices.get("bob")
+    assert manifest["voice"] == voice.id and manifest["prompt_text"] in (None, voice.transcript), manifest
+    # Bug 2: the subtitles show what was written, not the LM's tokens.
+    href = page.get_attribute("#zero_shot-links a[data-format=srt]", "href")
+    srt = base64.b64decode(href.split("base64,", 1)[1]).decode("utf-8")
+    assert "重庆" in srt and "[ch]" not in srt, srt
+    open_tab(page, "cross_lingual")  # after "Use for synthesis" the 1 s tone could still be uploaded
+    choose(page, "cross_lingual-voice", "bob")
+    page.wait_for_function("document.querySelector('#cross_lingual-voice-note').innerText.includes('bob')")
+    assert page.locator("#cross_lingual-prompt input[type=file]").count() == 0
+    for mode in ("cross_lingual", "zero_shot"):  # back to recordings for the next steps
+        open_tab(page, mode)
+        choose(page, f"{mode}-voice", "(none")
+        page.wait_for_selector(f"#{mode}-prompt input[type=file]", state="attached")
+        assert not page.locator(f"#{mode}-voice-note").inner_text().strip()
+
+
+def test_help_example_follows_the_official_convention(page):
+    """Bug 3: the pinyin replaces the character: 爱[h][ào], not 爱好[h][ào]."""
+    open_tab(page, "zero_shot")
+    page.click("#zero_shot-help button, #zero_shot-help .label-wrap")
+    page.wait_for_function("document.querySelector('#zero_shot-help').innerText.includes('[h][ào]')")
+    help_text = page.inner_text("#zero_shot-help")
+    assert "爱[h][ào]" in help_text and "爱好[h][ào]" not in help_text, help_text
+
+
+def test_text_preview(page, shared_dir):
+    """The preview: spoken form of numbers, a whole-word pronunciation highlighted, an English word."""
+    open_tab(page, "zero_shot")
+    page.fill("#zero_shot-transcript textarea", PROMPT_TRANSCRIPT)
+    page.fill("#zero_shot-text textarea", "我花了12.5元去[重庆][chóng qìng]买iPhone。")
+    page.click("#zero_shot-preview-btn")
+    page.wait_for_function("document.querySelector('#zero_shot-preview').innerText.includes('iPhone')")
+    preview = page.inner_text("#zero_shot-preview")
+    assert "十二点五元" in preview and "iPhone" in preview, preview
+    assert "[ch]" in page.inner_text("#zero_shot-preview mark.cosy-pron >> nth=0")
+    shot(page, "text-preview")
+
+
+def test_transcribe_fills_the_transcript(page, shared_dir):
+    """The stand-in ASR (same interface as SenseVoice-Small) fills the transcript box."""
+    open_tab(page, "zero_shot")
+    upload_prompt(page, "zero_shot", shared_dir / "audio" / "prompt_zh_24k.wav")
+    page.fill("#zero_shot-transcript textarea", "")
+    page.click("#zero_shot-transcribe")
+    page.wait_for_function(
+        "(t) => document.querySelector('#zero_shot-transcript textarea').value === t", arg=PROMPT_TRANSCRIPT
+    )
+
+
+def test_noisy_prompt_warns_and_denoises(page, shared_dir, tmp_path):
+    samples, rate = soundfile.read(shared_dir / "audio" / "prompt_zh_24k.wav", dtype="float32")
+    noise = np.random.default_rng(0).standard_normal(len(samples)).astype(np.float32)
+    noisy = samples + noise * float(np.sqrt(np.mean(samples**2))) * 10 ** (-10 / 20)
+    soundfile.write(tmp_path / "noisy.wav", np.clip(noisy, -1, 1), rate)
+    open_tab(page, "cross_lingual")
+    feedback = upload_prompt(page, "cross_lingual", tmp_path / "noisy.wav")
+    assert "noisy recording" in feedback and "SNR about" in feedback, feedback
+    page.check("#cross_lingual-denoise input")
+    page.wait_for_selector(
+        "#cross_lingual-denoised audio, #cross_lingual-denoised [data-testid='download-link']"
+    )
+    shot(page, "noisy-prompt-denoise")
+    page.uncheck("#cross_lingual-denoise input")
+
+
+def test_quiet_prompt_is_called_too_quiet(page, shared_dir, tmp_path):
+    """Bug 6: a quiet prompt is refused as too quiet, not as too short."""
+    samples, rate = soundfile.read(shared_dir / "audio" / "prompt_zh_24k.wav", dtype="float32")
+    soundfile.write(tmp_path / "quiet.wav", samples / np.abs(samples).max() * 10 ** (-50 / 20), rate)
+    feedback = upload_prompt(page, "cross_lingual", tmp_path / "quiet.wav")
+    assert "too quiet" in feedback and "long" not in feedback, feedback
+
+
+def test_instruct_paraphrase_shows_the_trained_wording(page):
+    """Bug 7: 请用四川话说 is sent as the preset's wording, and the page says so."""
+    open_tab(page, "instruct")
+    page.fill("#instruct-instruct textarea, #instruct-instruct input", "请用四川话说")
+    page.wait_for_function(
+        "document.querySelector('#instruct-instruct-note').innerText.includes('请用四川话表达。')"
+    )
+
+
+def test_error_clears_the_last_result_and_shows_one_badge(page, shared_dir):
+    """Bug 4: after an error nothing of the previous result stays, under at most one Error badge."""
+    open_tab(page, "cross_lingual")
+    upload_prompt(page, "cross_lingual", shared_dir / "audio" / "prompt_zh_24k.wav")
+    page.fill("#cross_lingual-text textarea", "Hello.")
+    generate(page, "cross_lingual")
+    page.fill("#cross_lingual-text textarea", "   ")
+    page.click("#cross_lingual-generate")
+    error_toast(page)
+    page.wait_for_function("document.querySelector('#cross_lingual-links a') === null")
+    assert page.locator("#cross_lingual-result [data-testid='download-link']").count() == 0
+    badges = page.evaluate(
+        "Array.from(document.querySelectorAll('#tab-cross_lingual *')).filter(e => e.children.length === 0"
+        " && e.innerText && e.innerText.trim() === 'Error' && e.offsetParent !== null).length"
+    )
+    assert badges <= 1, badges
+    shot(page, "error-after-result")
+
+
+def test_voice_preview_is_listed_as_preview_and_history_fits(page):
+    open_tab(page, "voices")
+    choose(page, "voices-pick", "bob")
+    page.fill("#voices-preview-text textarea, #voices-preview-text input", "试听一下。")
+    page.click("#voices-preview")
+    page.wait_for_selector("#voices-preview-audio [data-testid='download-link']")
+    open_tab(page, "history")
+    page.click("#history-refresh")
+    page.wait_for_function("document.querySelector('#history-table').innerText.includes('试听一下')")
+    row = page.evaluate(
+        "Array.from(document.querySelectorAll('#history-table [role=row], #history-table tr'))"
+        ".map(r => r.innerText).find(t => t.includes('试听一下')) || ''"
+    )
+    assert "preview" in row and "API" not in row, row
+    fits = page.evaluate(
+        "(() => { const t = document.querySelector('#history-table');"
+        " const cells = t.querySelectorAll('[role=columnheader], th');"
+        " const last = cells[cells.length - 1].getBoundingClientRect();"
+        " return last.right <= t.getBoundingClientRect().right + 1 && last.width > 40; })()"
+    )
+    assert fits, "the id column is cut off"
+
+
+def test_cancel_before_the_ticket_exists_cancels_it(page, ui_server, monkeypatch):
+    """Bug 5: a Cancel that arrives while the request is still being submitted (as after an engine restart)
+    used to say "Cancelled." while the result was made and saved anyway."""
+    from cosyserve.ui.bridge import UiBridge
+
+    original = UiBridge.submit
+
+    def slow_submit(self, *args, **kwargs):
+        import time
+
+        time.sleep(2.5)  # the submission is slow: the Cancel arrives before the ticket exists
+        return original(self, *args, **kwargs)
+
+    monkeypatch.setattr(UiBridge, "submit", slow_submit)
+    before = len(ui_server.service.outputs.list(limit=500))
+    open_tab(page, "cross_lingual")
+    page.uncheck("#cross_lingual-stream input")
+    page.fill("#cross_lingual-text textarea", "Cancel me.")
+    page.click("#cross_lingual-generate")
+    page.wait_for_timeout(800)
+    page.click("#cross_lingual-cancel")
+    page.wait_for_function("document.querySelector('#cross_lingual-info').innerText.includes('Cancelled')")
+    page.wait_for_timeout(6000)  # long enough for a synthesis that was not really cancelled to be saved
+    assert len(ui_server.service.outputs.list(limit=500)) == before
+    assert "Cancelled" in page.inner_text("#cross_lingual-info")
+
+
+def long_text(chars: int = 1500) -> str:
+    sentence = "今天天气很好，我们一起去公园散步，看看湖边的花。"
+    text = (sentence * (chars // len(sentence) + 1))[: chars - 1] + "。"
+    assert len(text) == chars
+    return text
+
+
+def test_long_text_becomes_a_job_with_progress(page, ui_server, shared_dir):
+    """A 1 500-character text: a job with a visible, advancing progress bar, the first pieces playable
+    before the end, then the audio and an SRT link."""
+    open_tab(page, "cross_lingual")
+    upload_prompt(page, "cross_lingual", shared_dir / "audio" / "prompt_zh_24k.wav")
+    page.fill("#cross_lingual-text textarea", long_text())
+    assert "job" in page.inner_text("#cross_lingual-counter")
+    before = link_href(page, "#cross_lingual-links")
+    page.click("#cross_lingual-generate")
+    page.wait_for_selector("#cross_lingual-progress .cosy-progress")
+    fraction = "Number(document.querySelector('#cross_lingual-progress .cosy-progress').dataset.fraction)"
+    page.wait_for_function(
+        f"document.querySelector('#cross_lingual-progress .cosy-progress') && {fraction} > 0"
+    )
+    first = page.evaluate(fraction)
+    line = page.inner_text("#cross_lingual-progress")
+    assert "sentences" in line and "elapsed" in line and "left" in line, line
+    page.wait_for_selector("#cross_lingual-result audio, #cross_lingual-result [data-testid='download-link']")
+    partial_at = page.evaluate(fraction)
+    assert partial_at < 1.0  # the finished pieces play while the rest is made
+    shot(page, "long-text-progress", full_page=False)
+    page.wait_for_function(
+        "(f) => { const p = document.querySelector('#cross_lingual-progress .cosy-progress');"
+        " return p && Number(p.dataset.fraction) > f; }",
+        arg=first,
+        timeout=300_000,
+    )
+    wait_new_links(page, "#cross_lingual-links", before)
+    page.wait_for_selector("#cross_lingual-links a[data-format=srt]", timeout=300_000)
+    href = page.get_attribute("#cross_lingual-links a[data-format=srt]", "href")
+    srt = base64.b64decode(href.split("base64,", 1)[1]).decode("utf-8")
+    assert srt.count(" --> ") >= 30, srt[:300]
+    play_result(page, "cross_lingual")
+    shot(page, "long-text-done")
+    record = ui_server.service.jobs.list(limit=1)[0]
+    assert record.state == "done" and record.output_id
+
+
 def test_errors_are_readable(page, ui_server, shared_dir, tmp_path):
     open_tab(page, "cross_lingual")
     clear_prompt(page, "cross_lingual")
@@ -345,11 +578,12 @@ def test_errors_are_readable(page, ui_server, shared_dir, tmp_path):
     assert "only 1.0 s" in error_toast(page, "error-short-prompt")
 
     upload_prompt(page, "cross_lingual", shared_dir / "audio" / "prompt_zh_24k.wav")
-    page.fill("#cross_lingual-text textarea", "字" * (MAX_CHARS + 5))
+    too_long = MAX_CHARS * 50 + 5  # over what even a job takes
+    page.fill("#cross_lingual-text textarea", "字" * too_long)
     assert "over" in page.get_attribute("#cross_lingual-counter .cosy-counter", "class")
     page.click("#cross_lingual-generate")
     message = error_toast(page, "error-too-long")
-    assert f"{MAX_CHARS + 5} characters" in message and f"limit of {MAX_CHARS}" in message, message
+    assert f"{too_long} characters" in message and f"job limit of {MAX_CHARS * 50}" in message, message
 
     release = threading.Event()
     blockers = fill_queue(ui_server.service, release)
@@ -402,8 +636,19 @@ def test_admin_panel(page, ui_server):
     status = page.inner_text("#admin-status")
     assert "ready" in status and "running" in status, status
     page.wait_for_function("document.querySelector('#admin-logs').innerText.length > 0")
+    assert "No GPU to show" in page.inner_text("#admin-gpus")  # no GPU here: said so, not an error
+    page.wait_for_function("document.querySelector('#admin-activity').innerText.includes('synthesis')")
+    activity = page.inner_text("#admin-activity")
+    assert "admin" in activity and "ok" in activity, activity  # what ran, for whom, how it ended
     shot(page, "admin")
+    page.click("#admin-restart")  # asks first
+    page.locator("#admin-confirm").wait_for()
+    assert "Restart now?" in page.inner_text("#admin-message")
+    page.click("#admin-keep")
+    page.locator("#admin-confirm").wait_for(state="hidden")
+    assert ui_server.service.readiness()["state"] == "ready"
     page.click("#admin-restart")
+    page.click("#admin-confirm")
     page.wait_for_function("document.querySelector('#admin-message').innerText.includes('Reloading')")
     ui_server.wait_ready()
     page.click("#admin-refresh")
@@ -458,3 +703,49 @@ def test_language_switch(page):
     page.click("#cosy-lang label:has-text('English')")
     page.get_by_role("tab", name="Zero-shot clone").wait_for()
     no_traceback(page)
+
+
+TAB_IDS = ("zero_shot", "cross_lingual", "instruct", "voices", "admin", "history")
+ZH_TAB_NAMES = {
+    "zero_shot": "3秒极速复刻",
+    "cross_lingual": "跨语种复刻",
+    "instruct": "自然语言控制",
+    "voices": "音色库",
+    "history": "历史记录",
+    "admin": "管理",
+}
+
+
+def show_tab(page, tab_id: str, lang: str) -> None:
+    """Open a tab by its name, through Gradio's overflow menu when the window is too narrow for all."""
+    name = (ZH_TAB_NAMES if lang == "zh" else TAB_NAMES)[tab_id]
+    tab = page.get_by_role("tab", name=name).first
+    try:
+        tab.wait_for(state="visible", timeout=5000)  # the language switch re-renders the tab buttons
+        tab.click()
+    except Exception:  # a narrow window: the tab is in Gradio's "More tabs" menu
+        page.locator(".overflow-menu button, button.overflow-menu").first.click()
+        page.locator(
+            ".overflow-dropdown button, .overflow-item-container button", has_text=name
+        ).first.click()
+    page.wait_for_timeout(400)
+
+
+@pytest.mark.parametrize("viewport", [(1400, 1000), (390, 844)], ids=["desktop", "phone"])
+def test_screenshots_of_every_tab(page, viewport):
+    """Every tab in both languages at both sizes, written to test-artifacts/ui/; nothing runs wider than
+    the window."""
+    width, height = viewport
+    page.set_viewport_size({"width": width, "height": height})
+    try:
+        for lang, label in (("en", "English"), ("zh", "中文")):
+            page.click(f"#cosy-lang label:has-text('{label}')")
+            page.wait_for_timeout(600)
+            for tab_id in TAB_IDS:
+                show_tab(page, tab_id, lang)
+                overflow = page.evaluate("document.documentElement.scrollWidth - window.innerWidth")
+                assert overflow <= 1, f"{tab_id} ({lang}, {width}px) is {overflow}px wider than the window"
+                shot(page, f"tab-{tab_id}-{lang}-{width}x{height}")
+    finally:
+        page.click("#cosy-lang label:has-text('English')")
+        page.set_viewport_size({"width": 1400, "height": 1000})

@@ -69,6 +69,7 @@ class FakeBridge:
     """What `build_request` uses of `UiBridge`."""
 
     max_text_chars = 10
+    max_job_chars = 500
 
     def __init__(self, transcript: str | None = "voice transcript") -> None:
         self.checked: list[str] = []
@@ -130,8 +131,22 @@ def test_build_request_per_mode():
     assert (saved.voice, saved.prompt_text, saved.instruct, saved.prompt_wav) == ("v1", "", "", None)
     assert (saved.speed, saved.volume) == (1.5, 0.5)
     assert build_request(bridge, Form("zero_shot", voice="alice", text="hi")).prompt_text is None
-    with pytest.raises(UiError):  # zero-shot with a voice that has no transcript and none typed
-        build_request(FakeBridge(transcript=None), Form("zero_shot", voice="alice", text="hi"))
+    # A saved voice wins over whatever the (disabled) recording and transcript fields still hold.
+    locked = build_request(
+        bridge, Form("zero_shot", voice="alice", prompt="/tmp/p.wav", transcript="x", text="hi")
+    )
+    assert locked.voice == "v1" and locked.prompt_text is None and locked.prompt_wav is None
+    with pytest.raises(UiError):  # zero-shot with a voice that has no transcript
+        build_request(
+            FakeBridge(transcript=None), Form("zero_shot", voice="alice", text="hi", transcript="typed")
+        )
+    long = build_request(bridge, Form("cross_lingual", prompt="/tmp/p.wav", text="字" * 40), allow_long=True)
+    assert len(long.text) == 40  # over the interactive limit: goes to a job
+    with pytest.raises(UiError) as too_long_for_a_job:
+        build_request(bridge, Form("cross_lingual", prompt="/tmp/p.wav", text="字" * 501), allow_long=True)
+    assert too_long_for_a_job.value.key == "err_job_too_long"
+    denoised = build_request(bridge, Form("cross_lingual", prompt="/tmp/p.wav", text="hi", denoise=True))
+    assert denoised.denoise
 
 
 def test_error_messages_are_sentences_not_tracebacks():
@@ -152,6 +167,7 @@ def test_history_modes():
     assert output_mode({"prompt_text": "transcript"}) == "zero_shot"
     assert output_mode({"prompt_text": None, "prompt_wav_sha256": "ab"}) == "cross_lingual"
     assert output_mode({"voice": "v1", "prompt_text": None}) == "api"
+    assert output_mode({"voice": "v1", "parameters": {"ui_mode": "preview"}}) == "preview"  # not "API"
 
 
 def test_logs_leave_out_the_pages_own_requests():

@@ -30,6 +30,11 @@ def _cmd_parity(args: argparse.Namespace) -> int:
 def _cmd_download(args: argparse.Namespace) -> int:
     from cosyserve.modeldir.download import download_model
 
+    if args.asr:
+        from cosyserve.modeldir.asr_download import download_asr
+
+        print(download_asr(source=args.source, target_dir=Path(args.dir) if args.dir else None))
+        return 0
     path = download_model(args.model, source=args.source, target_dir=Path(args.dir) if args.dir else None)
     print(path)
     return 0
@@ -69,6 +74,11 @@ def build_parser() -> argparse.ArgumentParser:
     )
     download.add_argument("--source", choices=("modelscope", "huggingface"), default=None)
     download.add_argument("--dir", default=None, help="target directory (default: the cosyserve model cache)")
+    download.add_argument(
+        "--asr",
+        action="store_true",
+        help="download the prompt-transcription model (SenseVoice-Small for sherpa-onnx) instead",
+    )
     download.set_defaults(func=_cmd_download)
 
     demo = sub.add_parser(

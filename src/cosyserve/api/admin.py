@@ -9,7 +9,9 @@ from starlette.concurrency import run_in_threadpool
 
 from cosyserve.api.deps import CurrentPrincipal, get_service, require_admin
 from cosyserve.api.schemas import ERRORS, LoginBody
+from cosyserve.errors import error_code
 from cosyserve.service.access.sessions import SESSION_COOKIE
+from cosyserve.service.activity import log_activity
 from cosyserve.service.logs import recent_logs
 
 router = APIRouter(prefix="/admin", tags=["admin"], dependencies=[Depends(require_admin)])
@@ -19,8 +21,14 @@ session_router = APIRouter(tags=["auth"])
 @router.post(
     "/engine/restart", status_code=202, responses=ERRORS, summary="Free the model's memory and reload"
 )
-def restart_engine(request: Request) -> dict[str, Any]:
-    state = get_service(request).backend.restart_engine()
+def restart_engine(request: Request, principal: CurrentPrincipal) -> dict[str, Any]:
+    name = principal.name or principal.owner
+    try:
+        state = get_service(request).backend.restart_engine()
+    except Exception as exc:
+        log_activity("restart", error_code(exc), who=name, endpoint="api")
+        raise
+    log_activity("restart", "ok", who=name, endpoint="api", state=state)
     return {"state": state, "message": "reloading the model; GET /ready turns true when it is back"}
 
 
@@ -50,7 +58,12 @@ def status(request: Request) -> dict[str, Any]:
 @session_router.post("/auth/login", responses=ERRORS, summary="Web UI login: sets the session cookie")
 async def login(body: LoginBody, request: Request, response: Response) -> dict[str, Any]:
     service = get_service(request)
-    token = await run_in_threadpool(service.access.login, body.username, body.password)
+    try:
+        token = await run_in_threadpool(service.access.login, body.username, body.password)
+    except Exception as exc:
+        log_activity("login", error_code(exc), who=body.username[:64], endpoint="api")
+        raise
+    log_activity("login", "ok", who=body.username[:64], endpoint="api")
     response.set_cookie(**service.access.session_cookie(token, secure=request.url.scheme == "https"))
     return {"user": body.username}
 

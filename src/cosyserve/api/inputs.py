@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import base64
 import binascii
+import dataclasses
 import json
 from pathlib import PurePath
 from typing import Any, TypeVar
@@ -16,10 +17,12 @@ from typing import Any, TypeVar
 from fastapi import Request
 from fastapi.exceptions import RequestValidationError
 from pydantic import AliasChoices, BaseModel, ValidationError
+from starlette.concurrency import run_in_threadpool
 from starlette.datastructures import UploadFile
 
 from cosyserve.api.errors import PayloadTooLarge, UnsupportedMediaType
 from cosyserve.errors import InputError
+from cosyserve.service.transcription import transcribe
 
 Params = TypeVar("Params", bound=BaseModel)
 READ_PIECE = 64 * 1024
@@ -206,3 +209,15 @@ def parse_lexicon(value: Any) -> dict[str, str] | None:
     ):
         raise InputError("lexicon must map words (strings) to pronunciations (strings)")
     return value
+
+
+async def with_transcript(service: Any, params: Any, audio: bytes | None) -> Any:
+    """`params.to_request(audio)`, with `prompt_text` transcribed from the recording when the caller
+    asked for it (`transcribe=true`) and gave none."""
+    request = params.to_request(audio)
+    if not getattr(params, "transcribe", False) or params.prompt_text or params.voice:
+        return request
+    if audio is None:
+        raise InputError("transcribe=true needs prompt_wav: there is nothing to transcribe")
+    words = await run_in_threadpool(transcribe, service.settings.engine.asr_model, audio)
+    return dataclasses.replace(request, prompt_text=words)

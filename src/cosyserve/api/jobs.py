@@ -9,7 +9,7 @@ from fastapi.responses import RedirectResponse
 from starlette.concurrency import run_in_threadpool
 
 from cosyserve.api.deps import CurrentPrincipal, get_service, output_spec
-from cosyserve.api.inputs import read_params
+from cosyserve.api.inputs import read_params, with_transcript
 from cosyserve.api.schemas import ERRORS, JobError, JobList, JobParams, JobView, body_doc
 from cosyserve.api.tts import upload_limit
 from cosyserve.errors import JobStateError
@@ -79,7 +79,8 @@ async def create_job(request: Request, response: Response, principal: CurrentPri
     service.access.check_quota(principal)
     params, audio, _ = await read_params(request, JobParams, "prompt_wav", upload_limit(request))
     spec = output_spec(request, principal, "jobs", format=params.format, sample_rate=params.sample_rate)
-    record = await run_in_threadpool(service.backend.submit_job, params.to_request(audio), spec)
+    synthesis = await with_transcript(service, params, audio)
+    record = await run_in_threadpool(service.backend.submit_job, synthesis, spec)
     response.headers["Location"] = f"/v1/jobs/{record.id}"
     return job_view(service, record)
 

@@ -36,6 +36,10 @@ class SynthesisParams(_Strict):
     sample_rate: int | None = Field(
         None, ge=8000, le=48000, description="output rate in Hz (default 24000; mp3/opus only some rates)"
     )
+    denoise: bool = Field(False, description="suppress background noise in prompt_wav first (RNNoise)")
+    transcribe: bool = Field(
+        False, description="no prompt_text given: transcribe prompt_wav with the ASR model (zero-shot)"
+    )
 
     def to_request(self, prompt_wav: bytes | None) -> SynthesisRequest:
         return SynthesisRequest(
@@ -47,6 +51,7 @@ class SynthesisParams(_Strict):
             seed=self.seed,
             speed=self.speed,
             volume=self.volume,
+            denoise=self.denoise,
         )
 
 
@@ -123,6 +128,7 @@ class VoiceCreateParams(_Strict):
     instruct: str | None = Field(None, max_length=500, description="default instruction")
     speed: float | None = Field(None, ge=0.5, le=2.0, description="default speed")
     seed: int | None = Field(None, ge=0, le=MAX_SEED, description="default seed")
+    denoise: bool = Field(False, description="suppress background noise in the recording before analysis")
     lexicon: dict[str, str] | str | None = Field(
         None, description='word → pronunciation, e.g. {"重庆": "[chóng qìng]"} (multipart: JSON text)'
     )

@@ -5,7 +5,7 @@ from __future__ import annotations
 from fastapi import APIRouter, Request, Response
 
 from cosyserve.api.deps import CurrentPrincipal, get_service, output_spec
-from cosyserve.api.inputs import read_params
+from cosyserve.api.inputs import read_params, with_transcript
 from cosyserve.api.schemas import AUDIO_CONTENT, ERRORS, TtsParams, body_doc
 from cosyserve.api.streaming import audio_response, audio_stream_response, await_ticket, open_stream
 
@@ -33,7 +33,9 @@ async def tts(request: Request, principal: CurrentPrincipal) -> Response:
     service.access.check_quota(principal)
     params, audio, _ = await read_params(request, TtsParams, "prompt_wav", upload_limit(request))
     spec = output_spec(request, principal, "tts", format=params.format, sample_rate=params.sample_rate)
-    synthesis = params.to_request(audio)  # a saved voice is looked up for this caller where it is used
+    synthesis = await with_transcript(
+        service, params, audio
+    )  # a saved voice is looked up for this caller where it is used
     if params.stream:
         stream = service.backend.stream_tts(synthesis, spec)
         await open_stream(request, stream)

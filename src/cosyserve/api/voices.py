@@ -61,7 +61,9 @@ async def create_voice(request: Request, principal: CurrentPrincipal) -> VoiceVi
     params, audio, suffix = await read_params(request, VoiceCreateParams, "audio", upload_limit(request))
     if audio is None:
         raise InputError("no recording: upload the voice's audio as `audio` (multipart) or base64 (JSON)")
-    defaults = VoiceDefaults(instruct=params.instruct or None, speed=params.speed, seed=params.seed)
+    defaults = VoiceDefaults(
+        instruct=params.instruct or None, speed=params.speed, seed=params.seed, denoise=params.denoise or None
+    )
     lexicon = parse_lexicon(params.lexicon)
     enrolment = EnrolmentRequest(
         params.name, audio, params.transcript, suffix, defaults, lexicon, owner=principal.voice_owner

@@ -76,10 +76,13 @@ def cmd_serve(args: argparse.Namespace) -> int:
     from cosyserve.commands.draining import DrainingServer
     from cosyserve.commands.startup import print_failure, watch_first_load
     from cosyserve.service.assembly import Service
-    from cosyserve.service.logs import configure_logging
+    from cosyserve.service.logs import configure_from_settings
 
     settings = load_settings(args, args.settings_dests)
-    configure_logging(settings.log.level, settings.log.json_lines)
+    configure_from_settings(settings.log)
+    from cosyserve.commands.startup import where_things_are
+
+    log.info(where_things_are(settings))
     for warning in startup_safety(settings):  # raises SettingsError for an open public address
         log.warning(warning)
     # With a shared queue this node loads no model: `cosyserve worker` processes do the synthesis.

@@ -11,6 +11,7 @@ import sys
 import threading
 import time
 from collections.abc import Callable
+from typing import Any
 
 from cosyserve.service.local.load_failure import load_failure_message
 
@@ -43,3 +44,18 @@ def watch_first_load(
 def print_failure(command: str, message: str) -> None:
     """The CLI's one-line error format: `cosyserve COMMAND: error: MESSAGE`."""
     print(f"cosyserve {command}: error: {message}", file=sys.stderr, flush=True)
+
+
+def where_things_are(settings: Any) -> str:
+    """One line for the start of `serve`/`worker`: where data, outputs and the log file live, the time zone
+    of output names, and the GPUs NVML sees (so an operator knows where to look before anything runs)."""
+    from cosyserve.service.gpu import gpu_report
+
+    storage = settings.storage
+    report = gpu_report()
+    gpus = ", ".join(f"{g.index}: {g.name} ({g.memory_total_bytes / 2**30:.0f} GiB)" for g in report.gpus)
+    return (
+        f"data directory {storage.data_dir}; outputs in {storage.output_dir} (named in {storage.timezone} "
+        f"time, kept {storage.retention_days:g} days); log file {settings.log.file or '(console only)'}; "
+        f"GPUs: {gpus or report.absent_reason or 'none'}"
+    )

@@ -18,14 +18,17 @@ log = logging.getLogger("cosyserve.worker")
 
 def cmd_worker(args: argparse.Namespace) -> int:
     from cosyserve.service.distributed.worker import WorkerNode
-    from cosyserve.service.logs import configure_logging
+    from cosyserve.service.logs import configure_from_settings
 
     settings = load_settings(args, args.settings_dests)
     if not settings.queue.queue_url:
         raise SettingsError(
             "a worker needs the shared queue: pass --queue redis://HOST:6379/0 (or set COSYSERVE_QUEUE_URL)"
         )
-    configure_logging(settings.log.level, settings.log.json_lines)
+    configure_from_settings(settings.log)
+    from cosyserve.commands.startup import where_things_are
+
+    log.info(where_things_are(settings))
     node = WorkerNode(settings, name=args.name)
     return node.run(loglevel=settings.log.level)
 

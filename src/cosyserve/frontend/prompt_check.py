@@ -14,6 +14,8 @@ import numpy as np
 
 from cosyserve.errors import InputError
 from cosyserve.frontend.audio import (
+    SILENCE_BELOW_PEAK_DB,
+    SILENCE_FLOOR_DBFS,
     DecodedAudio,
     decode_audio,
     find_speech_span,
@@ -34,6 +36,9 @@ CLIP_LEVEL = 0.999  # a sample at or above this magnitude sits at full scale
 CLIP_REJECT_RATIO = 0.01
 CLIP_WARN_RATIO = 0.001
 MIN_TRAILING_SILENCE_S = 0.1
+NOISY_BELOW_SNR_DB = 20.0  # estimated speech-to-noise ratio under this: the noise gets cloned too
+SNR_CAP_DB = 60.0  # digital silence has no noise floor to measure: report at most this
+NOISE_FRAMES = 0.1  # the quietest tenth of the 20 ms frames stands for the background
 
 RECORDING_HINT = "3 to 30 seconds of one person speaking clearly, ideally 5 to 15 s"
 
@@ -54,6 +59,7 @@ class PromptReport:
     channels: int
     format: str
     warnings: tuple[str, ...]  # human-readable advice; empty when the prompt looks good
+    snr_db: float = SNR_CAP_DB  # estimated speech-to-noise ratio (see `estimate_snr_db`)
 
     def as_dict(self) -> dict[str, Any]:
         data = asdict(self)
@@ -96,13 +102,20 @@ def check_prompt(audio: DecodedAudio) -> PromptReport:
         )
     duration_s = len(trim_silence(samples, sr, max_duration_s=MAX_PROMPT_S)) / sr
     if duration_s < MIN_PROMPT_S:
+        _refuse_if_too_quiet(samples, sr)
         raise InputError(
             f"the prompt is only {duration_s:.1f} s long after trimming silence at the start and end; "
             f"at least {MIN_PROMPT_S:.0f} s is needed: record {RECORDING_HINT}"
         )
     rms = speech_rms_db(samples, sr)
     trailing_s = (span.total - span.end) / sr
+    snr = estimate_snr_db(samples, sr)
     warnings = _warnings(sr, rms, clipping, trailing_s)
+    if snr < NOISY_BELOW_SNR_DB:
+        warnings.append(
+            f"noisy recording (speech about {snr:.0f} dB above the background): the noise is cloned "
+            "with the voice; turn on noise reduction or record somewhere quieter"
+        )
     return PromptReport(
         duration_s=round(duration_s, 3),
         speech_s=round(speech_s, 3),
@@ -116,7 +129,35 @@ def check_prompt(audio: DecodedAudio) -> PromptReport:
         channels=audio.channels,
         format=audio.format,
         warnings=tuple(warnings),
+        snr_db=round(snr, 1),
     )
+
+
+def estimate_snr_db(samples: np.ndarray, sample_rate: int) -> float:
+    """Speech level over the background, in dB: the sounding frames' mean power against the quietest
+    tenth of all frames (pauses between words), capped at `SNR_CAP_DB` for digitally clean silence."""
+    levels = frame_levels_db(samples, sample_rate)
+    if levels.size < 10:
+        return SNR_CAP_DB
+    speech = speech_rms_db(samples, sample_rate)
+    quiet = np.sort(levels)[: max(3, int(levels.size * NOISE_FRAMES))]
+    noise = float(10.0 * np.log10(np.mean(10.0 ** (quiet / 10.0))))
+    return float(min(SNR_CAP_DB, max(0.0, speech - noise)))
+
+
+def _refuse_if_too_quiet(samples: np.ndarray, sample_rate: int) -> None:
+    """A short prompt that is long when judged only against its own loudest moment: it is the absolute
+    silence floor that cut it, so the recording is too quiet, not too short; say so."""
+    levels = frame_levels_db(samples, sample_rate)
+    sounding = np.flatnonzero(levels > levels.max() - SILENCE_BELOW_PEAK_DB)
+    frame_s = len(samples) / sample_rate / max(1, levels.size)
+    relative_s = (sounding[-1] - sounding[0] + 1) * frame_s if sounding.size else 0.0
+    if relative_s >= MIN_PROMPT_S:
+        raise InputError(
+            f"the prompt is too quiet (peak {peak_db(samples):.0f} dBFS, its speech mostly below "
+            f"{SILENCE_FLOOR_DBFS:.0f} dBFS), so most of it counts as silence; raise its level (normalise "
+            "it to a peak of about -3 dBFS) or record closer to the microphone"
+        )
 
 
 def _warnings(sample_rate: int, rms_dbfs: float, clipping: float, trailing_s: float) -> list[str]:

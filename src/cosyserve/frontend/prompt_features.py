@@ -73,11 +73,17 @@ def features_from_waveforms(
 
 
 def prepare_prompt_audio(
-    source: str | Path | bytes | BinaryIO, sample_rate: int = FLOW_MEL_24K.sample_rate
+    source: str | Path | bytes | BinaryIO, sample_rate: int = FLOW_MEL_24K.sample_rate, denoise: bool = False
 ) -> tuple[np.ndarray, np.ndarray, PromptReport]:
-    """Decode, validate, trim and normalise a prompt; return (wav16k (N16,), wav at `sample_rate`, report)."""
+    """Decode, validate, (optionally denoise,) trim and normalise a prompt; return (wav16k (N16,), wav at
+    `sample_rate`, report). The report measures the recording as uploaded."""
     audio, report = load_prompt(source)
-    wav16k, wav_flow = condition_prompt(audio.samples, audio.sample_rate, sample_rate)
+    samples = audio.samples
+    if denoise:
+        from cosyserve.frontend.denoise import denoise as suppress_noise
+
+        samples = suppress_noise(samples, audio.sample_rate)
+    wav16k, wav_flow = condition_prompt(samples, audio.sample_rate, sample_rate)
     return wav16k, wav_flow, report
 
 
@@ -107,11 +113,13 @@ def analyse_prompt(
     speaker_encoder: SpeakerEncoder,
     speech_tokenizer: SpeechTokenizer,
     sample_rate: int = FLOW_MEL_24K.sample_rate,
+    denoise: bool = False,
 ) -> PromptFeatures:
-    """A prompt recording (path, bytes or binary file) -> PromptFeatures; InputError if it is unusable."""
+    """A prompt recording (path, bytes or binary file) -> PromptFeatures; InputError if it is unusable.
+    `denoise`: suppress background noise first (`frontend.denoise`)."""
     if sample_rate != FLOW_MEL_24K.sample_rate:
         raise ValueError(
             f"only 24 kHz models are supported (the prompt mel is defined at 24 kHz), got {sample_rate}"
         )
-    wav16k, wav24k, report = prepare_prompt_audio(wav_path_or_bytes, sample_rate)
+    wav16k, wav24k, report = prepare_prompt_audio(wav_path_or_bytes, sample_rate, denoise)
     return features_from_waveforms(wav16k, wav24k, speaker_encoder, speech_tokenizer, report)

@@ -175,6 +175,7 @@ def download_model(
     refresh: bool = False,
     fetchers: Mapping[str, Fetcher] | None = None,
     log: Callable[[str], None] | None = None,
+    verify: Callable[[Path], Path] | None = None,
 ) -> Path:
     """Download `model_id` into `target_dir` (default: `default_target_dir`) and return the verified path.
 
@@ -185,20 +186,22 @@ def download_model(
     seconds together, judged by the hub's last such attempt (None: no limit), so an offline machine hears
     within seconds, while a transfer cut midway is still resumed. A directory that already verifies is
     returned without contacting a hub unless `refresh`.
-    `min_sizes` overrides the real-model size floors (tests use tiny files). Raises DownloadError.
+    `min_sizes` overrides the real-model size floors (tests use tiny files); `verify` replaces the model
+    directory check for other downloads (the ASR model). Raises DownloadError.
     """
     model_id = model_id or DEFAULT_MODEL_ID
     target = Path(target_dir).expanduser() if target_dir else default_target_dir(model_id)
     say = log if log is not None else (_stderr if progress else _quiet)
     order = source_order(source)
+    check = verify or (lambda path: verify_download(path, min_sizes).path)
     if not refresh:
         try:
-            model_dir = verify_download(target, min_sizes)
+            done = check(target)
         except ModelDirError:
             pass
         else:
-            say(f"{model_id} is already complete in {model_dir.path}")
-            return model_dir.path
+            say(f"{model_id} is already complete in {done}")
+            return done
     target.mkdir(parents=True, exist_ok=True)
     table = FETCHERS if fetchers is None else fetchers
     failures: dict[str, list[str]] = {}  # hub -> one short reason per failed attempt
@@ -217,7 +220,7 @@ def download_model(
             started, size_before = time.monotonic(), _bytes_under(target)
             try:
                 fetch(model_id, target, skip_patterns=skip_patterns, progress=progress)
-                model_dir = verify_download(target, min_sizes)
+                done = check(target)
             except Exception as exc:  # hub/network errors, an incomplete result, a missing client library
                 reason = root_cause(exc)
                 failures.setdefault(hub, []).append(reason)
@@ -229,8 +232,8 @@ def download_model(
                 if isinstance(exc, MissingClientError):
                     break
                 continue
-            say(f"{model_id} ready in {model_dir.path} ({time.monotonic() - started:.0f} s)")
-            return model_dir.path
+            say(f"{model_id} ready in {done} ({time.monotonic() - started:.0f} s)")
+            return done
     hint = "" if source else f"; set {SOURCE_ENV}=modelscope or huggingface to pick the hub"
     last_reason = next((reasons[-1] for reasons in reversed(failures.values()) if reasons), "no hub tried")
     raise DownloadError(

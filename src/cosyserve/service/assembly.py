@@ -28,6 +28,7 @@ from cosyserve.service.setting_groups import S3Settings
 from cosyserve.service.settings import Settings
 from cosyserve.service.startup_clock import StartupClock
 from cosyserve.service.stores.batches import BatchStore
+from cosyserve.service.stores.clock import output_timezone
 from cosyserve.service.stores.db import make_engine, metadata
 from cosyserve.service.stores.jobs import JobStore
 from cosyserve.service.stores.keys import ApiKey, KeyStore
@@ -51,7 +52,7 @@ class Service:
         synthesizer_factory: SynthesizerFactory | None = None,
         metrics: Metrics | None = None,
         shutdown_grace_s: float | None = None,
-        retention_interval_s: float = 3600.0,
+        retention_interval_s: float | None = None,
         role: str = "single",
     ) -> None:
         if role not in ROLES:
@@ -80,9 +81,11 @@ class Service:
             retention_days=s.storage.retention_days,
             max_total_bytes=int(s.storage.retention_max_gb * 1e9),
             sync=self.s3,
+            zone=output_timezone(s.storage.timezone),
             min_free_bytes=int(s.storage.min_free_mb * 1e6),
         )
-        self.retention = RetentionWorker(self.outputs, retention_interval_s)
+        interval = s.storage.retention_interval_s if retention_interval_s is None else retention_interval_s
+        self.retention = RetentionWorker(self.outputs, interval)
         # Access, scheduling, and the backend the role asks for
         self.access = Access(s, self.keys, self.db)
         self.device_type = device_type(s.engine.device)

@@ -18,6 +18,8 @@ from collections.abc import Iterator
 from contextlib import contextmanager
 from contextvars import ContextVar, Token
 from datetime import datetime, timezone
+from logging.handlers import RotatingFileHandler
+from pathlib import Path
 from typing import Any, TextIO
 
 from cosyserve.errors import CosyServeError
@@ -167,19 +169,46 @@ _ring = RingBufferHandler()
 _MARK = "_cosyserve_handler"  # handlers we installed, replaced when configure_logging runs again
 
 
-def configure_logging(level: str | int = "INFO", json: bool = False, *, stream: TextIO | None = None) -> None:
-    """Root logger → one stream handler (text or JSON lines) plus the ring buffer; safe to call again."""
+def configure_logging(
+    level: str | int = "INFO",
+    json: bool = False,
+    *,
+    stream: TextIO | None = None,
+    file: str | Path | None = None,
+    file_max_mb: float = 50.0,
+    file_backups: int = 5,
+) -> None:
+    """Root logger → one stream handler (text or JSON lines), the ring buffer, and with `file` a
+    size-rotated log file in the same format (`file.1` … `file.<backups>`); safe to call again."""
     root = logging.getLogger()
     for handler in list(root.handlers):
         if getattr(handler, _MARK, False):
             root.removeHandler(handler)
+            if handler is not _ring:
+                handler.close()
     console = logging.StreamHandler(stream or sys.stderr)
-    console.setFormatter(JsonFormatter() if json else TextFormatter())
-    console.addFilter(RequestIdFilter())
-    for handler in (console, _ring):
+    handlers: list[logging.Handler] = [console, _ring]
+    if file is not None:
+        path = Path(file).expanduser()
+        path.parent.mkdir(parents=True, exist_ok=True)
+        max_bytes = max(1024, int(file_max_mb * 1e6))
+        handlers.append(
+            RotatingFileHandler(path, maxBytes=max_bytes, backupCount=file_backups, encoding="utf-8")
+        )
+    for handler in handlers:
+        if handler is not _ring:
+            handler.setFormatter(JsonFormatter() if json else TextFormatter())
+            handler.addFilter(RequestIdFilter())
         setattr(handler, _MARK, True)
         root.addHandler(handler)
     root.setLevel(_level_number(level))
+
+
+def configure_from_settings(log: Any) -> None:
+    """`configure_logging` from the `[log]` settings group (`LogSettings`)."""
+    configure_logging(
+        log.level, log.json_lines, file=log.file, file_max_mb=log.file_max_mb, file_backups=log.file_backups
+    )
 
 
 def recent_logs(limit: int = 100, level: str | int | None = None) -> list[dict[str, Any]]:

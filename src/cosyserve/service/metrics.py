@@ -1,14 +1,13 @@
 """Prometheus metrics, all named `cosyserve_*`, on a registry private to one `Metrics` object.
 
 A private registry (not prometheus_client's global one) lets tests and several apps in one process each
-have their own. Accelerator and process gauges are read at scrape time: NVML (pynvml) when importable,
-else torch.cuda if torch is already loaded by the engine (never imported just for a scrape).
+have their own. GPU and process gauges are read at scrape time, the GPUs through NVML (`service.gpu`),
+which opens no CUDA context: an API node or a machine without a GPU simply exports no GPU series.
 """
 
 from __future__ import annotations
 
 import os
-import sys
 from collections.abc import Iterator
 from typing import Any
 
@@ -22,6 +21,8 @@ from prometheus_client import (
 )
 from prometheus_client.core import GaugeMetricFamily
 from prometheus_client.registry import Collector
+
+from cosyserve.service.gpu import gpu_report
 
 PREFIX = "cosyserve_"
 _LATENCY_BUCKETS = (0.05, 0.1, 0.25, 0.5, 1.0, 2.0, 5.0, 10.0, 30.0, 60.0, 120.0, 300.0)
@@ -123,33 +124,51 @@ class Metrics:
 
 
 class SystemCollector(Collector):
-    """Accelerator memory and utilisation, process RSS; a value that cannot be read is left out."""
+    """GPU name, memory, utilisation and temperature (NVML, no CUDA context), process RSS; a value that
+    cannot be read is left out, and a machine without a GPU exports no GPU series."""
+
+    def __init__(self, reader: Any = None) -> None:
+        self._read = reader.read if reader is not None else gpu_report
 
     def collect(self) -> Iterator[GaugeMetricFamily]:
         rss = process_rss_bytes()
         if rss is not None:
             yield GaugeMetricFamily(f"{PREFIX}process_resident_memory_bytes", "resident memory", value=rss)
-        devices = accelerator_stats()
-        if not devices:
+        gpus = self._read().gpus
+        if not gpus:
             return
-        used = GaugeMetricFamily(
-            f"{PREFIX}accelerator_memory_used_bytes", "GPU memory used", labels=["device"]
-        )
-        total = GaugeMetricFamily(f"{PREFIX}accelerator_memory_total_bytes", "GPU memory", labels=["device"])
-        util = GaugeMetricFamily(
-            f"{PREFIX}accelerator_utilization_ratio",
-            "GPU busy fraction over the last sample",
-            labels=["device"],
-        )
-        for index, stats in devices.items():
-            used.add_metric([str(index)], stats["memory_used_bytes"])
-            total.add_metric([str(index)], stats["memory_total_bytes"])
-            if stats.get("utilization") is not None:
-                util.add_metric([str(index)], stats["utilization"])
-        yield used
-        yield total
-        if util.samples:
-            yield util
+        labels = ["device", "name"]
+        families = {
+            "used": GaugeMetricFamily(
+                f"{PREFIX}accelerator_memory_used_bytes", "GPU memory used", labels=labels
+            ),
+            "free": GaugeMetricFamily(
+                f"{PREFIX}accelerator_memory_free_bytes", "GPU memory free", labels=labels
+            ),
+            "total": GaugeMetricFamily(
+                f"{PREFIX}accelerator_memory_total_bytes", "GPU memory", labels=labels
+            ),
+            "util": GaugeMetricFamily(
+                f"{PREFIX}accelerator_utilization_ratio",
+                "GPU busy fraction over the last sample",
+                labels=labels,
+            ),
+            "temp": GaugeMetricFamily(
+                f"{PREFIX}accelerator_temperature_celsius", "GPU core temperature", labels=labels
+            ),
+        }
+        for gpu in gpus:
+            key = [str(gpu.index), gpu.name]
+            families["used"].add_metric(key, gpu.memory_used_bytes)
+            families["free"].add_metric(key, gpu.memory_free_bytes)
+            families["total"].add_metric(key, gpu.memory_total_bytes)
+            if gpu.utilization is not None:
+                families["util"].add_metric(key, gpu.utilization)
+            if gpu.temperature_c is not None:
+                families["temp"].add_metric(key, gpu.temperature_c)
+        for family in families.values():
+            if family.samples:
+                yield family
 
     def describe(self) -> Iterator[GaugeMetricFamily]:
         return iter(())  # values come and go with the hardware: nothing to pre-declare
@@ -169,49 +188,6 @@ def process_rss_bytes() -> int | None:
     return int(psutil.Process().memory_info().rss)
 
 
-_nvml_state: dict[str, Any] = {}
-
-
 def accelerator_stats() -> dict[int, dict[str, Any]]:
-    """{device index: {memory_used_bytes, memory_total_bytes, utilization (0..1 or None)}}; {} if none."""
-    stats = _nvml_stats()
-    if stats is not None:
-        return stats
-    torch = sys.modules.get("torch")  # only if the engine already loaded it: importing takes seconds
-    if torch is None:
-        return {}
-    try:
-        if not (torch.cuda.is_available() and torch.cuda.is_initialized()):
-            return {}
-        out = {}
-        for index in range(torch.cuda.device_count()):
-            free, total = torch.cuda.mem_get_info(index)
-            out[index] = {"memory_used_bytes": total - free, "memory_total_bytes": total, "utilization": None}
-        return out
-    except Exception:  # a scrape must not fail because a driver call did
-        return {}
-
-
-def _nvml_stats() -> dict[int, dict[str, Any]] | None:
-    if _nvml_state.get("unavailable"):
-        return None
-    try:
-        import pynvml  # type: ignore[import-not-found]
-
-        if not _nvml_state.get("initialised"):
-            pynvml.nvmlInit()
-            _nvml_state["initialised"] = True
-        out = {}
-        for index in range(pynvml.nvmlDeviceGetCount()):
-            handle = pynvml.nvmlDeviceGetHandleByIndex(index)
-            memory = pynvml.nvmlDeviceGetMemoryInfo(handle)
-            busy = pynvml.nvmlDeviceGetUtilizationRates(handle).gpu / 100.0
-            out[index] = {
-                "memory_used_bytes": memory.used,
-                "memory_total_bytes": memory.total,
-                "utilization": busy,
-            }
-        return out
-    except Exception:  # not installed, no driver, no GPU: fall back once and stop trying
-        _nvml_state["unavailable"] = True
-        return None
+    """{device index: {memory_used_bytes, memory_total_bytes, utilization, name, ...}}; {} without a GPU."""
+    return {gpu.index: gpu.as_dict() for gpu in gpu_report().gpus}

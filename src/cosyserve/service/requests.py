@@ -35,6 +35,7 @@ class SynthesisRequest:
     speed: float | None = None  # None: the voice's default, else 1.0
     volume: float = 1.0  # linear gain on the output, clipped to [-1, 1]
     stream: bool = False  # chunks within a sentence as soon as they are ready
+    denoise: bool = False  # suppress background noise in `prompt_wav` before analysing it (RNNoise)
 
 
 @dataclass(frozen=True)
@@ -94,6 +95,7 @@ class VoiceDefaults:
     instruct: str | None = None
     speed: float | None = None
     seed: int | None = None
+    denoise: bool | None = None  # the recording was enrolled with noise reduction (kept for re-analysis)
 
 
 @dataclass(frozen=True)

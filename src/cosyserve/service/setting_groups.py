@@ -34,6 +34,11 @@ class EngineSettings(_Group):
         "nothing (hubs out of reach); a transfer cut midway is always resumed",
     )
     device: str = Field("auto", description="auto, cpu, cuda or cuda:N", pattern=r"^(auto|cpu|cuda(:\d+)?)$")
+    asr_model: Path | None = Field(
+        None,
+        description="prompt-transcription model directory (SenseVoice-Small for sherpa-onnx; default: "
+        "where `cosyserve download --asr` puts it)",
+    )
     precision: Literal["auto", "float32", "float16", "bfloat16"] = Field(
         "auto", description="compute dtype: auto (float16 on GPU, float32 on CPU), float32, float16, bfloat16"
     )
@@ -168,6 +173,22 @@ class StorageSettings(_Group):
         ge=0,
         description="below this much free space in the output directory /ready turns false (0: no floor)",
     )
+    retention_interval_s: float = Field(
+        3600.0, ge=1, description="how often old outputs are looked for and deleted, in seconds"
+    )
+    timezone: str = Field(
+        "local",
+        description="time zone of output file names: local (this machine's), UTC, or a name such as "
+        "Asia/Shanghai; the sidecar always records the UTC instant too",
+    )
+
+    @field_validator("timezone")
+    @classmethod
+    def _check_timezone(cls, value: str) -> str:
+        from cosyserve.service.stores.clock import output_timezone
+
+        output_timezone(value)  # raises ValueError naming the problem
+        return value
 
 
 class S3Settings(_Group):
@@ -200,6 +221,11 @@ class AuthSettings(_Group):
 class LogSettings(_Group):
     level: Literal["DEBUG", "INFO", "WARNING", "ERROR", "CRITICAL"] = Field("INFO", description="log level")
     json_lines: bool = Field(False, alias="json", description="log one JSON object per line")
+    file: Path | None = Field(
+        None, description="also write the log to this file, rotated by size (unset: the console only)"
+    )
+    file_max_mb: float = Field(50.0, gt=0, description="rotate the log file when it reaches this size, in MB")
+    file_backups: int = Field(5, ge=0, description="rotated log files kept (file.1 … file.N)")
 
     model_config = ConfigDict(extra="forbid", validate_default=True, populate_by_name=True)
 

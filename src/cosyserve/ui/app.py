@@ -33,13 +33,14 @@ from cosyserve.ui.i18n import LANG_CHOICES, Translator, pick_lang, text
 from cosyserve.ui.library_tab import build_library_tab, refresh_values
 from cosyserve.ui.login import LOGOUT_PATH, install_login_routes, ui_auth_dependency
 from cosyserve.ui.studio import UiContext, build_mode_panel
+from cosyserve.ui.studio_events import wire_panel
 
 STATUS_POLL_S = 3.0
 LANG_STORAGE_KEY = "cosyserve-lang"
 
 
 def header_html(lang: str) -> str:
-    return f"<h1>🎙️ {html.escape(text('title', lang))}</h1><p>{html.escape(text('subtitle', lang))}</p>"
+    return f"<h1>{html.escape(text('title', lang))}</h1><p>{html.escape(text('subtitle', lang))}</p>"
 
 
 def user_html(principal: Principal | None, lang: str, auth_enabled: bool) -> str:
@@ -56,16 +57,16 @@ def model_status(service: Service, lang: str) -> tuple[str, str, bool]:
     state = info.get("state")
     banner = ""
     if info.get("demo"):
-        banner = f'<div class="demo" id="cosy-demo-banner">⚠️ {html.escape(text("demo_banner", lang))}</div>'
+        banner = f'<div class="demo" id="cosy-demo-banner">⚠ {html.escape(text("demo_banner", lang))}</div>'
     if info.get("ready"):
         model = str(info.get("model_path") or info.get("model") or "").rstrip("/").rsplit("/", 1)[-1]
         status = text("model_ready", lang, model=model, device=info.get("device"))
     elif state == "failed":
-        status = "❌ " + text("model_failed", lang, reason=info.get("reason"))
+        status = "✗ " + text("model_failed", lang, reason=info.get("reason"))
     elif state == "restarting":
-        status = "⏳ " + text("model_restarting", lang)
+        status = "… " + text("model_restarting", lang)
     else:
-        status = "⏳ " + text("model_loading", lang)
+        status = "… " + text("model_loading", lang)
     return banner, status, bool(info.get("ready"))
 
 
@@ -91,6 +92,8 @@ def build_ui(service: Service, bridge: UiBridge | None = None) -> gr.Blocks:
         ctx = UiContext(bridge, tr, registry, lang, gr.utils.get_upload_folder(), slots)
         with gr.Tabs(elem_id="cosy-tabs") as tabs:
             panels = [build_mode_panel(mode, ctx) for mode in MODES]
+            for panel in panels:
+                wire_panel(panel, ctx)
             library = build_library_tab(ctx, panels, tabs)
             build_batch_tab(ctx)
             # (the admin tab is not the last one: Gradio 6.31 duplicates the button of a last tab when

@@ -20,9 +20,28 @@ CSS = """
 #cosy-user { text-align: right; font-size: .9rem; }
 .cosy-counter { font-variant-numeric: tabular-nums; font-size: .85rem; text-align: right; opacity: .8; }
 .cosy-counter.over { color: #b42318; font-weight: 700; opacity: 1; }
+.cosy-counter.job { color: #3538cd; font-weight: 600; opacity: 1; }
+.cosy-note { font-size: .88rem; color: #3538cd; }
+.cosy-about p { margin: 0 0 .2rem; opacity: .8; font-size: .92rem; }
+.cosy-actions button { min-width: 6rem; }
+.cosy-progress { margin: .2rem 0 .4rem; }
+.cosy-bar { height: .7rem; background: #e0e7ff; border-radius: 6px; overflow: hidden; }
+.cosy-bar > div { height: 100%; background: #4f46e5; transition: width .4s; }
+.cosy-progress-line { font-size: .85rem; font-variant-numeric: tabular-nums; margin-top: .2rem; }
+.cosy-preview { font-size: .9rem; line-height: 1.5; overflow-wrap: anywhere; }
+.cosy-preview mark.cosy-pron { background: #fde68a; color: #713f12; border-radius: 3px; padding: 0 1px; }
+.cosy-preview mark.cosy-tag { background: #dbeafe; color: #1e3a8a; border-radius: 3px; padding: 0 1px; }
+.cosy-preview .cosy-when { opacity: .6; font-size: .8rem; margin-left: .4rem; }
+.cosy-preview .cosy-warnings { color: #8a5a00; }
+.cosy-preview .bad { color: #b42318; }
+.cosy-preview code { white-space: normal; word-break: break-all; }
+.cosy-links { display: flex; flex-wrap: wrap; gap: .3rem .9rem; }
+.cosy-table table { font-size: .82rem; }
+#history-table table { table-layout: fixed; width: 100%; }
+#history-table td, #history-table th { overflow-wrap: anywhere; }
+@media (max-width: 640px) { #cosy-header h1 { font-size: 1.3rem; } #cosy-header p { font-size: .85rem; } }
 .cosy-feedback .bad { color: #b42318; } .cosy-feedback .warn { color: #8a5a00; }
 .cosy-dice { max-width: 3.2rem; min-width: 3.2rem !important; align-self: end; }
-.cosy-links a { margin-right: .9rem; }
 .cosy-logs textarea { font-family: ui-monospace, Menlo, monospace; font-size: .8rem; }
 """
 
@@ -101,13 +120,14 @@ def head_html() -> str:
     return f"<script>{_PLAYER}</script>"
 
 
-def counter_js(limit: int) -> str:
-    """A JS function: text → the counter's HTML (`n / limit`, red when over)."""
+def counter_js(limit: int, job_limit: int | None = None) -> str:
+    """A JS function: text → the counter's HTML (`n / limit`; over: made as a job; red over the job limit)."""
     return (
         "(text) => { const n = Array.from((text || '').trim()).length; "
-        f"const limit = {json.dumps(limit)}; "
-        "const cls = n > limit ? 'cosy-counter over' : 'cosy-counter'; "
-        "return `<div class=\"${cls}\">${n > limit ? '⚠ ' : ''}${n} / ${limit}</div>`; }"
+        f"const limit = {json.dumps(limit)}; const jobLimit = {json.dumps(job_limit or limit)}; "
+        "const cls = n > jobLimit ? 'cosy-counter over' : (n > limit ? 'cosy-counter job' : 'cosy-counter'); "
+        "const note = n > jobLimit ? '⚠ ' : ''; const tail = n > limit && n <= jobLimit ? ' · job' : ''; "
+        'return `<div class="${cls}">${note}${n} / ${limit}${tail}</div>`; }'
     )
 
 

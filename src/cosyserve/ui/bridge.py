@@ -8,24 +8,36 @@ output store, and every call is made as a `Principal` resolved from the same cre
 
 from __future__ import annotations
 
+import contextlib
+import dataclasses
 import os
 import time
+import uuid
 from collections.abc import Mapping
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from cosyserve.errors import InputError
+import soundfile
+
+from cosyserve.errors import CosyServeError, InputError, error_code
+from cosyserve.frontend.audio import decode_audio
+from cosyserve.frontend.denoise import denoise
 from cosyserve.frontend.prompt_check import PromptReport, load_prompt
+from cosyserve.frontend.text.describe import describe_text
 from cosyserve.service.access.principals import AuthRequired, Forbidden, Principal
 from cosyserve.service.access.sessions import SESSION_COOKIE
+from cosyserve.service.activity import log_activity
 from cosyserve.service.assembly import Service
-from cosyserve.service.backend import AudioStream
+from cosyserve.service.backend import JOB_TEXT_FACTOR, AudioStream
+from cosyserve.service.gpu import engine_allocator, gpu_report
 from cosyserve.service.logs import recent_logs
-from cosyserve.service.requests import EnrolmentRequest, OutputSpec, SynthesisRequest
+from cosyserve.service.requests import EnrolmentRequest, OutputSpec, SynthesisRequest, VoiceDefaults
 from cosyserve.service.scheduling.scheduler import Ticket
+from cosyserve.service.stores.jobs import JobRecord
 from cosyserve.service.stores.outputs import OutputNotFound, StoredOutput
 from cosyserve.service.stores.voices import Voice
+from cosyserve.service.transcription import asr_available, transcribe
 
 UI_KEY_COOKIE = "cosyserve_ui_key"  # an API key the login page accepted, for key-only servers
 AUDIO_SUFFIXES = frozenset({".wav", ".mp3", ".flac", ".ogg", ".opus", ".m4a", ".webm", ".aac"})
@@ -127,6 +139,61 @@ class UiBridge:
             extra={"ui_mode": mode, "ui_format": fmt},
         )
 
+    def submit_job(
+        self, principal: Principal, request: SynthesisRequest, *, mode: str, request_id: str
+    ) -> str:
+        """A text over the interactive limit as an ordinary job (the same as POST /v1/jobs); its id."""
+        spec = self._spec(principal, "wav", mode, request_id, "wav")
+        return self.service.backend.submit_job(request, dataclasses.replace(spec, endpoint="ui-job")).id
+
+    def job(self, job_id: str) -> tuple[JobRecord | None, Ticket | None]:
+        """The job's record and, while this process runs it, its ticket (progress, finished pieces)."""
+        return self.service.jobs.get(job_id), self.service.scheduler.get(job_id)
+
+    def cancel_job(self, job_id: str) -> None:
+        with contextlib.suppress(CosyServeError):  # it ended meanwhile: the poller reports how
+            self.service.backend.cancel_job(job_id)
+
+    @property
+    def max_job_chars(self) -> int:
+        return self.max_text_chars * JOB_TEXT_FACTOR
+
+    def describe(self, text: str, *, prompt_text: str | None, instruct: str | None, voice: str | None) -> Any:
+        """How the model will read `text` (`describe_text`) with a saved voice's transcript, instruction and
+        lexicon when one is given; InputError for text the synthesis would refuse too."""
+        synth = self.service.model.loaded if self.service.model is not None else None
+        if synth is None:
+            raise InputError(
+                "the text preview needs the model loaded on this server: try again when it is ready"
+            )
+        lexicon = None
+        if voice:
+            saved = self.voice(voice)
+            prompt_text = saved.transcript if prompt_text is None else prompt_text
+            instruct = instruct if instruct is not None else saved.defaults.instruct
+            lexicon = saved.lexicon or None
+        return describe_text(
+            text, synth.tokenizer, prompt_text=prompt_text, instruct=instruct, lexicon=lexicon, max_chars=None
+        )
+
+    def transcribe(self, path: str | Path) -> str:
+        data, _ = self.read_upload(path)
+        return transcribe(self.service.settings.engine.asr_model, data)
+
+    @property
+    def asr_available(self) -> bool:
+        return asr_available(self.service.settings.engine.asr_model)
+
+    def denoised_copy(self, path: str | Path, folder: str | Path) -> str:
+        """The uploaded prompt with noise suppressed, as a WAV in `folder` (to hear before and after)."""
+        data, _ = self.read_upload(path)
+        audio = decode_audio(data)
+        cleaned = denoise(audio.samples, audio.sample_rate)
+        target = Path(folder) / f"denoised-{uuid.uuid4().hex[:12]}.wav"
+        target.parent.mkdir(parents=True, exist_ok=True)
+        soundfile.write(target, cleaned, audio.sample_rate)
+        return str(target)
+
     def queue_wait_estimate(self, ticket: Ticket) -> float:
         return ticket.estimated_wait_s()
 
@@ -167,11 +234,18 @@ class UiBridge:
         return self.service.voices.get(id_or_name)
 
     def enrol(
-        self, principal: Principal, name: str, path: str | Path, transcript: str | None, request_id: str
+        self,
+        principal: Principal,
+        name: str,
+        path: str | Path,
+        transcript: str | None,
+        request_id: str,
+        denoise: bool = False,
     ) -> Ticket:
         self.require_admin(principal)
         data, suffix = self.read_upload(path)
-        enrolment = EnrolmentRequest(name, data, transcript or None, suffix)
+        defaults = VoiceDefaults(denoise=True) if denoise else None
+        enrolment = EnrolmentRequest(name, data, transcript or None, suffix, defaults)
         return self.service.backend.submit_enrolment(enrolment, request_id=request_id)
 
     def rename_voice(self, principal: Principal, voice_id: str, new_name: str) -> Voice:
@@ -198,24 +272,27 @@ class UiBridge:
         }
 
     def memory(self) -> dict[str, Any]:
-        """Process memory, and the accelerator's when the model runs on one."""
-        info: dict[str, Any] = {"process_rss_mb": _rss_mb(), "device_type": self.service.device_type}
-        if self.service.device_type == "cuda":
-            import torch
-
-            if torch.cuda.is_available():
-                free, total = torch.cuda.mem_get_info()
-                info.update(
-                    cuda_allocated_mb=round(torch.cuda.memory_allocated() / 2**20, 1),
-                    cuda_reserved_mb=round(torch.cuda.memory_reserved() / 2**20, 1),
-                    cuda_free_mb=round(free / 2**20, 1),
-                    cuda_total_mb=round(total / 2**20, 1),
-                )
-        return info
+        """Process memory, every GPU as NVML reports it (no CUDA context is created), and PyTorch's
+        allocator on the engine's own device; a figure that can't be read is left out, never an error."""
+        report = gpu_report()
+        device = str(self.service.readiness().get("device") or self.service.device_type)
+        return {
+            "process_rss_mb": _rss_mb(),
+            "device": device,
+            "gpus": [gpu.as_dict() for gpu in report.gpus],
+            "gpu_absent_reason": report.absent_reason,
+            "engine_allocator": engine_allocator(device),
+        }
 
     def restart_engine(self, principal: Principal) -> str:
         self.require_admin(principal)
-        return self.service.backend.restart_engine()
+        try:
+            state = self.service.backend.restart_engine()
+        except Exception as exc:
+            log_activity("restart", error_code(exc), who=principal.name or principal.owner, endpoint="ui")
+            raise
+        log_activity("restart", "ok", who=principal.name or principal.owner, endpoint="ui", state=state)
+        return state
 
     def logs(self, principal: Principal, limit: int = 100, level: str | None = None) -> list[dict[str, Any]]:
         self.require_admin(principal)

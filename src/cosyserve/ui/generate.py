@@ -10,12 +10,10 @@ from __future__ import annotations
 import base64
 import html
 import shutil
-import tempfile
 import threading
-import time
 import unicodedata
 import uuid
-from collections.abc import Iterator
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -24,13 +22,14 @@ import gradio as gr
 
 from cosyserve.errors import Cancelled, CosyServeError, JobTimeout, ModelNotReady, QueueFull
 from cosyserve.service.access.principals import AuthRequired, Forbidden, RateLimited
-from cosyserve.service.backend import AudioStream
-from cosyserve.service.logs import log_failure, new_request_id
-from cosyserve.service.requests import MAX_SEED, SynthesisRequest, TtsOutcome
+from cosyserve.service.logs import log_failure
+from cosyserve.service.requests import MAX_SEED, SentenceTiming, SynthesisRequest, TtsOutcome
 from cosyserve.service.scheduling.scheduler import Ticket
 from cosyserve.service.stores.outputs import StoredOutput
+from cosyserve.service.subtitles import to_srt
 from cosyserve.ui.bridge import DOWNLOAD_FORMATS, UiBridge, UploadRefused
 from cosyserve.ui.i18n import text
+from cosyserve.ui.preview import form_preview
 
 POLL_S = 0.25
 STREAM_ITEM_TIMEOUT_S = 600.0
@@ -96,19 +95,26 @@ class Form:
     seed: str | None = None  # digits, or empty for a random one
     speed: float = 1.0
     volume: float = 1.0
-    fmt: str = "wav"
     stream: bool = False
+    denoise: bool = False  # suppress noise in the uploaded recording first
+    fmt: str = "wav"  # the format recorded as chosen (every format is offered as a link anyway)
     extra: dict[str, Any] = field(default_factory=dict)
 
 
-def build_request(bridge: UiBridge, form: Form) -> SynthesisRequest:
-    """The service request for a form; UiError for what the UI can tell is missing or too long."""
+def build_request(bridge: UiBridge, form: Form, *, allow_long: bool = False) -> SynthesisRequest:
+    """The service request for a form; UiError for what the UI can tell is missing or too long.
+
+    A saved voice wins over the recording and the transcript fields, and the page disables those fields
+    while one is selected: its own recording and transcript are used, whatever the boxes still hold.
+    `allow_long`: the text may exceed the interactive limit (it goes to a job)."""
     spoken = unicodedata.normalize("NFC", form.text or "").strip()
     if not spoken:
         raise UiError("err_no_text")
     limit = bridge.max_text_chars
-    if len(spoken) > limit:
+    if len(spoken) > limit and not allow_long:
         raise UiError("err_too_long", count=len(spoken), limit=limit)
+    if len(spoken) > bridge.max_job_chars:
+        raise UiError("err_job_too_long", count=len(spoken), limit=bridge.max_job_chars)
     seed = None
     seed_text = str(form.seed if form.seed is not None else "").strip()
     if seed_text:
@@ -128,9 +134,9 @@ def build_request(bridge: UiBridge, form: Form) -> SynthesisRequest:
     if form.voice:
         voice = bridge.voice(form.voice)
         if form.mode == "zero_shot":
-            if transcript is None and not voice.transcript:
+            if not voice.transcript:
                 raise UiError("err_no_transcript")
-            return SynthesisRequest(voice=voice.id, prompt_text=transcript, instruct="", **common)
+            return SynthesisRequest(voice=voice.id, instruct="", **common)  # the voice's own transcript
         if form.mode == "cross_lingual":  # "" overrides the voice's transcript and default instruction
             return SynthesisRequest(voice=voice.id, prompt_text="", instruct="", **common)
         return SynthesisRequest(voice=voice.id, instruct=instruct, **common)
@@ -144,36 +150,72 @@ def build_request(bridge: UiBridge, form: Form) -> SynthesisRequest:
         prompt_wav=audio,
         prompt_text=transcript if form.mode == "zero_shot" else None,
         instruct=instruct if form.mode == "instruct" else None,
+        denoise=bool(form.denoise),
         **common,
     )
 
 
+class Run:
+    """One Generate click, registered before anything is submitted, so that a Cancel arriving before
+    the ticket exists is not lost (it cancels the ticket as soon as it is attached)."""
+
+    def __init__(self) -> None:
+        self.cancelled = False
+        self._stops: list[Callable[[], None]] = []
+        self._lock = threading.Lock()
+
+    def attach(self, stop: Callable[[], None]) -> None:
+        with self._lock:
+            self._stops.append(stop)
+            cancelled = self.cancelled
+        if cancelled:
+            stop()
+
+    def cancel(self) -> None:
+        with self._lock:
+            self.cancelled = True
+            stops = list(self._stops)
+        for stop in stops:
+            stop()
+
+    def check(self) -> None:
+        if self.cancelled:
+            raise Cancelled("cancelled in the web UI")
+
+
 class TicketRegistry:
-    """Running UI tickets by browser session, so the Cancel button can stop them."""
+    """Running UI work by browser session, so the Cancel button can stop it."""
 
     def __init__(self) -> None:
         self._lock = threading.Lock()
-        self._tickets: dict[str, set[Ticket]] = {}
+        self._runs: dict[str, set[Run]] = {}
 
-    def add(self, session: str, ticket: Ticket) -> None:
+    def begin(self, session: str) -> Run:
+        run = Run()
         with self._lock:
-            self._tickets.setdefault(session, set()).add(ticket)
+            self._runs.setdefault(session, set()).add(run)
+        return run
 
-    def remove(self, session: str, ticket: Ticket) -> None:
+    def end(self, session: str, run: Run) -> None:
         with self._lock:
-            tickets = self._tickets.get(session)
-            if tickets is not None:
-                tickets.discard(ticket)
-                if not tickets:
-                    del self._tickets[session]
+            runs = self._runs.get(session)
+            if runs is not None:
+                runs.discard(run)
+                if not runs:
+                    del self._runs[session]
+
+    def add(self, session: str, ticket: Ticket) -> Run:
+        """A run holding just `ticket` (the voice library's previews and enrolments)."""
+        run = self.begin(session)
+        run.attach(lambda: ticket.finished or ticket.cancel("cancelled in the web UI"))
+        return run
 
     def cancel(self, session: str) -> int:
         with self._lock:
-            tickets = list(self._tickets.get(session, ()))
-        for ticket in tickets:
-            if not ticket.finished:
-                ticket.cancel("cancelled in the web UI")
-        return len(tickets)
+            runs = list(self._runs.get(session, ()))
+        for run in runs:
+            run.cancel()
+        return len(runs)
 
 
 def cache_copy(path: str | Path, cache_dir: str) -> str:
@@ -187,103 +229,57 @@ def cache_copy(path: str | Path, cache_dir: str) -> str:
 
 
 def links_html(bridge: UiBridge, output: StoredOutput, lang: str, chosen: str = "wav") -> str:
-    """Signed download links to the output store, the chosen format first."""
-    formats = [chosen] + [f for f in DOWNLOAD_FORMATS if f != chosen]
+    """Signed download links to the output store in every format, and the subtitles (SRT) made from the
+    sentence timings; `chosen` is only remembered, every format is offered."""
+    del chosen
     parts = []
-    for fmt in formats:
+    for fmt in DOWNLOAD_FORMATS:
         url = html.escape(bridge.download_url(output, fmt), quote=True)
         title = html.escape(text("download", lang, fmt=fmt.upper()), quote=True)
         parts.append(
             f'<a class="cosy-download" data-format="{fmt}" href="{url}" title="{title}" '
             f'download="{output.id}.{fmt}">⬇ {fmt.upper()}</a>'
         )
+    srt = srt_text(output.manifest)
+    if srt:
+        data = base64.b64encode(srt.encode("utf-8")).decode("ascii")
+        href = f"data:application/x-subrip;charset=utf-8;base64,{data}"
+        label = html.escape(text("subtitles", lang))
+        name = f"{output.id}.srt"
+        parts.append(
+            f'<a class="cosy-download" data-format="srt" href="{href}" download="{name}">⬇ {label}</a>'
+        )
     return f'<div class="cosy-links">{"".join(parts)}</div>'
+
+
+def srt_text(manifest: dict[str, Any]) -> str:
+    timings = [
+        SentenceTiming(int(s["index"]), str(s["text"]), float(s["start_s"]), float(s["end_s"]))
+        for s in manifest.get("sentences") or []
+    ]
+    return to_srt(timings) if timings else ""
 
 
 def result_info(outcome: TtsOutcome, lang: str, elapsed: float) -> str:
     info = text("result_info", lang, seed=outcome.seed, duration=outcome.duration_s, elapsed=elapsed)
-    warnings = "".join(f"\n- ⚠️ {html.escape(w)}" for w in outcome.warnings)
+    warnings = "".join(f"\n- ⚠ {html.escape(w)}" for w in outcome.warnings)
     return info + (("\n" + warnings) if warnings else "")
 
 
-def run_synthesis(
-    bridge: UiBridge,
-    registry: TicketRegistry,
-    form: Form,
-    lang: str,
-    request: Any,
-    progress: Any,
-    cache_dir: str | None = None,
-) -> Iterator[tuple[Any, Any, Any, Any]]:
-    """Yield (result audio, download links, info, stream box) updates for one Generate click."""
-    request_id = new_request_id()
-    started = time.monotonic()
-    try:
-        principal = bridge.principal_of(request)
-        synthesis = build_request(bridge, form)
-        stream = None
-        if form.stream:
-            stream = bridge.stream(principal, synthesis, mode=form.mode, request_id=request_id, fmt=form.fmt)
-            ticket = stream.ticket
-        else:
-            ticket = bridge.submit(principal, synthesis, mode=form.mode, request_id=request_id, fmt=form.fmt)
-    except Exception as exc:
-        raise as_gr_error(exc, lang, request_id) from None
-    session = getattr(request, "session_hash", None) or request_id
-    registry.add(session, ticket)
-    try:
-        if stream is not None:
-            outcome = yield from _follow_stream(bridge, stream, lang, progress)
-        else:
-            outcome = _follow(bridge, ticket, lang, progress)
-    except Cancelled:
-        yield gr.update(), gr.update(), text("cancelled", lang), gr.update()
-        return
-    except Exception as exc:
-        raise as_gr_error(exc, lang, request_id) from None
-    finally:
-        registry.remove(session, ticket)
-        bridge.cancel(ticket)  # no-op once finished; stops the work if the page went away
-    elapsed = time.monotonic() - started
+Update = tuple[Any, Any, Any, Any, Any, Any]  # result, links, info, stream box, progress, preview
+KEEP: Update = (gr.update(),) * 6
+
+
+def finished(
+    bridge: UiBridge, form: Form, outcome: TtsOutcome, lang: str, elapsed: float, cache_dir: str, late: bool
+) -> Update:
+    """The updates for a stored result: its audio, links (all formats and SRT), info and text preview."""
     info = result_info(outcome, lang, elapsed)
+    if late:  # the cancel came after the last sentence was made: say what really happened
+        info = text("cancel_too_late", lang) + "\n\n" + info
     if outcome.output_id is None:  # storing failed (logged by the service): nothing to show or download
-        yield None, "", info, gr.update()
-        return
+        return None, "", info, gr.update(), "", ""
     output = bridge.service.outputs.get(outcome.output_id)
-    audio = cache_copy(output.path, cache_dir or tempfile.gettempdir())
-    yield audio, links_html(bridge, output, lang, form.fmt), info, gr.update()
-
-
-def _follow(bridge: UiBridge, ticket: Ticket, lang: str, progress: Any) -> TtsOutcome:
-    mean = bridge.mean_duration_s() or 5.0
-    while not ticket.wait(POLL_S):
-        if ticket.state == "queued":
-            position = ticket.position
-            progress(0.0, desc=text("queued", lang, position=(position or 0)))
-        elif ticket.started_at is not None:
-            running = time.time() - ticket.started_at
-            progress(min(0.95, running / mean), desc=text("generating", lang))
-    return ticket.result()
-
-
-def _follow_stream(bridge: UiBridge, stream: AudioStream, lang: str, progress: Any) -> Iterator[Any]:
-    """Yield stream-box updates while the audio arrives; returns the outcome."""
-    run = uuid.uuid4().hex[:12]
-    mean = bridge.mean_duration_s() or 5.0
-    samples = 0
-    progress(0.0, desc=text("generating", lang))
-    rate = stream.open(timeout=STREAM_ITEM_TIMEOUT_S).sample_rate
-    box = f"{run}:{rate}"
-    yield None, "", text("generating", lang), box
-    for data in stream.chunks():
-        if not data:
-            continue
-        samples += len(data) // 2
-        box += "|" + base64.b64encode(data).decode("ascii")
-        seconds = samples / rate
-        running = time.time() - (stream.ticket.started_at or time.time())
-        progress(min(0.95, running / mean), desc=text("streaming", lang, seconds=seconds))
-        yield gr.update(), gr.update(), text("streaming", lang, seconds=seconds), box
-    outcome: TtsOutcome = stream.ticket.result()
-    yield gr.update(), gr.update(), gr.update(), box + "|END"
-    return outcome
+    audio = cache_copy(output.path, cache_dir)
+    preview = form_preview(bridge, form, lang, output.manifest.get("sentences"))
+    return audio, links_html(bridge, output, lang), info, gr.update(), "", preview

@@ -23,13 +23,14 @@ from cosyserve.ui.i18n import text
 from cosyserve.ui.studio import ModePanel, UiContext
 
 HISTORY_LIMIT = 100
+ID_PREFIX = "output_"  # left out of the table's id column, which stays narrow
 PRESET_IDS = frozenset(preset.id for preset in INSTRUCT_PRESETS)
 
 
 def output_mode(manifest: dict[str, Any]) -> str:
     """zero_shot, cross_lingual or instruct (or "api" for what the API made outside these modes)."""
     mode = (manifest.get("parameters") or {}).get("ui_mode")
-    if mode in MODES:
+    if mode in MODES or mode == "preview":  # a voice preview from the library is labelled as one
         return mode
     if (manifest.get("instruct") or "").strip():
         return "instruct"
@@ -47,7 +48,7 @@ def history_rows(ctx: UiContext, outputs: list[StoredOutput], lang: str) -> dict
     for output in outputs:
         m = output.manifest
         mode = output_mode(m)
-        created = time.strftime("%Y-%m-%d %H:%M:%S", time.localtime(output.created_at))
+        created = time.strftime("%m-%d %H:%M:%S", time.localtime(output.created_at))
         voice = voices.get(m.get("voice") or "", m.get("voice")) or text("uploaded", lang)
         rows.append(
             [
@@ -57,7 +58,7 @@ def history_rows(ctx: UiContext, outputs: list[StoredOutput], lang: str) -> dict
                 voice,
                 m.get("seed"),
                 m.get("duration_s"),
-                output.id,
+                output.id.removeprefix(ID_PREFIX),
             ]
         )
     return {"headers": headers, "data": rows}
@@ -79,7 +80,12 @@ def build_history_tab(ctx: UiContext, panels: list[ModePanel], tabs: gr.Tabs) ->
     tr = ctx.tr
     with tr.bind(gr.Tab(tr("tab_history"), id="history", elem_id="tab-history"), label="tab_history") as tab:
         refresh = tr.bind(gr.Button(tr("refresh"), size="sm", elem_id="history-refresh"), value="refresh")
-        table = gr.Dataframe(interactive=False, wrap=True, elem_id="history-table")
+        table = gr.Dataframe(
+            interactive=False,
+            wrap=True,
+            elem_id="history-table",
+            column_widths=["13%", "10%", "27%", "14%", "11%", "8%", "17%"],
+        )
         with gr.Row(equal_height=False):
             with gr.Column(scale=5):
                 pick = tr.bind(
@@ -138,7 +144,7 @@ class _HistoryActions:
         except Exception as exc:
             raise as_gr_error(exc, lang) from None
         rows = history_rows(self.ctx, outputs, lang)
-        choices = [(f"{row[0]} · {row[2]}", row[-1]) for row in rows["data"]]
+        choices = [(f"{row[0]} · {row[2]}", ID_PREFIX + row[-1]) for row in rows["data"]]
         first = choices[0][1] if choices else None
         return [rows, gr.update(choices=choices, value=first)]
 
@@ -200,7 +206,7 @@ class _HistoryActions:
 def _select_row(evt: gr.SelectData, rows: Any) -> Any:
     try:
         data = rows["data"] if isinstance(rows, dict) else rows.values.tolist()
-        return data[evt.index[0]][-1]
+        return ID_PREFIX + str(data[evt.index[0]][-1])
     except (IndexError, KeyError, TypeError, AttributeError):
         return gr.update()
 
@@ -254,7 +260,7 @@ def _autorun(panel: ModePanel) -> Any:
         **values: Any,
     ) -> Any:
         if not flag:
-            yield gr.update(), gr.update(), gr.update(), gr.update(), False
+            yield (*(gr.update() for _ in panel.run_outputs), False)
             return
         if panel.run_fn is None:
             raise RuntimeError("the panel was not wired")

@@ -65,9 +65,9 @@ STRINGS: dict[str, tuple[str, str]] = {
     "transcript": ("参考音频的文本", "Transcript of the prompt"),
     "transcript_ph": ("参考音频里说的话，逐字填写", "Exactly what is said in the recording"),
     "prompt_none": ("还没有参考音频。", "No prompt yet."),
-    "prompt_ok": ("✅ 参考音频可用", "✅ Prompt looks usable"),
-    "prompt_bad": ("❌ 参考音频不可用", "❌ This prompt can't be used"),
-    "prompt_warn": ("⚠️ 参考音频可用，但请注意", "⚠️ Usable, but note"),
+    "prompt_ok": ("✓ 参考音频可用", "✓ Prompt looks usable"),
+    "prompt_bad": ("✗ 参考音频不可用", "✗ This prompt can't be used"),
+    "prompt_warn": ("⚠ 参考音频可用，但请注意", "⚠ Usable, but note"),
     "prompt_stats": (
         "时长 {duration:.1f} 秒（语音 {speech:.1f} 秒）· 峰值 {peak:.1f} dBFS · 电平 {rms:.1f} dBFS"
         " · {rate} Hz",
@@ -91,10 +91,9 @@ STRINGS: dict[str, tuple[str, str]] = {
     "examples": ("示例", "Examples"),
     "seed": ("随机种子", "Seed"),
     "seed_ph": ("留空则随机；填写同一数字可复现结果", "empty: random; the same number reproduces a result"),
-    "dice": ("🎲", "🎲"),
+    "dice": ("⚄", "⚄"),
     "speed": ("语速", "Speed"),
     "volume": ("音量", "Volume"),
-    "format": ("下载格式", "Download format"),
     "stream": ("流式播放（边生成边播放）", "Stream (plays while it is generated)"),
     "generate": ("生成音频", "Generate"),
     "cancel": ("取消", "Cancel"),
@@ -108,6 +107,56 @@ STRINGS: dict[str, tuple[str, str]] = {
     "generating": ("生成中……", "Generating…"),
     "streaming": ("生成中：已生成 {seconds:.1f} 秒音频", "Generating: {seconds:.1f} s of audio so far"),
     "cancelled": ("已取消。", "Cancelled."),
+    # text preview
+    "preview_title": ("发音/文本预览", "Pronunciation / text preview"),
+    "preview_btn": ("预览读法", "Preview reading"),
+    "pv_spoken": ("实际朗读：", "Spoken as:"),
+    "pv_corrections": ("与官方读法不同之处：", "Read differently from the official frontend:"),
+    "pv_mode": ("模式：", "Mode:"),
+    "pv_instruction": ("使用的指令", "instruction used"),
+    "pv_sentences": ("分句（共 {count} 句）：", "Sentences ({count}):"),
+    "pv_timing_later": ("（生成后显示时间）", "(timing after generating)"),
+    "pv_tokens": ("模型读到的 token", "Tokens the model reads"),
+    # voice source, cleanup and transcription
+    "voice_note_zero_shot": (
+        "正在使用已保存的音色「{name}」：使用它的录音和文本「{transcript}」，下方的上传和文本框已停用。"
+        "选择「（不使用）」可改用自己的录音。",
+        "Using the saved voice “{name}”: its recording and its transcript “{transcript}” are used; the "
+        "upload and transcript fields below are off. Choose “(none)” to use your own recording.",
+    ),
+    "voice_note_other": (
+        "正在使用已保存的音色「{name}」的录音，下方的上传已停用。选择「（不使用）」可改用自己的录音。",
+        "Using the recording of the saved voice “{name}”; the upload below is off. Choose “(none)” to use "
+        "your own recording.",
+    ),
+    "no_transcript": ("（无文本）", "(no transcript)"),
+    "denoise": ("降噪（RNNoise，默认关闭）", "Noise reduction (RNNoise, off by default)"),
+    "denoised_audio": (
+        "降噪后（与上方原始录音对比）",
+        "After noise reduction (compare with the original above)",
+    ),
+    "transcribe": ("自动识别文本", "Transcribe"),
+    "prompt_snr": ("信噪比约 {snr:.0f} dB", "SNR about {snr:.0f} dB"),
+    "instruct_mapped": ("将使用训练时的指令：「{wording}」", "The trained wording is used: “{wording}”"),
+    "long_text_job": (
+        "文本有 {count} 个字符，超过单次上限 {limit}：作为后台任务分段生成。",
+        "The text has {count} characters, over the limit of {limit} for one request: it is made as a job.",
+    ),
+    "job_progress": (
+        "已完成 {done} / {total} 句 · 已用 {elapsed} · 预计剩余 {remaining}",
+        "{done} / {total} sentences · {elapsed} elapsed · about {remaining} left",
+    ),
+    "job_queued": ("任务排队中……", "The job is queued…"),
+    "cancel_too_late": (
+        "取消时已生成完毕：结果已保存（见历史记录）。",
+        "It had finished before the cancel arrived: the result was kept (see History).",
+    ),
+    "mode_preview": ("试听", "preview"),
+    "subtitles": ("字幕 SRT", "Subtitles SRT"),
+    "err_job_too_long": (
+        "文本有 {count} 个字符，超过任务上限 {limit}：请分成几部分。",
+        "The text has {count} characters, over the job limit of {limit}: split it into parts.",
+    ),
     # errors
     "error_title": ("无法完成", "Could not do that"),
     "err_no_prompt": (
@@ -201,6 +250,40 @@ STRINGS: dict[str, tuple[str, str]] = {
     "engine_status": ("引擎状态", "Engine status"),
     "restart_engine": ("重启引擎", "Restart engine"),
     "restarting": ("正在重新加载模型……", "Reloading the model…"),
+    "confirm_restart": ("确认重启", "Yes, restart"),
+    "keep_running": ("不重启", "Keep running"),
+    "restart_question": (
+        "重启会释放并重新加载模型：排队的请求会等待，正在运行的请求先完成。确定要重启吗？",
+        "Restarting frees and reloads the model: queued requests wait, running ones finish first. "
+        "Restart now?",
+    ),
+    "gpu_title": ("GPU（NVML）", "GPUs (NVML)"),
+    "gpu_cols": ("#|名称|占用|已用显存|可用显存|总显存|温度", "#|Name|Busy|Used|Free|Total|Temp"),
+    "gpu_none": ("没有可显示的 GPU：{reason}", "No GPU to show: {reason}"),
+    "engine_allocator": (
+        "引擎（{device}）的 PyTorch 分配：已分配 {allocated_mb} MB，已预留 {reserved_mb} MB",
+        "The engine's PyTorch allocator on {device}: {allocated_mb} MB allocated, {reserved_mb} MB reserved",
+    ),
+    "activity_title": ("最近的请求", "Recent activity"),
+    "activity_cols": (
+        "时间|事件|结果|调用者|模式|字数|音频秒|RTF|设备|请求 ID",
+        "Time|Event|Result|Who|Mode|Chars|Audio s|RTF|Device|Request id",
+    ),
+    "activity_none": ("还没有请求。", "Nothing has run yet."),
+    "adm_cols": ("项目|值", "Item|Value"),
+    "adm_state": ("状态", "State"),
+    "adm_model": ("模型", "Model"),
+    "adm_device": ("设备", "Device"),
+    "adm_process_memory": ("进程内存", "Process memory"),
+    "adm_queue": ("队列", "Queue"),
+    "adm_queue_value": (
+        "等待 {queued} / {size}，运行 {running} / {slots}",
+        "{queued} / {size} waiting, {running} / {slots} running",
+    ),
+    "adm_finished": ("已完成", "Finished"),
+    "adm_mean": ("平均耗时", "Mean duration"),
+    "adm_outputs": ("输出存储", "Output store"),
+    "adm_uptime": ("运行时间", "Uptime"),
     "logs": ("最近日志", "Recent logs"),
     "log_level": ("日志级别", "Log level"),
 }

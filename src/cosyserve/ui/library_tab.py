@@ -8,6 +8,7 @@ from typing import Any
 
 import gradio as gr
 
+from cosyserve.frontend.denoise import denoise_available
 from cosyserve.service.logs import new_request_id
 from cosyserve.service.requests import SynthesisRequest
 from cosyserve.ui.bridge import MODES
@@ -80,6 +81,7 @@ class _EnrolForm:
     audio: gr.Audio
     feedback: gr.Markdown
     transcript: gr.Textbox
+    denoise: Any
     enrol: gr.Button
 
 
@@ -173,8 +175,11 @@ def _enrol_form(ctx: UiContext) -> _EnrolForm:
         label="transcript",
         placeholder="transcript_ph",
     )
+    denoise: Any = gr.State(False)
+    if denoise_available():
+        denoise = tr.bind(gr.Checkbox(False, label=tr("denoise"), elem_id="enrol-denoise"), label="denoise")
     enrol = tr.bind(gr.Button(tr("enrol"), variant="primary", elem_id="enrol-submit"), value="enrol")
-    return _EnrolForm(name, audio, feedback, transcript, enrol)
+    return _EnrolForm(name, audio, feedback, transcript, denoise, enrol)
 
 
 def _wire(
@@ -196,7 +201,7 @@ def _wire(
     v.refresh.click(actions.refresh, [lang, v.pick], outputs)
     form.enrol.click(
         actions.enrol,
-        [lang, form.name, form.audio, form.transcript],
+        [lang, form.name, form.audio, form.transcript, form.denoise],
         [v.status, *outputs],
         concurrency_id="synthesis",
     )
@@ -222,14 +227,14 @@ class _LibraryActions:
         return refresh_values(self.ctx, lang, picked)
 
     def enrol(
-        self, lang: str, voice_name: str, path: str | None, said: str, request: gr.Request
+        self, lang: str, voice_name: str, path: str | None, said: str, denoise: bool, request: gr.Request
     ) -> list[Any]:
         request_id = new_request_id()
         try:
             principal = self.bridge.principal_of(request)
             if not path:
                 raise UiError("err_no_prompt")
-            ticket = self.bridge.enrol(principal, voice_name, path, said, request_id)
+            ticket = self.bridge.enrol(principal, voice_name, path, said, request_id, bool(denoise))
             voice = ticket.result(ENROL_TIMEOUT_S)
         except Exception as exc:
             raise as_gr_error(exc, lang, request_id) from None

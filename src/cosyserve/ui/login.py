@@ -20,6 +20,7 @@ from starlette.concurrency import run_in_threadpool
 
 from cosyserve.service.access.principals import AuthRequired
 from cosyserve.service.access.sessions import SESSION_COOKIE
+from cosyserve.service.activity import log_activity
 from cosyserve.ui.bridge import UI_KEY_COOKIE, UiBridge
 from cosyserve.ui.i18n import pick_lang
 
@@ -146,6 +147,7 @@ def install_login_routes(app: FastAPI, bridge: UiBridge) -> None:
         response = RedirectResponse(next_path, status_code=303)
         if fields["api_key"].strip():
             key = await run_in_threadpool(service.keys.authenticate, fields["api_key"].strip())
+            log_activity("login", "ok" if key else "bad_key", who=key.name if key else None, endpoint="ui")
             if key is not None:
                 response.set_cookie(
                     UI_KEY_COOKIE, fields["api_key"].strip(), httponly=True, samesite="lax", secure=secure
@@ -156,6 +158,8 @@ def install_login_routes(app: FastAPI, bridge: UiBridge) -> None:
                 token = await run_in_threadpool(service.access.login, fields["username"], fields["password"])
             except AuthRequired:
                 token = None
+            name = fields["username"][:64]
+            log_activity("login", "ok" if token else "bad_password", who=name, endpoint="ui")
             if token is not None:
                 response.set_cookie(**service.access.session_cookie(token, secure=secure))
                 return response

@@ -17,11 +17,14 @@ from cosyserve.frontend.text.lexicon import Lexicon
 from cosyserve.frontend.text.normalize import normalize_text, text_language
 from cosyserve.frontend.text.prompts import (
     assemble_lm_texts,
+    find_preset,
     inline_instruction,
     leading_tag_instruction,
+    paraphrased_preset,
     resolve_instruction,
+    strip_system_markers,
 )
-from cosyserve.frontend.text.pronunciation import convert_pronunciations
+from cosyserve.frontend.text.pronunciation import convert_pronunciations, written_form
 from cosyserve.frontend.text.split import Encoder, short_text_warning, split_text
 from cosyserve.frontend.text.tags import nfc
 
@@ -43,7 +46,8 @@ class PreparedText:
 
     lm_prompt_text: str  # read once before each segment; "" in cross-lingual mode
     segments: list[str]  # LM-ready, one LM call each (with the system prefix in cross-lingual mode)
-    display_segments: list[str]  # the same segments as spoken, without prefixes (for timestamps, logs)
+    display_segments: list[str]  # the same segments as spoken, without prefixes (for logs)
+    written_segments: list[str]  # the same with pronunciation tokens shown as written (subtitles, timings)
     use_prompt_speech_tokens: bool  # True only in zero-shot mode
     mode: str  # "zero_shot", "cross_lingual" or "instruct"
     instruction: str | None  # the instruction sentence in instruct mode
@@ -52,11 +56,14 @@ class PreparedText:
     segment_ids: list[list[int]] = field(default_factory=list)  # each of `segments` tokenised
 
 
-def prepare_plain(text: str, lexicon: Lexicon | None = None) -> str:
-    """One text through lexicon, pronunciation, Japanese and normalisation, without splitting."""
+def prepare_plain(text: str, lexicon: Lexicon | None = None, words: dict[str, str] | None = None) -> str:
+    """One text through lexicon, pronunciation, Japanese and normalisation, without splitting; `words`
+    collects native tokens -> the word they stand for (see `written_form`)."""
     if lexicon is not None:
         text = lexicon.apply(text)
-    text = to_katakana(convert_pronunciations(text))
+        if words is not None:
+            words.update({tokens: word for word, tokens in lexicon.entries.items()})
+    text = to_katakana(convert_pronunciations(text, words))
     return normalize_text(text)
 
 
@@ -84,6 +91,11 @@ def prepare_texts(
         check_length(body, max_chars)
 
     instruction = resolve_instruction(instruct) if instruct and instruct.strip() else None
+    plain_instruct = strip_system_markers(instruct or "")
+    if instruction and find_preset(plain_instruct) is None and paraphrased_preset(plain_instruct):
+        warnings.append(
+            f"the instruction {plain_instruct.strip()!r} is read as the trained wording {instruction!r}"
+        )
     tagged, body = leading_tag_instruction(body)
     for found, where in (
         (tagged, "the tag at the start of the text"),
@@ -109,7 +121,8 @@ def prepare_texts(
 
     if lexicon is not None and not isinstance(lexicon, Lexicon):
         lexicon = Lexicon(lexicon)
-    spoken = prepare_plain(body, lexicon)
+    words: dict[str, str] = {}
+    spoken = prepare_plain(body, lexicon, words)
     segments = split_text(spoken, tokenizer, text_language(spoken))
     if not segments:
         raise InputError(f"the text {text!r} has nothing to speak after normalisation: give words to read")
@@ -121,6 +134,7 @@ def prepare_texts(
         lm_prompt_text=lm_texts.prompt_text,
         segments=lm_texts.texts,
         display_segments=segments,
+        written_segments=[written_form(segment, words) for segment in segments],
         use_prompt_speech_tokens=lm_texts.use_prompt_speech_tokens,
         mode=lm_texts.mode,
         instruction=instruction,

@@ -113,14 +113,34 @@ def clean_instruction(instruction: str) -> str:
 
 
 def resolve_instruction(instruction: str | None) -> str | None:
-    """The instruction text for a preset id/label/alias or a free-text instruction; None when empty."""
+    """The instruction text for a preset id/label/alias, a close paraphrase of a preset (`请用四川话说`
+    -> `请用四川话表达。`: the model was trained on the preset's wording), or a free-text instruction;
+    None when empty."""
     if instruction is None:
         return None
-    preset = find_preset(strip_system_markers(instruction))
+    plain = strip_system_markers(instruction)
+    preset = find_preset(plain) or paraphrased_preset(plain)
     if preset is not None:
         return preset.instruction
     text = clean_instruction(instruction)
     return text or None
+
+
+# Words around a preset's name that do not change what it asks for ("请用…说", "speak in … please").
+_FILLER = re.compile(
+    r"一句话|表达|语气|语调|语速|声音|口音|方言|非常|尽可能|一点|一些|朗读|读出来|来说|说话|请|用|说|讲|读|地|的|以|"
+    r"\b(?:please|speak|say|talk|read|it|this|in|an?|the|with|voice|tone|accent|dialect|very|way|style)\b|"
+    r"[\s,，。.!！?？、~～]+",
+    re.IGNORECASE,
+)
+
+
+def paraphrased_preset(instruction: str) -> InstructPreset | None:
+    """The preset a free-text instruction only rephrases: its name with filler words around it."""
+    core = _FILLER.sub("", nfc(instruction)).strip().lower()
+    if not core or len(core) > 24:
+        return None
+    return find_preset(core)
 
 
 def leading_tag_instruction(text: str) -> tuple[str | None, str]:

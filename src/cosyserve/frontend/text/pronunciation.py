@@ -171,9 +171,10 @@ def _is_spelling(content: str) -> bool:
 _ITEM = re.compile(r"\[([^\[\]\n]*)\](?:[ \t]*(?:\[([^\[\]\n]*)\]|[(（]([^()（）\n]*)[)）]))?")
 
 
-def convert_pronunciations(text: str) -> str:
+def convert_pronunciations(text: str, words: dict[str, str] | None = None) -> str:
     """Replace word forms with native tokens and check every phone-like bracket; see the module doc.
 
+    `words`, when given, collects native tokens -> the word they replaced (`written_form` reverses it).
     Raises InputError for a word form whose spelling cannot be converted and for bracketed phones that
     are not model tokens (`[zhong4]`, `[zh][ong9]`, `[AY3]`). Other bracketed words are left alone.
     """
@@ -201,6 +202,8 @@ def convert_pronunciations(text: str) -> str:
         tokens = spec_to_tokens(spelling)
         check_syllable_count(word, spelling, tokens)
         out.append("".join(tokens))
+        if words is not None and word.strip():
+            words.setdefault("".join(tokens), word.strip())
         previous_end, previous_was_phone = match.end(), True
         position = match.end()
     out.append(text[position:])
@@ -233,3 +236,55 @@ def check_syllable_count(word: str, spelling: str, tokens: list[str]) -> None:
             f"[{word}][{spelling}]: {len(word)} characters but {syllables} pinyin syllables; "
             "give one syllable per character, separated by spaces"
         )
+
+
+_TOKEN = re.compile(r"\[[^\[\]\n]+\]")
+
+
+def written_form(text: str, words: dict[str, str] | None = None) -> str:
+    """`text` with native pronunciation tokens turned back into what a reader expects: the word they
+    replaced where `words` (tokens -> word) knows it, else the syllable (`[h][ào]` -> `hào`) or the phones
+    (`[M][AY0]` -> `M AY0`). For subtitles and timings: a user never sees the LM's tokens."""
+    known = words or {}
+    longest = max((key.count("[") for key in known), default=0)
+    out: list[str] = []
+    position = 0
+    while (match := _TOKEN.search(text, position)) is not None:
+        run = [match]
+        while (following := _TOKEN.match(text, run[-1].end())) and following.group() in PRONUNCIATION_TOKENS:
+            run.append(following)
+        out.append(text[position : match.start()])
+        position = run[-1].end()
+        if match.group() not in PRONUNCIATION_TOKENS:
+            out.append(match.group())
+            position = match.end()
+            continue
+        out.append(_readable_run([m.group() for m in run], known, longest))
+    out.append(text[position:])
+    return "".join(out)
+
+
+def _readable_run(tokens: list[str], words: dict[str, str], longest: int) -> str:
+    parts: list[str] = []
+    index, after_phone = 0, False
+    while index < len(tokens):
+        for end in range(min(len(tokens), index + longest), index, -1):
+            word = words.get("".join(tokens[index:end]))
+            if word is not None:
+                parts.append(word)
+                index, after_phone = end, False
+                break
+        else:
+            phone = tokens[index][1:-1]
+            if phone in CMU_PHONES:
+                parts.append((" " if after_phone else "") + phone)
+                after_phone = True
+                index += 1
+                continue
+            if phone in PINYIN_INITIALS and index + 1 < len(tokens):
+                parts.append(phone + tokens[index + 1][1:-1])
+                index += 1
+            else:
+                parts.append(phone)
+            index, after_phone = index + 1, False
+    return "".join(parts)

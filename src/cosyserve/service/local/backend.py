@@ -20,6 +20,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from cosyserve.service.access.limits import QuotaTracker
+from cosyserve.service.activity import enrolment_logger, synthesis_logger
 from cosyserve.service.audio_formats import StreamEncoder, encode, mime_type
 from cosyserve.service.backend import AudioStream
 from cosyserve.service.batch_input import ItemSpec
@@ -109,9 +110,11 @@ class LocalBackend:
                         request, progress=_progress_to(ctx), cancel=ctx.cancel, voices=spec.voice_scope
                     ).result()
                 )
+                ctx.check_cancelled()  # cancelled during the last sentence's audio: nothing is stored
                 return self._finish(synth, request, result, spec, encoded=True)
 
-        return self.scheduler.submit(work, owner=spec.owner)
+        logged = synthesis_logger("synthesis", request, spec, self.model_info.get("device"))
+        return self.scheduler.submit(work, owner=spec.owner, on_state=logged)
 
     def stream_tts(self, request: SynthesisRequest, spec: OutputSpec) -> AudioStream:
         """Queue one synthesis whose encoded audio is read while the engine makes it."""
@@ -122,7 +125,8 @@ class LocalBackend:
         def work(ctx: WorkContext) -> Generator[StreamStart | bytes, None, TtsOutcome]:
             return self._stream_items(ctx, request, spec)
 
-        return AudioStream(self.scheduler.submit(work, owner=spec.owner, stream=True))
+        logged = synthesis_logger("synthesis", request, spec, self.model_info.get("device"))
+        return AudioStream(self.scheduler.submit(work, owner=spec.owner, stream=True, on_state=logged))
 
     def _stream_items(
         self, ctx: WorkContext, request: SynthesisRequest, spec: OutputSpec
@@ -154,6 +158,7 @@ class LocalBackend:
             tail = encoder.finish()
             if tail:
                 yield tail
+            ctx.check_cancelled()
             return self._finish(synth, request, stream.result(), spec, encoded=False)
 
     def _run_engine(self, call: Callable[[], Any]) -> Any:
@@ -298,7 +303,9 @@ class LocalBackend:
                     owner=e.owner,
                 )
 
-        return self.scheduler.submit(work)
+        return self.scheduler.submit(
+            work, on_state=enrolment_logger(e.name, request_id, self.model_info.get("device"))
+        )
 
 
 def _progress_to(ctx: WorkContext) -> Callable[[SynthesisProgress], None]:

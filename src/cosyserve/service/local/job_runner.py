@@ -17,6 +17,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from cosyserve.errors import Cancelled, StorageError
+from cosyserve.service.activity import both, synthesis_logger
 from cosyserve.service.backend import cancellable_job, job_pieces, new_job_id, spec_record
 from cosyserve.service.batch_input import ItemSpec
 from cosyserve.service.local.batches import BatchPlan, BatchRunner
@@ -79,7 +80,7 @@ class LocalJobs:
             )
 
         body = self._tts_body(job_id, request, spec, pieces, spec.voice_scope)
-        return self._submit(job_id, "tts", body, create, spec)
+        return self._submit(job_id, "tts", body, create, spec, request)
 
     def submit_batch(
         self,
@@ -110,7 +111,8 @@ class LocalJobs:
 
         unkeyed = dataclasses.replace(spec, key=None)  # items are charged by the runner
         plan = BatchPlan(job_id, kind, dict(shared), prompt_wav, unkeyed, spec.voice_scope)
-        return self._submit(job_id, kind, self._batch_body(plan), create, spec)
+        asked = batch_request(shared, [item.params for item in items])
+        return self._submit(job_id, kind, self._batch_body(plan), create, spec, asked)
 
     def run_claimed_job(
         self, job_id: str, attempt: int, request: SynthesisRequest, spec: OutputSpec
@@ -119,7 +121,7 @@ class LocalJobs:
         is still the job's current one."""
         pieces = job_pieces(request, self.max_text_chars)
         body = self._tts_body(job_id, request, spec, pieces, spec.voice_scope)
-        return self._ticket(job_id, "tts", body, spec, _set_event(), attempt=attempt)
+        return self._ticket(job_id, "tts", body, spec, _set_event(), request, attempt=attempt)
 
     def run_claimed_batch(self, job_id: str, attempt: int) -> Ticket:
         """Run a batch or a dub a distributed worker claimed as `attempt`, from its record and items."""
@@ -135,14 +137,15 @@ class LocalJobs:
         voices = _scope_of(record, spec)
         prompt_wav = self.jobs.prompt_wav(record.id)
         if record.kind == "tts":
-            request = request_of(record.params, prompt_wav)
-            pieces = job_pieces(request, self.max_text_chars)
-            body = self._tts_body(record.id, request, spec, pieces, voices)
+            asked = request_of(record.params, prompt_wav)
+            pieces = job_pieces(asked, self.max_text_chars)
+            body = self._tts_body(record.id, asked, spec, pieces, voices)
         else:
             plan_spec = dataclasses.replace(spec, key=None)  # items are charged by the runner
             plan = BatchPlan(record.id, record.kind, dict(record.params), prompt_wav, plan_spec, voices)
             body = self._batch_body(plan)
-        return self._ticket(record.id, record.kind, body, spec, _set_event(), attempt=attempt)
+            asked = batch_request(record.params, [item.params for item in self.batches.items(record.id)])
+        return self._ticket(record.id, record.kind, body, spec, _set_event(), asked, attempt=attempt)
 
     def cancel_job(self, job_id: str) -> JobRecord:
         """Cancel a queued or running job (JobStateError if it already ended)."""
@@ -158,11 +161,17 @@ class LocalJobs:
     # -- the work ---------------------------------------------------------------------------------------
 
     def _submit(
-        self, job_id: str, kind: str, body: Body, create: Callable[[], JobRecord], spec: OutputSpec
+        self,
+        job_id: str,
+        kind: str,
+        body: Body,
+        create: Callable[[], JobRecord],
+        spec: OutputSpec,
+        asked: SynthesisRequest,
     ) -> JobRecord:
         # The ticket first: a full queue refuses the job before any record exists.
         recorded = threading.Event()
-        ticket = self._ticket(job_id, kind, body, spec, recorded)
+        ticket = self._ticket(job_id, kind, body, spec, recorded, asked)
         try:
             record = create()
         except BaseException:
@@ -179,12 +188,16 @@ class LocalJobs:
         body: Body,
         spec: OutputSpec,
         recorded: threading.Event,
+        asked: SynthesisRequest,
         *,
         attempt: int | None = None,
     ) -> Ticket:
+        """`asked`: what the activity log says was asked (a batch: its texts, its shared voice)."""
         recorder = JobStateRecorder(
             self.jobs, self.batches, self.outputs, job_id, kind, recorded, keep_queued=self.owns_jobs
         )
+        event = "job" if kind == "tts" else kind
+        logged = synthesis_logger(event, asked, spec, self.host.info.get("device"), job_id)
         key_id = spec.key.id if spec.key is not None else (spec.extra.get("key_id") if spec.extra else None)
 
         def work(ctx: WorkContext) -> JobResult:
@@ -201,7 +214,8 @@ class LocalJobs:
                 return body(ctx, run)
 
         # No scheduler timeout: each segment (or item) sets its own (`JobRun.arm`).
-        return self.scheduler.submit(work, job_id=job_id, owner=spec.owner, on_state=recorder, timeout_s=None)
+        on_state = both(recorder, logged)
+        return self.scheduler.submit(work, job_id=job_id, owner=spec.owner, on_state=on_state, timeout_s=None)
 
     def _tts_body(
         self, job_id: str, request: SynthesisRequest, spec: OutputSpec, pieces: list[str], voices: VoiceScope
@@ -269,6 +283,12 @@ def _scope_of(record: JobRecord, spec: OutputSpec) -> VoiceScope:
     if spec.key is None and (record.spec or {}).get("key_id") is not None:
         return VoiceScope(owner=record.owner, everything=False)
     return spec.voice_scope
+
+
+def batch_request(shared: dict[str, Any], items: list[dict[str, Any]]) -> SynthesisRequest:
+    """A batch as one request, for the activity log: its texts, its shared voice and instruction."""
+    text = "\n".join(str(params.get("text") or "") for params in items)
+    return SynthesisRequest(text=text, voice=shared.get("voice"), instruct=shared.get("instruct"))
 
 
 def request_of(params: dict[str, Any], prompt_wav: bytes | None) -> SynthesisRequest:

@@ -55,6 +55,17 @@ class JobResult:
     extra: dict[str, Any] = field(default_factory=dict)
     stopped: CosyServeError | None = None
 
+    @property
+    def duration_s(self) -> float:
+        """Seconds of audio it made (what the activity log reports)."""
+        return (
+            self.outcome.duration_s if self.outcome is not None else float(self.extra.get("audio_s") or 0.0)
+        )
+
+    @property
+    def output_id(self) -> str | None:
+        return self.outcome.output_id if self.outcome is not None else None
+
 
 @dataclass(frozen=True)
 class JobRun:
@@ -200,6 +211,7 @@ def run_pieces(
         result = stream.result()
         seed = result.seed  # later pieces reuse the first piece's seed: one seed reproduces the job
         results.append(result)
+        ctx.share_partial(tuple(results))  # the studio plays the finished pieces while the rest is made
     return merge_results(results), False
 
 

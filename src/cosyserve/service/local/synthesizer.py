@@ -11,6 +11,7 @@ callers can answer with a clear error instead of a broken stream.
 
 from __future__ import annotations
 
+import functools
 import secrets
 import threading
 import time
@@ -145,7 +146,7 @@ class SynthesisStream:
         self._started_at = time.time()
         samples_so_far = 0
         self._report(0, len(segments), 0.0)
-        pairs = zip(plan.prepared.segment_ids, plan.prepared.display_segments, strict=True)
+        pairs = zip(plan.prepared.segment_ids, plan.prepared.written_segments, strict=True)
         for index, (text_ids, shown) in enumerate(pairs):
             if self._cancel.is_set():
                 raise Cancelled("the request was cancelled")
@@ -255,13 +256,17 @@ class Synthesizer:
         )
 
     # ---- prompts and voices ---------------------------------------------------------------------
-    def analyse_prompt(self, audio: bytes | str | Path) -> PromptFeatures:
-        """Validate and analyse a prompt recording (InputError when it is unusable)."""
-        return analyse_prompt(audio, self.speaker_encoder, self.speech_tokenizer, self.sample_rate)
+    def analyse_prompt(self, audio: bytes | str | Path, denoise: bool = False) -> PromptFeatures:
+        """Validate and analyse a prompt recording (InputError when it is unusable); `denoise` suppresses
+        background noise first."""
+        return analyse_prompt(audio, self.speaker_encoder, self.speech_tokenizer, self.sample_rate, denoise)
 
     def add_voice(self, name: str, audio: bytes, transcript: str | None = None, **kwargs: object) -> Voice:
-        """Enrol a voice: analysed once, stored with its original recording."""
-        return self._library().add(name, audio, self.analyse_prompt, transcript=transcript, **kwargs)  # type: ignore[arg-type]
+        """Enrol a voice: analysed once (denoised first when its defaults ask), stored with its original
+        recording."""
+        defaults = kwargs.get("defaults")
+        analyse = functools.partial(self.analyse_prompt, denoise=bool(getattr(defaults, "denoise", False)))
+        return self._library().add(name, audio, analyse, transcript=transcript, **kwargs)  # type: ignore[arg-type]
 
     def cached_prefix(self, prompt_text_ids: list[int]) -> PromptPrefix:
         """A saved voice's LM prefix KV, computed once and kept (LRU) for later requests."""
@@ -311,7 +316,8 @@ class Synthesizer:
         lexicon = dict(self.lexicon)
         if request.voice is not None:
             voice = self._library().get(request.voice, voices)
-            features = self._library().features(voice, self.analyse_prompt)
+            analyse = functools.partial(self.analyse_prompt, denoise=bool(voice.defaults.denoise))
+            features = self._library().features(voice, analyse)
             transcript = request.prompt_text if request.prompt_text is not None else voice.transcript
             instruct = request.instruct if request.instruct is not None else voice.defaults.instruct
             speed = request.speed if request.speed is not None else (voice.defaults.speed or 1.0)
@@ -330,7 +336,7 @@ class Synthesizer:
             max_chars=self.max_text_chars,
         )
         if features is None and request.prompt_wav is not None:  # last: text errors are cheaper to find
-            features = self.analyse_prompt(request.prompt_wav)
+            features = self.analyse_prompt(request.prompt_wav, denoise=request.denoise)
         if features is None:
             raise InputError("no prompt recording: give `voice` or `prompt_wav`")
         if not (MIN_SPEED <= speed <= MAX_SPEED):

@@ -82,6 +82,7 @@ class Scheduler:
         # (deadline, tie-breaker, ticket): weak, so a finished ticket and its result are not kept until then
         self._deadlines: list[tuple[float, int, weakref.ref[Ticket]]] = []
         self._deadline_seq = itertools.count()
+        self._deadline_of: dict[str, tuple[float, str]] = {}  # running ticket id -> (deadline, message)
         self._hooks = TicketHooks(
             withdraw=self._withdraw,
             finished=self._ticket_finished,
@@ -230,6 +231,7 @@ class Scheduler:
     def _ticket_finished(self, ticket: Ticket) -> None:
         with self._lock:
             self._active.pop(ticket.id, None)
+            self._deadline_of.pop(ticket.id, None)
             self._finished[ticket.state] += 1
         if self.metrics is not None:
             wait_s = (ticket.started_at or ticket.finished_at or time.time()) - ticket.submitted_at
@@ -289,7 +291,7 @@ class Scheduler:
     def _arm_locked(self, ticket: Ticket, seconds: float, message: str) -> None:
         """`ticket` times out `seconds` from now (replacing an earlier deadline) with `message`."""
         deadline = time.monotonic() + seconds
-        ticket.deadline = (deadline, message)
+        self._deadline_of[ticket.id] = (deadline, message)
         heapq.heappush(self._deadlines, (deadline, next(self._deadline_seq), weakref.ref(ticket)))
         self._lock.notify_all()  # the watchdog may need to wake earlier
 
@@ -303,8 +305,9 @@ class Scheduler:
                 while self._deadlines and self._deadlines[0][0] <= now:
                     ticket = heapq.heappop(self._deadlines)[2]()
                     # an entry older than the ticket's current deadline was replaced (`set_timeout`)
-                    if ticket is not None and ticket.deadline is not None and ticket.deadline[0] <= now:
-                        expired.append((ticket, ticket.deadline[1]))
+                    current = self._deadline_of.get(ticket.id) if ticket is not None else None
+                    if ticket is not None and current is not None and current[0] <= now:
+                        expired.append((ticket, current[1]))
                 if not expired:
                     self._lock.wait(self._deadlines[0][0] - now if self._deadlines else None)
                     continue

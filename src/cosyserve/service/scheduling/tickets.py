@@ -58,7 +58,11 @@ class WorkContext:
 
     def set_timeout(self, seconds: float, message: str) -> None:
         """A new deadline: JobTimeout(`message`) unless the work ends within `seconds` (jobs: per segment)."""
-        self._ticket.set_timeout(seconds, message)
+        self._ticket._hooks.set_timeout(self._ticket, seconds, message)  # the scheduler keeps deadlines
+
+    def share_partial(self, value: Any) -> None:
+        """Offer what is finished so far (e.g. a long job's first pieces) to a client that shows it early."""
+        self._ticket.partial = value
 
     def check_cancelled(self) -> None:
         """Raise Cancelled if the work was asked to stop."""
@@ -102,12 +106,12 @@ class Ticket:
         self.cancel_event = threading.Event()
         self.cancel_reason: str | None = None
         self.progress = 0.0
+        self.partial: Any = None  # what the work shared of its result so far (`WorkContext.share_partial`)
         self.submitted_at = time.time()
         self.started_at: float | None = None
         self.finished_at: float | None = None
         self._hooks = hooks
         self.timeout_s: Any = None  # set by the scheduler: its timeout policy for this ticket
-        self.deadline: tuple[float, str] | None = None  # (time.monotonic() deadline, message) once running
         self._work: Callable[[WorkContext], Any] | None = work
         self._on_state = on_state
         self._cond = threading.Condition()
@@ -297,10 +301,6 @@ class Ticket:
             self._state = "running"
             self.started_at = time.time()
             self._notify_locked()
-
-    def set_timeout(self, seconds: float, message: str) -> None:
-        """A new deadline for running work (see `WorkContext.set_timeout`)."""
-        self._hooks.set_timeout(self, seconds, message)
 
     def request_cancel(self, reason: str) -> None:
         """Set the cancel event (the work stops at its next check); the state is the scheduler's to end."""

@@ -41,6 +41,7 @@ import threading
 import time
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass
+from datetime import tzinfo
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
@@ -52,6 +53,7 @@ from cosyserve.service.stores.bucket import (
     OutputBucket,
     RemoteWalk,
 )
+from cosyserve.service.stores.clock import local_datetime
 from cosyserve.service.stores.output_files import (
     EXTENSION,
     OUTPUT_ID,
@@ -102,8 +104,10 @@ class OutputStore:
         url_prefix: str = "/v1/outputs",
         remote_reads: bool | None = None,
         node_tag: int | None = None,
+        zone: tzinfo | None = None,
         min_free_bytes: int = 0,
     ) -> None:
+        self.zone = zone  # of the file names (None: this machine's local time); sidecars say UTC too
         if (retention_days or 0) < 0 or (max_total_bytes or 0) < 0:
             raise InputError(
                 f"retention_days and max_total_bytes must be positive, or 0/None for no limit "
@@ -150,7 +154,8 @@ class OutputStore:
         if not EXTENSION.fullmatch(ext):
             raise InputError(f"output extension {ext!r} is not usable; use e.g. wav, mp3, opus, flac, pcm")
         now = self._clock()
-        stem = self._reserve(time.strftime("output_%Y%m%d_%H%M%S", time.gmtime(now)), ext)
+        when = local_datetime(now, self.zone)
+        stem = self._reserve(when.strftime("output_%Y%m%d_%H%M%S"), ext)
         audio_path, sidecar_path = self.root / f"{stem}.{ext}", self.root / f"{stem}.json"
         data = bytes(audio_bytes)
         record = dict(manifest)
@@ -163,6 +168,7 @@ class OutputStore:
             sha256=hashlib.sha256(data).hexdigest(),
             created_at=time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime(now)),
             created_at_unix=now,
+            created_at_local=when.isoformat(timespec="seconds"),
             cosyserve_version=__version__,
         )
         try:

@@ -1,0 +1,130 @@
+"""A text over the interactive limit, in the studio: an ordinary job (the same as POST /v1/jobs), followed
+with a progress bar (sentences done / total, elapsed, estimated remaining), the finished pieces playable
+while the rest is made, and the WAV (all formats) and SRT links at the end."""
+
+from __future__ import annotations
+
+import html
+import time
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import gradio as gr
+import numpy as np
+import soundfile
+
+from cosyserve.errors import CosyServeError
+from cosyserve.frontend.text.split import split_long_text
+from cosyserve.service.access.principals import Principal
+from cosyserve.service.requests import SynthesisRequest, TtsOutcome
+from cosyserve.ui.bridge import UiBridge
+from cosyserve.ui.generate import Form, Run, Update, as_gr_error, finished
+from cosyserve.ui.i18n import text
+
+JOB_POLL_S = 0.5
+
+
+def sentence_total(bridge: UiBridge, request: SynthesisRequest, form: Form) -> int:
+    """How many sentences the job will speak (its pieces, each split as synthesis splits it)."""
+    total = 0
+    for piece in split_long_text(request.text, bridge.max_text_chars):
+        try:
+            total += len(bridge.describe(piece, prompt_text="", instruct=None, voice=None).segments)
+        except CosyServeError:
+            total += 1
+    return max(1, total)
+
+
+def _clock(seconds: float) -> str:
+    seconds = max(0, round(seconds))
+    return f"{seconds // 60}:{seconds % 60:02d}"
+
+
+def progress_html(fraction: float, total: int, elapsed: float, lang: str, queued: bool = False) -> str:
+    """The bar and its line: sentences done / total, elapsed, estimated remaining."""
+    percent = max(0.0, min(1.0, fraction)) * 100
+    if queued:
+        line = text("job_queued", lang)
+    else:
+        remaining = elapsed * (1 - fraction) / fraction if fraction > 0.001 else None
+        line = text(
+            "job_progress",
+            lang,
+            done=round(fraction * total),
+            total=total,
+            elapsed=_clock(elapsed),
+            remaining=_clock(remaining) if remaining is not None else "…",
+        )
+    return (
+        f'<div class="cosy-progress" data-fraction="{fraction:.4f}">'
+        f'<div class="cosy-bar"><div style="width:{percent:.1f}%"></div></div>'
+        f"<div class='cosy-progress-line'>{html.escape(line)}</div></div>"
+    )
+
+
+def partial_wav(results: Any, folder: str) -> str | None:
+    """The finished pieces of a running job as one WAV in Gradio's cache (what can be played so far)."""
+    if not results:
+        return None
+    audio = np.concatenate([result.audio for result in results])
+    target = Path(folder) / f"cosy-partial-{time.monotonic_ns()}.wav"
+    target.parent.mkdir(parents=True, exist_ok=True)
+    soundfile.write(target, audio, results[0].sample_rate)
+    return str(target)
+
+
+def run_job(
+    bridge: UiBridge,
+    run: Run,
+    principal: Principal,
+    request: SynthesisRequest,
+    form: Form,
+    lang: str,
+    cache_dir: str,
+    request_id: str,
+) -> Iterator[Update]:
+    """Submit the job, yield progress (and the pieces so far) until it ends, then the result."""
+    started = time.monotonic()
+    note = text("long_text_job", lang, count=len(request.text.strip()), limit=bridge.max_text_chars)
+    try:
+        total = sentence_total(bridge, request, form)
+        job_id = bridge.submit_job(principal, request, mode=form.mode, request_id=request_id)
+    except Exception as exc:
+        raise as_gr_error(exc, lang, request_id) from None
+    run.attach(lambda: bridge.cancel_job(job_id))
+    yield gr.update(), "", note, gr.update(), progress_html(0.0, total, 0.0, lang, queued=True), gr.update()
+    shared = 0
+    while True:
+        record, ticket = bridge.job(job_id)
+        if record is None:
+            raise as_gr_error(CosyServeError(f"job {job_id} disappeared"), lang, request_id)
+        if record.is_terminal:
+            break
+        fraction = max(record.progress, ticket.progress if ticket is not None else 0.0)
+        partial = getattr(ticket, "partial", None) or ()
+        audio: Any = gr.update()
+        if len(partial) > shared:  # new pieces finished: play what there is so far
+            shared = len(partial)
+            audio = partial_wav(partial, cache_dir)
+        running = ticket is None or ticket.state == "running" or record.state == "running"
+        bar = progress_html(fraction, total, time.monotonic() - started, lang, queued=not running)
+        yield audio, gr.update(), note, gr.update(), bar, gr.update()
+        time.sleep(JOB_POLL_S)
+    if record.state == "cancelled":
+        yield gr.update(), "", text("cancelled", lang), gr.update(), "", ""
+        return
+    if record.state != "done":
+        raise as_gr_error(CosyServeError(record.error_message or record.state), lang, request_id)
+    outcome = TtsOutcome(
+        seed=record.seed or 0,
+        duration_s=record.duration_s or 0.0,
+        speech_tokens=0,
+        output_id=record.output_id,
+        output_path=None,
+        media_type="audio/wav",
+        warnings=tuple((record.result_extra or {}).get("warnings", [])),
+    )
+    done = finished(bridge, form, outcome, lang, time.monotonic() - started, cache_dir, run.cancelled)
+    bar = progress_html(1.0, total, time.monotonic() - started, lang)
+    yield done[0], done[1], note + "\n\n" + str(done[2]), done[3], bar, done[5]

@@ -1,0 +1,100 @@
+"""The text preview ("发音/文本预览"): how the model will read a text, as HTML, before generating and for
+every result: the spoken form with pronunciation tokens and tags highlighted, where it differs from the
+official reading, the instruction actually used, the sentence split (with timings once there is audio),
+the tokens of each LM input, and the warnings."""
+
+from __future__ import annotations
+
+import html
+import re
+from collections.abc import Sequence
+from typing import Any
+
+from cosyserve.frontend.text.tags import PRONUNCIATION_TOKENS
+from cosyserve.ui.i18n import text
+
+_BRACKETED = re.compile(r"\[[^\[\]\n]+\]|<[^<>\n]+>")
+
+
+def highlight(spoken: str) -> str:
+    """Escaped `spoken` with native pronunciation tokens (`[ch][óng]`) and control tags marked."""
+    out, position = [], 0
+    for match in _BRACKETED.finditer(spoken):
+        out.append(html.escape(spoken[position : match.start()]))
+        token = match.group()
+        kind = "cosy-pron" if token in PRONUNCIATION_TOKENS else "cosy-tag"
+        out.append(f'<mark class="{kind}">{html.escape(token)}</mark>')
+        position = match.end()
+    out.append(html.escape(spoken[position:]))
+    return "".join(out)
+
+
+def _sentence_rows(segments: Sequence[str], timings: Sequence[dict[str, Any]] | None, lang: str) -> str:
+    rows = []
+    for index, segment in enumerate(segments):
+        timing = timings[index] if timings is not None and index < len(timings) else None
+        when = f"{timing['start_s']:.2f}–{timing['end_s']:.2f} s" if timing else text("pv_timing_later", lang)
+        rows.append(f"<li>{highlight(segment)} <span class='cosy-when'>{when}</span></li>")
+    return f"<ol class='cosy-sentences'>{''.join(rows)}</ol>"
+
+
+def preview_html(description: Any, lang: str, timings: Sequence[dict[str, Any]] | None = None) -> str:
+    """The preview of a `TextDescription`; `timings` (the manifest's sentences) once there is audio."""
+    parts = [f"<div class='cosy-preview' data-mode='{html.escape(description.mode)}'>"]
+    spoken = highlight(description.spoken)
+    parts.append(f"<p><b>{text('pv_spoken', lang)}</b> <span class='cosy-spoken'>{spoken}</span></p>")
+    if description.corrections:
+        items = "".join(
+            f"<li>{html.escape(c.written)} → {html.escape(c.reading)} <small>({html.escape(c.rule)})</small>"
+            "</li>"
+            for c in description.corrections
+        )
+        parts.append(f"<p><b>{text('pv_corrections', lang)}</b></p><ul>{items}</ul>")
+    mode = text(f"mode_{description.mode}", lang)
+    if description.instruction:
+        mode += f" · {text('pv_instruction', lang)} <q>{html.escape(description.instruction)}</q>"
+    parts.append(f"<p><b>{text('pv_mode', lang)}</b> {mode}</p>")
+    parts.append(f"<p><b>{text('pv_sentences', lang, count=len(description.segments))}</b></p>")
+    parts.append(_sentence_rows(description.segments, timings, lang))
+    tokens = "".join(
+        f"<li><code>{' | '.join(html.escape(piece) for piece in lm.pieces)}</code></li>"
+        for lm in description.lm_inputs
+    )
+    summary = f"<summary>{text('pv_tokens', lang)}</summary>"
+    parts.append(f"<details>{summary}<ol class='cosy-tokens'>{tokens}</ol></details>")
+    if description.warnings:
+        warned = "".join(f"<li>{html.escape(w)}</li>" for w in description.warnings)
+        parts.append(f"<ul class='cosy-warnings'>{warned}</ul>")
+    parts.append("</div>")
+    return "".join(parts)
+
+
+def preview_error_html(message: str) -> str:
+    return f"<div class='cosy-preview'><p class='bad'>{html.escape(message)}</p></div>"
+
+
+def form_preview(bridge: Any, form: Any, lang: str, timings: Sequence[dict[str, Any]] | None = None) -> str:
+    """The preview for what a mode tab holds (its saved voice, transcript and instruction), or the reason
+    there is none (an empty text, a bad pronunciation, no model yet) in its place."""
+    from cosyserve.errors import CosyServeError
+
+    words = (form.text or "").strip()
+    if not words:
+        return ""
+    transcript = None if form.voice else ((form.transcript or "").strip() or None)
+    if form.mode == "cross_lingual":
+        transcript = ""
+    instruct = (
+        ((form.instruct or "").strip() or (form.preset or "").strip() or None)
+        if form.mode == "instruct"
+        else ""
+    )
+    if form.mode == "zero_shot" and not form.voice and transcript is None:
+        transcript = "…"  # the transcript is still missing: preview as zero-shot anyway
+    try:
+        description = bridge.describe(
+            words, prompt_text=transcript, instruct=instruct or None, voice=form.voice or None
+        )
+    except CosyServeError as exc:
+        return preview_error_html(str(exc))
+    return preview_html(description, lang, timings)

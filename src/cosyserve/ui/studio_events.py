@@ -1,0 +1,146 @@
+"""The events of one synthesis tab: the saved voice locking the recording fields, the prompt checks, noise
+reduction (before/after), transcription, the instruction actually used, the text preview, Generate and
+Cancel."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import gradio as gr
+
+from cosyserve.frontend.text.prompts import resolve_instruction
+from cosyserve.ui import assets
+from cosyserve.ui.generate import Form, as_gr_error
+from cosyserve.ui.i18n import text
+from cosyserve.ui.preview import form_preview
+from cosyserve.ui.studio import ModePanel, UiContext, prompt_feedback
+from cosyserve.ui.synthesis_run import run_synthesis
+
+
+def voice_lock(ctx: UiContext, mode: str, voice_id: str | None, lang: str) -> list[Any]:
+    """[note, prompt, transcript, denoise] for a saved voice choice: with a voice the recording fields are
+    off and the note says which transcript is used; without one they are on again."""
+    if not voice_id:
+        return [
+            "",
+            gr.update(interactive=True),
+            gr.update(interactive=True, value=""),
+            gr.update(interactive=True),
+        ]
+    voice = ctx.bridge.voice(voice_id)
+    transcript = voice.transcript or text("no_transcript", lang)
+    key = "voice_note_zero_shot" if mode == "zero_shot" else "voice_note_other"
+    note = "ⓘ " + text(key, lang, name=voice.name, transcript=transcript)
+    return [
+        note,
+        gr.update(interactive=False),
+        gr.update(interactive=False, value=voice.transcript or ""),
+        gr.update(interactive=False, value=False),
+    ]
+
+
+def instruction_note(instruct: str | None, preset: str | None, lang: str) -> str:
+    """The wording the model gets when it differs from what was typed (a preset paraphrase)."""
+    typed = (instruct or "").strip()
+    if not typed:
+        return ""
+    used = resolve_instruction(typed)
+    return "ⓘ " + text("instruct_mapped", lang, wording=used) if used and used != typed else ""
+
+
+def wire_panel(panel: ModePanel, ctx: UiContext) -> None:
+    bridge, mode = ctx.bridge, panel.mode
+    lang = ctx.lang
+    has_transcript = not isinstance(panel.transcript, gr.State)
+    has_denoise = not isinstance(panel.denoise, gr.State)
+
+    def on_voice(voice_id: str | None, chosen: str) -> list[Any]:
+        note, prompt, transcript, denoise = voice_lock(ctx, mode, voice_id, chosen)
+        return [note, prompt, *([transcript] if has_transcript else []), *([denoise] if has_denoise else [])]
+
+    voice_outputs = [panel.voice_note, panel.prompt]
+    voice_outputs += [panel.transcript] if has_transcript else []
+    voice_outputs += [panel.denoise] if has_denoise else []
+    panel.voice.change(on_voice, [panel.voice, lang], voice_outputs, show_progress="hidden")
+
+    def feedback(path: str | None, chosen: str) -> str:
+        return prompt_feedback(bridge, path, chosen)
+
+    panel.prompt.change(feedback, [panel.prompt, lang], [panel.feedback], show_progress="hidden")
+    if has_denoise:
+
+        def cleaned(path: str | None, on: bool, chosen: str) -> Any:
+            if not (path and on):
+                return gr.update(value=None, visible=False)
+            try:
+                return gr.update(value=bridge.denoised_copy(path, ctx.cache_dir), visible=True)
+            except Exception as exc:
+                raise as_gr_error(exc, chosen) from None
+
+        for trigger in (panel.denoise.change, panel.prompt.change):
+            trigger(cleaned, [panel.prompt, panel.denoise, lang], [panel.denoised], show_progress="hidden")
+    if panel.transcribe is not None:
+
+        def transcribe(path: str | None, chosen: str) -> str:
+            try:
+                if not path:
+                    raise as_gr_error(ValueError(text("err_no_prompt", chosen)), chosen)
+                return bridge.transcribe(path)
+            except gr.Error:
+                raise
+            except Exception as exc:
+                raise as_gr_error(exc, chosen) from None
+
+        panel.transcribe.click(transcribe, [panel.prompt, lang], [panel.transcript])
+    if mode == "instruct":
+        for trigger in (panel.instruct.change, panel.preset.change):
+            trigger(
+                instruction_note,
+                [panel.instruct, panel.preset, lang],
+                [panel.instruct_note],
+                show_progress="hidden",
+            )
+    _wire_text_and_run(panel, ctx)
+
+
+def _wire_text_and_run(panel: ModePanel, ctx: UiContext) -> None:
+    bridge, registry, mode, lang = ctx.bridge, ctx.registry, panel.mode, ctx.lang
+    panel.text.change(
+        None, [panel.text], [panel.counter], js=assets.counter_js(bridge.max_text_chars, bridge.max_job_chars)
+    )
+    panel.dice.click(None, None, [panel.seed], js=assets.DICE_JS)
+
+    def preview(chosen: str, **values: Any) -> str:
+        return form_preview(bridge, Form(mode, **values), chosen)
+
+    panel.preview_button.click(preview, [lang], [panel.preview], inputs_kwargs=panel.run_inputs)
+
+    def run(
+        chosen: str,
+        request: gr.Request,
+        progress: gr.Progress = gr.Progress(),  # noqa: B008 - Gradio finds its tracker by this default
+        **values: Any,
+    ) -> Any:
+        yield from run_synthesis(
+            bridge, registry, Form(mode, **values), chosen, request, progress, ctx.cache_dir
+        )
+
+    def cancel(request: gr.Request) -> None:
+        # Only the running handler writes the outcome (cancelled, or finished before the cancel arrived):
+        # a message from here could arrive after it and overwrite it.
+        registry.cancel(getattr(request, "session_hash", None) or "")
+
+    panel.run_fn = run
+    panel.generate.click(None, None, None, js=assets.UNLOCK_JS)
+    panel.run_event = panel.generate.click(
+        run,
+        [lang],
+        panel.run_outputs,
+        inputs_kwargs=panel.run_inputs,
+        concurrency_limit=ctx.concurrency_limit,
+        concurrency_id="synthesis",
+        show_progress="full",
+        show_progress_on=[panel.result],  # one status (and at most one "Error" badge), on the player
+    )
+    panel.stream_box.change(None, [panel.stream_box], None, js=assets.FEED_JS)
+    panel.cancel.click(cancel, None, None, js=assets.STOP_JS, queue=False)

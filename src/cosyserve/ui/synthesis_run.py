@@ -1,0 +1,142 @@
+"""One Generate click: clear the last result, build the request, submit it (or a job for a long text),
+follow it while the page shows progress or streams, and report how it ended, Cancel included."""
+
+from __future__ import annotations
+
+import base64
+import tempfile
+import time
+import uuid
+from collections.abc import Iterator
+from typing import Any
+
+import gradio as gr
+
+from cosyserve.errors import Cancelled
+from cosyserve.service.backend import AudioStream
+from cosyserve.service.logs import new_request_id
+from cosyserve.service.requests import TtsOutcome
+from cosyserve.service.scheduling.scheduler import Ticket
+from cosyserve.ui.bridge import UiBridge
+from cosyserve.ui.generate import (
+    POLL_S,
+    STREAM_ITEM_TIMEOUT_S,
+    Form,
+    Run,
+    TicketRegistry,
+    Update,
+    as_gr_error,
+    build_request,
+    finished,
+)
+from cosyserve.ui.i18n import text
+from cosyserve.ui.long_text import run_job
+
+
+def run_synthesis(
+    bridge: UiBridge,
+    registry: TicketRegistry,
+    form: Form,
+    lang: str,
+    request: Any,
+    progress: Any,
+    cache_dir: str | None = None,
+) -> Iterator[Update]:
+    """Yield (result audio, links, info, stream box, progress, preview) updates for one Generate click."""
+    request_id = new_request_id()
+    session = getattr(request, "session_hash", None) or request_id
+    run = registry.begin(session)  # before anything else: a Cancel from now on is not lost
+    try:
+        yield from _run(
+            bridge, run, form, lang, request, progress, cache_dir or tempfile.gettempdir(), request_id
+        )
+    finally:
+        registry.end(session, run)
+
+
+def _run(
+    bridge: UiBridge,
+    run: Run,
+    form: Form,
+    lang: str,
+    request: Any,
+    progress: Any,
+    cache_dir: str,
+    request_id: str,
+) -> Iterator[Update]:
+    yield None, "", "", gr.update(), "", ""  # the last result goes first: nothing stale under an error
+    started = time.monotonic()
+    try:
+        principal = bridge.principal_of(request)
+        synthesis = build_request(bridge, form, allow_long=True)
+        run.check()
+        if len(synthesis.text.strip()) > bridge.max_text_chars:
+            yield from run_job(bridge, run, principal, synthesis, form, lang, cache_dir, request_id)
+            return
+        stream = None
+        if form.stream:
+            stream = bridge.stream(principal, synthesis, mode=form.mode, request_id=request_id, fmt=form.fmt)
+            ticket = stream.ticket
+        else:
+            ticket = bridge.submit(principal, synthesis, mode=form.mode, request_id=request_id, fmt=form.fmt)
+    except Cancelled:
+        yield None, "", text("cancelled", lang), gr.update(), "", ""
+        return
+    except Exception as exc:
+        raise as_gr_error(exc, lang, request_id) from None
+    run.attach(lambda: bridge.cancel(ticket))
+    try:
+        if stream is not None:
+            outcome = yield from _follow_stream(bridge, stream, lang, progress)
+        else:
+            outcome = _follow(bridge, ticket, lang, progress)
+    except Cancelled:
+        yield gr.update(), gr.update(), text("cancelled", lang), gr.update(), "", gr.update()
+        return
+    except Exception as exc:
+        raise as_gr_error(exc, lang, request_id) from None
+    finally:
+        bridge.cancel(ticket)  # no-op once finished; stops the work if the page went away
+    yield finished(bridge, form, outcome, lang, time.monotonic() - started, cache_dir, run.cancelled)
+
+
+def _follow(bridge: UiBridge, ticket: Ticket, lang: str, progress: Any) -> TtsOutcome:
+    mean = bridge.mean_duration_s() or 5.0
+    while not ticket.wait(POLL_S):
+        if ticket.state == "queued":
+            position = ticket.position
+            progress(0.0, desc=text("queued", lang, position=(position or 0)))
+        elif ticket.started_at is not None:
+            running = time.time() - ticket.started_at
+            progress(min(0.95, running / mean), desc=text("generating", lang))
+    return ticket.result()
+
+
+def _follow_stream(bridge: UiBridge, stream: AudioStream, lang: str, progress: Any) -> Iterator[Any]:
+    """Yield stream-box updates while the audio arrives; returns the outcome."""
+    run = uuid.uuid4().hex[:12]
+    mean = bridge.mean_duration_s() or 5.0
+    samples = 0
+    progress(0.0, desc=text("generating", lang))
+    rate = stream.open(timeout=STREAM_ITEM_TIMEOUT_S).sample_rate
+    box = f"{run}:{rate}"
+    yield None, "", text("generating", lang), box, gr.update(), gr.update()
+    for data in stream.chunks():
+        if not data:
+            continue
+        samples += len(data) // 2
+        box += "|" + base64.b64encode(data).decode("ascii")
+        seconds = samples / rate
+        running = time.time() - (stream.ticket.started_at or time.time())
+        progress(min(0.95, running / mean), desc=text("streaming", lang, seconds=seconds))
+        yield (
+            gr.update(),
+            gr.update(),
+            text("streaming", lang, seconds=seconds),
+            box,
+            gr.update(),
+            gr.update(),
+        )
+    outcome: TtsOutcome = stream.ticket.result()
+    yield gr.update(), gr.update(), gr.update(), box + "|END", gr.update(), gr.update()
+    return outcome
