@@ -117,7 +117,8 @@ def test_cancel_stops_the_rest(client, server) -> None:
     assert client.get(final["archive_url"]).status_code == 200  # what finished before still downloads
 
 
-def test_items_come_as_json_json_lines_or_plain_text(client) -> None:
+def test_items_come_as_json_json_lines_or_plain_text(client, caplog) -> None:
+    caplog.set_level("INFO", logger="cosyserve.activity")
     body = {
         "voice": "alice",
         "seed": 4,
@@ -146,6 +147,8 @@ def test_items_come_as_json_json_lines_or_plain_text(client) -> None:
         assert {"0001_第一句.wav", "0002_two.mp3", "manifest.csv"} <= set(zipped.namelist())
     listed = [b["id"] for b in client.get("/v1/batches").json()["data"]]
     assert {f["id"] for f in finals} <= set(listed)
+    lines = [r for r in caplog.records if getattr(r, "event", None) == "batch"]  # one activity line each
+    assert {r.job_id for r in lines} >= {f["id"] for f in finals} and all(r.result == "ok" for r in lines)
 
 
 @pytest.mark.parametrize(
