@@ -334,6 +334,7 @@ def invocations(path: Path) -> list[list[str]]:
     found = []
     for part in _code_parts(path):
         part = part.replace("\\\n", " ")
+        part = re.sub(r"cosyserve\[[\w,.-]+\]", "the-package", part)  # pip extras, not a command
         part = re.sub(r"[\"'\[\],]", " ", part)  # JSON/YAML list syntax and shell quotes
         for line in part.splitlines():
             for match in _INVOCATION.finditer(line):
