@@ -101,9 +101,14 @@ def test_jobs_have_their_own_timeout_per_segment(server, start_api_server, promp
         enrol_voice(client, "alice", prompt_wav_bytes)
         job = client.post("/v1/jobs", json={"text": SENTENCES, "voice": "alice"}).json()
         final = wait(client, f"/v1/jobs/{job['id']}")
+        items = {"voice": "alice", "items": ["第一句话。", "第二句话。", "第三句话。"]}
+        batch = wait(client, f"/v1/batches/{client.post('/v1/batches', json=items).json()['id']}")
     hasty.stop()
     assert final["state"] == "failed" and final["error"]["code"] == "timeout", final
     assert "job_segment_timeout_s" in final["error"]["message"]
+    # each item has its own time: every one of them ran, and a late one failed alone
+    codes = [(item["error"] or {}).get("code", "done") for item in batch["items"]]
+    assert set(codes) <= {"timeout", "done"} and "timeout" in codes, batch
 
 
 def test_a_result_that_cannot_be_saved_fails_with_storage_error(server, monkeypatch) -> None:

@@ -43,6 +43,7 @@ log = logging.getLogger(__name__)
 
 UNEXPECTED_FAILURES_LIMIT = 3  # unexpected errors in a row (bugs, the engine failing) stop the batch
 ORPHAN_SCAN = 200  # recent outputs looked through for an interrupted item's saved output
+BACKSTOP_GRACE_S = 60.0  # past its own clocks, an item that still runs is stuck: the batch stops
 
 
 class ItemsFailed(CosyServeError):
@@ -116,7 +117,8 @@ class BatchRunner:
         if not self.batches.start(plan.job_id, item.position, run.attempt):
             raise Cancelled("this attempt lost the batch (cancelled, or taken over)")
         # A backstop for work that stops answering; each synthesis has its own clock (`ItemCancel`).
-        ctx.set_timeout(run.segment_timeout_s * 3, f"item {item.position} stopped answering")
+        backstop = run.segment_timeout_s * 3 + BACKSTOP_GRACE_S
+        ctx.set_timeout(backstop, f"item {item.position} stopped answering for {backstop:g} s")
         started = time.monotonic()
         try:
             outcome, result = self._make(ctx, plan, run, item)

@@ -120,6 +120,7 @@ class LocalJobs:
         """Run a job a distributed worker claimed as `attempt`; its results land only while that attempt
         is still the job's current one."""
         pieces = job_pieces(request, self.max_text_chars)
+        spec = dataclasses.replace(spec, extra={**spec.extra, "job_id": job_id})  # a retry finds its output
         body = self._tts_body(job_id, request, spec, pieces, spec.voice_scope)
         return self._ticket(job_id, "tts", body, spec, _set_event(), request, attempt=attempt)
 
