@@ -110,6 +110,10 @@ def test_the_track_holds_each_cues_own_audio_where_it_belongs(dubbed) -> None:
 def test_over_long_cues_are_sped_up_reported_and_never_run_over_the_next(dubbed) -> None:
     report = dubbed["report"]
     gap_cue, tight_cue = report[3], report[6]
+    print(
+        "over-long cues:",
+        [{k: row[k] for k in ("cue", "speed", "overflow_s", "cut_s")} for row in (gap_cue, tight_cue)],
+    )
     for row in (gap_cue, tight_cue):
         assert row["speed"] == pytest.approx(1.25) and row["overflow_s"] > 0.5
     assert gap_cue["cut_s"] == 0 and gap_cue["actual_end_s"] < CUES[4][0]  # ran into the gap only
