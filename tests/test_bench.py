@@ -42,8 +42,9 @@ REPORT_FIELDS = {
     "peak_rss_over_weights", "quantized_linears", "deviation", "machine",
     "flow_steps", "no_cfg", "flow_label", "flow_deviation",
     "voice_cache_bytes", "stream_prefix_peak_bytes", "max_reuse_bytes", "efficiency",
-    "dtypes", "engine_options", "concurrent",
+    "dtypes", "engine_options", "concurrent", "cold_start_seconds", "lm_kernels",
 }  # fmt: skip
+COLD_START_FIELDS = {"imports", "load", "place", "calibration", "preset", "first_synthesis", "ready"}
 MACHINE_FIELDS = {
     "cpu",
     "cpu_flags",
@@ -138,6 +139,10 @@ def test_bench_reports_every_field() -> None:
     parts = report["llm_seconds"] + report["flow_seconds"] + report["vocoder_seconds"]
     assert parts <= report["total_seconds"] * 1.001 + 1e-3
     assert report["flow_seconds"] > 0 and report["vocoder_seconds"] > 0
+    cold = report["cold_start_seconds"]
+    assert set(cold) == COLD_START_FIELDS and cold["imports"] > 0 and cold["first_synthesis"] > 0
+    assert cold["ready"] == pytest.approx(cold["imports"] + report["load_seconds"])
+    assert report["lm_kernels"] == dict.fromkeys(("qkv", "o", "gate_up", "down", "llm_decoder"), "linear")
     found = report["efficiency"]
     assert found["limits"]["memory_gb_s"] > 0 and found["limits"]["matmul_gflop_s"] > 0
     assert found["decode_gb_s"] > 0 and found["flow_gflop_s"] > 0

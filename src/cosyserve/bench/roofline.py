@@ -66,10 +66,10 @@ def _best_seconds(run: Callable[[], object], device: torch.device) -> float:
 def decode_bytes_per_token(llm: SpeechLM) -> int:
     """Weight bytes one decode step reads: the decoder layers' products and the speech output layer.
 
-    Int8 layers count one byte a weight (their packed form is not a tensor attribute). Norms, biases
-    and the one embedding row looked up are negligible and left out.
+    Packed layouts count their own bytes (float16 two a weight, int8 one), int8 layers one byte a
+    weight. Norms, biases and the one embedding row looked up are negligible and left out.
     """
-    layers = [m for m in llm.qwen2.layers.modules() if _is_product(m)]
+    layers = _outermost_products(llm.qwen2.layers)
     return sum(_weight_bytes(m) for m in layers) + _weight_bytes(llm.llm_decoder)
 
 
@@ -114,11 +114,21 @@ def efficiency(
     return report
 
 
+def _outermost_products(module: nn.Module) -> list[nn.Module]:
+    """Product modules under `module`, not descending into one (a packed int8 layer holds another)."""
+    if _is_product(module):
+        return [module]
+    return [found for child in module.children() for found in _outermost_products(child)]
+
+
 def _is_product(module: nn.Module) -> bool:
     return hasattr(module, "in_features") and hasattr(module, "out_features")
 
 
 def _weight_bytes(module: nn.Module) -> int:
+    packed = getattr(module, "weight_nbytes", None)  # `linear_kernels.PackedLinear`: its layout's bytes
+    if isinstance(packed, int):
+        return packed
     weight = getattr(module, "weight", None)
     if isinstance(weight, torch.Tensor):
         return weight.numel() * weight.element_size()

@@ -21,6 +21,7 @@ from typing import Any
 
 import torch
 
+from cosyserve.bench.cold_start import ColdStart, seconds_since_process_start
 from cosyserve.bench.full_random import SCALES, build_random_models, module_bytes
 from cosyserve.bench.machine import load_average, machine_info, peak_rss_bytes
 from cosyserve.bench.roofline import MachineLimits, efficiency, measure_limits
@@ -41,6 +42,7 @@ from cosyserve.engine.flow_options import (
     measure_flow_options,
     probe_mel,
 )
+from cosyserve.engine.lm_layout import current_kernels, default_calibration
 from cosyserve.engine.loading import network_dtypes, place_networks
 from cosyserve.engine.pipeline import EngineOptions, build_runners
 from cosyserve.engine.quantize import PresetResult, apply_preset, check_preset
@@ -98,12 +100,23 @@ def run_bench(options: BenchOptions, progress: Progress | None = None) -> dict[s
         configure_cpu_threads(options.threads)
     torch.manual_seed(options.seed)
 
+    cold = ColdStart(imports=seconds_since_process_start())
+    calibration = default_calibration()
+    measured_before = calibration.measured_seconds
     started = time.perf_counter()
     with _loaded_models(options, progress) as models:
+        cold.load = time.perf_counter() - started
         weights_bytes = sum(module_bytes(m) for m in (models.llm, models.flow, models.hift))
-        models.llm, models.flow, models.hift = place_networks(models.llm, models.flow, models.hift, placement)
+        progress.stage("placing the networks (LM layouts: calibrated once per machine, then cached)")
+        models.llm, models.flow, models.hift = place_networks(
+            models.llm, models.flow, models.hift, placement, pack_lm=options.preset == "exact"
+        )
         load_seconds = time.perf_counter() - started
+        preset_started = time.perf_counter()
         preset, flow_deviation = _apply_options(models, options, placement, progress)
+        cold.place = load_seconds - cold.load
+        cold.preset = time.perf_counter() - preset_started
+        cold.calibration = calibration.measured_seconds - measured_before
         engine_options = dataclasses.replace(
             EngineOptions.for_device(placement.device.type, options.concurrency),
             flow_steps=options.flow_steps,
@@ -124,7 +137,9 @@ def run_bench(options: BenchOptions, progress: Progress | None = None) -> dict[s
         )
         if options.warmup:
             progress.stage("warm-up")
+            first_started = time.perf_counter()
             warm_up(runner, token2wav, inputs)
+            cold.first_synthesis = time.perf_counter() - first_started
         clock = StageClock(placement.device)
         progress.stage("synthesising" + (" (streaming)" if options.stream else ""))
         with clock.timing_flow(models.flow):
@@ -133,6 +148,8 @@ def run_bench(options: BenchOptions, progress: Progress | None = None) -> dict[s
             options, models, preset, inputs, timing, clock, load_seconds, weights_bytes, placement
         )
         report["flow_deviation"] = None if flow_deviation is None else flow_deviation.to_dict()
+        report["cold_start_seconds"] = cold.to_dict(measured_deviation=options.deviation)
+        report["lm_kernels"] = current_kernels(models.llm)
         report["dtypes"] = network_dtypes(models.llm, models.flow, models.hift, placement)
         report["engine_options"] = dataclasses.asdict(engine_options)
         report["concurrent"] = None

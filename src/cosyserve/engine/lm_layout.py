@@ -163,6 +163,27 @@ def _shape(llm: SpeechLM, product: str) -> tuple[int, int, bool]:
     return shapes[product]
 
 
+def current_kernels(llm: SpeechLM) -> dict[str, str]:
+    """The kernel each product of the first decoder layer and `llm_decoder` runs with now (`linear`
+    for plain `nn.Linear`s, `int8` for `Int8Linear`s; q/k/v and gate/up report their first part)."""
+    layer = llm.qwen2.layers[0]
+    attention, mlp = layer.self_attn, layer.mlp
+    modules = {
+        "qkv": attention.qkv_proj if attention.qkv_proj is not None else attention.q_proj,
+        "o": attention.o_proj,
+        "gate_up": mlp.gate_up_proj if mlp.gate_up_proj is not None else mlp.gate_proj,
+        "down": mlp.down_proj,
+        "llm_decoder": llm.llm_decoder,
+    }
+    return {name: _kernel_name(module) for name, module in modules.items()}
+
+
+def _kernel_name(module: nn.Module) -> str:
+    if isinstance(module, PackedLinear):
+        return module.kernel
+    return "linear" if isinstance(module, nn.Linear) else type(module).__name__
+
+
 def _pack_attention(attention: Attention, qkv: str, o: str, reduce_range: bool | None) -> None:
     if attention.qkv_proj is None:
         parts = (attention.q_proj, attention.k_proj, attention.v_proj)
