@@ -22,7 +22,7 @@ from typing import Any
 import torch
 
 from cosyserve.bench.cold_start import ColdStart, seconds_since_process_start
-from cosyserve.bench.full_random import SCALES, build_random_models, module_bytes
+from cosyserve.bench.full_random import SCALES, build_random_models, config_for_scale, module_bytes
 from cosyserve.bench.machine import load_average, machine_info, peak_rss_bytes
 from cosyserve.bench.roofline import MachineLimits, efficiency, measure_limits
 from cosyserve.bench.timing import StageClock, UtteranceTiming
@@ -42,7 +42,7 @@ from cosyserve.engine.flow_options import (
     measure_flow_options,
     probe_mel,
 )
-from cosyserve.engine.lm_layout import current_kernels, default_calibration
+from cosyserve.engine.lm_layout import calibrate, current_kernels, default_calibration
 from cosyserve.engine.loading import network_dtypes, place_networks
 from cosyserve.engine.pipeline import EngineOptions, build_runners
 from cosyserve.engine.quantize import PresetResult, apply_preset, check_preset
@@ -104,17 +104,22 @@ def run_bench(options: BenchOptions, progress: Progress | None = None) -> dict[s
     calibration = default_calibration()
     measured_before = calibration.measured_seconds
     started = time.perf_counter()
+    if placement.device.type == "cpu" and options.model == "full-random":
+        # Before the weights are built: the measurement's copies never add to the process's peak.
+        progress.stage("choosing the LM's kernels (measured once per machine, then cached)")
+        calibrate(config_for_scale(options.scale).llm, options.preset, calibration)
+    early_calibration = time.perf_counter() - started
     with _loaded_models(options, progress) as models:
-        cold.load = time.perf_counter() - started
+        cold.load = time.perf_counter() - started - early_calibration  # building or mapping the weights
         weights_bytes = sum(module_bytes(m) for m in (models.llm, models.flow, models.hift))
-        progress.stage("placing the networks (LM layouts: calibrated once per machine, then cached)")
+        progress.stage("placing the networks")
         models.llm, models.flow, models.hift = place_networks(
             models.llm, models.flow, models.hift, placement, pack_lm=options.preset == "exact"
         )
         load_seconds = time.perf_counter() - started
         preset_started = time.perf_counter()
         preset, flow_deviation = _apply_options(models, options, placement, progress)
-        cold.place = load_seconds - cold.load
+        cold.place = load_seconds - cold.load  # the LM's layouts and their calibration
         cold.preset = time.perf_counter() - preset_started
         cold.calibration = calibration.measured_seconds - measured_before
         engine_options = dataclasses.replace(

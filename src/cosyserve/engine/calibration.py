@@ -42,7 +42,7 @@ from cosyserve.engine.linear_kernels import EXACT_KERNELS, available_kernels, pa
 log = logging.getLogger(__name__)
 
 FORMAT_VERSION = 1  # bump when the measurement changes: older files are then ignored
-WORKING_SET_BYTES = 16 << 20  # per shape and kernel: 5 shapes x 3 kernels stream ~220 MB between repeats
+WORKING_SET_BYTES = 8 << 20  # per shape and kernel (at least one copy): ~250 MB streamed between repeats
 ROUNDS = 15
 # Below this share of the threads' time on the CPU during the measurement, other work was competing for
 # the cores: the choices are used by this process but not cached, so the next start measures again.
@@ -266,11 +266,10 @@ def measure_shapes(
 ) -> list[tuple[KernelTiming, ...]]:
     """Time one-row products `(1, in)` x `(out, in)` for each `(out, in, bias, kernels)` of `specs`
     with each of its kernels, all interleaved (see the module docstring)."""
-    pairs = [
-        _Pair.build(out, inp, bias, kernel, working_set)
-        for out, inp, bias, kernels in specs
-        for kernel in kernels
-    ]
+    pairs = []
+    for out_features, in_features, bias, kernels in specs:
+        source = _Source.random(out_features, in_features, bias)
+        pairs += [_Pair.build(source, kernel, working_set) for kernel in kernels]
     for _ in range(rounds + 1):  # the first round warms up (allocations, kernel selection)
         for pair in pairs:
             pair.time_once()
@@ -293,6 +292,27 @@ def measure_shape(
     return measure_shapes([(out_features, in_features, bias, kernels)], rounds, working_set)[0]
 
 
+@dataclass(frozen=True)
+class _Source:
+    """A random weight `(out, in)`, bias and input `(1, in)`, with the float64 product as reference."""
+
+    weight: Tensor
+    bias: Tensor | None
+    x: Tensor
+    reference: Tensor
+
+    @classmethod
+    def random(cls, out_features: int, in_features: int, bias: bool) -> _Source:
+        generator = torch.Generator().manual_seed(out_features * 7919 + in_features)
+        weight = torch.randn(out_features, in_features, generator=generator) / math.sqrt(in_features)
+        bias_values = torch.randn(out_features, generator=generator) * 0.02 if bias else None
+        x = torch.randn(1, in_features, generator=generator)
+        reference = torch.nn.functional.linear(
+            x.double(), weight.double(), None if bias_values is None else bias_values.double()
+        )
+        return cls(weight, bias_values, x, reference)
+
+
 @dataclass
 class _Pair:
     """One kernel's copies of one shape's random weight, and its best time so far."""
@@ -305,19 +325,13 @@ class _Pair:
     best: float = math.inf
 
     @classmethod
-    def build(cls, out_features: int, in_features: int, bias: bool, kernel: str, working_set: int) -> _Pair:
-        generator = torch.Generator().manual_seed(out_features * 7919 + in_features)
-        source = torch.randn(out_features, in_features, generator=generator) / math.sqrt(in_features)
-        source_bias = torch.randn(out_features, generator=generator) * 0.02 if bias else None
-        x = torch.randn(1, in_features, generator=generator)
-        copies = max(2, math.ceil(working_set / source.nbytes))
-        # Separate copies (a kernel may read its source in place: `linear` does).
-        forwards = [pack_linear(source.clone(), source_bias, kernel) for _ in range(copies)]
-        reference = torch.nn.functional.linear(
-            x.double(), source.double(), None if source_bias is None else source_bias.double()
-        )
-        error = float((forwards[0](x).double() - reference).norm() / reference.norm())
-        return cls(kernel, forwards, x, forwards[0].weight_nbytes, error)  # type: ignore[attr-defined]
+    def build(cls, source: _Source, kernel: str, working_set: int) -> _Pair:
+        copies = max(1, math.ceil(working_set / source.weight.nbytes))
+        # Copies of their own (a kernel may read its source in place: `linear` does).
+        forwards = [pack_linear(source.weight.clone(), source.bias, kernel) for _ in range(copies)]
+        output = forwards[0](source.x).double()
+        error = float((output - source.reference).norm() / source.reference.norm())
+        return cls(kernel, forwards, source.x, forwards[0].weight_nbytes, error)  # type: ignore[attr-defined]
 
     def time_once(self) -> None:
         started = time.perf_counter()

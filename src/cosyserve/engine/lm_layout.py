@@ -29,6 +29,7 @@ from torch import Tensor, nn
 from cosyserve.engine.calibration import Calibration, Choice, Request, default_calibration_dir, shape_key
 from cosyserve.engine.linear_kernels import EXACT_KERNELS, FAST_KERNELS, PackedLinear, pack_linear
 from cosyserve.errors import InputError
+from cosyserve.model.config import LLMConfig
 from cosyserve.model.qwen2 import Attention, FeedForward
 from cosyserve.model.speech_lm import SpeechLM
 
@@ -110,7 +111,7 @@ def pack_speech_lm(
     calibration = calibration or (default_calibration() if not forced else Calibration(None))
     measured_before = calibration.measured_seconds
     started = time.perf_counter()
-    choices = _choose(llm, preset, calibration, forced)
+    choices = _choose(llm.config, preset, calibration, forced)
     measure = calibration.measured_seconds - measured_before
     if preset == "exact" and all(c.source == "default" and c.kernel == "linear" for c in choices.values()):
         return LayoutReport(preset, {}, measure, 0.0, _path(calibration))
@@ -124,13 +125,23 @@ def pack_speech_lm(
     return LayoutReport(preset, choices, measure, pack, _path(calibration))
 
 
+def calibrate(config: LLMConfig, preset: str = "exact", calibration: Calibration | None = None) -> float:
+    """Measure (or read) the kernels of an LM of `config` before it is loaded; return the seconds
+    spent measuring. Calling this before the weights are in memory keeps the measurement's copies
+    (a few hundred MB, freed after) below the process's later peak."""
+    calibration = calibration or default_calibration()
+    before = calibration.measured_seconds
+    _choose(config, preset, calibration, {})
+    return calibration.measured_seconds - before
+
+
 def _choose(
-    llm: SpeechLM, preset: str, calibration: Calibration, forced: Mapping[str, str]
+    config: LLMConfig, preset: str, calibration: Calibration, forced: Mapping[str, str]
 ) -> dict[str, Choice]:
     """A kernel per product: forced ones as given, the others from `calibration` (measured together)."""
     requests = {}
     for product in PRODUCTS:
-        out_features, in_features, bias = _shape(llm, product)
+        out_features, in_features, bias = _shape(config, product)
         requests[product] = Request(
             out_features,
             in_features,
@@ -148,9 +159,9 @@ def _choose(
     return {name: choices[name] for name in PRODUCTS}
 
 
-def _shape(llm: SpeechLM, product: str) -> tuple[int, int, bool]:
+def _shape(llm_config: LLMConfig, product: str) -> tuple[int, int, bool]:
     """(out, in, has bias) of one product kind, from the config (whatever the modules' state)."""
-    config = llm.config.qwen2
+    config = llm_config.qwen2
     hidden, inner = config.hidden_size, config.intermediate_size
     kv = config.num_key_value_heads * config.head_dim
     shapes = {
@@ -158,7 +169,7 @@ def _shape(llm: SpeechLM, product: str) -> tuple[int, int, bool]:
         "o": (hidden, config.num_attention_heads * config.head_dim, False),
         "gate_up": (2 * inner, hidden, False),
         "down": (hidden, inner, False),
-        "llm_decoder": (llm.config.decoder_size, llm.config.llm_output_size, False),
+        "llm_decoder": (llm_config.decoder_size, llm_config.llm_output_size, False),
     }
     return shapes[product]
 
