@@ -24,6 +24,7 @@ from cosyserve.bench.machine import cpu_model_and_flags, peak_rss_bytes
 from cosyserve.bench.report import render
 from cosyserve.bench.roofline import decode_bytes_per_token, flow_flops
 from cosyserve.bench.runner import BenchOptions, run_bench
+from cosyserve.engine.int8 import int8_available
 from cosyserve.engine.quantize import PRESETS
 from cosyserve.errors import InputError
 from cosyserve.model.flow import DEFAULT_N_TIMESTEPS, CausalFlow
@@ -284,6 +285,25 @@ def test_roofline_counts_the_full_size_work() -> None:
     per_frame = 22 * (4 * 1024 * 1024 + 2 * 1024 * 2048)  # q, k, v, out; two feed-forward products
     attention = 22 * 16 * 2 * 64 * 800 * 800  # per head: scores and weighted sum over 800 frames
     assert flow_flops(flow, frames=800, rows=2, steps=10) == 2 * 2 * 10 * (per_frame * 800 + attention)
+
+
+def test_roofline_counts_each_packed_layout_s_own_bytes() -> None:
+    """Decoding reads what the layout holds: 4 bytes a weight in float32 layouts, 2 in float16, 1 in
+    int8 (a packed int8 product holds an Int8Linear: counted once)."""
+    from cosyserve.engine.lm_layout import PRODUCTS, pack_speech_lm
+
+    config = tiny_config()
+    weights = decode_bytes_per_token(SpeechLM(config.llm)) // 4  # float32: 4 bytes a weight
+    kernels = {"exact": ("transposed", 4), "fast": ("fp16", 2)}
+    if int8_available():
+        kernels["int8"] = ("int8", 1)
+    for preset, (kernel, width) in kernels.items():
+        llm = SpeechLM(config.llm)
+        chosen = dict.fromkeys(PRODUCTS, kernel)
+        chosen["llm_decoder"] = "transposed"
+        pack_speech_lm(llm, "exact" if preset == "exact" else "fast", kernels=chosen)
+        decoder = config.llm.decoder_size * config.llm.llm_output_size
+        assert decode_bytes_per_token(llm) == width * (weights - decoder) + 4 * decoder, preset
 
 
 def test_bench_runs_the_networks_and_paths_the_service_runs(model_dir: ModelDir, monkeypatch) -> None:
