@@ -44,6 +44,9 @@ def test_exact_pick_keeps_the_plain_layout_unless_another_is_clearly_faster() ->
     assert pick((_timing("linear", 1.04), _timing("transposed", 1.0)), "exact") == "linear"
     assert pick((_timing("linear", 1.2), _timing("transposed", 1.0)), "exact") == "transposed"
     assert pick((_timing("onednn", 1.2), _timing("transposed", 1.0)), "exact") == "transposed"
+    # both gemm and gemv read the stored layout as it is: the faster of them within the margin
+    plain = (_timing("linear", 1.2), _timing("linear_gemv", 1.05), _timing("transposed_gemv", 1.0))
+    assert pick(plain, "exact") == "linear_gemv"
 
 
 def test_fast_pick_prefers_the_closer_kernel_within_the_margin() -> None:

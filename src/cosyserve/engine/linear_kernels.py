@@ -7,9 +7,13 @@ reads `(out, in)` float32 weights at 9-13 GB/s and a contiguous `(in, out)` copy
 (`engine.calibration`), among these kernels:
 
 exact (float32, the same values up to float rounding):
-- `linear`: `(out, in)` as stored, `F.linear` (MKL); no copy
-- `transposed`: a contiguous `(in, out)` copy, `addmm` (MKL)
+- `linear`: `(out, in)` as stored, `F.linear` (MKL's gemm); no copy
+- `linear_gemv`: the same layout, one-row products through `torch.mv` (MKL's gemv), the others as `linear`
+- `transposed`: a contiguous `(in, out)` copy, `addmm` (MKL's gemm)
+- `transposed_gemv`: the same copy, one-row products through gemv
 - `onednn`: oneDNN's blocked layout for one-row products (`mkldnn._reorder_linear_weight`)
+(MKL takes other code paths on other CPU vendors: which of gemm and gemv streams a layout fastest is
+measured, not assumed.)
 fast (reduced-precision weights, float32 activations and accumulation):
 - `fp16`: float16 weights, fbgemm's packed product (`fp16_linear`, with a tested plain-torch fallback)
 - `int8`: int8 weights per output channel, int8 activations per call (`quantize.Int8Linear`)
@@ -32,7 +36,8 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
 
-EXACT_KERNELS = ("linear", "transposed", "onednn")
+EXACT_KERNELS = ("linear", "linear_gemv", "transposed", "transposed_gemv", "onednn")
+NO_COPY_KERNELS = ("linear", "linear_gemv")  # use an `(out, in)` float32 source as it is
 FAST_KERNELS = ("fp16", "int8")
 KERNELS = EXACT_KERNELS + FAST_KERNELS
 
@@ -67,7 +72,9 @@ def _int8_available() -> bool:
 
 _AVAILABLE: dict[str, Callable[[], bool]] = {
     "linear": lambda: True,
+    "linear_gemv": lambda: True,
     "transposed": lambda: True,
+    "transposed_gemv": lambda: True,
     "onednn": _onednn_available,
     "fp16": lambda: True,  # the fallback always runs
     "int8": _int8_available,
@@ -171,12 +178,13 @@ def pack_linear(
     if kernel not in KERNELS:
         raise ValueError(f"unknown linear kernel {kernel!r}: one of {', '.join(KERNELS)}")
     width = {"fp16": 2, "int8": 1}.get(kernel, 4)
-    if kernel == "linear" and len(parts) == 1:  # the source itself, no copy
+    if kernel in ("linear", "linear_gemv") and len(parts) == 1:  # the source itself, no copy
         forward, dense = _pack_plain(parts[0], joined_bias, kernel, reduce_range)
         return PackedLinear(kernel, in_features, out_features, forward, elements * width, dense)
-    if kernel == "transposed":  # one copy, straight into the (in, out) layout
+    if kernel in ("transposed", "transposed_gemv"):  # one copy, straight into the (in, out) layout
         transposed = torch.cat([part.t() for part in parts], dim=1).float().contiguous()
-        forward = functools.partial(_transposed, weight_t=transposed, bias=joined_bias)
+        gemv = kernel == "transposed_gemv"
+        forward = functools.partial(_transposed, weight_t=transposed, bias=joined_bias, gemv=gemv)
         dense = functools.partial(_pair, transposed.t(), joined_bias)
     else:
         joined = parts[0].float().contiguous() if len(parts) == 1 else torch.cat(parts).float()
@@ -191,8 +199,9 @@ def _pack_plain(
 ) -> tuple[Callable[[Tensor], Tensor], Callable[[], tuple[Tensor, Tensor | None]] | None]:
     """The forward of `kernel` over a contiguous `(out, in)` float32 weight, and how to get the float32
     weight back (None for the reduced-precision kernels)."""
-    if kernel == "linear":
-        return functools.partial(_linear, weight=weight, bias=bias), functools.partial(_pair, weight, bias)
+    if kernel in ("linear", "linear_gemv"):
+        forward = functools.partial(_linear, weight=weight, bias=bias, gemv=kernel == "linear_gemv")
+        return forward, functools.partial(_pair, weight, bias)
     if kernel == "onednn":
         packed = torch.ops.mkldnn._reorder_linear_weight(weight, 1)
         forward = functools.partial(_onednn, packed=packed, bias=bias)
@@ -208,11 +217,18 @@ def _pair(weight: Tensor, bias: Tensor | None) -> tuple[Tensor, Tensor | None]:
     return weight, bias
 
 
-def _linear(x: Tensor, weight: Tensor, bias: Tensor | None) -> Tensor:
+def _linear(x: Tensor, weight: Tensor, bias: Tensor | None, gemv: bool = False) -> Tensor:
+    if gemv and x.numel() == x.shape[-1]:
+        out = torch.mv(weight, x.reshape(-1)) if bias is None else torch.addmv(bias, weight, x.reshape(-1))
+        return out.view(*x.shape[:-1], weight.shape[0])
     return F.linear(x, weight, bias)
 
 
-def _transposed(x: Tensor, weight_t: Tensor, bias: Tensor | None) -> Tensor:
+def _transposed(x: Tensor, weight_t: Tensor, bias: Tensor | None, gemv: bool = False) -> Tensor:
+    if gemv and x.numel() == x.shape[-1]:
+        vector = x.reshape(-1)
+        out = torch.mv(weight_t.t(), vector) if bias is None else torch.addmv(bias, weight_t.t(), vector)
+        return out.view(*x.shape[:-1], weight_t.shape[1])
     rows = x.reshape(-1, x.shape[-1])
     out = torch.mm(rows, weight_t) if bias is None else torch.addmm(bias, rows, weight_t)
     return out.view(*x.shape[:-1], weight_t.shape[1])

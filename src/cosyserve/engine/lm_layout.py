@@ -4,7 +4,8 @@ Decoding one token runs, per decoder layer, q/k/v (fused into one product), o, g
 then `llm_decoder`: one-row products whose speed is the speed their weights stream from memory.
 `pack_speech_lm` replaces them with `PackedLinear`s in the kernel measured fastest for each shape:
 
-- `exact`: float32 layouts (`linear`, `transposed`, `onednn`): the same log-probs up to float rounding;
+- `exact`: float32 layouts (`(out, in)` or `(in, out)` through MKL's gemm or gemv, oneDNN's blocked
+  layout): the same log-probs up to float rounding;
 - `fast`: float16 or int8 weights for the decoder layers (whichever is faster; the closer one, float16,
   when within `calibration.FAST_MARGIN`), and float16 or float32 for `llm_decoder`, whose log-probs
   drive sampling (never int8).
