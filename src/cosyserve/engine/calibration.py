@@ -38,6 +38,7 @@ import torch
 from torch import Tensor
 
 from cosyserve.engine.linear_kernels import NO_COPY_KERNELS, available_kernels, pack_linear
+from cosyserve.engine.memory import trim_heap
 
 log = logging.getLogger(__name__)
 
@@ -190,6 +191,7 @@ class Calibration:
         started, cpu_started = time.perf_counter(), time.process_time()
         specs = [(r.out_features, r.in_features, r.bias, kernels) for r, kernels in pending.values()]
         results = measure_shapes(specs, self.rounds, self.working_set)
+        trim_heap()  # the measurement's copies are freed: give their memory back before weights load
         wall = time.perf_counter() - started
         self.measured_seconds += wall
         share = (time.process_time() - cpu_started) / (wall * torch.get_num_threads())
