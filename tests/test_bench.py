@@ -333,3 +333,17 @@ def test_bench_runs_the_networks_and_paths_the_service_runs(model_dir: ModelDir,
     assert concurrent["decode_batches"] > 0 and concurrent["decode_rows_per_batch"] > 1
     assert concurrent["flow_batches"] >= 1
     assert "3 at once" in render(report)
+
+
+def test_bandwidth_buffer_outgrows_the_largest_cache(tmp_path: Path) -> None:
+    from cosyserve.bench.roofline import bandwidth_bytes
+
+    for index, size in enumerate(("48K", "2048K", "491520K")):
+        (tmp_path / f"index{index}").mkdir()
+        (tmp_path / f"index{index}" / "size").write_text(size + "\n")
+    assert bandwidth_bytes(tmp_path) == 2 * 491520 * 1024
+    (tmp_path / "index2" / "size").write_text("32768K\n")
+    assert bandwidth_bytes(tmp_path) == 256 << 20  # at least 256 MB
+    (tmp_path / "index2" / "size").write_text("4G\n")
+    assert bandwidth_bytes(tmp_path) == 2 << 30  # at most 2 GB
+    assert bandwidth_bytes(tmp_path / "missing") == 256 << 20
