@@ -8,7 +8,7 @@ try:
 except ImportError:  # a source checkout without `pip install -e .`
     sys.path.insert(0, str(Path(__file__).resolve().parent / "src"))
 
-from cosyserve.commands.serve import main
+from cosyserve.cli import serve_main as main
 
 if __name__ == "__main__":
     sys.exit(main())

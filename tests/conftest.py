@@ -140,12 +140,19 @@ class LiveServer:
 
 @pytest.fixture(scope="session")
 def api_synthesizer(demo_model_path: Path):
-    """The demo model, loaded once; each test server gets a shallow copy with its own voice library."""
+    """The demo model, loaded once; each test server shares its networks with its own voice library."""
+    from cosyserve.service.local.synthesizer import Synthesizer
     from cosyserve.service.logs import configure_logging
-    from cosyserve.service.synthesizer import Synthesizer
 
     configure_logging("INFO")  # the ring buffer behind GET /admin/logs
     return Synthesizer.load(demo_model_path, device="cpu", threads=2)
+
+
+def sharing(synthesizer):
+    """A synthesizer factory handing each service `synthesizer`'s networks with its own voices and limits."""
+    return lambda settings, voices: synthesizer.sharing_model(
+        voices=voices, max_text_chars=settings.limits.max_text_chars
+    )
 
 
 @pytest.fixture(scope="session")
@@ -155,10 +162,9 @@ def start_api_server(api_synthesizer, demo_model_path: Path, tmp_path_factory: p
     Keyword arguments are settings by flat name (`concurrency=2`); `factory=` replaces the synthesizer
     loader, `wait_ready=False` returns before the model is loaded, `service_kwargs=` go to Service.
     """
-    import copy
 
     from cosyserve.api.app import create_app
-    from cosyserve.service.app_state import Service
+    from cosyserve.service.assembly import Service
     from cosyserve.service.settings import Settings
 
     started: list[LiveServer] = []
@@ -176,7 +182,7 @@ def start_api_server(api_synthesizer, demo_model_path: Path, tmp_path_factory: p
         }
         service = Service(
             Settings(**values),
-            synthesizer_factory=factory or (lambda _settings, _voices: copy.copy(api_synthesizer)),
+            synthesizer_factory=factory or sharing(api_synthesizer),
             **(service_kwargs or {}),
         )
         server = LiveServer(create_app(service), service).start()

@@ -158,7 +158,7 @@ def database_url(request: pytest.FixtureRequest, tmp_path: Path) -> Iterator[str
     yield url
     import sqlalchemy as sa
 
-    from cosyserve.service.db import make_engine
+    from cosyserve.service.stores.db import make_engine
 
     engine = make_engine(url)
     tables = sa.MetaData()

@@ -7,7 +7,7 @@ import threading
 import time
 
 import pytest
-from tests.conftest import API_SEED, API_TEXT, PROMPT_TRANSCRIPT, enrol_voice
+from tests.conftest import API_SEED, API_TEXT, PROMPT_TRANSCRIPT, enrol_voice, sharing
 
 
 def wait_for(predicate, timeout: float = 30.0) -> None:
@@ -20,14 +20,12 @@ def wait_for(predicate, timeout: float = 30.0) -> None:
 @pytest.fixture(scope="module")
 def gated(start_api_server, api_synthesizer):
     """A server whose model loads only when the test opens `gate` (and counts its loads)."""
-    import copy
-
     gate, loads = threading.Event(), []
 
     def factory(settings, voices):
         gate.wait(60)
         loads.append(time.monotonic())
-        return copy.copy(api_synthesizer)
+        return sharing(api_synthesizer)(settings, voices)
 
     live = start_api_server(factory=factory, wait_ready=False)
     live.gate, live.loads = gate, loads
@@ -161,7 +159,7 @@ def test_cors_is_off_by_default(gated) -> None:
 
 def test_the_real_loader_applies_the_fast_preset(demo_model_path, tmp_path) -> None:
     from cosyserve.engine.quantize import Int8Linear, int8_available
-    from cosyserve.service.app_state import load_synthesizer
+    from cosyserve.service.local.loading import load_synthesizer
     from cosyserve.service.settings import Settings
 
     if not int8_available():
@@ -175,7 +173,7 @@ def test_the_real_loader_applies_the_fast_preset(demo_model_path, tmp_path) -> N
 def test_repeated_engine_failures_make_ready_false_until_a_success(
     server, monkeypatch, prompt_wav_bytes
 ) -> None:
-    synth = server.service._synth
+    synth = server.service.model.loaded
 
     def broken(*args, **kwargs):
         raise RuntimeError("CUDA error: an illegal memory access was encountered")

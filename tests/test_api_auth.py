@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import time
+
 import httpx
 import openai
 import pytest
@@ -9,7 +11,7 @@ from tests.conftest import API_SEED, API_TEXT, enrol_voice
 
 from cosyserve.cli import main as cli_main
 from cosyserve.errors import SettingsError
-from cosyserve.service.app_state import Service
+from cosyserve.service.assembly import Service
 from cosyserve.service.settings import Settings
 
 
@@ -24,6 +26,14 @@ def server(start_api_server, prompt_wav_bytes):
         enrol_voice(client, "alice", prompt_wav_bytes)
     yield live
     live.stop()
+
+
+def wait_for_job(client: httpx.Client, job_id: str, timeout_s: float = 60.0) -> dict:
+    deadline = time.monotonic() + timeout_s
+    while (job := client.get(f"/v1/jobs/{job_id}").json())["state"] in ("queued", "running"):
+        assert time.monotonic() < deadline, job
+        time.sleep(0.1)
+    return job
 
 
 def as_key(server, key: str | None) -> httpx.Client:
@@ -50,14 +60,47 @@ def test_roles(server, prompt_wav_bytes) -> None:
             == 200
         )
         files = {"audio": ("a.wav", prompt_wav_bytes, "audio/wav")}
-        denied = user.post("/v1/voices", data={"name": "mine"}, files=files)
-        assert denied.status_code == 403 and denied.json()["error"]["code"] == "forbidden"
+        own = user.post("/v1/voices", data={"name": "mine"}, files=files)  # a user key's voice is its own
+        assert own.status_code == 201 and own.json()["shared"] is False
+        assert user.delete("/v1/voices/alice").json()["error"]["code"] == "forbidden"  # shared: admins only
+        assert user.delete("/v1/voices/mine").status_code == 204
         assert user.get("/admin/logs").status_code == 403
         assert user.post("/admin/engine/restart").status_code == 403
         me = user.get("/v1/me").json()
         assert me["role"] == "user" and me["key_prefix"] == server.user_key[:11]
     with as_key(server, server.admin_key) as admin:
         assert admin.get("/admin/status").status_code == 200
+
+
+def test_voices_belong_to_the_key_that_enrolled_them(server, prompt_wav_bytes) -> None:
+    """A user key's voice is its own: another user key gets 404 for it, its preview and its use; only
+    owners and admins get a voice's original recording; admins' voices are shared."""
+    files = {"audio": ("a.wav", prompt_wav_bytes, "audio/wav")}
+    with as_key(server, server.user_key) as user, as_key(server, server.other_key) as other:
+        created = user.post("/v1/voices", data={"name": "carol", "transcript": "你好"}, files=files)
+        assert created.status_code == 201 and created.json()["shared"] is False
+        voice_id = created.json()["id"]
+        for path in (f"/v1/voices/{voice_id}", "/v1/voices/carol", f"/v1/voices/{voice_id}/preview"):
+            response = other.get(path)
+            assert response.status_code == 404 and response.json()["error"]["code"] == "voice_not_found", path
+        assert "carol" not in [v["name"] for v in other.get("/v1/voices").json()["data"]]
+        speech = {"model": "tts-1", "input": API_TEXT, "voice": "carol"}
+        for path, body in [("/v1/tts", {"text": API_TEXT, "voice": "carol"}), ("/v1/audio/speech", speech)]:
+            assert other.post(path, json=body).status_code == 404, path
+        job = other.post(
+            "/v1/jobs", json={"text": API_TEXT, "voice": "carol"}
+        ).json()  # as for a missing voice
+        final = wait_for_job(other, job["id"])
+        assert final["state"] == "failed" and "no voice 'carol'" in final["error"]["message"]
+        assert other.delete("/v1/voices/carol").status_code == 404
+        assert user.get(f"/v1/voices/{voice_id}/preview").status_code == 200  # the owner's recording
+        shared = user.get("/v1/voices/alice/preview")
+        assert shared.status_code == 403 and "?text=" in shared.json()["error"]["message"]
+        assert user.get("/v1/voices/alice/preview", params={"text": "你好"}).status_code == 200
+        assert {"alice", "carol"} <= {v["name"] for v in user.get("/v1/voices").json()["data"]}
+    with as_key(server, server.admin_key) as admin:
+        assert admin.get(f"/v1/voices/{voice_id}/preview").status_code == 200
+        assert admin.delete(f"/v1/voices/{voice_id}").status_code == 204
 
 
 def test_jobs_and_outputs_belong_to_their_key(server) -> None:

@@ -14,8 +14,8 @@ import httpx
 from tests.conftest import LONG_TEXT, REPO_ROOT, enrol_voice
 
 from cosyserve.cli import main as cli_main
-from cosyserve.service.db import make_engine
-from cosyserve.service.jobs import JobStore
+from cosyserve.service.stores.db import make_engine
+from cosyserve.service.stores.jobs import JobStore
 
 
 def free_port() -> int:

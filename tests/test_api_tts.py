@@ -137,7 +137,7 @@ def test_stream_disconnect_cancels_the_work(server) -> None:
 def test_disconnect_while_waiting_cancels_the_work(server, monkeypatch) -> None:
     stats = server.service.scheduler.stats
     before = stats()["finished"]["cancelled"]
-    with server.service.synthesizer() as synth:
+    with server.service.model.synthesizer() as synth:
         engine = synth.engine
     generate = engine.generate
 
@@ -153,6 +153,38 @@ def test_disconnect_while_waiting_cancels_the_work(server, monkeypatch) -> None:
         http.post("/v1/tts", json={"text": LONG_TEXT, "voice": "alice"})
     wait_for(lambda: stats()["finished"]["cancelled"] > before)
     wait_for(lambda: stats()["running"] == 0)
+
+
+def _first_chunk_figures(client) -> tuple[float, float]:
+    """(count, sum) of the first-chunk latency histogram, from GET /metrics."""
+    from prometheus_client.parser import text_string_to_metric_families
+
+    values = {}
+    for family in text_string_to_metric_families(client.get("/metrics").text):
+        for sample in family.samples:
+            values[sample.name] = sample.value
+    prefix = "cosyserve_first_chunk_latency_seconds"
+    return values[f"{prefix}_count"], values[f"{prefix}_sum"]
+
+
+def test_first_chunk_latency_is_taken_at_the_first_audio(server, monkeypatch) -> None:
+    """The figure counts until audio exists, not until the stream's headers could be sent."""
+    with server.service.model.synthesizer() as synth:
+        engine = synth.engine
+    generate = engine.generate
+
+    def slow_generate(*args, **kwargs):
+        time.sleep(0.5)  # the LM "thinks" before the first audio
+        yield from generate(*args, **kwargs)
+
+    monkeypatch.setattr(engine, "generate", slow_generate)
+    with server.client() as http:
+        count, total = _first_chunk_figures(http)
+        body = {"text": API_TEXT, "voice": "alice", "seed": API_SEED, "stream": True, "format": "pcm"}
+        assert http.post("/v1/tts", json=body).status_code == 200
+        new_count, new_total = _first_chunk_figures(http)
+    assert new_count == count + 1
+    assert new_total - total >= 0.5
 
 
 def test_outputs_list_download_transcode_subtitles_delete(client) -> None:

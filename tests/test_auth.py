@@ -14,19 +14,12 @@ from urllib.parse import parse_qs
 import pytest
 import sqlalchemy as sa
 
+from cosyserve.commands.keys import add_keys_parser
 from cosyserve.errors import InputError, SettingsError
-from cosyserve.service import signing
-from cosyserve.service.auth import (
-    ApiKey,
-    KeyNotFound,
-    KeyStore,
-    PasswordHasher,
-    QuotaTracker,
-    RateLimiter,
-    SessionTokens,
-    check_password,
-)
-from cosyserve.service.keys_cli import add_keys_parser
+from cosyserve.service.access import signing
+from cosyserve.service.access.limits import QuotaTracker, RateLimiter
+from cosyserve.service.access.sessions import PasswordHasher, SessionTokens, check_password
+from cosyserve.service.stores.keys import ApiKey, KeyNotFound, KeyStore
 
 SECRET = "s" * 32
 T0 = 1_735_732_800.0  # 2025-01-01 12:00:00 UTC
@@ -277,7 +270,7 @@ def run_cli(store: KeyStore, *argv: str) -> str:
     add_keys_parser(sub, lambda args: store)
     args = parser.parse_args(argv)
     out = io.StringIO()
-    from cosyserve.service.keys_cli import run_keys_command
+    from cosyserve.commands.keys import run_keys_command
 
     assert run_keys_command(args, store, out=out) == 0
     return out.getvalue()

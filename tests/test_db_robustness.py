@@ -14,11 +14,12 @@ import torch
 
 from cosyserve.errors import InputError, JobStateError
 from cosyserve.frontend.prompt_features import PromptFeatures
-from cosyserve.service.auth import KeyNotFound, KeyStore
-from cosyserve.service.db import make_engine
-from cosyserve.service.jobs import JobStore, sanitize_params
-from cosyserve.service.storage import OutputStore
-from cosyserve.service.voices import VoiceLibrary, VoiceNotFound
+from cosyserve.service.stores.db import make_engine
+from cosyserve.service.stores.job_table import sanitize_params
+from cosyserve.service.stores.jobs import JobStore
+from cosyserve.service.stores.keys import KeyNotFound, KeyStore
+from cosyserve.service.stores.outputs import OutputStore
+from cosyserve.service.stores.voices import VoiceLibrary, VoiceNotFound
 
 NOT_JOB_IDS = ["", "abc", "x\x00y", "\x00" * 32, "0" * 31 + "\x00", "0" * 33, "é" * 32, "\ud800", "a" * 500]
 
@@ -230,3 +231,15 @@ def test_api_answers_404_for_job_ids_with_nul(start_api_server, database_url: st
             assert client.get("/v1/voices/%00").status_code == 404
     finally:
         server.stop()
+
+
+def test_the_sqlite_file_is_private_to_its_owner(tmp_path: Path) -> None:
+    """It holds key hashes, voices and job texts: 0600, also when an earlier version made it 0644."""
+    path = tmp_path / "cosyserve.db"
+    engine = make_engine(f"sqlite:///{path}")
+    JobStore(engine)
+    assert path.stat().st_mode & 0o777 == 0o600
+    engine.dispose()
+    path.chmod(0o644)
+    make_engine(f"sqlite:///{path}").dispose()
+    assert path.stat().st_mode & 0o777 == 0o600

@@ -268,7 +268,7 @@ def test_nginx_mounts_its_config_and_certs(services: dict[str, Any]) -> None:
 
 
 def test_nginx_conf_streams_and_fits_the_upload_limit() -> None:
-    from cosyserve.service.settings import LimitSettings, QueueSettings
+    from cosyserve.service.setting_groups import LimitSettings, QueueSettings
 
     conf = NGINX_CONF.read_text(encoding="utf-8")
     directives = {m[0]: m[1] for m in re.findall(r"^\s*([a-z_0-9]+)\s+([^;]*);", conf, flags=re.M)}

@@ -17,8 +17,8 @@ from pathlib import Path
 import httpx
 import pytest
 
-from cosyserve.service.db import make_engine
-from cosyserve.service.jobs import JobStore
+from cosyserve.service.stores.db import make_engine
+from cosyserve.service.stores.jobs import JobStore
 
 pytestmark = pytest.mark.slow
 moto_server = pytest.importorskip("moto.server")

@@ -12,11 +12,10 @@ import numpy as np
 import pytest
 
 from cosyserve.errors import Cancelled, InputError, JobStateError, QueueFull
-from cosyserve.service.app_tasks import OutputSpec, TtsOutcome
 from cosyserve.service.distributed import codec
-from cosyserve.service.jobs import JobStore
-from cosyserve.service.requests import SynthesisRequest
-from cosyserve.service.voices import VoiceDefaults, VoiceNotFound
+from cosyserve.service.requests import OutputSpec, SynthesisRequest, TtsOutcome, VoiceDefaults
+from cosyserve.service.stores.jobs import JobStore
+from cosyserve.service.stores.voices import VoiceNotFound
 
 # -- codec ------------------------------------------------------------------------------------------------
 
@@ -84,7 +83,7 @@ def test_bugs_come_back_as_remote_failure_with_the_cause() -> None:
 
 @pytest.fixture(params=["sqlite", "postgresql"])
 def job_store(request: pytest.FixtureRequest, tmp_path) -> JobStore:
-    from cosyserve.service.db import make_engine
+    from cosyserve.service.stores.db import make_engine
 
     url = (
         f"sqlite:///{tmp_path / 'jobs.db'}"
@@ -151,7 +150,7 @@ def test_racing_claims_have_exactly_one_winner(job_store: JobStore) -> None:
 def test_old_databases_gain_the_claim_columns(tmp_path) -> None:
     import sqlalchemy as sa
 
-    from cosyserve.service.db import make_engine
+    from cosyserve.service.stores.db import make_engine
 
     engine = make_engine(f"sqlite:///{tmp_path / 'old.db'}")
     with engine.begin() as conn:  # the jobs table as it was before claims existed
@@ -248,12 +247,11 @@ class _Context:
 
 @pytest.fixture()
 def dispatcher(redis_url: str, tmp_path):
-    from cosyserve.service.distributed.dispatch import RemoteDispatcher
+    from cosyserve.service.distributed.remote import RemoteBackend
     from cosyserve.service.settings import Settings
 
     settings = Settings(queue={"queue_url": redis_url}, storage={"data_dir": tmp_path})
-    service = SimpleNamespace(settings=settings, model_info={}, jobs=None, voices=None)
-    remote = RemoteDispatcher(service)  # type: ignore[arg-type]
+    remote = RemoteBackend(settings, None, jobs=None, voices=None)  # type: ignore[arg-type]
     sent: list[tuple[str, str, list]] = []
 
     def send(task: str, args: list, task_id: str | None = None) -> str:
@@ -264,7 +262,7 @@ def dispatcher(redis_url: str, tmp_path):
     remote._send = send  # type: ignore[method-assign]
     remote.sent = sent  # type: ignore[attr-defined]
     yield remote
-    remote.close()
+    remote.stop()
 
 
 def _run_in_thread(function, *args):
@@ -304,7 +302,7 @@ def test_tts_result_and_progress_are_relayed(dispatcher) -> None:
 
 
 def test_a_stream_yields_start_then_bytes_and_returns_the_outcome(dispatcher) -> None:
-    from cosyserve.service.app_tasks import StreamStart
+    from cosyserve.service.requests import StreamStart
 
     work = dispatcher.tts_work(SynthesisRequest(text="hi", voice="v"), OutputSpec(), True)
     items = work(_Context())
@@ -372,11 +370,11 @@ def test_readiness_needs_a_live_worker_and_takes_its_model_info(dispatcher) -> N
 
 
 def test_an_unreachable_queue_is_a_clear_503(tmp_path) -> None:
-    from cosyserve.service.distributed.dispatch import RemoteDispatcher
+    from cosyserve.service.distributed.remote import RemoteBackend
     from cosyserve.service.settings import Settings
 
     settings = Settings(queue={"queue_url": "redis://127.0.0.1:1/0"}, storage={"data_dir": tmp_path})
-    remote = RemoteDispatcher(SimpleNamespace(settings=settings, model_info={}))  # type: ignore[arg-type]
+    remote = RemoteBackend(settings, None, jobs=None, voices=None)  # type: ignore[arg-type]
     state = remote.readiness(False, accepting=True)
     assert state["ready"] is False and "cannot be reached" in state["reason"]
     with pytest.raises(codec.QueueUnavailable, match="Redis"):

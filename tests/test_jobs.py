@@ -19,9 +19,10 @@ from cosyserve.errors import (
     ShuttingDown,
     error_code,
 )
-from cosyserve.service.db import make_engine, sqlite_path
-from cosyserve.service.jobs import INTERRUPTED_MESSAGE, JobStore, sanitize_params, utc_now
-from cosyserve.service.scheduler import Scheduler, Ticket
+from cosyserve.service.scheduling.scheduler import Scheduler, Ticket
+from cosyserve.service.stores.db import make_engine, sqlite_path
+from cosyserve.service.stores.job_table import sanitize_params, utc_now
+from cosyserve.service.stores.jobs import INTERRUPTED_MESSAGE, JobStore
 
 
 @pytest.fixture

@@ -79,7 +79,9 @@ def test_service_core_never_imports_torch() -> None:
     code = textwrap.dedent(
         """
         import sys
-        from cosyserve.service import db, jobs, logs, metrics, scheduler, settings
+        from cosyserve.service import logs, metrics, settings
+        from cosyserve.service.scheduling import scheduler
+        from cosyserve.service.stores import db, jobs
         m = metrics.Metrics()
         m.render()
         s = scheduler.Scheduler(1, 1, 5, m)

@@ -11,8 +11,8 @@ import httpx
 import pytest
 from botocore.exceptions import EndpointConnectionError
 
-from cosyserve.service.s3sync import S3Sync, SyncError
-from cosyserve.service.storage import OutputStore
+from cosyserve.service.stores.outputs import OutputStore
+from cosyserve.service.stores.s3sync import S3Sync, SyncError
 
 moto_server = pytest.importorskip("moto.server")
 

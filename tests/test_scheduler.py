@@ -13,7 +13,7 @@ import pytest
 
 from cosyserve.errors import Cancelled, InputError, JobStateError, JobTimeout, QueueFull, ShuttingDown
 from cosyserve.service.metrics import Metrics
-from cosyserve.service.scheduler import Scheduler, Ticket, WorkContext
+from cosyserve.service.scheduling.scheduler import Scheduler, Ticket, WorkContext
 
 WAIT = 5.0  # generous upper bound for anything that should happen "soon"
 
@@ -229,6 +229,31 @@ def test_stream_error_after_items(make_scheduler: Any) -> None:
     assert got == [1] and ticket.state == "failed"
 
 
+def test_an_audio_stream_is_start_chunks_then_outcome(make_scheduler: Any) -> None:
+    from cosyserve.service.backend import AudioStream
+    from cosyserve.service.requests import StreamStart, TtsOutcome
+
+    start = StreamStart(7, "audio/pcm", 24000)
+    outcome = TtsOutcome(7, 0.1, 3, None, None, "audio/pcm")
+
+    def work(ctx: WorkContext) -> Iterator[Any]:
+        yield start
+        yield b"ab"
+        yield b"cd"
+        return outcome
+
+    stream = AudioStream(make_scheduler().submit(work, stream=True))
+    assert stream.open(WAIT) == start == stream.start
+    assert list(stream.chunks()) == [b"ab", b"cd"] and stream.outcome == outcome
+
+    def refused(ctx: WorkContext) -> Iterator[Any]:
+        raise InputError("the text is empty")
+        yield start  # pragma: no cover
+
+    with pytest.raises(InputError, match="empty"):
+        AudioStream(make_scheduler().submit(refused, stream=True)).open(WAIT)
+
+
 def test_consumer_abandonment_cancels(make_scheduler: Any) -> None:
     scheduler = make_scheduler(stream_buffer=1)
     closed = threading.Event()
@@ -392,3 +417,20 @@ def test_bounded_load() -> None:
         assert ticket.state == "done"
     assert scheduler.shutdown(grace_s=WAIT)["stuck_workers"] == 0
     assert threading.active_count() == baseline
+
+
+def test_retry_after_is_the_time_the_waiting_work_takes_to_start(make_scheduler: Any) -> None:
+    """Clients turned away wait about as long as the queue takes to drain, from measured durations."""
+    scheduler = make_scheduler(concurrency=2, queue_size=4)
+    for seconds in (3.0, 5.0):  # two finished syntheses: a mean of 4 s
+        scheduler._durations.append(seconds)
+    gate = threading.Event()
+    running = [scheduler.submit(blocker(gate)) for _ in range(2)]
+    wait_until(lambda: all(t.state == "running" for t in running))
+    queued = [scheduler.submit(blocker(gate)) for _ in range(4)]
+    with pytest.raises(QueueFull) as info:
+        scheduler.submit(blocker(gate))
+    assert info.value.retry_after_s == 8  # 4 waiting x 4 s / 2 workers
+    gate.set()
+    for ticket in running + queued:
+        ticket.result(WAIT)

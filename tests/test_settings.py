@@ -10,13 +10,8 @@ import pytest
 
 from cosyserve.errors import SettingsError
 from cosyserve.modeldir.model_dir import DEFAULT_MODEL_ID
-from cosyserve.service.settings import (
-    FLAT_NAMES,
-    Settings,
-    is_loopback,
-    nest_flat,
-    settings_reference,
-)
+from cosyserve.service.setting_groups import FLAT_NAMES, nest_flat
+from cosyserve.service.settings import Settings, is_loopback, settings_reference
 
 
 @pytest.fixture(autouse=True)
@@ -225,7 +220,7 @@ def test_nest_flat() -> None:
 
 
 def test_engine_options_follow_device_concurrency_and_flow_settings(monkeypatch) -> None:
-    from cosyserve.service.app_state import engine_options
+    from cosyserve.service.local.loading import engine_options
 
     cpu = engine_options(Settings(engine={"device": "cpu"}))
     assert not cpu.batch_decode and not cpu.batch_flow and not cpu.cuda_graph

@@ -14,15 +14,17 @@ import torch
 
 from cosyserve.errors import InputError, JobStateError
 from cosyserve.frontend.prompt_features import PromptFeatures
-from cosyserve.service.auth import KeyStore, QuotaTracker
-from cosyserve.service.db import make_engine
-from cosyserve.service.jobs import JobStore
-from cosyserve.service.storage import BUCKET_COPY, OutputNotFound, OutputStore
-from cosyserve.service.voices import (
+from cosyserve.service.access.limits import QuotaTracker
+from cosyserve.service.stores.db import make_engine
+from cosyserve.service.stores.jobs import JobStore
+from cosyserve.service.stores.keys import KeyStore
+from cosyserve.service.stores.outputs import BUCKET_COPY, OutputNotFound, OutputStore
+from cosyserve.service.stores.voices import (
     VoiceDefaults,
     VoiceFilesMissing,
     VoiceLibrary,
     VoiceNotFound,
+    VoiceScope,
     voice_files_table,
     voices_table,
 )
@@ -167,6 +169,47 @@ def test_an_old_sqlite_database_without_the_files_table_opens(tmp_path: Path) ->
     engine.dispose()
 
 
+def test_voices_from_before_owners_become_shared(tmp_path: Path, database_url: str) -> None:
+    """A voices table made before voices had owners gains the column; its voices are shared by all."""
+    engine = make_engine(database_url)
+    before = sa.Table(  # the voices table as it was made before owners
+        "voices",
+        sa.MetaData(),
+        sa.Column("id", sa.String(32), primary_key=True),
+        sa.Column("name", sa.String(64), nullable=False, unique=True),
+        sa.Column("transcript", sa.Text, nullable=True),
+        sa.Column("created_at", sa.Float, nullable=False),
+        sa.Column("model_checksum", sa.String(64), nullable=False),
+        sa.Column("audio_file", sa.String(255), nullable=False),
+        *(sa.Column(name, sa.Text, nullable=False) for name in ("defaults", "lexicon", "report")),
+    )
+    before.create(engine)
+    with engine.begin() as conn:
+        conn.execute(
+            before.insert().values(
+                id="1" * 32,
+                name="legacy",
+                created_at=1.0,
+                model_checksum="m",
+                audio_file="prompt.wav",
+                defaults="{}",
+                lexicon="{}",
+                report="{}",
+            )
+        )
+    voices = library(tmp_path / "voices", engine, "m")
+    assert "owner" in {c["name"] for c in sa.inspect(engine).get_columns("voices")}
+    user_scope = VoiceScope(owner="key:some-user", everything=False)
+    assert voices.get("legacy", user_scope).owner is None
+    own = voices.add("mine", AUDIO, FakeAnalyser(), owner="key:some-user")
+    assert [v.name for v in voices.list(VoiceScope(owner="key:another", everything=False))] == ["legacy"]
+    assert {v.name for v in voices.list(user_scope)} == {"legacy", "mine"} and own.owner == "key:some-user"
+    with pytest.raises(VoiceNotFound):
+        voices.get("mine", VoiceScope(owner="key:another", everything=False))
+    library(tmp_path / "voices2", engine, "m")  # a second process opening it adds nothing twice
+    engine.dispose()
+
+
 def test_orphaned_local_copies_are_pruned(engines: tuple[sa.Engine, sa.Engine], tmp_path: Path) -> None:
     node_a, node_b = library(tmp_path / "a", engines[0]), library(tmp_path / "b", engines[1])
     keep = node_a.add("keep", AUDIO, FakeAnalyser())
@@ -307,7 +350,7 @@ _prefixes = iter(range(10_000))
 @pytest.fixture
 def make_node(endpoint: str, tmp_path: Path) -> Iterator:
     """`make_node(name, **store options)`: an OutputStore on its own dir, all on one bucket + prefix."""
-    from cosyserve.service.s3sync import S3Sync
+    from cosyserve.service.stores.s3sync import S3Sync
 
     prefix = f"run-{next(_prefixes)}"
     syncs: list[S3Sync] = []
@@ -415,7 +458,7 @@ def test_bad_ids_never_reach_the_bucket(tmp_path: Path) -> None:
 
 
 def test_an_unreachable_bucket_leaves_local_outputs_listed(tmp_path: Path) -> None:
-    from cosyserve.service.s3sync import S3Sync, SyncError
+    from cosyserve.service.stores.s3sync import S3Sync, SyncError
 
     sync = S3Sync("http://127.0.0.1:9", "nowhere", "", "us-east-1", "x", "y", path_style=True, max_attempts=1,
                   botocore_attempts=1, connect_timeout_s=1)  # fmt: skip

@@ -12,7 +12,7 @@ from tests.test_api_serve_cli import cli, env, free_port
 
 from cosyserve.errors import CheckpointError, InputError, ModelDirError
 from cosyserve.modeldir.download import DownloadError
-from cosyserve.service.load_failure import MAX_MESSAGE_CHARS, load_failure_message
+from cosyserve.service.local.load_failure import MAX_MESSAGE_CHARS, load_failure_message
 
 MODEL = "someone/not-a-model"
 

@@ -15,11 +15,11 @@ import pytest
 from cosyserve import __version__
 from cosyserve.errors import InputError
 from cosyserve.service.requests import SentenceTiming, SynthesisRequest, SynthesisResult
-from cosyserve.service.storage import (
+from cosyserve.service.stores.output_space import RetentionWorker
+from cosyserve.service.stores.outputs import (
     STRAY_GRACE_S,
     OutputNotFound,
     OutputStore,
-    RetentionWorker,
     build_manifest,
 )
 
@@ -313,3 +313,34 @@ def test_save_enqueues_sync_and_delete_syncs_when_asked(tmp_path: Path) -> None:
         ("delete", f"{saved.id}.mp3"),
         ("delete", f"{saved.id}.json"),
     ]
+
+
+def test_the_size_cap_holds_at_every_save_and_spares_the_newest(tmp_path: Path) -> None:
+    clock = FakeClock()
+    probe = make_store(tmp_path / "probe", clock)
+    pair = probe.save(b"x" * 1000, "wav", {}).path.stat().st_size  # audio; the sidecar adds a little
+    store = make_store(tmp_path, clock, max_total_bytes=3 * pair)
+    saved = []
+    for i in range(8):
+        clock.now += 1.0
+        saved.append(store.save(b"x" * 1000, "wav", {"text": str(i)}).id)
+        assert store.total_bytes() <= store.max_total_bytes  # no waiting for the hourly retention run
+    left = [o.id for o in store.list(limit=100)]
+    assert left[0] == saved[-1] and set(left) < set(saved) and saved[0] not in left
+    huge = store.save(b"y" * (5 * pair), "wav", {})  # larger than the cap alone: kept, everything else goes
+    assert [o.id for o in store.list(limit=100)] == [huge.id]
+
+
+def test_storage_health_reports_a_low_floor_and_failed_saves(tmp_path: Path, monkeypatch) -> None:
+    roomy = make_store(tmp_path / "roomy", min_free_bytes=1)
+    assert roomy.health.problem() is None
+    cramped = make_store(tmp_path / "cramped", min_free_bytes=1 << 62)
+    assert "free for outputs" in (cramped.health.problem() or "")
+
+    def no_space(fd: int) -> None:
+        raise OSError(28, "No space left on device")
+
+    monkeypatch.setattr(os, "fsync", no_space)
+    with pytest.raises(OSError, match="No space"):
+        roomy.save(b"x", "wav", {})
+    assert "No space left on device" in (roomy.health.problem() or "")

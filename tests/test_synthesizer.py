@@ -12,10 +12,10 @@ import torch
 from tests.conftest import PROMPT_TRANSCRIPT
 
 from cosyserve.errors import InputError
-from cosyserve.service.requests import SynthesisRequest
+from cosyserve.service.local.synthesizer import Synthesizer
+from cosyserve.service.requests import SynthesisRequest, VoiceDefaults
+from cosyserve.service.stores.voices import VoiceLibrary
 from cosyserve.service.subtitles import to_srt, to_vtt
-from cosyserve.service.synthesizer import Synthesizer
-from cosyserve.service.voices import VoiceDefaults, VoiceLibrary
 
 SYSTEM = "You are a helpful assistant."
 EOP = "<|endofprompt|>"
@@ -225,3 +225,15 @@ def test_saved_voice_streaming_reuses_prompt_cache(synth, prompt_wav_bytes, monk
     for voice_mel, upload_mel in zip(mels, upload_mels, strict=True):
         torch.testing.assert_close(voice_mel, upload_mel, atol=1e-4, rtol=0)
     synth.voices.delete("cached")
+
+
+def test_the_result_reports_what_the_model_read(synth, prompt_wav_bytes) -> None:
+    result = synth.run(
+        _request(prompt_wav_bytes, text="我有3个苹果。Hello, world.", prompt_text=PROMPT_TRANSCRIPT)
+    )
+    reading = result.reading
+    assert reading["mode"] == "zero_shot" and reading["instruction"] is None
+    assert "三" in "".join(reading["spoken"]) and "3" not in "".join(reading["spoken"])
+    assert len(reading["lm_tokens"]) == len(reading["lm_text"]) == len(result.timings)
+    for text, pieces in zip(reading["lm_text"], reading["lm_tokens"], strict=True):
+        assert "".join(pieces) == text  # the token pieces spell the LM's text exactly

@@ -9,7 +9,6 @@ are written to test-artifacts/ui/.
 
 from __future__ import annotations
 
-import copy
 import io
 import itertools
 import shutil
@@ -21,7 +20,7 @@ import pytest
 import soundfile
 
 from browser import chromium
-from conftest import PROMPT_TRANSCRIPT, REPO_ROOT, LiveServer
+from conftest import PROMPT_TRANSCRIPT, REPO_ROOT, LiveServer, sharing
 
 pytestmark = pytest.mark.slow
 
@@ -34,7 +33,7 @@ WAIT_MS = 120_000  # generous: the CI machine may be busy
 @pytest.fixture(scope="module")
 def ui_server(api_synthesizer, demo_model_path, tmp_path_factory):
     from cosyserve.api.app import create_app
-    from cosyserve.service.app_state import Service
+    from cosyserve.service.assembly import Service
     from cosyserve.service.settings import Settings
     from cosyserve.ui.app import mount_ui
 
@@ -50,7 +49,7 @@ def ui_server(api_synthesizer, demo_model_path, tmp_path_factory):
         ui_password=PASSWORD,
         signing_secret="test-signing-secret-0123456789abcdef",
     )
-    service = Service(settings, synthesizer_factory=lambda _s, _v: copy.copy(api_synthesizer))
+    service = Service(settings, synthesizer_factory=sharing(api_synthesizer))
     app = create_app(service)
     mount_ui(app, service)
     server = LiveServer(app, service).start()

@@ -18,7 +18,7 @@ def no_model(_settings, _voices):
 
 def make_client(tmp_path, **settings) -> TestClient:
     from cosyserve.api.app import create_app
-    from cosyserve.service.app_state import Service
+    from cosyserve.service.assembly import Service
     from cosyserve.service.settings import Settings
     from cosyserve.ui.app import mount_ui
 

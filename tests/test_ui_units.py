@@ -8,8 +8,8 @@ from types import SimpleNamespace
 
 import pytest
 
-from cosyserve.errors import InputError, QueueFull
-from cosyserve.service.app_state import AuthRequired, ModelNotReady
+from cosyserve.errors import InputError, ModelNotReady, QueueFull
+from cosyserve.service.access.principals import AuthRequired
 from cosyserve.ui.admin_tab import logs_text
 from cosyserve.ui.assets import counter_html
 from cosyserve.ui.bridge import UploadProblem, UploadRefused

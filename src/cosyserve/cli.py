@@ -120,5 +120,10 @@ def main(argv: Sequence[str] | None = None) -> int:
         return 130
 
 
+def serve_main(argv: Sequence[str] | None = None) -> int:
+    """`python app.py …` and `./run.sh …`: the same as `cosyserve serve …`."""
+    return main(["serve", *(sys.argv[1:] if argv is None else argv)])
+
+
 if __name__ == "__main__":
     sys.exit(main())

@@ -48,12 +48,28 @@ class JobTimeout(CosyServeError):
     """A job ran longer than the request timeout and was stopped."""
 
 
+class StorageError(CosyServeError, OSError):
+    """A result could not be saved (disk full, read-only, no permission): the audio was made but not kept.
+    Also an OSError, which is what it wraps."""
+
+    retry_after_s = 30
+
+
 class ShuttingDown(CosyServeError):
-    """The server is shutting down and accepts no new work; queued work is failed with this."""
+    """The server is shutting down and accepts no new work; queued work is failed with this. Another
+    node, or this one once restarted, can take it: retry after `retry_after_s`."""
+
+    retry_after_s = 5
 
 
 class SettingsError(CosyServeError):
     """A service setting (flag, environment variable or config file value) is invalid or unsafe."""
+
+
+class ModelNotReady(CosyServeError):
+    """The model is still loading, reloading, or failed to load."""
+
+    retry_after_s = 5
 
 
 class JobStateError(CosyServeError):

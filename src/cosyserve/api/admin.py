@@ -9,7 +9,7 @@ from starlette.concurrency import run_in_threadpool
 
 from cosyserve.api.deps import CurrentPrincipal, get_service, require_admin
 from cosyserve.api.schemas import ERRORS, LoginBody
-from cosyserve.service.auth import SESSION_COOKIE
+from cosyserve.service.access.sessions import SESSION_COOKIE
 from cosyserve.service.logs import recent_logs
 
 router = APIRouter(prefix="/admin", tags=["admin"], dependencies=[Depends(require_admin)])
@@ -20,7 +20,7 @@ session_router = APIRouter(tags=["auth"])
     "/engine/restart", status_code=202, responses=ERRORS, summary="Free the model's memory and reload"
 )
 def restart_engine(request: Request) -> dict[str, Any]:
-    state = get_service(request).restart_engine()
+    state = get_service(request).backend.restart_engine()
     return {"state": state, "message": "reloading the model; GET /ready turns true when it is back"}
 
 
@@ -50,15 +50,8 @@ def status(request: Request) -> dict[str, Any]:
 @session_router.post("/auth/login", responses=ERRORS, summary="Web UI login: sets the session cookie")
 async def login(body: LoginBody, request: Request, response: Response) -> dict[str, Any]:
     service = get_service(request)
-    token = await run_in_threadpool(service.login, body.username, body.password)
-    response.set_cookie(
-        SESSION_COOKIE,
-        token,
-        max_age=int(service.sessions.ttl_s),
-        httponly=True,
-        samesite="lax",
-        secure=request.url.scheme == "https",
-    )
+    token = await run_in_threadpool(service.access.login, body.username, body.password)
+    response.set_cookie(**service.access.session_cookie(token, secure=request.url.scheme == "https"))
     return {"user": body.username}
 
 
@@ -73,7 +66,7 @@ def whoami(request: Request, principal: CurrentPrincipal) -> dict[str, Any]:
     service = get_service(request)
     quota = None
     if principal.key is not None:
-        status = service.quota.check(principal.key)
+        status = service.access.quota.check(principal.key)
         quota = {"used_s": status.used_s, "limit_s": status.limit_s, "resets_at": status.resets_at}
     return {
         "kind": principal.kind,
@@ -81,5 +74,5 @@ def whoami(request: Request, principal: CurrentPrincipal) -> dict[str, Any]:
         "name": principal.name,
         "key_prefix": principal.key.prefix if principal.key else None,
         "quota": quota,
-        "auth_enabled": service.auth_enabled(),
+        "auth_enabled": service.access.auth_enabled(),
     }

@@ -21,7 +21,7 @@ from cosyserve.api import admin, health, jobs, openai, outputs, tts, voices
 from cosyserve.api.body_budget import BodyBudget
 from cosyserve.api.errors import install_error_handlers
 from cosyserve.api.middleware import ApiMiddleware
-from cosyserve.service.app_state import Service
+from cosyserve.service.assembly import Service
 
 DOCS_ASSETS_URL = "/docs-assets"
 EXPOSED_HEADERS = [

@@ -13,9 +13,11 @@ from typing import Annotated, Any
 from fastapi import Depends, Request
 from starlette.concurrency import run_in_threadpool
 
-from cosyserve.service.app_state import AuthRequired, Forbidden, Principal, Service
-from cosyserve.service.app_tasks import OutputSpec
-from cosyserve.service.auth import SESSION_COOKIE
+from cosyserve.service.access.principals import AuthRequired, Forbidden, Principal
+from cosyserve.service.access.sessions import SESSION_COOKIE
+from cosyserve.service.assembly import Service
+from cosyserve.service.requests import OutputSpec
+from cosyserve.service.stores.voices import Voice
 
 
 def get_service(request: Request) -> Service:
@@ -40,23 +42,18 @@ async def current_principal(request: Request) -> Principal:
     cached = getattr(request.state, "principal", None)
     if cached is not None:
         return cached
-    service = get_service(request)
+    access = get_service(request).access
     key_text = presented_key(request)
-    key = await run_in_threadpool(service.keys.authenticate, key_text) if key_text is not None else None
-    if key is not None:
-        principal = Principal("key", key.role, key=key, name=key.name)
-    elif (user := service.sessions.verify(request.cookies.get(SESSION_COOKIE))) is not None:
-        principal = Principal("session", "admin", name=user)
-    elif not await run_in_threadpool(service.auth_enabled):
-        principal = Principal("anonymous", "admin")  # e.g. an OpenAI SDK's placeholder key, auth off
-    elif key_text is not None:
+    session = request.cookies.get(SESSION_COOKIE)
+    principal = await run_in_threadpool(access.identify, key_text, session)
+    if principal is None and key_text is not None:
         raise AuthRequired("the API key is not valid (unknown, malformed or revoked)")
-    else:
+    if principal is None:
         raise AuthRequired(
             "this server requires an API key: send `Authorization: Bearer <key>` or `X-API-Key: <key>` "
             "(create keys with `cosyserve keys create`)"
         )
-    service.check_rate(principal)
+    access.check_rate(principal)
     request.state.principal = principal
     return principal
 
@@ -70,12 +67,13 @@ async def require_admin(principal: CurrentPrincipal) -> Principal:
     return principal
 
 
-def can_see(principal: Principal, owner: str | None) -> bool:
-    """Admins see everything; other callers only what they own."""
-    return principal.is_admin or (owner is not None and owner == principal.owner)
-
-
 AdminPrincipal = Annotated[Principal, Depends(require_admin)]
+
+
+def usable_voice(request: Request, principal: Principal, id_or_name: str) -> Voice:
+    """The saved voice `principal` may use: their own or a shared one (404 `voice_not_found` for any
+    other, the same as for a missing one)."""
+    return get_service(request).voices.get(id_or_name, principal.voices)
 
 
 def output_spec(request: Request, principal: Principal, endpoint: str, **fields: Any) -> OutputSpec:

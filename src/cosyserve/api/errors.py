@@ -23,19 +23,22 @@ from cosyserve.errors import (
     JobStateError,
     JobTimeout,
     ModelDirError,
+    ModelNotReady,
+    OutOfMemory,
     QueueFull,
     SettingsError,
     ShuttingDown,
+    StorageError,
     error_code,
 )
-from cosyserve.service.app_state import AuthRequired, Forbidden, ModelNotReady, QuotaExceeded, RateLimited
-from cosyserve.service.app_tasks import JobNotFound
-from cosyserve.service.auth import KeyNotFound
+from cosyserve.service.access.principals import AuthRequired, Forbidden, QuotaExceeded, RateLimited
 from cosyserve.service.distributed.codec import NoWorkers, QueueUnavailable, WorkerLost
 from cosyserve.service.logs import get_request_id, log_failure
-from cosyserve.service.s3sync import SyncError
-from cosyserve.service.storage import OutputNotFound
-from cosyserve.service.voices import VoiceNotFound
+from cosyserve.service.stores.jobs import JobNotFound
+from cosyserve.service.stores.keys import KeyNotFound
+from cosyserve.service.stores.outputs import OutputNotFound
+from cosyserve.service.stores.s3sync import SyncError
+from cosyserve.service.stores.voices import VoiceNotFound
 
 log = logging.getLogger(__name__)
 _COUNTED = "_cosyserve_counted"
@@ -83,6 +86,8 @@ _MAP: tuple[tuple[type[BaseException], int, str], ...] = (
     (AuthRequired, 401, "auth_required"),
     (Forbidden, 403, "forbidden"),
     (ModelNotReady, 503, "model_not_ready"),
+    (OutOfMemory, 503, "out_of_memory"),
+    (StorageError, 503, "storage_error"),
     (NoWorkers, 503, "no_workers"),
     (WorkerLost, 503, "worker_lost"),
     (QueueUnavailable, 503, "queue_unavailable"),

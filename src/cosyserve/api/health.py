@@ -51,7 +51,7 @@ def models(request: Request, _: CurrentPrincipal) -> ModelList:
     service = get_service(request)
     created = int(service.started_at)
     names = list(MODEL_ALIASES)
-    path = service.model_info.get("model_path")
+    path = service.backend.model_info.get("model_path")
     if path:
         names.append(path.rstrip("/").rsplit("/", 1)[-1])
     return ModelList(data=[ModelCard(id=name, created=created) for name in dict.fromkeys(names)])

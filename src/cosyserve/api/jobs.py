@@ -8,14 +8,14 @@ from fastapi import APIRouter, Query, Request, Response
 from fastapi.responses import RedirectResponse
 from starlette.concurrency import run_in_threadpool
 
-from cosyserve.api.deps import CurrentPrincipal, can_see, get_service, output_spec
+from cosyserve.api.deps import CurrentPrincipal, get_service, output_spec
 from cosyserve.api.inputs import read_params
 from cosyserve.api.schemas import ERRORS, JobError, JobList, JobParams, JobView, body_doc
 from cosyserve.api.tts import upload_limit
 from cosyserve.errors import JobStateError
-from cosyserve.service.app_state import Principal, Service
-from cosyserve.service.app_tasks import JobNotFound
-from cosyserve.service.jobs import JobRecord
+from cosyserve.service.access.principals import Principal
+from cosyserve.service.assembly import Service
+from cosyserve.service.stores.jobs import JobNotFound, JobRecord
 
 router = APIRouter(prefix="/v1/jobs", tags=["jobs"])
 
@@ -34,7 +34,7 @@ def job_view(service: Service, record: JobRecord) -> JobView:
         fmt = (record.params or {}).get("format")
         rate = (record.params or {}).get("sample_rate")
         query = {"format": fmt if fmt != "wav" else None, "sample_rate": rate}
-        result_url = service.signed_url(f"/v1/outputs/{record.output_id}", query)
+        result_url = service.access.signed_url(f"/v1/outputs/{record.output_id}", query)
     error = JobError(code=record.error_code, message=record.error_message) if record.error_code else None
     return JobView(
         id=record.id,
@@ -57,7 +57,7 @@ def job_view(service: Service, record: JobRecord) -> JobView:
 
 def _own_job(service: Service, principal: Principal, job_id: str) -> JobRecord:
     record = service.jobs.get(job_id)
-    if record is None or not can_see(principal, record.owner):
+    if record is None or not principal.may_see(record.owner):
         raise JobNotFound(f"no job {job_id!r}: list your jobs with GET /v1/jobs")
     return record
 
@@ -74,10 +74,10 @@ def _own_job(service: Service, principal: Principal, job_id: str) -> JobRecord:
 )
 async def create_job(request: Request, response: Response, principal: CurrentPrincipal) -> JobView:
     service = get_service(request)
-    service.check_quota(principal)
+    service.access.check_quota(principal)
     params, audio, _ = await read_params(request, JobParams, "prompt_wav", upload_limit(request))
     spec = output_spec(request, principal, "jobs", format=params.format, sample_rate=params.sample_rate)
-    record = await run_in_threadpool(service.submit_job, params.to_request(audio), spec)
+    record = await run_in_threadpool(service.backend.submit_job, params.to_request(audio), spec)
     response.headers["Location"] = f"/v1/jobs/{record.id}"
     return job_view(service, record)
 
@@ -126,4 +126,4 @@ def job_result(job_id: str, request: Request, principal: CurrentPrincipal) -> Re
 def cancel_job(job_id: str, request: Request, principal: CurrentPrincipal) -> JobView:
     service = get_service(request)
     _own_job(service, principal, job_id)
-    return job_view(service, service.cancel_job(job_id))
+    return job_view(service, service.backend.cancel_job(job_id))

@@ -112,23 +112,24 @@ class ApiMiddleware:
                 await self._release(held)
             if self.body_budget is not None and self.body_budget.counts(received):
                 self.releaser.soon()  # the body's memory is garbage now: give it back to the system
-            elapsed = time.perf_counter() - started
-            code = status[0] if status else 500
-            template = route_label(scope.get("route"))
-            self.metrics.observe_request(template, code, elapsed)
-            path = scope.get("path", "")
-            quiet = path in _QUIET_PATHS or path.startswith(_QUIET_PREFIXES)
-            level = logging.DEBUG if quiet and code < 400 else logging.INFO
-            access_log.log(
-                level,
-                "%s %s %d %.3fs",
-                scope.get("method", "-"),
-                path,
-                code,
-                elapsed,
-                extra={"client": (scope.get("client") or ("-",))[0]},
-            )
+            self._record(scope, status[0] if status else 500, time.perf_counter() - started)
             reset_request_id(token)
+
+    def _record(self, scope: Scope, code: int, elapsed: float) -> None:
+        """Count the request by its route template and write the access log line."""
+        self.metrics.observe_request(route_label(scope.get("route")), code, elapsed)
+        path = scope.get("path", "")
+        quiet = path in _QUIET_PATHS or path.startswith(_QUIET_PREFIXES)
+        level = logging.DEBUG if quiet and code < 400 else logging.INFO
+        access_log.log(
+            level,
+            "%s %s %d %.3fs",
+            scope.get("method", "-"),
+            path,
+            code,
+            elapsed,
+            extra={"client": (scope.get("client") or ("-",))[0]},
+        )
 
     async def _release(self, nbytes: int) -> None:
         if self.body_budget is not None:

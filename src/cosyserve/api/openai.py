@@ -11,7 +11,7 @@ from __future__ import annotations
 
 from fastapi import APIRouter, Request, Response
 
-from cosyserve.api.deps import CurrentPrincipal, get_service, output_spec
+from cosyserve.api.deps import CurrentPrincipal, get_service, output_spec, usable_voice
 from cosyserve.api.schemas import AUDIO_CONTENT, ERRORS, SpeechParams
 from cosyserve.api.streaming import (
     audio_response,
@@ -22,7 +22,7 @@ from cosyserve.api.streaming import (
 )
 from cosyserve.errors import InputError
 from cosyserve.service.requests import SynthesisRequest
-from cosyserve.service.voices import VoiceNotFound
+from cosyserve.service.stores.voices import VoiceNotFound
 
 router = APIRouter(prefix="/v1", tags=["openai"])
 MIN_SPEED, MAX_SPEED = 0.5, 2.0
@@ -38,7 +38,7 @@ MIN_SPEED, MAX_SPEED = 0.5, 2.0
 )
 async def speech(body: SpeechParams, request: Request, principal: CurrentPrincipal) -> Response:
     service = get_service(request)
-    service.check_quota(principal)
+    service.access.check_quota(principal)
     if body.response_format == "aac":
         raise InputError("response_format 'aac' is not supported here: use mp3, opus, flac, wav or pcm")
     if not MIN_SPEED <= body.speed <= MAX_SPEED:
@@ -47,7 +47,7 @@ async def speech(body: SpeechParams, request: Request, principal: CurrentPrincip
         )
     name = body.voice_name
     try:
-        service.voices.get(name)
+        usable_voice(request, principal, name)
     except VoiceNotFound:
         raise VoiceNotFound(
             f"no saved voice {name!r}. `voice` must name a voice saved on this server: create one with "
@@ -70,12 +70,12 @@ async def speech(body: SpeechParams, request: Request, principal: CurrentPrincip
         extra={"model": body.model},
     )
     if body.stream_format == "sse":
-        ticket = service.submit_tts(synthesis, spec, stream=True)
-        start, items = await open_stream(request, ticket)
-        return sse_response(ticket, start, items, len(body.input))
+        stream = service.backend.stream_tts(synthesis, spec)
+        await open_stream(request, stream)
+        return sse_response(stream, len(body.input))
     if "stream_format" in body.model_fields_set:  # asked for "audio" explicitly: chunks as generated
-        ticket = service.submit_tts(synthesis, spec, stream=True)
-        start, items = await open_stream(request, ticket)
-        return audio_stream_response(ticket, start, items)
-    ticket = service.submit_tts(synthesis, spec)
+        stream = service.backend.stream_tts(synthesis, spec)
+        await open_stream(request, stream)
+        return audio_stream_response(stream)
+    ticket = service.backend.submit_tts(synthesis, spec)
     return audio_response(await await_ticket(request, ticket))

@@ -13,12 +13,13 @@ from fastapi import APIRouter, Query, Request, Response
 from fastapi.responses import FileResponse
 from starlette.concurrency import run_in_threadpool
 
-from cosyserve.api.deps import CurrentPrincipal, can_see, current_principal, get_service
+from cosyserve.api.deps import CurrentPrincipal, current_principal, get_service
 from cosyserve.api.schemas import AUDIO_CONTENT, ERRORS, AudioFormat, OutputList, OutputView
-from cosyserve.service.app_state import Forbidden, Principal, Service
+from cosyserve.service.access.principals import Forbidden, Principal
+from cosyserve.service.assembly import Service
 from cosyserve.service.audio_formats import encode, mime_type
 from cosyserve.service.requests import SentenceTiming
-from cosyserve.service.storage import OutputNotFound, StoredOutput
+from cosyserve.service.stores.outputs import OutputNotFound, StoredOutput
 from cosyserve.service.subtitles import to_srt, to_vtt
 
 router = APIRouter(prefix="/v1/outputs", tags=["outputs"])
@@ -34,14 +35,14 @@ def output_view(service: Service, output: StoredOutput) -> OutputView:
         sample_rate=manifest.get("sample_rate"),
         seed=manifest.get("seed"),
         owner=manifest.get("owner"),
-        url=service.signed_url(output.url_path),
+        url=service.access.signed_url(output.url_path),
         manifest_url=f"{output.url_path}/manifest",
     )
 
 
 def _visible(service: Service, principal: Principal, output_id: str) -> StoredOutput:
     output = service.outputs.get(output_id)
-    if not can_see(principal, output.manifest.get("owner")):
+    if not principal.may_see(output.manifest.get("owner")):
         raise OutputNotFound(f"no output {output_id}; it may have expired or been deleted")
     return output
 
@@ -83,7 +84,7 @@ async def download_output(
 ) -> Response:
     service = get_service(request)
     if exp is not None or sig is not None:
-        if not service.verify_signed(f"/v1/outputs/{output_id}", exp, sig):
+        if not service.access.verify_signed(f"/v1/outputs/{output_id}", exp, sig):
             raise Forbidden("this download link is invalid or has expired: ask for a new one")
         output = await run_in_threadpool(service.outputs.get, output_id)
     else:

@@ -6,9 +6,8 @@ from typing import Any, Literal
 
 from pydantic import AliasChoices, BaseModel, ConfigDict, Field
 
-from cosyserve.service.requests import SynthesisRequest
+from cosyserve.service.requests import MAX_SEED, SynthesisRequest
 
-MAX_SEED = 2**31 - 1
 AudioFormat = Literal["wav", "mp3", "opus", "flac", "pcm"]
 
 
@@ -144,6 +143,7 @@ class VoiceView(BaseModel):
     defaults: dict[str, Any]
     lexicon: dict[str, str]
     report: dict[str, Any]
+    shared: bool = True  # False: it belongs to the API key that enrolled it
     preview_url: str
 
 

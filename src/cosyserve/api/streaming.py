@@ -1,8 +1,8 @@
-"""Waiting for tickets from the event loop, and audio / server-sent-event responses fed by them.
+"""Waiting for tickets from the event loop, and audio / server-sent-event responses fed by audio streams.
 
 A client that disconnects cancels its work: while a ticket waits or runs, the connection is checked every
 `POLL_S`; once a streaming response has started, Starlette notices the disconnect and closes our body
-generator, which cancels the ticket.
+generator, which cancels the stream's ticket.
 """
 
 from __future__ import annotations
@@ -12,15 +12,18 @@ import base64
 import contextlib
 import json
 import logging
-from collections.abc import AsyncIterator
-from typing import Any
+from collections.abc import AsyncIterator, Awaitable
+from typing import Any, TypeVar
 
 from fastapi import Request
 from fastapi.responses import Response, StreamingResponse
 
 from cosyserve.api.errors import classify, error_response, mark_counted
-from cosyserve.service.app_tasks import StreamStart, TtsOutcome
-from cosyserve.service.scheduler import Ticket
+from cosyserve.service.backend import AudioStream
+from cosyserve.service.requests import StreamStart, TtsOutcome
+from cosyserve.service.scheduling.scheduler import Ticket
+
+T = TypeVar("T")
 
 log = logging.getLogger(__name__)
 POLL_S = 0.25
@@ -42,8 +45,9 @@ async def await_ticket(request: Request, ticket: Ticket) -> Any:
         raise mark_counted(exc, ticket.id) from None
 
 
-async def _first_item(request: Request, items: AsyncIterator[Any], ticket: Ticket) -> Any:
-    task = asyncio.ensure_future(items.__anext__())
+async def _watching(request: Request, ticket: Ticket, pending: Awaitable[T]) -> T:
+    """`pending`'s result, cancelling the ticket if the client disconnects while it waits."""
+    task = asyncio.ensure_future(pending)
     try:
         while True:
             done, _ = await asyncio.wait({task}, timeout=POLL_S)
@@ -51,50 +55,44 @@ async def _first_item(request: Request, items: AsyncIterator[Any], ticket: Ticke
                 return task.result()
             if await request.is_disconnected():
                 ticket.cancel(DISCONNECTED)
-    except StopAsyncIteration:
-        raise RuntimeError(f"job {ticket.id} ended without output") from None
     except BaseException as exc:
         if not task.done():
             task.cancel()
         raise mark_counted(exc, ticket.id) from None
 
 
-async def open_stream(request: Request, ticket: Ticket) -> tuple[StreamStart, AsyncIterator[Any]]:
-    """Wait until the work has checked its request and produced `StreamStart`; errors before that
+async def open_stream(request: Request, stream: AudioStream) -> StreamStart:
+    """Wait until the work has checked its request and the stream has started; errors before that
     (bad input, queue timeouts, a disconnect) raise here, while an error envelope can still be sent."""
-    items = ticket.achunks()
-    start = await _first_item(request, items, ticket)
-    if not isinstance(start, StreamStart):  # pragma: no cover - the work always yields it first
-        raise RuntimeError("the stream did not start with StreamStart")
-    return start, items
+    return await _watching(request, stream.ticket, stream.open_async())
 
 
-class TicketStreamingResponse(StreamingResponse):
-    """A streaming response that cancels its ticket however it ends: done, disconnected, or never sent
+class AudioStreamingResponse(StreamingResponse):
+    """A streaming response that cancels its stream however it ends: done, disconnected, or never sent
     (a body generator that never started would not run its own cleanup)."""
 
-    def __init__(self, ticket: Ticket, items: AsyncIterator[Any], body: AsyncIterator[bytes], **kwargs: Any):
+    def __init__(self, stream: AudioStream, body: AsyncIterator[bytes], **kwargs: Any):
         super().__init__(body, **kwargs)
-        self.ticket, self.items = ticket, items
+        self.stream = stream
 
     async def __call__(self, scope: Any, receive: Any, send: Any) -> None:
         try:
             await super().__call__(scope, receive, send)
         finally:
-            if not self.ticket.finished:
-                self.ticket.cancel(DISCONNECTED)
-            aclose = getattr(self.items, "aclose", None)
-            if aclose is not None:
-                with contextlib.suppress(Exception):  # the work's error was logged by the scheduler
-                    await aclose()
+            if not self.stream.ticket.finished:
+                self.stream.ticket.cancel(DISCONNECTED)
+            with contextlib.suppress(Exception):  # the work's error was logged by the scheduler
+                await self.stream.aclose()
 
 
-def audio_stream_response(ticket: Ticket, start: StreamStart, items: AsyncIterator[Any]) -> StreamingResponse:
+def audio_stream_response(stream: AudioStream) -> StreamingResponse:
+    """The audio as it is made; `open_stream` first (its start gives the headers)."""
+    ticket, start = stream.ticket, _started(stream)
+
     async def body() -> AsyncIterator[bytes]:
         try:
-            async for item in items:
-                if isinstance(item, bytes):
-                    yield item
+            async for data in stream.achunks():
+                yield data
         except Exception as exc:
             if exc is ticket.error:
                 mark_counted(exc, ticket.id)  # the scheduler logged it; the middleware cuts the body off
@@ -106,20 +104,19 @@ def audio_stream_response(ticket: Ticket, start: StreamStart, items: AsyncIterat
         "Cache-Control": "no-cache",
         "X-Accel-Buffering": "no",  # nginx: pass chunks on at once
     }
-    return TicketStreamingResponse(ticket, items, body(), media_type=start.media_type, headers=headers)
+    return AudioStreamingResponse(stream, body(), media_type=start.media_type, headers=headers)
 
 
-def sse_response(
-    ticket: Ticket, start: StreamStart, items: AsyncIterator[Any], input_chars: int
-) -> StreamingResponse:
+def sse_response(stream: AudioStream, input_chars: int) -> StreamingResponse:
     """OpenAI's speech SSE: `speech.audio.delta` events with base64 audio, then `speech.audio.done`."""
+    ticket, start = stream.ticket, _started(stream)
 
     async def body() -> AsyncIterator[bytes]:
         try:
-            async for item in items:
-                if isinstance(item, bytes) and item:
-                    yield _event({"type": "speech.audio.delta", "audio": base64.b64encode(item).decode()})
-            outcome: TtsOutcome = ticket.value
+            async for data in stream.achunks():
+                if data:
+                    yield _event({"type": "speech.audio.delta", "audio": base64.b64encode(data).decode()})
+            outcome = stream.outcome
             tokens = outcome.speech_tokens if outcome else 0
             usage = {
                 "input_tokens": input_chars,
@@ -137,7 +134,13 @@ def sse_response(
             yield _event({"type": "error", "error": {**error, "status": status, "code": code}})
 
     headers = {"X-Cosyserve-Seed": str(start.seed), "Cache-Control": "no-cache", "X-Accel-Buffering": "no"}
-    return TicketStreamingResponse(ticket, items, body(), media_type="text/event-stream", headers=headers)
+    return AudioStreamingResponse(stream, body(), media_type="text/event-stream", headers=headers)
+
+
+def _started(stream: AudioStream) -> StreamStart:
+    if stream.start is None:
+        raise RuntimeError("open_stream() the stream before answering with it")
+    return stream.start
 
 
 def _event(data: dict[str, Any]) -> bytes:
@@ -153,4 +156,7 @@ def audio_response(outcome: TtsOutcome) -> Response:
         headers["X-Cosyserve-Output-Id"] = outcome.output_id
     if outcome.warnings:
         headers["X-Cosyserve-Warnings"] = str(len(outcome.warnings))
+    if outcome.storage_error:  # the audio is here, but it was not kept: no output id, no later download
+        headers["X-Cosyserve-Saved"] = "false"
+        headers["X-Cosyserve-Storage-Error"] = outcome.storage_error.encode("ascii", "replace").decode()
     return Response(outcome.audio or b"", media_type=outcome.media_type, headers=headers)

@@ -30,13 +30,13 @@ def upload_limit(request: Request) -> int:
 )
 async def tts(request: Request, principal: CurrentPrincipal) -> Response:
     service = get_service(request)
-    service.check_quota(principal)
+    service.access.check_quota(principal)
     params, audio, _ = await read_params(request, TtsParams, "prompt_wav", upload_limit(request))
     spec = output_spec(request, principal, "tts", format=params.format, sample_rate=params.sample_rate)
-    synthesis = params.to_request(audio)
+    synthesis = params.to_request(audio)  # a saved voice is looked up for this caller where it is used
     if params.stream:
-        ticket = service.submit_tts(synthesis, spec, stream=True)
-        start, items = await open_stream(request, ticket)
-        return audio_stream_response(ticket, start, items)
-    ticket = service.submit_tts(synthesis, spec)
+        stream = service.backend.stream_tts(synthesis, spec)
+        await open_stream(request, stream)
+        return audio_stream_response(stream)
+    ticket = service.backend.submit_tts(synthesis, spec)
     return audio_response(await await_ticket(request, ticket))

@@ -1,6 +1,9 @@
 """Saved voices: list, enrol (JSON or multipart), read, update, delete, preview.
 
-Changing the library needs the admin role when auth is on; any caller may list and use voices.
+A voice is someone's biometric data, so voices have owners when auth is on: a voice enrolled with a
+user key belongs to that key; admins' voices (and those from before owners) are shared. A user key sees
+and uses its own and the shared voices (any other answers 404, like a missing one), changes only its
+own, and only owners and admins download the original recording. Admins see and change everything.
 """
 
 from __future__ import annotations
@@ -11,7 +14,7 @@ from fastapi import APIRouter, Query, Request, Response
 from fastapi.responses import FileResponse
 from starlette.concurrency import run_in_threadpool
 
-from cosyserve.api.deps import AdminPrincipal, CurrentPrincipal, get_service, output_spec, request_id
+from cosyserve.api.deps import CurrentPrincipal, get_service, output_spec, request_id, usable_voice
 from cosyserve.api.inputs import parse_lexicon, read_params
 from cosyserve.api.schemas import (
     AUDIO_CONTENT,
@@ -25,8 +28,9 @@ from cosyserve.api.schemas import (
 from cosyserve.api.streaming import audio_response, await_ticket
 from cosyserve.api.tts import upload_limit
 from cosyserve.errors import InputError
-from cosyserve.service.requests import SynthesisRequest
-from cosyserve.service.voices import Voice, VoiceDefaults
+from cosyserve.service.access.principals import Forbidden, Principal
+from cosyserve.service.requests import EnrolmentRequest, SynthesisRequest, VoiceDefaults
+from cosyserve.service.stores.voices import Voice
 
 router = APIRouter(prefix="/v1/voices", tags=["voices"])
 PREVIEW_MAX_CHARS = 100
@@ -36,9 +40,10 @@ def view(voice: Voice) -> VoiceView:
     return VoiceView(**voice.public(), preview_url=f"/v1/voices/{voice.id}/preview")
 
 
-@router.get("", response_model=VoiceList, responses=ERRORS, summary="List saved voices")
-def list_voices(request: Request, _: CurrentPrincipal) -> VoiceList:
-    return VoiceList(data=[view(v) for v in get_service(request).voices.list()])
+@router.get("", response_model=VoiceList, responses=ERRORS, summary="List saved voices (yours and shared)")
+def list_voices(request: Request, principal: CurrentPrincipal) -> VoiceList:
+    scope = principal.voices
+    return VoiceList(data=[view(v) for v in get_service(request).voices.list() if scope.includes(v.owner)])
 
 
 @router.post(
@@ -51,42 +56,49 @@ def list_voices(request: Request, _: CurrentPrincipal) -> VoiceList:
     "best clone). Multipart: upload it as `audio`; JSON: `audio` as base64.",
     openapi_extra=body_doc(VoiceCreateParams, "audio"),
 )
-async def create_voice(request: Request, _: AdminPrincipal) -> VoiceView:
+async def create_voice(request: Request, principal: CurrentPrincipal) -> VoiceView:
     service = get_service(request)
     params, audio, suffix = await read_params(request, VoiceCreateParams, "audio", upload_limit(request))
     if audio is None:
         raise InputError("no recording: upload the voice's audio as `audio` (multipart) or base64 (JSON)")
     defaults = VoiceDefaults(instruct=params.instruct or None, speed=params.speed, seed=params.seed)
-    ticket = service.submit_enrolment(
-        params.name,
-        audio,
-        params.transcript,
-        suffix=suffix,
-        defaults=defaults,
-        lexicon=parse_lexicon(params.lexicon),
-        request_id=request_id(request),
+    lexicon = parse_lexicon(params.lexicon)
+    enrolment = EnrolmentRequest(
+        params.name, audio, params.transcript, suffix, defaults, lexicon, owner=principal.voice_owner
     )
+    ticket = service.backend.submit_enrolment(enrolment, request_id=request_id(request))
     voice: Voice = await await_ticket(request, ticket)
     return view(voice)
 
 
 @router.get("/{voice_id}", response_model=VoiceView, responses=ERRORS, summary="One voice")
-def get_voice(voice_id: str, request: Request, _: CurrentPrincipal) -> VoiceView:
-    return view(get_service(request).voices.get(voice_id))
+def get_voice(voice_id: str, request: Request, principal: CurrentPrincipal) -> VoiceView:
+    return view(usable_voice(request, principal, voice_id))
+
+
+def _changeable(request: Request, principal: Principal, voice_id: str) -> Voice:
+    """The voice, if `principal` may change it: admins any, others their own (shared ones: 403)."""
+    voice = usable_voice(request, principal, voice_id)
+    if not principal.is_admin and voice.owner is None:
+        raise Forbidden(f"voice {voice.name!r} is shared: only an admin key can change or delete it")
+    return voice
 
 
 @router.patch("/{voice_id}", response_model=VoiceView, responses=ERRORS, summary="Rename or change a voice")
-def update_voice(voice_id: str, body: VoiceUpdate, request: Request, _: AdminPrincipal) -> VoiceView:
+def update_voice(
+    voice_id: str, body: VoiceUpdate, request: Request, principal: CurrentPrincipal
+) -> VoiceView:
+    voice = _changeable(request, principal, voice_id)
     defaults = VoiceDefaults(**body.defaults.model_dump()) if body.defaults is not None else None
-    voice = get_service(request).voices.update(
-        voice_id, name=body.name, transcript=body.transcript, defaults=defaults, lexicon=body.lexicon
+    updated = get_service(request).voices.update(
+        voice.id, name=body.name, transcript=body.transcript, defaults=defaults, lexicon=body.lexicon
     )
-    return view(voice)
+    return view(updated)
 
 
 @router.delete("/{voice_id}", status_code=204, responses=ERRORS, summary="Delete a voice")
-def delete_voice(voice_id: str, request: Request, _: AdminPrincipal) -> Response:
-    get_service(request).voices.delete(voice_id)
+def delete_voice(voice_id: str, request: Request, principal: CurrentPrincipal) -> Response:
+    get_service(request).voices.delete(_changeable(request, principal, voice_id).id)
     return Response(status_code=204)
 
 
@@ -103,12 +115,17 @@ async def preview_voice(
     text: str | None = Query(None, min_length=1, max_length=PREVIEW_MAX_CHARS),
 ) -> Response:
     service = get_service(request)
-    voice = await run_in_threadpool(service.voices.get, voice_id)
+    voice = await run_in_threadpool(usable_voice, request, principal, voice_id)
     if text is None:  # the recording itself (fetched from the shared database if not on this node yet)
+        if not principal.is_admin and voice.owner != principal.owner:
+            raise Forbidden(
+                f"the recording of voice {voice.name!r} is for its owner and admins only: "
+                "hear the voice with ?text=… instead"
+            )
         path = await run_in_threadpool(service.voices.audio_file, voice)
         media_type = mimetypes.guess_type(path.name)[0] or "application/octet-stream"
         return FileResponse(path, media_type=media_type)
-    service.check_quota(principal)
+    service.access.check_quota(principal)
     spec = output_spec(request, principal, "preview")
-    ticket = service.submit_tts(SynthesisRequest(text=text, voice=voice.id), spec)
+    ticket = service.backend.submit_tts(SynthesisRequest(text=text, voice=voice.id), spec)
     return audio_response(await await_ticket(request, ticket))

@@ -8,7 +8,6 @@ from __future__ import annotations
 
 import argparse
 import logging
-import sys
 import typing
 from typing import Any
 
@@ -16,7 +15,7 @@ log = logging.getLogger("cosyserve.serve")
 
 
 def _field_annotation(path: str) -> Any:
-    from cosyserve.service.settings import GROUPS
+    from cosyserve.service.setting_groups import GROUPS
 
     group, key = path.split(".")
     for name, info in GROUPS[group].model_fields.items():
@@ -74,8 +73,9 @@ def cmd_serve(args: argparse.Namespace) -> int:
     import uvicorn
 
     from cosyserve.api.app import create_app
+    from cosyserve.commands.draining import DrainingServer
     from cosyserve.commands.startup import print_failure, watch_first_load
-    from cosyserve.service.app_state import Service
+    from cosyserve.service.assembly import Service
     from cosyserve.service.logs import configure_logging
 
     settings = load_settings(args, args.settings_dests)
@@ -101,17 +101,16 @@ def cmd_serve(args: argparse.Namespace) -> int:
         server_header=False,
     )
     log.info("cosyserve on http://%s:%d (API docs at /docs)", settings.server.host, settings.server.port)
-    server = uvicorn.Server(config)
+    server = DrainingServer(config, drain=service.drain)
     load_failed: list[str] = []
-    if service.remote is None and not settings.server.keep_serving_on_load_error:
+    host = service.model  # None on an API node: it loads no model
+    if host is not None and not settings.server.keep_serving_on_load_error:
 
         def stop_serving(message: str) -> None:
             load_failed.append(message)
             server.should_exit = True
 
-        watch_first_load(
-            lambda: service.model_state, lambda: service.load_error, settings.engine.model, stop_serving
-        )
+        watch_first_load(lambda: host.state, lambda: host.load_error, settings.engine.model, stop_serving)
     server.run()
     if load_failed:
         print_failure("serve", load_failed[0])
@@ -121,8 +120,8 @@ def cmd_serve(args: argparse.Namespace) -> int:
 
 def startup_safety(settings: Any) -> list[str]:
     """`Settings.check_startup_safety` with the key database consulted (before anything is started)."""
-    from cosyserve.service.auth import KeyStore
-    from cosyserve.service.db import make_engine, metadata
+    from cosyserve.service.stores.db import make_engine, metadata
+    from cosyserve.service.stores.keys import KeyStore
 
     engine = make_engine(settings.storage.database_url or "")
     try:
@@ -133,8 +132,8 @@ def startup_safety(settings: Any) -> list[str]:
 
 
 def _key_store(args: argparse.Namespace) -> Any:
-    from cosyserve.service.auth import KeyStore
-    from cosyserve.service.db import make_engine, metadata
+    from cosyserve.service.stores.db import make_engine, metadata
+    from cosyserve.service.stores.keys import KeyStore
 
     settings = load_settings(args, args.settings_dests)
     return KeyStore(make_engine(settings.storage.database_url or ""), metadata)
@@ -150,7 +149,7 @@ def add_parsers(sub: argparse._SubParsersAction) -> None:
     dests = add_settings_flags(serve)
     serve.set_defaults(func=cmd_serve, settings_dests=dests)
 
-    from cosyserve.service.keys_cli import add_keys_parser
+    from cosyserve.commands.keys import add_keys_parser
 
     keys = add_keys_parser(sub, _key_store)
     actions = next(a for a in keys._actions if isinstance(a, argparse._SubParsersAction))
@@ -159,14 +158,3 @@ def add_parsers(sub: argparse._SubParsersAction) -> None:
         action.add_argument("--data-dir", dest="data_dir", default=None, help="where the database lives")
         action.add_argument("--database-url", dest="database_url", default=None, help="SQLAlchemy URL")
     keys.set_defaults(settings_dests=["data_dir", "database_url"])
-
-
-def main(argv: list[str] | None = None) -> int:
-    """`python app.py …` and `./run.sh …`: the same as `cosyserve serve …`."""
-    from cosyserve.cli import main as cli_main
-
-    return cli_main(["serve", *(sys.argv[1:] if argv is None else argv)])
-
-
-if __name__ == "__main__":  # pragma: no cover
-    sys.exit(main())

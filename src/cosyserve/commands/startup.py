@@ -12,7 +12,7 @@ import threading
 import time
 from collections.abc import Callable
 
-from cosyserve.service.load_failure import load_failure_message
+from cosyserve.service.local.load_failure import load_failure_message
 
 _POLL_S = 0.1
 

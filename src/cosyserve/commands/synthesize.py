@@ -45,7 +45,7 @@ def add_model_arguments(parser: argparse.ArgumentParser) -> None:
 def open_voice_library(data_dir: Path | None, model_fingerprint: str):
     import sqlalchemy as sa
 
-    from cosyserve.service.voices import VoiceLibrary
+    from cosyserve.service.stores.voices import VoiceLibrary
 
     root = data_dir or default_data_dir()
     root.mkdir(parents=True, exist_ok=True)
@@ -55,7 +55,7 @@ def open_voice_library(data_dir: Path | None, model_fingerprint: str):
 
 def load_synthesizer(args: argparse.Namespace):
     from cosyserve.modeldir.resolve import resolve_model
-    from cosyserve.service.synthesizer import Synthesizer
+    from cosyserve.service.local.synthesizer import Synthesizer
 
     model_dir = resolve_model(args.model)
     voices = open_voice_library(args.data_dir, model_dir.fingerprint)

@@ -6,6 +6,7 @@ objects it creates per call (KV cache, sampler generator, stream state).
 
 from __future__ import annotations
 
+import logging
 import threading
 import time
 from collections.abc import Callable, Iterator
@@ -19,6 +20,7 @@ from cosyserve.engine.batching import DecodeBatcher
 from cosyserve.engine.device import Placement
 from cosyserve.engine.loading import load_flow, load_hift, load_speech_lm, network_dtypes, place_networks
 from cosyserve.engine.memory import out_of_memory_as_error
+from cosyserve.engine.quantize import apply_preset
 from cosyserve.engine.speech_lm_runner import PromptPrefix, SpeechLMRunner
 from cosyserve.engine.token2wav import FlowPrompt, PromptCache, Token2Wav
 from cosyserve.errors import Cancelled
@@ -27,6 +29,7 @@ from cosyserve.model.hift import HiFTVocoder
 from cosyserve.model.speech_lm import SpeechLM
 from cosyserve.modeldir.model_dir import ModelDir
 
+log = logging.getLogger(__name__)
 CancelCheck = Callable[[], bool]
 
 
@@ -37,7 +40,6 @@ class SegmentStats:
     speech_tokens: int = 0
     llm_s: float = 0.0
     acoustic_s: float = 0.0  # flow + vocoder
-    first_chunk_s: float | None = None  # from the segment's start to its first audio
 
 
 @dataclass(frozen=True)
@@ -62,6 +64,7 @@ class EngineOptions:
     GPU with more than one request at a time; on a CPU they only add waiting. cuda_graph: replay LM
     decode steps as CUDA graphs (CUDA only; requests in a decode batch do not use it).
     flow_steps < 10 and guidance=False are speed options that change the audio (see `cosyserve bench`).
+    preset: a compute preset of `engine.quantize` ("exact", or "fast": int8 linears on the CPU).
     """
 
     batch_decode: bool = False
@@ -72,6 +75,7 @@ class EngineOptions:
     cuda_graph: bool = False
     flow_steps: int = DEFAULT_N_TIMESTEPS
     guidance: bool = True
+    preset: str = "exact"
 
     @classmethod
     def for_device(cls, device_type: str, concurrency: int) -> EngineOptions:
@@ -134,6 +138,9 @@ class SpeechEngine:
         model, flow, hift = place_networks(
             load_speech_lm(model_dir), load_flow(model_dir), load_hift(model_dir), placement
         )
+        if options.preset != "exact":  # converts the networks in place, before the runners wrap them
+            result = apply_preset(_Networks(model, flow), options.preset, measure=False)
+            log.info("compute preset: %s", result.label)
         lm, token2wav = build_runners(model, flow, hift, placement, options, model_dir.config.chunk_size)
         return cls(model_dir, lm, token2wav, placement)
 
@@ -186,7 +193,6 @@ class SpeechEngine:
         cancel: CancelCheck,
     ) -> Iterator[np.ndarray]:
         stats = segment.stats
-        started = time.perf_counter()
         tokens = self.lm.generate(
             segment.text_ids,
             () if segment.lm_prefix is not None else segment.prompt_text_ids,
@@ -207,8 +213,6 @@ class SpeechEngine:
             chunks = self.token2wav.stream_step(state, _host_tokens(generated))
             stats.acoustic_s += time.perf_counter() - acoustic_clock
             for chunk in chunks:
-                if stats.first_chunk_s is None:
-                    stats.first_chunk_s = time.perf_counter() - started
                 yield chunk.cpu().numpy()
             llm_clock = time.perf_counter()
         stats.llm_s += time.perf_counter() - llm_clock
@@ -224,9 +228,15 @@ class SpeechEngine:
         else:
             audio = self.token2wav.stream_finish(state, all_tokens)
         stats.acoustic_s += time.perf_counter() - acoustic_clock
-        if stats.first_chunk_s is None:
-            stats.first_chunk_s = time.perf_counter() - started
         yield audio.cpu().numpy()
+
+
+@dataclass(frozen=True)
+class _Networks:
+    """The two networks a compute preset converts (`quantize.HasLLMAndFlow`)."""
+
+    llm: SpeechLM
+    flow: CausalFlow
 
 
 def _host_tokens(tokens: list[int]) -> torch.Tensor:

@@ -26,12 +26,15 @@ from __future__ import annotations
 import math
 import threading
 from collections import OrderedDict
+from typing import TYPE_CHECKING
 
 import numpy as np
 import soxr
-import torch
 
 from cosyserve.errors import InputError
+
+if TYPE_CHECKING:  # torch is imported where prompts are resampled: output conversion must not need it
+    import torch
 
 ZERO_CROSSINGS = 6  # torchaudio's lowpass_filter_width default
 ROLLOFF = 0.99  # torchaudio's default: cutoff at 99 % of the lower Nyquist frequency
@@ -68,6 +71,8 @@ def kernel_taps(orig_rate: int, new_rate: int) -> int:
 
 def sinc_kernel(orig: int, new: int) -> torch.Tensor:
     """The filter bank for reduced rates p = `orig`, q = `new`: (q, 1, 2w + p) float32 on the CPU."""
+    import torch
+
     cutoff = ROLLOFF * min(orig, new)
     width = kernel_width(orig, new)
     inputs = torch.arange(-width, width + orig, dtype=torch.float64) / orig  # (2w + p,) input times
@@ -80,6 +85,8 @@ def sinc_kernel(orig: int, new: int) -> torch.Tensor:
 
 def _cached_kernel(orig: int, new: int, device: torch.device, dtype: torch.dtype) -> torch.Tensor:
     """`sinc_kernel` built once per rate pair, kept per device and dtype (thread-safe, LRU)."""
+    import torch
+
     key = (orig, new, str(device), dtype)
     with _cache_lock:
         kernel = _cache.get(key)
@@ -105,6 +112,8 @@ def sinc_resample(waveform: torch.Tensor, orig_rate: int, new_rate: int) -> torc
     The same rate returns the input itself (as the official does). Raises InputError for rates whose filter
     bank would exceed `MAX_KERNEL_TAPS` (see `prompt_resample`, which falls back to soxr for them).
     """
+    import torch
+
     if not waveform.is_floating_point():
         raise InputError(f"resampling needs float samples, got {waveform.dtype}: convert the audio to float")
     orig, new = reduced_rates(orig_rate, new_rate)
@@ -132,6 +141,8 @@ def prompt_resample(samples: np.ndarray, from_rate: int, to_rate: int) -> np.nda
 
     Rate pairs too odd for the official filter bank (see `MAX_KERNEL_TAPS`) use soxr instead.
     """
+    import torch
+
     samples = np.asarray(samples, dtype=np.float32)
     if from_rate == to_rate:
         return samples.copy()
@@ -140,6 +151,11 @@ def prompt_resample(samples: np.ndarray, from_rate: int, to_rate: int) -> np.nda
     with torch.inference_mode():
         out = sinc_resample(torch.from_numpy(np.ascontiguousarray(samples)), from_rate, to_rate)
     return out.numpy()
+
+
+def output_resample_stream(from_rate: int, to_rate: int) -> soxr.ResampleStream:
+    """A streaming resampler for generated audio (chunk by chunk, filter state kept between them)."""
+    return soxr.ResampleStream(from_rate, to_rate, 1, dtype="float32", quality=OUTPUT_SOXR_QUALITY)
 
 
 def output_resample(samples: np.ndarray, from_rate: int, to_rate: int) -> np.ndarray:

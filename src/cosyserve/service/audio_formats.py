@@ -1,7 +1,7 @@
 """Output audio encoding: float32 mono at the model's rate to wav/mp3/opus/flac/pcm, whole or streamed.
 
-Every path applies the same steps in the same order: resample (soxr) to the requested rate, multiply by
-`volume`, clip to [-1, 1], encode.
+Every path applies the same steps in the same order: resample to the requested rate (soxr, the output
+filter `frontend.resampling` chooses), multiply by `volume`, clip to [-1, 1], encode.
 
 Formats (libsndfile >= 1.1 writes all of them; `pcm` is headerless little-endian int16, like OpenAI's):
 | format | container / codec | rates | streamed as |
@@ -30,10 +30,11 @@ import struct
 
 import numpy as np
 import soundfile
-import soxr
 
 from cosyserve.errors import InputError
-from cosyserve.service.requests import SAMPLE_RATE
+from cosyserve.frontend.resampling import output_resample, output_resample_stream
+
+SAMPLE_RATE = 24000  # the model's output rate: what audio comes at unless a source rate is given
 
 FORMATS = ("wav", "mp3", "opus", "flac", "pcm")
 MIN_SAMPLE_RATE = 8000
@@ -107,7 +108,7 @@ def prepare(
     samples = _as_mono_float32(audio)
     rate = source_rate if sample_rate is None else int(sample_rate)
     if rate != source_rate and len(samples):
-        samples = soxr.resample(samples, source_rate, rate, quality="HQ").astype(np.float32, copy=False)
+        samples = output_resample(samples, source_rate, rate)
     return _gain_and_clip(samples, volume)
 
 
@@ -153,9 +154,7 @@ class StreamEncoder:
         self.volume = _check_volume(volume)
         self.media_type = MIME_TYPES[self.format]
         self._resampler = (
-            soxr.ResampleStream(source_rate, self.sample_rate, 1, dtype="float32", quality="HQ")
-            if self.sample_rate != source_rate
-            else None
+            output_resample_stream(source_rate, self.sample_rate) if self.sample_rate != source_rate else None
         )
         self._finished = False
         self._sink = _DrainedSink()

@@ -70,7 +70,7 @@ class Metrics:
         )
         self.first_chunk_latency_seconds = Histogram(
             "cosyserve_first_chunk_latency_seconds",
-            "from submission to the first streamed audio chunk",
+            "from submission to the first audio of a streamed request, taken where the engine produced it",
             buckets=_LATENCY_BUCKETS,
             registry=r,
         )

@@ -1,12 +1,25 @@
-"""What a synthesis request carries and what it produces: the service layer's vocabulary."""
+"""What a synthesis request carries and what it produces: the service layer's vocabulary.
+
+`SynthesisRequest` (what to say, in which voice) and `OutputSpec` (how the result is delivered and to whom
+it is charged) go in; `SynthesisResult` (raw audio, timings) comes out of the synthesizer and becomes a
+`TtsOutcome` (what was stored and what the caller gets). A stream announces itself with `StreamStart`.
+A new voice is asked for with an `EnrolmentRequest`.
+"""
 
 from __future__ import annotations
 
+import dataclasses
 from dataclasses import dataclass, field
+from typing import Any, Literal
 
 import numpy as np
 
-SAMPLE_RATE = 24000
+from cosyserve.service.audio_formats import SAMPLE_RATE, check_format, check_sample_rate
+from cosyserve.service.stores.keys import ApiKey
+
+MAX_SEED = 2**31 - 1  # seeds are non-negative 31-bit integers everywhere (API, UI, synthesizer)
+WorkState = Literal["queued", "running", "done", "failed", "cancelled"]  # of a ticket and of a job record
+TERMINAL_STATES: frozenset[str] = frozenset({"done", "failed", "cancelled"})
 
 
 @dataclass(frozen=True)
@@ -67,7 +80,100 @@ class SynthesisResult:
     speech_tokens: int = 0
     stage_seconds: dict[str, float] = field(default_factory=dict)  # e.g. {"llm": 1.2, "flow": 3.4, ...}
     warnings: list[str] = field(default_factory=list)
+    reading: dict[str, Any] = field(default_factory=dict)  # what the model read (`reading_report`)
 
     @property
     def duration_s(self) -> float:
         return len(self.audio) / self.sample_rate
+
+
+@dataclass(frozen=True)
+class VoiceDefaults:
+    """Per-voice defaults, used when a request does not set the field."""
+
+    instruct: str | None = None
+    speed: float | None = None
+    seed: int | None = None
+
+
+@dataclass(frozen=True)
+class EnrolmentRequest:
+    """A voice to save: its name, a prompt recording, and what to remember with it."""
+
+    name: str
+    audio: bytes  # the recording, in any format soundfile decodes
+    transcript: str | None = None  # what is said in it (zero-shot cloning needs it)
+    suffix: str = ".wav"  # the uploaded file's suffix: a hint for decoding
+    defaults: VoiceDefaults | None = None  # instruct, speed and seed used when a request gives none
+    lexicon: dict[str, str] | None = None  # word -> pronunciation for this voice
+    owner: str | None = None  # the enrolling key's owner string; None: a shared voice (admins, auth off)
+
+
+@dataclass(frozen=True)
+class VoiceScope:
+    """The voices a caller may use: all of them (admins, and everyone when auth is off), or the shared
+    ones (owner None: enrolled by an admin, or before voices had owners) and the caller's own."""
+
+    owner: str | None = None
+    everything: bool = True
+
+    def includes(self, voice_owner: str | None) -> bool:
+        return self.everything or voice_owner is None or voice_owner == self.owner
+
+
+EVERY_VOICE = VoiceScope()
+
+
+@dataclass(frozen=True)
+class OutputSpec:
+    """How a result is delivered and attributed."""
+
+    format: str = "wav"
+    sample_rate: int | None = None  # None: the model's rate
+    owner: str | None = None
+    key: ApiKey | None = None  # charged for the audio seconds produced
+    request_id: str | None = None
+    endpoint: str = "tts"
+    extra: dict[str, Any] = field(default_factory=dict)  # recorded in the manifest's parameters
+
+    @property
+    def voice_scope(self) -> VoiceScope:
+        """The saved voices this request may use: a user key's own and the shared ones; everything for
+        admin keys, UI sessions and callers without keys (auth off). Checked where the voice is used."""
+        if self.key is not None and self.key.role != "admin":
+            return VoiceScope(owner=self.owner, everything=False)
+        return EVERY_VOICE
+
+    def checked(self, source_rate: int | None = None) -> OutputSpec:
+        fmt = check_format(self.format)
+        rate = check_sample_rate(fmt, self.sample_rate, source_rate or SAMPLE_RATE)
+        return dataclasses.replace(self, format=fmt, sample_rate=rate)
+
+
+@dataclass(frozen=True)
+class StreamStart:
+    """How a stream begins: the request was checked and its seed is known, so a response can start."""
+
+    seed: int
+    media_type: str
+    sample_rate: int
+
+
+@dataclass(frozen=True)
+class TtsOutcome:
+    """A finished synthesis as the caller sees it: where it was stored, and the audio when not streamed."""
+
+    seed: int
+    duration_s: float
+    speech_tokens: int
+    output_id: str | None
+    output_path: str | None
+    media_type: str
+    warnings: tuple[str, ...] = ()
+    audio: bytes | None = None  # the encoded response (not for streams)
+    storage_error: str | None = None  # why the result could not be saved (None: it was, or not asked)
+
+
+def job_parameters(request: SynthesisRequest, spec: OutputSpec) -> dict[str, Any]:
+    """What a job record keeps of its request (everything needed to run it again)."""
+    return {**dataclasses.asdict(request), "format": spec.format, "sample_rate": spec.sample_rate}

@@ -21,12 +21,13 @@ import gradio as gr
 from fastapi import FastAPI
 from fastapi.routing import APIRoute
 
-from cosyserve.service.app_state import Principal, Service
+from cosyserve.service.access.principals import Principal
+from cosyserve.service.assembly import Service
 from cosyserve.ui import assets
 from cosyserve.ui.admin_tab import build_admin_tab
 from cosyserve.ui.bridge import MODES, UiBridge
 from cosyserve.ui.generate import TicketRegistry
-from cosyserve.ui.history_tab import build_history_tab
+from cosyserve.ui.history_tab import HistoryTab, build_history_tab
 from cosyserve.ui.i18n import LANG_CHOICES, Translator, pick_lang, text
 from cosyserve.ui.library_tab import build_library_tab, refresh_values
 from cosyserve.ui.login import LOGOUT_PATH, install_login_routes, ui_auth_dependency
@@ -96,46 +97,11 @@ def build_ui(service: Service, bridge: UiBridge | None = None) -> gr.Blocks:
             history = build_history_tab(ctx, panels, tabs)
         timer = gr.Timer(STATUS_POLL_S)
 
-        def principal_or_none(request: gr.Request) -> Principal | None:
-            try:
-                return bridge.principal_of(request)
-            except Exception:
-                return None
-
-        def on_load(saved: str | None, request: gr.Request) -> list[Any]:
-            headers = dict(getattr(request, "headers", None) or {})
-            chosen = pick_lang(saved, headers.get("accept-language"))
-            principal = principal_or_none(request)
-            banner_html, status_md, _ = model_status(service, chosen)
-            is_admin = principal is not None and principal.is_admin
-            return [
-                chosen,
-                user_html(principal, chosen, service.auth_enabled()),
-                gr.update(visible=True) if is_admin else gr.update(),  # its calls check the role too
-                banner_html,
-                status_md,
-            ]
-
-        def switch(chosen: str, request: gr.Request) -> list[Any]:
-            principal = principal_or_none(request)
-            return [
-                chosen,
-                chosen,
-                user_html(principal, chosen, service.auth_enabled()),
-                *model_status(service, chosen)[:2],
-                *tr.updates(chosen),
-                *refresh_values(ctx, chosen),
-                *history.refresh(chosen, request),
-            ]
-
-        def tick(chosen: str) -> list[Any]:
-            banner_html, status_md, _ = model_status(service, chosen)
-            return [banner_html, status_md]
-
-        demo.load(on_load, [saved_lang], [lang_radio, user, admin.tab, banner, status])
+        actions = _PageActions(service, bridge, ctx, history)
+        demo.load(actions.on_load, [saved_lang], [lang_radio, user, admin.tab, banner, status])
         demo.load(history.refresh, [lang], history.refresh_outputs)
         lang_radio.change(
-            switch,
+            actions.switch,
             [lang_radio],
             [
                 lang,
@@ -148,11 +114,54 @@ def build_ui(service: Service, bridge: UiBridge | None = None) -> gr.Blocks:
                 *history.refresh_outputs,
             ],
         )
-        timer.tick(tick, [lang], [banner, status], queue=False, show_progress="hidden")
+        timer.tick(actions.tick, [lang], [banner, status], queue=False, show_progress="hidden")
         history.tab.select(history.refresh, [lang], history.refresh_outputs)
         for panel in panels:  # a new result appears in the history without a manual refresh
             panel.run_event.then(history.refresh, [lang], history.refresh_outputs, show_progress="hidden")
     return demo
+
+
+class _PageActions:
+    """The page's own event handlers: first load, language switch, status ticks."""
+
+    def __init__(self, service: Service, bridge: UiBridge, ctx: UiContext, history: HistoryTab) -> None:
+        self.service, self.bridge, self.ctx, self.history = service, bridge, ctx, history
+
+    def principal_or_none(self, request: gr.Request) -> Principal | None:
+        try:
+            return self.bridge.principal_of(request)
+        except Exception:
+            return None
+
+    def on_load(self, saved: str | None, request: gr.Request) -> list[Any]:
+        headers = dict(getattr(request, "headers", None) or {})
+        chosen = pick_lang(saved, headers.get("accept-language"))
+        principal = self.principal_or_none(request)
+        banner_html, status_md, _ = model_status(self.service, chosen)
+        is_admin = principal is not None and principal.is_admin
+        return [
+            chosen,
+            user_html(principal, chosen, self.service.access.auth_enabled()),
+            gr.update(visible=True) if is_admin else gr.update(),  # its calls check the role too
+            banner_html,
+            status_md,
+        ]
+
+    def switch(self, chosen: str, request: gr.Request) -> list[Any]:
+        principal = self.principal_or_none(request)
+        return [
+            chosen,
+            chosen,
+            user_html(principal, chosen, self.service.access.auth_enabled()),
+            *model_status(self.service, chosen)[:2],
+            *self.ctx.tr.updates(chosen),
+            *refresh_values(self.ctx, chosen),
+            *self.history.refresh(chosen, request),
+        ]
+
+    def tick(self, chosen: str) -> list[Any]:
+        banner_html, status_md, _ = model_status(self.service, chosen)
+        return [banner_html, status_md]
 
 
 def mount_ui(app: FastAPI, service: Service, path: str = "/") -> gr.Blocks:

@@ -1,7 +1,7 @@
 """What the web UI asks of the service, in one place: the same `Service` calls the API routers make.
 
 The UI never touches the engine or the synthesizer: synthesis goes through the scheduler
-(`Service.submit_tts`), voices through the library and `Service.submit_enrolment`, results through the
+(`service.backend`), voices through the library and `backend.submit_enrolment`, results through the
 output store, and every call is made as a `Principal` resolved from the same credentials the API takes
 (the API's session cookie, an API key, or nobody when auth is off).
 """
@@ -17,14 +17,15 @@ from typing import Any
 
 from cosyserve.errors import InputError
 from cosyserve.frontend.prompt_check import PromptReport, load_prompt
-from cosyserve.service.app_state import AuthRequired, Forbidden, Principal, Service
-from cosyserve.service.app_tasks import OutputSpec
-from cosyserve.service.auth import SESSION_COOKIE
+from cosyserve.service.access.principals import AuthRequired, Forbidden, Principal
+from cosyserve.service.access.sessions import SESSION_COOKIE
+from cosyserve.service.assembly import Service
+from cosyserve.service.backend import AudioStream
 from cosyserve.service.logs import recent_logs
-from cosyserve.service.requests import SynthesisRequest
-from cosyserve.service.scheduler import Ticket
-from cosyserve.service.storage import OutputNotFound, StoredOutput
-from cosyserve.service.voices import Voice
+from cosyserve.service.requests import EnrolmentRequest, OutputSpec, SynthesisRequest
+from cosyserve.service.scheduling.scheduler import Ticket
+from cosyserve.service.stores.outputs import OutputNotFound, StoredOutput
+from cosyserve.service.stores.voices import Voice
 
 UI_KEY_COOKIE = "cosyserve_ui_key"  # an API key the login page accepted, for key-only servers
 AUDIO_SUFFIXES = frozenset({".wav", ".mp3", ".flac", ".ogg", ".opus", ".m4a", ".webm", ".aac"})
@@ -59,18 +60,8 @@ class UiBridge:
     def principal(self, headers: Mapping[str, str], cookies: Mapping[str, str]) -> Principal | None:
         """Like the API: an API key (header, or the login page's key cookie), the session cookie, or
         anonymous with full rights when the server has no authentication at all; None: not signed in."""
-        service = self.service
         key_text = _header_key(headers) or cookies.get(UI_KEY_COOKIE) or None
-        if key_text:
-            key = service.keys.authenticate(key_text)
-            if key is not None:
-                return Principal("key", key.role, key=key, name=key.name)
-        user = service.sessions.verify(cookies.get(SESSION_COOKIE))
-        if user is not None:
-            return Principal("session", "admin", name=user)
-        if not service.auth_enabled():
-            return Principal("anonymous", "admin")
-        return None
+        return self.service.access.identify(key_text, cookies.get(SESSION_COOKIE))
 
     def principal_of(self, request: Any) -> Principal:
         """The principal of a Gradio request; AuthRequired when its credentials are gone or invalid."""
@@ -112,28 +103,29 @@ class UiBridge:
         return self.service.settings.limits.max_text_chars
 
     def submit(
-        self,
-        principal: Principal,
-        request: SynthesisRequest,
-        *,
-        mode: str,
-        stream: bool,
-        request_id: str,
-        fmt: str = "wav",
+        self, principal: Principal, request: SynthesisRequest, *, mode: str, request_id: str, fmt: str = "wav"
     ) -> Ticket:
         """Queue one synthesis as `principal` (QueueFull, ModelNotReady, RateLimited, InputError, ...)."""
-        service = self.service
-        service.check_rate(principal)
-        service.check_quota(principal)
-        spec = OutputSpec(
-            format="pcm" if stream else "wav",
+        return self.service.backend.submit_tts(request, self._spec(principal, "wav", mode, request_id, fmt))
+
+    def stream(
+        self, principal: Principal, request: SynthesisRequest, *, mode: str, request_id: str, fmt: str = "wav"
+    ) -> AudioStream:
+        """The same as `submit`, read while it is made (raw 16-bit PCM, which the page plays as it comes)."""
+        return self.service.backend.stream_tts(request, self._spec(principal, "pcm", mode, request_id, fmt))
+
+    def _spec(self, principal: Principal, delivered: str, mode: str, request_id: str, fmt: str) -> OutputSpec:
+        access = self.service.access
+        access.check_rate(principal)
+        access.check_quota(principal)
+        return OutputSpec(
+            format=delivered,
             owner=principal.owner,
             key=principal.key,
             request_id=request_id,
             endpoint="ui",
             extra={"ui_mode": mode, "ui_format": fmt},
         )
-        return service.submit_tts(request, spec, stream=stream)
 
     def queue_wait_estimate(self, ticket: Ticket) -> float:
         return ticket.estimated_wait_s()
@@ -150,8 +142,7 @@ class UiBridge:
     def output(self, principal: Principal, output_id: str) -> StoredOutput:
         """A stored result the principal may see (admins and anonymous users see all)."""
         output = self.service.outputs.get(output_id)
-        owner = output.manifest.get("owner")
-        if not (principal.is_admin or (owner is not None and owner == principal.owner)):
+        if not principal.may_see(output.manifest.get("owner")):
             raise OutputNotFound(f"no output {output_id}; it may have expired or been deleted")
         return output
 
@@ -165,7 +156,7 @@ class UiBridge:
     def download_url(self, output: StoredOutput, fmt: str = "wav") -> str:
         """A signed link to the output store's download route (works without credentials until it expires)."""
         query = {"format": fmt} if fmt != "wav" else None
-        return self.service.signed_url(output.url_path, query)
+        return self.service.access.signed_url(output.url_path, query)
 
     # -- voices ------------------------------------------------------------------------------------
 
@@ -180,9 +171,8 @@ class UiBridge:
     ) -> Ticket:
         self.require_admin(principal)
         data, suffix = self.read_upload(path)
-        return self.service.submit_enrolment(
-            name, data, transcript or None, suffix=suffix, request_id=request_id
-        )
+        enrolment = EnrolmentRequest(name, data, transcript or None, suffix)
+        return self.service.backend.submit_enrolment(enrolment, request_id=request_id)
 
     def rename_voice(self, principal: Principal, voice_id: str, new_name: str) -> Voice:
         self.require_admin(principal)
@@ -225,7 +215,7 @@ class UiBridge:
 
     def restart_engine(self, principal: Principal) -> str:
         self.require_admin(principal)
-        return self.service.restart_engine()
+        return self.service.backend.restart_engine()
 
     def logs(self, principal: Principal, limit: int = 100, level: str | None = None) -> list[dict[str, Any]]:
         self.require_admin(principal)

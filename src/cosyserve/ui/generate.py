@@ -22,19 +22,18 @@ from typing import Any
 
 import gradio as gr
 
-from cosyserve.errors import Cancelled, CosyServeError, JobTimeout, QueueFull
-from cosyserve.service.app_state import AuthRequired, Forbidden, ModelNotReady, RateLimited
-from cosyserve.service.app_tasks import StreamStart, TtsOutcome
+from cosyserve.errors import Cancelled, CosyServeError, JobTimeout, ModelNotReady, QueueFull
+from cosyserve.service.access.principals import AuthRequired, Forbidden, RateLimited
+from cosyserve.service.backend import AudioStream
 from cosyserve.service.logs import log_failure, new_request_id
-from cosyserve.service.requests import SynthesisRequest
-from cosyserve.service.scheduler import Ticket
-from cosyserve.service.storage import StoredOutput
+from cosyserve.service.requests import MAX_SEED, SynthesisRequest, TtsOutcome
+from cosyserve.service.scheduling.scheduler import Ticket
+from cosyserve.service.stores.outputs import StoredOutput
 from cosyserve.ui.bridge import DOWNLOAD_FORMATS, UiBridge, UploadRefused
 from cosyserve.ui.i18n import text
 
 POLL_S = 0.25
 STREAM_ITEM_TIMEOUT_S = 600.0
-MAX_SEED = 2**31 - 1
 
 
 class UiError(Exception):
@@ -222,16 +221,19 @@ def run_synthesis(
     try:
         principal = bridge.principal_of(request)
         synthesis = build_request(bridge, form)
-        ticket = bridge.submit(
-            principal, synthesis, mode=form.mode, stream=form.stream, request_id=request_id, fmt=form.fmt
-        )
+        stream = None
+        if form.stream:
+            stream = bridge.stream(principal, synthesis, mode=form.mode, request_id=request_id, fmt=form.fmt)
+            ticket = stream.ticket
+        else:
+            ticket = bridge.submit(principal, synthesis, mode=form.mode, request_id=request_id, fmt=form.fmt)
     except Exception as exc:
         raise as_gr_error(exc, lang, request_id) from None
     session = getattr(request, "session_hash", None) or request_id
     registry.add(session, ticket)
     try:
-        if form.stream:
-            outcome = yield from _follow_stream(bridge, ticket, lang, progress)
+        if stream is not None:
+            outcome = yield from _follow_stream(bridge, stream, lang, progress)
         else:
             outcome = _follow(bridge, ticket, lang, progress)
     except Cancelled:
@@ -264,28 +266,24 @@ def _follow(bridge: UiBridge, ticket: Ticket, lang: str, progress: Any) -> TtsOu
     return ticket.result()
 
 
-def _follow_stream(bridge: UiBridge, ticket: Ticket, lang: str, progress: Any) -> Iterator[Any]:
+def _follow_stream(bridge: UiBridge, stream: AudioStream, lang: str, progress: Any) -> Iterator[Any]:
     """Yield stream-box updates while the audio arrives; returns the outcome."""
     run = uuid.uuid4().hex[:12]
     mean = bridge.mean_duration_s() or 5.0
-    box = ""
     samples = 0
-    rate = 24000
     progress(0.0, desc=text("generating", lang))
-    for item in ticket.chunks(timeout=STREAM_ITEM_TIMEOUT_S):
-        if isinstance(item, StreamStart):
-            rate = item.sample_rate
-            box = f"{run}:{rate}"
-            yield None, "", text("generating", lang), box
+    rate = stream.open(timeout=STREAM_ITEM_TIMEOUT_S).sample_rate
+    box = f"{run}:{rate}"
+    yield None, "", text("generating", lang), box
+    for data in stream.chunks():
+        if not data:
             continue
-        if not item:
-            continue
-        samples += len(item) // 2
-        box += "|" + base64.b64encode(item).decode("ascii")
+        samples += len(data) // 2
+        box += "|" + base64.b64encode(data).decode("ascii")
         seconds = samples / rate
-        running = time.time() - (ticket.started_at or time.time())
+        running = time.time() - (stream.ticket.started_at or time.time())
         progress(min(0.95, running / mean), desc=text("streaming", lang, seconds=seconds))
         yield gr.update(), gr.update(), text("streaming", lang, seconds=seconds), box
-    outcome: TtsOutcome = ticket.result()
+    outcome: TtsOutcome = stream.ticket.result()
     yield gr.update(), gr.update(), gr.update(), box + "|END"
     return outcome

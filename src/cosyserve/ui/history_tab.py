@@ -16,7 +16,7 @@ from typing import Any
 import gradio as gr
 
 from cosyserve.frontend.text.presets import INSTRUCT_PRESETS
-from cosyserve.service.storage import StoredOutput
+from cosyserve.service.stores.outputs import StoredOutput
 from cosyserve.ui.bridge import DOWNLOAD_FORMATS, MODES
 from cosyserve.ui.generate import as_gr_error, cache_copy, links_html
 from cosyserve.ui.i18n import text
@@ -76,7 +76,7 @@ class HistoryTab:
 
 
 def build_history_tab(ctx: UiContext, panels: list[ModePanel], tabs: gr.Tabs) -> HistoryTab:
-    tr, bridge = ctx.tr, ctx.bridge
+    tr = ctx.tr
     with tr.bind(gr.Tab(tr("tab_history"), id="history", elem_id="tab-history"), label="tab_history") as tab:
         refresh = tr.bind(gr.Button(tr("refresh"), size="sm", elem_id="history-refresh"), value="refresh")
         table = gr.Dataframe(interactive=False, wrap=True, elem_id="history-table")
@@ -102,47 +102,71 @@ def build_history_tab(ctx: UiContext, panels: list[ModePanel], tabs: gr.Tabs) ->
                     gr.JSON(label=tr("history_params"), elem_id="history-params"), label="history_params"
                 )
     history = HistoryTab(tab, table, pick)
+    actions = _HistoryActions(ctx, panels)
+    history.refresh = actions.refresh_values
+    lang = ctx.lang
+    refresh.click(actions.refresh_values, [lang], history.refresh_outputs)
+    table.select(_select_row, [table], [pick])
+    pick.change(actions.show, [lang, pick], [audio, links, params, status])
+    flags = [gr.State(False) for _ in panels]
+    field_outputs = [component for fields in actions.panel_fields for component in fields.values()]
+    rerun.click(None, None, None, js="() => { if (window.cosyStream) window.cosyStream.unlock(); }")
+    chain = rerun.click(
+        actions.load_for_rerun,
+        [lang, pick, *(panel.prompt for panel in panels)],
+        [status, tabs, *field_outputs, *flags],
+    )
+    for panel, flag in zip(panels, flags, strict=True):
+        chain = chain.then(
+            _autorun(panel), [flag, lang], [*panel.run_outputs, flag], inputs_kwargs=panel.run_inputs
+        )
+    chain.then(actions.refresh_values, [lang], history.refresh_outputs, show_progress="hidden")
+    return history
 
-    def refresh_values(lang: str, request: gr.Request) -> list[Any]:
+
+class _HistoryActions:
+    """The history tab's event handlers."""
+
+    def __init__(self, ctx: UiContext, panels: list[ModePanel]) -> None:
+        self.ctx, self.bridge, self.panels = ctx, ctx.bridge, panels
+        self.panel_fields = [_fields(panel) for panel in panels]
+
+    def refresh_values(self, lang: str, request: gr.Request) -> list[Any]:
         try:
-            principal = bridge.principal_of(request)
-            outputs = bridge.history(principal, HISTORY_LIMIT)
+            principal = self.bridge.principal_of(request)
+            outputs = self.bridge.history(principal, HISTORY_LIMIT)
         except Exception as exc:
             raise as_gr_error(exc, lang) from None
-        rows = history_rows(ctx, outputs, lang)
+        rows = history_rows(self.ctx, outputs, lang)
         choices = [(f"{row[0]} · {row[2]}", row[-1]) for row in rows["data"]]
         first = choices[0][1] if choices else None
         return [rows, gr.update(choices=choices, value=first)]
 
-    def show(lang: str, output_id: str | None, request: gr.Request) -> list[Any]:
+    def show(self, lang: str, output_id: str | None, request: gr.Request) -> list[Any]:
         if not output_id:
             return [None, "", None, text("history_empty", lang)]
         try:
-            output = bridge.output(bridge.principal_of(request), output_id)
+            output = self.bridge.output(self.bridge.principal_of(request), output_id)
         except Exception as exc:
             raise as_gr_error(exc, lang) from None
         parameters = output.manifest.get("parameters") or {}
         fmt = parameters.get("ui_format") or parameters.get("response_format")
         fmt = fmt if fmt in DOWNLOAD_FORMATS else "wav"
         return [
-            cache_copy(output.path, ctx.cache_dir),
-            links_html(bridge, output, lang, fmt),
+            cache_copy(output.path, self.ctx.cache_dir),
+            links_html(self.bridge, output, lang, fmt),
             output.manifest,
             "",
         ]
 
-    def select_row(evt: gr.SelectData, rows: Any) -> Any:
-        try:
-            data = rows["data"] if isinstance(rows, dict) else rows.values.tolist()
-            return data[evt.index[0]][-1]
-        except (IndexError, KeyError, TypeError, AttributeError):
-            return gr.update()
-
-    flags = [gr.State(False) for _ in panels]
-    panel_fields = [_fields(panel) for panel in panels]
-
     def load_for_rerun(
-        lang: str, output_id: str | None, p0: str | None, p1: str | None, p2: str | None, request: gr.Request
+        self,
+        lang: str,
+        output_id: str | None,
+        p0: str | None,
+        p1: str | None,
+        p2: str | None,
+        request: gr.Request,
     ) -> list[Any]:
         prompts = (p0, p1, p2)
         if not output_id:
@@ -150,7 +174,7 @@ def build_history_tab(ctx: UiContext, panels: list[ModePanel], tabs: gr.Tabs) ->
                 text("history_empty", lang), title=text("error_title", lang), print_exception=False
             )
         try:
-            output = bridge.output(bridge.principal_of(request), output_id)
+            output = self.bridge.output(self.bridge.principal_of(request), output_id)
         except Exception as exc:
             raise as_gr_error(exc, lang) from None
         m = output.manifest
@@ -159,7 +183,7 @@ def build_history_tab(ctx: UiContext, panels: list[ModePanel], tabs: gr.Tabs) ->
         index = MODES.index(mode)
         autorun = bool(m.get("voice")) or _same_audio(prompts[index], m.get("prompt_wav_sha256"))
         updates: list[Any] = []
-        for i, fields in enumerate(panel_fields):
+        for i, fields in enumerate(self.panel_fields):
             values = _values_for(m) if i == index else {}
             updates.extend(
                 gr.update(value=values[name]) if name in values else gr.update() for name in fields
@@ -169,25 +193,16 @@ def build_history_tab(ctx: UiContext, panels: list[ModePanel], tabs: gr.Tabs) ->
             message,
             gr.Tabs(selected=mode),
             *updates,
-            *(i == index and autorun for i in range(len(panels))),
+            *(i == index and autorun for i in range(len(self.panels))),
         ]
 
-    lang = ctx.lang
-    refresh.click(refresh_values, [lang], history.refresh_outputs)
-    table.select(select_row, [table], [pick])
-    pick.change(show, [lang, pick], [audio, links, params, status])
-    field_outputs = [component for fields in panel_fields for component in fields.values()]
-    rerun.click(None, None, None, js="() => { if (window.cosyStream) window.cosyStream.unlock(); }")
-    chain = rerun.click(
-        load_for_rerun,
-        [lang, pick, *(panel.prompt for panel in panels)],
-        [status, tabs, *field_outputs, *flags],
-    )
-    for panel, flag in zip(panels, flags, strict=True):
-        chain = chain.then(_autorun(panel), [flag, lang, *panel.run_inputs], [*panel.run_outputs, flag])
-    chain.then(refresh_values, [lang], history.refresh_outputs, show_progress="hidden")
-    history.refresh = refresh_values
-    return history
+
+def _select_row(evt: gr.SelectData, rows: Any) -> Any:
+    try:
+        data = rows["data"] if isinstance(rows, dict) else rows.values.tolist()
+        return data[evt.index[0]][-1]
+    except (IndexError, KeyError, TypeError, AttributeError):
+        return gr.update()
 
 
 def _fields(panel: ModePanel) -> dict[str, Any]:
@@ -234,40 +249,16 @@ def _autorun(panel: ModePanel) -> Any:
     def maybe_run(
         flag: bool,
         lang: str,
-        voice: str | None,
-        prompt: str | None,
-        transcript: str | None,
-        preset: str | None,
-        instruct: str | None,
-        text_value: str,
-        seed: str | None,
-        speed: float,
-        volume: float,
-        fmt: str,
-        stream: bool,
         request: gr.Request,
         progress: gr.Progress = gr.Progress(),  # noqa: B008 - Gradio finds its tracker by this default
+        **values: Any,
     ) -> Any:
         if not flag:
             yield gr.update(), gr.update(), gr.update(), gr.update(), False
             return
         if panel.run_fn is None:
             raise RuntimeError("the panel was not wired")
-        args = (
-            lang,
-            voice,
-            prompt,
-            transcript,
-            preset,
-            instruct,
-            text_value,
-            seed,
-            speed,
-            volume,
-            fmt,
-            stream,
-        )
-        for update in panel.run_fn(*args, request, progress):
+        for update in panel.run_fn(lang, request, progress, **values):
             yield (*update, False)
 
     return maybe_run

@@ -54,179 +54,241 @@ def refresh_values(ctx: UiContext, lang: str, selected: str | None = None) -> li
     ]
 
 
+@dataclass
+class _VoiceList:
+    """The left column: the voices, and what can be done with the one picked."""
+
+    table: gr.Dataframe
+    refresh: gr.Button
+    pick: gr.Dropdown
+    use: gr.Button
+    delete: gr.Button
+    confirm: gr.Button
+    new_name: gr.Textbox
+    rename: gr.Button
+    preview_text: gr.Textbox
+    preview: gr.Button
+    preview_audio: gr.Audio
+    status: gr.Markdown
+
+
+@dataclass
+class _EnrolForm:
+    """The right column: a new voice from a recording."""
+
+    name: gr.Textbox
+    audio: gr.Audio
+    feedback: gr.Markdown
+    transcript: gr.Textbox
+    enrol: gr.Button
+
+
 def build_library_tab(ctx: UiContext, panels: list[ModePanel], tabs: gr.Tabs) -> LibraryTab:
-    tr, bridge = ctx.tr, ctx.bridge
+    tr = ctx.tr
     tab_block = gr.Tab(tr("tab_voices"), id="voices", elem_id="tab-voices")
     with tr.bind(tab_block, label="tab_voices") as tab, gr.Row(equal_height=False):
         with gr.Column(scale=6):
-            tr.bind(
-                gr.Markdown(f"### {tr('voices_list')}"),
-                value=lambda lang: f"### {text('voices_list', lang)}",
-            )
-            table = gr.Dataframe(
-                value=voice_rows(ctx, tr.lang)["value"],
-                interactive=False,
-                wrap=True,
-                elem_id="voices-table",
-            )
-            refresh = tr.bind(gr.Button(tr("refresh"), size="sm", elem_id="voices-refresh"), value="refresh")
-            pick = tr.bind(
-                gr.Dropdown(
-                    choices=voice_choices(bridge, tr.lang)[1:],
-                    value=None,
-                    label=tr("pick_voice"),
-                    elem_id="voices-pick",
-                ),
-                label="pick_voice",
-            )
-            with gr.Row():
-                use = tr.bind(
-                    gr.Button(tr("use_voice"), variant="primary", elem_id="voices-use"), value="use_voice"
-                )
-                delete = tr.bind(
-                    gr.Button(tr("delete"), variant="stop", elem_id="voices-delete"), value="delete"
-                )
-                confirm = tr.bind(
-                    gr.Button(tr("confirm_delete"), variant="stop", visible=False, elem_id="voices-confirm"),
-                    value="confirm_delete",
-                )
-            with gr.Row():
-                new_name = tr.bind(
-                    gr.Textbox(label=tr("new_name"), elem_id="voices-new-name"), label="new_name"
-                )
-                rename = tr.bind(gr.Button(tr("rename"), elem_id="voices-rename"), value="rename")
-            preview_text = tr.bind(
-                gr.Textbox(label=tr("preview_text"), max_length=100, elem_id="voices-preview-text"),
-                label="preview_text",
-            )
-            preview = tr.bind(gr.Button(tr("preview"), elem_id="voices-preview"), value="preview")
-            preview_audio = tr.bind(
-                gr.Audio(
-                    type="filepath", interactive=False, label=tr("preview"), elem_id="voices-preview-audio"
-                ),
-                label="preview",
-            )
-            status = gr.Markdown("", elem_id="voices-status")
+            voices = _voice_list(ctx)
         with gr.Column(scale=5):
-            tr.bind(
-                gr.Markdown(f"### {tr('enrol_title')}"),
-                value=lambda lang: f"### {text('enrol_title', lang)}",
-            )
-            name = tr.bind(
-                gr.Textbox(label=tr("voice_name"), placeholder=tr("voice_name_ph"), elem_id="enrol-name"),
-                label="voice_name",
-                placeholder="voice_name_ph",
-            )
-            audio = tr.bind(
-                gr.Audio(
-                    sources=["upload", "microphone"],
-                    type="filepath",
-                    label=tr("prompt_audio"),
-                    elem_id="enrol-audio",
-                ),
-                label="prompt_audio",
-            )
-            feedback = gr.Markdown("", elem_id="enrol-feedback", elem_classes="cosy-feedback")
-            transcript = tr.bind(
-                gr.Textbox(
-                    label=tr("transcript"),
-                    placeholder=tr("transcript_ph"),
-                    max_length=500,
-                    elem_id="enrol-transcript",
-                ),
-                label="transcript",
-                placeholder="transcript_ph",
-            )
-            enrol = tr.bind(gr.Button(tr("enrol"), variant="primary", elem_id="enrol-submit"), value="enrol")
+            form = _enrol_form(ctx)
+    library = LibraryTab(tab, voices.table, voices.pick)
+    _wire(ctx, voices, form, library.refresh_outputs(panels), panels, tabs)
+    return library
 
-    library = LibraryTab(tab, table, pick)
-    outputs = library.refresh_outputs(panels)
 
-    def do_refresh(lang: str, picked: str | None) -> list[Any]:
-        return refresh_values(ctx, lang, picked)
+def _voice_list(ctx: UiContext) -> _VoiceList:
+    tr = ctx.tr
+    tr.bind(gr.Markdown(f"### {tr('voices_list')}"), value=lambda lang: f"### {text('voices_list', lang)}")
+    table = gr.Dataframe(
+        value=voice_rows(ctx, tr.lang)["value"], interactive=False, wrap=True, elem_id="voices-table"
+    )
+    refresh = tr.bind(gr.Button(tr("refresh"), size="sm", elem_id="voices-refresh"), value="refresh")
+    pick = tr.bind(
+        gr.Dropdown(
+            choices=voice_choices(ctx.bridge, tr.lang)[1:],
+            value=None,
+            label=tr("pick_voice"),
+            elem_id="voices-pick",
+        ),
+        label="pick_voice",
+    )
+    with gr.Row():
+        use = tr.bind(gr.Button(tr("use_voice"), variant="primary", elem_id="voices-use"), value="use_voice")
+        delete = tr.bind(gr.Button(tr("delete"), variant="stop", elem_id="voices-delete"), value="delete")
+        confirm = tr.bind(
+            gr.Button(tr("confirm_delete"), variant="stop", visible=False, elem_id="voices-confirm"),
+            value="confirm_delete",
+        )
+    with gr.Row():
+        new_name = tr.bind(gr.Textbox(label=tr("new_name"), elem_id="voices-new-name"), label="new_name")
+        rename = tr.bind(gr.Button(tr("rename"), elem_id="voices-rename"), value="rename")
+    preview_text = tr.bind(
+        gr.Textbox(label=tr("preview_text"), max_length=100, elem_id="voices-preview-text"),
+        label="preview_text",
+    )
+    preview = tr.bind(gr.Button(tr("preview"), elem_id="voices-preview"), value="preview")
+    preview_audio = tr.bind(
+        gr.Audio(type="filepath", interactive=False, label=tr("preview"), elem_id="voices-preview-audio"),
+        label="preview",
+    )
+    status = gr.Markdown("", elem_id="voices-status")
+    return _VoiceList(
+        table,
+        refresh,
+        pick,
+        use,
+        delete,
+        confirm,
+        new_name,
+        rename,
+        preview_text,
+        preview,
+        preview_audio,
+        status,
+    )
 
-    def do_enrol(lang: str, voice_name: str, path: str | None, said: str, request: gr.Request) -> list[Any]:
+
+def _enrol_form(ctx: UiContext) -> _EnrolForm:
+    tr = ctx.tr
+    tr.bind(gr.Markdown(f"### {tr('enrol_title')}"), value=lambda lang: f"### {text('enrol_title', lang)}")
+    name = tr.bind(
+        gr.Textbox(label=tr("voice_name"), placeholder=tr("voice_name_ph"), elem_id="enrol-name"),
+        label="voice_name",
+        placeholder="voice_name_ph",
+    )
+    audio = tr.bind(
+        gr.Audio(
+            sources=["upload", "microphone"], type="filepath", label=tr("prompt_audio"), elem_id="enrol-audio"
+        ),
+        label="prompt_audio",
+    )
+    feedback = gr.Markdown("", elem_id="enrol-feedback", elem_classes="cosy-feedback")
+    transcript = tr.bind(
+        gr.Textbox(
+            label=tr("transcript"),
+            placeholder=tr("transcript_ph"),
+            max_length=500,
+            elem_id="enrol-transcript",
+        ),
+        label="transcript",
+        placeholder="transcript_ph",
+    )
+    enrol = tr.bind(gr.Button(tr("enrol"), variant="primary", elem_id="enrol-submit"), value="enrol")
+    return _EnrolForm(name, audio, feedback, transcript, enrol)
+
+
+def _wire(
+    ctx: UiContext,
+    voices: _VoiceList,
+    form: _EnrolForm,
+    outputs: list[Any],
+    panels: list[ModePanel],
+    tabs: gr.Tabs,
+) -> None:
+    actions = _LibraryActions(ctx, panels)
+    lang, v = ctx.lang, voices
+    form.audio.change(
+        lambda path, lang: prompt_feedback(ctx.bridge, path, lang),
+        [form.audio, lang],
+        [form.feedback],
+        show_progress="hidden",
+    )
+    v.refresh.click(actions.refresh, [lang, v.pick], outputs)
+    form.enrol.click(
+        actions.enrol,
+        [lang, form.name, form.audio, form.transcript],
+        [v.status, *outputs],
+        concurrency_id="synthesis",
+    )
+    v.preview.click(
+        actions.preview,
+        [lang, v.pick, v.preview_text],
+        [v.preview_audio, v.status],
+        concurrency_id="synthesis",
+    )
+    v.rename.click(actions.rename, [lang, v.pick, v.new_name], [v.status, v.new_name, *outputs])
+    v.delete.click(actions.ask_delete, [lang, v.pick], [v.confirm])
+    v.confirm.click(actions.delete, [lang, v.pick], [v.status, v.confirm, *outputs])
+    v.use.click(actions.use, [lang, v.pick], [v.status, tabs, *(panel.voice for panel in panels)])
+
+
+class _LibraryActions:
+    """The voice library tab's event handlers."""
+
+    def __init__(self, ctx: UiContext, panels: list[ModePanel]) -> None:
+        self.ctx, self.bridge, self.panels = ctx, ctx.bridge, panels
+
+    def refresh(self, lang: str, picked: str | None) -> list[Any]:
+        return refresh_values(self.ctx, lang, picked)
+
+    def enrol(
+        self, lang: str, voice_name: str, path: str | None, said: str, request: gr.Request
+    ) -> list[Any]:
         request_id = new_request_id()
         try:
-            principal = bridge.principal_of(request)
+            principal = self.bridge.principal_of(request)
             if not path:
                 raise UiError("err_no_prompt")
-            ticket = bridge.enrol(principal, voice_name, path, said, request_id)
+            ticket = self.bridge.enrol(principal, voice_name, path, said, request_id)
             voice = ticket.result(ENROL_TIMEOUT_S)
         except Exception as exc:
             raise as_gr_error(exc, lang, request_id) from None
         message = text("enrolled", lang, name=voice.name)
-        return [message, *refresh_values(ctx, lang, voice.id)]
+        return [message, *refresh_values(self.ctx, lang, voice.id)]
 
-    def do_preview(lang: str, voice_id: str | None, words: str, request: gr.Request) -> tuple[Any, str]:
+    def preview(self, lang: str, voice_id: str | None, words: str, request: gr.Request) -> tuple[Any, str]:
         request_id = new_request_id()
+        bridge, cache_dir = self.bridge, self.ctx.cache_dir
         try:
             principal = bridge.principal_of(request)
             if not voice_id:
                 raise UiError("select_first")
             voice = bridge.voice(voice_id)
             if not (words or "").strip():
-                return cache_copy(bridge.service.voices.audio_file(voice), ctx.cache_dir), ""
-            ticket = bridge.submit(
-                principal,
-                SynthesisRequest(text=words.strip(), voice=voice.id),
-                mode="preview",
-                stream=False,
-                request_id=request_id,
-            )
+                return cache_copy(bridge.service.voices.audio_file(voice), cache_dir), ""
+            synthesis = SynthesisRequest(text=words.strip(), voice=voice.id)
+            ticket = bridge.submit(principal, synthesis, mode="preview", request_id=request_id)
             outcome = ticket.result(PREVIEW_TIMEOUT_S)
             if outcome.output_id is None:
                 return None, ""
             output = bridge.service.outputs.get(outcome.output_id)
-            return cache_copy(output.path, ctx.cache_dir), ""
+            return cache_copy(output.path, cache_dir), ""
         except Exception as exc:
             raise as_gr_error(exc, lang, request_id) from None
 
-    def do_rename(lang: str, voice_id: str | None, wanted: str, request: gr.Request) -> list[Any]:
+    def rename(self, lang: str, voice_id: str | None, wanted: str, request: gr.Request) -> list[Any]:
         try:
-            principal = bridge.principal_of(request)
+            principal = self.bridge.principal_of(request)
             if not voice_id:
                 raise UiError("select_first")
-            voice = bridge.rename_voice(principal, voice_id, wanted)
+            voice = self.bridge.rename_voice(principal, voice_id, wanted)
         except Exception as exc:
             raise as_gr_error(exc, lang) from None
-        return [text("renamed", lang, name=voice.name), "", *refresh_values(ctx, lang, voice.id)]
+        return [text("renamed", lang, name=voice.name), "", *refresh_values(self.ctx, lang, voice.id)]
 
-    def ask_delete(lang: str, voice_id: str | None) -> Any:
+    def ask_delete(self, lang: str, voice_id: str | None) -> Any:
         if not voice_id:
             raise as_gr_error(UiError("select_first"), lang)
         return gr.update(visible=True)
 
-    def do_delete(lang: str, voice_id: str | None, request: gr.Request) -> list[Any]:
+    def delete(self, lang: str, voice_id: str | None, request: gr.Request) -> list[Any]:
         try:
-            principal = bridge.principal_of(request)
+            principal = self.bridge.principal_of(request)
             if not voice_id:
                 raise UiError("select_first")
-            voice = bridge.delete_voice(principal, voice_id)
+            voice = self.bridge.delete_voice(principal, voice_id)
         except Exception as exc:
             raise as_gr_error(exc, lang) from None
-        return [text("deleted", lang, name=voice.name), gr.update(visible=False), *refresh_values(ctx, lang)]
+        return [
+            text("deleted", lang, name=voice.name),
+            gr.update(visible=False),
+            *refresh_values(self.ctx, lang),
+        ]
 
-    def do_use(lang: str, voice_id: str | None) -> list[Any]:
+    def use(self, lang: str, voice_id: str | None) -> list[Any]:
         if not voice_id:
             raise as_gr_error(UiError("select_first"), lang)
-        voice = bridge.voice(voice_id)
+        voice = self.bridge.voice(voice_id)
         target = "zero_shot" if voice.transcript else "cross_lingual"
         message = text("using_voice", lang, name=voice.name)
-        return [message, gr.Tabs(selected=target), *(gr.update(value=voice.id) for _ in panels)]
-
-    lang = ctx.lang
-    audio.change(
-        lambda path, lang: prompt_feedback(bridge, path, lang),
-        [audio, lang],
-        [feedback],
-        show_progress="hidden",
-    )
-    refresh.click(do_refresh, [lang, pick], outputs)
-    enrol.click(do_enrol, [lang, name, audio, transcript], [status, *outputs], concurrency_id="synthesis")
-    preview.click(do_preview, [lang, pick, preview_text], [preview_audio, status], concurrency_id="synthesis")
-    rename.click(do_rename, [lang, pick, new_name], [status, new_name, *outputs])
-    delete.click(ask_delete, [lang, pick], [confirm])
-    confirm.click(do_delete, [lang, pick], [status, confirm, *outputs])
-    use.click(do_use, [lang, pick], [status, tabs, *(panel.voice for panel in panels)])
-    return library
+        return [message, gr.Tabs(selected=target), *(gr.update(value=voice.id) for _ in self.panels)]

@@ -18,8 +18,8 @@ from fastapi import FastAPI, HTTPException, Request
 from fastapi.responses import HTMLResponse, RedirectResponse, Response
 from starlette.concurrency import run_in_threadpool
 
-from cosyserve.service.app_state import AuthRequired
-from cosyserve.service.auth import SESSION_COOKIE
+from cosyserve.service.access.principals import AuthRequired
+from cosyserve.service.access.sessions import SESSION_COOKIE
 from cosyserve.ui.bridge import UI_KEY_COOKIE, UiBridge
 from cosyserve.ui.i18n import pick_lang
 
@@ -130,7 +130,7 @@ def install_login_routes(app: FastAPI, bridge: UiBridge) -> None:
 
     @app.get(LOGIN_PATH, include_in_schema=False)
     async def show_login(request: Request) -> Response:
-        if not await run_in_threadpool(service.auth_enabled):
+        if not await run_in_threadpool(service.access.auth_enabled):
             return RedirectResponse("/", status_code=303)
         next_path = safe_next(request.query_params.get("next"))
         return HTMLResponse(login_page(bridge, lang_of(request), next_path))
@@ -153,18 +153,11 @@ def install_login_routes(app: FastAPI, bridge: UiBridge) -> None:
                 return response
         elif fields["username"]:
             try:
-                token = await run_in_threadpool(service.login, fields["username"], fields["password"])
+                token = await run_in_threadpool(service.access.login, fields["username"], fields["password"])
             except AuthRequired:
                 token = None
             if token is not None:
-                response.set_cookie(
-                    SESSION_COOKIE,
-                    token,
-                    max_age=int(service.sessions.ttl_s),
-                    httponly=True,
-                    samesite="lax",
-                    secure=secure,
-                )
+                response.set_cookie(**service.access.session_cookie(token, secure=secure))
                 return response
         await asyncio.sleep(FAILED_LOGIN_DELAY_S)
         page = login_page(bridge, lang_of(request), next_path, error=True)

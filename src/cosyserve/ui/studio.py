@@ -117,6 +117,12 @@ class UiContext:
     concurrency_limit: int
 
 
+# The inputs of one synthesis, by name: ModePanel attributes, Form fields and the Generate callback's
+# keyword arguments all use these names, so the list is written once.
+RUN_FIELDS = ("voice", "prompt", "transcript", "preset", "instruct", "text", "seed", "speed", "volume", "fmt",
+              "stream")  # fmt: skip
+
+
 @dataclass
 class ModePanel:
     mode: str
@@ -139,24 +145,13 @@ class ModePanel:
     links: gr.HTML
     info: gr.Markdown
     stream_box: gr.Textbox
-    run_fn: Callable[..., Any] | None = None
+    run_fn: Callable[..., Any] | None = None  # run(lang, request, progress, **{RUN_FIELDS: values})
     run_event: Any = None  # the Generate click, for chaining
 
     @property
-    def run_inputs(self) -> list[Any]:
-        return [
-            self.voice,
-            self.prompt,
-            self.transcript,
-            self.preset,
-            self.instruct,
-            self.text,
-            self.seed,
-            self.speed,
-            self.volume,
-            self.fmt,
-            self.stream,
-        ]
+    def run_inputs(self) -> dict[str, Any]:
+        """The synthesis inputs as Gradio `inputs_kwargs` (the callback gets them by name)."""
+        return {name: getattr(self, name) for name in RUN_FIELDS}
 
     @property
     def run_outputs(self) -> list[Any]:
@@ -165,143 +160,150 @@ class ModePanel:
 
 def build_mode_panel(mode: str, ctx: UiContext) -> ModePanel:
     """One mode's tab: voice source, mode inputs, text and controls, Generate/Cancel and the result."""
-    tr, bridge = ctx.tr, ctx.bridge
-    limit = bridge.max_text_chars
+    tr = ctx.tr
     with tr.bind(gr.Tab(tr(f"tab_{mode}"), id=mode, elem_id=f"tab-{mode}"), label=f"tab_{mode}") as tab:
         tr.bind(gr.Markdown(tr(f"about_{mode}")), value=f"about_{mode}")
         with gr.Row(equal_height=False):
             with gr.Column(scale=5):
-                voice = tr.bind(
-                    gr.Dropdown(
-                        choices=voice_choices(bridge, tr.lang),
-                        value="",
-                        label=tr("saved_voice"),
-                        info=tr("saved_voice_info"),
-                        elem_id=f"{mode}-voice",
-                    ),
-                    label="saved_voice",
-                    info="saved_voice_info",
-                    choices=lambda lang: voice_choices(bridge, lang),
-                )
-                prompt = tr.bind(
-                    gr.Audio(
-                        sources=["upload", "microphone"],
-                        type="filepath",
-                        label=tr("prompt_audio"),
-                        elem_id=f"{mode}-prompt",
-                    ),
-                    label="prompt_audio",
-                )
-                feedback = gr.Markdown("", elem_id=f"{mode}-feedback", elem_classes="cosy-feedback")
-                transcript: Any = gr.State(None)
-                preset: Any = gr.State(None)
-                instruct: Any = gr.State(None)
-                if mode == "zero_shot":
-                    transcript = tr.bind(
-                        gr.Textbox(
-                            label=tr("transcript"),
-                            placeholder=tr("transcript_ph"),
-                            lines=2,
-                            max_length=500,
-                            elem_id=f"{mode}-transcript",
-                        ),
-                        label="transcript",
-                        placeholder="transcript_ph",
-                    )
-                if mode == "instruct":
-                    preset = tr.bind(
-                        gr.Dropdown(
-                            choices=preset_choices(tr.lang),
-                            value="",
-                            label=tr("preset"),
-                            elem_id=f"{mode}-preset",
-                        ),
-                        label="preset",
-                        choices=preset_choices,
-                    )
-                    instruct = tr.bind(
-                        gr.Textbox(
-                            label=tr("instruct_text"),
-                            placeholder=tr("instruct_ph"),
-                            max_length=500,
-                            elem_id=f"{mode}-instruct",
-                        ),
-                        label="instruct_text",
-                        placeholder="instruct_ph",
-                    )
+                source = _source_inputs(mode, ctx)
             with gr.Column(scale=6):
-                text_box = tr.bind(
-                    gr.Textbox(label=tr("text"), placeholder=tr("text_ph"), lines=4, elem_id=f"{mode}-text"),
-                    label="text",
-                    placeholder="text_ph",
-                )
-                counter = gr.HTML(assets.counter_html(0, limit), elem_id=f"{mode}-counter")
-                with tr.bind(gr.Accordion(tr("help_title"), open=False), label="help_title"):
-                    tr.bind(gr.Markdown(HELP[tr.lang]), value=lambda lang: HELP[lang])
-                examples = gr.Examples([[t] for t in EXAMPLES[mode]], inputs=[text_box], label=tr("examples"))
-                tr.bind(examples.dataset, label="examples")
-                with gr.Row():
-                    seed = tr.bind(
-                        gr.Textbox(
-                            value="",
-                            label=tr("seed"),
-                            placeholder=tr("seed_ph"),
-                            max_length=10,
-                            elem_id=f"{mode}-seed",
-                        ),
-                        label="seed",
-                        placeholder="seed_ph",
-                    )
-                    dice = gr.Button(tr("dice"), elem_classes="cosy-dice", elem_id=f"{mode}-dice")
-                with gr.Row():
-                    speed = tr.bind(
-                        gr.Slider(0.5, 2.0, value=1.0, step=0.05, label=tr("speed"), elem_id=f"{mode}-speed"),
-                        label="speed",
-                    )
-                    volume = tr.bind(
-                        gr.Slider(
-                            0.1, 2.0, value=1.0, step=0.05, label=tr("volume"), elem_id=f"{mode}-volume"
-                        ),
-                        label="volume",
-                    )
-                with gr.Row():
-                    fmt = tr.bind(
-                        gr.Radio(
-                            list(DOWNLOAD_FORMATS), value="wav", label=tr("format"), elem_id=f"{mode}-format"
-                        ),
-                        label="format",
-                    )
-                    stream = tr.bind(
-                        gr.Checkbox(value=True, label=tr("stream"), elem_id=f"{mode}-stream"), label="stream"
-                    )
-                with gr.Row():
-                    generate = tr.bind(
-                        gr.Button(tr("generate"), variant="primary", elem_id=f"{mode}-generate"),
-                        value="generate",
-                    )
-                    cancel = tr.bind(
-                        gr.Button(tr("cancel"), variant="stop", elem_id=f"{mode}-cancel"), value="cancel"
-                    )
-                result = tr.bind(
-                    gr.Audio(
-                        type="filepath",
-                        interactive=False,
-                        label=tr("result"),
-                        buttons=["download"],
-                        elem_id=f"{mode}-result",
-                    ),
-                    label="result",
-                )
-                links = gr.HTML("", elem_id=f"{mode}-links")
-                info = gr.Markdown("", elem_id=f"{mode}-info")
-                stream_box = gr.Textbox("", visible="hidden", elem_id=f"{mode}-stream-box")
-
-    panel = ModePanel(
-        mode, tab, voice, prompt, feedback, transcript, preset, instruct, text_box, seed, speed, volume,
-        fmt, stream, generate, cancel, result, links, info, stream_box,
-    )  # fmt: skip
-    _wire(panel, ctx, counter, dice)
+                text_box, counter = _text_inputs(mode, ctx)
+                controls = _controls(mode, tr)
+                results = _results(mode, tr)
+    panel = ModePanel(mode, tab, *source, text_box, *controls[:-1], *results)
+    _wire(panel, ctx, counter, controls[-1])
     return panel
+
+
+def _source_inputs(mode: str, ctx: UiContext) -> tuple[Any, ...]:
+    """(voice, prompt, feedback, transcript, preset, instruct): the voice and what the mode adds to it."""
+    tr, bridge = ctx.tr, ctx.bridge
+    voice = tr.bind(
+        gr.Dropdown(
+            choices=voice_choices(bridge, tr.lang),
+            value="",
+            label=tr("saved_voice"),
+            info=tr("saved_voice_info"),
+            elem_id=f"{mode}-voice",
+        ),
+        label="saved_voice",
+        info="saved_voice_info",
+        choices=lambda lang: voice_choices(bridge, lang),
+    )
+    prompt = tr.bind(
+        gr.Audio(
+            sources=["upload", "microphone"],
+            type="filepath",
+            label=tr("prompt_audio"),
+            elem_id=f"{mode}-prompt",
+        ),
+        label="prompt_audio",
+    )
+    feedback = gr.Markdown("", elem_id=f"{mode}-feedback", elem_classes="cosy-feedback")
+    transcript: Any = gr.State(None)
+    preset: Any = gr.State(None)
+    instruct: Any = gr.State(None)
+    if mode == "zero_shot":
+        transcript = tr.bind(
+            gr.Textbox(
+                label=tr("transcript"),
+                placeholder=tr("transcript_ph"),
+                lines=2,
+                max_length=500,
+                elem_id=f"{mode}-transcript",
+            ),
+            label="transcript",
+            placeholder="transcript_ph",
+        )
+    if mode == "instruct":
+        preset = tr.bind(
+            gr.Dropdown(
+                choices=preset_choices(tr.lang), value="", label=tr("preset"), elem_id=f"{mode}-preset"
+            ),
+            label="preset",
+            choices=preset_choices,
+        )
+        instruct = tr.bind(
+            gr.Textbox(
+                label=tr("instruct_text"),
+                placeholder=tr("instruct_ph"),
+                max_length=500,
+                elem_id=f"{mode}-instruct",
+            ),
+            label="instruct_text",
+            placeholder="instruct_ph",
+        )
+    return voice, prompt, feedback, transcript, preset, instruct
+
+
+def _text_inputs(mode: str, ctx: UiContext) -> tuple[gr.Textbox, gr.HTML]:
+    """The text box with its character counter, the syntax help and the examples."""
+    tr = ctx.tr
+    text_box = tr.bind(
+        gr.Textbox(label=tr("text"), placeholder=tr("text_ph"), lines=4, elem_id=f"{mode}-text"),
+        label="text",
+        placeholder="text_ph",
+    )
+    counter = gr.HTML(assets.counter_html(0, ctx.bridge.max_text_chars), elem_id=f"{mode}-counter")
+    with tr.bind(gr.Accordion(tr("help_title"), open=False), label="help_title"):
+        tr.bind(gr.Markdown(HELP[tr.lang]), value=lambda lang: HELP[lang])
+    examples = gr.Examples([[t] for t in EXAMPLES[mode]], inputs=[text_box], label=tr("examples"))
+    tr.bind(examples.dataset, label="examples")
+    return text_box, counter
+
+
+def _controls(mode: str, tr: Translator) -> tuple[Any, ...]:
+    """(seed, speed, volume, format, stream, dice button)."""
+    with gr.Row():
+        seed = tr.bind(
+            gr.Textbox(
+                value="", label=tr("seed"), placeholder=tr("seed_ph"), max_length=10, elem_id=f"{mode}-seed"
+            ),
+            label="seed",
+            placeholder="seed_ph",
+        )
+        dice = gr.Button(tr("dice"), elem_classes="cosy-dice", elem_id=f"{mode}-dice")
+    with gr.Row():
+        speed = tr.bind(
+            gr.Slider(0.5, 2.0, value=1.0, step=0.05, label=tr("speed"), elem_id=f"{mode}-speed"),
+            label="speed",
+        )
+        volume = tr.bind(
+            gr.Slider(0.1, 2.0, value=1.0, step=0.05, label=tr("volume"), elem_id=f"{mode}-volume"),
+            label="volume",
+        )
+    with gr.Row():
+        fmt = tr.bind(
+            gr.Radio(list(DOWNLOAD_FORMATS), value="wav", label=tr("format"), elem_id=f"{mode}-format"),
+            label="format",
+        )
+        stream = tr.bind(
+            gr.Checkbox(value=True, label=tr("stream"), elem_id=f"{mode}-stream"), label="stream"
+        )
+    return seed, speed, volume, fmt, stream, dice
+
+
+def _results(mode: str, tr: Translator) -> tuple[Any, ...]:
+    """(Generate, Cancel, result audio, download links, info, the hidden box the page streams from)."""
+    with gr.Row():
+        generate = tr.bind(
+            gr.Button(tr("generate"), variant="primary", elem_id=f"{mode}-generate"), value="generate"
+        )
+        cancel = tr.bind(gr.Button(tr("cancel"), variant="stop", elem_id=f"{mode}-cancel"), value="cancel")
+    result = tr.bind(
+        gr.Audio(
+            type="filepath",
+            interactive=False,
+            label=tr("result"),
+            buttons=["download"],
+            elem_id=f"{mode}-result",
+        ),
+        label="result",
+    )
+    links = gr.HTML("", elem_id=f"{mode}-links")
+    info = gr.Markdown("", elem_id=f"{mode}-info")
+    stream_box = gr.Textbox("", visible="hidden", elem_id=f"{mode}-stream-box")
+    return generate, cancel, result, links, info, stream_box
 
 
 def _wire(panel: ModePanel, ctx: UiContext, counter: gr.HTML, dice: gr.Button) -> None:
@@ -313,23 +315,11 @@ def _wire(panel: ModePanel, ctx: UiContext, counter: gr.HTML, dice: gr.Button) -
 
     def run(
         lang: str,
-        voice: str | None,
-        prompt: str | None,
-        transcript: str | None,
-        preset: str | None,
-        instruct: str | None,
-        text_value: str,
-        seed: str | None,
-        speed: float,
-        volume: float,
-        fmt: str,
-        stream: bool,
         request: gr.Request,
         progress: gr.Progress = gr.Progress(),  # noqa: B008 - Gradio finds its tracker by this default
+        **values: Any,
     ) -> Any:
-        form = Form(
-            mode, voice, prompt, transcript, preset, instruct, text_value, seed, speed, volume, fmt, stream
-        )
+        form = Form(mode, **values)
         yield from run_synthesis(bridge, registry, form, lang, request, progress, ctx.cache_dir)
 
     def cancel(lang: str, request: gr.Request) -> str:
@@ -343,8 +333,9 @@ def _wire(panel: ModePanel, ctx: UiContext, counter: gr.HTML, dice: gr.Button) -
     panel.generate.click(None, None, None, js=assets.UNLOCK_JS)
     run_event = panel.generate.click(
         run,
-        [ctx.lang, *panel.run_inputs],
+        [ctx.lang],
         panel.run_outputs,
+        inputs_kwargs=panel.run_inputs,
         concurrency_limit=ctx.concurrency_limit,
         concurrency_id="synthesis",
         show_progress="full",

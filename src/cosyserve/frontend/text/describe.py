@@ -9,12 +9,13 @@ from __future__ import annotations
 
 from collections.abc import Mapping
 from dataclasses import dataclass
+from typing import Any
 
 from cosyserve.frontend.text.corrections import Correction
 from cosyserve.frontend.text.japanese import to_katakana
 from cosyserve.frontend.text.lexicon import Lexicon
 from cosyserve.frontend.text.normalize import Language, normalize_report
-from cosyserve.frontend.text.prepare import DEFAULT_MAX_CHARS, prepare_texts
+from cosyserve.frontend.text.prepare import DEFAULT_MAX_CHARS, PreparedText, prepare_texts
 from cosyserve.frontend.text.prompts import inline_instruction, leading_tag_instruction
 from cosyserve.frontend.text.pronunciation import convert_pronunciations
 from cosyserve.frontend.tokenizer import TextTokenizer
@@ -84,6 +85,18 @@ def describe_text(
         lm_inputs=tuple(_tokenized(segment, tokenizer) for segment in prepared.segments),
         warnings=tuple(prepared.warnings),
     )
+
+
+def reading_report(prepared: PreparedText, tokenizer: TextTokenizer) -> dict[str, Any]:
+    """What the model read for one synthesis, JSON-ready for its report (the output's manifest): the
+    mode and instruction, each segment as spoken, as the LM got it, and its token pieces."""
+    return {
+        "mode": prepared.mode,
+        "instruction": prepared.instruction,
+        "spoken": list(prepared.display_segments),
+        "lm_text": list(prepared.segments),
+        "lm_tokens": [readable_pieces(ids, tokenizer) for ids in prepared.segment_ids],
+    }
 
 
 def _plain_body(text: str, lexicon: Lexicon | None) -> str:

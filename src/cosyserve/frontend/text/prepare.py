@@ -2,7 +2,8 @@
 
 Order: chat markers and a typed system sentence removed → instruction found (explicit, a leading tag, or
 text before `<|endofprompt|>`) → length check → lexicon → pronunciation forms to native tokens →
-Japanese to katakana → normalisation → split into segments → mode assembly.
+Japanese to katakana → normalisation → split into segments → mode assembly → token ids (the one place
+the LM's texts are tokenised).
 """
 
 from __future__ import annotations
@@ -47,6 +48,8 @@ class PreparedText:
     mode: str  # "zero_shot", "cross_lingual" or "instruct"
     instruction: str | None  # the instruction sentence in instruct mode
     warnings: list[str] = field(default_factory=list)
+    lm_prompt_ids: list[int] = field(default_factory=list)  # `lm_prompt_text` tokenised ([] when empty)
+    segment_ids: list[list[int]] = field(default_factory=list)  # each of `segments` tokenised
 
 
 def prepare_plain(text: str, lexicon: Lexicon | None = None) -> str:
@@ -122,4 +125,6 @@ def prepare_texts(
         mode=lm_texts.mode,
         instruction=instruction,
         warnings=warnings,
+        lm_prompt_ids=tokenizer.encode(lm_texts.prompt_text) if lm_texts.prompt_text else [],
+        segment_ids=[tokenizer.encode(text) for text in lm_texts.texts],
     )

@@ -9,6 +9,9 @@ Differences, on purpose: a special tag or a `[x][y]` token group is one unit and
 inside `<strong>…</strong>` or `<laughter>…</laughter>`; a run of punctuation stays together (`?!`, `……`)
 instead of losing all but its first mark; a piece with nothing to say (only punctuation and tags) joins a
 neighbour instead of becoming its own LM call; a sentence longer than `token_max_n` is cut at commas.
+
+`split_long_text` cuts a text that is too long for one request (a long-text job) into requests, with the
+same punctuation, by characters, before normalisation.
 """
 
 from __future__ import annotations
@@ -23,6 +26,8 @@ from cosyserve.frontend.text.tags import PAIRED_TAGS, SPECIAL_TAG_PATTERN, split
 _ZH_ENDS = frozenset("。？！；：、.?!;…")
 _OTHER_ENDS = frozenset(".?!;:。？！；：…")
 _COMMAS = frozenset("，,、；;")
+# A raw text (not yet normalised) also ends sentences at line breaks, in either language.
+_RAW_ENDS = _ZH_ENDS | _OTHER_ENDS | frozenset("\n")
 # Closing quotes and brackets stay with the sentence they close.
 _CLOSERS = frozenset("\"'”’」』）)》")
 _CLOSING_TAGS = frozenset(PAIRED_TAGS.values())
@@ -141,6 +146,27 @@ def split_text(
         else:
             pieces.append(current)
     return [piece.strip() for piece in pieces if has_content(piece)]
+
+
+def split_long_text(text: str, max_chars: int) -> list[str]:
+    """Pieces of at most `max_chars` characters, cut after sentences (else commas, else anywhere) and
+    merged greedily; punctuation that fits nowhere says nothing and is dropped."""
+    if len(text.strip()) <= max_chars:
+        return [text]
+    units: list[str] = []
+    for sentence in cut_after(text, _RAW_ENDS):
+        if len(sentence) <= max_chars:
+            units.append(sentence)
+            continue
+        for clause in cut_after(sentence, _COMMAS):
+            units.extend(clause[i : i + max_chars] for i in range(0, len(clause), max_chars))
+    pieces: list[str] = []
+    for unit in units:
+        if pieces and len(pieces[-1]) + len(unit) <= max_chars:
+            pieces[-1] += unit
+        elif has_content(unit):
+            pieces.append(unit)
+    return pieces
 
 
 def _measure(tokenizer: Encoder, lang: Language) -> Callable[[str], int]:

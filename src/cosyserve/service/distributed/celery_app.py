@@ -3,8 +3,8 @@
 Delivery guarantees, per task:
 - `cosyserve.job` (long texts; a row in the jobs table): acknowledged *late*, after it finished, so a
   worker that dies mid-job leaves the message unacknowledged and Redis hands it to another worker after
-  `visibility_timeout_s`. The jobs table's claim/lease/attempt (see `jobs.py`) makes the redelivered copy
-  wait while the first worker is alive and makes sure only one attempt records a result.
+  `visibility_timeout_s`. The jobs table's claim/lease/attempt (see `stores/jobs.py`) makes the
+  redelivered copy wait while the first worker is alive and makes sure only one attempt records a result.
 - `cosyserve.tts` and `cosyserve.enrol` (a client is waiting on the line): acknowledged when a worker takes
   them. If that worker dies the API node sees its lease vanish and answers 503 "retry"; re-running an
   interactive request minutes later for a client that has gone would only waste a GPU.

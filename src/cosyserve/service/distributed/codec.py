@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import base64
 import dataclasses
+from collections.abc import Callable
 from typing import Any
 
 from cosyserve.errors import (
@@ -18,13 +19,23 @@ from cosyserve.errors import (
     InputError,
     JobStateError,
     JobTimeout,
+    ModelNotReady,
+    OutOfMemory,
     QueueFull,
     ShuttingDown,
+    StorageError,
     error_code,
 )
-from cosyserve.service.requests import SynthesisRequest
-from cosyserve.service.storage import OutputNotFound
-from cosyserve.service.voices import VoiceDefaults, VoiceNotFound
+from cosyserve.service.requests import (
+    EnrolmentRequest,
+    OutputSpec,
+    SynthesisRequest,
+    TtsOutcome,
+    VoiceDefaults,
+)
+from cosyserve.service.stores.keys import ApiKey
+from cosyserve.service.stores.outputs import OutputNotFound
+from cosyserve.service.stores.voices import VoiceNotFound
 
 
 class RemoteFailure(CosyServeError):
@@ -49,10 +60,10 @@ class NoWorkers(CosyServeError):
     retry_after_s = 5
 
 
-def _known_errors() -> dict[str, type[BaseException]]:
-    from cosyserve.service.app_state import ModelNotReady
-
-    classes: list[type[BaseException]] = [
+# Errors a worker raises that come back on the API node as the same class (anything else: RemoteFailure).
+KNOWN_ERRORS: dict[str, type[CosyServeError]] = {
+    cls.__name__: cls
+    for cls in (
         VoiceNotFound,
         OutputNotFound,
         InputError,
@@ -62,9 +73,11 @@ def _known_errors() -> dict[str, type[BaseException]]:
         ShuttingDown,
         JobStateError,
         ModelNotReady,
+        OutOfMemory,
+        StorageError,
         WorkerLost,
-    ]
-    return {cls.__name__: cls for cls in classes}
+    )
+}
 
 
 def b64(data: bytes | None) -> str | None:
@@ -88,7 +101,7 @@ def decode_request(data: dict[str, Any]) -> SynthesisRequest:
     return SynthesisRequest(**values)
 
 
-def encode_spec(spec: Any) -> dict[str, Any]:
+def encode_spec(spec: OutputSpec) -> dict[str, Any]:
     """An `OutputSpec` without its `ApiKey` object: the key travels as its id (the worker charges it)."""
     return {
         "format": spec.format,
@@ -101,10 +114,8 @@ def encode_spec(spec: Any) -> dict[str, Any]:
     }
 
 
-def decode_spec(data: dict[str, Any], key_lookup: Any = None) -> Any:
+def decode_spec(data: dict[str, Any], key_lookup: Callable[[int], ApiKey | None] | None = None) -> OutputSpec:
     """The `OutputSpec` back; `key_lookup(key_id)` returns the `ApiKey` (None: not charged here)."""
-    from cosyserve.service.app_tasks import OutputSpec
-
     key = None
     if data.get("key_id") is not None and key_lookup is not None:
         key = key_lookup(int(data["key_id"]))
@@ -119,20 +130,38 @@ def decode_spec(data: dict[str, Any], key_lookup: Any = None) -> Any:
     )
 
 
-def encode_outcome(outcome: Any) -> dict[str, Any]:
+def encode_outcome(outcome: TtsOutcome) -> dict[str, Any]:
     data = dataclasses.asdict(outcome)
     data["warnings"] = list(outcome.warnings)
     data["audio"] = b64(outcome.audio)
     return data
 
 
-def decode_outcome(data: dict[str, Any]) -> Any:
-    from cosyserve.service.app_tasks import TtsOutcome
-
+def decode_outcome(data: dict[str, Any]) -> TtsOutcome:
     values = dict(data)
     values["warnings"] = tuple(values.get("warnings") or ())
     values["audio"] = unb64(values.get("audio"))
     return TtsOutcome(**values)
+
+
+def encode_enrolment(enrolment: EnrolmentRequest) -> list[Any]:
+    """The enrolment task's arguments: name, base64 audio, transcript, suffix, defaults, lexicon."""
+    e = enrolment
+    return [e.name, b64(e.audio), e.transcript, e.suffix, encode_defaults(e.defaults), e.lexicon, e.owner]
+
+
+def decode_enrolment(
+    name: str,
+    audio_b64: str,
+    transcript: str | None,
+    suffix: str,
+    defaults: dict[str, Any] | None,
+    lexicon: dict[str, str] | None,
+    owner: str | None = None,  # absent in tasks sent by API nodes from before voices had owners
+) -> EnrolmentRequest:
+    return EnrolmentRequest(
+        name, unb64(audio_b64) or b"", transcript, suffix, decode_defaults(defaults), lexicon, owner
+    )
 
 
 def encode_defaults(defaults: VoiceDefaults | None) -> dict[str, Any] | None:
@@ -155,10 +184,10 @@ def encode_error(exc: BaseException) -> dict[str, Any]:
 
 def decode_error(data: dict[str, Any]) -> BaseException:
     """The worker's exception as the same user-facing class, else `RemoteFailure`."""
-    cls = _known_errors().get(str(data.get("type")))
+    cls = KNOWN_ERRORS.get(str(data.get("type")))
     message = str(data.get("message") or "the worker failed")
     if cls is None:
         return RemoteFailure(f"the worker failed: {message}")
-    if cls is QueueFull:
-        return QueueFull(message, retry_after_s=int(data.get("retry_after_s") or 1))
+    if cls in (QueueFull, OutOfMemory):  # these carry how long to wait
+        return cls(message, retry_after_s=int(data.get("retry_after_s") or 1))  # type: ignore[call-arg]
     return cls(message)

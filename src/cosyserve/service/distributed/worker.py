@@ -19,25 +19,18 @@ import os
 import socket
 import threading
 import time
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
-from cosyserve.errors import Cancelled, CosyServeError, JobStateError, ModelDirError
-from cosyserve.service.distributed import codec
-from cosyserve.service.distributed.celery_app import (
-    ENROL_TASK,
-    JOB_TASK,
-    QUEUE,
-    TTS_TASK,
-    make_celery,
-    task_options,
-)
+from cosyserve.errors import Cancelled, CosyServeError, JobStateError, ModelDirError, SettingsError
+from cosyserve.service.assembly import Service
+from cosyserve.service.distributed import celery_app, codec
 from cosyserve.service.distributed.relay import Relay, WorkerRegistry, connect
+from cosyserve.service.local.backend import LocalBackend
+from cosyserve.service.local.load_failure import load_failure_message
 from cosyserve.service.logs import log_failure
-
-if TYPE_CHECKING:
-    from cosyserve.service.app_state import Service
-    from cosyserve.service.settings import Settings
-    from cosyserve.service.tickets import Ticket
+from cosyserve.service.scheduling.tickets import Ticket
+from cosyserve.service.settings import Settings
+from cosyserve.service.stores.keys import ApiKey
 
 log = logging.getLogger(__name__)
 
@@ -55,17 +48,18 @@ class WorkerNode:
     def __init__(
         self, settings: Settings, *, name: str | None = None, service: Service | None = None
     ) -> None:
-        from cosyserve.service.app_state import Service
-
         queue = settings.queue
         if not queue.queue_url:
             raise ValueError("a worker needs queue_url")
         self.settings = settings
         self.name = name or default_worker_name()
         self.service = service or Service(settings, role="worker")
+        if not isinstance(self.service.backend, LocalBackend):
+            raise SettingsError("a worker runs the model itself: its service needs the worker role")
+        self.local: LocalBackend = self.service.backend
         self.lease_s = queue.job_lease_s
         restore = max(1, min(10, int(queue.visibility_timeout_s // 5)))
-        self.app = make_celery(
+        self.app = celery_app.make_celery(
             queue.queue_url, visibility_timeout_s=queue.visibility_timeout_s, restore_interval_s=restore
         )
         self.client = connect(queue.queue_url)
@@ -95,11 +89,11 @@ class WorkerNode:
         beat = threading.Thread(target=self._heartbeat_loop, name="cosyserve-heartbeat", daemon=True)
         beat.start()
         concurrency = self.service.scheduler.concurrency
-        log.info("worker %s takes up to %d tasks at once from %s", self.name, concurrency, QUEUE)
+        log.info("worker %s takes up to %d tasks at once from %s", self.name, concurrency, celery_app.QUEUE)
         worker = self.app.Worker(
             pool="threads",
             concurrency=concurrency,
-            queues=[QUEUE],
+            queues=[celery_app.QUEUE],
             hostname=f"{self.name}@{socket.gethostname()}",
             loglevel=loglevel,
             without_gossip=True,
@@ -146,9 +140,7 @@ class WorkerNode:
                 raise ModelDirError("the model did not load within an hour")
             time.sleep(0.2)
         if self.service.model_state != "ready":
-            from cosyserve.service.load_failure import load_failure_message
-
-            error = self.service.load_error or RuntimeError(str(self.service.readiness()["reason"]))
+            error = self.local.host.load_error or RuntimeError(str(self.service.readiness()["reason"]))
             raise ModelDirError(load_failure_message(self.settings.engine.model, error))
 
     def _heartbeat_loop(self) -> None:
@@ -170,7 +162,7 @@ class WorkerNode:
     def info(self) -> dict[str, Any]:
         """What API nodes show about this worker (its heartbeat)."""
         return {
-            **self.service.model_info,
+            **self.local.model_info,
             "name": self.name,
             "host": socket.gethostname(),
             "pid": os.getpid(),
@@ -181,55 +173,41 @@ class WorkerNode:
     # -- tasks -------------------------------------------------------------------------------------------
 
     def _register_tasks(self) -> None:
-        handlers = {TTS_TASK: self._tts_task, JOB_TASK: self._job_task, ENROL_TASK: self._enrol_task}
+        handlers = {
+            celery_app.TTS_TASK: self._tts_task,
+            celery_app.JOB_TASK: self._job_task,
+            celery_app.ENROL_TASK: self._enrol_task,
+        }
         for name, handler in handlers.items():
-            self.app.task(**task_options(name))(_task_body(self, name, handler))
+            self.app.task(**celery_app.task_options(name))(_task_body(self, name, handler))
 
     def _tts_task(
         self, task: Any, request_data: dict[str, Any], spec_data: dict[str, Any], stream: bool
     ) -> None:
-        from cosyserve.service.app_tasks import StreamStart
-
         task_id = task.request.id
 
         def run(watch: TaskWatch) -> None:
             request = codec.decode_request(request_data)
             spec = codec.decode_spec(spec_data, self._key)
-            ticket = watch.attach(self.service.submit_tts(request, spec, stream=stream))
             if not stream:
+                ticket = watch.attach(self.local.submit_tts(request, spec))
                 self.relay.publish(task_id, "done", codec.encode_outcome(ticket.result()))
                 return
-            for item in ticket.chunks():
-                if isinstance(item, StreamStart):
-                    self.relay.publish(task_id, "start", dataclasses.asdict(item))
-                else:
-                    self.relay.publish(task_id, "chunk", bytes(item))
-            self.relay.publish(task_id, "done", codec.encode_outcome(ticket.value))
+            audio = self.local.stream_tts(request, spec)
+            watch.attach(audio.ticket)
+            self.relay.publish(task_id, "start", dataclasses.asdict(audio.open()))
+            for data in audio.chunks():
+                self.relay.publish(task_id, "chunk", data)
+            self.relay.publish(task_id, "done", codec.encode_outcome(audio.ticket.result()))
 
         self._interactive(task_id, run)
 
-    def _enrol_task(
-        self,
-        task: Any,
-        name: str,
-        audio_b64: str,
-        transcript: str | None,
-        suffix: str,
-        defaults: dict[str, Any] | None,
-        lexicon: dict[str, str] | None,
-    ) -> None:
+    def _enrol_task(self, task: Any, *args: Any) -> None:
         task_id = task.request.id
+        enrolment = codec.decode_enrolment(*args)  # a TypeError: arguments this worker cannot take
 
         def run(watch: TaskWatch) -> None:
-            ticket = self.service.submit_enrolment(
-                name,
-                codec.unb64(audio_b64) or b"",
-                transcript,
-                suffix=suffix,
-                defaults=codec.decode_defaults(defaults),
-                lexicon=lexicon,
-            )
-            voice = watch.attach(ticket).result()
+            voice = watch.attach(self.local.submit_enrolment(enrolment)).result()
             self.relay.publish(task_id, "done", {"id": voice.id})
 
         self._interactive(task_id, run)
@@ -273,7 +251,7 @@ class WorkerNode:
             request = codec.decode_request(request_data)
             spec = codec.decode_spec(spec_data, self._key)
             with self._counted(), TaskWatch(self, job_id, job_attempt=attempt) as watch:
-                watch.attach(self.service.run_claimed_job(job_id, attempt, request, spec)).wait()
+                watch.attach(self.local.run_claimed_job(job_id, attempt, request, spec)).wait()
         except BaseException as exc:  # it never reached the scheduler: end the record here
             with contextlib.suppress(JobStateError):
                 jobs.finish_with_exception(job_id, exc, attempt=attempt)
@@ -282,7 +260,7 @@ class WorkerNode:
 
     # -- helpers -----------------------------------------------------------------------------------------
 
-    def _key(self, key_id: int) -> Any:
+    def _key(self, key_id: int) -> ApiKey | None:
         try:
             return self.service.keys.get(key_id)
         except CosyServeError:  # revoked or deleted since: nothing to charge
@@ -317,7 +295,7 @@ def _task_body(node: WorkerNode, name: str, handler: Any) -> Any:
         try:
             handler(task, *args)
         except TypeError as exc:
-            if name == JOB_TASK:
+            if name == celery_app.JOB_TASK:
                 if args:
                     with contextlib.suppress(Exception):
                         node.service.jobs.finish_failed(

@@ -34,18 +34,21 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, TypeVar
 
-from botocore.exceptions import BotoCoreError, ClientError, HTTPClientError
-from botocore.exceptions import ConnectionError as BotoConnectionError
+from botocore.exceptions import BotoCoreError, ClientError
 
-from cosyserve.errors import CosyServeError
-from cosyserve.service.atomic_files import write_atomic
+from cosyserve.service.stores.atomic_files import write_atomic
+from cosyserve.service.stores.s3_failures import (
+    SyncError,
+    SyncFailure,
+    code_of,
+    describe,
+    is_transient,
+    status_of,
+)
+from cosyserve.service.stores.s3_setup import apply_lifecycle, ensure_bucket
 
 log = logging.getLogger(__name__)
 
-TRANSIENT_CODES = frozenset(
-    {"RequestTimeout", "RequestTimeTooSkewed", "SlowDown", "Throttling", "ThrottlingException",
-     "InternalError", "ServiceUnavailable", "RequestLimitExceeded", "TooManyRequests"}
-)  # fmt: skip
 CONTENT_TYPES = {
     ".wav": "audio/wav",
     ".mp3": "audio/mpeg",
@@ -57,20 +60,6 @@ CONTENT_TYPES = {
 MAX_RECORDED_FAILURES = 1000
 READ_RETRY_S = 30.0
 T = TypeVar("T")
-
-
-class SyncError(CosyServeError):
-    """The bucket can't be used or an upload failed for good (the message says which and why)."""
-
-
-@dataclass(frozen=True)
-class SyncFailure:
-    op: str  # "put" or "delete"
-    key: str  # full object key, prefix included
-    path: Path | None  # local file of a put
-    error: str
-    attempts: int
-    at: float  # unix time of giving up
 
 
 @dataclass(frozen=True)
@@ -164,59 +153,11 @@ class S3Sync:
 
     def ensure_bucket(self, create: bool = True) -> bool:
         """Make sure the bucket exists; True if it was created now. SyncError if it can't be used."""
-        try:
-            self.client.head_bucket(Bucket=self.bucket)
-            return False
-        except ClientError as exc:
-            status = _status(exc)
-            if status == 403:
-                raise SyncError(
-                    f"access to bucket {self.bucket!r} is denied: check the access key and the bucket policy"
-                ) from exc
-            if status != 404:
-                raise SyncError(f"bucket {self.bucket!r} can't be checked: {_describe(exc)}") from exc
-        except (BotoCoreError, OSError) as exc:
-            raise SyncError(f"the S3 endpoint {self._where()} can't be reached: {_describe(exc)}") from exc
-        if not create:
-            raise SyncError(
-                f"bucket {self.bucket!r} does not exist at {self._where()}: create it, or allow creation"
-            )
-        params: dict[str, Any] = {"Bucket": self.bucket}
-        if self.region and self.region != "us-east-1":  # us-east-1 refuses an explicit constraint
-            params["CreateBucketConfiguration"] = {"LocationConstraint": self.region}
-        try:
-            self.client.create_bucket(**params)
-        except (BotoCoreError, ClientError) as exc:
-            raise SyncError(f"bucket {self.bucket!r} can't be created: {_describe(exc)}") from exc
-        log.info("created bucket %s at %s", self.bucket, self._where())
-        return True
+        return ensure_bucket(self.client, self.bucket, region=self.region, where=self._where(), create=create)
 
     def apply_lifecycle(self, days: int) -> dict[str, Any]:
-        """Expire objects under the prefix after `days` days. Other lifecycle rules of the bucket are kept
-        (put replaces the whole configuration, so ours is merged in by its ID). Returns our rule."""
-        if days < 1:
-            raise SyncError(f"lifecycle days must be at least 1, got {days}")
-        rule_id = f"cosyserve-expire-{self.prefix or 'all'}"[:255]
-        rule = {
-            "ID": rule_id,
-            "Filter": {"Prefix": f"{self.prefix}/" if self.prefix else ""},
-            "Status": "Enabled",
-            "Expiration": {"Days": int(days)},
-        }
-        try:
-            try:
-                existing = self.client.get_bucket_lifecycle_configuration(Bucket=self.bucket).get("Rules", [])
-            except ClientError as exc:
-                if _code(exc) != "NoSuchLifecycleConfiguration":
-                    raise
-                existing = []
-            rules = [r for r in existing if r.get("ID") != rule_id] + [rule]
-            self.client.put_bucket_lifecycle_configuration(
-                Bucket=self.bucket, LifecycleConfiguration={"Rules": rules}
-            )
-        except (BotoCoreError, ClientError) as exc:
-            raise SyncError(f"the lifecycle rule for {self.bucket!r} can't be set: {_describe(exc)}") from exc
-        return rule
+        """Expire objects under the prefix after `days` days, keeping the bucket's other rules."""
+        return apply_lifecycle(self.client, self.bucket, self.prefix, days)
 
     def presign(self, name: str, expires_s: int = 900) -> str:
         """A time-limited download URL for an uploaded file, straight from the bucket."""
@@ -274,12 +215,12 @@ class S3Sync:
         try:
             return call()
         except ClientError as exc:
-            if _status(exc) == 404 and _code(exc) in ("NoSuchKey", "NotFound", "404"):
+            if status_of(exc) == 404 and code_of(exc) in ("NoSuchKey", "NotFound", "404"):
                 return None
-            error = SyncError(f"{self.key(what)} can't be read from {self.bucket!r}: {_describe(exc)}")
+            error = SyncError(f"{self.key(what)} can't be read from {self.bucket!r}: {describe(exc)}")
             cause: Exception = exc
         except (BotoCoreError, OSError) as exc:
-            error = SyncError(f"the S3 endpoint {self._where()} can't be reached: {_describe(exc)}")
+            error = SyncError(f"the S3 endpoint {self._where()} can't be reached: {describe(exc)}")
             cause = exc
         log.warning("%s; reads skip the bucket for %.0f s", error, self.read_retry_s)
         self._reads_down_until = time.monotonic() + self.read_retry_s
@@ -388,13 +329,13 @@ class S3Sync:
                 self._perform(job)
                 return None
             except Exception as exc:
-                if not _is_transient(exc) or attempt == self.max_attempts:
-                    return self._record(job, _describe(exc), attempt)
+                if not is_transient(exc) or attempt == self.max_attempts:
+                    return self._record(job, describe(exc), attempt)
                 delay = min(self.max_backoff_s, self.backoff_s * 2 ** (attempt - 1)) * random.uniform(0.5, 1)
                 log.info("S3 %s of %s failed (%s); retry %d in %.1fs", job.op, job.key, exc, attempt, delay)
                 self.retries += 1
                 if self._stop.wait(delay):
-                    return self._record(job, f"given up at shutdown after: {_describe(exc)}", attempt)
+                    return self._record(job, f"given up at shutdown after: {describe(exc)}", attempt)
         return None  # unreachable: the loop returns on its last attempt
 
     def _perform(self, job: _Job) -> None:
@@ -402,7 +343,8 @@ class S3Sync:
             self.client.delete_object(Bucket=self.bucket, Key=job.key)
             self.deleted += 1
             return
-        assert job.path is not None
+        if job.path is None:  # pragma: no cover - every put is made with its file
+            raise SyncError(f"no local file to upload as {job.key}")
         body = job.path.read_bytes()
         content_type = CONTENT_TYPES.get(job.path.suffix.lower(), "application/octet-stream")
         self.client.put_object(Bucket=self.bucket, Key=job.key, Body=body, ContentType=content_type)
@@ -422,26 +364,3 @@ class S3Sync:
 
     def _where(self) -> str:
         return self.endpoint_url or "AWS S3"
-
-
-def _status(exc: ClientError) -> int:
-    return int(exc.response.get("ResponseMetadata", {}).get("HTTPStatusCode") or 0)
-
-
-def _code(exc: ClientError) -> str:
-    return str(exc.response.get("Error", {}).get("Code", ""))
-
-
-def _is_transient(exc: Exception) -> bool:
-    if isinstance(exc, (BotoConnectionError, HTTPClientError)):
-        return True
-    if isinstance(exc, ClientError):
-        status = _status(exc)
-        return status >= 500 or status == 429 or _code(exc) in TRANSIENT_CODES
-    return False  # local file errors, bad parameters, credentials: retrying can't help
-
-
-def _describe(exc: Exception) -> str:
-    if isinstance(exc, ClientError):
-        return f"{_code(exc) or _status(exc)}: {exc.response.get('Error', {}).get('Message', '') or exc}"
-    return f"{type(exc).__name__}: {exc}"

@@ -18,7 +18,7 @@ background; the audio first, so a sidecar in the bucket means its audio is there
 never deletes remote objects: give the bucket a lifecycle rule (`S3Sync.apply_lifecycle`) for that.
 
 Several nodes sharing a bucket (`remote_reads`, on by default with a sync): `get` of an output that is not
-on this node downloads the pair into `root` (`output_bucket.OutputBucket`), where local retention treats
+on this node downloads the pair into `root` (`bucket.OutputBucket`), where local retention treats
 it like any other. Such a copy is served only while the bucket still has the output (checked at most
 every few seconds), so a delete on one node reaches the others; outputs a node saved itself stay there
 until its retention. `list` merges the bucket's sidecars with the local ones (fetched as needed, at most
@@ -45,14 +45,14 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from cosyserve import __version__
-from cosyserve.errors import InputError
-from cosyserve.service.output_bucket import (
+from cosyserve.errors import InputError, StorageError
+from cosyserve.service.stores.bucket import (
     BUCKET_COPY,  # noqa: F401  (re-exported, as are OutputNotFound, StoredOutput, check_output_id)
     REMOTE_LIST_TTL_S,
     OutputBucket,
     RemoteWalk,
 )
-from cosyserve.service.output_files import (
+from cosyserve.service.stores.output_files import (
     EXTENSION,
     OUTPUT_ID,
     TEMP_SUFFIX,
@@ -67,9 +67,10 @@ from cosyserve.service.output_files import (
     to_json,
     write_atomic,
 )
+from cosyserve.service.stores.output_space import SizeIndex, StorageHealth
 
 if TYPE_CHECKING:
-    from cosyserve.service.s3sync import S3Sync
+    from cosyserve.service.stores.s3sync import S3Sync
 
 log = logging.getLogger(__name__)
 
@@ -101,6 +102,7 @@ class OutputStore:
         url_prefix: str = "/v1/outputs",
         remote_reads: bool | None = None,
         node_tag: int | None = None,
+        min_free_bytes: int = 0,
     ) -> None:
         if (retention_days or 0) < 0 or (max_total_bytes or 0) < 0:
             raise InputError(
@@ -116,6 +118,8 @@ class OutputStore:
         self.url_prefix = url_prefix.rstrip("/")
         self._clock = clock
         self._retention_lock = threading.Lock()
+        self.health = StorageHealth(self.root, min_free_bytes)  # can results be saved here? (/ready)
+        self._sizes = SizeIndex(lambda: ((o.id, pair_size(o)) for o in self._oldest_first()))
         # the bucket other nodes' outputs are read from (None: this node's outputs only)
         self.remote = sync if (sync is not None if remote_reads is None else remote_reads) else None
         if node_tag is not None and node_tag not in NODE_TAGS:
@@ -165,11 +169,17 @@ class OutputStore:
             sidecar_bytes = to_json(record)  # fails before anything is written if a value isn't JSON
             write_atomic(audio_path, data)
             write_atomic(sidecar_path, sidecar_bytes)
-        except BaseException:
+        except BaseException as exc:
             audio_path.unlink(missing_ok=True)
             sidecar_path.unlink(missing_ok=True)
+            if isinstance(exc, OSError):  # disk full, read-only, permissions: the caller must know
+                self.health.note_failure(exc.strerror or str(exc))
+                raise StorageError(
+                    f"the output could not be saved in {self.root}: {exc.strerror or exc}"
+                ) from exc
             raise
         stored = StoredOutput(stem, audio_path, sidecar_path, f"{self.url_prefix}/{stem}", record)
+        self._keep_under_cap(stored)
         if self.sync is not None and upload_now:
             self.sync.upload_now(audio_path, audio_path.name)
             self.sync.upload_now(sidecar_path, sidecar_path.name)
@@ -177,6 +187,20 @@ class OutputStore:
             self.sync.enqueue(audio_path, audio_path.name)
             self.sync.enqueue(sidecar_path, sidecar_path.name)
         return stored
+
+    def _keep_under_cap(self, stored: StoredOutput) -> None:
+        """The size cap holds at every save: the oldest outputs go first, never the one just saved."""
+        if self.max_total_bytes is None:
+            return
+        with self._retention_lock:
+            self._sizes.add(stored.id, pair_size(stored))
+            evicted = self._sizes.over(self.max_total_bytes, keep=stored.id)
+            for output_id in evicted:
+                self._sizes.discard(output_id)
+                with contextlib.suppress(OutputNotFound):
+                    remove_pair(self._get_local(output_id))
+        if evicted:
+            log.info("output size cap: removed the %d oldest outputs to make room", len(evicted))
 
     def _reserve(self, base: str, ext: str) -> str:
         for n in range(MAX_SUFFIX + 1):
@@ -188,6 +212,9 @@ class OutputStore:
                 fd = os.open(self.root / f"{stem}.json", os.O_CREAT | os.O_EXCL | os.O_WRONLY, 0o644)
             except FileExistsError:
                 continue
+            except OSError as exc:  # disk full or read-only before anything was written
+                self.health.note_failure(exc.strerror or str(exc))
+                raise StorageError(f"no output can be saved in {self.root}: {exc.strerror or exc}") from exc
             os.close(fd)
             if any(p.suffix != ".json" for p in self.root.glob(f"{stem}.*")):  # a stray file of that name
                 (self.root / f"{stem}.json").unlink(missing_ok=True)
@@ -276,6 +303,7 @@ class OutputStore:
         """Remove an output (audio first, sidecar last); returns what was removed. With remote reads the
         bucket's copy goes too (its sidecar at once: SyncError if that fails, and nothing is removed)."""
         check_output_id(output_id)
+        self._sizes.discard(output_id)
         if self.bucket is None:
             output = self._get_local(output_id)
             remove_pair(output)
@@ -298,7 +326,7 @@ class OutputStore:
         `max_total_bytes`, then leftovers of interrupted saves older than STRAY_GRACE_S."""
         with self._retention_lock:
             now = self._clock()
-            outputs = sorted(self._complete_outputs(), key=lambda o: (o.created_at, o.id))
+            outputs = self._oldest_first()
             removed: list[StoredOutput] = []
             if self.retention_days is not None:
                 cutoff = now - self.retention_days * 86400.0
@@ -313,10 +341,14 @@ class OutputStore:
                     removed.append(oldest)
             for output in removed:
                 remove_pair(output)
+            self._sizes.reset((o.id, sizes[o.id]) for o in outputs)  # resync with the directory
             strays = self._remove_strays(now)
         if removed or strays:
             log.info("retention removed %d outputs and %d stray files", len(removed), len(strays))
         return RetentionReport(removed, sum(sizes[o.id] for o in removed), strays)
+
+    def _oldest_first(self) -> list[StoredOutput]:
+        return sorted(self._complete_outputs(), key=lambda o: (o.created_at, o.id))
 
     def _complete_outputs(self) -> list[StoredOutput]:
         outputs = []
@@ -352,34 +384,3 @@ class OutputStore:
                 path.unlink(missing_ok=True)
                 removed.append(path)
         return removed
-
-
-class RetentionWorker:
-    """Runs `store.enforce_retention()` now and then every `interval_s` seconds, until `stop()`."""
-
-    def __init__(self, store: OutputStore, interval_s: float = 3600.0) -> None:
-        self.store = store
-        self.interval_s = interval_s
-        self.runs = 0
-        self._stop = threading.Event()
-        self._thread: threading.Thread | None = None
-
-    def start(self) -> RetentionWorker:
-        if self._thread is None:
-            self._thread = threading.Thread(target=self._loop, name="cosyserve-retention", daemon=True)
-            self._thread.start()
-        return self
-
-    def stop(self, timeout: float = 10.0) -> None:
-        self._stop.set()
-        if self._thread is not None:
-            self._thread.join(timeout)
-
-    def _loop(self) -> None:
-        while not self._stop.is_set():
-            try:
-                self.store.enforce_retention()
-            except Exception:  # a bad disk moment must not end the worker; the next run tries again
-                log.exception("output retention failed")
-            self.runs += 1
-            self._stop.wait(self.interval_s)

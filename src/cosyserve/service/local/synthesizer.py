@@ -37,19 +37,22 @@ from cosyserve.errors import Cancelled, InputError
 from cosyserve.frontend.onnx_models import SpeakerEncoder, SpeechTokenizer
 from cosyserve.frontend.prompt_features import PromptFeatures, analyse_prompt
 from cosyserve.frontend.text import PreparedText, prepare_texts
+from cosyserve.frontend.text.describe import reading_report
 from cosyserve.frontend.tokenizer import TextTokenizer
 from cosyserve.modeldir.model_dir import ModelDir
 from cosyserve.service.requests import (
+    EVERY_VOICE,
+    MAX_SEED,
     AudioChunk,
     SentenceTiming,
     SynthesisProgress,
     SynthesisRequest,
     SynthesisResult,
+    VoiceScope,
 )
-from cosyserve.service.voices import Voice, VoiceLibrary
+from cosyserve.service.stores.voices import Voice, VoiceLibrary
 
 ProgressCallback = Callable[[SynthesisProgress], None]
-MAX_SEED = 2**31 - 1
 PREFIX_CACHE_SIZE = 32
 # Streaming caches of the flow's prompt K/V hold ~0.9 GB per 6 s voice at full size: keep only a few.
 
@@ -84,7 +87,10 @@ class SynthesisStream:
         self.warnings = list(plan.prepared.warnings)
         self._chunks: list[np.ndarray] = []
         self._stage = {"prompt": plan.prompt_seconds, "llm": 0.0, "acoustic": 0.0}
-        self._first_chunk_s: float | None = None
+        self._started_at: float | None = None
+        # When the first audio left the engine (time.time()): the one first-chunk measurement, read by
+        # the stage timings here and by the service's first-chunk latency metric.
+        self.first_audio_at: float | None = None
         self._tokens = 0
         self._iterator = self._run()
         self._done = False
@@ -104,8 +110,8 @@ class SynthesisStream:
             pass
         audio = np.concatenate(self._chunks) if self._chunks else np.zeros(0, np.float32)
         stages = dict(self._stage)
-        if self._first_chunk_s is not None:
-            stages["first_chunk"] = self._first_chunk_s
+        if self.first_audio_at is not None and self._started_at is not None:
+            stages["first_chunk"] = self.first_audio_at - self._started_at
         return SynthesisResult(
             audio=audio,
             sample_rate=self._synth.sample_rate,
@@ -114,6 +120,7 @@ class SynthesisStream:
             speech_tokens=self._tokens,
             stage_seconds=stages,
             warnings=self.warnings,
+            reading=reading_report(self._plan.prepared, self._synth.tokenizer),
         )
 
     def _run(self) -> Iterator[AudioChunk]:
@@ -128,22 +135,22 @@ class SynthesisStream:
         lm_prompt_speech = (
             plan.features.speech_token[0].tolist() if plan.prepared.use_prompt_speech_tokens else []
         )
-        prompt_text_ids = (
-            synth.tokenizer.encode(plan.prepared.lm_prompt_text) if plan.prepared.lm_prompt_text else []
-        )
+        prompt_text_ids = plan.prepared.lm_prompt_ids
         prefix = synth.cached_prefix(prompt_text_ids) if plan.voice is not None and prompt_text_ids else None
         stream_chunks = plan.request.stream and plan.speed == 1.0
         flow_cache = (
             synth.cached_flow_prompt(plan.voice.id, flow_prompt) if stream_chunks and plan.voice else None
         )
         started = time.perf_counter()
+        self._started_at = time.time()
         samples_so_far = 0
         self._report(0, len(segments), 0.0)
-        for index, (segment, shown) in enumerate(zip(segments, plan.prepared.display_segments, strict=True)):
+        pairs = zip(plan.prepared.segment_ids, plan.prepared.display_segments, strict=True)
+        for index, (text_ids, shown) in enumerate(pairs):
             if self._cancel.is_set():
                 raise Cancelled("the request was cancelled")
             seg = SegmentInput(
-                text_ids=synth.tokenizer.encode(segment),
+                text_ids=text_ids,
                 prompt_text_ids=prompt_text_ids,
                 lm_prompt_speech_ids=lm_prompt_speech,
                 flow_prompt=flow_prompt,
@@ -155,8 +162,8 @@ class SynthesisStream:
                 seg, generator=generator, stream=stream_chunks, speed=plan.speed, cancel=self._cancel.is_set
             ):
                 audio = _apply_volume(audio, plan.request.volume)
-                if self._first_chunk_s is None:
-                    self._first_chunk_s = time.perf_counter() - started
+                if self.first_audio_at is None:
+                    self.first_audio_at = time.time()
                 self._chunks.append(audio)
                 samples_so_far += len(audio)
                 yield AudioChunk(samples=audio, sentence_index=index, sample_rate=synth.sample_rate)
@@ -221,7 +228,7 @@ class Synthesizer:
         placement: Placement = resolve_placement(device, precision)
         if placement.device.type == "cpu":
             threads = configure_cpu_threads(threads)
-        onnx_device = "cuda" if placement.device.type == "cuda" else "cpu"
+        onnx_device = str(placement.device)  # "cuda:N" keeps the prompt models on the engine's GPU
         return cls(
             model_dir,
             SpeechEngine.load(model_dir, placement, engine_options),
@@ -231,6 +238,20 @@ class Synthesizer:
             voices=voices,
             max_text_chars=max_text_chars,
             lexicon=lexicon,
+        )
+
+    def sharing_model(self, *, voices: VoiceLibrary | None, max_text_chars: int) -> Synthesizer:
+        """A synthesizer on the same loaded networks and front ends with its own voice library and text
+        limit (several services in one process, e.g. test servers sharing one loaded model)."""
+        return Synthesizer(
+            self.model_dir,
+            self.engine,
+            self.tokenizer,
+            self.speaker_encoder,
+            self.speech_tokenizer,
+            voices=voices,
+            max_text_chars=max_text_chars,
+            lexicon=self.lexicon,
         )
 
     # ---- prompts and voices ---------------------------------------------------------------------
@@ -268,15 +289,17 @@ class Synthesizer:
         *,
         progress: ProgressCallback | None = None,
         cancel: threading.Event | None = None,
+        voices: VoiceScope = EVERY_VOICE,
     ) -> SynthesisStream:
-        """Check the request now (InputError), generate lazily as the stream is read."""
-        return SynthesisStream(self, self._plan(request), progress, cancel)
+        """Check the request now (InputError; a saved voice outside `voices` is not found), generate
+        lazily as the stream is read."""
+        return SynthesisStream(self, self._plan(request, voices), progress, cancel)
 
     def run(self, request: SynthesisRequest, **kwargs: object) -> SynthesisResult:
         """Synthesise the whole request and return it."""
         return self.synthesize(request, **kwargs).result()  # type: ignore[arg-type]
 
-    def _plan(self, request: SynthesisRequest) -> _Plan:
+    def _plan(self, request: SynthesisRequest, voices: VoiceScope) -> _Plan:
         started = time.perf_counter()
         if (request.voice is None) == (request.prompt_wav is None):
             raise InputError("give exactly one of `voice` (a saved voice) or `prompt_wav` (a recording)")
@@ -287,7 +310,7 @@ class Synthesizer:
         voice = None
         lexicon = dict(self.lexicon)
         if request.voice is not None:
-            voice = self._library().get(request.voice)
+            voice = self._library().get(request.voice, voices)
             features = self._library().features(voice, self.analyse_prompt)
             transcript = request.prompt_text if request.prompt_text is not None else voice.transcript
             instruct = request.instruct if request.instruct is not None else voice.defaults.instruct

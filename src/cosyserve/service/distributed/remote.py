@@ -1,8 +1,9 @@
-"""The API node's side of distributed mode: send work to the workers and relay what comes back.
+"""The API node's backend in distributed mode: send work to the workers and relay what comes back.
 
-An API node loads no model. Interactive requests (`/v1/tts`, OpenAI speech, voice enrolment) still go
-through the node's own bounded scheduler, so 429s, timeouts, disconnect-cancel and shutdown behave exactly
-as on one machine; the work a slot runs is "send a Celery task, then read its relay stream". Jobs are
+An API node loads no model; what it knows of the model comes from the workers' heartbeats. Interactive
+requests (`/v1/tts`, OpenAI speech, voice enrolment) still go through the node's own bounded scheduler,
+so 429s, timeouts, disconnect-cancel and shutdown behave exactly as on one machine; the work a slot runs
+is "send a Celery task, then read its relay stream". Jobs are
 fire-and-forget: a row in the shared database plus a late-acknowledged Celery message, so they survive a
 restart of the API node and the loss of a worker.
 """
@@ -10,26 +11,32 @@ restart of the API node and the loss of a worker.
 from __future__ import annotations
 
 import contextlib
+import dataclasses
 import json
 import logging
 import threading
 import time
 import uuid
-from collections.abc import Callable, Iterator
-from typing import TYPE_CHECKING, Any
+from collections.abc import Callable, Generator, Iterator
+from typing import Any
 
-from cosyserve.errors import Cancelled, JobStateError
+from cosyserve.errors import Cancelled, InputError, JobStateError
+from cosyserve.service.backend import AudioStream, cancellable_job, job_pieces, new_job_id
 from cosyserve.service.distributed import codec
 from cosyserve.service.distributed.celery_app import ENROL_TASK, JOB_TASK, QUEUE, TTS_TASK, make_celery
 from cosyserve.service.distributed.relay import Relay, RelayItem, WorkerRegistry, connect
-from cosyserve.service.jobs import JobRecord
-from cosyserve.service.requests import SynthesisRequest
-
-if TYPE_CHECKING:
-    from cosyserve.service.app_state import Service
-    from cosyserve.service.app_tasks import OutputSpec
-    from cosyserve.service.scheduler import WorkContext
-    from cosyserve.service.voices import Voice, VoiceDefaults
+from cosyserve.service.requests import (
+    EnrolmentRequest,
+    OutputSpec,
+    StreamStart,
+    SynthesisRequest,
+    TtsOutcome,
+    job_parameters,
+)
+from cosyserve.service.scheduling.scheduler import Scheduler, Ticket, WorkContext
+from cosyserve.service.settings import Settings
+from cosyserve.service.stores.jobs import JobRecord, JobStore
+from cosyserve.service.stores.voices import Voice, VoiceLibrary
 
 log = logging.getLogger(__name__)
 
@@ -37,14 +44,20 @@ WORKERS_CACHE_S = 2.0  # how long the list of live workers is reused for readine
 LEASE_CHECK_S = 1.0  # how often a waiting request checks that its worker still holds the task
 
 
-class RemoteDispatcher:
+class RemoteBackend:
     """Sends work to `cosyserve worker` processes through Celery and reads their results from Redis."""
 
-    def __init__(self, service: Service) -> None:
-        queue = service.settings.queue
+    def __init__(
+        self, settings: Settings, scheduler: Scheduler, *, jobs: JobStore, voices: VoiceLibrary
+    ) -> None:
+        queue = settings.queue
         if not queue.queue_url:
-            raise ValueError("RemoteDispatcher needs queue_url")
-        self.service = service
+            raise ValueError("RemoteBackend needs queue_url")
+        self.scheduler = scheduler
+        self.jobs = jobs
+        self.voices = voices
+        self.max_text_chars = settings.limits.max_text_chars
+        self.model_info: dict[str, Any] = {"model": settings.engine.model, "device": settings.engine.device}
         self.url = queue.queue_url
         self.app = make_celery(self.url, visibility_timeout_s=queue.visibility_timeout_s)
         self.client = connect(self.url)
@@ -59,7 +72,7 @@ class RemoteDispatcher:
         except Exception as exc:  # the node still starts: /ready says why it is not ready
             log.error("the queue at %s cannot be reached: %s", _where(self.url), exc)
 
-    def close(self) -> None:
+    def stop(self) -> None:
         self.client.close()
 
     # -- readiness ---------------------------------------------------------------------------------------
@@ -79,7 +92,7 @@ class RemoteDispatcher:
                     ) from exc
                 self._workers = (time.monotonic(), workers)
                 if workers:
-                    self.service.model_info = _model_info(workers[0])
+                    self.model_info = _model_info(workers[0])
         return workers
 
     def readiness(self, detailed: bool, *, accepting: bool) -> dict[str, Any]:
@@ -90,7 +103,7 @@ class RemoteDispatcher:
             workers, reason = [], str(exc)
         if reason is None and not accepting:
             reason = "the server is shutting down"
-        info = {k: v for k, v in self.service.model_info.items() if detailed or k != "model_path"}
+        info = {k: v for k, v in self.model_info.items() if detailed or k != "model_path"}
         body: dict[str, Any] = {
             "ready": reason is None,
             "state": "ready" if workers else "no_workers",
@@ -110,7 +123,32 @@ class RemoteDispatcher:
                 "(GET /ready says when one is)"
             )
 
+    def restart_engine(self) -> str:
+        raise InputError(
+            "this API node runs no model: restart the `cosyserve worker` processes instead "
+            "(one at a time; their jobs move to the others)"
+        )
+
     # -- interactive work --------------------------------------------------------------------------------
+
+    def submit_tts(self, request: SynthesisRequest, spec: OutputSpec) -> Ticket:
+        """One synthesis on a worker; this node's scheduler slot relays its outcome."""
+        self.require_ready()
+        spec = spec.checked(self.model_info.get("sample_rate"))
+        return self.scheduler.submit(self.tts_work(request, spec, False), owner=spec.owner)
+
+    def stream_tts(self, request: SynthesisRequest, spec: OutputSpec) -> AudioStream:
+        """One streamed synthesis on a worker; this node's scheduler slot relays its chunks."""
+        self.require_ready()
+        spec = spec.checked(self.model_info.get("sample_rate"))
+        request = dataclasses.replace(request, stream=True)
+        ticket = self.scheduler.submit(self.tts_work(request, spec, True), owner=spec.owner, stream=True)
+        return AudioStream(ticket)
+
+    def submit_enrolment(self, enrolment: EnrolmentRequest, *, request_id: str | None = None) -> Ticket:
+        """A voice enrolment on a worker (the prompt models run on its accelerator)."""
+        self.require_ready()
+        return self.scheduler.submit(self.enrol_work(enrolment))
 
     def tts_work(
         self, request: SynthesisRequest, spec: OutputSpec, stream: bool
@@ -130,9 +168,10 @@ class RemoteDispatcher:
 
         return work
 
-    def _stream(self, task_id: str, items: Iterator[RelayItem]) -> Iterator[Any]:
-        from cosyserve.service.app_tasks import StreamStart
-
+    def _stream(
+        self, task_id: str, items: Iterator[RelayItem]
+    ) -> Generator[StreamStart | bytes, None, TtsOutcome]:
+        """The relayed stream: the worker's StreamStart, its chunks, and its outcome as the return value."""
         try:
             for item in items:
                 if item.kind == "start":
@@ -145,17 +184,8 @@ class RemoteDispatcher:
         finally:
             self._drop_quietly(task_id)
 
-    def enrol_work(
-        self,
-        name: str,
-        audio: bytes,
-        transcript: str | None,
-        *,
-        suffix: str,
-        defaults: VoiceDefaults | None,
-        lexicon: dict[str, str] | None,
-    ) -> Callable[[WorkContext], Voice]:
-        args = [name, codec.b64(audio), transcript, suffix, codec.encode_defaults(defaults), lexicon]
+    def enrol_work(self, enrolment: EnrolmentRequest) -> Callable[[WorkContext], Voice]:
+        args = codec.encode_enrolment(enrolment)
 
         def work(ctx: WorkContext) -> Voice:
             task_id = self._send(ENROL_TASK, args)
@@ -163,30 +193,31 @@ class RemoteDispatcher:
                 voice = _json(_until_done(self._relay(task_id, ctx)))
             finally:
                 self._drop_quietly(task_id)
-            return self.service.voices.get(voice["id"])
+            return self.voices.get(voice["id"])
 
         return work
 
     # -- jobs --------------------------------------------------------------------------------------------
 
-    def submit_job(self, job_id: str, request: SynthesisRequest, spec: OutputSpec) -> JobRecord:
+    def submit_job(self, request: SynthesisRequest, spec: OutputSpec) -> JobRecord:
         """Record the job, then queue it; if the queue refuses it the record ends failed."""
-        from cosyserve.service.app_tasks import _job_params
-
-        record = self.service.jobs.create(
-            _job_params(request, spec), kind="tts", owner=spec.owner, job_id=job_id
-        )
+        self.require_ready()
+        spec = spec.checked(self.model_info.get("sample_rate"))
+        job_pieces(request, self.max_text_chars)  # fails early on a text that is too long
+        job_id = new_job_id()
+        record = self.jobs.create(job_parameters(request, spec), kind="tts", owner=spec.owner, job_id=job_id)
         try:
             self._send(JOB_TASK, [job_id, codec.encode_request(request), codec.encode_spec(spec)], job_id)
         except codec.QueueUnavailable as exc:
             with contextlib.suppress(JobStateError):  # nobody else knows the job yet
-                self.service.jobs.finish_failed(job_id, "queue_unavailable", str(exc))
+                self.jobs.finish_failed(job_id, "queue_unavailable", str(exc))
             raise
         return record
 
     def cancel_job(self, job_id: str) -> JobRecord:
         """End the record now; the worker running it (if any) sees the cancel and stops."""
-        record = self.service.jobs.finish_cancelled(job_id, "cancelled by the client")
+        cancellable_job(self.jobs, job_id)
+        record = self.jobs.finish_cancelled(job_id, "cancelled by the client")
         try:
             self.relay.request_cancel(job_id)
         except Exception as exc:  # the record is cancelled; the worker notices at its next lease renewal

@@ -13,7 +13,7 @@ import time
 from collections.abc import Callable, Sequence
 from typing import TextIO
 
-from cosyserve.service.auth import ROLES, ApiKey, KeyStore
+from cosyserve.service.stores.keys import ROLES, ApiKey, KeyStore
 
 COLUMNS = ("id", "name", "prefix", "role", "created", "last used", "rate/min", "quota s/day", "status")
 

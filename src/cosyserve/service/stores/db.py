@@ -7,6 +7,7 @@ timeout so concurrent writers wait instead of failing, and connections usable fr
 
 from __future__ import annotations
 
+import os
 import sqlite3
 from pathlib import Path
 from typing import Any
@@ -62,6 +63,7 @@ def make_engine(database_url: str, *, echo: bool = False) -> Engine:
         del kwargs["connect_args"]
     else:
         path.parent.mkdir(parents=True, exist_ok=True)
+        _private(path)
     engine = create_engine(url, **kwargs)
 
     @event.listens_for(engine, "connect")
@@ -77,6 +79,36 @@ def make_engine(database_url: str, *, echo: bool = False) -> Engine:
             cursor.close()
 
     return engine
+
+
+def _private(path: Path) -> None:
+    """The database holds key hashes, voices and job texts: readable by its owner only (0600). SQLite
+    gives its -wal and -shm files the database's permissions."""
+    try:
+        os.close(os.open(path, os.O_CREAT | os.O_WRONLY, 0o600))
+        if path.stat().st_mode & 0o077 and path.stat().st_uid == os.geteuid():
+            os.chmod(path, 0o600)
+    except OSError:  # a read-only mount, someone else's file: SQLite says what is wrong when it opens it
+        pass
+
+
+def add_missing_columns(engine: Engine, table: Table, sql_defaults: dict[str, str] | None = None) -> None:
+    """Give a table made by an earlier version the columns added since (nullable, or with the SQL
+    default in `sql_defaults`, e.g. {"attempt": "NOT NULL DEFAULT 0"}). Safe with several processes."""
+    present = {column["name"] for column in inspect(engine).get_columns(table.name)}
+    for column in table.columns:
+        if column.name in present:
+            continue
+        kind = column.type.compile(dialect=engine.dialect)
+        extra = (sql_defaults or {}).get(column.name, "")
+        try:
+            with engine.begin() as conn:
+                conn.execute(
+                    text(f"ALTER TABLE {table.name} ADD COLUMN {column.name} {kind} {extra}".strip())
+                )
+        except DBAPIError:  # another process added it first
+            if column.name not in {c["name"] for c in inspect(engine).get_columns(table.name)}:
+                raise
 
 
 def _parse(database_url: str) -> URL:
@@ -112,6 +144,14 @@ def _postgresql_engine(url: URL, *, echo: bool) -> Engine:
             f"database_url uses PostgreSQL but its driver is missing ({exc.name}): "
             "install psycopg with `pip install 'psycopg[binary]'` (or cosyserve[distributed])"
         ) from exc
+
+
+def table(metadata: MetaData, name: str, *columns: Any) -> Table:
+    """The table `name` of `metadata`, defined with `columns` the first time it is asked for: every store
+    of one kind shares the definition."""
+    if name in metadata.tables:
+        return metadata.tables[name]
+    return Table(name, metadata, *columns)
 
 
 def create_tables(engine: Engine, *tables: Table) -> None:

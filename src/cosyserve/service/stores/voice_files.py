@@ -21,7 +21,8 @@ import sqlalchemy as sa
 import torch
 
 from cosyserve.frontend.prompt_features import PromptFeatures
-from cosyserve.service.atomic_files import write_atomic
+from cosyserve.service.stores.atomic_files import write_atomic
+from cosyserve.service.stores.db import table
 
 FEATURES_FILE = "features.npz"
 
@@ -30,11 +31,9 @@ def voice_files_table(metadata: sa.MetaData) -> sa.Table:
     """The voices' files (recording, features) as blobs: what every node copies its local files from.
     Its foreign key names the `voices` table, which must be defined on the same metadata before either
     is created (`VoiceLibrary` does that)."""
-    if "voice_files" in metadata.tables:
-        return metadata.tables["voice_files"]
-    return sa.Table(
-        "voice_files",
+    return table(
         metadata,
+        "voice_files",
         sa.Column(
             "voice_id", sa.String(32), sa.ForeignKey("voices.id", ondelete="CASCADE"), primary_key=True
         ),

@@ -24,11 +24,12 @@ from collections import Counter, deque
 from collections.abc import Callable
 from typing import Any, Protocol
 
-from cosyserve.errors import Cancelled, JobStateError, JobTimeout, QueueFull, ShuttingDown, error_code
+from cosyserve.errors import JobStateError, JobTimeout, QueueFull, ShuttingDown, error_code
 from cosyserve.service.logs import log_failure
-from cosyserve.service.tickets import TERMINAL_STATES, Ticket, WorkContext
+from cosyserve.service.requests import TERMINAL_STATES
+from cosyserve.service.scheduling.tickets import Ticket, TicketHooks, WorkContext
 
-__all__ = ["TERMINAL_STATES", "Scheduler", "SchedulerMetrics", "Ticket", "WorkContext"]
+__all__ = ["Scheduler", "SchedulerMetrics", "Ticket", "WorkContext"]
 
 logger = logging.getLogger(__name__)
 DEFAULT_DURATION_ESTIMATE_S = 10.0  # used for Retry-After before any work has finished
@@ -41,8 +42,6 @@ class SchedulerMetrics(Protocol):
     def observe_queue(self, depth: int, in_flight: int) -> None: ...
 
     def observe_job(self, state: str, run_s: float | None, wait_s: float) -> None: ...
-
-    def observe_first_chunk(self, seconds: float) -> None: ...
 
     def count_error(self, kind: str) -> None: ...
 
@@ -82,6 +81,12 @@ class Scheduler:
         # (deadline, tie-breaker, ticket): weak, so a finished ticket and its result are not kept until then
         self._deadlines: list[tuple[float, int, weakref.ref[Ticket]]] = []
         self._deadline_seq = itertools.count()
+        self._hooks = TicketHooks(
+            withdraw=self._withdraw,
+            finished=self._ticket_finished,
+            position=self.position,
+            estimated_wait_s=self.estimated_wait_s,
+        )
         self._workers = [
             threading.Thread(target=self._worker_loop, name=f"{name}-{i}", daemon=True)
             for i in range(concurrency)
@@ -125,7 +130,7 @@ class Scheduler:
                     f"retry in about {retry} s",
                     retry_after_s=retry,
                 )
-            ticket = Ticket(self, work, ticket_id, owner, stream, self.stream_buffer, on_state)
+            ticket = Ticket(self._hooks, work, ticket_id, owner, stream, self.stream_buffer, on_state)
             self._queue.append(ticket)
             self._active[ticket_id] = ticket
             self._lock.notify_all()
@@ -140,6 +145,14 @@ class Scheduler:
     def cancel(self, ticket_id: str, reason: str = "cancelled by the client") -> bool:
         ticket = self.get(ticket_id)
         return ticket.cancel(reason) if ticket is not None else False
+
+    def cancel_running(self, reason: str) -> int:
+        """Ask every running piece of work to stop (each ends `cancelled` at its next check); how many."""
+        with self._lock:
+            running = [ticket for ticket in self._executing if not ticket.finished]
+        for ticket in running:
+            ticket.request_cancel(reason)
+        return len(running)
 
     def position(self, ticket: Ticket) -> int | None:
         """0 for the next ticket to start; None once it started."""
@@ -185,8 +198,10 @@ class Scheduler:
         return sum(self._durations) / len(self._durations)
 
     def _retry_after_locked(self) -> int:
-        # A waiting slot frees whenever any worker finishes: about every mean/concurrency seconds.
-        return max(1, math.ceil(self._mean_duration_locked() / self.concurrency))
+        # A slot frees about every mean/concurrency seconds, but every client turned away competes for
+        # it: the fair wait is the time the work now waiting takes to start (measured mean durations).
+        waiting = max(1, len(self._queue))
+        return max(1, math.ceil(waiting * self._mean_duration_locked() / self.concurrency))
 
     def _report_queue(self) -> None:
         if self.metrics is not None:
@@ -194,20 +209,16 @@ class Scheduler:
                 depth, in_flight = len(self._queue), len(self._executing)
             self.metrics.observe_queue(depth, in_flight)
 
-    # -- called by tickets --------------------------------------------------------------------------------
+    # -- the tickets' hooks -------------------------------------------------------------------------------
 
-    def _cancel(self, ticket: Ticket, reason: str) -> bool:
+    def _withdraw(self, ticket: Ticket) -> bool:
         with self._lock:
-            was_queued = ticket.state == "queued" and ticket in self._queue
-            if was_queued:
+            queued = ticket.state == "queued" and ticket in self._queue
+            if queued:
                 self._queue.remove(ticket)
-        if ticket.finished:
-            return False
-        ticket._request_cancel(reason)
-        if was_queued:
+        if queued:
             self._report_queue()
-            ticket._finish("cancelled", error=Cancelled(reason))
-        return True
+        return queued
 
     def _ticket_finished(self, ticket: Ticket) -> None:
         with self._lock:
@@ -219,16 +230,12 @@ class Scheduler:
                 ticket.finished_at - ticket.started_at if ticket.started_at and ticket.finished_at else None
             )
             self.metrics.observe_job(ticket.state, run_s, max(0.0, wait_s))
-        error = ticket._error
+        error = ticket.error
         if ticket.state == "failed" and error is not None:
             kind = error_code(error)
             log_failure(kind, str(error), job_id=ticket.id, exc=error)
             if self.metrics is not None:
                 self.metrics.count_error(kind)  # job failures are counted here, not by the API
-
-    def _first_chunk(self, ticket: Ticket) -> None:
-        if self.metrics is not None:
-            self.metrics.observe_first_chunk(time.time() - ticket.submitted_at)
 
     # -- workers ------------------------------------------------------------------------------------------
 
@@ -241,7 +248,7 @@ class Scheduler:
                     return
                 ticket = self._queue.popleft()
                 self._executing.add(ticket)
-                ticket._start()
+                ticket.mark_running()
                 if self.request_timeout_s is not None:
                     deadline = time.monotonic() + self.request_timeout_s
                     heapq.heappush(self._deadlines, (deadline, next(self._deadline_seq), weakref.ref(ticket)))
@@ -250,8 +257,8 @@ class Scheduler:
             self._report_queue()
             outcome: tuple[str, Any, BaseException | None] = ("failed", None, RuntimeError("worker crashed"))
             try:
-                ticket._emit("running")
-                outcome = ticket._run()
+                ticket.emit("running")
+                outcome = ticket.run()
             finally:
                 # Free the slot before waking the client, so it can submit again at once.
                 with self._lock:
@@ -260,7 +267,7 @@ class Scheduler:
                     self._lock.notify_all()
                 self._report_queue()
                 state, result, error = outcome
-                ticket._finish(state, result=result, error=error)
+                ticket.finish(state, result=result, error=error)
 
     def _watchdog_loop(self) -> None:
         while True:
@@ -280,8 +287,8 @@ class Scheduler:
                         f"the job ran longer than the {self.request_timeout_s:g} s request timeout and was "
                         "stopped: shorten the text or raise request_timeout_s"
                     )
-                    ticket._request_cancel("request timeout")
-                    ticket._finish("failed", error=JobTimeout(message))
+                    ticket.request_cancel("request timeout")
+                    ticket.finish("failed", error=JobTimeout(message))
 
     # -- shutdown -----------------------------------------------------------------------------------------
 
@@ -302,8 +309,8 @@ class Scheduler:
             return {"failed_queued": 0, "finished_in_grace": 0, "stopped_running": 0, "stuck_workers": 0}
         self._report_queue()
         for ticket in queued:
-            ticket._request_cancel("server shutting down")
-            ticket._finish("failed", error=ShuttingDown("the server shut down before this job started"))
+            ticket.request_cancel("server shutting down")
+            ticket.finish("failed", error=ShuttingDown("the server shut down before this job started"))
 
         deadline = time.monotonic() + max(0.0, grace_s)
         with self._lock:
@@ -311,8 +318,8 @@ class Scheduler:
                 self._lock.wait(remaining)
             leftover = [ticket for ticket in self._executing if not ticket.finished]
         for ticket in leftover:
-            ticket._request_cancel("server shutting down")
-            ticket._finish("failed", error=ShuttingDown("the server shut down before this job finished"))
+            ticket.request_cancel("server shutting down")
+            ticket.finish("failed", error=ShuttingDown("the server shut down before this job finished"))
         stuck = self._join(join_s)
         return {
             "failed_queued": len(queued),

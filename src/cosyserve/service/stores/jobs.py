@@ -13,166 +13,42 @@ record a second result.
 
 from __future__ import annotations
 
-import hashlib
-import math
-import re
 import uuid
 from collections.abc import Mapping
-from dataclasses import asdict, dataclass
-from datetime import datetime, timedelta, timezone
-from typing import Any, Literal
+from datetime import datetime, timedelta
+from typing import Any
 
 from sqlalchemy import (
-    JSON,
-    BigInteger,
-    Column,
-    DateTime,
     Engine,
-    Float,
-    Index,
-    Integer,
-    String,
-    Table,
-    Text,
     func,
     insert,
-    inspect,
     select,
-    text,
     update,
 )
-from sqlalchemy.exc import DBAPIError
 
 from cosyserve.errors import Cancelled, InputError, JobStateError, error_code
-from cosyserve.service.db import create_tables, metadata
+from cosyserve.service.requests import TERMINAL_STATES
+from cosyserve.service.stores.db import create_tables
+from cosyserve.service.stores.job_table import (
+    JobRecord,
+    add_missing_columns,
+    clean_text,
+    fit_to_column,
+    is_job_id,
+    jobs_table,
+    record_from_row,
+    sanitize_params,
+    utc_now,
+)
 
-JobState = Literal["queued", "running", "done", "failed", "cancelled"]
-TERMINAL_STATES: frozenset[str] = frozenset({"done", "failed", "cancelled"})
 ACTIVE_STATES: tuple[str, ...] = ("queued", "running")
 INTERRUPTED_CODE = "interrupted"
 INTERRUPTED_MESSAGE = "interrupted by a restart"
 MAX_PAGE = 500
-# Ids are uuid4().hex; anything that isn't a short ASCII token can't be in the id column: not looked up.
-JOB_ID = re.compile(r"[A-Za-z0-9_-]{1,32}")
-UNSTORABLE = re.compile("[\x00\ud800-\udfff]")  # NUL (PostgreSQL refuses it), lone surrogates (not UTF-8)
-
-jobs_table = Table(
-    "jobs",
-    metadata,
-    Column("id", String(32), primary_key=True),
-    Column("kind", String(16), nullable=False),
-    Column("state", String(16), nullable=False),
-    Column("progress", Float, nullable=False, default=0.0),
-    Column("owner", String(128), nullable=True),
-    Column("created_at", DateTime(timezone=True), nullable=False),
-    Column("started_at", DateTime(timezone=True), nullable=True),
-    Column("finished_at", DateTime(timezone=True), nullable=True),
-    Column("params", JSON, nullable=False),
-    Column("error_code", String(64), nullable=True),
-    Column("error_message", Text, nullable=True),
-    Column("output_id", String(64), nullable=True),
-    Column("output_path", Text, nullable=True),
-    Column("duration_s", Float, nullable=True),
-    Column("seed", BigInteger, nullable=True),
-    Column("result_extra", JSON, nullable=True),  # timings, warnings, stage seconds, …
-    Column("attempt", Integer, nullable=False, default=0),  # how many times a worker claimed it
-    Column("worker", String(128), nullable=True),  # who holds (or last held) it
-    Column("lease_until", DateTime(timezone=True), nullable=True),  # a running job's holder renews this
-    Index("ix_jobs_owner_created", "owner", "created_at"),
-    Index("ix_jobs_state", "state"),
-)
 
 
-@dataclass(frozen=True)
-class JobRecord:
-    """One row of `jobs`. Timestamps are timezone-aware UTC."""
-
-    id: str
-    kind: str
-    state: str
-    progress: float
-    owner: str | None
-    created_at: datetime
-    started_at: datetime | None
-    finished_at: datetime | None
-    params: dict[str, Any]
-    error_code: str | None
-    error_message: str | None
-    output_id: str | None
-    output_path: str | None
-    duration_s: float | None
-    seed: int | None
-    result_extra: dict[str, Any] | None
-    attempt: int = 0
-    worker: str | None = None
-    lease_until: datetime | None = None
-
-    @property
-    def is_terminal(self) -> bool:
-        return self.state in TERMINAL_STATES
-
-    def to_dict(self) -> dict[str, Any]:
-        """JSON-able, timestamps as ISO 8601."""
-        out = asdict(self)
-        for key in ("created_at", "started_at", "finished_at", "lease_until"):
-            out[key] = out[key].isoformat() if out[key] is not None else None
-        return out
-
-
-def utc_now() -> datetime:
-    return datetime.now(timezone.utc)
-
-
-def _aware(value: datetime | None) -> datetime | None:
-    # SQLite hands back naive datetimes; they were stored as UTC.
-    if value is not None and value.tzinfo is None:
-        return value.replace(tzinfo=timezone.utc)
-    return value
-
-
-def _record(row: Mapping[str, Any]) -> JobRecord:
-    data = dict(row)
-    for key in ("created_at", "started_at", "finished_at", "lease_until"):
-        data[key] = _aware(data.get(key))
-    data["attempt"] = data.get("attempt") or 0
-    return JobRecord(**data)
-
-
-def sanitize_params(value: Any) -> Any:
-    """Request parameters as JSON-able data every database stores: raw bytes (uploaded audio) become a size
-    note, never content; NUL characters and lone surrogates become U+FFFD, NaN and infinity None (the
-    databases refuse them)."""
-    if isinstance(value, bytes | bytearray | memoryview):
-        return f"<{len(value)} bytes>"
-    if isinstance(value, Mapping):
-        return {_clean(str(key)): sanitize_params(item) for key, item in value.items()}
-    if isinstance(value, list | tuple | set | frozenset):
-        return [sanitize_params(item) for item in value]
-    if isinstance(value, float) and not math.isfinite(value):
-        return None
-    if value is None or isinstance(value, bool | int | float):
-        return value
-    return _clean(str(value))
-
-
-def is_job_id(value: object) -> bool:
-    """Could `value` be a job's id? Lookups of anything else find nothing without asking the database."""
-    return isinstance(value, str) and JOB_ID.fullmatch(value) is not None
-
-
-def _clean(text: str | None) -> str | None:
-    return UNSTORABLE.sub("\ufffd", text) if text is not None else None
-
-
-def _fit(text: str | None, column: Column) -> str | None:
-    """`text` cleaned (`_clean`) and cut to the column's length; a cut value ends in a hash of the whole, so
-    different long values (owners) stay different and the same one always becomes the same."""
-    text = _clean(text)
-    size = column.type.length  # type: ignore[attr-defined]
-    if text is None or len(text) <= size:
-        return text
-    digest = hashlib.sha256(text.encode("utf-8")).hexdigest()[:16]
-    return f"{text[: size - 17]}~{digest}"
+class JobNotFound(InputError):
+    """No job with that id (never created, purged, or someone else's)."""
 
 
 class JobStore:
@@ -181,7 +57,7 @@ class JobStore:
     def __init__(self, engine: Engine) -> None:
         self.engine = engine
         create_tables(engine, jobs_table)
-        _add_missing_columns(engine)
+        add_missing_columns(engine)
 
     def create(
         self,
@@ -199,7 +75,7 @@ class JobStore:
             "kind": kind,
             "state": "queued",
             "progress": 0.0,
-            "owner": _fit(owner, jobs_table.c.owner),
+            "owner": fit_to_column(owner, jobs_table.c.owner),
             "created_at": utc_now(),
             "params": sanitize_params(dict(params)),
         }
@@ -213,7 +89,7 @@ class JobStore:
             return None
         with self.engine.connect() as conn:
             row = conn.execute(select(jobs_table).where(jobs_table.c.id == job_id)).mappings().first()
-        return _record(row) if row is not None else None
+        return record_from_row(row) if row is not None else None
 
     def list(
         self,
@@ -230,19 +106,19 @@ class JobStore:
             raise InputError(f"offset must be 0 or more, got {offset}")
         query = select(jobs_table).order_by(jobs_table.c.created_at.desc(), jobs_table.c.id.desc())
         if owner is not None:  # stored cleaned and cut (`create`): compare with the same
-            query = query.where(jobs_table.c.owner == _fit(owner, jobs_table.c.owner))
+            query = query.where(jobs_table.c.owner == fit_to_column(owner, jobs_table.c.owner))
         if state is not None:
-            query = query.where(jobs_table.c.state == _clean(state))
+            query = query.where(jobs_table.c.state == clean_text(state))
         with self.engine.connect() as conn:
             rows = conn.execute(query.limit(limit).offset(offset)).mappings().all()
-        return [_record(row) for row in rows]
+        return [record_from_row(row) for row in rows]
 
     def count(self, *, owner: str | None = None, state: str | None = None) -> int:
         query = select(func.count()).select_from(jobs_table)
         if owner is not None:  # stored cleaned and cut (`create`): compare with the same
-            query = query.where(jobs_table.c.owner == _fit(owner, jobs_table.c.owner))
+            query = query.where(jobs_table.c.owner == fit_to_column(owner, jobs_table.c.owner))
         if state is not None:
-            query = query.where(jobs_table.c.state == _clean(state))
+            query = query.where(jobs_table.c.state == clean_text(state))
         with self.engine.connect() as conn:
             return int(conn.execute(query).scalar_one())
 
@@ -289,7 +165,7 @@ class JobStore:
                 .values(
                     state="running",
                     attempt=current.attempt + 1,
-                    worker=_fit(worker, jobs_table.c.worker),
+                    worker=fit_to_column(worker, jobs_table.c.worker),
                     lease_until=now + timedelta(seconds=lease_s),
                     started_at=current.started_at or now,
                 )
@@ -340,8 +216,8 @@ class JobStore:
             attempt=attempt,
             state="failed",
             finished_at=utc_now(),
-            error_code=_fit(code, jobs_table.c.error_code),
-            error_message=_clean(message),
+            error_code=fit_to_column(code, jobs_table.c.error_code),
+            error_message=clean_text(message),
         )
 
     def finish_cancelled(
@@ -354,7 +230,7 @@ class JobStore:
             state="cancelled",
             finished_at=utc_now(),
             error_code="cancelled",
-            error_message=_clean(message),
+            error_message=clean_text(message),
         )
 
     def finish_with_exception(
@@ -427,21 +303,3 @@ class JobStore:
 
 def _of_attempt(attempt: int | None) -> tuple[Any, ...]:
     return () if attempt is None else (jobs_table.c.attempt == attempt,)
-
-
-def _add_missing_columns(engine: Engine) -> None:
-    """Databases made before the claim columns existed get them (nullable or with a default)."""
-    present = {column["name"] for column in inspect(engine).get_columns(jobs_table.name)}
-    missing = [column for column in jobs_table.columns if column.name not in present]
-    if not missing:
-        return
-    for column in missing:
-        kind = column.type.compile(dialect=engine.dialect)
-        default = " NOT NULL DEFAULT 0" if column.name == "attempt" else ""
-        try:
-            with engine.begin() as conn:
-                conn.execute(text(f"ALTER TABLE {jobs_table.name} ADD COLUMN {column.name} {kind}{default}"))
-        except DBAPIError:  # another process added it first
-            present = {c["name"] for c in inspect(engine).get_columns(jobs_table.name)}
-            if column.name not in present:
-                raise

@@ -31,9 +31,11 @@ import sqlalchemy as sa
 
 from cosyserve.errors import InputError
 from cosyserve.frontend.prompt_features import PromptFeatures
-from cosyserve.service.atomic_files import write_atomic
-from cosyserve.service.db import create_tables
-from cosyserve.service.voice_files import (
+from cosyserve.service.requests import EVERY_VOICE, VoiceDefaults, VoiceScope
+from cosyserve.service.stores.atomic_files import write_atomic
+from cosyserve.service.stores.db import add_missing_columns, create_tables, table
+from cosyserve.service.stores.voice_fields import check_name, check_transcript, lexicon_json
+from cosyserve.service.stores.voice_files import (
     FEATURES_FILE,
     VoiceFiles,
     blob_row,
@@ -43,9 +45,6 @@ from cosyserve.service.voice_files import (
     voice_files_table,
 )
 
-NAME_PATTERN = re.compile(r"^[\w\-. \u3000-\u9fff]{1,64}$")
-MAX_TRANSCRIPT_CHARS = 500
-UNSTORABLE = re.compile("[\x00\ud800-\udfff]")  # NUL (PostgreSQL refuses it), lone surrogates (not UTF-8)
 VOICE_ID = re.compile(r"[0-9a-f]{32}")
 ORPHAN_GRACE_S = 3600.0  # a local folder without a voice row, younger than this, may be an enrolment
 
@@ -56,15 +55,6 @@ class VoiceNotFound(InputError):
 
 class VoiceFilesMissing(VoiceNotFound):
     """The voice exists but its files are on another node only (enrolled before files were shared)."""
-
-
-@dataclass(frozen=True)
-class VoiceDefaults:
-    """Per-voice defaults, used when a request does not set the field."""
-
-    instruct: str | None = None
-    speed: float | None = None
-    seed: int | None = None
 
 
 @dataclass(frozen=True)
@@ -79,6 +69,7 @@ class Voice:
     defaults: VoiceDefaults = field(default_factory=VoiceDefaults)
     lexicon: dict[str, str] = field(default_factory=dict)
     report: dict[str, Any] = field(default_factory=dict)
+    owner: str | None = None  # who enrolled it (`key:<id>`), None: shared with every caller
 
     def public(self) -> dict[str, Any]:
         """What the API shows (no file paths)."""
@@ -90,15 +81,14 @@ class Voice:
             "defaults": self.defaults.__dict__,
             "lexicon": self.lexicon,
             "report": self.report,
+            "shared": self.owner is None,
         }
 
 
 def voices_table(metadata: sa.MetaData) -> sa.Table:
-    if "voices" in metadata.tables:
-        return metadata.tables["voices"]
-    return sa.Table(
-        "voices",
+    return table(
         metadata,
+        "voices",
         sa.Column("id", sa.String(32), primary_key=True),
         sa.Column("name", sa.String(64), nullable=False, unique=True),
         sa.Column("transcript", sa.Text, nullable=True),
@@ -108,6 +98,7 @@ def voices_table(metadata: sa.MetaData) -> sa.Table:
         sa.Column("defaults", sa.Text, nullable=False, default="{}"),
         sa.Column("lexicon", sa.Text, nullable=False, default="{}"),
         sa.Column("report", sa.Text, nullable=False, default="{}"),
+        sa.Column("owner", sa.String(64), nullable=True),  # None: shared (admins' and earlier voices)
     )
 
 
@@ -125,6 +116,7 @@ class VoiceLibrary:
         self.table = voices_table(metadata)
         self.files = voice_files_table(metadata)  # after `voices`: its foreign key names that table
         create_tables(engine, self.table, self.files)  # databases from before shared files get `files` here
+        add_missing_columns(engine, self.table)  # and those from before owners get `owner` (shared)
         self.blobs = VoiceFiles(self.root, engine, self.files)
         self.model_checksum = model_checksum
         self._lock = threading.Lock()
@@ -142,11 +134,13 @@ class VoiceLibrary:
         audio_suffix: str = ".wav",
         defaults: VoiceDefaults | None = None,
         lexicon: dict[str, str] | None = None,
+        owner: str | None = None,
     ) -> Voice:
-        """Analyse `audio` once and store everything; InputError for a bad name, duplicate or prompt."""
-        name = _check_name(name)
-        transcript = _check_transcript(transcript)
-        lexicon_json = _lexicon_json(lexicon or {})
+        """Analyse `audio` once and store everything; InputError for a bad name, duplicate or prompt.
+        `owner` (a principal's owner string) keeps the voice to its enroller; None shares it."""
+        name = check_name(name)
+        transcript = check_transcript(transcript)
+        lexicon_text = lexicon_json(lexicon or {})
         if self._find(name) is not None:
             raise InputError(f"a voice named {name!r} already exists: pick another name or delete it first")
         features = analyse(audio)  # raises InputError for unusable audio, before anything is written
@@ -169,8 +163,9 @@ class VoiceLibrary:
                         model_checksum=self.model_checksum,
                         audio_file=audio_file,
                         defaults=json.dumps((defaults or VoiceDefaults()).__dict__),
-                        lexicon=lexicon_json,
+                        lexicon=lexicon_text,
                         report=json.dumps(report, ensure_ascii=False),
+                        owner=owner,
                     )
                 )
                 conn.execute(self.files.insert(), [blob_row(voice_id, n, d) for n, d in blobs.items()])
@@ -185,19 +180,23 @@ class VoiceLibrary:
         return self.get(voice_id)
 
     # ---- lookup ---------------------------------------------------------------------------------
-    def get(self, id_or_name: str) -> Voice:
+    def get(self, id_or_name: str, scope: VoiceScope = EVERY_VOICE) -> Voice:
+        """The voice of that id or name; VoiceNotFound if there is none, or none `scope` may use (the
+        same answer: a caller can't tell another user's voice from a missing one)."""
         row = self._find(id_or_name)
         if row is None:
             self._forget(id_or_name)  # deleted on another node: drop what this node still holds
+        if row is None or not scope.includes(row["owner"]):
             raise VoiceNotFound(
                 f"no voice {id_or_name!r}: list voices with GET /v1/voices or `cosyserve voices list`"
             )
         return self._to_voice(row)
 
-    def list(self) -> list[Voice]:
+    def list(self, scope: VoiceScope = EVERY_VOICE) -> list[Voice]:
+        """The voices `scope` may use, oldest first."""
         with self.engine.connect() as conn:
             rows = conn.execute(self.table.select().order_by(self.table.c.created_at)).mappings().all()
-        return [self._to_voice(row) for row in rows]
+        return [self._to_voice(row) for row in rows if scope.includes(row["owner"])]
 
     def audio_file(self, voice: Voice) -> Path:
         """The voice's original recording on this node's disk (copied from the database when missing or
@@ -245,16 +244,16 @@ class VoiceLibrary:
         voice = self.get(id_or_name)
         values: dict[str, Any] = {}
         if name is not None and name != voice.name:
-            name = _check_name(name)
+            name = check_name(name)
             if self._find(name) is not None:
                 raise InputError(f"a voice named {name!r} already exists: pick another name")
             values["name"] = name
         if transcript is not None:
-            values["transcript"] = _check_transcript(transcript)
+            values["transcript"] = check_transcript(transcript)
         if defaults is not None:
             values["defaults"] = json.dumps(defaults.__dict__)
         if lexicon is not None:
-            values["lexicon"] = _lexicon_json(lexicon)
+            values["lexicon"] = lexicon_json(lexicon)
         if values:
             try:
                 with self.engine.begin() as conn:
@@ -328,6 +327,7 @@ class VoiceLibrary:
             defaults=VoiceDefaults(**json.loads(row["defaults"] or "{}")),
             lexicon=json.loads(row["lexicon"] or "{}"),
             report=json.loads(row["report"] or "{}"),
+            owner=row["owner"],
         )
 
     def _forget(self, voice_id: str) -> None:
@@ -364,30 +364,3 @@ class VoiceLibrary:
                 raise VoiceNotFound(f"voice {voice.name!r} was deleted while it was analysed")
             self.blobs.put_features(conn, voice.id, data, voice.audio_path)
         write_atomic(voice.features_path, data)
-
-
-def _check_name(name: str) -> str:
-    name = (name or "").strip()
-    if not NAME_PATTERN.fullmatch(name):
-        raise InputError(
-            "a voice name must be 1-64 letters, digits, spaces, '-', '_', '.' or Chinese characters"
-        )
-    return name
-
-
-def _check_transcript(transcript: str | None) -> str | None:
-    if transcript is None or not transcript.strip():
-        return None
-    transcript = transcript.strip()
-    if UNSTORABLE.search(transcript):
-        raise InputError("the transcript contains a NUL character or a lone surrogate; remove it")
-    if len(transcript) > MAX_TRANSCRIPT_CHARS:
-        raise InputError(f"the transcript is {len(transcript)} characters; at most {MAX_TRANSCRIPT_CHARS}")
-    return transcript
-
-
-def _lexicon_json(lexicon: dict[str, str]) -> str:
-    text = json.dumps(lexicon, ensure_ascii=False)  # NUL comes out escaped; lone surrogates would not
-    if UNSTORABLE.search(text):
-        raise InputError("a lexicon entry contains a lone surrogate (not valid Unicode text); remove it")
-    return text

@@ -3,6 +3,10 @@
 Consumers may block (`wait`, `result`, `chunks`) from any thread or await (`wait_async`, `result_async`,
 `achunks`) from an event loop: state changes wake both kinds. Abandoning a stream (breaking out of the
 loop, a disconnected client closing the generator) cancels the work.
+
+A ticket and its scheduler talk through two narrow doors: the ticket asks the scheduler only what its
+`TicketHooks` offer (leave the queue, report the end, queue position), and the scheduler drives the ticket
+only through the methods under "driven by the scheduler" (start, run, finish, request a cancel).
 """
 
 from __future__ import annotations
@@ -14,15 +18,13 @@ import threading
 import time
 from collections import deque
 from collections.abc import AsyncIterator, Callable, Iterator
-from typing import TYPE_CHECKING, Any
+from dataclasses import dataclass
+from typing import Any
 
 from cosyserve.errors import Cancelled
-
-if TYPE_CHECKING:
-    from cosyserve.service.scheduler import Scheduler
+from cosyserve.service.requests import TERMINAL_STATES
 
 logger = logging.getLogger(__name__)
-TERMINAL_STATES: frozenset[str] = frozenset({"done", "failed", "cancelled"})
 ABANDONED = "the client stopped reading the stream"
 _END = object()
 
@@ -46,6 +48,11 @@ class WorkContext:
     def owner(self) -> str | None:
         return self._ticket.owner
 
+    @property
+    def submitted_at(self) -> float:
+        """When the work was submitted (`time.time()`): latencies the client sees count from here."""
+        return self._ticket.submitted_at
+
     def set_progress(self, fraction: float) -> None:
         self._ticket.set_progress(fraction)
 
@@ -53,6 +60,16 @@ class WorkContext:
         """Raise Cancelled if the work was asked to stop."""
         if self._ticket.cancel_event.is_set():
             raise Cancelled(self._ticket.cancel_reason or "cancelled")
+
+
+@dataclass(frozen=True)
+class TicketHooks:
+    """What a ticket may ask of the scheduler that queued it (the scheduler hands these out)."""
+
+    withdraw: Callable[[Ticket], bool]  # take it out of the queue if it still waits there; True if it did
+    finished: Callable[[Ticket], None]  # it reached its final state: count it, log a failure
+    position: Callable[[Ticket], int | None]  # 0: next to start; None: not queued
+    estimated_wait_s: Callable[[Ticket], float]
 
 
 def _resolve(future: asyncio.Future[None]) -> None:
@@ -66,7 +83,7 @@ class Ticket:
 
     def __init__(
         self,
-        scheduler: Scheduler,
+        hooks: TicketHooks,
         work: Callable[[WorkContext], Any],
         ticket_id: str,
         owner: str | None,
@@ -83,7 +100,7 @@ class Ticket:
         self.submitted_at = time.time()
         self.started_at: float | None = None
         self.finished_at: float | None = None
-        self._scheduler = scheduler
+        self._hooks = hooks
         self._work: Callable[[WorkContext], Any] | None = work
         self._on_state = on_state
         self._cond = threading.Condition()
@@ -94,7 +111,6 @@ class Ticket:
         self._error: BaseException | None = None
         self._chunks: deque[Any] = deque()
         self._buffer_size = buffer_size
-        self._produced = 0
         self._settled = False  # final state recorded and on_state callbacks done: waiters may go
         self._emitting_thread: int | None = None
         self._async_waiters: list[tuple[asyncio.AbstractEventLoop, asyncio.Future[None]]] = []
@@ -131,10 +147,10 @@ class Ticket:
     @property
     def position(self) -> int | None:
         """Place in the queue (0: next to start); None once started or finished."""
-        return self._scheduler.position(self) if self._state == "queued" else None
+        return self._hooks.position(self) if self._state == "queued" else None
 
     def estimated_wait_s(self) -> float:
-        return self._scheduler.estimated_wait_s(self)
+        return self._hooks.estimated_wait_s(self)
 
     def set_progress(self, fraction: float) -> None:
         with self._cond:
@@ -143,7 +159,13 @@ class Ticket:
 
     def cancel(self, reason: str = "cancelled by the client") -> bool:
         """Ask the work to stop; a queued ticket ends cancelled at once. False if it already finished."""
-        return self._scheduler._cancel(self, reason)
+        withdrawn = self._hooks.withdraw(self)
+        if self.finished:
+            return False
+        self.request_cancel(reason)
+        if withdrawn:
+            self.finish("cancelled", error=Cancelled(reason))
+        return True
 
     def wait(self, timeout: float | None = None) -> bool:
         """Block until finished; False if `timeout` passed first."""
@@ -174,21 +196,25 @@ class Ticket:
         return self._iter_chunks(timeout)
 
     def _iter_chunks(self, timeout: float | None) -> Iterator[Any]:
-        finished = False
-        try:
-            while True:
-                with self._cond:
-                    if not self._cond.wait_for(lambda: self._chunks or self._settled, timeout):
-                        raise TimeoutError(f"job {self.id} produced nothing for {timeout} s")
-                    item = self._pop_locked()
-                if item is _END:
-                    break
+        with self._cancelled_if_left():
+            while (item := self._next_item(timeout)) is not _END:
                 yield item
-            finished = True
-        finally:
-            if not finished:
-                self.cancel(ABANDONED)
         self._outcome()
+
+    def _next_item(self, timeout: float | None) -> Any:
+        with self._cond:
+            if not self._cond.wait_for(lambda: self._chunks or self._settled, timeout):
+                raise TimeoutError(f"job {self.id} produced nothing for {timeout} s")
+            return self._pop_locked()
+
+    @contextlib.contextmanager
+    def _cancelled_if_left(self) -> Iterator[None]:
+        """A reader that leaves before the end (break, disconnect, timeout) cancels the work."""
+        try:
+            yield
+        except BaseException:
+            self.cancel(ABANDONED)
+            raise
 
     # -- the same for asyncio -----------------------------------------------------------------------------
 
@@ -204,21 +230,16 @@ class Ticket:
         """`chunks` for an event loop; closing the async generator (client disconnect) cancels the work."""
         if not self.stream:
             raise TypeError(f"job {self.id} was not submitted with stream=True: use result_async()")
-        finished = False
-        try:
-            while True:
-                if not await self._until(lambda: bool(self._chunks) or self._settled, timeout):
-                    raise TimeoutError(f"job {self.id} produced nothing for {timeout} s")
-                with self._cond:
-                    item = self._pop_locked()
-                if item is _END:
-                    break
+        with self._cancelled_if_left():
+            while (item := await self._anext_item(timeout)) is not _END:
                 yield item
-            finished = True
-        finally:
-            if not finished:
-                self.cancel(ABANDONED)
         self._outcome()
+
+    async def _anext_item(self, timeout: float | None) -> Any:
+        if not await self._until(lambda: bool(self._chunks) or self._settled, timeout):
+            raise TimeoutError(f"job {self.id} produced nothing for {timeout} s")
+        with self._cond:
+            return self._pop_locked()
 
     async def _until(self, predicate: Callable[[], bool], timeout: float | None) -> bool:
         loop = asyncio.get_running_loop()
@@ -238,12 +259,13 @@ class Ticket:
                 with self._cond:
                     return predicate()
 
-    # -- driven by the scheduler --------------------------------------------------------------------------
+    # -- internals ----------------------------------------------------------------------------------------
 
     def _outcome(self) -> Any:
         if self._state == "done":
             return self._result
-        assert self._error is not None  # a finished, unsuccessful ticket always records why
+        if self._error is None:  # pragma: no cover - every unsuccessful end records why
+            raise RuntimeError(f"job {self.id} ended {self._state} without saying why")
         raise self._error
 
     def _pop_locked(self) -> Any:
@@ -260,13 +282,17 @@ class Ticket:
             with contextlib.suppress(RuntimeError):  # that loop is closed: nobody is waiting any more
                 loop.call_soon_threadsafe(_resolve, future)
 
-    def _start(self) -> None:
+    # -- driven by the scheduler --------------------------------------------------------------------------
+
+    def mark_running(self) -> None:
+        """A worker took it (under the scheduler's lock)."""
         with self._cond:
             self._state = "running"
             self.started_at = time.time()
             self._notify_locked()
 
-    def _request_cancel(self, reason: str) -> None:
+    def request_cancel(self, reason: str) -> None:
+        """Set the cancel event (the work stops at its next check); the state is the scheduler's to end."""
         with self._cond:
             if self.finished or self.cancel_event.is_set():
                 return
@@ -274,7 +300,7 @@ class Ticket:
             self.cancel_event.set()
             self._notify_locked()  # wakes a producer blocked on a full buffer
 
-    def _finish(self, state: str, *, result: Any = None, error: BaseException | None = None) -> bool:
+    def finish(self, state: str, *, result: Any = None, error: BaseException | None = None) -> bool:
         """Move to a final state once; later calls (a late worker after a timeout) change nothing."""
         with self._cond:
             if self.finished:
@@ -286,14 +312,15 @@ class Ticket:
             if state == "done":
                 self.progress = 1.0
             self._notify_locked()
-        self._scheduler._ticket_finished(self)
-        self._emit(state)
+        self._hooks.finished(self)
+        self.emit(state)
         with self._cond:
             self._settled = True
             self._notify_locked()
         return True
 
-    def _emit(self, state: str) -> None:
+    def emit(self, state: str) -> None:
+        """Call `on_state(self, state)`, at most once after the final state (callback errors are logged)."""
         with self._emit_lock:
             if self._terminal_emitted:
                 return
@@ -308,8 +335,8 @@ class Ticket:
             finally:
                 self._emitting_thread = None
 
-    def _run(self) -> tuple[str, Any, BaseException | None]:
-        """Run the work in the calling worker thread; returns (final state, result, error) for `_finish`."""
+    def run(self) -> tuple[str, Any, BaseException | None]:
+        """Run the work in the calling worker thread; returns (final state, result, error) for `finish`."""
         work, self._work = self._work, None  # drop the closure (and the request's audio) once run
         try:
             if work is None:
@@ -358,9 +385,5 @@ class Ticket:
             if self._state != "running" or self.cancel_event.is_set():
                 return False
             self._chunks.append(item)
-            self._produced += 1
-            first = self._produced == 1
             self._notify_locked()
-        if first:
-            self._scheduler._first_chunk(self)
         return True

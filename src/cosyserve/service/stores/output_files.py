@@ -1,7 +1,7 @@
 """One stored output on disk: its id, its audio + JSON sidecar pair, how a pair is written and read,
 and what a sidecar records (`build_manifest`).
 
-Shared by the local store (`storage.OutputStore`) and the bucket reader (`output_bucket.OutputBucket`),
+Shared by the local store (`outputs.OutputStore`) and the bucket reader (`bucket.OutputBucket`),
 which both write pairs into the same outputs directory and parse the same sidecars.
 """
 
@@ -19,8 +19,8 @@ from typing import Any
 import numpy as np
 
 from cosyserve.errors import InputError
-from cosyserve.service.atomic_files import TEMP_SUFFIX, write_atomic  # noqa: F401  (re-exported)
 from cosyserve.service.requests import SynthesisRequest, SynthesisResult
+from cosyserve.service.stores.atomic_files import TEMP_SUFFIX, write_atomic  # noqa: F401  (re-exported)
 
 OUTPUT_ID = re.compile(r"output_(\d{8})_(\d{6})(?:_([1-9]\d{0,11}))?")  # 12 digits: node tag + counter
 EXTENSION = re.compile(r"[a-z0-9]{1,8}")
@@ -143,6 +143,7 @@ def build_manifest(
         "duration_s": round(result.duration_s, 3),
         "speech_tokens": result.speech_tokens,
         "sentences": [dataclasses.asdict(timing) for timing in result.timings],
+        "reading": dict(result.reading),  # spoken form, LM text and token pieces of every segment
         "stage_seconds": dict(result.stage_seconds),
         "warnings": list(result.warnings),
         "owner": owner,

@@ -22,7 +22,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING
 
 from cosyserve.errors import CosyServeError
-from cosyserve.service.output_files import (
+from cosyserve.service.stores.output_files import (
     OUTPUT_ID,
     OutputNotFound,
     StoredOutput,
@@ -35,7 +35,7 @@ from cosyserve.service.output_files import (
 )
 
 if TYPE_CHECKING:
-    from cosyserve.service.s3sync import S3Sync
+    from cosyserve.service.stores.s3sync import S3Sync
 
 REMOTE_LIST_TTL_S = 5.0  # bucket listings are reused this long (paging through a list)
 REMOTE_CACHE_SIDECARS = 4096  # fetched sidecars kept in memory

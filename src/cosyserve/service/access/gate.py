@@ -1,0 +1,120 @@
+"""The gate every request passes: is authentication on, who is calling, may they go ahead (rate limit,
+daily quota), and signed links that stand in for credentials.
+
+The API and the web UI both resolve callers here, from the same credentials: an API key (header, or the
+UI's key cookie), the UI's session cookie, or nobody when the server has no authentication at all.
+"""
+
+from __future__ import annotations
+
+import time
+from typing import Any
+
+import sqlalchemy as sa
+
+from cosyserve.service.access import signing
+from cosyserve.service.access.limits import QuotaTracker, RateLimiter
+from cosyserve.service.access.principals import AuthRequired, Principal, QuotaExceeded, RateLimited
+from cosyserve.service.access.sessions import SESSION_COOKIE, SessionTokens, check_password
+from cosyserve.service.settings import Settings
+from cosyserve.service.stores.db import metadata
+from cosyserve.service.stores.keys import KeyStore
+
+AUTH_CACHE_S = 2.0  # how long "does any API key exist?" is cached (keys are made by another process)
+
+
+class Access:
+    """Authentication, authorisation and per-key limits for one service."""
+
+    def __init__(self, settings: Settings, keys: KeyStore, engine: sa.Engine) -> None:
+        self.auth = settings.auth
+        self.keys = keys
+        self.quota = QuotaTracker(
+            engine, metadata, default_daily_seconds=settings.limits.daily_audio_seconds_quota
+        )
+        self.rate_limiter = RateLimiter(settings.limits.rate_limit_per_minute)
+        self._secret = settings.resolve_signing_secret().get_secret_value()
+        self.sessions = SessionTokens(self._secret)
+        self._auth_cache: tuple[float, bool] = (0.0, False)
+
+    def any_key(self) -> bool:
+        """Whether any API key is active (the database is asked every time)."""
+        return bool(self.keys.list(include_revoked=False))
+
+    def auth_enabled(self) -> bool:
+        """Whether requests must authenticate: keys required, any key exists, or a UI login is set."""
+        if self.auth.api_keys_required or self.auth.ui_login_configured:
+            return True
+        checked_at, exists = self._auth_cache
+        if time.monotonic() - checked_at > AUTH_CACHE_S:
+            exists = self.any_key()
+            self._auth_cache = (time.monotonic(), exists)
+        return exists
+
+    def identify(self, key_text: str | None, session_token: str | None) -> Principal | None:
+        """The caller for these credentials: a valid API key, else a valid session, else anonymous with
+        full rights when the server has no authentication; None when they do not let anyone in."""
+        key = self.keys.authenticate(key_text) if key_text else None
+        if key is not None:
+            return Principal("key", key.role, key=key, name=key.name)
+        user = self.sessions.verify(session_token)
+        if user is not None:
+            return Principal("session", "admin", name=user)
+        if not self.auth_enabled():
+            return Principal("anonymous", "admin")  # e.g. an OpenAI SDK's placeholder key, auth off
+        return None
+
+    def login(self, username: str, password: str) -> str:
+        """A session token for the UI user, or AuthRequired."""
+        auth = self.auth
+        if not auth.ui_login_configured or auth.ui_password is None:
+            raise AuthRequired("no UI login is configured on this server (set ui_username and ui_password)")
+        name_ok = check_password(auth.ui_username or "", username or "")
+        password_ok = check_password(auth.ui_password.get_secret_value(), password or "")
+        if not (name_ok and password_ok):
+            raise AuthRequired("wrong user name or password")
+        return self.sessions.issue(username)
+
+    def session_cookie(self, token: str, *, secure: bool) -> dict[str, Any]:
+        """How a UI session cookie is set: the keyword arguments of `Response.set_cookie`."""
+        return {
+            "key": SESSION_COOKIE,
+            "value": token,
+            "max_age": int(self.sessions.ttl_s),
+            "httponly": True,  # never readable by the page's scripts
+            "samesite": "lax",
+            "secure": secure,  # https only when the login came over https
+        }
+
+    def check_rate(self, principal: Principal) -> None:
+        """RateLimited when the caller's key used up its requests per minute."""
+        if principal.key is None:
+            return  # anonymous (auth off) and UI sessions are not rate limited
+        wait = self.rate_limiter.acquire(principal.key)
+        if wait > 0:
+            limit = self.rate_limiter.limit_for(principal.key)
+            raise RateLimited(
+                f"rate limit of {limit:g} requests per minute reached for this key: retry in {wait:.0f} s",
+                max(1, round(wait + 0.5)),
+            )
+
+    def check_quota(self, principal: Principal) -> None:
+        """QuotaExceeded when the caller's key used up today's audio seconds."""
+        if principal.key is None:
+            return
+        status = self.quota.check(principal.key)
+        if not status.allowed:
+            raise QuotaExceeded(
+                f"the daily audio quota of {status.limit_s:g} s is used up ({status.used_s:.1f} s today): "
+                "it resets at 00:00 UTC",
+                max(1, int(status.resets_at - time.time())),
+            )
+
+    def signed_url(self, path: str, query: dict[str, Any] | None = None) -> str:
+        """`path?exp=&sig=` (plus `query`), valid for `signed_url_ttl_s` seconds."""
+        url = signing.signed_url(path, self.auth.signed_url_ttl_s, self._secret)
+        extra = "".join(f"&{k}={v}" for k, v in (query or {}).items() if v is not None)
+        return url + extra
+
+    def verify_signed(self, path: str, exp: str | None, sig: str | None) -> bool:
+        return signing.verify(path, exp, sig, self._secret)

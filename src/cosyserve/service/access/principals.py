@@ -1,0 +1,66 @@
+"""Who is calling (`Principal`) and the errors that say a call may not go ahead."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from cosyserve.errors import CosyServeError
+from cosyserve.service.requests import EVERY_VOICE, VoiceScope
+from cosyserve.service.stores.keys import ApiKey
+
+
+class AuthRequired(CosyServeError):
+    """No valid credentials (API key or UI session) came with a request that needs them."""
+
+
+class Forbidden(CosyServeError):
+    """The credentials are valid but not allowed to do this (role or owner)."""
+
+
+class RateLimited(CosyServeError):
+    """Too many requests for this API key; retry after `retry_after_s`."""
+
+    def __init__(self, message: str, retry_after_s: int) -> None:
+        super().__init__(message)
+        self.retry_after_s = retry_after_s
+
+
+class QuotaExceeded(RateLimited):
+    """The key's daily audio-seconds quota is used up."""
+
+
+@dataclass(frozen=True)
+class Principal:
+    """Who is calling: `anonymous` (auth off), an API `key`, or a UI `session` user; or a `signed` URL."""
+
+    kind: str
+    role: str  # "admin" or "user"
+    key: ApiKey | None = None
+    name: str | None = None
+
+    @property
+    def is_admin(self) -> bool:
+        return self.role == "admin"
+
+    @property
+    def owner(self) -> str | None:
+        """What jobs and outputs record as their owner (None: no owner, visible to everyone)."""
+        if self.key is not None:
+            return f"key:{self.key.id}"
+        if self.kind == "session" and self.name:
+            return f"user:{self.name}"
+        return None
+
+    def may_see(self, owner: str | None) -> bool:
+        """Admins see everything; other callers only what they own."""
+        return self.is_admin or (owner is not None and owner == self.owner)
+
+    @property
+    def voices(self) -> VoiceScope:
+        """The voices this caller may use: admins all of them, others the shared ones and their own."""
+        return EVERY_VOICE if self.is_admin else VoiceScope(owner=self.owner, everything=False)
+
+    @property
+    def voice_owner(self) -> str | None:
+        """The owner a voice this caller enrols gets: None (shared) for admins, else the caller."""
+        return None if self.is_admin else self.owner

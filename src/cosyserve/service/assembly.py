@@ -1,0 +1,202 @@
+"""The running service: one object that assembles the parts of a server process, starts and stops them.
+
+The parts, each with one owner: the stores (database, jobs, keys, voices, outputs and their bucket), the
+`Access` gate (who is calling, limits, signed links), the scheduler (bounded queue, worker threads), and a
+`Backend` chosen once from the role: `LocalBackend` with its `ModelHost` (one process that does it all, or
+a `cosyserve worker`), or `RemoteBackend` (an API node that hands work to workers). The API and the UI
+talk to these parts through this object, never to the engine.
+"""
+
+from __future__ import annotations
+
+import logging
+import threading
+import time
+from typing import Any
+
+from cosyserve.errors import CosyServeError, SettingsError
+from cosyserve.service.access.gate import Access
+from cosyserve.service.backend import Backend
+from cosyserve.service.distributed.remote import RemoteBackend
+from cosyserve.service.local.backend import LocalBackend
+from cosyserve.service.local.loading import SynthesizerFactory, device_type, load_synthesizer
+from cosyserve.service.local.model_host import ModelHost
+from cosyserve.service.logs import log_failure
+from cosyserve.service.metrics import Metrics
+from cosyserve.service.scheduling.scheduler import Scheduler
+from cosyserve.service.setting_groups import S3Settings
+from cosyserve.service.settings import Settings
+from cosyserve.service.startup_clock import StartupClock
+from cosyserve.service.stores.db import make_engine, metadata
+from cosyserve.service.stores.jobs import JobStore
+from cosyserve.service.stores.keys import KeyStore
+from cosyserve.service.stores.output_space import RetentionWorker
+from cosyserve.service.stores.outputs import OutputStore
+from cosyserve.service.stores.s3sync import S3Sync
+from cosyserve.service.stores.voices import VoiceLibrary
+
+log = logging.getLogger(__name__)
+ROLES = ("single", "api", "worker")  # one process does it all; an API node; a `cosyserve worker`
+REMOTE_IN_FLIGHT = 64  # requests an API node relays at once unless queue.concurrency says otherwise
+
+
+class Service:
+    """Everything one server process runs. `start()` before serving, `shutdown()` at the end."""
+
+    def __init__(
+        self,
+        settings: Settings,
+        *,
+        synthesizer_factory: SynthesizerFactory | None = None,
+        metrics: Metrics | None = None,
+        shutdown_grace_s: float | None = None,
+        retention_interval_s: float = 3600.0,
+        role: str = "single",
+    ) -> None:
+        if role not in ROLES:
+            raise ValueError(f"role must be one of {', '.join(ROLES)}, got {role!r}")
+        if role != "single" and not settings.queue.queue_url:
+            raise SettingsError(f"a {role} node needs queue_url (--queue redis://host:6379/0)")
+        self.role = role
+        self.settings = s = settings
+        self.metrics = metrics or Metrics()
+        self.started_at = time.time()
+        self.startup = StartupClock()  # how long getting ready took, each phase logged once
+        self.shutdown_grace_s = (
+            min(30.0, s.queue.request_timeout_s) if shutdown_grace_s is None else shutdown_grace_s
+        )
+        # Stores
+        self.db = make_engine(s.storage.database_url or "")
+        self.jobs = JobStore(self.db)
+        self.keys = KeyStore(self.db, metadata)
+        self.voices = VoiceLibrary(s.storage.data_dir / "voices", self.db, metadata, model_checksum="")
+        self.s3 = _s3_sync(s.s3) if s.s3.sync else None
+        if s.storage.output_dir is None:  # pragma: no cover - Settings derives it
+            raise SettingsError("storage.output_dir is not set")
+        self.outputs = OutputStore(
+            s.storage.output_dir,
+            retention_days=s.storage.retention_days,
+            max_total_bytes=int(s.storage.retention_max_gb * 1e9),
+            sync=self.s3,
+            min_free_bytes=int(s.storage.min_free_mb * 1e6),
+        )
+        self.retention = RetentionWorker(self.outputs, retention_interval_s)
+        # Access, scheduling, and the backend the role asks for
+        self.access = Access(s, self.keys, self.db)
+        self.device_type = device_type(s.engine.device)
+        # An API node's "slots" are requests it relays to workers, not syntheses of its own.
+        if role == "api":
+            concurrency = s.queue.concurrency or REMOTE_IN_FLIGHT
+        else:
+            concurrency = s.resolve_concurrency(self.device_type)
+        self.scheduler = Scheduler(concurrency, s.queue.queue_size, s.queue.request_timeout_s, self.metrics)
+        self.model: ModelHost | None = None  # the model this process serves (None on an API node)
+        self._drain_lock = threading.Lock()
+        self._drained: dict[str, int] | None = None
+        self.backend: Backend = self._make_backend(synthesizer_factory)
+
+    def _make_backend(self, factory: SynthesizerFactory | None) -> Backend:
+        """The one place the role decides anything: where synthesis runs."""
+        if self.role == "api":
+            return RemoteBackend(self.settings, self.scheduler, jobs=self.jobs, voices=self.voices)
+        self.model = ModelHost(
+            self.settings,
+            self.voices,
+            self.metrics,
+            factory=factory or load_synthesizer,
+            device_type=self.device_type,
+            release_wait_s=self.shutdown_grace_s,
+            startup=self.startup,
+            cancel_running=self.scheduler.cancel_running,
+        )
+        return LocalBackend(
+            host=self.model,
+            scheduler=self.scheduler,
+            jobs=self.jobs,
+            outputs=self.outputs,
+            quota=self.access.quota,
+            metrics=self.metrics,
+            limits=self.settings.limits,
+            startup=self.startup,
+            # With several nodes, queued and running jobs belong to the workers, not to one process.
+            recover_jobs=self.role == "single",
+            # A worker uploads before answering: the API node that serves the result reads the bucket.
+            upload_outputs=self.role == "worker" and self.s3 is not None,
+        )
+
+    # -- lifecycle -----------------------------------------------------------------------------------------
+
+    def check_startup_safety(self) -> list[str]:
+        """Refuse (SettingsError) a reachable address with no authentication; warnings to log otherwise."""
+        auth = self.settings.auth
+        return self.settings.check_startup_safety(self.access.any_key(), auth.ui_login_configured)
+
+    def preload(self) -> None:
+        """Start loading the model now, in the background, if this process runs one and hasn't yet:
+        `serve` calls it before importing the web UI, so that the two overlap."""
+        if self.model is not None:
+            self.model.start()
+
+    def start(self) -> None:
+        self.retention.start()
+        try:  # voices enrolled before files were shared through the database; copies of deleted ones
+            self.voices.share_local_files()
+            self.voices.prune_local()
+        except Exception as exc:
+            log_failure("voices", f"sharing or pruning local voice files failed: {exc}", exc=exc)
+        if self.s3 is not None:
+            try:
+                self.s3.prepare()
+            except CosyServeError as exc:
+                log_failure("s3", f"S3 sync is on but the bucket can't be used: {exc}", exc=exc)
+        self.backend.start()
+
+    def drain(self) -> dict[str, int]:
+        """Stop taking work (new requests get 503 `shutting_down`), let running work finish for the grace
+        period, then cancel it. Idempotent: later calls return the first call's counts."""
+        with self._drain_lock:
+            if self._drained is None:
+                self._drained = self.scheduler.shutdown(self.shutdown_grace_s)
+                log.info("scheduler stopped: %s", self._drained)
+            return self._drained
+
+    def shutdown(self) -> dict[str, int]:
+        """`drain()`, then stop the parts."""
+        counts = self.drain()
+        self.retention.stop(timeout=5.0)
+        if self.s3 is not None:
+            self.s3.close(timeout=10.0)
+        self.backend.stop()
+        self.db.dispose()
+        return counts
+
+    # -- what the server as a whole reports ----------------------------------------------------------------
+
+    @property
+    def model_state(self) -> str:
+        """The model host's state (stopped, loading, ready, failed, restarting); "stopped" on an API node."""
+        return self.model.state if self.model is not None else "stopped"
+
+    def readiness(self, detailed: bool = False) -> dict[str, Any]:
+        """{"ready": bool, "state": ..., "reason": why not ready (or None), model info}; `detailed` adds
+        what only admins see (the model's path, the last engine failure, the workers)."""
+        state = self.backend.readiness(detailed, accepting=self.scheduler.accepting)
+        problem = self.outputs.health.problem()  # results that can't be kept: not ready either
+        state["storage"] = problem or "ok"
+        if problem and state["ready"]:
+            state.update(ready=False, reason=f"storage: {problem}")
+        return state
+
+
+def _s3_sync(cfg: S3Settings) -> S3Sync:
+    secret = cfg.secret_access_key.get_secret_value() if cfg.secret_access_key else None
+    return S3Sync(
+        cfg.endpoint_url,
+        cfg.bucket or "",
+        cfg.prefix,
+        region=cfg.region,
+        access_key_id=cfg.access_key_id,
+        secret_access_key=secret,
+        lifecycle_days=cfg.lifecycle_days,
+        path_style=cfg.endpoint_url is not None,  # self-hosted endpoints (MinIO, moto) want path style
+    )

@@ -1,0 +1,244 @@
+"""What the service can be told, group by group (`[engine]`, `[server]`, …), and the names each setting
+goes by: its flat name (`port`, `s3_bucket`) is the CLI flag, the keyword argument and the top-level TOML
+key, unique across groups. `settings.Settings` reads values from every source into these groups.
+"""
+
+from __future__ import annotations
+
+import os
+from pathlib import Path
+from typing import Annotated, Any, Literal
+
+from pydantic import BaseModel, ConfigDict, Field, SecretStr, field_validator
+from pydantic.fields import FieldInfo
+from pydantic_settings import NoDecode
+
+from cosyserve.modeldir.model_dir import DEFAULT_MODEL_ID
+
+_PREFIXED_GROUPS = ("s3", "log")  # groups whose flat names carry the group name
+
+
+class _Group(BaseModel):
+    model_config = ConfigDict(extra="forbid", validate_default=True)
+
+
+class EngineSettings(_Group):
+    model: str = Field(DEFAULT_MODEL_ID, description="model directory path, hub model id, or 'demo'")
+    models_dir: Path | None = Field(
+        None, description="where hub models are downloaded (default: $COSYSERVE_HOME/models or the cache)"
+    )
+    download_retry_s: float = Field(
+        30.0,
+        ge=0,
+        description="give up downloading the model after this many seconds of attempts that fetched "
+        "nothing (hubs out of reach); a transfer cut midway is always resumed",
+    )
+    device: str = Field("auto", description="auto, cpu, cuda or cuda:N", pattern=r"^(auto|cpu|cuda(:\d+)?)$")
+    precision: Literal["auto", "float32", "float16", "bfloat16"] = Field(
+        "auto", description="compute dtype: auto (float16 on GPU, float32 on CPU), float32, float16, bfloat16"
+    )
+    preset: Literal["exact", "fast"] = Field(
+        "exact",
+        description="exact: the networks as they are, in the precision setting's dtype (float32 matches the "
+        "official outputs; on a GPU auto means float16); fast: int8 LLM and DiT linears on CPU (not "
+        "bit-exact; `cosyserve bench` reports the deviation)",
+    )
+    threads: int | None = Field(
+        None, ge=1, description="CPU threads for the engine (default: all usable cores)"
+    )
+    gpu_batching: bool = Field(
+        True,
+        description="on CUDA: batch concurrent requests' LLM steps and flow passes (concurrency > 1), "
+        "CUDA graphs for the LLM step otherwise; same outputs up to float rounding",
+    )
+    flow_steps: int = Field(
+        10, ge=1, le=10, description="flow solver steps; fewer is faster but changes the audio (see bench)"
+    )
+    flow_guidance: bool = Field(
+        True, description="classifier-free guidance in the flow; off halves its work but changes the audio"
+    )
+
+
+class ServerSettings(_Group):
+    host: str = Field("127.0.0.1", description="address to listen on (0.0.0.0 for all interfaces)")
+    port: int = Field(7860, ge=1, le=65535, description="TCP port to listen on")
+    insecure: bool = Field(
+        False, description="allow a non-loopback address without any API key or UI login configured"
+    )
+    keep_serving_on_load_error: bool = Field(
+        False,
+        description="keep serving (health, UI, admin restart) when the model can't be loaded at start, "
+        "instead of exiting with the reason",
+    )
+    cors_origins: Annotated[list[str], NoDecode] = Field(
+        default_factory=list, description="origins allowed by CORS, comma-separated (empty: CORS off)"
+    )
+
+    @field_validator("cors_origins", mode="before")
+    @classmethod
+    def _split_origins(cls, value: Any) -> Any:
+        if isinstance(value, str):
+            value = value.strip()
+            if value.startswith("["):
+                import json
+
+                return json.loads(value)
+            return [part.strip() for part in value.split(",") if part.strip()]
+        return value
+
+
+class QueueSettings(_Group):
+    concurrency: int | None = Field(
+        None, ge=1, description="syntheses run at once (default: 1 on CPU, 2 on GPU)"
+    )
+    queue_size: int = Field(16, ge=0, description="requests that may wait for a free slot before 429s")
+    request_timeout_s: float = Field(300.0, gt=0, description="a synthesis running longer than this fails")
+    queue_url: str | None = Field(
+        None,
+        description="redis://… broker shared by API nodes and workers (default: in-process queue)",
+    )
+    visibility_timeout_s: float = Field(
+        600.0,
+        ge=5,
+        description="distributed: a job taken by a worker that vanished is handed to another after this",
+    )
+    job_lease_s: float = Field(
+        30.0, ge=1, description="distributed: a worker silent this long loses its running job to another"
+    )
+
+    @field_validator("queue_url")
+    @classmethod
+    def _check_queue_url(cls, value: str | None) -> str | None:
+        if value and not value.startswith(("redis://", "rediss://")):
+            raise ValueError("must start with redis:// or rediss:// (or be unset for the in-process queue)")
+        return value or None
+
+
+class LimitSettings(_Group):
+    max_text_chars: int = Field(200, ge=1, description="longest text one request may carry")
+    max_upload_mb: float = Field(20.0, gt=0, description="largest prompt-audio upload, in MB")
+    max_receiving_mb: float = Field(
+        64.0,
+        gt=0,
+        description="request bodies over 1 MB being received at once, in MB together: more wait up to "
+        "30 s, then get 503 (bounds the memory a flood of uploads can take)",
+    )
+    rate_limit_per_minute: int = Field(60, ge=0, description="requests per minute per API key (0: no limit)")
+    daily_audio_seconds_quota: float | None = Field(
+        None, gt=0, description="seconds of audio per API key per day (default: unlimited)"
+    )
+
+
+def default_data_dir() -> Path:
+    """`./cosyserve-data` when it exists, else `$XDG_DATA_HOME/cosyserve` (`~/.local/share/cosyserve`)."""
+    local = Path.cwd() / "cosyserve-data"
+    if local.is_dir():
+        return local
+    xdg = os.environ.get("XDG_DATA_HOME") or str(Path.home() / ".local" / "share")
+    return Path(xdg) / "cosyserve"
+
+
+class StorageSettings(_Group):
+    data_dir: Path = Field(
+        default_factory=default_data_dir,
+        description="database, secrets and outputs (default: ./cosyserve-data if present, else XDG data dir)",
+    )
+    output_dir: Path | None = Field(None, description="synthesised audio files (default: <data_dir>/outputs)")
+    database_url: str | None = Field(
+        None, description="SQLAlchemy URL (default: sqlite:///<data_dir>/cosyserve.db)"
+    )
+    retention_days: float = Field(7.0, ge=0, description="delete outputs older than this (0: keep forever)")
+    retention_max_gb: float = Field(
+        10.0, ge=0, description="delete oldest outputs above this size, checked at every save (0: no cap)"
+    )
+    min_free_mb: float = Field(
+        200.0,
+        ge=0,
+        description="below this much free space in the output directory /ready turns false (0: no floor)",
+    )
+
+
+class S3Settings(_Group):
+    endpoint_url: str | None = Field(None, description="S3-compatible endpoint (default: AWS)")
+    bucket: str | None = Field(None, description="bucket for outputs (unset: S3 off)")
+    prefix: str = Field("", description="key prefix inside the bucket")
+    region: str | None = Field(None, description="bucket region")
+    access_key_id: str | None = Field(None, description="access key id (default: the boto3 credential chain)")
+    secret_access_key: SecretStr | None = Field(None, description="secret access key")
+    sync: bool = Field(False, description="upload every output to the bucket")
+    lifecycle_days: int | None = Field(None, ge=1, description="expire uploaded objects after this many days")
+
+
+class AuthSettings(_Group):
+    api_keys_required: bool = Field(False, description="refuse API requests without a valid API key")
+    ui_username: str | None = Field(None, description="web UI login name (unset: no UI login)")
+    ui_password: SecretStr | None = Field(
+        None, description="web UI password, plain or a pbkdf2_sha256$… hash"
+    )
+    signing_secret: SecretStr | None = Field(
+        None, description="key for signed download URLs (default: generated once, kept in data_dir)"
+    )
+    signed_url_ttl_s: int = Field(900, ge=1, description="how long a signed download URL stays valid")
+
+    @property
+    def ui_login_configured(self) -> bool:
+        return bool(self.ui_username and self.ui_password)
+
+
+class LogSettings(_Group):
+    level: Literal["DEBUG", "INFO", "WARNING", "ERROR", "CRITICAL"] = Field("INFO", description="log level")
+    json_lines: bool = Field(False, alias="json", description="log one JSON object per line")
+
+    model_config = ConfigDict(extra="forbid", validate_default=True, populate_by_name=True)
+
+    @field_validator("level", mode="before")
+    @classmethod
+    def _upper(cls, value: Any) -> Any:
+        return value.upper() if isinstance(value, str) else value
+
+
+GROUPS: dict[str, type[_Group]] = {
+    "engine": EngineSettings,
+    "server": ServerSettings,
+    "queue": QueueSettings,
+    "limits": LimitSettings,
+    "storage": StorageSettings,
+    "s3": S3Settings,
+    "auth": AuthSettings,
+    "log": LogSettings,
+}
+
+
+def input_name(name: str, info: FieldInfo) -> str:
+    return info.alias or name
+
+
+def _flat_name(group: str, name: str, info: FieldInfo) -> str:
+    key = input_name(name, info)
+    return f"{group}_{key}" if group in _PREFIXED_GROUPS else key
+
+
+# flat name -> (group, key inside the group)
+FLAT_NAMES: dict[str, tuple[str, str]] = {
+    _flat_name(group, name, info): (group, input_name(name, info))
+    for group, model in GROUPS.items()
+    for name, info in model.model_fields.items()
+}
+if len(FLAT_NAMES) != sum(len(m.model_fields) for m in GROUPS.values()):  # pragma: no cover
+    raise RuntimeError("two settings share a flat name")
+
+
+def nest_flat(values: dict[str, Any]) -> dict[str, Any]:
+    """`{"port": 1, "engine": {...}}` -> `{"server": {"port": 1}, "engine": {...}}`; other keys unchanged."""
+    nested: dict[str, Any] = {}
+    for key, value in values.items():
+        if key in GROUPS and isinstance(value, dict):
+            nested.setdefault(key, {}).update(value)
+    for key, value in values.items():
+        target = FLAT_NAMES.get(key.lower())
+        if target:
+            group, field = target
+            nested.setdefault(group, {})[field] = value
+        elif not (key in GROUPS and isinstance(value, dict)):
+            nested[key] = value
+    return nested

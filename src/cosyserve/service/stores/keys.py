@@ -1,0 +1,218 @@
+"""API keys: who may call the API and in which role, stored in the `api_keys` table.
+
+API keys look like `cs_<43 urlsafe chars>` (32 random bytes). Only their SHA-256 is stored, with the
+first 8 random characters (`prefix`, shown in listings) to find the row. SHA-256 rather than a slow
+password hash because the key carries 256 bits of entropy: brute force is hopeless either way, and a
+slow hash would cost every API request tens of milliseconds. Passwords (human-chosen, low entropy) get
+scrypt instead (`access.sessions.PasswordHasher`).
+
+Checking a key looks the row up by prefix, then compares the full hash with `hmac.compare_digest`; an
+unknown prefix is compared against a dummy hash, so the response time does not tell which prefixes exist.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import hashlib
+import hmac
+import operator
+import re
+import secrets
+import time
+from collections.abc import Callable
+from dataclasses import dataclass
+
+import sqlalchemy as sa
+from sqlalchemy.exc import IntegrityError
+
+from cosyserve.errors import InputError
+from cosyserve.service.stores.db import create_tables, table
+
+KEY_SCHEME = "cs_"
+PREFIX_CHARS = 8  # random characters kept in clear as the lookup prefix
+KEY_PATTERN = re.compile(r"cs_[A-Za-z0-9_-]{43}")
+PREFIX_PATTERN = re.compile(r"cs_[A-Za-z0-9_-]{8}")
+ROLES = ("admin", "user")
+NAME_MAX_CHARS = 64
+MAX_KEY_ID = 2**31 - 1  # the id column is a 32-bit integer; larger ids can't exist (PostgreSQL refuses them)
+_DUMMY_HASH = hashlib.sha256(b"no such key").hexdigest()
+
+
+class KeyNotFound(InputError):
+    """No API key with that id or prefix."""
+
+
+@dataclass(frozen=True)
+class ApiKey:
+    id: int
+    name: str
+    prefix: str  # e.g. cs_Ab3dEf9h: enough to recognise a key, useless to call with
+    role: str  # "admin" or "user"
+    created_at: float  # unix seconds
+    revoked_at: float | None
+    rate_limit_per_minute: int | None  # None: the server default; 0: unlimited
+    daily_audio_seconds_quota: float | None  # None: the server default (maybe unlimited)
+    last_used_at: float | None
+
+    @property
+    def active(self) -> bool:
+        return self.revoked_at is None
+
+    @property
+    def is_admin(self) -> bool:
+        return self.role == "admin"
+
+    def public(self) -> dict[str, object]:
+        """What listings show (never the hash)."""
+        return dict(self.__dict__)
+
+
+def api_keys_table(metadata: sa.MetaData) -> sa.Table:
+    return table(
+        metadata,
+        "api_keys",
+        sa.Column("id", sa.Integer, primary_key=True, autoincrement=True),
+        sa.Column("name", sa.String(NAME_MAX_CHARS), nullable=False),
+        sa.Column("prefix", sa.String(16), nullable=False, unique=True),
+        sa.Column("hash", sa.String(64), nullable=False),
+        sa.Column("role", sa.String(16), nullable=False),
+        sa.Column("created_at", sa.Float, nullable=False),
+        sa.Column("revoked_at", sa.Float, nullable=True),
+        sa.Column("rate_limit_per_minute", sa.Integer, nullable=True),
+        sa.Column("daily_audio_seconds_quota", sa.Float, nullable=True),
+        sa.Column("last_used_at", sa.Float, nullable=True),
+    )
+
+
+def hash_key(plaintext: str) -> str:
+    return hashlib.sha256(plaintext.encode()).hexdigest()
+
+
+class KeyStore:
+    """API keys in the `api_keys` table of `engine` (created if missing)."""
+
+    def __init__(
+        self,
+        engine: sa.Engine,
+        metadata: sa.MetaData,
+        *,
+        clock: Callable[[], float] = time.time,
+        touch_interval_s: float = 60.0,
+    ) -> None:
+        self.engine = engine
+        self.table = api_keys_table(metadata)
+        create_tables(engine, self.table)
+        self._clock = clock
+        self._touch_interval_s = touch_interval_s  # last_used_at is written at most this often per key
+
+    def create(
+        self, name: str, role: str = "user", rate_limit: int | None = None, quota: float | None = None
+    ) -> tuple[ApiKey, str]:
+        """A new key: its record and the plaintext key, which is not stored and can't be shown again."""
+        name = (name or "").strip()
+        if not 1 <= len(name) <= NAME_MAX_CHARS:
+            raise InputError(f"a key name must be 1 to {NAME_MAX_CHARS} characters, got {len(name)}")
+        if re.search("[\x00\ud800-\udfff]", name):  # PostgreSQL refuses NUL; surrogates aren't UTF-8
+            raise InputError("a key name must not contain NUL characters or lone surrogates; remove them")
+        if role not in ROLES:
+            raise InputError(f"role {role!r} is unknown; use one of {', '.join(ROLES)}")
+        if rate_limit is not None and (isinstance(rate_limit, bool) or int(rate_limit) < 0):
+            raise InputError(f"rate limit must be >= 0 requests per minute (0: unlimited), got {rate_limit}")
+        if quota is not None and not quota > 0:
+            raise InputError(f"quota must be a positive number of audio seconds per day, got {quota}")
+        for _ in range(5):  # a prefix collision (48 random bits) is astronomically rare; retry anyway
+            plaintext = KEY_SCHEME + secrets.token_urlsafe(32)
+            values = {
+                "name": name,
+                "prefix": plaintext[: len(KEY_SCHEME) + PREFIX_CHARS],
+                "hash": hash_key(plaintext),
+                "role": role,
+                "created_at": self._clock(),
+                "rate_limit_per_minute": None if rate_limit is None else int(rate_limit),
+                "daily_audio_seconds_quota": None if quota is None else float(quota),
+            }
+            try:
+                with self.engine.begin() as conn:
+                    key_id = conn.execute(self.table.insert().values(**values)).inserted_primary_key[0]
+            except IntegrityError:
+                continue
+            return self.get(key_id), plaintext
+        raise InputError("could not create a unique API key; try again")
+
+    def get(self, key_id: int) -> ApiKey:
+        """The key with this id; KeyNotFound if none (also for anything that is not a possible id)."""
+        number = _key_number(key_id)
+        row = None
+        if number is not None:
+            with self.engine.connect() as conn:
+                row = conn.execute(sa.select(self.table).where(self.table.c.id == number)).first()
+        if row is None:
+            raise KeyNotFound(f"no API key with id {key_id}; `cosyserve keys list` shows them")
+        return _record(row)
+
+    def list(self, include_revoked: bool = True) -> list[ApiKey]:
+        query = sa.select(self.table).order_by(self.table.c.id)
+        if not include_revoked:
+            query = query.where(self.table.c.revoked_at.is_(None))
+        with self.engine.connect() as conn:
+            return [_record(row) for row in conn.execute(query)]
+
+    def revoke(self, id_or_prefix: int | str) -> ApiKey:
+        """Revoke by numeric id or by prefix (`cs_Ab3dEf9h`); revoking twice keeps the first time."""
+        text = str(id_or_prefix).strip()
+        prefix = text[: len(KEY_SCHEME) + PREFIX_CHARS]  # a whole key works too
+        if text.isdigit():
+            number = _key_number(text)
+            if number is None:
+                raise KeyNotFound(f"no API key {text!r}; `cosyserve keys list` shows them")
+            condition = self.table.c.id == number
+        elif PREFIX_PATTERN.fullmatch(prefix):
+            condition = self.table.c.prefix == prefix
+        else:
+            raise KeyNotFound(f"{text!r} is neither a key id nor a key prefix like cs_Ab3dEf9h")
+        with self.engine.begin() as conn:
+            row = conn.execute(sa.select(self.table).where(condition)).first()
+            if row is None:
+                raise KeyNotFound(f"no API key {text!r}; `cosyserve keys list` shows them")
+            if row.revoked_at is None:
+                conn.execute(
+                    self.table.update().where(self.table.c.id == row.id).values(revoked_at=self._clock())
+                )
+        return self.get(row.id)
+
+    def authenticate(self, plaintext: str | None) -> ApiKey | None:
+        """The active key `plaintext` is, or None (unknown, malformed or revoked)."""
+        well_formed = isinstance(plaintext, str) and KEY_PATTERN.fullmatch(plaintext) is not None
+        row = None
+        if well_formed:
+            prefix = plaintext[: len(KEY_SCHEME) + PREFIX_CHARS]
+            with self.engine.connect() as conn:
+                row = conn.execute(sa.select(self.table).where(self.table.c.prefix == prefix)).first()
+        supplied = hash_key(plaintext) if well_formed else _DUMMY_HASH
+        matches = hmac.compare_digest(supplied, row.hash if row is not None else _DUMMY_HASH)
+        if row is None or not matches or row.revoked_at is not None:
+            return None
+        key = _record(row)
+        now = self._clock()
+        if key.last_used_at is None or now - key.last_used_at >= self._touch_interval_s:
+            with self.engine.begin() as conn:
+                conn.execute(self.table.update().where(self.table.c.id == key.id).values(last_used_at=now))
+            key = dataclasses.replace(key, last_used_at=now)
+        return key
+
+
+def _key_number(key_id: object) -> int | None:
+    """`key_id` as a key id (an integer, or a string of ASCII digits, in the id column's range), else None."""
+    if isinstance(key_id, str):
+        text = key_id.strip()
+        key_id = int(text) if text.isascii() and text.isdigit() and len(text) <= 12 else None
+    try:
+        number = operator.index(key_id)  # type: ignore[arg-type]
+    except TypeError:
+        return None
+    return number if 1 <= number <= MAX_KEY_ID else None
+
+
+def _record(row: sa.Row) -> ApiKey:
+    mapping = row._mapping
+    return ApiKey(**{field.name: mapping[field.name] for field in dataclasses.fields(ApiKey)})

@@ -1,0 +1,146 @@
+"""Space for outputs: the size cap kept at every save, whether the output directory can take more, and
+the worker that runs retention now and then.
+
+`SizeIndex` knows each complete output's size, oldest first: built once from a scan of the directory,
+then kept up to date by saves, deletes and retention runs, so keeping the store under its cap at save
+time costs no scan. `StorageHealth` answers "can results be saved here?" for `/ready`: the directory is
+writable (a probe file) and has more free space than the configured floor; checked at most every
+CHECK_INTERVAL_S, because load balancers poll `/ready` often.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import secrets
+import shutil
+import threading
+import time
+from collections import OrderedDict
+from collections.abc import Callable, Iterable
+from pathlib import Path
+from typing import Protocol
+
+log = logging.getLogger(__name__)
+CHECK_INTERVAL_S = 5.0
+
+
+class SizeIndex:
+    """Sizes of the complete outputs of one directory, oldest first (ids sort by creation time)."""
+
+    def __init__(self, scan: Callable[[], Iterable[tuple[str, int]]]) -> None:
+        self._scan = scan  # (id, bytes) of every complete output, oldest first
+        self._sizes: OrderedDict[str, int] | None = None
+        self.total = 0
+
+    def _loaded(self) -> OrderedDict[str, int]:
+        if self._sizes is None:
+            self.reset(self._scan())
+        assert self._sizes is not None
+        return self._sizes
+
+    def reset(self, outputs: Iterable[tuple[str, int]]) -> None:
+        self._sizes = OrderedDict(outputs)
+        self.total = sum(self._sizes.values())
+
+    def add(self, output_id: str, size: int) -> None:
+        sizes = self._loaded()
+        self.total += size - sizes.pop(output_id, 0)
+        sizes[output_id] = size
+
+    def discard(self, output_id: str) -> None:
+        if self._sizes is not None:
+            self.total -= self._sizes.pop(output_id, 0)
+
+    def over(self, cap: int, keep: str) -> list[str]:
+        """The oldest ids to remove (never `keep`) so that the total fits in `cap` bytes."""
+        sizes, total, chosen = self._loaded(), self.total, []
+        for output_id, size in sizes.items():
+            if total <= cap:
+                break
+            if output_id != keep:
+                chosen.append(output_id)
+                total -= size
+        return chosen
+
+
+class StorageHealth:
+    """Whether outputs can be saved under `root`: writable, and more than `min_free_bytes` free."""
+
+    def __init__(self, root: Path, min_free_bytes: int, clock: Callable[[], float] = time.monotonic) -> None:
+        self.root = Path(root)
+        self.min_free_bytes = min_free_bytes
+        self._clock = clock
+        self._checked_at: float | None = None
+        self._problem: str | None = None
+        self._lock = threading.Lock()
+
+    def problem(self) -> str | None:
+        """Why results can't be saved now (None: they can); cached for CHECK_INTERVAL_S."""
+        with self._lock:
+            now = self._clock()
+            if self._checked_at is None or now - self._checked_at >= CHECK_INTERVAL_S:
+                self._problem, self._checked_at = self._check(), now
+            return self._problem
+
+    def note_failure(self, reason: str) -> None:
+        """A save just failed: report it until the next check finds the directory usable again."""
+        with self._lock:
+            self._problem, self._checked_at = f"saving an output failed: {reason}", self._clock()
+
+    def _check(self) -> str | None:
+        try:
+            free = shutil.disk_usage(self.root).free
+        except OSError as exc:
+            return f"the output directory {self.root} can't be read: {exc.strerror or exc}"
+        if free < self.min_free_bytes:
+            return (
+                f"only {free / 1e6:.0f} MB free for outputs in {self.root} (the floor is "
+                f"{self.min_free_bytes / 1e6:.0f} MB, min_free_mb): free space or raise retention"
+            )
+        probe = self.root / f".write-probe-{secrets.token_hex(4)}"
+        try:
+            with open(probe, "wb") as handle:
+                handle.write(b"cosyserve")
+                handle.flush()
+                os.fsync(handle.fileno())
+        except OSError as exc:
+            return f"the output directory {self.root} is not writable: {exc.strerror or exc}"
+        finally:
+            probe.unlink(missing_ok=True)
+        return None
+
+
+class Expiring(Protocol):
+    def enforce_retention(self) -> object: ...
+
+
+class RetentionWorker:
+    """Runs `store.enforce_retention()` now and then every `interval_s` seconds, until `stop()`."""
+
+    def __init__(self, store: Expiring, interval_s: float = 3600.0) -> None:
+        self.store = store
+        self.interval_s = interval_s
+        self.runs = 0
+        self._stop = threading.Event()
+        self._thread: threading.Thread | None = None
+
+    def start(self) -> RetentionWorker:
+        if self._thread is None:
+            self._thread = threading.Thread(target=self._loop, name="cosyserve-retention", daemon=True)
+            self._thread.start()
+        return self
+
+    def stop(self, timeout: float = 10.0) -> None:
+        self._stop.set()
+        if self._thread is not None:
+            self._thread.join(timeout)
+
+    def _loop(self) -> None:
+        while not self._stop.is_set():
+            try:
+                self.store.enforce_retention()
+            except Exception:  # a bad disk moment must not end the worker; the next run tries again
+                log.exception("output retention failed")
+            self.runs += 1
+            self._stop.wait(self.interval_s)
