@@ -147,10 +147,14 @@ def test_cache_directory_follows_the_cosyserve_cache_root(tmp_path: Path) -> Non
 
 
 @torch.inference_mode()
-def test_calibrated_lm_gives_the_same_log_probs_whatever_it_picks(model_dir, tmp_path: Path) -> None:
+def test_calibrated_lm_gives_the_same_log_probs_whatever_it_picks(
+    model_dir, tmp_path: Path, monkeypatch
+) -> None:
     """The calibration only ever chooses among layouts with the same values to float rounding."""
+    from cosyserve.engine import lm_layout
     from cosyserve.model.speech_lm import SpeechLM
 
+    monkeypatch.setattr(lm_layout, "MIN_LM_BYTES", 0)  # measure the tiny LM as if it were large
     plain = SpeechLM.from_checkpoint(model_dir.file("llm.pt"), model_dir.config.llm)
     packed = SpeechLM.from_checkpoint(model_dir.file("llm.pt"), model_dir.config.llm)
     report = pack_speech_lm(packed, "exact", Calibration(tmp_path, **SMALL))
@@ -173,3 +177,15 @@ def test_choices_measured_on_a_busy_machine_are_used_but_not_cached(tmp_path: Pa
     calibration.choose(64, 32, False, "exact", EXACT_KERNELS, "linear")  # a quiet one is written
     saved = json.loads(calibration.path.read_text())["choices"]  # type: ignore[union-attr]
     assert list(saved) == [f"exact:64x32:{','.join(available_kernels(EXACT_KERNELS))}"]
+
+
+def test_an_lm_that_fits_in_caches_is_never_measured(tmp_path: Path) -> None:
+    """The demo model's LM (a few MB) decodes from caches: no measurement, no cache file, at start-up."""
+    from cosyserve.engine.lm_layout import MIN_LM_BYTES, calibrate, decode_weight_bytes
+    from cosyserve.model.sizes import full_size_config, tiny_config
+
+    assert decode_weight_bytes(tiny_config().llm) < MIN_LM_BYTES < decode_weight_bytes(full_size_config().llm)
+    assert decode_weight_bytes(full_size_config().llm) == 4 * (24 * 14_909_440 + 6761 * 896)
+    calibration = Calibration(tmp_path, **SMALL)
+    assert calibrate(tiny_config().llm, "exact", calibration) == 0.0
+    assert not any(tmp_path.iterdir())

@@ -3,6 +3,7 @@ packed LM keeps parity, a copied layout releases its memory-mapped source, and f
 
 from __future__ import annotations
 
+import mmap
 import sys
 from pathlib import Path
 
@@ -206,10 +207,10 @@ def test_a_copied_layout_releases_its_memory_mapped_source(tmp_path: Path) -> No
     state = torch.load(path, mmap=True, weights_only=True)
     mapped = state["w"]
     assert float(mapped.sum()) == pytest.approx(float(weight.sum()), rel=1e-5)  # every page touched
-    before = _resident_bytes(path)
-    assert before >= mapped.nbytes - 8192
+    assert _resident_bytes(path) >= mapped.nbytes // 2  # (the kernel may already reclaim some)
     packed = pack_linear(mapped, None, "transposed")
-    assert _resident_bytes(path) < before - mapped.nbytes // 2
+    # What stays is at most the pages the tensor shares with its neighbours and the file's header.
+    assert _resident_bytes(path) <= 4 * mmap.PAGESIZE
     # The data is intact: the mapping's pages come back from the file when read again.
     torch.testing.assert_close(mapped, weight, atol=0, rtol=0)
     torch.testing.assert_close(state["neighbour"], torch.arange(10.0))

@@ -11,9 +11,9 @@ then `llm_decoder`: one-row products whose speed is the speed their weights stre
   drive sampling (never int8).
 
 A copied layout replaces its source (the pages of a memory-mapped checkpoint are released), so the
-weights stay resident once. Matrices too small to measure (`calibration.MIN_CALIBRATED_BYTES`: the test
-and demo models) keep their modules in the exact preset; the fast preset gives them int8 products and
-a float32 output layer, as before calibration existed.
+weights stay resident once. An LM too small to measure (`MIN_LM_BYTES`: the test and demo models)
+keeps its modules in the exact preset; the fast preset gives it int8 products and a float32 output
+layer, as before calibration existed.
 """
 
 from __future__ import annotations
@@ -35,6 +35,9 @@ from cosyserve.model.qwen2 import Attention, FeedForward
 from cosyserve.model.speech_lm import SpeechLM
 
 PRODUCTS = ("qkv", "o", "gate_up", "down", "llm_decoder")
+# An LM whose decoding reads less than this runs from the CPU's caches, where every layout is about as
+# fast (the demo and test models): its products keep the defaults and nothing is measured.
+MIN_LM_BYTES = 64 << 20
 # Forces one kernel for every product of the exact preset ("auto": measured), e.g. to compare layouts.
 KERNEL_ENV = "COSYSERVE_LM_KERNEL"
 _CANDIDATES = {
@@ -152,12 +155,27 @@ def _choose(
             forced.get(product, _DEFAULTS[preset][product]),
         )
     measured = [name for name in PRODUCTS if name not in forced]
-    choices = dict(zip(measured, calibration.choose_all([requests[n] for n in measured]), strict=True))
+    if decode_weight_bytes(config) < MIN_LM_BYTES:  # decoding runs from caches: nothing to choose
+        choices = {n: _default_choice(requests[n]) for n in measured}
+    else:
+        choices = dict(zip(measured, calibration.choose_all([requests[n] for n in measured]), strict=True))
     for name, kernel in forced.items():
         request = requests[name]
         shape = shape_key(request.out_features, request.in_features, request.bias)
         choices[name] = Choice(shape, preset, kernel, "forced")
     return {name: choices[name] for name in PRODUCTS}
+
+
+def decode_weight_bytes(config: LLMConfig) -> int:
+    """float32 bytes of every product one decode step reads (all layers and the output layer)."""
+    per_layer = sum(o * i for o, i, _ in (_shape(config, p) for p in PRODUCTS if p != "llm_decoder"))
+    out_features, in_features, _ = _shape(config, "llm_decoder")
+    return 4 * (config.qwen2.num_hidden_layers * per_layer + out_features * in_features)
+
+
+def _default_choice(request: Request) -> Choice:
+    shape = shape_key(request.out_features, request.in_features, request.bias)
+    return Choice(shape, request.preset, request.default, "default")
 
 
 def _shape(llm_config: LLMConfig, product: str) -> tuple[int, int, bool]:
