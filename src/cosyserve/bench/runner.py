@@ -46,7 +46,8 @@ from cosyserve.engine.lm_layout import calibrate, current_kernels, default_calib
 from cosyserve.engine.loading import network_dtypes, place_networks
 from cosyserve.engine.pipeline import EngineOptions, build_runners
 from cosyserve.engine.quantize import PresetResult, apply_preset, check_preset
-from cosyserve.engine.token2wav import DEFAULT_MAX_REUSE_BYTES
+from cosyserve.engine.speech_lm_runner import SpeechLMRunner
+from cosyserve.engine.token2wav import DEFAULT_MAX_REUSE_BYTES, Token2Wav
 from cosyserve.errors import InputError
 from cosyserve.model.config import CosyVoice3Config
 from cosyserve.model.flow import DEFAULT_N_TIMESTEPS, CausalFlow
@@ -122,21 +123,7 @@ def run_bench(options: BenchOptions, progress: Progress | None = None) -> dict[s
         cold.place = load_seconds - cold.load  # the LM's layouts and their calibration
         cold.preset = time.perf_counter() - preset_started
         cold.calibration = calibration.measured_seconds - measured_before
-        engine_options = dataclasses.replace(
-            EngineOptions.for_device(placement.device.type, options.concurrency),
-            flow_steps=options.flow_steps,
-            guidance=not options.no_cfg,
-        )
-        budget = {} if options.max_reuse_mb is None else {"max_reuse_bytes": int(options.max_reuse_mb * 1e6)}
-        runner, token2wav = build_runners(
-            models.llm,
-            models.flow,
-            models.hift,
-            placement,
-            engine_options,
-            models.config.chunk_size,
-            **budget,
-        )
+        engine_options, runner, token2wav = _runners(models, options, placement)
         inputs = make_inputs(
             models.config, options.prompt_seconds, options.audio_seconds, options.seed, placement.device
         )
@@ -169,6 +156,22 @@ def run_bench(options: BenchOptions, progress: Progress | None = None) -> dict[s
         report["efficiency"] = _efficiency(limits, models, inputs, options, report)
         report["machine"] = machine_info(placement.device, load_at_start)
         return report
+
+
+def _runners(
+    models: _Models, options: BenchOptions, placement: Placement
+) -> tuple[EngineOptions, SpeechLMRunner, Token2Wav]:
+    """The engine options for this run and the runners the service would build with them."""
+    engine_options = dataclasses.replace(
+        EngineOptions.for_device(placement.device.type, options.concurrency),
+        flow_steps=options.flow_steps,
+        guidance=not options.no_cfg,
+    )
+    budget = {} if options.max_reuse_mb is None else {"max_reuse_bytes": int(options.max_reuse_mb * 1e6)}
+    runner, token2wav = build_runners(
+        models.llm, models.flow, models.hift, placement, engine_options, models.config.chunk_size, **budget
+    )
+    return engine_options, runner, token2wav
 
 
 def _apply_options(
