@@ -347,3 +347,25 @@ def test_bandwidth_buffer_outgrows_the_largest_cache(tmp_path: Path) -> None:
     (tmp_path / "index2" / "size").write_text("4G\n")
     assert bandwidth_bytes(tmp_path) == 2 << 30  # at most 2 GB
     assert bandwidth_bytes(tmp_path / "missing") == 256 << 20
+
+
+def test_stage_clock_counts_streaming_chunk_passes_as_flow() -> None:
+    """A stream's reusing chunks run `solve_span`, not `inference`: both are flow time (they were
+    counted as vocoder time)."""
+    import time as time_module
+
+    from cosyserve.bench.timing import StageClock
+
+    class Flow:
+        def inference(self) -> None:
+            time_module.sleep(0.01)
+
+        def solve_span(self) -> None:
+            time_module.sleep(0.01)
+
+    flow, clock = Flow(), StageClock(torch.device("cpu"))
+    with clock.timing_flow(flow):  # type: ignore[arg-type]
+        flow.solve_span()
+        flow.inference()
+    assert clock.flow_seconds >= 0.02
+    assert "solve_span" not in vars(flow)  # unwrapped afterwards
