@@ -24,6 +24,7 @@ from cosyserve.bench.machine import cpu_model_and_flags, peak_rss_bytes
 from cosyserve.bench.report import render
 from cosyserve.bench.roofline import decode_bytes_per_token, flow_flops
 from cosyserve.bench.runner import BenchOptions, run_bench
+from cosyserve.engine.int8 import int8_available
 from cosyserve.engine.quantize import PRESETS
 from cosyserve.errors import InputError
 from cosyserve.model.flow import DEFAULT_N_TIMESTEPS, CausalFlow
@@ -42,8 +43,9 @@ REPORT_FIELDS = {
     "peak_rss_over_weights", "quantized_linears", "deviation", "machine",
     "flow_steps", "no_cfg", "flow_label", "flow_deviation",
     "voice_cache_bytes", "stream_prefix_peak_bytes", "max_reuse_bytes", "efficiency",
-    "dtypes", "engine_options", "concurrent",
+    "dtypes", "engine_options", "concurrent", "cold_start_seconds", "lm_kernels",
 }  # fmt: skip
+COLD_START_FIELDS = {"imports", "load", "place", "calibration", "preset", "first_synthesis", "ready"}
 MACHINE_FIELDS = {
     "cpu",
     "cpu_flags",
@@ -138,6 +140,10 @@ def test_bench_reports_every_field() -> None:
     parts = report["llm_seconds"] + report["flow_seconds"] + report["vocoder_seconds"]
     assert parts <= report["total_seconds"] * 1.001 + 1e-3
     assert report["flow_seconds"] > 0 and report["vocoder_seconds"] > 0
+    cold = report["cold_start_seconds"]
+    assert set(cold) == COLD_START_FIELDS and cold["imports"] > 0 and cold["first_synthesis"] > 0
+    assert cold["ready"] == pytest.approx(cold["imports"] + report["load_seconds"])
+    assert report["lm_kernels"] == dict.fromkeys(("qkv", "o", "gate_up", "down", "llm_decoder"), "linear")
     found = report["efficiency"]
     assert found["limits"]["memory_gb_s"] > 0 and found["limits"]["matmul_gflop_s"] > 0
     assert found["decode_gb_s"] > 0 and found["flow_gflop_s"] > 0
@@ -281,6 +287,25 @@ def test_roofline_counts_the_full_size_work() -> None:
     assert flow_flops(flow, frames=800, rows=2, steps=10) == 2 * 2 * 10 * (per_frame * 800 + attention)
 
 
+def test_roofline_counts_each_packed_layout_s_own_bytes() -> None:
+    """Decoding reads what the layout holds: 4 bytes a weight in float32 layouts, 2 in float16, 1 in
+    int8 (a packed int8 product holds an Int8Linear: counted once)."""
+    from cosyserve.engine.lm_layout import PRODUCTS, pack_speech_lm
+
+    config = tiny_config()
+    weights = decode_bytes_per_token(SpeechLM(config.llm)) // 4  # float32: 4 bytes a weight
+    kernels = {"exact": ("transposed", 4), "fast": ("fp16", 2)}
+    if int8_available():
+        kernels["int8"] = ("int8", 1)
+    for preset, (kernel, width) in kernels.items():
+        llm = SpeechLM(config.llm)
+        chosen = dict.fromkeys(PRODUCTS, kernel)
+        chosen["llm_decoder"] = "transposed"
+        pack_speech_lm(llm, "exact" if preset == "exact" else "fast", kernels=chosen)
+        decoder = config.llm.decoder_size * config.llm.llm_output_size
+        assert decode_bytes_per_token(llm) == width * (weights - decoder) + 4 * decoder, preset
+
+
 def test_bench_runs_the_networks_and_paths_the_service_runs(model_dir: ModelDir, monkeypatch) -> None:
     """Issue 21, item 5: the bench placed its own fp16 flow (inv_freq included) and decoded with its own
     loop; it must measure the service's networks (same dtypes for the same placement), its batching
@@ -308,3 +333,39 @@ def test_bench_runs_the_networks_and_paths_the_service_runs(model_dir: ModelDir,
     assert concurrent["decode_batches"] > 0 and concurrent["decode_rows_per_batch"] > 1
     assert concurrent["flow_batches"] >= 1
     assert "3 at once" in render(report)
+
+
+def test_bandwidth_buffer_outgrows_the_largest_cache(tmp_path: Path) -> None:
+    from cosyserve.bench.roofline import bandwidth_bytes
+
+    for index, size in enumerate(("48K", "2048K", "491520K")):
+        (tmp_path / f"index{index}").mkdir()
+        (tmp_path / f"index{index}" / "size").write_text(size + "\n")
+    assert bandwidth_bytes(tmp_path) == 2 * 491520 * 1024
+    (tmp_path / "index2" / "size").write_text("32768K\n")
+    assert bandwidth_bytes(tmp_path) == 256 << 20  # at least 256 MB
+    (tmp_path / "index2" / "size").write_text("4G\n")
+    assert bandwidth_bytes(tmp_path) == 2 << 30  # at most 2 GB
+    assert bandwidth_bytes(tmp_path / "missing") == 256 << 20
+
+
+def test_stage_clock_counts_streaming_chunk_passes_as_flow() -> None:
+    """A stream's reusing chunks run `solve_span`, not `inference`: both are flow time (they were
+    counted as vocoder time)."""
+    import time as time_module
+
+    from cosyserve.bench.timing import StageClock
+
+    class Flow:
+        def inference(self) -> None:
+            time_module.sleep(0.01)
+
+        def solve_span(self) -> None:
+            time_module.sleep(0.01)
+
+    flow, clock = Flow(), StageClock(torch.device("cpu"))
+    with clock.timing_flow(flow):  # type: ignore[arg-type]
+        flow.solve_span()
+        flow.inference()
+    assert clock.flow_seconds >= 0.02
+    assert "solve_span" not in vars(flow)  # unwrapped afterwards

@@ -171,7 +171,7 @@ def test_refuses_to_replace_other_things(tmp_path: Path) -> None:
 
 
 def test_failure_leaves_nothing_behind(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
-    def broken(root: Path, seed: int, progress: object) -> None:
+    def broken(root: Path, seed: int, progress: object, sizes: object) -> None:
         (root / "cosyvoice3.yaml").write_text("partial")
         raise RuntimeError("disk full")
 
@@ -212,3 +212,39 @@ def test_end_to_end_noise(demo_dir: Path, shared_dir: Path) -> None:
     assert np.isfinite(wav).all()
     assert 0.005 < float(np.sqrt(np.mean(wav**2))) < 0.5
     assert bool((f0[0] > 10).any()) and bool((f0[0] <= 10).any())  # voiced and unvoiced paths both run
+
+
+# ---- --size full ---------------------------------------------------------------------------------
+
+
+def test_full_size_files_state_the_real_architecture(tmp_path: Path) -> None:
+    """The YAML and Qwen2 config.json of `--size full` read back as `model.sizes.full_size_config`
+    (the weights themselves, 3.7 GB, are not written here)."""
+    from cosyserve.model.config import read_cosyvoice3_config
+    from cosyserve.model.sizes import full_size_config
+    from cosyserve.modeldir.demo_files import DEMO_SIZES, full_sizes, sizes_named, yaml_text
+    from cosyserve.modeldir.demo_tokenizer import tokenizer_files
+
+    sizes = sizes_named("full")
+    assert sizes == full_sizes() and sizes_named("demo") == DEMO_SIZES
+    (tmp_path / "cosyvoice3.yaml").write_text(yaml_text(sizes), encoding="utf-8")
+    (tmp_path / "config.json").write_text(tokenizer_files(sizes.llm_sizes())["config.json"], encoding="utf-8")
+    config = read_cosyvoice3_config(tmp_path / "cosyvoice3.yaml", tmp_path / "config.json")
+    assert config == full_size_config()
+    with pytest.raises(ValueError, match="unknown demo model size"):
+        sizes_named("huge")
+
+
+def test_unknown_size_is_refused_before_writing(tmp_path: Path) -> None:
+    with pytest.raises(InputError, match="size"):
+        write_demo_model(tmp_path / "model", size="huge")
+    assert not (tmp_path / "model").exists()
+
+
+def test_cli_takes_the_size(monkeypatch, tmp_path: Path) -> None:
+    calls = []
+    monkeypatch.setattr(
+        demo_model, "write_demo_model", lambda *args, **kwargs: calls.append(kwargs) or tmp_path
+    )
+    assert cli_main(["demo-model", str(tmp_path / "m"), "--size", "full"]) == 0
+    assert calls[0]["size"] == "full"

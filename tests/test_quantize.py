@@ -13,6 +13,7 @@ import pytest
 import torch
 from torch import nn
 
+from cosyserve.engine.linear_kernels import PackedLinear
 from cosyserve.engine.loading import load_flow, load_speech_lm
 from cosyserve.engine.quantize import (
     Int8Linear,
@@ -133,11 +134,25 @@ def test_fast_preset_converts_the_llm_and_dit_and_reports_deviation(models: _Mod
     result = apply_preset(models, "fast")
     # 2 Qwen2 layers x 7 linears; 2 DiT blocks x 7 (modulation, q, k, v, out, 2 feed-forward).
     assert result.quantized_linears == {"llm": 14, "flow": 14}
-    assert isinstance(models.llm.qwen2.layers[0].mlp.gate_proj, Int8Linear)
+    # Matrices this small are not calibrated: int8 layers (q/k/v and gate/up fused), as before.
+    assert result.lm_kernels == {
+        "qkv": "int8",
+        "o": "int8",
+        "gate_up": "int8",
+        "down": "int8",
+        "llm_decoder": "linear",
+    }
+    mlp = models.llm.qwen2.layers[0].mlp
+    assert isinstance(mlp.gate_up_proj, PackedLinear) and mlp.gate_up_proj.kernel == "int8"
+    assert any(isinstance(m, Int8Linear) for m in mlp.modules())
     assert isinstance(models.flow.decoder.estimator.transformer_blocks[1].attn.to_q, Int8Linear)
     # float32 stays where precision matters: embeddings, the LM output layer, the flow's output.
     assert models.llm.qwen2.embed_tokens.weight is kept["embed"]
-    assert models.llm.llm_decoder.weight is kept["decoder"]
+    decoder = models.llm.llm_decoder
+    assert (
+        isinstance(decoder, PackedLinear)
+        and decoder.dense_weight()[0].data_ptr() == kept["decoder"].data_ptr()
+    )
     assert models.flow.decoder.estimator.proj_out.weight is kept["proj_out"]
     assert "NOT bit-exact" in result.label
     deviation = result.deviation

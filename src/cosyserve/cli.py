@@ -48,6 +48,7 @@ def _cmd_demo_model(args: argparse.Namespace) -> int:
         seed=args.seed,
         overwrite=args.force,
         progress=lambda line: print(line, file=sys.stderr),
+        size=args.size,
     )
     print(f"wrote demo model (random weights: its audio is noise) to {path}")
     return 0
@@ -87,6 +88,13 @@ def build_parser() -> argparse.ArgumentParser:
     demo.add_argument("dir", help="directory to write")
     demo.add_argument("--seed", type=int, default=0)
     demo.add_argument("--force", action="store_true", help="overwrite an existing directory")
+    demo.add_argument(
+        "--size",
+        choices=("demo", "full"),
+        default="demo",
+        help="demo: small networks, ~50 MB (default); full: the real architecture's sizes with random "
+        "weights, 3.7 GB, for timing start-up and memory without a download",
+    )
     demo.set_defaults(func=_cmd_demo_model)
 
     from cosyserve.commands import synthesize

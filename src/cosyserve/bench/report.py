@@ -64,6 +64,8 @@ def render(report: dict[str, Any]) -> str:
         f"float32 weights ({report['weights_bytes'] / GB:.2f} GB)"
         + (f"; peak GPU {report['peak_gpu_bytes'] / GB:.2f} GB" if "peak_gpu_bytes" in report else ""),
         *_stream_memory(report),
+        *_lm_kernels(report),
+        *_cold_start(report),
         *_concurrent(report),
         *_efficiency(report),
         f"machine: {machine['cpu']}; {', '.join(machine['cpu_flags']) or 'no reported flags'}; "
@@ -157,4 +159,24 @@ def _stream_memory(report: dict[str, Any]) -> list[str]:
         f"flow keys/values kept for reuse: saved voice {report['voice_cache_bytes'] / GB:.2f} GB, the stream "
         f"at most {report['stream_prefix_peak_bytes'] / GB:.2f} GB with it"
         + ("" if budget is None else f" (budget {budget / GB:.2f} GB)")
+    ]
+
+
+def _lm_kernels(report: dict[str, Any]) -> list[str]:
+    kernels = report.get("lm_kernels")
+    if not kernels:
+        return []
+    return ["LM products: " + ", ".join(f"{name} {kernel}" for name, kernel in kernels.items())]
+
+
+def _cold_start(report: dict[str, Any]) -> list[str]:
+    cold = report.get("cold_start_seconds")
+    if not cold:
+        return []
+    first = cold["first_synthesis"]
+    return [
+        f"cold start: imports {cold['imports']:.2f} s, load {cold['load']:.2f} s, "
+        f"place {cold['place']:.2f} s (kernel calibration {cold['calibration']:.2f} s), "
+        f"preset {cold['preset']:.2f} s -> ready after {cold['ready']:.2f} s; first synthesis (warm-up) "
+        + ("not run" if first is None else f"{first:.2f} s")
     ]

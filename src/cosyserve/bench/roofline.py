@@ -14,6 +14,7 @@ from __future__ import annotations
 import time
 from collections.abc import Callable
 from dataclasses import asdict, dataclass
+from pathlib import Path
 from typing import Any
 
 import torch
@@ -22,14 +23,15 @@ from torch import nn
 from cosyserve.model.flow import CausalFlow
 from cosyserve.model.speech_lm import SpeechLM
 
-_BANDWIDTH_BYTES = 256 << 20  # far beyond any cache, small enough to allocate anywhere
+_BANDWIDTH_BYTES = 256 << 20  # at least; twice the CPU's last-level cache where larger (`bandwidth_bytes`)
+_MAX_BANDWIDTH_BYTES = 2 << 30
 _MATMUL_SHAPE = (1600, 1024, 1024)  # (M, K, N): one DiT projection over 2 x 800 frames
 _REPEATS = 3
 
 
 @dataclass(frozen=True)
 class MachineLimits:
-    memory_gb_s: float  # read bandwidth: a float32 sum over `_BANDWIDTH_BYTES`, best of `_REPEATS`
+    memory_gb_s: float  # read bandwidth: a float32 sum over `bandwidth_bytes()`, best of `_REPEATS`
     matmul_gflop_s: float  # (M, K) @ (K, N) at `_MATMUL_SHAPE` in `matmul_dtype`, best of `_REPEATS`
     matmul_dtype: str = "float32"
 
@@ -39,14 +41,31 @@ class MachineLimits:
 
 def measure_limits(device: torch.device, dtype: torch.dtype = torch.float32) -> MachineLimits:
     """Time this machine's memory bandwidth and matrix throughput in `dtype` on `device`."""
+    size = bandwidth_bytes() if device.type == "cpu" else _BANDWIDTH_BYTES
     with torch.inference_mode():
-        read = _best_seconds(torch.ones(_BANDWIDTH_BYTES // 4, device=device).sum, device)
+        read = _best_seconds(torch.ones(size // 4, device=device).sum, device)
         m, k, n = _MATMUL_SHAPE
         a = torch.randn(m, k, device=device, dtype=dtype)
         b = torch.randn(k, n, device=device, dtype=dtype)
         product = _best_seconds(lambda: a @ b, device)
     name = str(dtype).removeprefix("torch.")
-    return MachineLimits(_BANDWIDTH_BYTES / read / 1e9, 2 * m * k * n / product / 1e9, name)
+    return MachineLimits(size / read / 1e9, 2 * m * k * n / product / 1e9, name)
+
+
+def bandwidth_bytes(cache_dir: Path = Path("/sys/devices/system/cpu/cpu0/cache")) -> int:
+    """Bytes to sum for the memory bandwidth: twice the largest CPU cache (some server CPUs report
+    hundreds of MB of L3, and LM decoding streams 1.4 GB from memory, not from a cache), at least
+    256 MB and at most 2 GB."""
+    largest = 0
+    for size_file in cache_dir.glob("index*/size"):
+        text = size_file.read_text(encoding="ascii", errors="replace").strip().upper()
+        units = {"K": 1 << 10, "M": 1 << 20, "G": 1 << 30}
+        try:
+            value = int(text[:-1]) * units[text[-1]] if text[-1:] in units else int(text)
+        except ValueError:
+            continue
+        largest = max(largest, value)
+    return min(max(_BANDWIDTH_BYTES, 2 * largest), _MAX_BANDWIDTH_BYTES)
 
 
 def _best_seconds(run: Callable[[], object], device: torch.device) -> float:
@@ -66,10 +85,10 @@ def _best_seconds(run: Callable[[], object], device: torch.device) -> float:
 def decode_bytes_per_token(llm: SpeechLM) -> int:
     """Weight bytes one decode step reads: the decoder layers' products and the speech output layer.
 
-    Int8 layers count one byte a weight (their packed form is not a tensor attribute). Norms, biases
-    and the one embedding row looked up are negligible and left out.
+    Packed layouts count their own bytes (float16 two a weight, int8 one), int8 layers one byte a
+    weight. Norms, biases and the one embedding row looked up are negligible and left out.
     """
-    layers = [m for m in llm.qwen2.layers.modules() if _is_product(m)]
+    layers = _outermost_products(llm.qwen2.layers)
     return sum(_weight_bytes(m) for m in layers) + _weight_bytes(llm.llm_decoder)
 
 
@@ -114,11 +133,21 @@ def efficiency(
     return report
 
 
+def _outermost_products(module: nn.Module) -> list[nn.Module]:
+    """Product modules under `module`, not descending into one (a packed int8 layer holds another)."""
+    if _is_product(module):
+        return [module]
+    return [found for child in module.children() for found in _outermost_products(child)]
+
+
 def _is_product(module: nn.Module) -> bool:
     return hasattr(module, "in_features") and hasattr(module, "out_features")
 
 
 def _weight_bytes(module: nn.Module) -> int:
+    packed = getattr(module, "weight_nbytes", None)  # `linear_kernels.PackedLinear`: its layout's bytes
+    if isinstance(packed, int):
+        return packed
     weight = getattr(module, "weight", None)
     if isinstance(weight, torch.Tensor):
         return weight.numel() * weight.element_size()

@@ -21,7 +21,8 @@ from typing import Any
 
 import torch
 
-from cosyserve.bench.full_random import SCALES, build_random_models, module_bytes
+from cosyserve.bench.cold_start import ColdStart, seconds_since_process_start
+from cosyserve.bench.full_random import SCALES, build_random_models, config_for_scale, module_bytes
 from cosyserve.bench.machine import load_average, machine_info, peak_rss_bytes
 from cosyserve.bench.roofline import MachineLimits, efficiency, measure_limits
 from cosyserve.bench.timing import StageClock, UtteranceTiming
@@ -41,10 +42,12 @@ from cosyserve.engine.flow_options import (
     measure_flow_options,
     probe_mel,
 )
+from cosyserve.engine.lm_layout import calibrate, current_kernels, default_calibration
 from cosyserve.engine.loading import network_dtypes, place_networks
 from cosyserve.engine.pipeline import EngineOptions, build_runners
 from cosyserve.engine.quantize import PresetResult, apply_preset, check_preset
-from cosyserve.engine.token2wav import DEFAULT_MAX_REUSE_BYTES
+from cosyserve.engine.speech_lm_runner import SpeechLMRunner
+from cosyserve.engine.token2wav import DEFAULT_MAX_REUSE_BYTES, Token2Wav
 from cosyserve.errors import InputError
 from cosyserve.model.config import CosyVoice3Config
 from cosyserve.model.flow import DEFAULT_N_TIMESTEPS, CausalFlow
@@ -98,33 +101,37 @@ def run_bench(options: BenchOptions, progress: Progress | None = None) -> dict[s
         configure_cpu_threads(options.threads)
     torch.manual_seed(options.seed)
 
+    cold = ColdStart(imports=seconds_since_process_start())
+    calibration = default_calibration()
+    measured_before = calibration.measured_seconds
     started = time.perf_counter()
+    if placement.device.type == "cpu" and options.model == "full-random":
+        # Before the weights are built: the measurement's copies never add to the process's peak.
+        progress.stage("choosing the LM's kernels (measured once per machine, then cached)")
+        calibrate(config_for_scale(options.scale).llm, options.preset, calibration)
+    early_calibration = time.perf_counter() - started
     with _loaded_models(options, progress) as models:
+        cold.load = time.perf_counter() - started - early_calibration  # building or mapping the weights
         weights_bytes = sum(module_bytes(m) for m in (models.llm, models.flow, models.hift))
-        models.llm, models.flow, models.hift = place_networks(models.llm, models.flow, models.hift, placement)
+        progress.stage("placing the networks")
+        models.llm, models.flow, models.hift = place_networks(
+            models.llm, models.flow, models.hift, placement, pack_lm=options.preset == "exact"
+        )
         load_seconds = time.perf_counter() - started
+        preset_started = time.perf_counter()
         preset, flow_deviation = _apply_options(models, options, placement, progress)
-        engine_options = dataclasses.replace(
-            EngineOptions.for_device(placement.device.type, options.concurrency),
-            flow_steps=options.flow_steps,
-            guidance=not options.no_cfg,
-        )
-        budget = {} if options.max_reuse_mb is None else {"max_reuse_bytes": int(options.max_reuse_mb * 1e6)}
-        runner, token2wav = build_runners(
-            models.llm,
-            models.flow,
-            models.hift,
-            placement,
-            engine_options,
-            models.config.chunk_size,
-            **budget,
-        )
+        cold.place = load_seconds - cold.load  # the LM's layouts and their calibration
+        cold.preset = time.perf_counter() - preset_started
+        cold.calibration = calibration.measured_seconds - measured_before
+        engine_options, runner, token2wav = _runners(models, options, placement)
         inputs = make_inputs(
             models.config, options.prompt_seconds, options.audio_seconds, options.seed, placement.device
         )
         if options.warmup:
             progress.stage("warm-up")
+            first_started = time.perf_counter()
             warm_up(runner, token2wav, inputs)
+            cold.first_synthesis = time.perf_counter() - first_started
         clock = StageClock(placement.device)
         progress.stage("synthesising" + (" (streaming)" if options.stream else ""))
         with clock.timing_flow(models.flow):
@@ -133,6 +140,8 @@ def run_bench(options: BenchOptions, progress: Progress | None = None) -> dict[s
             options, models, preset, inputs, timing, clock, load_seconds, weights_bytes, placement
         )
         report["flow_deviation"] = None if flow_deviation is None else flow_deviation.to_dict()
+        report["cold_start_seconds"] = cold.to_dict(measured_deviation=options.deviation)
+        report["lm_kernels"] = current_kernels(models.llm)
         report["dtypes"] = network_dtypes(models.llm, models.flow, models.hift, placement)
         report["engine_options"] = dataclasses.asdict(engine_options)
         report["concurrent"] = None
@@ -147,6 +156,22 @@ def run_bench(options: BenchOptions, progress: Progress | None = None) -> dict[s
         report["efficiency"] = _efficiency(limits, models, inputs, options, report)
         report["machine"] = machine_info(placement.device, load_at_start)
         return report
+
+
+def _runners(
+    models: _Models, options: BenchOptions, placement: Placement
+) -> tuple[EngineOptions, SpeechLMRunner, Token2Wav]:
+    """The engine options for this run and the runners the service would build with them."""
+    engine_options = dataclasses.replace(
+        EngineOptions.for_device(placement.device.type, options.concurrency),
+        flow_steps=options.flow_steps,
+        guidance=not options.no_cfg,
+    )
+    budget = {} if options.max_reuse_mb is None else {"max_reuse_bytes": int(options.max_reuse_mb * 1e6)}
+    runner, token2wav = build_runners(
+        models.llm, models.flow, models.hift, placement, engine_options, models.config.chunk_size, **budget
+    )
+    return engine_options, runner, token2wav
 
 
 def _apply_options(

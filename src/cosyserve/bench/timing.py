@@ -16,9 +16,9 @@ from cosyserve.model.flow import CausalFlow
 class StageClock:
     """Wall time of the flow and of all token-to-audio work; the vocoder's share is the difference.
 
-    The flow is timed by wrapping its `inference*` methods on the instance (whatever Token2Wav calls,
-    one-shot or streaming); Token2Wav calls are timed by the runner. CUDA is synchronised so the
-    times are the device's, not the launches'.
+    The flow is timed by wrapping its `inference*` and `solve_span` methods on the instance (whatever
+    Token2Wav calls, one-shot or streaming); Token2Wav calls are timed by the runner. CUDA is
+    synchronised so the times are the device's, not the launches'.
     """
 
     def __init__(self, device: torch.device) -> None:
@@ -34,7 +34,8 @@ class StageClock:
 
     @contextmanager
     def timing_flow(self, flow: CausalFlow) -> Iterator[None]:
-        names = [name for name in dir(type(flow)) if name.startswith("inference")]
+        # One-shot passes go through `inference*`, a stream's reusing chunk passes through `solve_span`.
+        names = [name for name in dir(type(flow)) if name.startswith("inference") or name == "solve_span"]
         for name in names:
             setattr(flow, name, self._timed(getattr(flow, name)))
         try:

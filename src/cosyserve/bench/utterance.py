@@ -6,8 +6,10 @@ tokens and 50 mel frames per second, random values), prompt text and text of one
 tokens: stop ids are masked for the whole length (EOS ignored), so runs on different weights and
 machines do the same work. Decoding goes through `SpeechLMRunner.session` (the CUDA-graph or batching
 path when the engine options turn them on, as the service does), sampling through the request
-sampler, and audio through `Token2Wav` (one-shot or its streaming schedule). Streaming interleaves
-decoding and chunk synthesis in one thread, as a request would.
+sampler, and audio through `Token2Wav` (one-shot or its streaming schedule). Streaming runs as for a
+saved voice: its flow prompt keys/values and its LM prefix `[sos, prompt text]` are prepared first and
+timed apart (`voice_prepare_seconds`); decoding and chunk synthesis interleave in one thread, as a
+request would.
 """
 
 from __future__ import annotations
@@ -110,21 +112,27 @@ def run_utterance(
     total = inputs.speech_tokens
     sampler = SpeechTokenSampler(config.llm.sampling, config.llm.speech_token_size, min_len=total, seed=seed)
     timing = UtteranceTiming()
-    voice_cache = None
+    voice_cache = lm_prefix = None
     if stream:
-        # A saved voice has this per-voice flow work done once, before any request: not in the total.
+        # A saved voice has this per-voice work done once, before any request: not in the total (its
+        # flow prompt keys/values and its LM prefix [sos, prompt text], as the service keeps them).
         prepare_start = clock.now()
         voice_cache = token2wav.prepare_prompt(inputs.prompt)
+        lm_prefix = runner.prepare_prefix(inputs.prompt_text)
         timing.voice_prepare_seconds = clock.now() - prepare_start
         timing.voice_cache_bytes = timing.stream_prefix_peak_bytes = voice_cache.nbytes
         clock.flow_seconds = 0.0
     start = clock.now()
     cpu_start = time.process_time()
-    embeds = runner.model.embed_prefix(inputs.prompt_text, inputs.text, inputs.prompt.speech_token[0])
-    timing.prefix_positions = embeds.shape[1]
+    if lm_prefix is None:
+        embeds = runner.model.embed_prefix(inputs.prompt_text, inputs.text, inputs.prompt.speech_token[0])
+        timing.prefix_positions = embeds.shape[1]
+    else:
+        embeds = runner.model.embed_request_suffix(inputs.text, inputs.prompt.speech_token[0])
+        timing.prefix_positions = lm_prefix.cache.length + embeds.shape[1]
     state = token2wav.start_stream(inputs.prompt, voice_cache) if stream else None
     tokens: list[int] = []
-    with runner.session(embeds.shape[1] + total) as session:
+    with runner.session(timing.prefix_positions + total, lm_prefix) as session:
         logp = session.prefill(embeds)
         timing.prefill_seconds = clock.now() - start
         for step in range(total):

@@ -13,18 +13,21 @@ Precisions with a reduced-precision placement (float16 / bfloat16 on a GPU):
 
 from __future__ import annotations
 
+import logging
 from collections.abc import Callable
 
 import torch
 from torch import nn
 
 from cosyserve.engine.device import Placement
+from cosyserve.engine.lm_layout import pack_speech_lm
 from cosyserve.model.checkpoint import load_into, read_state_dict
 from cosyserve.model.flow import CausalFlow
 from cosyserve.model.hift import HiFTVocoder
 from cosyserve.model.speech_lm import SpeechLM
 from cosyserve.modeldir.model_dir import ModelDir
 
+log = logging.getLogger(__name__)
 CPU = torch.device("cpu")
 
 
@@ -67,8 +70,21 @@ def cast_dit_products(flow: CausalFlow, dtype: torch.dtype) -> int:
     return cast
 
 
-def place_speech_lm(model: SpeechLM, placement: Placement) -> SpeechLM:
-    return model.to(device=placement.device, dtype=placement.dtype)
+def place_speech_lm(model: SpeechLM, placement: Placement, *, pack: bool = True) -> SpeechLM:
+    """The LM on the placement's device and dtype. On the CPU in float32 its decoding products are
+    then held in the layouts this machine reads fastest (`lm_layout.pack_speech_lm`, exact: the same
+    log-probs to float rounding); `pack=False` leaves them (e.g. when a fast preset repacks them next)."""
+    model = model.to(device=placement.device, dtype=placement.dtype)
+    if pack and placement.device.type == "cpu" and placement.dtype == torch.float32:
+        report = pack_speech_lm(model, "exact")
+        if report.choices:
+            log.info(
+                "LM products: %s (calibration %.1f s, layouts %.1f s)",
+                report.label(),
+                report.measure_seconds,
+                report.pack_seconds,
+            )
+    return model
 
 
 def place_flow(flow: CausalFlow, placement: Placement) -> CausalFlow:
@@ -85,10 +101,15 @@ def place_hift(hift: HiFTVocoder, placement: Placement) -> HiFTVocoder:
 
 
 def place_networks(
-    llm: SpeechLM, flow: CausalFlow, hift: HiFTVocoder, placement: Placement
+    llm: SpeechLM, flow: CausalFlow, hift: HiFTVocoder, placement: Placement, *, pack_lm: bool = True
 ) -> tuple[SpeechLM, CausalFlow, HiFTVocoder]:
-    """All three networks placed as the engine runs them (see the module docstring)."""
-    return place_speech_lm(llm, placement), place_flow(flow, placement), place_hift(hift, placement)
+    """All three networks placed as the engine runs them (see the module docstring); `pack_lm`: see
+    `place_speech_lm`."""
+    return (
+        place_speech_lm(llm, placement, pack=pack_lm),
+        place_flow(flow, placement),
+        place_hift(hift, placement),
+    )
 
 
 def network_dtypes(

@@ -8,6 +8,8 @@ and the next request runs normally.
 
 from __future__ import annotations
 
+import ctypes
+import ctypes.util
 import logging
 from collections.abc import Iterator
 from contextlib import contextmanager
@@ -19,6 +21,21 @@ from cosyserve.errors import OutOfMemory
 log = logging.getLogger(__name__)
 
 OOM_RETRY_AFTER_S = 5  # long enough for the requests holding memory to finish or stream on
+
+
+def trim_heap() -> bool:
+    """Hand the C heap's free memory back to the system (glibc's `malloc_trim(0)`); False where there
+    is no such call. Freed tensors below glibc's mmap threshold stay in the heap otherwise, and count in
+    the process's resident memory until something reuses them."""
+    name = ctypes.util.find_library("c")
+    try:
+        trim = getattr(ctypes.CDLL(name), "malloc_trim", None) if name else None
+    except OSError:
+        return False
+    if trim is None:
+        return False
+    trim(0)
+    return True
 
 
 def is_out_of_memory(exc: BaseException) -> bool:

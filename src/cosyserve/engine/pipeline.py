@@ -136,7 +136,11 @@ class SpeechEngine:
     ) -> SpeechEngine:
         options = options or EngineOptions()
         model, flow, hift = place_networks(
-            load_speech_lm(model_dir), load_flow(model_dir), load_hift(model_dir), placement
+            load_speech_lm(model_dir),
+            load_flow(model_dir),
+            load_hift(model_dir),
+            placement,
+            pack_lm=options.preset == "exact",  # a preset packs the LM's products itself
         )
         if options.preset != "exact":  # converts the networks in place, before the runners wrap them
             result = apply_preset(_Networks(model, flow), options.preset, measure=False)

@@ -120,7 +120,14 @@ class Attention(nn.Module):
         with torch.no_grad():
             fused.weight.copy_(torch.cat([p.weight for p in parts]))
             fused.bias.copy_(torch.cat([p.bias for p in parts]))
-        self.qkv_proj = make(fused.requires_grad_(False))
+        self.set_fused_qkv(make(fused.requires_grad_(False)))
+
+    def set_fused_qkv(self, fused: nn.Module) -> None:
+        """Replace q_proj, k_proj and v_proj with `fused`, which computes all three side by side:
+        `(..., hidden)` → `(..., q + k + v)` (build it from their weights and biases first)."""
+        if self.qkv_proj is not None:
+            raise ValueError("q, k and v are already fused in this layer")
+        self.qkv_proj = fused
         del self.q_proj, self.k_proj, self.v_proj
 
     def _project(self, x: Tensor) -> tuple[Tensor, Tensor, Tensor]:
@@ -212,10 +219,25 @@ class FeedForward(nn.Module):
         self.gate_proj = nn.Linear(hidden, inner, bias=False)
         self.up_proj = nn.Linear(hidden, inner, bias=False)
         self.down_proj = nn.Linear(inner, hidden, bias=False)
+        # Optionally one module computing gate and up together, `(..., hidden)` -> `(..., 2 * inner)`
+        # (see `fuse_gate_up`); then the two projections above are gone.
+        self.gate_up_proj: nn.Module | None = None
+
+    def fuse_gate_up(self, fused: nn.Module) -> None:
+        """Replace gate_proj and up_proj with `fused`, which computes both: `(..., hidden)` →
+        `(..., 2 * inner)`, gate then up (build it from their weights first). One product per step
+        instead of two, with the same values: each output is the same dot product."""
+        if self.gate_up_proj is not None:
+            raise ValueError("gate and up are already fused in this layer")
+        self.gate_up_proj = fused
+        del self.gate_proj, self.up_proj
 
     def forward(self, x: Tensor) -> Tensor:
         """`(B, T, hidden)` → `(B, T, hidden)`."""
-        return self.down_proj(F.silu(self.gate_proj(x)) * self.up_proj(x))
+        if self.gate_up_proj is None:
+            return self.down_proj(F.silu(self.gate_proj(x)) * self.up_proj(x))
+        gate, up = self.gate_up_proj(x).chunk(2, dim=-1)
+        return self.down_proj(F.silu(gate) * up)
 
 
 class DecoderLayer(nn.Module):

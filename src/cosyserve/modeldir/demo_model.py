@@ -1,7 +1,8 @@
-"""`cosyserve demo-model DIR`: a small random-weight model directory in the official layout.
+"""`cosyserve demo-model DIR [--size full]`: a random-weight model directory in the official layout.
 
 Everything that needs a model (synthesis, the REST API, the web UI, tests) can run offline on it. The
-files are the official ones with small sizes: `cosyvoice3.yaml`, `llm.pt`, `flow.pt`, `hift.pt` (weight
+files are the official ones with small sizes (`--size full`: the real architecture's sizes, 3.7 GB, to
+time loading and memory without a download): `cosyvoice3.yaml`, `llm.pt`, `flow.pt`, `hift.pt` (weight
 norm stored as g/v pairs), stand-in `campplus.onnx` and `speech_tokenizer_v3.onnx`, and a byte-level BPE
 tokenizer in `CosyVoice-BlankEN/` whose special ids match Qwen2's. The same seed writes byte-identical
 files. Its audio is noise; `cosyserve_demo.json` marks the directory so the service can say so.
@@ -28,8 +29,10 @@ from cosyserve.frontend.standin_onnx import write_campplus_standin, write_speech
 from cosyserve.model.config import CosyVoice3Config, read_cosyvoice3_config
 from cosyserve.model.flow import CausalFlow
 from cosyserve.model.hift import HiFTVocoder
+from cosyserve.model.no_init import NoRandomInit
 from cosyserve.model.speech_lm import SpeechLM
-from cosyserve.modeldir.demo_tokenizer import FIRST_SPECIAL_ID, LLM_SIZES, tokenizer_files
+from cosyserve.modeldir.demo_files import SIZE_NAMES, DemoSizes, readme_text, sizes_named, yaml_text
+from cosyserve.modeldir.demo_tokenizer import FIRST_SPECIAL_ID, tokenizer_files
 from cosyserve.modeldir.model_dir import TOKENIZER_DIR
 
 logger = logging.getLogger(__name__)
@@ -48,114 +51,6 @@ MEDIAN_F0_HZ = 120.0
 # Waveform RMS of the demo's noise (about -26 dBFS): audible, far from clipping.
 TARGET_RMS = 0.05
 
-_YAML_TEMPLATE = """\
-# cosyserve demo model: random weights, its audio is noise. Same layout and keys as the official
-# cosyvoice3.yaml, with small sizes.
-sample_rate: 24000
-llm_input_size: {hidden}
-llm_output_size: {hidden}
-spk_embed_dim: 192
-qwen_pretrain_path: ''
-token_frame_rate: 25
-token_mel_ratio: 2
-
-# streaming: chunk size in tokens; < 0 left chunks means attend to all previous chunks
-chunk_size: 25
-num_decoding_left_chunks: -1
-
-llm: !new:cosyvoice.llm.llm.CosyVoice3LM
-    llm_input_size: !ref <llm_input_size>
-    llm_output_size: !ref <llm_output_size>
-    speech_token_size: 6561
-    length_normalized_loss: True
-    lsm_weight: 0
-    mix_ratio: [5, 15]
-    llm: !new:cosyvoice.llm.llm.Qwen2Encoder
-        pretrain_path: !ref <qwen_pretrain_path>
-    sampling: !name:cosyvoice.utils.common.ras_sampling
-        top_p: 0.8
-        top_k: 25
-        win_size: 10
-        tau_r: 0.1
-
-flow: !new:cosyvoice.flow.flow.CausalMaskedDiffWithDiT
-    input_size: 80
-    output_size: 80
-    spk_embed_dim: !ref <spk_embed_dim>
-    output_type: 'mel'
-    vocab_size: 6561
-    input_frame_rate: !ref <token_frame_rate>
-    only_mask_loss: True
-    token_mel_ratio: !ref <token_mel_ratio>
-    pre_lookahead_len: 3
-    pre_lookahead_layer: !new:cosyvoice.transformer.upsample_encoder.PreLookaheadLayer
-        in_channels: 80
-        channels: 64
-        pre_lookahead_len: 3
-    decoder: !new:cosyvoice.flow.flow_matching.CausalConditionalCFM
-        in_channels: 240
-        n_spks: 1
-        spk_emb_dim: 80
-        cfm_params: !new:omegaconf.DictConfig
-            content:
-                sigma_min: 1e-06
-                solver: 'euler'
-                t_scheduler: 'cosine'
-                training_cfg_rate: 0.2
-                inference_cfg_rate: 0.7
-                reg_loss_type: 'l1'
-        estimator: !new:cosyvoice.flow.DiT.dit.DiT
-            dim: 64
-            depth: 2
-            heads: 4
-            dim_head: 16
-            ff_mult: 2
-            mel_dim: 80
-            mu_dim: 80
-            spk_dim: 80
-            out_channels: 80
-            static_chunk_size: !ref <chunk_size> * <token_mel_ratio>
-            num_decoding_left_chunks: !ref <num_decoding_left_chunks>
-
-hift: !new:cosyvoice.hifigan.generator.CausalHiFTGenerator
-    in_channels: 80
-    base_channels: 32
-    nb_harmonics: 8
-    sampling_rate: !ref <sample_rate>
-    nsf_alpha: 0.1
-    nsf_sigma: 0.003
-    nsf_voiced_threshold: 10
-    upsample_rates: [8, 5, 3]
-    upsample_kernel_sizes: [16, 11, 7]
-    istft_params:
-        n_fft: 16
-        hop_len: 4
-    resblock_kernel_sizes: [3, 7, 11]
-    resblock_dilation_sizes: [[1, 3, 5], [1, 3, 5], [1, 3, 5]]
-    source_resblock_kernel_sizes: [7, 7, 11]
-    source_resblock_dilation_sizes: [[1, 3, 5], [1, 3, 5], [1, 3, 5]]
-    lrelu_slope: 0.1
-    audio_limit: 0.99
-    conv_pre_look_right: 4
-    f0_predictor: !new:cosyvoice.hifigan.f0_predictor.CausalConvRNNF0Predictor
-        num_class: 1
-        in_channels: 80
-        cond_channels: 32
-
-"""
-
-_README = """\
-# cosyserve demo model (random weights)
-
-This directory was written by `cosyserve demo-model` (seed {seed}). It has the layout of the official
-`Fun-CosyVoice3-0.5B-2512` model directory, with small networks whose weights are **random**: every
-code path of cosyserve runs on it, offline, but **its audio is noise**, not speech. `campplus.onnx` and
-`speech_tokenizer_v3.onnx` are small stand-ins with the official input and output names.
-
-Use it to try the CLI, the REST API and the web UI without downloading the real model. For speech,
-run `cosyserve download` and point cosyserve at the real model directory.
-"""
-
 
 def is_demo_model(path: str | Path) -> bool:
     """Whether `path` is a model directory written by `write_demo_model` (random weights, noise audio)."""
@@ -167,15 +62,22 @@ def is_demo_model(path: str | Path) -> bool:
 
 
 def write_demo_model(
-    path: str | Path, seed: int = 0, overwrite: bool = False, progress: Callable[[str], None] | None = None
+    path: str | Path,
+    seed: int = 0,
+    overwrite: bool = False,
+    progress: Callable[[str], None] | None = None,
+    size: str = "demo",
 ) -> Path:
-    """Write the demo model directory at `path` and return its resolved path (~2 s, ~50 MB).
+    """Write the demo model directory at `path` and return its resolved path (~2 s, ~50 MB; with
+    `size="full"` the real architecture's sizes: ~1 min, 3.7 GB, ~4 GB of memory while writing).
 
     Built in a temporary directory next to `path` and renamed into place at the end, so a failure
     never leaves a half-written model. An existing non-empty directory is refused (InputError) unless
     `overwrite` is set, and even then only an earlier demo model is replaced. `progress` receives one
     line per file written (default: the module logger at INFO level).
     """
+    if size not in SIZE_NAMES:
+        raise InputError(f"unknown demo model size {size!r}: use one of {', '.join(SIZE_NAMES)}")
     target = Path(path).expanduser().absolute()
     _check_target(target, overwrite)
     target.parent.mkdir(parents=True, exist_ok=True)
@@ -184,7 +86,7 @@ def write_demo_model(
     staging = target.with_name(f".{target.name}.{secrets.token_hex(4)}.partial")
     staging.mkdir()
     try:
-        _write_all(staging, seed, progress or logger.info)
+        _write_all(staging, seed, progress or logger.info, sizes_named(size))
         _move_into_place(staging, target, overwrite)
     except BaseException:
         shutil.rmtree(staging, ignore_errors=True)
@@ -228,26 +130,26 @@ def _move_into_place(staging: Path, target: Path, overwrite: bool) -> None:
         shutil.rmtree(old, ignore_errors=True)
 
 
-def _write_all(root: Path, seed: int, progress: Callable[[str], None]) -> None:
+def _write_all(root: Path, seed: int, progress: Callable[[str], None], sizes: DemoSizes) -> None:
     def done(name: str) -> None:
         progress(f"wrote {name} ({(root / name).stat().st_size / 1e6:.1f} MB)")
 
-    (root / "cosyvoice3.yaml").write_text(_YAML_TEMPLATE.format(hidden=LLM_SIZES["hidden"]), encoding="utf-8")
+    (root / "cosyvoice3.yaml").write_text(yaml_text(sizes), encoding="utf-8")
     done("cosyvoice3.yaml")
-    for name, text in tokenizer_files().items():
+    for name, text in tokenizer_files(sizes.llm_sizes()).items():
         (root / TOKENIZER_DIR).mkdir(exist_ok=True)
         (root / TOKENIZER_DIR / name).write_text(text, encoding="utf-8")
         done(f"{TOKENIZER_DIR}/{name}")
     config = read_cosyvoice3_config(root / "cosyvoice3.yaml", root / TOKENIZER_DIR / "config.json")
-    for name, state in _random_state_dicts(config, seed).items():
-        torch.save(state, root / name)
-        done(name)
+    _write_weights(root, config, seed, done)
     write_campplus_standin(root / "campplus.onnx", seed=_sub_seed(seed, "campplus"))
     done("campplus.onnx")
     write_speech_tokenizer_standin(root / "speech_tokenizer_v3.onnx", seed=_sub_seed(seed, "tokenizer"))
     done("speech_tokenizer_v3.onnx")
-    (root / "README.md").write_text(_README.format(seed=seed), encoding="utf-8")
+    (root / "README.md").write_text(readme_text(seed, sizes), encoding="utf-8")
     marker = {"demo": True, "seed": seed, "cosyserve_version": __version__}
+    if sizes.name != "demo":
+        marker["size"] = sizes.name
     (root / MARKER_FILE).write_text(json.dumps(marker, indent=2) + "\n", encoding="utf-8")
 
 
@@ -259,16 +161,30 @@ def _sub_seed(seed: int, part: str) -> int:
 # ---- weights -------------------------------------------------------------------------------------
 
 
-def _random_state_dicts(config: CosyVoice3Config, seed: int) -> dict[str, dict[str, Tensor]]:
-    """llm.pt, flow.pt and hift.pt state dicts under the official key names."""
-    # Default initialisation would draw from the global RNG: fork it, so callers' draws are unaffected.
+def _write_weights(root: Path, config: CosyVoice3Config, seed: int, done: Callable[[str], None]) -> None:
+    """llm.pt, then flow.pt and hift.pt, under the official key names; one network's weights in memory
+    at a time beside its state dict (the full size would otherwise hold ~7 GB)."""
+    # Default initialisation would draw from the global RNG and is overwritten anyway: skipped, and the
+    # global RNG forked, so callers' draws are unaffected.
     with torch.random.fork_rng(devices=[]), torch.no_grad():
-        llm, flow, hift = SpeechLM(config.llm), CausalFlow(config.flow), HiFTVocoder(config.hift)
-        for module, part in ((llm, "llm"), (flow, "flow"), (hift, "hift")):
-            _redraw(module, torch.Generator().manual_seed(_sub_seed(seed, part)))
+        with NoRandomInit():
+            llm = SpeechLM(config.llm)
+        _redraw(llm, torch.Generator().manual_seed(_sub_seed(seed, "llm")))
         _calibrate_stop(llm)
+        _save(_llm_state(llm), root, "llm.pt", done)
+        del llm
+        with NoRandomInit():
+            flow, hift = CausalFlow(config.flow), HiFTVocoder(config.hift)
+        for module, part in ((flow, "flow"), (hift, "hift")):
+            _redraw(module, torch.Generator().manual_seed(_sub_seed(seed, part)))
         _calibrate_vocoder(flow, hift)
-    return {"llm.pt": _llm_state(llm), "flow.pt": _plain_state(flow), "hift.pt": _hift_state(hift)}
+        _save(_plain_state(flow), root, "flow.pt", done)
+        _save(_hift_state(hift), root, "hift.pt", done)
+
+
+def _save(state: dict[str, Tensor], root: Path, name: str, done: Callable[[str], None]) -> None:
+    torch.save(state, root / name)
+    done(name)
 
 
 def _noise(shape: tuple[int, ...] | torch.Size, generator: torch.Generator) -> Tensor:

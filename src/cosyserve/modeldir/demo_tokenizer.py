@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import itertools
 import json
+from collections.abc import Mapping
 
 from cosyserve.frontend.tokenizer import ENDOFTEXT, QWEN2_SPLIT_PATTERN
 
@@ -39,7 +40,7 @@ def _byte_alphabet() -> list[str]:
     return [chr(b) if b in printable else chr(next(shifted)) for b in range(256)]
 
 
-def tokenizer_files() -> dict[str, str]:
+def tokenizer_files(sizes: Mapping[str, int] = LLM_SIZES) -> dict[str, str]:
     alphabet = _byte_alphabet()
     printable_first = sorted(range(256), key=lambda b: (ord(alphabet[b]) >= 0x100, b))
     vocab = {alphabet[b]: i for i, b in enumerate(printable_first)}
@@ -74,7 +75,7 @@ def tokenizer_files() -> dict[str, str]:
         "tokenizer_class": "Qwen2Tokenizer",
     }
     return {
-        "config.json": _dump(_qwen2_config()),
+        "config.json": _dump(_qwen2_config(sizes)),
         "vocab.json": json.dumps(vocab, ensure_ascii=False),
         "merges.txt": "#version: 0.2\n" + "".join(f"{a} {b}\n" for a, b in merges),
         "tokenizer_config.json": _dump(tokenizer_config),
@@ -123,8 +124,7 @@ def _merge_word(word: tuple[str, ...], pair: tuple[str, str]) -> tuple[str, ...]
     return tuple(merged)
 
 
-def _qwen2_config() -> dict[str, object]:
-    sizes = LLM_SIZES
+def _qwen2_config(sizes: Mapping[str, int]) -> dict[str, object]:
     return {
         "architectures": ["Qwen2ForCausalLM"],
         "attention_dropout": 0.0,
