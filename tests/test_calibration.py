@@ -4,6 +4,7 @@ and invalidated. Speeds are never asserted (benchmarks do that), only behaviour 
 from __future__ import annotations
 
 import json
+import os
 from pathlib import Path
 
 import pytest
@@ -29,7 +30,7 @@ SMALL = {"rounds": 1, "working_set": 1 << 16}  # a quick measurement: behaviour 
 def _measure_small_matrices(monkeypatch):
     """The test shapes are tiny: let the calibration measure them anyway."""
     monkeypatch.setattr(calibration_module, "MIN_CALIBRATED_BYTES", 0)
-    monkeypatch.setattr(calibration_module, "MIN_CPU_SHARE", 0.0)  # a busy test machine: see below
+    monkeypatch.setattr(calibration_module, "MAX_OTHER_CPU_SHARE", 1.0)  # a busy test machine: see below
     threads = torch.get_num_threads()
     torch.set_num_threads(1)
     yield
@@ -168,12 +169,12 @@ def test_calibrated_lm_gives_the_same_log_probs_whatever_it_picks(
 
 
 def test_choices_measured_on_a_busy_machine_are_used_but_not_cached(tmp_path: Path, monkeypatch) -> None:
-    monkeypatch.setattr(calibration_module, "MIN_CPU_SHARE", 2.0)  # never reached: always "busy"
+    monkeypatch.setattr(calibration_module, "MAX_OTHER_CPU_SHARE", -1.0)  # always "busy"
     calibration = Calibration(tmp_path, **SMALL)
     busy = calibration.choose(48, 32, False, "exact", EXACT_KERNELS, "linear")
     assert busy.source == "measured" and calibration.unsaved
     assert calibration.choose(48, 32, False, "exact", EXACT_KERNELS, "linear").kernel == busy.kernel
-    monkeypatch.setattr(calibration_module, "MIN_CPU_SHARE", 0.0)
+    monkeypatch.setattr(calibration_module, "MAX_OTHER_CPU_SHARE", 1.0)
     calibration.choose(64, 32, False, "exact", EXACT_KERNELS, "linear")  # a quiet one is written
     saved = json.loads(calibration.path.read_text())["choices"]  # type: ignore[union-attr]
     assert list(saved) == [f"exact:64x32:{','.join(available_kernels(EXACT_KERNELS))}"]
@@ -189,3 +190,27 @@ def test_an_lm_that_fits_in_caches_is_never_measured(tmp_path: Path) -> None:
     calibration = Calibration(tmp_path, **SMALL)
     assert calibrate(tiny_config().llm, "exact", calibration) == 0.0
     assert not any(tmp_path.iterdir())
+
+
+def test_other_work_is_told_from_this_process_own_time(tmp_path: Path) -> None:
+    """The busy test reads the machine's busy time minus this process's: a kernel that leaves a thread
+    idle (fbgemm's one-row products) is not "other work", another process spinning is."""
+    stat = tmp_path / "stat"
+    tick = os.sysconf("SC_CLK_TCK")
+
+    def reading(busy_s: float) -> tuple[float, float]:
+        stat.write_text(f"cpu  {int(busy_s * tick)} 0 0 1000 0 0 0 0 0 0\ncpu0 0 0 0 0\n", encoding="ascii")
+        counters = calibration_module.cpu_counters(stat)
+        assert counters is not None
+        return counters
+
+    cores = os.cpu_count() or 1
+    start = reading(100.0)
+    own = start[1]
+    # 2 s of wall time; the machine was busy exactly as long as this process ran, then one core more
+    alone = (start[0] + 1.0, own + 1.0)
+    assert calibration_module.other_cpu_share(start, alone, 2.0) == 0.0
+    spinning = (start[0] + 1.0 + 2.0, own + 1.0)
+    assert calibration_module.other_cpu_share(start, spinning, 2.0) == pytest.approx(1 / cores)
+    assert calibration_module.cpu_counters(tmp_path / "missing") is None
+    assert calibration_module.other_cpu_share(None, alone, 2.0) is None
