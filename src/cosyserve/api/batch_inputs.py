@@ -22,6 +22,7 @@ from cosyserve.api.inputs import (
     media_type,
     parse_json,
     read_upload,
+    split_form,
 )
 from cosyserve.api.inputs import validate as validate_model
 from cosyserve.errors import InputError
@@ -78,18 +79,7 @@ async def read_submission(request: Request, model: type[Params], max_bytes: int)
 async def _form(request: Request, model: type[Params], max_bytes: int) -> Submission:
     form = await request.form(max_files=2, max_fields=MAX_FORM_FIELDS)
     try:
-        fields: dict[str, Any] = {}
-        files: dict[str, UploadFile] = {}
-        for name, value in form.multi_items():
-            if isinstance(value, str):
-                if name in fields:
-                    raise InputError(f"form field {name!r} was given more than once")
-                if value != "":
-                    fields[name] = value
-            elif name in ("file", "prompt_wav") and name not in files:
-                files[name] = value
-            else:
-                raise InputError(f"unexpected file in form field {name!r}: send the file as `file`")
+        fields, files = split_form(form, ("file", "prompt_wav"), "send the file as `file`")
         if "file" in files and ("items" in fields or "subtitles" in fields):
             raise InputError("give the items once: as the uploaded `file` or in the form, not both")
         if "items" in fields:

@@ -11,6 +11,7 @@ import base64
 import binascii
 import dataclasses
 import json
+from collections.abc import Collection
 from pathlib import PurePath
 from typing import Any, TypeVar
 
@@ -18,7 +19,7 @@ from fastapi import Request
 from fastapi.exceptions import RequestValidationError
 from pydantic import AliasChoices, BaseModel, ValidationError
 from starlette.concurrency import run_in_threadpool
-from starlette.datastructures import UploadFile
+from starlette.datastructures import FormData, UploadFile
 
 from cosyserve.api.errors import PayloadTooLarge, UnsupportedMediaType
 from cosyserve.errors import InputError
@@ -70,20 +71,7 @@ async def read_params(
     if kind in ("multipart/form-data", "application/x-www-form-urlencoded"):
         form = await request.form(max_files=2, max_fields=MAX_FORM_FIELDS)
         try:
-            fields: dict[str, Any] = {}
-            uploads: dict[str, UploadFile] = {}
-            for name, value in form.multi_items():
-                if isinstance(value, str):
-                    if name in fields:
-                        raise InputError(f"form field {name!r} was given more than once")
-                    if value != "":
-                        fields[name] = value
-                elif name in upload_names and name not in uploads:
-                    uploads[name] = value
-                else:
-                    raise InputError(
-                        f"unexpected file in form field {name!r}: upload the recording as {upload_field!r}"
-                    )
+            fields, uploads = split_form(form, upload_names, f"upload the recording as {upload_field!r}")
             _at_most_one(upload_names, [name for name in upload_names if name in fields or name in uploads])
             params = validate(model, fields)
             if uploads:
@@ -97,6 +85,26 @@ async def read_params(
         f"content type {kind or '(none)'!r} is not accepted here: "
         "send application/json or multipart/form-data"
     )
+
+
+def split_form(
+    form: FormData, file_fields: Collection[str], file_hint: str
+) -> tuple[dict[str, Any], dict[str, UploadFile]]:
+    """A form's text fields (each at most once; empty ones left out) and its files (each at most once,
+    only under `file_fields`); InputError otherwise, ending in `file_hint` for a file elsewhere."""
+    fields: dict[str, Any] = {}
+    files: dict[str, UploadFile] = {}
+    for name, value in form.multi_items():
+        if isinstance(value, str):
+            if name in fields:
+                raise InputError(f"form field {name!r} was given more than once")
+            if value != "":
+                fields[name] = value
+        elif name in file_fields and name not in files:
+            files[name] = value
+        else:
+            raise InputError(f"unexpected file in form field {name!r}: {file_hint}")
+    return fields, files
 
 
 def field_names(model: type[BaseModel], field: str) -> tuple[str, ...]:
