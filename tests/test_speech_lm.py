@@ -14,7 +14,8 @@ from cosyserve.engine.sampling import SpeechTokenSampler, repetition_aware_sampl
 from cosyserve.engine.speech_lm_runner import SpeechLMRunner, length_limits, prefill
 from cosyserve.errors import CheckpointError, InputError
 from cosyserve.model.checkpoint import load_into, read_state_dict
-from cosyserve.model.config import LLMConfig, Qwen2Config, SamplingConfig
+from cosyserve.model.config import Qwen2Config, SamplingConfig
+from cosyserve.model.sizes import full_size_config
 from cosyserve.model.speech_lm import SpeechLM, checkpoint_to_module_names
 from cosyserve.modeldir.model_dir import ModelDir
 from cosyserve.parity import llm as llm_parity
@@ -254,18 +255,7 @@ def test_lm_head_is_dropped_and_strictness_kept(model: SpeechLM, model_dir: Mode
 
 
 def test_full_size_architecture_on_meta() -> None:
-    qwen2 = Qwen2Config(
-        hidden_size=896,
-        intermediate_size=4864,
-        num_hidden_layers=24,
-        num_attention_heads=14,
-        num_key_value_heads=2,
-        vocab_size=151936,
-        rms_norm_eps=1e-6,
-        rope_theta=1e6,
-        max_position_embeddings=32768,
-    )
-    config = LLMConfig(896, 896, SPEECH_TOKEN_SIZE, qwen2, SamplingConfig())
+    config = full_size_config().llm  # the count below is worked out independently of it
     with torch.device("meta"):
         model = SpeechLM(config)
     assert all(p.device.type == "meta" for p in model.parameters())
