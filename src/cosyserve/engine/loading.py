@@ -24,6 +24,7 @@ from cosyserve.engine.lm_layout import pack_speech_lm
 from cosyserve.model.checkpoint import load_into, read_state_dict
 from cosyserve.model.flow import CausalFlow
 from cosyserve.model.hift import HiFTVocoder
+from cosyserve.model.no_init import NoRandomInit
 from cosyserve.model.speech_lm import SpeechLM
 from cosyserve.modeldir.model_dir import ModelDir
 
@@ -44,7 +45,7 @@ def load_flow(
     model_dir: ModelDir, device: torch.device = CPU, dtype: torch.dtype = torch.float32
 ) -> CausalFlow:
     """`flow.pt` → CausalFlow (speech tokens → mel)."""
-    with torch.device("meta"):
+    with torch.device("meta"), NoRandomInit():  # no init runs (see SpeechLM.from_checkpoint)
         flow = CausalFlow(model_dir.config.flow)
     load_into(flow, read_state_dict(model_dir.file("flow.pt")), "flow.pt")
     return flow.to(device=device, dtype=dtype).eval().requires_grad_(False)

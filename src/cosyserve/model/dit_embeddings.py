@@ -106,7 +106,10 @@ class RotaryEmbedding(nn.Module):
 
     def __init__(self, dim_head: int, base: float = 10000.0) -> None:
         super().__init__()
-        inv_freq = 1.0 / (base ** (torch.arange(0, dim_head, 2).float() / dim_head))
+        if torch.empty(0).device.type == "meta":  # the checkpoint fills it; see qwen2.RotaryTable
+            inv_freq = torch.empty((dim_head + 1) // 2)
+        else:
+            inv_freq = 1.0 / (base ** (torch.arange(0, dim_head, 2).float() / dim_head))
         self.register_buffer("inv_freq", inv_freq)
 
     def angles(self, seq_len: int, start: int = 0) -> torch.Tensor:

@@ -51,7 +51,11 @@ class RotaryTable(nn.Module):
     def __init__(self, head_dim: int, theta: float, max_positions: int) -> None:
         super().__init__()
         self.head_dim, self.theta, self.max_positions = head_dim, theta, max_positions
-        cos, signed_sin = self._compute(None)  # the default device: values on CPU, shapes only under meta
+        if torch.empty(0).device.type == "meta":  # shapes only (`rebuild` computes the values): computing
+            # on meta would import torch._dynamo for its reference kernels, 1.3 s of a cold start
+            cos = signed_sin = torch.empty(max_positions, head_dim)
+        else:
+            cos, signed_sin = self._compute(None)  # the default device
         self.register_buffer("cos", cos, persistent=False)
         self.register_buffer("signed_sin", signed_sin, persistent=False)
 

@@ -22,6 +22,7 @@ from torch import Tensor, nn
 
 from cosyserve.model.checkpoint import load_into, read_state_dict
 from cosyserve.model.config import LLMConfig
+from cosyserve.model.no_init import NoRandomInit
 from cosyserve.model.qwen2 import Qwen2Model
 
 CHECKPOINT_QWEN2_PREFIX = "llm.model.model."
@@ -118,7 +119,7 @@ class SpeechLM(nn.Module):
         random initialisation runs and the unused text LM head is never read from disk.
         """
         state = checkpoint_to_module_names(read_state_dict(path))
-        with torch.device("meta"):
+        with torch.device("meta"), NoRandomInit():  # a meta tensor's init would import torch._dynamo (1.3 s)
             model = cls(config)
         load_into(model, state, path.name)
         model.qwen2.rotary.rebuild(model.speech_embedding.weight.device)
