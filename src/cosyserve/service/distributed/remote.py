@@ -263,10 +263,9 @@ class RemoteBackend:
 
     def cancel_job(self, job_id: str) -> JobRecord:
         """End the record now; the worker running it (if any) sees the cancel and stops."""
-        cancellable_job(self.jobs, job_id)
-        record = self.jobs.finish_cancelled(job_id, "cancelled by the client")
-        if record.kind != "tts":
+        if cancellable_job(self.jobs, job_id).kind != "tts":  # the items first, as LocalBackend does
             self.batches.cancel_rest(job_id, "cancelled", "cancelled by the client")
+        record = self.jobs.finish_cancelled(job_id, "cancelled by the client")
         try:
             self.relay.request_cancel(job_id)
         except Exception as exc:  # the record is cancelled; the worker notices at its next lease renewal

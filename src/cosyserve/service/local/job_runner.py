@@ -153,10 +153,9 @@ class LocalJobs:
         record = cancellable_job(self.jobs, job_id)
         if not self.scheduler.cancel(job_id, "cancelled by the client"):
             # Not on this process's scheduler (waiting to be resubmitted): end the record itself.
-            record = self.jobs.finish_cancelled(job_id, "cancelled by the client")
-            if record.kind != "tts":
+            if record.kind != "tts":  # the items first: whoever sees the batch cancelled sees them ended
                 self.batches.cancel_rest(job_id, "cancelled", "cancelled by the client")
-            return record
+            return self.jobs.finish_cancelled(job_id, "cancelled by the client")
         return self.jobs.get(job_id) or record
 
     # -- the work ---------------------------------------------------------------------------------------

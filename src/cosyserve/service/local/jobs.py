@@ -127,16 +127,23 @@ class JobStateRecorder:
             if self.attempt is not None:
                 self.jobs.release(self.job_id, self.attempt)
             return  # still queued: the next start runs it (again)
+        code = "cancelled" if isinstance(error, Cancelled) else "batch_stopped"
+        message = f"the batch ended before this item ran: {error}"
+        if self.kind != "tts":  # its items end first: a client that sees the batch ended sees them ended
+            self.batches.cancel_rest(self.job_id, code, message, of_attempt=self.attempt)
         try:
             self.jobs.finish_with_exception(self.job_id, error, attempt=self.attempt)
-        finally:  # its items end with it, also when its record was ended elsewhere (a cancel)
+        finally:  # also when its record was ended elsewhere (a cancel) while items were still starting
             record = self.jobs.get(self.job_id)
             if self.kind != "tts" and record is not None and record.is_terminal:
-                code = "cancelled" if isinstance(error, Cancelled) else "batch_stopped"
-                self.batches.cancel_rest(self.job_id, code, f"the batch ended before this item ran: {error}")
+                self.batches.cancel_rest(self.job_id, code, message)
 
     def _done(self, result: JobResult) -> None:
         outcome = result.outcome
+        if result.stopped is not None and self.kind != "tts":  # its items end first, as in `_ended`
+            self.batches.cancel_rest(
+                self.job_id, "quota_exceeded", str(result.stopped), of_attempt=self.attempt
+            )
         try:
             self.jobs.finish_done(
                 self.job_id,
@@ -152,8 +159,6 @@ class JobStateRecorder:
             if outcome is not None:
                 self._discard_output(outcome.output_id)  # another attempt owns the job's result
             raise
-        if result.stopped is not None and self.kind != "tts":
-            self.batches.cancel_rest(self.job_id, "quota_exceeded", str(result.stopped))
 
     def _discard_output(self, output_id: str | None) -> None:
         if output_id is None:

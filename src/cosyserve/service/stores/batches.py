@@ -215,13 +215,23 @@ class BatchStore:
             values["state"] = "done"
         return self._move(batch_id, position, attempt, ("running",), finished_at=utc_now(), **values)
 
-    def cancel_rest(self, batch_id: str, code: str, message: str) -> int:
+    def cancel_rest(self, batch_id: str, code: str, message: str, *, of_attempt: int | None = None) -> int:
         """Every item not yet finished ends cancelled with this reason (the batch was cancelled or
-        stopped); returns how many."""
+        stopped); returns how many. of_attempt: only while that attempt still holds the batch (not
+        after another worker took it over)."""
+        owner = (
+            []
+            if of_attempt is None
+            else [exists().where(jobs_table.c.id == batch_id, jobs_table.c.attempt == of_attempt)]
+        )
         with self.engine.begin() as conn:
             result = conn.execute(
                 update(batch_items_table)
-                .where(batch_items_table.c.batch_id == batch_id, batch_items_table.c.state.in_(UNFINISHED))
+                .where(
+                    batch_items_table.c.batch_id == batch_id,
+                    batch_items_table.c.state.in_(UNFINISHED),
+                    *owner,
+                )
                 .values(
                     state="cancelled",
                     error_code=fit_to_column(code, batch_items_table.c.error_code),
