@@ -12,15 +12,14 @@ from typing import Any, TypeVar
 
 from fastapi import Request
 from pydantic import BaseModel
-from starlette.datastructures import UploadFile
 
 from cosyserve.api.errors import PayloadTooLarge, UnsupportedMediaType
 from cosyserve.api.inputs import (
     MAX_FORM_FIELDS,
-    READ_PIECE,
     decode_base64,
     media_type,
     parse_json,
+    read_limited,
     read_upload,
     split_form,
 )
@@ -94,23 +93,14 @@ async def _form(request: Request, model: type[Params], max_bytes: int) -> Submis
         if upload is None:
             return Submission(params, prompt_wav=prompt)
         return Submission(
-            params, await _read_file(upload, max_bytes), upload.filename, upload.content_type, prompt
+            params,
+            await read_limited(upload, max_bytes, "the file"),
+            upload.filename,
+            upload.content_type,
+            prompt,
         )
     finally:
         await form.close()
-
-
-async def _read_file(upload: UploadFile, max_bytes: int) -> bytes:
-    pieces: list[bytes] = []
-    size = 0
-    while piece := await upload.read(READ_PIECE):
-        size += len(piece)
-        if size > max_bytes:
-            raise PayloadTooLarge(f"the file is larger than the limit of {max_bytes / 1e6:.1f} MB")
-        pieces.append(piece)
-    if not size:
-        raise InputError("the uploaded file is empty")
-    return b"".join(pieces)
 
 
 def _json_field(value: str) -> Any:

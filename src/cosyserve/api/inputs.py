@@ -191,16 +191,22 @@ async def read_upload(upload: UploadFile, max_bytes: int) -> tuple[bytes, str]:
     content_type = (upload.content_type or "").split(";")[0].strip().lower()
     if content_type and not content_type.startswith(AUDIO_TYPES):
         raise UnsupportedMediaType(f"the upload's content type {content_type!r} is not audio")
+    return await read_limited(upload, max_bytes, "the upload"), suffix or ".wav"
+
+
+async def read_limited(upload: UploadFile, max_bytes: int, what: str) -> bytes:
+    """An uploaded file's bytes, read in pieces and refused (413) as soon as they pass `max_bytes`, or
+    (400) when there are none; `what` names it in the message ("the upload", "the file")."""
     pieces: list[bytes] = []
     size = 0
     while piece := await upload.read(READ_PIECE):
         size += len(piece)
         if size > max_bytes:
-            raise PayloadTooLarge(f"the upload is larger than the limit of {max_bytes / 1e6:.1f} MB")
+            raise PayloadTooLarge(f"{what} is larger than the limit of {max_bytes / 1e6:.1f} MB")
         pieces.append(piece)
     if not size:
         raise InputError("the uploaded file is empty")
-    return b"".join(pieces), suffix or ".wav"
+    return b"".join(pieces)
 
 
 def parse_lexicon(value: Any) -> dict[str, str] | None:
