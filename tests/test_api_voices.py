@@ -50,7 +50,7 @@ def test_enrol_json_base64_and_duplicate_name(client, prompt_wav_bytes) -> None:
     body = {"name": "carol", "audio": base64.b64encode(prompt_wav_bytes).decode()}
     assert client.post("/v1/voices", json=body).status_code == 201
     again = client.post("/v1/voices", json=body)
-    assert again.status_code == 400 and "already exists" in again.json()["error"]["message"]
+    assert again.status_code == 400 and "already have a voice named" in again.json()["error"]["message"]
 
 
 def test_enrol_accepts_the_tts_field_names(client, prompt_wav_bytes) -> None:

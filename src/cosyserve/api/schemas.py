@@ -132,6 +132,9 @@ class VoiceCreateParams(_Strict):
     lexicon: dict[str, str] | str | None = Field(
         None, description='word → pronunciation, e.g. {"重庆": "[chóng qìng]"} (multipart: JSON text)'
     )
+    shared: bool | None = Field(
+        None, description="every caller may use it (admins only; an admin's voices are shared by default)"
+    )
 
 
 class VoiceUpdate(_Strict):
@@ -139,17 +142,19 @@ class VoiceUpdate(_Strict):
     transcript: str | None = Field(None, max_length=500)
     defaults: VoiceDefaultsBody | None = None
     lexicon: dict[str, str] | None = None
+    shared: bool | None = Field(None, description="share it with every caller, or stop (admins only)")
 
 
 class VoiceView(BaseModel):
     id: str
     name: str
-    transcript: str | None
+    transcript: str | None  # None for a voice that is not the caller's (unless the caller is an admin)
     created_at: float
     defaults: dict[str, Any]
     lexicon: dict[str, str]
     report: dict[str, Any]
-    shared: bool = True  # False: it belongs to the API key that enrolled it
+    shared: bool = True  # every caller may use it; False: only its owner and admins
+    own: bool = False  # the caller enrolled it
     preview_url: str
 
 

@@ -1,9 +1,8 @@
 """Saved voices: list, enrol (JSON or multipart), read, update, delete, preview.
 
-A voice is someone's biometric data, so voices have owners when auth is on: a voice enrolled with a
-user key belongs to that key; admins' voices (and those from before owners) are shared. A user key sees
-and uses its own and the shared voices (any other answers 404, like a missing one), changes only its
-own, and only owners and admins download the original recording. Admins see and change everything.
+Who may do what is `service.access.voice_rules` (the same rule the web UI applies): a user key sees and
+uses its own and the shared voices (any other answers 404, like a missing one), changes only its own, and
+only owners and admins get the original recording or its transcript. Admins see, change and share all.
 """
 
 from __future__ import annotations
@@ -28,7 +27,8 @@ from cosyserve.api.schemas import (
 from cosyserve.api.streaming import audio_response, await_ticket
 from cosyserve.api.tts import upload_limit
 from cosyserve.errors import InputError
-from cosyserve.service.access.principals import Forbidden, Principal
+from cosyserve.service.access import voice_rules
+from cosyserve.service.access.principals import Principal
 from cosyserve.service.requests import EnrolmentRequest, SynthesisRequest, VoiceDefaults
 from cosyserve.service.stores.voices import Voice
 
@@ -36,14 +36,14 @@ router = APIRouter(prefix="/v1/voices", tags=["voices"])
 PREVIEW_MAX_CHARS = 100
 
 
-def view(voice: Voice) -> VoiceView:
-    return VoiceView(**voice.public(), preview_url=f"/v1/voices/{voice.id}/preview")
+def view(principal: Principal, voice: Voice) -> VoiceView:
+    return VoiceView(**voice_rules.view(principal, voice), preview_url=f"/v1/voices/{voice.id}/preview")
 
 
 @router.get("", response_model=VoiceList, responses=ERRORS, summary="List saved voices (yours and shared)")
 def list_voices(request: Request, principal: CurrentPrincipal) -> VoiceList:
-    scope = principal.voices
-    return VoiceList(data=[view(v) for v in get_service(request).voices.list() if scope.includes(v.owner)])
+    voices = get_service(request).voices.list(principal.voices)
+    return VoiceList(data=[view(principal, v) for v in voices])
 
 
 @router.post(
@@ -65,24 +65,24 @@ async def create_voice(request: Request, principal: CurrentPrincipal) -> VoiceVi
         instruct=params.instruct or None, speed=params.speed, seed=params.seed, denoise=params.denoise or None
     )
     lexicon = parse_lexicon(params.lexicon)
+    owner, shared = voice_rules.enrolment(principal, params.shared)
     enrolment = EnrolmentRequest(
-        params.name, audio, params.transcript, suffix, defaults, lexicon, owner=principal.voice_owner
+        params.name, audio, params.transcript, suffix, defaults, lexicon, owner=owner, shared=shared
     )
     ticket = service.backend.submit_enrolment(enrolment, request_id=request_id(request))
     voice: Voice = await await_ticket(request, ticket)
-    return view(voice)
+    return view(principal, voice)
 
 
 @router.get("/{voice_id}", response_model=VoiceView, responses=ERRORS, summary="One voice")
 def get_voice(voice_id: str, request: Request, principal: CurrentPrincipal) -> VoiceView:
-    return view(usable_voice(request, principal, voice_id))
+    return view(principal, usable_voice(request, principal, voice_id))
 
 
 def _changeable(request: Request, principal: Principal, voice_id: str) -> Voice:
     """The voice, if `principal` may change it: admins any, others their own (shared ones: 403)."""
     voice = usable_voice(request, principal, voice_id)
-    if not principal.is_admin and voice.owner is None:
-        raise Forbidden(f"voice {voice.name!r} is shared: only an admin key can change or delete it")
+    voice_rules.check_changeable(principal, voice)
     return voice
 
 
@@ -91,11 +91,17 @@ def update_voice(
     voice_id: str, body: VoiceUpdate, request: Request, principal: CurrentPrincipal
 ) -> VoiceView:
     voice = _changeable(request, principal, voice_id)
+    voice_rules.check_sharing(principal, body.shared)
     defaults = VoiceDefaults(**body.defaults.model_dump()) if body.defaults is not None else None
     updated = get_service(request).voices.update(
-        voice.id, name=body.name, transcript=body.transcript, defaults=defaults, lexicon=body.lexicon
+        voice.id,
+        name=body.name,
+        transcript=body.transcript,
+        defaults=defaults,
+        lexicon=body.lexicon,
+        shared=body.shared,
     )
-    return view(updated)
+    return view(principal, updated)
 
 
 @router.delete("/{voice_id}", status_code=204, responses=ERRORS, summary="Delete a voice")
@@ -119,11 +125,7 @@ async def preview_voice(
     service = get_service(request)
     voice = await run_in_threadpool(usable_voice, request, principal, voice_id)
     if text is None:  # the recording itself (fetched from the shared database if not on this node yet)
-        if not principal.is_admin and voice.owner != principal.owner:
-            raise Forbidden(
-                f"the recording of voice {voice.name!r} is for its owner and admins only: "
-                "hear the voice with ?text=… instead"
-            )
+        voice_rules.check_recording(principal, voice)
         path = await run_in_threadpool(service.voices.audio_file, voice)
         media_type = mimetypes.guess_type(path.name)[0] or "application/octet-stream"
         return FileResponse(path, media_type=media_type)

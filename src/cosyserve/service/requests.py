@@ -108,19 +108,20 @@ class EnrolmentRequest:
     suffix: str = ".wav"  # the uploaded file's suffix: a hint for decoding
     defaults: VoiceDefaults | None = None  # instruct, speed and seed used when a request gives none
     lexicon: dict[str, str] | None = None  # word -> pronunciation for this voice
-    owner: str | None = None  # the enrolling key's owner string; None: a shared voice (admins, auth off)
+    owner: str | None = None  # who enrols it (a principal's owner string); None: nobody (auth off)
+    shared: bool | None = None  # every caller may use it (default: only if it has no owner)
 
 
 @dataclass(frozen=True)
 class VoiceScope:
     """The voices a caller may use: all of them (admins, and everyone when auth is off), or the shared
-    ones (owner None: enrolled by an admin, or before voices had owners) and the caller's own."""
+    ones and the caller's own. `owner` also says whose voice wins when several have the name asked for."""
 
     owner: str | None = None
     everything: bool = True
 
-    def includes(self, voice_owner: str | None) -> bool:
-        return self.everything or voice_owner is None or voice_owner == self.owner
+    def includes(self, voice_owner: str | None, shared: bool) -> bool:
+        return self.everything or shared or (voice_owner is not None and voice_owner == self.owner)
 
 
 EVERY_VOICE = VoiceScope()
@@ -144,7 +145,7 @@ class OutputSpec:
         admin keys, UI sessions and callers without keys (auth off). Checked where the voice is used."""
         if self.key is not None and self.key.role != "admin":
             return VoiceScope(owner=self.owner, everything=False)
-        return EVERY_VOICE
+        return VoiceScope(owner=self.owner, everything=True)
 
     def checked(self, source_rate: int | None = None) -> OutputSpec:
         fmt = check_format(self.format)

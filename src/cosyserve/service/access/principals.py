@@ -5,7 +5,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from cosyserve.errors import CosyServeError
-from cosyserve.service.requests import EVERY_VOICE, VoiceScope
+from cosyserve.service.requests import VoiceScope
 from cosyserve.service.stores.keys import ApiKey
 
 
@@ -57,10 +57,6 @@ class Principal:
 
     @property
     def voices(self) -> VoiceScope:
-        """The voices this caller may use: admins all of them, others the shared ones and their own."""
-        return EVERY_VOICE if self.is_admin else VoiceScope(owner=self.owner, everything=False)
-
-    @property
-    def voice_owner(self) -> str | None:
-        """The owner a voice this caller enrols gets: None (shared) for admins, else the caller."""
-        return None if self.is_admin else self.owner
+        """The voices this caller may use: admins all of them, others the shared ones and their own (a
+        name several voices share means the caller's own first: see `VoiceLibrary.get`)."""
+        return VoiceScope(owner=self.owner, everything=self.is_admin)

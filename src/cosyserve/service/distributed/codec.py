@@ -147,7 +147,8 @@ def decode_outcome(data: dict[str, Any]) -> TtsOutcome:
 def encode_enrolment(enrolment: EnrolmentRequest) -> list[Any]:
     """The enrolment task's arguments: name, base64 audio, transcript, suffix, defaults, lexicon."""
     e = enrolment
-    return [e.name, b64(e.audio), e.transcript, e.suffix, encode_defaults(e.defaults), e.lexicon, e.owner]
+    defaults = encode_defaults(e.defaults)
+    return [e.name, b64(e.audio), e.transcript, e.suffix, defaults, e.lexicon, e.owner, e.shared]
 
 
 def decode_enrolment(
@@ -158,9 +159,11 @@ def decode_enrolment(
     defaults: dict[str, Any] | None,
     lexicon: dict[str, str] | None,
     owner: str | None = None,  # absent in tasks sent by API nodes from before voices had owners
+    shared: bool | None = None,  # absent before voices had a shared flag: then no owner meant shared
 ) -> EnrolmentRequest:
+    shared = owner is None if shared is None else bool(shared)
     return EnrolmentRequest(
-        name, unb64(audio_b64) or b"", transcript, suffix, decode_defaults(defaults), lexicon, owner
+        name, unb64(audio_b64) or b"", transcript, suffix, decode_defaults(defaults), lexicon, owner, shared
     )
 
 

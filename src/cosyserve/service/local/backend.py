@@ -301,6 +301,7 @@ class LocalBackend:
                     defaults=e.defaults,
                     lexicon=e.lexicon,
                     owner=e.owner,
+                    shared=e.shared,
                 )
 
         return self.scheduler.submit(

@@ -18,6 +18,8 @@ def check_name(name: str) -> str:
         raise InputError(
             "a voice name must be 1-64 letters, digits, spaces, '-', '_', '.' or Chinese characters"
         )
+    if not name.strip(". "):  # ".", "..": path-like names a file browser or a URL would misread
+        raise InputError(f"a voice name must have a letter, digit or character besides dots: {name!r}")
     return name
 
 

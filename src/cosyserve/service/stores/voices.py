@@ -44,6 +44,7 @@ from cosyserve.service.stores.voice_files import (
     save_features,  # noqa: F401  (re-exported, as is voice_files_table)
     voice_files_table,
 )
+from cosyserve.service.stores.voice_schema import add_owner_name_index, names_unique_per_owner
 
 VOICE_ID = re.compile(r"[0-9a-f]{32}")
 ORPHAN_GRACE_S = 3600.0  # a local folder without a voice row, younger than this, may be an enrolment
@@ -69,28 +70,30 @@ class Voice:
     defaults: VoiceDefaults = field(default_factory=VoiceDefaults)
     lexicon: dict[str, str] = field(default_factory=dict)
     report: dict[str, Any] = field(default_factory=dict)
-    owner: str | None = None  # who enrolled it (`key:<id>`), None: shared with every caller
+    owner: str | None = None  # who enrolled it (`key:<id>`, `user:<name>`); None: nobody (auth off, or old)
+    shared: bool = True  # every caller may use it; otherwise only its owner and admins
 
-    def public(self) -> dict[str, Any]:
-        """What the API shows (no file paths)."""
+    def public(self, *, private: bool = True) -> dict[str, Any]:
+        """What the API shows (no file paths); without `private`, no transcript (the recording's words are
+        its owner's, like the recording itself)."""
         return {
             "id": self.id,
             "name": self.name,
-            "transcript": self.transcript,
+            "transcript": self.transcript if private else None,
             "created_at": self.created_at,
             "defaults": self.defaults.__dict__,
             "lexicon": self.lexicon,
             "report": self.report,
-            "shared": self.owner is None,
+            "shared": self.shared,
         }
 
 
 def voices_table(metadata: sa.MetaData) -> sa.Table:
-    return table(
+    voices = table(
         metadata,
         "voices",
         sa.Column("id", sa.String(32), primary_key=True),
-        sa.Column("name", sa.String(64), nullable=False, unique=True),
+        sa.Column("name", sa.String(64), nullable=False),  # unique per owner: `voices_owner_name`
         sa.Column("transcript", sa.Text, nullable=True),
         sa.Column("created_at", sa.Float, nullable=False),
         sa.Column("model_checksum", sa.String(64), nullable=False),
@@ -98,8 +101,11 @@ def voices_table(metadata: sa.MetaData) -> sa.Table:
         sa.Column("defaults", sa.Text, nullable=False, default="{}"),
         sa.Column("lexicon", sa.Text, nullable=False, default="{}"),
         sa.Column("report", sa.Text, nullable=False, default="{}"),
-        sa.Column("owner", sa.String(64), nullable=True),  # None: shared (admins' and earlier voices)
+        sa.Column("owner", sa.String(64), nullable=True),
+        sa.Column("shared", sa.Boolean, nullable=True),  # None (rows from before it): shared when no owner
     )
+    add_owner_name_index(voices)
+    return voices
 
 
 Analyser = Callable[[bytes], PromptFeatures]
@@ -116,7 +122,8 @@ class VoiceLibrary:
         self.table = voices_table(metadata)
         self.files = voice_files_table(metadata)  # after `voices`: its foreign key names that table
         create_tables(engine, self.table, self.files)  # databases from before shared files get `files` here
-        add_missing_columns(engine, self.table)  # and those from before owners get `owner` (shared)
+        add_missing_columns(engine, self.table)  # and those from before owners get `owner` and `shared`
+        names_unique_per_owner(engine, self.table)  # and those with globally unique names lose that rule
         self.blobs = VoiceFiles(self.root, engine, self.files)
         self.model_checksum = model_checksum
         self._lock = threading.Lock()
@@ -135,14 +142,16 @@ class VoiceLibrary:
         defaults: VoiceDefaults | None = None,
         lexicon: dict[str, str] | None = None,
         owner: str | None = None,
+        shared: bool | None = None,
     ) -> Voice:
         """Analyse `audio` once and store everything; InputError for a bad name, duplicate or prompt.
-        `owner` (a principal's owner string) keeps the voice to its enroller; None shares it."""
+        `owner`: who enrols it (a principal's owner string); `shared`: every caller may use it (default:
+        only a voice nobody owns, e.g. from the CLI on the server or with auth off)."""
         name = check_name(name)
         transcript = check_transcript(transcript)
         lexicon_text = lexicon_json(lexicon or {})
-        if self._find(name) is not None:
-            raise InputError(f"a voice named {name!r} already exists: pick another name or delete it first")
+        if self._named(name, owner) is not None:
+            raise _name_taken(name)
         features = analyse(audio)  # raises InputError for unusable audio, before anything is written
         voice_id = uuid.uuid4().hex
         folder = self.root / voice_id
@@ -166,12 +175,13 @@ class VoiceLibrary:
                         lexicon=lexicon_text,
                         report=json.dumps(report, ensure_ascii=False),
                         owner=owner,
+                        shared=owner is None if shared is None else bool(shared),
                     )
                 )
                 conn.execute(self.files.insert(), [blob_row(voice_id, n, d) for n, d in blobs.items()])
         except sa.exc.IntegrityError as exc:
             shutil.rmtree(folder, ignore_errors=True)
-            raise InputError(f"a voice named {name!r} already exists: pick another name") from exc
+            raise _name_taken(name) from exc
         except BaseException:
             shutil.rmtree(folder, ignore_errors=True)
             raise
@@ -182,11 +192,13 @@ class VoiceLibrary:
     # ---- lookup ---------------------------------------------------------------------------------
     def get(self, id_or_name: str, scope: VoiceScope = EVERY_VOICE) -> Voice:
         """The voice of that id or name; VoiceNotFound if there is none, or none `scope` may use (the
-        same answer: a caller can't tell another user's voice from a missing one)."""
-        row = self._find(id_or_name)
-        if row is None:
+        same answer: a caller can't tell another user's voice from a missing one). A name several usable
+        voices share means the caller's own, else the one shared voice; AmbiguousVoice otherwise."""
+        rows = self._matching(id_or_name)
+        if not rows:
             self._forget(id_or_name)  # deleted on another node: drop what this node still holds
-        if row is None or not scope.includes(row["owner"]):
+        row = _pick(id_or_name, [r for r in rows if scope.includes(r["owner"], _shared(r))], scope)
+        if row is None:
             raise VoiceNotFound(
                 f"no voice {id_or_name!r}: list voices with GET /v1/voices or `cosyserve voices list`"
             )
@@ -196,7 +208,7 @@ class VoiceLibrary:
         """The voices `scope` may use, oldest first."""
         with self.engine.connect() as conn:
             rows = conn.execute(self.table.select().order_by(self.table.c.created_at)).mappings().all()
-        return [self._to_voice(row) for row in rows if scope.includes(row["owner"])]
+        return [self._to_voice(row) for row in rows if scope.includes(row["owner"], _shared(row))]
 
     def audio_file(self, voice: Voice) -> Path:
         """The voice's original recording on this node's disk (copied from the database when missing or
@@ -240,14 +252,19 @@ class VoiceLibrary:
         transcript: str | None = None,
         defaults: VoiceDefaults | None = None,
         lexicon: dict[str, str] | None = None,
+        shared: bool | None = None,
+        scope: VoiceScope = EVERY_VOICE,
     ) -> Voice:
-        voice = self.get(id_or_name)
+        """Change the fields given (None: keep); the name stays unique among the owner's voices."""
+        voice = self.get(id_or_name, scope)
         values: dict[str, Any] = {}
         if name is not None and name != voice.name:
             name = check_name(name)
-            if self._find(name) is not None:
-                raise InputError(f"a voice named {name!r} already exists: pick another name")
+            if self._named(name, voice.owner) is not None:
+                raise _name_taken(name)
             values["name"] = name
+        if shared is not None:
+            values["shared"] = bool(shared)
         if transcript is not None:
             values["transcript"] = check_transcript(transcript)
         if defaults is not None:
@@ -259,7 +276,7 @@ class VoiceLibrary:
                 with self.engine.begin() as conn:
                     conn.execute(self.table.update().where(self.table.c.id == voice.id).values(**values))
             except sa.exc.IntegrityError as exc:  # the same name taken on another node meanwhile
-                raise InputError(f"a voice named {name!r} already exists: pick another name") from exc
+                raise _name_taken(name or voice.name) from exc
         return self.get(voice.id)
 
     def delete(self, id_or_name: str) -> None:
@@ -305,14 +322,23 @@ class VoiceLibrary:
         return removed
 
     # ---- internals ------------------------------------------------------------------------------
-    def _find(self, id_or_name: str) -> Any:
+    def _matching(self, id_or_name: str) -> list[Any]:
+        """The rows whose id or name is `id_or_name` (several owners may use one name)."""
         if not isinstance(id_or_name, str) or "\x00" in id_or_name:  # PostgreSQL refuses NUL in text
-            return None
+            return []
         with self.engine.connect() as conn:
             query = self.table.select().where(
                 sa.or_(self.table.c.id == id_or_name, self.table.c.name == id_or_name)
             )
-            return conn.execute(query).mappings().first()
+            return list(conn.execute(query).mappings().all())
+
+    def _find(self, voice_id: str) -> Any:
+        """The row of that id, or None."""
+        return next((row for row in self._matching(voice_id) if row["id"] == voice_id), None)
+
+    def _named(self, name: str, owner: str | None) -> Any:
+        """The row of `owner`'s voice called `name`, or None."""
+        return next((r for r in self._matching(name) if r["name"] == name and r["owner"] == owner), None)
 
     def _to_voice(self, row: Any) -> Voice:
         folder = self.root / row["id"]
@@ -328,6 +354,7 @@ class VoiceLibrary:
             lexicon=json.loads(row["lexicon"] or "{}"),
             report=json.loads(row["report"] or "{}"),
             owner=row["owner"],
+            shared=_shared(row),
         )
 
     def _forget(self, voice_id: str) -> None:
@@ -364,3 +391,34 @@ class VoiceLibrary:
                 raise VoiceNotFound(f"voice {voice.name!r} was deleted while it was analysed")
             self.blobs.put_features(conn, voice.id, data, voice.audio_path)
         write_atomic(voice.features_path, data)
+
+
+class AmbiguousVoice(InputError):
+    """Several voices the caller may use have the name asked for, none of them the caller's own."""
+
+
+def _shared(row: Any) -> bool:
+    """Rows from before the shared flag: a voice without an owner was shared."""
+    return bool(row["shared"]) if row["shared"] is not None else row["owner"] is None
+
+
+def _pick(id_or_name: str, rows: list[Any], scope: VoiceScope) -> Any:
+    """The row `id_or_name` means among the usable `rows`: by id, else the caller's own voice of that name,
+    else the one shared voice of that name; None when there is none."""
+    by_id = [row for row in rows if row["id"] == id_or_name]
+    if by_id or len(rows) <= 1:
+        return (by_id or rows or [None])[0]
+    own = [row for row in rows if row["owner"] == scope.owner]
+    if len(own) == 1:
+        return own[0]
+    shared = [row for row in rows if _shared(row)]
+    if not own and len(shared) == 1:
+        return shared[0]
+    raise AmbiguousVoice(
+        f"{len(rows)} voices are named {id_or_name!r}: name the one you mean by its id "
+        "(GET /v1/voices lists ids)"
+    )
+
+
+def _name_taken(name: str) -> InputError:
+    return InputError(f"you already have a voice named {name!r}: pick another name or delete that one first")
