@@ -75,7 +75,7 @@ class FakeBridge:
         self.checked: list[str] = []
         self.voice_transcript = transcript
 
-    def voice(self, id_or_name: str):
+    def voice(self, principal, id_or_name: str):
         return SimpleNamespace(id="v1", name=id_or_name, transcript=self.voice_transcript)
 
     def check_prompt(self, path):
@@ -88,64 +88,75 @@ class FakeBridge:
 def test_build_request_says_what_is_missing():
     bridge = FakeBridge()
     with pytest.raises(UiError) as missing_prompt:
-        build_request(bridge, Form("cross_lingual", text="hi"))
+        build_request(bridge, None, Form("cross_lingual", text="hi"))
     assert missing_prompt.value.key == "err_no_prompt"
     with pytest.raises(UiError) as missing_transcript:
-        build_request(bridge, Form("zero_shot", prompt="/tmp/p.wav", text="hi"))
+        build_request(bridge, None, Form("zero_shot", prompt="/tmp/p.wav", text="hi"))
     assert missing_transcript.value.key == "err_no_transcript"
     with pytest.raises(UiError) as missing_instruction:
-        build_request(bridge, Form("instruct", prompt="/tmp/p.wav", text="hi"))
+        build_request(bridge, None, Form("instruct", prompt="/tmp/p.wav", text="hi"))
     assert missing_instruction.value.key == "err_no_instruct"
     with pytest.raises(UiError) as too_long:
-        build_request(bridge, Form("cross_lingual", prompt="/tmp/p.wav", text="字" * 11))
+        build_request(bridge, None, Form("cross_lingual", prompt="/tmp/p.wav", text="字" * 11))
     assert too_long.value.key == "err_too_long" and too_long.value.values == {"count": 11, "limit": 10}
     assert "11 characters" in error_message(too_long.value, "en")
     for seed in ("-1", "abc", "99999999999"):
         with pytest.raises(UiError) as bad_seed:
-            build_request(bridge, Form("cross_lingual", prompt="/tmp/p.wav", text="hi", seed=seed))
+            build_request(bridge, None, Form("cross_lingual", prompt="/tmp/p.wav", text="hi", seed=seed))
         assert bad_seed.value.key == "err_seed"
     with pytest.raises(UiError):
-        build_request(bridge, Form("cross_lingual", prompt="/tmp/p.wav", text="   "))
+        build_request(bridge, None, Form("cross_lingual", prompt="/tmp/p.wav", text="   "))
 
 
 def test_build_request_per_mode():
     bridge = FakeBridge()
     zero = build_request(
-        bridge, Form("zero_shot", prompt="/tmp/p.wav", transcript=" 你好 ", text="hi", seed="7")
+        bridge, None, Form("zero_shot", prompt="/tmp/p.wav", transcript=" 你好 ", text="hi", seed="7")
     )
     assert zero.prompt_wav and zero.prompt_text == "你好" and zero.instruct is None and zero.seed == 7
     assert bridge.checked == ["/tmp/p.wav"]  # the prompt is checked before anything is queued
-    cross = build_request(bridge, Form("cross_lingual", prompt="/tmp/p.wav", transcript="ignored", text="hi"))
+    cross = build_request(
+        bridge, None, Form("cross_lingual", prompt="/tmp/p.wav", transcript="ignored", text="hi")
+    )
     assert cross.prompt_text is None and cross.instruct is None and cross.seed is None
     preset = build_request(
-        bridge, Form("instruct", prompt="/tmp/p.wav", preset="dialect:sichuanese", text="hi")
+        bridge, None, Form("instruct", prompt="/tmp/p.wav", preset="dialect:sichuanese", text="hi")
     )
     assert preset.instruct == "dialect:sichuanese"
     free = build_request(
         bridge,
+        None,
         Form("instruct", prompt="/tmp/p.wav", preset="dialect:sichuanese", instruct="慢一点", text="hi"),
     )
     assert free.instruct == "慢一点"  # free text wins over the preset
     # A saved voice: cross-lingual must not read its transcript or default instruction.
-    saved = build_request(bridge, Form("cross_lingual", voice="alice", text="hi", speed=1.5, volume=0.5))
+    saved = build_request(
+        bridge, None, Form("cross_lingual", voice="alice", text="hi", speed=1.5, volume=0.5)
+    )
     assert (saved.voice, saved.prompt_text, saved.instruct, saved.prompt_wav) == ("v1", "", "", None)
     assert (saved.speed, saved.volume) == (1.5, 0.5)
-    assert build_request(bridge, Form("zero_shot", voice="alice", text="hi")).prompt_text is None
+    assert build_request(bridge, None, Form("zero_shot", voice="alice", text="hi")).prompt_text is None
     # A saved voice wins over whatever the (disabled) recording and transcript fields still hold.
     locked = build_request(
-        bridge, Form("zero_shot", voice="alice", prompt="/tmp/p.wav", transcript="x", text="hi")
+        bridge, None, Form("zero_shot", voice="alice", prompt="/tmp/p.wav", transcript="x", text="hi")
     )
     assert locked.voice == "v1" and locked.prompt_text is None and locked.prompt_wav is None
     with pytest.raises(UiError):  # zero-shot with a voice that has no transcript
         build_request(
-            FakeBridge(transcript=None), Form("zero_shot", voice="alice", text="hi", transcript="typed")
+            FakeBridge(transcript=None), None, Form("zero_shot", voice="alice", text="hi", transcript="typed")
         )
-    long = build_request(bridge, Form("cross_lingual", prompt="/tmp/p.wav", text="字" * 40), allow_long=True)
+    long = build_request(
+        bridge, None, Form("cross_lingual", prompt="/tmp/p.wav", text="字" * 40), allow_long=True
+    )
     assert len(long.text) == 40  # over the interactive limit: goes to a job
     with pytest.raises(UiError) as too_long_for_a_job:
-        build_request(bridge, Form("cross_lingual", prompt="/tmp/p.wav", text="字" * 501), allow_long=True)
+        build_request(
+            bridge, None, Form("cross_lingual", prompt="/tmp/p.wav", text="字" * 501), allow_long=True
+        )
     assert too_long_for_a_job.value.key == "err_job_too_long"
-    denoised = build_request(bridge, Form("cross_lingual", prompt="/tmp/p.wav", text="hi", denoise=True))
+    denoised = build_request(
+        bridge, None, Form("cross_lingual", prompt="/tmp/p.wav", text="hi", denoise=True)
+    )
     assert denoised.denoise
 
 

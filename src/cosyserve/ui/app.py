@@ -104,6 +104,8 @@ def build_ui(service: Service, bridge: UiBridge | None = None) -> gr.Blocks:
 
         actions = _PageActions(service, bridge, ctx, history)
         demo.load(actions.on_load, [saved_lang], [lang_radio, user, admin.tab, banner, status])
+        # Voices are the caller's: the page's config carries none, each visitor's load fills its own.
+        demo.load(actions.voices, [saved_lang], library.refresh_outputs(panels), api_name="page_voices")
         demo.load(history.refresh, [lang], history.refresh_outputs)
         lang_radio.change(
             actions.switch,
@@ -152,6 +154,11 @@ class _PageActions:
             status_md,
         ]
 
+    def voices(self, saved: str | None, request: gr.Request) -> list[Any]:
+        headers = dict(getattr(request, "headers", None) or {})
+        chosen = pick_lang(saved, headers.get("accept-language"))
+        return refresh_values(self.ctx, chosen, self.principal_or_none(request))
+
     def switch(self, chosen: str, request: gr.Request) -> list[Any]:
         principal = self.principal_or_none(request)
         return [
@@ -160,7 +167,7 @@ class _PageActions:
             user_html(principal, chosen, self.service.access.auth_enabled()),
             *model_status(self.service, chosen)[:2],
             *self.ctx.tr.updates(chosen),
-            *refresh_values(self.ctx, chosen),
+            *refresh_values(self.ctx, chosen, principal),
             *self.history.refresh(chosen, request),
         ]
 

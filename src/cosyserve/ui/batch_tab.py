@@ -132,9 +132,8 @@ def _inputs(ctx: UiContext) -> tuple[Any, ...]:
         ),
         label=_in("file"),
     )
-    choices = [(voice.name, voice.id) for voice in ctx.bridge.voices()]
-    voice = tr.bind(
-        gr.Dropdown(choices=choices, value=None, label=bt("voice", lang), elem_id="batch-voice"),
+    voice = tr.bind(  # its choices are the caller's, set when the tab opens (the page config names none)
+        gr.Dropdown(choices=[], value=None, label=bt("voice", lang), elem_id="batch-voice"),
         label=_in("voice"),
     )
     instruct = tr.bind(
@@ -242,8 +241,12 @@ class _BatchActions:
             raise as_gr_error(exc, lang) from None
         return cache_copy(output.path, self.ctx.cache_dir)
 
-    def voices(self, lang: str, current: str | None) -> Any:
-        choices = [(voice.name, voice.id) for voice in self.ctx.bridge.voices()]
+    def voices(self, lang: str, current: str | None, request: gr.Request) -> Any:
+        try:
+            principal = self._principal(request)
+        except Exception as exc:
+            raise as_gr_error(exc, lang) from None
+        choices = [(voice.name, voice.id) for voice in self.ctx.bridge.voices(principal)]
         ids = {value for _, value in choices}
         return gr.update(choices=choices, value=current if current in ids else None)
 

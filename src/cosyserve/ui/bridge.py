@@ -25,6 +25,7 @@ from cosyserve.frontend.audio import decode_audio
 from cosyserve.frontend.denoise import denoise
 from cosyserve.frontend.prompt_check import PromptReport, load_prompt
 from cosyserve.frontend.text.describe import describe_text
+from cosyserve.service.access import voice_rules
 from cosyserve.service.access.principals import AuthRequired, Forbidden, Principal
 from cosyserve.service.access.sessions import SESSION_COOKIE
 from cosyserve.service.activity import log_activity
@@ -158,9 +159,18 @@ class UiBridge:
     def max_job_chars(self) -> int:
         return self.max_text_chars * JOB_TEXT_FACTOR
 
-    def describe(self, text: str, *, prompt_text: str | None, instruct: str | None, voice: str | None) -> Any:
+    def describe(
+        self,
+        principal: Principal | None,
+        text: str,
+        *,
+        prompt_text: str | None,
+        instruct: str | None,
+        voice: str | None,
+    ) -> Any:
         """How the model will read `text` (`describe_text`) with a saved voice's transcript, instruction and
-        lexicon when one is given; InputError for text the synthesis would refuse too."""
+        lexicon when one is given (a voice `principal` may use; None: no saved voice at all); InputError
+        for text the synthesis would refuse too."""
         synth = self.service.model.loaded if self.service.model is not None else None
         if synth is None:
             raise InputError(
@@ -168,7 +178,9 @@ class UiBridge:
             )
         lexicon = None
         if voice:
-            saved = self.voice(voice)
+            if principal is None:
+                raise AuthRequired("not signed in: log in again")
+            saved = self.voice(principal, voice)
             prompt_text = saved.transcript if prompt_text is None else prompt_text
             instruct = instruct if instruct is not None else saved.defaults.instruct
             lexicon = saved.lexicon or None
@@ -227,11 +239,24 @@ class UiBridge:
 
     # -- voices ------------------------------------------------------------------------------------
 
-    def voices(self) -> list[Voice]:
-        return self.service.voices.list()
+    def voices(self, principal: Principal) -> list[Voice]:
+        """The voices `principal` may use (`voice_rules`): its own and the shared ones; admins all."""
+        return self.service.voices.list(principal.voices)
 
-    def voice(self, id_or_name: str) -> Voice:
-        return self.service.voices.get(id_or_name)
+    def voice(self, principal: Principal, id_or_name: str) -> Voice:
+        """A voice `principal` may use; VoiceNotFound for any other, as for a missing one."""
+        return self.service.voices.get(id_or_name, principal.voices)
+
+    @staticmethod
+    def may_read_private(principal: Principal, voice: Voice) -> bool:
+        """Whether `principal` may hear the voice's recording and read its transcript."""
+        return voice_rules.may_read_private(principal, voice)
+
+    def voice_recording(self, principal: Principal, id_or_name: str) -> Path:
+        """The original recording, for its owner and admins only (Forbidden for anyone else)."""
+        voice = self.voice(principal, id_or_name)
+        voice_rules.check_recording(principal, voice)
+        return self.service.voices.audio_file(voice)
 
     def enrol(
         self,
@@ -242,19 +267,23 @@ class UiBridge:
         request_id: str,
         denoise: bool = False,
     ) -> Ticket:
-        self.require_admin(principal)
+        """Enrol a voice as `principal` (the same rules as POST /v1/voices): it owns the voice."""
         data, suffix = self.read_upload(path)
         defaults = VoiceDefaults(denoise=True) if denoise else None
-        enrolment = EnrolmentRequest(name, data, transcript or None, suffix, defaults)
+        owner, shared = voice_rules.enrolment(principal)
+        enrolment = EnrolmentRequest(
+            name, data, transcript or None, suffix, defaults, owner=owner, shared=shared
+        )
         return self.service.backend.submit_enrolment(enrolment, request_id=request_id)
 
     def rename_voice(self, principal: Principal, voice_id: str, new_name: str) -> Voice:
-        self.require_admin(principal)
-        return self.service.voices.update(voice_id, name=new_name)
+        voice = self.voice(principal, voice_id)
+        voice_rules.check_changeable(principal, voice)
+        return self.service.voices.update(voice.id, name=new_name)
 
     def delete_voice(self, principal: Principal, voice_id: str) -> Voice:
-        self.require_admin(principal)
-        voice = self.service.voices.get(voice_id)
+        voice = self.voice(principal, voice_id)
+        voice_rules.check_changeable(principal, voice)
         self.service.voices.delete(voice.id)
         return voice
 

@@ -21,7 +21,7 @@ from typing import Any
 import gradio as gr
 
 from cosyserve.errors import Cancelled, CosyServeError, JobTimeout, ModelNotReady, QueueFull
-from cosyserve.service.access.principals import AuthRequired, Forbidden, RateLimited
+from cosyserve.service.access.principals import AuthRequired, Forbidden, Principal, RateLimited
 from cosyserve.service.logs import log_failure
 from cosyserve.service.requests import MAX_SEED, SentenceTiming, SynthesisRequest, TtsOutcome
 from cosyserve.service.scheduling.scheduler import Ticket
@@ -101,7 +101,9 @@ class Form:
     extra: dict[str, Any] = field(default_factory=dict)
 
 
-def build_request(bridge: UiBridge, form: Form, *, allow_long: bool = False) -> SynthesisRequest:
+def build_request(
+    bridge: UiBridge, principal: Principal | None, form: Form, *, allow_long: bool = False
+) -> SynthesisRequest:
     """The service request for a form; UiError for what the UI can tell is missing or too long.
 
     A saved voice wins over the recording and the transcript fields, and the page disables those fields
@@ -132,7 +134,7 @@ def build_request(bridge: UiBridge, form: Form, *, allow_long: bool = False) -> 
     if form.mode == "instruct" and instruct is None:
         raise UiError("err_no_instruct")
     if form.voice:
-        voice = bridge.voice(form.voice)
+        voice = bridge.voice(principal, form.voice)
         if form.mode == "zero_shot":
             if not voice.transcript:
                 raise UiError("err_no_transcript")
@@ -271,7 +273,14 @@ KEEP: Update = (gr.update(),) * 6
 
 
 def finished(
-    bridge: UiBridge, form: Form, outcome: TtsOutcome, lang: str, elapsed: float, cache_dir: str, late: bool
+    bridge: UiBridge,
+    principal: Principal,
+    form: Form,
+    outcome: TtsOutcome,
+    lang: str,
+    elapsed: float,
+    cache_dir: str,
+    late: bool,
 ) -> Update:
     """The updates for a stored result: its audio, links (all formats and SRT), info and text preview."""
     info = result_info(outcome, lang, elapsed)
@@ -281,5 +290,5 @@ def finished(
         return None, "", info, gr.update(), "", ""
     output = bridge.service.outputs.get(outcome.output_id)
     audio = cache_copy(output.path, cache_dir)
-    preview = form_preview(bridge, form, lang, output.manifest.get("sentences"))
+    preview = form_preview(bridge, principal, form, lang, output.manifest.get("sentences"))
     return audio, links_html(bridge, output, lang), info, gr.update(), "", preview

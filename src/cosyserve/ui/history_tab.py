@@ -16,6 +16,7 @@ from typing import Any
 import gradio as gr
 
 from cosyserve.frontend.text.presets import INSTRUCT_PRESETS
+from cosyserve.service.access.principals import Principal
 from cosyserve.service.stores.outputs import StoredOutput
 from cosyserve.ui.bridge import DOWNLOAD_FORMATS, MODES
 from cosyserve.ui.generate import as_gr_error, cache_copy, links_html
@@ -41,9 +42,11 @@ def output_mode(manifest: dict[str, Any]) -> str:
     return "cross_lingual"
 
 
-def history_rows(ctx: UiContext, outputs: list[StoredOutput], lang: str) -> dict[str, Any]:
+def history_rows(
+    ctx: UiContext, principal: Principal, outputs: list[StoredOutput], lang: str
+) -> dict[str, Any]:
     headers = text("history_cols", lang).split("|")
-    voices = {voice.id: voice.name for voice in ctx.bridge.voices()}
+    voices = {voice.id: voice.name for voice in ctx.bridge.voices(principal)}
     rows = []
     for output in outputs:
         m = output.manifest
@@ -143,7 +146,7 @@ class _HistoryActions:
             outputs = self.bridge.history(principal, HISTORY_LIMIT)
         except Exception as exc:
             raise as_gr_error(exc, lang) from None
-        rows = history_rows(self.ctx, outputs, lang)
+        rows = history_rows(self.ctx, principal, outputs, lang)
         choices = [(f"{row[0]} · {row[2]}", ID_PREFIX + row[-1]) for row in rows["data"]]
         first = choices[0][1] if choices else None
         return [rows, gr.update(choices=choices, value=first)]

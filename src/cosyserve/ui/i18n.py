@@ -130,6 +130,10 @@ STRINGS: dict[str, tuple[str, str]] = {
         "your own recording.",
     ),
     "no_transcript": ("（无文本）", "(no transcript)"),
+    "transcript_private": (
+        "（共享音色的文本仅其所有者可见）",
+        "(a shared voice's transcript is for its owner only)",
+    ),
     "denoise": ("降噪（RNNoise，默认关闭）", "Noise reduction (RNNoise, off by default)"),
     "denoised_audio": (
         "降噪后（与上方原始录音对比）",
@@ -207,7 +211,11 @@ STRINGS: dict[str, tuple[str, str]] = {
     ),
     # voice library
     "voices_list": ("已保存的音色", "Saved voices"),
-    "voice_cols": ("名称|文本|创建时间|时长（秒）|提示", "Name|Transcript|Created|Seconds|Notes"),
+    "voice_cols": ("名称|文本|归属|创建时间|时长（秒）|提示", "Name|Transcript|Access|Created|Seconds|Notes"),
+    "voice_own": ("我的", "yours"),
+    "voice_own_shared": ("我的 · 已共享", "yours · shared"),
+    "voice_shared": ("共享", "shared"),
+    "voice_private_of": ("私有（{owner}）", "private ({owner})"),
     "enrol_title": ("添加新音色", "Enrol a new voice"),
     "voice_name": ("音色名称", "Voice name"),
     "voice_name_ph": ("例如：小明", "e.g. alice"),

@@ -9,8 +9,10 @@ from typing import Any
 import gradio as gr
 
 from cosyserve.frontend.denoise import denoise_available
+from cosyserve.service.access.principals import Principal
 from cosyserve.service.logs import new_request_id
 from cosyserve.service.requests import SynthesisRequest
+from cosyserve.service.stores.voices import Voice
 from cosyserve.ui.bridge import MODES
 from cosyserve.ui.generate import UiError, as_gr_error, cache_copy
 from cosyserve.ui.i18n import text
@@ -20,17 +22,27 @@ ENROL_TIMEOUT_S = 600.0
 PREVIEW_TIMEOUT_S = 600.0
 
 
-def voice_rows(ctx: UiContext, lang: str) -> dict[str, Any]:
-    """The voices table for `lang` (headers translated)."""
+def voice_rows(ctx: UiContext, lang: str, principal: Principal | None) -> dict[str, Any]:
+    """The voices table for `lang` (headers translated): the voices `principal` may use, transcripts only
+    of those it may read (`voice_rules`); empty before the page knows who is calling."""
     headers = text("voice_cols", lang).split("|")
     rows = []
-    for voice in ctx.bridge.voices():
+    for voice in ctx.bridge.voices(principal) if principal is not None else []:
         report = voice.report or {}
         created = time.strftime("%Y-%m-%d %H:%M", time.localtime(voice.created_at))
         notes = "; ".join(report.get("warnings") or []) or "✓"
-        transcript = voice.transcript or ""
-        rows.append([voice.name, transcript[:60], created, report.get("duration_s", ""), notes])
+        transcript = (voice.transcript or "") if ctx.bridge.may_read_private(principal, voice) else "—"
+        access = _access(principal, voice, lang)
+        rows.append([voice.name, transcript[:60], access, created, report.get("duration_s", ""), notes])
     return gr.update(value={"headers": headers, "data": rows}, headers=headers)
+
+
+def _access(principal: Principal, voice: Voice, lang: str) -> str:
+    if voice.owner is not None and voice.owner == principal.owner:
+        return text("voice_own_shared" if voice.shared else "voice_own", lang)
+    if voice.shared:
+        return text("voice_shared", lang)
+    return text("voice_private_of", lang, owner=voice.owner or "—")  # only admins see others' voices
 
 
 @dataclass
@@ -43,13 +55,16 @@ class LibraryTab:
         return [self.table, self.pick, *(panel.voice for panel in panels)]
 
 
-def refresh_values(ctx: UiContext, lang: str, selected: str | None = None) -> list[Any]:
-    """Updates for `LibraryTab.refresh_outputs`: the table, the picker and each mode's voice list."""
-    choices = voice_choices(ctx.bridge, lang)
+def refresh_values(
+    ctx: UiContext, lang: str, principal: Principal | None, selected: str | None = None
+) -> list[Any]:
+    """Updates for `LibraryTab.refresh_outputs`: the table, the picker and each mode's voice list, as
+    `principal` may see them."""
+    choices = voice_choices(ctx.bridge, lang, principal)
     ids = {value for _, value in choices}
     picked = selected if selected in ids and selected else None
     return [
-        voice_rows(ctx, lang),
+        voice_rows(ctx, lang, principal),
         gr.update(choices=choices[1:], value=picked),
         *(gr.update(choices=choices) for _ in MODES),
     ]
@@ -102,12 +117,12 @@ def _voice_list(ctx: UiContext) -> _VoiceList:
     tr = ctx.tr
     tr.bind(gr.Markdown(f"### {tr('voices_list')}"), value=lambda lang: f"### {text('voices_list', lang)}")
     table = gr.Dataframe(
-        value=voice_rows(ctx, tr.lang)["value"], interactive=False, wrap=True, elem_id="voices-table"
+        value=voice_rows(ctx, tr.lang, None)["value"], interactive=False, wrap=True, elem_id="voices-table"
     )
     refresh = tr.bind(gr.Button(tr("refresh"), size="sm", elem_id="voices-refresh"), value="refresh")
     pick = tr.bind(
         gr.Dropdown(
-            choices=voice_choices(ctx.bridge, tr.lang)[1:],
+            choices=voice_choices(ctx.bridge, tr.lang, None)[1:],  # filled per caller on load
             value=None,
             label=tr("pick_voice"),
             elem_id="voices-pick",
@@ -198,23 +213,30 @@ def _wire(
         [form.feedback],
         show_progress="hidden",
     )
-    v.refresh.click(actions.refresh, [lang, v.pick], outputs)
+    # (named events: scripts and tests call them as a browser would, with the same credentials)
+    v.refresh.click(actions.refresh, [lang, v.pick], outputs, api_name="voices_refresh")
     form.enrol.click(
         actions.enrol,
         [lang, form.name, form.audio, form.transcript, form.denoise],
         [v.status, *outputs],
         concurrency_id="synthesis",
+        api_name="voice_enrol",
     )
     v.preview.click(
         actions.preview,
         [lang, v.pick, v.preview_text],
         [v.preview_audio, v.status],
         concurrency_id="synthesis",
+        api_name="voice_preview",
     )
-    v.rename.click(actions.rename, [lang, v.pick, v.new_name], [v.status, v.new_name, *outputs])
+    v.rename.click(
+        actions.rename, [lang, v.pick, v.new_name], [v.status, v.new_name, *outputs], api_name="voice_rename"
+    )
     v.delete.click(actions.ask_delete, [lang, v.pick], [v.confirm])
-    v.confirm.click(actions.delete, [lang, v.pick], [v.status, v.confirm, *outputs])
-    v.use.click(actions.use, [lang, v.pick], [v.status, tabs, *(panel.voice for panel in panels)])
+    v.confirm.click(actions.delete, [lang, v.pick], [v.status, v.confirm, *outputs], api_name="voice_delete")
+    v.use.click(
+        actions.use, [lang, v.pick], [v.status, tabs, *(p.voice for p in panels)], api_name="voice_use"
+    )
 
 
 class _LibraryActions:
@@ -223,8 +245,12 @@ class _LibraryActions:
     def __init__(self, ctx: UiContext, panels: list[ModePanel]) -> None:
         self.ctx, self.bridge, self.panels = ctx, ctx.bridge, panels
 
-    def refresh(self, lang: str, picked: str | None) -> list[Any]:
-        return refresh_values(self.ctx, lang, picked)
+    def refresh(self, lang: str, picked: str | None, request: gr.Request) -> list[Any]:
+        try:
+            principal = self.bridge.principal_of(request)
+        except Exception as exc:
+            raise as_gr_error(exc, lang) from None
+        return refresh_values(self.ctx, lang, principal, picked)
 
     def enrol(
         self, lang: str, voice_name: str, path: str | None, said: str, denoise: bool, request: gr.Request
@@ -239,7 +265,7 @@ class _LibraryActions:
         except Exception as exc:
             raise as_gr_error(exc, lang, request_id) from None
         message = text("enrolled", lang, name=voice.name)
-        return [message, *refresh_values(self.ctx, lang, voice.id)]
+        return [message, *refresh_values(self.ctx, lang, principal, voice.id)]
 
     def preview(self, lang: str, voice_id: str | None, words: str, request: gr.Request) -> tuple[Any, str]:
         request_id = new_request_id()
@@ -248,9 +274,9 @@ class _LibraryActions:
             principal = bridge.principal_of(request)
             if not voice_id:
                 raise UiError("select_first")
-            voice = bridge.voice(voice_id)
-            if not (words or "").strip():
-                return cache_copy(bridge.service.voices.audio_file(voice), cache_dir), ""
+            voice = bridge.voice(principal, voice_id)
+            if not (words or "").strip():  # the recording itself: its owner's and admins' only
+                return cache_copy(bridge.voice_recording(principal, voice.id), cache_dir), ""
             synthesis = SynthesisRequest(text=words.strip(), voice=voice.id)
             ticket = bridge.submit(principal, synthesis, mode="preview", request_id=request_id)
             outcome = ticket.result(PREVIEW_TIMEOUT_S)
@@ -269,7 +295,8 @@ class _LibraryActions:
             voice = self.bridge.rename_voice(principal, voice_id, wanted)
         except Exception as exc:
             raise as_gr_error(exc, lang) from None
-        return [text("renamed", lang, name=voice.name), "", *refresh_values(self.ctx, lang, voice.id)]
+        updated = refresh_values(self.ctx, lang, principal, voice.id)
+        return [text("renamed", lang, name=voice.name), "", *updated]
 
     def ask_delete(self, lang: str, voice_id: str | None) -> Any:
         if not voice_id:
@@ -287,13 +314,16 @@ class _LibraryActions:
         return [
             text("deleted", lang, name=voice.name),
             gr.update(visible=False),
-            *refresh_values(self.ctx, lang),
+            *refresh_values(self.ctx, lang, principal),
         ]
 
-    def use(self, lang: str, voice_id: str | None) -> list[Any]:
+    def use(self, lang: str, voice_id: str | None, request: gr.Request) -> list[Any]:
         if not voice_id:
             raise as_gr_error(UiError("select_first"), lang)
-        voice = self.bridge.voice(voice_id)
+        try:
+            voice = self.bridge.voice(self.bridge.principal_of(request), voice_id)
+        except Exception as exc:
+            raise as_gr_error(exc, lang) from None
         target = "zero_shot" if voice.transcript else "cross_lingual"
         message = text("using_voice", lang, name=voice.name)
         return [message, gr.Tabs(selected=target), *(gr.update(value=voice.id) for _ in self.panels)]

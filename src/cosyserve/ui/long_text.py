@@ -30,7 +30,7 @@ def sentence_total(bridge: UiBridge, request: SynthesisRequest, form: Form) -> i
     total = 0
     for piece in split_long_text(request.text, bridge.max_text_chars):
         try:
-            total += len(bridge.describe(piece, prompt_text="", instruct=None, voice=None).segments)
+            total += len(bridge.describe(None, piece, prompt_text="", instruct=None, voice=None).segments)
         except CosyServeError:
             total += 1
     return max(1, total)
@@ -125,6 +125,7 @@ def run_job(
         media_type="audio/wav",
         warnings=tuple((record.result_extra or {}).get("warnings", [])),
     )
-    done = finished(bridge, form, outcome, lang, time.monotonic() - started, cache_dir, run.cancelled)
+    elapsed = time.monotonic() - started
+    done = finished(bridge, principal, form, outcome, lang, elapsed, cache_dir, run.cancelled)
     bar = progress_html(1.0, total, time.monotonic() - started, lang)
     yield done[0], done[1], note + "\n\n" + str(done[2]), done[3], bar, done[5]

@@ -73,7 +73,9 @@ def preview_error_html(message: str) -> str:
     return f"<div class='cosy-preview'><p class='bad'>{html.escape(message)}</p></div>"
 
 
-def form_preview(bridge: Any, form: Any, lang: str, timings: Sequence[dict[str, Any]] | None = None) -> str:
+def form_preview(
+    bridge: Any, principal: Any, form: Any, lang: str, timings: Sequence[dict[str, Any]] | None = None
+) -> str:
     """The preview for what a mode tab holds (its saved voice, transcript and instruction), or the reason
     there is none (an empty text, a bad pronunciation, no model yet) in its place."""
     from cosyserve.errors import CosyServeError
@@ -93,7 +95,7 @@ def form_preview(bridge: Any, form: Any, lang: str, timings: Sequence[dict[str, 
         transcript = "…"  # the transcript is still missing: preview as zero-shot anyway
     try:
         description = bridge.describe(
-            words, prompt_text=transcript, instruct=instruct or None, voice=form.voice or None
+            principal, words, prompt_text=transcript, instruct=instruct or None, voice=form.voice or None
         )
     except CosyServeError as exc:
         return preview_error_html(str(exc))

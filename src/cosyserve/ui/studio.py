@@ -17,6 +17,7 @@ import gradio as gr
 
 from cosyserve.errors import InputError
 from cosyserve.frontend.denoise import denoise_available
+from cosyserve.service.access.principals import Principal
 from cosyserve.ui import assets
 from cosyserve.ui.bridge import UiBridge
 from cosyserve.ui.generate import TicketRegistry, error_message
@@ -24,8 +25,11 @@ from cosyserve.ui.i18n import Translator, text
 from cosyserve.ui.studio_help import EXAMPLES, HELP, preset_choices
 
 
-def voice_choices(bridge: UiBridge, lang: str) -> list[tuple[str, str]]:
-    return [(text("no_voice", lang), "")] + [(voice.name, voice.id) for voice in bridge.voices()]
+def voice_choices(bridge: UiBridge, lang: str, principal: Principal | None) -> list[tuple[str, str]]:
+    """The saved-voice choices for `principal` (none before the page knows who is calling: the page's
+    own config, which every visitor gets, must name nobody's voices)."""
+    voices = bridge.voices(principal) if principal is not None else []
+    return [(text("no_voice", lang), "")] + [(voice.name, voice.id) for voice in voices]
 
 
 def prompt_feedback(bridge: UiBridge, path: str | None, lang: str) -> str:
@@ -136,7 +140,7 @@ def _source_inputs(mode: str, ctx: UiContext) -> dict[str, Any]:
     tr, bridge = ctx.tr, ctx.bridge
     voice = tr.bind(
         gr.Dropdown(
-            choices=voice_choices(bridge, tr.lang),
+            choices=voice_choices(bridge, tr.lang, None),  # filled per caller when the page loads
             value="",
             label=tr("saved_voice"),
             info=tr("saved_voice_info"),
@@ -144,7 +148,6 @@ def _source_inputs(mode: str, ctx: UiContext) -> dict[str, Any]:
         ),
         label="saved_voice",
         info="saved_voice_info",
-        choices=lambda lang: voice_choices(bridge, lang),
     )
     voice_note = gr.Markdown("", elem_id=f"{mode}-voice-note", elem_classes="cosy-note")
     prompt = tr.bind(

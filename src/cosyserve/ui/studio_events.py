@@ -9,6 +9,7 @@ from typing import Any
 import gradio as gr
 
 from cosyserve.frontend.text.prompts import resolve_instruction
+from cosyserve.service.access.principals import Principal
 from cosyserve.ui import assets
 from cosyserve.ui.generate import Form, as_gr_error
 from cosyserve.ui.i18n import text
@@ -17,7 +18,7 @@ from cosyserve.ui.studio import ModePanel, UiContext, prompt_feedback
 from cosyserve.ui.synthesis_run import run_synthesis
 
 
-def voice_lock(ctx: UiContext, mode: str, voice_id: str | None, lang: str) -> list[Any]:
+def voice_lock(ctx: UiContext, principal: Principal, mode: str, voice_id: str | None, lang: str) -> list[Any]:
     """[note, prompt, transcript, denoise] for a saved voice choice: with a voice the recording fields are
     off and the note says which transcript is used; without one they are on again."""
     if not voice_id:
@@ -27,14 +28,18 @@ def voice_lock(ctx: UiContext, mode: str, voice_id: str | None, lang: str) -> li
             gr.update(interactive=True, value=""),
             gr.update(interactive=True),
         ]
-    voice = ctx.bridge.voice(voice_id)
-    transcript = voice.transcript or text("no_transcript", lang)
+    voice = ctx.bridge.voice(principal, voice_id)
+    readable = ctx.bridge.may_read_private(principal, voice)
+    if not readable:  # a voice shared with the caller: its recording's words stay its owner's
+        transcript = text("transcript_private", lang) if voice.transcript else text("no_transcript", lang)
+    else:
+        transcript = voice.transcript or text("no_transcript", lang)
     key = "voice_note_zero_shot" if mode == "zero_shot" else "voice_note_other"
     note = "ⓘ " + text(key, lang, name=voice.name, transcript=transcript)
     return [
         note,
         gr.update(interactive=False),
-        gr.update(interactive=False, value=voice.transcript or ""),
+        gr.update(interactive=False, value=(voice.transcript or "") if readable else ""),
         gr.update(interactive=False, value=False),
     ]
 
@@ -54,14 +59,20 @@ def wire_panel(panel: ModePanel, ctx: UiContext) -> None:
     has_transcript = not isinstance(panel.transcript, gr.State)
     has_denoise = not isinstance(panel.denoise, gr.State)
 
-    def on_voice(voice_id: str | None, chosen: str) -> list[Any]:
-        note, prompt, transcript, denoise = voice_lock(ctx, mode, voice_id, chosen)
+    def on_voice(voice_id: str | None, chosen: str, request: gr.Request) -> list[Any]:
+        try:
+            principal = bridge.principal_of(request)
+            note, prompt, transcript, denoise = voice_lock(ctx, principal, mode, voice_id, chosen)
+        except Exception as exc:
+            raise as_gr_error(exc, chosen) from None
         return [note, prompt, *([transcript] if has_transcript else []), *([denoise] if has_denoise else [])]
 
     voice_outputs = [panel.voice_note, panel.prompt]
     voice_outputs += [panel.transcript] if has_transcript else []
     voice_outputs += [panel.denoise] if has_denoise else []
-    panel.voice.change(on_voice, [panel.voice, lang], voice_outputs, show_progress="hidden")
+    panel.voice.change(
+        on_voice, [panel.voice, lang], voice_outputs, show_progress="hidden", api_name=f"{mode}_voice"
+    )
 
     def feedback(path: str | None, chosen: str) -> str:
         return prompt_feedback(bridge, path, chosen)
@@ -110,8 +121,12 @@ def _wire_text_and_run(panel: ModePanel, ctx: UiContext) -> None:
     )
     panel.dice.click(None, None, [panel.seed], js=assets.DICE_JS)
 
-    def preview(chosen: str, **values: Any) -> str:
-        return form_preview(bridge, Form(mode, **values), chosen)
+    def preview(chosen: str, request: gr.Request, **values: Any) -> str:
+        try:
+            principal = bridge.principal_of(request)
+        except Exception as exc:
+            raise as_gr_error(exc, chosen) from None
+        return form_preview(bridge, principal, Form(mode, **values), chosen)
 
     panel.preview_button.click(preview, [lang], [panel.preview], inputs_kwargs=panel.run_inputs)
 

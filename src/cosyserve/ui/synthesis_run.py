@@ -68,7 +68,7 @@ def _run(
     started = time.monotonic()
     try:
         principal = bridge.principal_of(request)
-        synthesis = build_request(bridge, form, allow_long=True)
+        synthesis = build_request(bridge, principal, form, allow_long=True)
         run.check()
         if len(synthesis.text.strip()) > bridge.max_text_chars:
             yield from run_job(bridge, run, principal, synthesis, form, lang, cache_dir, request_id)
@@ -97,7 +97,9 @@ def _run(
         raise as_gr_error(exc, lang, request_id) from None
     finally:
         bridge.cancel(ticket)  # no-op once finished; stops the work if the page went away
-    yield finished(bridge, form, outcome, lang, time.monotonic() - started, cache_dir, run.cancelled)
+    yield finished(
+        bridge, principal, form, outcome, lang, time.monotonic() - started, cache_dir, run.cancelled
+    )
 
 
 def _follow(bridge: UiBridge, ticket: Ticket, lang: str, progress: Any) -> TtsOutcome:

@@ -1,0 +1,176 @@
+"""Voices in the web UI as a team uses one server: two user keys and an admin, each through the UI's own
+Gradio endpoints (with `gradio_client`, as a second user's script or browser would call them) and the page
+config every visitor gets. The rule is the API's (`service.access.voice_rules`): a user sees its own and
+the shared voices, only owners and admins hear a recording or read its transcript, users manage their own
+voices, admins everything.
+"""
+
+from __future__ import annotations
+
+import httpx
+import pytest
+from gradio_client import Client, handle_file
+
+from conftest import PROMPT_TRANSCRIPT, LiveServer, sharing
+
+SHARED_TRANSCRIPT = "这是管理员共享音色的文本。"
+YOURS = {"yours", "我的"}  # the page language is the UI's default here
+
+
+@pytest.fixture(scope="module")
+def team(api_synthesizer, demo_model_path, tmp_path_factory, shared_dir):
+    """A server with the UI, an admin key and two user keys; A has a private voice "carol", the admin a
+    shared voice "alice"."""
+    from cosyserve.api.app import create_app
+    from cosyserve.service.assembly import Service
+    from cosyserve.service.settings import Settings
+    from cosyserve.ui.app import mount_ui
+
+    settings = Settings(
+        model=str(demo_model_path),
+        device="cpu",
+        data_dir=tmp_path_factory.mktemp("ui-team"),
+        concurrency=1,
+        queue_size=4,
+        signing_secret="test-signing-secret-0123456789abcdef",
+    )
+    service = Service(settings, synthesizer_factory=sharing(api_synthesizer))
+    keys = {
+        name: service.keys.create(name, role=role)[1]
+        for name, role in [("admin", "admin"), ("a", "user"), ("b", "user")]
+    }
+    app = create_app(service)
+    mount_ui(app, service)
+    server = LiveServer(app, service).start()
+    server.wait_ready()
+    prompt = (shared_dir / "audio" / "prompt_zh_24k.wav").read_bytes()
+    enrolled = {}
+    for who, name, transcript in [("admin", "alice", SHARED_TRANSCRIPT), ("a", "carol", PROMPT_TRANSCRIPT)]:
+        response = httpx.post(
+            f"{server.url}/v1/voices",
+            headers={"X-API-Key": keys[who]},
+            data={"name": name, "transcript": transcript},
+            files={"audio": ("p.wav", prompt, "audio/wav")},
+            timeout=120,
+        )
+        assert response.status_code == 201, response.text
+        enrolled[name] = response.json()["id"]
+    server.keys, server.voice_ids, server.prompt = keys, enrolled, prompt
+    yield server
+    server.stop()
+
+
+def ui_client(server, who: str) -> Client:
+    """A UI session of `who`, opened as the page opens it (its load event fills the voice lists); the
+    page's language is UI state, not an input of the named events."""
+    client = Client(server.url, headers={"X-API-Key": server.keys[who]}, verbose=False, download_files=False)
+    client.predict(None, api_name="/page_voices")
+    return client
+
+
+def table_rows(result) -> dict[str, list]:
+    """name -> row of the voices table in a refresh result (the table comes first)."""
+    table = result[0] if isinstance(result, tuple | list) else result
+    table = table.get("value", table)  # (an update of the table carries the new value inside)
+    return {row[0]: row for row in table["data"]}
+
+
+def test_b_lists_only_its_own_and_shared_voices(team):
+    b = ui_client(team, "b")
+    for endpoint, args in [("/page_voices", [None]), ("/voices_refresh", [None])]:
+        rows = table_rows(b.predict(*args, api_name=endpoint))
+        assert "carol" not in rows, endpoint
+        assert rows["alice"][1] == "—" and SHARED_TRANSCRIPT not in str(rows), endpoint  # no transcript
+    a_rows = table_rows(ui_client(team, "a").predict(None, api_name="/voices_refresh"))
+    assert a_rows["carol"][1] == PROMPT_TRANSCRIPT and a_rows["carol"][2] in YOURS
+    admin_rows = table_rows(ui_client(team, "admin").predict(None, api_name="/voices_refresh"))
+    assert admin_rows["carol"][1] == PROMPT_TRANSCRIPT and admin_rows["alice"][1] == SHARED_TRANSCRIPT
+
+
+def test_b_can_neither_hear_nor_use_nor_change_as_voice(team):
+    b = ui_client(team, "b")
+    carol, alice = team.voice_ids["carol"], team.voice_ids["alice"]
+    for endpoint, args in [
+        ("/voice_preview", [carol, ""]),  # the recording itself
+        ("/voice_preview", [carol, "你好"]),
+        ("/zero_shot_voice", [carol]),  # picking it in a synthesis tab
+        ("/voice_use", [carol]),
+        ("/voice_rename", [carol, "mine-now"]),
+        ("/voice_delete", [carol]),
+        ("/voice_preview", [alice, ""]),  # a shared voice's recording: its owner's and admins' only
+        ("/voice_rename", [alice, "renamed"]),  # shared with B, not B's
+    ]:
+        with pytest.raises(Exception) as refused:
+            b.predict(*args, api_name=endpoint)
+        assert "mine-now" not in str(refused.value), endpoint
+    note = b.predict(alice, api_name="/zero_shot_voice")[0]
+    assert "alice" in note and SHARED_TRANSCRIPT not in note  # usable, its words stay private
+    service = team.service
+    assert {v.name for v in service.voices.list()} >= {"carol", "alice"}  # nothing was changed
+    # the bridge itself refuses too (not only Gradio's check that a value is among the offered choices)
+    from cosyserve.service.access.principals import Forbidden
+    from cosyserve.service.stores.voices import VoiceNotFound
+    from cosyserve.ui.bridge import UiBridge
+
+    bridge = UiBridge(service)
+    as_b = bridge.principal({"X-API-Key": team.keys["b"]}, {})
+    with pytest.raises(VoiceNotFound):
+        bridge.voice_recording(as_b, carol)
+    with pytest.raises(VoiceNotFound):
+        bridge.rename_voice(as_b, "carol", "x")
+    with pytest.raises(Forbidden):
+        bridge.voice_recording(as_b, alice)
+    with pytest.raises(Forbidden):
+        bridge.delete_voice(as_b, alice)
+
+
+def test_owner_and_admin_hear_the_recording(team):
+    carol = team.voice_ids["carol"]
+    for who in ("a", "admin"):
+        audio, _status = ui_client(team, who).predict(carol, "", api_name="/voice_preview")
+        path = audio["path"] if isinstance(audio, dict) else audio
+        response = httpx.get(
+            f"{team.url}/gradio_api/file={path}", headers={"X-API-Key": team.keys[who]}, timeout=30
+        )
+        assert response.status_code == 200 and response.content == team.prompt, who
+
+
+def test_a_user_key_manages_its_own_voices_in_the_ui(team, shared_dir):
+    b = ui_client(team, "b")
+    prompt = handle_file(str(shared_dir / "audio" / "prompt_zh_24k.wav"))
+    # the same name as A's voice: names are per owner, and nothing tells B that A has one
+    status, *_ = b.predict("carol", prompt, PROMPT_TRANSCRIPT, api_name="/voice_enrol")
+    assert "carol" in status
+    a_owner = team.service.voices.get(team.voice_ids["carol"]).owner
+    own = next(v for v in team.service.voices.list() if v.name == "carol" and v.owner != a_owner)
+    assert own.shared is False and own.owner is not None
+    rows = table_rows(b.predict(None, api_name="/voices_refresh"))
+    assert rows["carol"][2] in YOURS and rows["carol"][1] == PROMPT_TRANSCRIPT
+    b.predict(None, api_name="/voices_refresh")  # the picker now offers it
+    renamed = b.predict(own.id, "dora", api_name="/voice_rename")
+    assert "dora" in renamed[0]
+    a_rows = table_rows(ui_client(team, "a").predict(None, api_name="/voices_refresh"))
+    assert "dora" not in a_rows and a_rows["carol"][2] in YOURS  # A's own carol, untouched
+    deleted = b.predict(own.id, api_name="/voice_delete")
+    assert "dora" in deleted[0]
+    assert all(v.id != own.id for v in team.service.voices.list())
+
+
+def test_the_page_config_names_no_voice(team):
+    """The config every visitor's page loads (also after a restart, when voices already exist as the page
+    is built) lists no voice and no transcript: each caller's voices come with its own load event."""
+    from fastapi.testclient import TestClient
+
+    from cosyserve.api.app import create_app
+    from cosyserve.ui.app import mount_ui
+
+    live = httpx.get(f"{team.url}/config", headers={"X-API-Key": team.keys["b"]}, timeout=30)
+    app = create_app(team.service)
+    mount_ui(app, team.service)  # built now, with voices in the library: as after a restart
+    with TestClient(app) as client:
+        rebuilt = client.get("/config", headers={"X-API-Key": team.keys["b"]})
+    for response in (live, rebuilt):
+        assert response.status_code == 200
+        body = response.text
+        for secret in ("carol", "alice", PROMPT_TRANSCRIPT, SHARED_TRANSCRIPT, *team.voice_ids.values()):
+            assert secret not in body
