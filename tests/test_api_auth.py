@@ -60,8 +60,17 @@ def test_roles(server, prompt_wav_bytes) -> None:
             == 200
         )
         files = {"audio": ("a.wav", prompt_wav_bytes, "audio/wav")}
-        own = user.post("/v1/voices", data={"name": "mine"}, files=files)  # a user key's voice is its own
-        assert own.status_code == 201 and own.json()["shared"] is False
+        unconfirmed = user.post("/v1/voices", data={"name": "mine"}, files=files)
+        assert unconfirmed.status_code == 400 and unconfirmed.json()["error"]["code"] == "consent_required"
+        statement = user.get("/v1/voices/consent").json()
+        assert (
+            statement["required"] is True and statement["statement"] in unconfirmed.json()["error"]["message"]
+        )
+        own = user.post("/v1/voices", data={"name": "mine", "consent": "true"}, files=files)
+        assert own.status_code == 201 and own.json()["shared"] is False  # a user key's voice is its own
+        assert own.json()["own"] is True and own.json()["consent"]["statement"] == statement["statement"]
+        shared = user.post("/v1/voices", data={"name": "x", "consent": "true", "shared": "true"}, files=files)
+        assert shared.status_code == 403  # only admins share voices
         assert user.delete("/v1/voices/alice").json()["error"]["code"] == "forbidden"  # shared: admins only
         assert user.delete("/v1/voices/mine").status_code == 204
         assert user.get("/admin/logs").status_code == 403
@@ -77,7 +86,9 @@ def test_voices_belong_to_the_key_that_enrolled_them(server, prompt_wav_bytes) -
     owners and admins get a voice's original recording; admins' voices are shared."""
     files = {"audio": ("a.wav", prompt_wav_bytes, "audio/wav")}
     with as_key(server, server.user_key) as user, as_key(server, server.other_key) as other:
-        created = user.post("/v1/voices", data={"name": "carol", "transcript": "你好"}, files=files)
+        created = user.post(
+            "/v1/voices", data={"name": "carol", "transcript": "你好", "consent": "true"}, files=files
+        )
         assert created.status_code == 201 and created.json()["shared"] is False
         voice_id = created.json()["id"]
         for path in (f"/v1/voices/{voice_id}", "/v1/voices/carol", f"/v1/voices/{voice_id}/preview"):
@@ -98,9 +109,16 @@ def test_voices_belong_to_the_key_that_enrolled_them(server, prompt_wav_bytes) -
         assert shared.status_code == 403 and "?text=" in shared.json()["error"]["message"]
         assert user.get("/v1/voices/alice/preview", params={"text": "你好"}).status_code == 200
         assert {"alice", "carol"} <= {v["name"] for v in user.get("/v1/voices").json()["data"]}
+    with as_key(server, server.other_key) as other:  # names are per owner: "carol" is free for another key
+        mine = other.post("/v1/voices", data={"name": "carol", "consent": "true"}, files=files)
+        assert mine.status_code == 201 and other.get("/v1/voices/carol").json()["id"] == mine.json()["id"]
     with as_key(server, server.admin_key) as admin:
+        ambiguous = admin.get("/v1/voices/carol")  # two users' voices, neither the admin's: ask for the id
+        assert ambiguous.status_code == 400 and "by its id" in ambiguous.json()["error"]["message"]
         assert admin.get(f"/v1/voices/{voice_id}/preview").status_code == 200
+        assert admin.get(f"/v1/voices/{voice_id}").json()["transcript"] == "你好"
         assert admin.delete(f"/v1/voices/{voice_id}").status_code == 204
+        assert admin.delete(f"/v1/voices/{mine.json()['id']}").status_code == 204
 
 
 def test_jobs_and_outputs_belong_to_their_key(server) -> None:

@@ -64,8 +64,13 @@ def test_voices_and_errors(demo_model_path, shared_dir, tmp_path, capsys) -> Non
     prompt = str(shared_dir / "audio" / "prompt_zh_24k.wav")
     common = ["--model", str(demo_model_path), "--data-dir", str(tmp_path)]
     assert main(["voices", "add", "me", "--wav", prompt, "--transcript", PROMPT_TRANSCRIPT, *common]) == 0
+    assert "no consent recorded" in capsys.readouterr().err
+    assert main(["voices", "add", "we", "--wav", prompt, "--consent", *common]) == 0
     assert main(["voices", "list", "--data-dir", str(tmp_path)]) == 0
-    assert " me " in capsys.readouterr().out
+    listed = capsys.readouterr().out
+    assert " me " in listed and "consent by cli:" in listed
+    assert main(["voices", "add", "..", "--wav", prompt, *common]) == 2  # a path-like name
+    assert "besides dots" in capsys.readouterr().err
     assert _synthesize(demo_model_path, tmp_path, tmp_path / "v.wav", "--voice", "me", "--seed", "1") == 0
     assert main(["voices", "rm", "me", "--data-dir", str(tmp_path)]) == 0
     capsys.readouterr()

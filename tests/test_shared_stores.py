@@ -208,6 +208,16 @@ def test_voices_from_before_owners_become_shared(tmp_path: Path, database_url: s
     with pytest.raises(VoiceNotFound):
         voices.get("mine", VoiceScope(owner="key:another", everything=False))
     library(tmp_path / "voices2", engine, "m")  # a second process opening it adds nothing twice
+    # the old server-wide UNIQUE(name) is gone: names are unique per owner (legacy voices have none)
+    theirs = voices.add("mine", AUDIO, FakeAnalyser(), owner="key:another")
+    assert theirs.id != own.id and voices.get("mine", user_scope).id == own.id
+    with pytest.raises(InputError, match="already have a voice named"):
+        voices.add("mine", AUDIO, FakeAnalyser(), owner="key:another")
+    with pytest.raises(InputError, match="already have a voice named"):
+        voices.add("legacy", AUDIO, FakeAnalyser())
+    with pytest.raises(InputError, match="by its id"):
+        voices.get("mine")  # an admin asking by name: two owners have one
+    assert voices.features(own) is not None  # its files survived the table's rebuild
     engine.dispose()
 
 

@@ -49,7 +49,7 @@ def team(api_synthesizer, demo_model_path, tmp_path_factory, shared_dir):
         response = httpx.post(
             f"{server.url}/v1/voices",
             headers={"X-API-Key": keys[who]},
-            data={"name": name, "transcript": transcript},
+            data={"name": name, "transcript": transcript, "consent": "true"},
             files={"audio": ("p.wav", prompt, "audio/wav")},
             timeout=120,
         )
@@ -139,11 +139,18 @@ def test_a_user_key_manages_its_own_voices_in_the_ui(team, shared_dir):
     b = ui_client(team, "b")
     prompt = handle_file(str(shared_dir / "audio" / "prompt_zh_24k.wav"))
     # the same name as A's voice: names are per owner, and nothing tells B that A has one
-    status, *_ = b.predict("carol", prompt, PROMPT_TRANSCRIPT, api_name="/voice_enrol")
+    enrol = {"voice_name": "carol", "path": prompt, "said": PROMPT_TRANSCRIPT, "api_name": "/voice_enrol"}
+    with pytest.raises(Exception, match="consent"):  # a user key confirms the consent statement
+        b.predict(**enrol)
+    status, *_ = b.predict(consent=True, **enrol)
     assert "carol" in status
     a_owner = team.service.voices.get(team.voice_ids["carol"]).owner
     own = next(v for v in team.service.voices.list() if v.name == "carol" and v.owner != a_owner)
     assert own.shared is False and own.owner is not None
+    assert (
+        own.consent["by"] == "b"
+        and own.consent["statement"] == team.service.settings.auth.voice_consent_statement
+    )
     rows = table_rows(b.predict(None, api_name="/voices_refresh"))
     assert rows["carol"][2] in YOURS and rows["carol"][1] == PROMPT_TRANSCRIPT
     b.predict(None, api_name="/voices_refresh")  # the picker now offers it

@@ -32,6 +32,7 @@ from cosyserve.errors import (
     error_code,
 )
 from cosyserve.service.access.principals import AuthRequired, Forbidden, QuotaExceeded, RateLimited
+from cosyserve.service.access.voice_rules import ConsentRequired
 from cosyserve.service.distributed.codec import NoWorkers, QueueUnavailable, WorkerLost
 from cosyserve.service.logs import get_request_id, log_failure
 from cosyserve.service.stores.jobs import JobNotFound
@@ -75,6 +76,7 @@ def body_cap_bytes(upload_limit_bytes: int) -> int:
 # (exception class, HTTP status, code): the first match wins, so subclasses come first.
 _MAP: tuple[tuple[type[BaseException], int, str], ...] = (
     (VoiceNotFound, 404, "voice_not_found"),
+    (ConsentRequired, 400, "consent_required"),
     (OutputNotFound, 404, "output_not_found"),
     (KeyNotFound, 404, "key_not_found"),
     (JobNotFound, 404, "job_not_found"),

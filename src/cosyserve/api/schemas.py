@@ -135,6 +135,11 @@ class VoiceCreateParams(_Strict):
     shared: bool | None = Field(
         None, description="every caller may use it (admins only; an admin's voices are shared by default)"
     )
+    consent: bool = Field(
+        False,
+        description="you confirm the server's consent statement (GET /v1/voices/consent): the person whose "
+        "voice this is agreed separately; required for user keys unless the server turned it off",
+    )
 
 
 class VoiceUpdate(_Strict):
@@ -155,7 +160,14 @@ class VoiceView(BaseModel):
     report: dict[str, Any]
     shared: bool = True  # every caller may use it; False: only its owner and admins
     own: bool = False  # the caller enrolled it
+    enrolled_by: str | None = None  # who confirmed consent at enrolment (owner and admins see it)
+    consent: dict[str, Any] | None = None  # the statement confirmed, by whom and when (owner and admins)
     preview_url: str
+
+
+class ConsentStatement(BaseModel):
+    statement: str  # what `consent=true` confirms, recorded with the voice word for word
+    required: bool  # whether user keys must confirm it to enrol a voice
 
 
 class VoiceList(BaseModel):

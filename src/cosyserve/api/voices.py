@@ -18,6 +18,7 @@ from cosyserve.api.inputs import parse_lexicon, read_params
 from cosyserve.api.schemas import (
     AUDIO_CONTENT,
     ERRORS,
+    ConsentStatement,
     VoiceCreateParams,
     VoiceList,
     VoiceUpdate,
@@ -65,13 +66,30 @@ async def create_voice(request: Request, principal: CurrentPrincipal) -> VoiceVi
         instruct=params.instruct or None, speed=params.speed, seed=params.seed, denoise=params.denoise or None
     )
     lexicon = parse_lexicon(params.lexicon)
-    owner, shared = voice_rules.enrolment(principal, params.shared)
+    auth = service.settings.auth
+    owner, shared, consent = voice_rules.enrolment(
+        principal, auth, consent=params.consent, shared=params.shared
+    )
     enrolment = EnrolmentRequest(
-        params.name, audio, params.transcript, suffix, defaults, lexicon, owner=owner, shared=shared
+        params.name,
+        audio,
+        params.transcript,
+        suffix,
+        defaults,
+        lexicon,
+        owner=owner,
+        shared=shared,
+        consent=consent,
     )
     ticket = service.backend.submit_enrolment(enrolment, request_id=request_id(request))
     voice: Voice = await await_ticket(request, ticket)
     return view(principal, voice)
+
+
+@router.get("/consent", response_model=ConsentStatement, responses=ERRORS, summary="What enrolling confirms")
+def consent_statement(request: Request, principal: CurrentPrincipal) -> ConsentStatement:
+    auth = get_service(request).settings.auth
+    return ConsentStatement(statement=auth.voice_consent_statement, required=auth.voice_consent_required)
 
 
 @router.get("/{voice_id}", response_model=VoiceView, responses=ERRORS, summary="One voice")

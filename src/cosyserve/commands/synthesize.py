@@ -3,13 +3,18 @@
 from __future__ import annotations
 
 import argparse
+import getpass
 import os
 import sys
+import time
 from pathlib import Path
 
 import soundfile as sf
 
 from cosyserve.errors import InputError
+from cosyserve.service.setting_groups import DEFAULT_CONSENT_STATEMENT
+
+STATEMENT_ENV = "COSYSERVE_VOICE_CONSENT_STATEMENT"
 
 
 def default_data_dir() -> Path:
@@ -180,10 +185,20 @@ def cmd_voices(args: argparse.Namespace) -> int:
             audio = Path(args.wav).read_bytes()
         except OSError as exc:
             raise InputError(f"cannot read {args.wav}: {exc.strerror}") from exc
+        consent = None
+        if args.consent:  # the operator on the server confirms the statement, as an admin would
+            statement = os.environ.get(STATEMENT_ENV) or DEFAULT_CONSENT_STATEMENT  # the server's wording
+            consent = {"statement": statement, "by": f"cli:{getpass.getuser()}", "at": round(time.time(), 3)}
         voice = synthesizer.add_voice(
-            args.name, audio, args.transcript, audio_suffix=Path(args.wav).suffix.lower()
+            args.name, audio, args.transcript, audio_suffix=Path(args.wav).suffix.lower(), consent=consent
         )
         print(f"added voice {voice.name} ({voice.id})")
+        if consent is None:
+            print(
+                "note: no consent recorded; with --consent you confirm that the person whose voice this is "
+                "agreed to its cloning (shown to admins with the voice)",
+                file=sys.stderr,
+            )
         for warning in voice.report.get("warnings", []):
             print(f"warning: {warning}", file=sys.stderr)
         return 0
@@ -195,7 +210,12 @@ def cmd_voices(args: argparse.Namespace) -> int:
         for voice in voices:
             duration = voice.report.get("duration_s")
             length = f"{duration:.1f} s" if isinstance(duration, int | float) else "?"
-            print(f"{voice.id}  {voice.name:<24} {length:>7}  {voice.transcript or '(no transcript)'}")
+            consent = f"consent by {voice.consent.get('by')}" if voice.consent else "no consent recorded"
+            owner = voice.owner or "-"
+            print(
+                f"{voice.id}  {voice.name:<24} {length:>7}  {owner:<12} {consent}  "
+                f"{voice.transcript or '(no transcript)'}"
+            )
     elif args.voices_command == "rm":
         library.delete(args.name)
         print(f"deleted voice {args.name}")
@@ -245,6 +265,11 @@ def add_parsers(sub: argparse._SubParsersAction) -> None:
     add.add_argument("name")
     add.add_argument("--wav", required=True)
     add.add_argument("--transcript", default=None)
+    add.add_argument(
+        "--consent",
+        action="store_true",
+        help="confirm that the person whose voice this is agreed to its cloning (recorded with the voice)",
+    )
     add_model_arguments(add)
     for action, help_text in (
         ("list", "list saved voices"),

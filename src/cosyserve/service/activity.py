@@ -107,7 +107,9 @@ def synthesis_logger(
     return on_state
 
 
-def enrolment_logger(name: str, request_id: str | None, device: str | None) -> OnState:
+def enrolment_logger(
+    name: str, request_id: str | None, device: str | None, *, consent: bool | None = None
+) -> OnState:
     def on_state(ticket: Ticket, state: str) -> None:
         if state in TERMINAL_STATES:
             voice = ticket.value
@@ -117,6 +119,7 @@ def enrolment_logger(name: str, request_id: str | None, device: str | None) -> O
                 request_id=request_id,
                 voice_name=name,
                 voice=getattr(voice, "id", None),
+                consent=None if consent is None else ("confirmed" if consent else "none"),
                 device=device,
                 **ticket_times(ticket),
                 error=str(ticket.error) if state == "failed" else None,

@@ -110,6 +110,7 @@ class EnrolmentRequest:
     lexicon: dict[str, str] | None = None  # word -> pronunciation for this voice
     owner: str | None = None  # who enrols it (a principal's owner string); None: nobody (auth off)
     shared: bool | None = None  # every caller may use it (default: only if it has no owner)
+    consent: dict[str, Any] | None = None  # the consent the enrolling caller confirmed (voice_rules)
 
 
 @dataclass(frozen=True)

@@ -18,6 +18,13 @@ from cosyserve.modeldir.model_dir import DEFAULT_MODEL_ID
 _PREFIXED_GROUPS = ("s3", "log")  # groups whose flat names carry the group name
 
 
+DEFAULT_CONSENT_STATEMENT = (
+    "我确认：声音的主人已单独同意我用这段录音克隆其声音，并知晓生成内容的用途。"
+    " / I confirm that the person whose voice this is has separately agreed to my cloning it from this "
+    "recording and knows what the generated audio will be used for."
+)
+
+
 class _Group(BaseModel):
     model_config = ConfigDict(extra="forbid", validate_default=True)
 
@@ -212,6 +219,17 @@ class AuthSettings(_Group):
         None, description="key for signed download URLs (default: generated once, kept in data_dir)"
     )
     signed_url_ttl_s: int = Field(900, ge=1, description="how long a signed download URL stays valid")
+    voice_consent_required: bool = Field(
+        True,
+        description="user keys must confirm the consent statement to enrol a voice (admins may, and it is "
+        "recorded when they do)",
+    )
+    voice_consent_statement: str = Field(
+        DEFAULT_CONSENT_STATEMENT,
+        min_length=10,
+        max_length=2000,
+        description="what a user confirms when enrolling a voice (recorded with the voice, word for word)",
+    )
 
     @property
     def ui_login_configured(self) -> bool:

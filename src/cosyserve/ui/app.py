@@ -103,7 +103,9 @@ def build_ui(service: Service, bridge: UiBridge | None = None) -> gr.Blocks:
         timer = gr.Timer(STATUS_POLL_S)
 
         actions = _PageActions(service, bridge, ctx, history)
-        demo.load(actions.on_load, [saved_lang], [lang_radio, user, admin.tab, banner, status])
+        # (the language state is set here too, not only by the radio's change event: the status timer
+        # reads it and would otherwise repaint the banner in the default language meanwhile)
+        demo.load(actions.on_load, [saved_lang], [lang, lang_radio, user, admin.tab, banner, status])
         # Voices are the caller's: the page's config carries none, each visitor's load fills its own.
         demo.load(actions.voices, [saved_lang], library.refresh_outputs(panels), api_name="page_voices")
         demo.load(history.refresh, [lang], history.refresh_outputs)
@@ -147,6 +149,7 @@ class _PageActions:
         banner_html, status_md, _ = model_status(self.service, chosen)
         is_admin = principal is not None and principal.is_admin
         return [
+            chosen,
             chosen,
             user_html(principal, chosen, self.service.access.auth_enabled()),
             gr.update(visible=True) if is_admin else gr.update(),  # its calls check the role too

@@ -193,6 +193,12 @@ class UiBridge:
         return transcribe(self.service.settings.engine.asr_model, data)
 
     @property
+    def consent_statement(self) -> tuple[str, bool]:
+        """(the statement an enrolment confirms, whether user keys must confirm it)"""
+        auth = self.service.settings.auth
+        return auth.voice_consent_statement, auth.voice_consent_required
+
+    @property
     def asr_available(self) -> bool:
         return asr_available(self.service.settings.engine.asr_model)
 
@@ -266,13 +272,16 @@ class UiBridge:
         transcript: str | None,
         request_id: str,
         denoise: bool = False,
+        consent: bool = False,
     ) -> Ticket:
-        """Enrol a voice as `principal` (the same rules as POST /v1/voices): it owns the voice."""
+        """Enrol a voice as `principal` (the same rules as POST /v1/voices): it owns the voice, and user
+        keys confirm the consent statement (ConsentRequired otherwise)."""
+        auth = self.service.settings.auth
+        owner, shared, record = voice_rules.enrolment(principal, auth, consent=consent)
         data, suffix = self.read_upload(path)
         defaults = VoiceDefaults(denoise=True) if denoise else None
-        owner, shared = voice_rules.enrolment(principal)
         enrolment = EnrolmentRequest(
-            name, data, transcript or None, suffix, defaults, owner=owner, shared=shared
+            name, data, transcript or None, suffix, defaults, owner=owner, shared=shared, consent=record
         )
         return self.service.backend.submit_enrolment(enrolment, request_id=request_id)
 

@@ -211,7 +211,14 @@ STRINGS: dict[str, tuple[str, str]] = {
     ),
     # voice library
     "voices_list": ("已保存的音色", "Saved voices"),
-    "voice_cols": ("名称|文本|归属|创建时间|时长（秒）|提示", "Name|Transcript|Access|Created|Seconds|Notes"),
+    "voice_cols": (
+        "名称|文本|归属|同意|创建时间|时长（秒）|提示",
+        "Name|Transcript|Access|Consent|Created|Seconds|Notes",
+    ),
+    "consent_given": ("✓ {by}，{at}", "✓ {by}, {at}"),
+    "consent_label": ("同意确认（{need}）", "Consent ({need})"),
+    "consent_needed": ("必填", "required"),
+    "consent_optional": ("管理员可选", "optional for admins"),
     "voice_own": ("我的", "yours"),
     "voice_own_shared": ("我的 · 已共享", "yours · shared"),
     "voice_shared": ("共享", "shared"),

@@ -31,10 +31,22 @@ def voice_rows(ctx: UiContext, lang: str, principal: Principal | None) -> dict[s
         report = voice.report or {}
         created = time.strftime("%Y-%m-%d %H:%M", time.localtime(voice.created_at))
         notes = "; ".join(report.get("warnings") or []) or "✓"
-        transcript = (voice.transcript or "") if ctx.bridge.may_read_private(principal, voice) else "—"
+        private = ctx.bridge.may_read_private(principal, voice)
+        transcript = (voice.transcript or "") if private else "—"
         access = _access(principal, voice, lang)
-        rows.append([voice.name, transcript[:60], access, created, report.get("duration_s", ""), notes])
+        consent = _consent(voice, lang) if private else "—"
+        rows.append(
+            [voice.name, transcript[:60], access, consent, created, report.get("duration_s", ""), notes]
+        )
     return gr.update(value={"headers": headers, "data": rows}, headers=headers)
+
+
+def _consent(voice: Voice, lang: str) -> str:
+    """Who confirmed the consent statement at enrolment, and when ("—": none recorded)."""
+    if not voice.consent:
+        return "—"
+    at = time.strftime("%Y-%m-%d", time.localtime(float(voice.consent.get("at") or voice.created_at)))
+    return text("consent_given", lang, by=voice.consent.get("by") or "?", at=at)
 
 
 def _access(principal: Principal, voice: Voice, lang: str) -> str:
@@ -97,6 +109,7 @@ class _EnrolForm:
     feedback: gr.Markdown
     transcript: gr.Textbox
     denoise: Any
+    consent: gr.Checkbox
     enrol: gr.Button
 
 
@@ -193,8 +206,19 @@ def _enrol_form(ctx: UiContext) -> _EnrolForm:
     denoise: Any = gr.State(False)
     if denoise_available():
         denoise = tr.bind(gr.Checkbox(False, label=tr("denoise"), elem_id="enrol-denoise"), label="denoise")
+    statement, required = ctx.bridge.consent_statement
+    need = "consent_needed" if required else "consent_optional"
+    consent = tr.bind(
+        gr.Checkbox(
+            False,
+            label=statement,
+            info=tr("consent_label", need=text(need, tr.lang)),
+            elem_id="enrol-consent",
+        ),
+        info=lambda lang: text("consent_label", lang, need=text(need, lang)),
+    )
     enrol = tr.bind(gr.Button(tr("enrol"), variant="primary", elem_id="enrol-submit"), value="enrol")
-    return _EnrolForm(name, audio, feedback, transcript, denoise, enrol)
+    return _EnrolForm(name, audio, feedback, transcript, denoise, consent, enrol)
 
 
 def _wire(
@@ -217,7 +241,7 @@ def _wire(
     v.refresh.click(actions.refresh, [lang, v.pick], outputs, api_name="voices_refresh")
     form.enrol.click(
         actions.enrol,
-        [lang, form.name, form.audio, form.transcript, form.denoise],
+        [lang, form.name, form.audio, form.transcript, form.denoise, form.consent],
         [v.status, *outputs],
         concurrency_id="synthesis",
         api_name="voice_enrol",
@@ -253,14 +277,23 @@ class _LibraryActions:
         return refresh_values(self.ctx, lang, principal, picked)
 
     def enrol(
-        self, lang: str, voice_name: str, path: str | None, said: str, denoise: bool, request: gr.Request
+        self,
+        lang: str,
+        voice_name: str,
+        path: str | None,
+        said: str,
+        denoise: bool,
+        consent: bool,
+        request: gr.Request,
     ) -> list[Any]:
         request_id = new_request_id()
         try:
             principal = self.bridge.principal_of(request)
             if not path:
                 raise UiError("err_no_prompt")
-            ticket = self.bridge.enrol(principal, voice_name, path, said, request_id, bool(denoise))
+            ticket = self.bridge.enrol(
+                principal, voice_name, path, said, request_id, bool(denoise), consent=bool(consent)
+            )
             voice = ticket.result(ENROL_TIMEOUT_S)
         except Exception as exc:
             raise as_gr_error(exc, lang, request_id) from None

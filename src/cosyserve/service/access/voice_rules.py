@@ -7,14 +7,25 @@ the cluster): a voice is someone's biometric data.
 - Only the owner and admins **change** a voice (rename, defaults, lexicon, delete).
 - Only admins **share** a voice (or stop sharing it); an admin's new voices are shared unless it says not.
 - Names are unique per owner (`stores.voice_schema`): nobody learns another user's voice names.
+- **Consent**: enrolling confirms the server's consent statement (`auth.voice_consent_statement`): that the
+  person whose voice it is agreed separately. User keys must (`auth.voice_consent_required`, on by
+  default); admins may. The statement, who confirmed it and when are stored with the voice and shown to
+  its owner and admins.
 """
 
 from __future__ import annotations
 
+import time
 from typing import Any
 
+from cosyserve.errors import InputError
 from cosyserve.service.access.principals import Forbidden, Principal
+from cosyserve.service.setting_groups import AuthSettings
 from cosyserve.service.stores.voices import Voice
+
+
+class ConsentRequired(InputError):
+    """A user key enrolled a voice without confirming the consent statement."""
 
 
 def owns(principal: Principal, voice: Voice) -> bool:
@@ -48,12 +59,31 @@ def check_sharing(principal: Principal, shared: bool | None) -> None:
         raise Forbidden("only an admin can share a voice with everyone or stop sharing it")
 
 
-def enrolment(principal: Principal, shared: bool | None = None) -> tuple[str | None, bool]:
-    """(owner, shared) of a voice `principal` enrols: it owns it; admins share by default."""
+def enrolment(
+    principal: Principal, auth: AuthSettings, *, consent: bool, shared: bool | None = None
+) -> tuple[str | None, bool, dict[str, Any] | None]:
+    """(owner, shared, consent record) of a voice `principal` enrols: it owns the voice; admins share by
+    default; ConsentRequired when a user key did not confirm the statement and the server requires it."""
     check_sharing(principal, shared if shared else None)
     if shared is None:
         shared = principal.is_admin
-    return principal.owner, bool(shared)
+    if not consent and auth.voice_consent_required and not principal.is_admin:
+        raise ConsentRequired(
+            "enrolling a voice needs the consent of the person whose voice it is: confirm the statement "
+            "(API: consent=true, see GET /v1/voices/consent; web UI: tick the consent box): "
+            + auth.voice_consent_statement
+        )
+    return principal.owner, bool(shared), consent_record(principal, auth) if consent else None
+
+
+def consent_record(principal: Principal, auth: AuthSettings, by: str | None = None) -> dict[str, Any]:
+    """What is kept of a confirmed consent: the statement word for word, who confirmed it, and when."""
+    return {
+        "statement": auth.voice_consent_statement,
+        "by": by or principal.name or principal.owner or principal.kind,
+        "owner": principal.owner,
+        "at": round(time.time(), 3),
+    }
 
 
 def view(principal: Principal, voice: Voice) -> dict[str, Any]:

@@ -148,7 +148,8 @@ def encode_enrolment(enrolment: EnrolmentRequest) -> list[Any]:
     """The enrolment task's arguments: name, base64 audio, transcript, suffix, defaults, lexicon."""
     e = enrolment
     defaults = encode_defaults(e.defaults)
-    return [e.name, b64(e.audio), e.transcript, e.suffix, defaults, e.lexicon, e.owner, e.shared]
+    fields = [e.name, b64(e.audio), e.transcript, e.suffix, defaults, e.lexicon, e.owner, e.shared]
+    return [*fields, e.consent]
 
 
 def decode_enrolment(
@@ -160,10 +161,12 @@ def decode_enrolment(
     lexicon: dict[str, str] | None,
     owner: str | None = None,  # absent in tasks sent by API nodes from before voices had owners
     shared: bool | None = None,  # absent before voices had a shared flag: then no owner meant shared
+    consent: dict[str, Any] | None = None,  # absent before consent was recorded
 ) -> EnrolmentRequest:
     shared = owner is None if shared is None else bool(shared)
+    audio = unb64(audio_b64) or b""
     return EnrolmentRequest(
-        name, unb64(audio_b64) or b"", transcript, suffix, decode_defaults(defaults), lexicon, owner, shared
+        name, audio, transcript, suffix, decode_defaults(defaults), lexicon, owner, shared, consent
     )
 
 

@@ -302,10 +302,14 @@ class LocalBackend:
                     lexicon=e.lexicon,
                     owner=e.owner,
                     shared=e.shared,
+                    consent=e.consent,
                 )
 
         return self.scheduler.submit(
-            work, on_state=enrolment_logger(e.name, request_id, self.model_info.get("device"))
+            work,
+            on_state=enrolment_logger(
+                e.name, request_id, self.model_info.get("device"), consent=bool(e.consent)
+            ),
         )
 
 

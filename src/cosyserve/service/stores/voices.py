@@ -72,6 +72,7 @@ class Voice:
     report: dict[str, Any] = field(default_factory=dict)
     owner: str | None = None  # who enrolled it (`key:<id>`, `user:<name>`); None: nobody (auth off, or old)
     shared: bool = True  # every caller may use it; otherwise only its owner and admins
+    consent: dict[str, Any] | None = None  # what the enroller confirmed, by whom and when (voice_rules)
 
     def public(self, *, private: bool = True) -> dict[str, Any]:
         """What the API shows (no file paths); without `private`, no transcript (the recording's words are
@@ -85,6 +86,8 @@ class Voice:
             "lexicon": self.lexicon,
             "report": self.report,
             "shared": self.shared,
+            "enrolled_by": (self.consent or {}).get("by") if private else None,
+            "consent": self.consent if private else None,
         }
 
 
@@ -103,6 +106,7 @@ def voices_table(metadata: sa.MetaData) -> sa.Table:
         sa.Column("report", sa.Text, nullable=False, default="{}"),
         sa.Column("owner", sa.String(64), nullable=True),
         sa.Column("shared", sa.Boolean, nullable=True),  # None (rows from before it): shared when no owner
+        sa.Column("consent", sa.Text, nullable=True),  # JSON: statement, by, at; None: none recorded
     )
     add_owner_name_index(voices)
     return voices
@@ -143,6 +147,7 @@ class VoiceLibrary:
         lexicon: dict[str, str] | None = None,
         owner: str | None = None,
         shared: bool | None = None,
+        consent: dict[str, Any] | None = None,
     ) -> Voice:
         """Analyse `audio` once and store everything; InputError for a bad name, duplicate or prompt.
         `owner`: who enrols it (a principal's owner string); `shared`: every caller may use it (default:
@@ -176,6 +181,7 @@ class VoiceLibrary:
                         report=json.dumps(report, ensure_ascii=False),
                         owner=owner,
                         shared=owner is None if shared is None else bool(shared),
+                        consent=json.dumps(consent, ensure_ascii=False) if consent else None,
                     )
                 )
                 conn.execute(self.files.insert(), [blob_row(voice_id, n, d) for n, d in blobs.items()])
@@ -355,6 +361,7 @@ class VoiceLibrary:
             report=json.loads(row["report"] or "{}"),
             owner=row["owner"],
             shared=_shared(row),
+            consent=json.loads(row["consent"]) if row["consent"] else None,
         )
 
     def _forget(self, voice_id: str) -> None:
