@@ -101,13 +101,13 @@ class ServerSettings(_Group):
         """Browsers send `Origin: scheme://host[:port]`, never a path: anything else would never match."""
         checked = []
         for origin in origins:
-            origin = origin.strip().rstrip("/")
+            origin = origin.strip().rstrip("/").lower()
             if origin != "*" and not re.fullmatch(r"https?://[^/\s?#@]+", origin):
                 raise ValueError(
                     f"cors_origins: {origin!r} is not an origin; write scheme://host[:port] "
                     "(e.g. https://app.example.com), without a path, or *"
                 )
-            checked.append(origin.lower())
+            checked.append(origin)
         return checked
 
 
