@@ -209,6 +209,15 @@ def test_password_sessions_end_when_the_ui_login_changes(gate: Gate) -> None:
     assert gate.with_settings().identify(None, token) is None
 
 
+def test_a_user_name_need_not_be_ascii(tmp_path: Path, clock: FakeClock) -> None:
+    gate = Gate(tmp_path, clock, ui_username="管理员", ui_password="密码 correct horse")
+    token = gate.access.login("管理员", "密码 correct horse")
+    assert gate.access.identify(None, token).name == "管理员"
+    assert (
+        gate.with_settings(ui_username="管理", ui_password="密码 correct horse").identify(None, token) is None
+    )
+
+
 def test_logout_ends_the_session(gate: Gate) -> None:
     token = gate.access.login("admin", "correct horse")
     gate.access.logout(token)

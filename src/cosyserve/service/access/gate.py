@@ -86,12 +86,13 @@ class Access:
             except KeyNotFound:
                 return None
             # the prefix tells this key from a later one that got a deleted key's id
-            if not key.active or not hmac.compare_digest(key.prefix, session.binding):
+            if not key.active or not hmac.compare_digest(key.prefix.encode(), session.binding.encode()):
                 return None
             return Principal("key", key.role, key=key, name=key.name)
         if session.kind == "user" and self.auth.ui_login_configured:
-            same_user = hmac.compare_digest(session.subject, self.auth.ui_username or "")
-            if same_user and hmac.compare_digest(session.binding, self._login_binding()):
+            # (bytes: compare_digest refuses str that is not ASCII, and user names need not be)
+            same_user = hmac.compare_digest(session.subject.encode(), (self.auth.ui_username or "").encode())
+            if same_user and hmac.compare_digest(session.binding.encode(), self._login_binding().encode()):
                 return Principal("session", "admin", name=session.subject)
         return None
 
