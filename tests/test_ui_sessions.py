@@ -101,6 +101,22 @@ def test_delete_and_delete_subject(store: UiSessionStore, clock: FakeClock) -> N
     assert store.count() == 1 and len(stored_rows(store)) == 1
 
 
+def test_one_subject_keeps_a_bounded_number_of_sessions(store: UiSessionStore, clock: FakeClock) -> None:
+    from cosyserve.service.stores.ui_sessions import MAX_SESSIONS_PER_SUBJECT
+
+    tokens = []
+    for _ in range(MAX_SESSIONS_PER_SUBJECT):
+        tokens.append(store.create("key", "1"))
+        clock.now += 1
+    other = store.create("key", "2")
+    assert store.resolve(tokens[0]) is not None  # used now: the second one is the least recently used
+    clock.now += 1
+    newest = store.create("key", "1")
+    assert store.resolve(tokens[1]) is None and store.resolve(tokens[0]) is not None
+    assert store.resolve(newest) is not None and store.resolve(other) is not None
+    assert store.count() == MAX_SESSIONS_PER_SUBJECT + 1
+
+
 def test_the_store_refuses_what_it_can_not_keep(store: UiSessionStore) -> None:
     with pytest.raises(ValueError, match="kind"):
         store.create("admin", "x")

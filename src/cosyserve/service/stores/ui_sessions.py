@@ -25,6 +25,7 @@ SUBJECT_KINDS = ("key", "user")
 TOKEN_PATTERN = re.compile(r"[A-Za-z0-9_-]{43}")  # secrets.token_urlsafe(32)
 SUBJECT_MAX_CHARS = 128
 TOUCH_INTERVAL_S = 60.0  # last_seen_at is written at most this often per session
+MAX_SESSIONS_PER_SUBJECT = 100  # browsers signed in as one key or user; a new login ends the least used
 
 
 @dataclass(frozen=True)
@@ -80,7 +81,8 @@ class UiSessionStore:
 
     def create(self, kind: str, subject: str, binding: str = "") -> str:
         """A new session for `subject`: its token, which only the browser keeps. Ended sessions of anyone
-        are deleted on the way, so the table holds live sessions only."""
+        are deleted on the way, so the table holds live sessions only, and at most
+        `MAX_SESSIONS_PER_SUBJECT` per subject (the least recently used go first)."""
         if kind not in SUBJECT_KINDS:
             raise ValueError(f"session kind {kind!r} is unknown; use one of {', '.join(SUBJECT_KINDS)}")
         if not 1 <= len(subject) <= SUBJECT_MAX_CHARS:
@@ -96,8 +98,18 @@ class UiSessionStore:
             "expires_at": now + self.max_age_s,
             "last_seen_at": now,
         }
+        same = sa.and_(self.table.c.kind == kind, self.table.c.subject == subject)
+        surplus = (
+            sa.select(self.table.c.token_hash)
+            .where(same)
+            .order_by(self.table.c.last_seen_at.desc(), self.table.c.created_at.desc())
+            .offset(MAX_SESSIONS_PER_SUBJECT - 1)
+        )
         with self.engine.begin() as conn:
             conn.execute(self.table.delete().where(self._ended(now)))
+            old = [row.token_hash for row in conn.execute(surplus)]
+            if old:
+                conn.execute(self.table.delete().where(self.table.c.token_hash.in_(old)))
             conn.execute(self.table.insert().values(**row))
         return token
 
