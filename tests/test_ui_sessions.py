@@ -268,3 +268,24 @@ def test_session_lifetimes_are_settings(tmp_path: Path) -> None:
     assert (access.sessions.idle_s, access.sessions.max_age_s) == (600, 7200)
     with pytest.raises(SettingsError, match="ui_session_idle_s"):
         Settings(ui_session_idle_s=10)
+
+
+def test_the_store_on_sqlite_and_postgresql(database_url: str, clock: FakeClock) -> None:
+    from cosyserve.service.stores.db import make_engine
+    from cosyserve.service.stores.ui_sessions import MAX_SESSIONS_PER_SUBJECT
+
+    engine = make_engine(database_url)
+    try:
+        store = UiSessionStore(engine, sa.MetaData(), idle_s=IDLE_S, max_age_s=MAX_S, clock=clock)
+        again = UiSessionStore(engine, sa.MetaData(), idle_s=IDLE_S, max_age_s=MAX_S, clock=clock)
+        tokens = []
+        for _ in range(MAX_SESSIONS_PER_SUBJECT + 1):
+            tokens.append(store.create("user", "管理员", "b" * 32))
+            clock.now += 1
+        assert again.resolve(tokens[0]) is None  # one too many: the oldest went
+        assert again.resolve(tokens[-1]).subject == "管理员"
+        clock.now += IDLE_S
+        assert store.resolve(tokens[-1]) is None
+        assert store.delete_subject("user", "管理员") == MAX_SESSIONS_PER_SUBJECT - 1
+    finally:
+        engine.dispose()
