@@ -1,6 +1,6 @@
 """Server-side UI sessions: the store (hashed tokens, idle and absolute expiry) and the gate's checks of a
-session against its credential at every request (revoked or replaced keys, role changes, a changed UI
-login, old signed tokens)."""
+session against its credential at every request (revoked, deleted or re-roled keys, a changed UI login,
+old signed tokens)."""
 
 from __future__ import annotations
 
@@ -179,13 +179,17 @@ def test_a_header_key_wins_over_the_session(gate: Gate) -> None:
     assert gate.access.identify("cs_" + "x" * 43, token).name == "alice"  # a wrong header: as before
 
 
-def test_a_role_change_takes_effect_at_once(gate: Gate) -> None:
-    record, plaintext = gate.keys.create("alice", "user")
+def test_a_role_change_ends_the_keys_sessions(gate: Gate) -> None:
+    record, plaintext = gate.keys.create("alice", "admin")
     _, token = gate.access.key_login(plaintext)
-    gate.set_key_column(record.id, role="admin")
     assert gate.access.identify(None, token).is_admin
-    gate.set_key_column(record.id, role="user")
-    assert not gate.access.identify(None, token).is_admin
+    gate.set_key_column(record.id, role="user")  # demoted: the admin session must not live on
+    assert gate.access.identify(None, token) is None
+    _, token = gate.access.key_login(plaintext)
+    principal = gate.access.identify(None, token)
+    assert principal.role == "user" and not principal.is_admin
+    gate.set_key_column(record.id, role="admin")
+    assert gate.access.identify(None, token) is None
 
 
 def test_revoking_the_key_ends_its_sessions(gate: Gate) -> None:

@@ -4,8 +4,8 @@ daily quota), and signed links that stand in for credentials.
 The API and the web UI both resolve callers here, from the same credentials: an API key (a header), the
 session cookie a login hands out (`stores.ui_sessions`: an opaque token, never the key itself), or nobody
 when the server has no authentication at all. A session is checked against its credential at every
-request: a key session ends when the key is revoked or gone and takes the key's role as it is now; a
-password session ends when the UI user name or password is changed.
+request: a key session ends when the key is revoked, deleted or given another role; a password session
+ends when the UI user name or password is changed.
 """
 
 from __future__ import annotations
@@ -85,8 +85,9 @@ class Access:
                 key = self.keys.get(session.subject)
             except KeyNotFound:
                 return None
-            # the prefix tells this key from a later one that got a deleted key's id
-            if not key.active or not hmac.compare_digest(key.prefix.encode(), session.binding.encode()):
+            if not key.active or not hmac.compare_digest(
+                _key_binding(key).encode(), session.binding.encode()
+            ):
                 return None
             return Principal("key", key.role, key=key, name=key.name)
         if session.kind == "user" and self.auth.ui_login_configured:
@@ -119,7 +120,7 @@ class Access:
         key = self.keys.authenticate(key_text)
         if key is None:
             raise AuthRequired("the API key is not valid (unknown, malformed or revoked)")
-        return key, self.sessions.create("key", str(key.id), key.prefix)
+        return key, self.sessions.create("key", str(key.id), _key_binding(key))
 
     def logout(self, session_token: str | None) -> None:
         """End the session of this token (nothing when there is none)."""
@@ -169,3 +170,9 @@ class Access:
 
     def verify_signed(self, path: str, exp: str | None, sig: str | None) -> bool:
         return signing.verify(path, exp, sig, self._secret)
+
+
+def _key_binding(key: ApiKey) -> str:
+    """What a key session is bound to: the key's prefix (which tells it from a later key that got a deleted
+    key's id) and its role (a role change ends the sessions made under the old one)."""
+    return f"{key.prefix}:{key.role}"
