@@ -1,4 +1,5 @@
-"""API keys, rate limits, quotas, password hashes, session tokens, signed URLs and the keys CLI."""
+"""API keys, rate limits, quotas, password hashes, signed URLs and the keys CLI (UI sessions:
+test_ui_sessions.py)."""
 
 from __future__ import annotations
 
@@ -15,10 +16,10 @@ import pytest
 import sqlalchemy as sa
 
 from cosyserve.commands.keys import add_keys_parser
-from cosyserve.errors import InputError, SettingsError
+from cosyserve.errors import InputError
 from cosyserve.service.access import signing
 from cosyserve.service.access.limits import QuotaTracker, RateLimiter
-from cosyserve.service.access.sessions import PasswordHasher, SessionTokens, check_password
+from cosyserve.service.access.sessions import PasswordHasher, check_password
 from cosyserve.service.stores.keys import ApiKey, KeyNotFound, KeyStore
 
 SECRET = "s" * 32
@@ -218,20 +219,6 @@ def test_check_password_plain_or_hashed() -> None:
     assert check_password("plain", "plain") and not check_password("plain", "plain ")
     hashed = PasswordHasher(n=2**10).hash("pw")
     assert check_password(hashed, "pw") and not check_password(hashed, hashed)
-
-
-def test_session_tokens() -> None:
-    clock = FakeClock()
-    sessions = SessionTokens(SECRET, ttl_s=3600, clock=clock)
-    token = sessions.issue("admin")
-    assert sessions.verify(token) == "admin"
-    assert SessionTokens("t" * 32, clock=clock).verify(token) is None  # another secret
-    assert sessions.verify(token.replace(token.split(".")[0], "ZXZl")) is None  # another user name
-    assert sessions.verify(None) is None and sessions.verify("a.b") is None
-    clock.now += 3600
-    assert sessions.verify(token) is None  # expired
-    with pytest.raises(SettingsError):
-        SessionTokens("short")
 
 
 # -- signed URLs ---------------------------------------------------------------------------------------

@@ -3,6 +3,8 @@ access outside Gradio's own uploads, upload size limits, and the API still answe
 
 from __future__ import annotations
 
+import json
+import time
 from urllib.parse import quote
 
 import pytest
@@ -10,6 +12,7 @@ from fastapi.testclient import TestClient
 
 USER, PASSWORD = "admin", "security-test-password"
 HTML = {"Accept": "text/html"}
+LOGOUT_LINK = ' · <a href="/logout" id="cosy-logout">Log out</a>'
 
 
 def no_model(_settings, _voices):
@@ -133,3 +136,215 @@ def test_without_any_auth_the_page_is_open(tmp_path):
     with make_client(tmp_path) as client:
         assert client.get("/", headers=HTML).status_code == 200
         assert client.get("/login").status_code == 303  # nothing to log in to
+
+
+# -- sessions: the cookie holds no key, one login at a time, logout and revocation end it -------------------
+
+
+def session_token(response) -> str:
+    """The session token a login set (the cookie's value), checking the cookie's flags on the way."""
+    cookies = [c for c in response.headers.get_list("set-cookie") if c.startswith("cosyserve_session=")]
+    assert len(cookies) == 1, cookies
+    flags = [part.strip().lower() for part in cookies[0].split(";")]
+    assert "httponly" in flags and "samesite=lax" in flags and "path=/" in flags
+    assert f"max-age={30 * 86400}" in flags
+    return cookies[0].split(";")[0].split("=", 1)[1]
+
+
+def browser_with(client: TestClient, token: str) -> TestClient:
+    """Another browser on the same server holding this session cookie."""
+    other = TestClient(client.app, follow_redirects=False)
+    other.cookies.set("cosyserve_session", token)
+    return other
+
+
+def page_user(client: TestClient) -> tuple[str, bool] | None:
+    """What the page's first-load event answers for this browser: (signed-in line, admin tab shown), or
+    None when Gradio refuses it."""
+    started = client.post("/gradio_api/call/on_load", json={"data": ["en"]})
+    if started.status_code == 401:
+        return None
+    assert started.status_code == 200, started.text
+    stream = client.get(f"/gradio_api/call/on_load/{started.json()['event_id']}")
+    data = json.loads(stream.text.split("event: complete\ndata:", 1)[1].strip().splitlines()[0])
+    return data[1], data[2].get("visible") is True
+
+
+def key_login(client: TestClient, plaintext: str):
+    response = client.post("/login", data={"api_key": plaintext, "next": "/"})
+    assert response.status_code == 303, response.text
+    return response
+
+
+def test_the_login_cookie_holds_no_key(client):
+    _, plaintext = client.app.state.service.keys.create("alice", role="user")
+    response = key_login(client, plaintext)
+    token = session_token(response)
+    assert plaintext not in token and all(plaintext not in c for c in response.headers.get_list("set-cookie"))
+    assert "secure" not in response.headers["set-cookie"].lower()  # plain http: no Secure flag
+    legacy = [c for c in response.headers.get_list("set-cookie") if c.startswith("cosyserve_ui_key=")]
+    assert legacy and "max-age=0" in legacy[0].lower()  # an old version's raw-key cookie is cleared
+    with TestClient(client.app, base_url="https://testserver", follow_redirects=False) as https:
+        secure = key_login(https, plaintext)
+        assert "secure" in [part.strip().lower() for part in secure.headers["set-cookie"].split(";")]
+
+
+def test_old_style_cookies_carry_nothing(client):
+    """The raw key in the old cookie, or an old signed session token, signs no one in any more."""
+    from cosyserve.service.access import signing
+
+    service = client.app.state.service
+    _, plaintext = service.keys.create("alice", role="admin")
+    secret = service.settings.resolve_signing_secret().get_secret_value()
+    for name, value in (
+        ("cosyserve_ui_key", plaintext),
+        ("cosyserve_session", signing.sign_token(USER, int(time.time()) + 3600, secret)),
+        ("cosyserve_session", plaintext),
+    ):
+        client.cookies.clear()
+        client.cookies.set(name, value)
+        assert client.get("/", headers=HTML).status_code == 303, name
+        assert client.get("/gradio_api/info").status_code == 401
+        assert client.get("/v1/me").status_code == 401
+        assert page_user(client) is None
+
+
+def test_one_login_at_a_time(client):
+    """Key login as alice, password login as admin, key login as bob in one browser: each login replaces
+    the identity entirely, on the page, in Gradio's events and in the API, and ends the previous session."""
+    keys = client.app.state.service.keys
+    _, alice = keys.create("alice", role="user")
+    _, bob = keys.create("bob", role="user")
+    alice_token = session_token(key_login(client, alice))
+    assert page_user(client) == ("<span>Signed in as alice</span>" + LOGOUT_LINK, False)
+    assert client.get("/v1/me").json()["name"] == "alice"
+
+    admin_login = client.post("/login", data={"username": USER, "password": PASSWORD})
+    assert admin_login.status_code == 303
+    admin_token = session_token(admin_login)
+    assert page_user(client) == ("<span>Signed in as admin</span>" + LOGOUT_LINK, True)
+    assert client.get("/v1/me").json()["kind"] == "session"
+    assert browser_with(client, alice_token).get("/v1/me").status_code == 401  # alice's session ended
+
+    session_token(key_login(client, bob))
+    assert page_user(client) == ("<span>Signed in as bob</span>" + LOGOUT_LINK, False)
+    assert client.get("/v1/me").json()["name"] == "bob"
+    assert client.get("/admin/status").status_code == 403
+    assert browser_with(client, admin_token).get("/admin/status").status_code == 401
+
+    failed = client.post("/login", data={"username": USER, "password": "nope"})
+    assert failed.status_code == 401
+    assert client.get("/", headers=HTML).status_code == 303  # a failed login leaves no one signed in
+    assert client.app.state.service.access.sessions.count() == 0
+
+
+def test_logout_ends_the_session_on_the_server(client):
+    token = session_token(client.post("/login", data={"username": USER, "password": PASSWORD}))
+    logout = client.get("/logout")
+    assert logout.status_code == 303
+    cleared = {c.split("=", 1)[0]: c.lower() for c in logout.headers.get_list("set-cookie")}
+    assert set(cleared) == {"cosyserve_session", "cosyserve_ui_key"}
+    assert all("max-age=0" in cookie for cookie in cleared.values())
+    assert browser_with(client, token).get("/", headers=HTML).status_code == 303  # a copy is worth nothing
+
+
+def test_the_apis_login_and_logout_use_the_same_sessions(client):
+    _, plaintext = client.app.state.service.keys.create("alice", role="user")
+    alice_token = session_token(key_login(client, plaintext))
+    api_login = client.post("/auth/login", json={"username": USER, "password": PASSWORD})
+    assert api_login.status_code == 200
+    token = session_token(api_login)
+    assert browser_with(client, alice_token).get("/v1/me").status_code == 401
+    assert client.get("/", headers=HTML).status_code == 200 and page_user(client)[1] is True
+    client.post("/auth/logout")
+    assert browser_with(client, token).get("/v1/me").status_code == 401
+
+
+def test_revoking_a_key_signs_its_browsers_out(client):
+    keys = client.app.state.service.keys
+    record, plaintext = keys.create("alice", role="user")
+    key_login(client, plaintext)
+    assert client.get("/", headers=HTML).status_code == 200
+    keys.revoke(record.id)
+    page = client.get("/", headers=HTML)
+    assert page.status_code == 303 and page.headers["location"].startswith("/login")
+    assert page_user(client) is None and client.get("/v1/me").status_code == 401
+
+
+# -- CORS: foreign pages get no answers, configured origins do ---------------------------------------------
+
+FOREIGN_ORIGINS = ("http://localhost:9999", "http://127.0.0.1:1", "https://evil.example", "null")
+UI_PATHS = ("/", "/config", "/gradio_api/info", "/gradio_api/queue/status", "/v1/me", "/health")
+
+
+def cors_headers(response) -> dict[str, str]:
+    return {name: value for name, value in response.headers.items() if name.startswith("access-control-")}
+
+
+def test_foreign_origins_get_no_cors_answers(client):
+    """Gradio alone would echo any origin with credentials (or any localhost one when the server is reached
+    as localhost): a page on another port could read the signed-in user's UI."""
+    login(client)
+    for host in ("testserver", "localhost:7860", "127.0.0.1:7860"):
+        for origin in FOREIGN_ORIGINS:
+            headers = {"Origin": origin, "Host": host}
+            for path in UI_PATHS:
+                response = client.get(path, headers=headers)
+                assert response.status_code < 400 and not cors_headers(response), (host, origin, path)
+            called = client.post("/gradio_api/call/on_load", json={"data": ["en"]}, headers=headers)
+            assert called.status_code == 200 and not cors_headers(called)
+            for path in ("/gradio_api/queue/join", "/gradio_api/upload", "/v1/tts", "/login"):
+                preflight = client.options(
+                    path,
+                    headers={
+                        **headers,
+                        "Access-Control-Request-Method": "POST",
+                        "Access-Control-Request-Headers": "content-type",
+                    },
+                )
+                assert not cors_headers(preflight), (host, origin, path, preflight.headers)
+    same_site = client.get("/config", headers={"Origin": "http://testserver"})  # the page's own calls
+    assert same_site.status_code == 200 and not cors_headers(same_site)
+
+
+def test_configured_origins_get_cors_answers(tmp_path):
+    app_origin = "https://app.example"
+    settings = {"ui_username": USER, "ui_password": PASSWORD, "cors_origins": f"{app_origin}/"}
+    with make_client(tmp_path, **settings) as client:
+        login(client)
+        for path in UI_PATHS:
+            response = client.get(path, headers={"Origin": app_origin})
+            assert response.headers["access-control-allow-origin"] == app_origin, path
+            assert response.headers["access-control-allow-credentials"] == "true"
+            assert "origin" in response.headers["vary"].lower()
+            other = client.get(path, headers={"Origin": "http://localhost:9999"})
+            assert not cors_headers(other), path
+        preflight = client.options(
+            "/gradio_api/queue/join",
+            headers={
+                "Origin": app_origin,
+                "Access-Control-Request-Method": "POST",
+                "Access-Control-Request-Headers": "content-type",
+            },
+        )
+        assert preflight.status_code == 204
+        assert preflight.headers["access-control-allow-origin"] == app_origin
+        assert preflight.headers["access-control-allow-headers"] == "content-type"
+        assert "POST" in preflight.headers["access-control-allow-methods"]
+    with make_client(tmp_path / "any", ui_username=USER, ui_password=PASSWORD, cors_origins="*") as client:
+        response = client.get("/config", headers={"Origin": "https://anyone.example"})
+        assert response.headers["access-control-allow-origin"] == "*"
+        assert "access-control-allow-credentials" not in response.headers  # never with credentials
+
+
+def test_cors_origins_must_be_origins(tmp_path):
+    from cosyserve.errors import SettingsError
+    from cosyserve.service.settings import Settings
+
+    assert Settings(cors_origins="HTTPS://App.Example/, http://localhost:3000").server.cors_origins == [
+        "https://app.example",
+        "http://localhost:3000",
+    ]
+    for wrong in ("app.example", "https://app.example/ui", "ftp://app.example"):
+        with pytest.raises(SettingsError, match="not an origin"):
+            Settings(cors_origins=wrong)

@@ -10,7 +10,7 @@ from starlette.concurrency import run_in_threadpool
 from cosyserve.api.deps import CurrentPrincipal, get_service, require_admin
 from cosyserve.api.schemas import ERRORS, LoginBody
 from cosyserve.errors import error_code
-from cosyserve.service.access.sessions import SESSION_COOKIE
+from cosyserve.service.access.sessions import AUTH_COOKIES, LEGACY_KEY_COOKIE, SESSION_COOKIE
 from cosyserve.service.activity import log_activity
 from cosyserve.service.logs import recent_logs
 
@@ -58,6 +58,9 @@ def status(request: Request) -> dict[str, Any]:
 @session_router.post("/auth/login", responses=ERRORS, summary="Web UI login: sets the session cookie")
 async def login(body: LoginBody, request: Request, response: Response) -> dict[str, Any]:
     service = get_service(request)
+    # One login at a time: the browser's current session ends whatever the outcome.
+    await run_in_threadpool(service.access.logout, request.cookies.get(SESSION_COOKIE))
+    response.delete_cookie(LEGACY_KEY_COOKIE, path="/", httponly=True, samesite="lax")
     try:
         token = await run_in_threadpool(service.access.login, body.username, body.password)
     except Exception as exc:
@@ -69,8 +72,10 @@ async def login(body: LoginBody, request: Request, response: Response) -> dict[s
 
 
 @session_router.post("/auth/logout", summary="End the web UI session")
-def logout(response: Response) -> dict[str, Any]:
-    response.delete_cookie(SESSION_COOKIE)
+async def logout(request: Request, response: Response) -> dict[str, Any]:
+    await run_in_threadpool(get_service(request).access.logout, request.cookies.get(SESSION_COOKIE))
+    for name in AUTH_COOKIES:
+        response.delete_cookie(name, path="/", httponly=True, samesite="lax")
     return {"user": None}
 
 

@@ -12,13 +12,13 @@ from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager
 
 from fastapi import FastAPI
-from fastapi.middleware.cors import CORSMiddleware
 from fastapi.responses import RedirectResponse
 from fastapi_offline import FastAPIOffline
 
 from cosyserve import __version__
 from cosyserve.api import admin, batches, dub, health, jobs, openai, outputs, tts, voices
 from cosyserve.api.body_budget import BodyBudget
+from cosyserve.api.cors import CorsPolicy
 from cosyserve.api.errors import install_error_handlers
 from cosyserve.api.middleware import ApiMiddleware
 from cosyserve.service.assembly import Service
@@ -75,16 +75,10 @@ def create_app(service: Service, *, manage_service: bool = True) -> FastAPI:
     app.include_router(admin.router)
     app.include_router(admin.session_router)
 
-    origins = service.settings.server.cors_origins
-    if origins:
-        app.add_middleware(
-            CORSMiddleware,
-            allow_origins=origins,
-            allow_credentials="*" not in origins,
-            allow_methods=["*"],
-            allow_headers=["*"],
-            expose_headers=EXPOSED_HEADERS,
-        )
+    # Always on, also without origins: it removes the CORS answers the mounted UI's Gradio would give.
+    app.add_middleware(
+        CorsPolicy, origins=service.settings.server.cors_origins, expose_headers=EXPOSED_HEADERS
+    )
     limits = service.settings.limits
     app.add_middleware(  # outermost
         ApiMiddleware,

@@ -6,6 +6,7 @@ key, unique across groups. `settings.Settings` reads values from every source in
 from __future__ import annotations
 
 import os
+import re
 from pathlib import Path
 from typing import Annotated, Any, Literal
 
@@ -83,7 +84,10 @@ class ServerSettings(_Group):
         "instead of exiting with the reason",
     )
     cors_origins: Annotated[list[str], NoDecode] = Field(
-        default_factory=list, description="origins allowed by CORS, comma-separated (empty: CORS off)"
+        default_factory=list,
+        description="origins (scheme://host[:port]) whose pages may call the API and the web UI with the "
+        "browser's credentials, comma-separated; * lets any page call without credentials "
+        "(empty: CORS off, same-origin only)",
     )
 
     @field_validator("cors_origins", mode="before")
@@ -97,6 +101,21 @@ class ServerSettings(_Group):
                 return json.loads(value)
             return [part.strip() for part in value.split(",") if part.strip()]
         return value
+
+    @field_validator("cors_origins")
+    @classmethod
+    def _check_origins(cls, origins: list[str]) -> list[str]:
+        """Browsers send `Origin: scheme://host[:port]`, never a path: anything else would never match."""
+        checked = []
+        for origin in origins:
+            origin = origin.strip().rstrip("/").lower()
+            if origin != "*" and not re.fullmatch(r"https?://[^/\s?#@]+", origin):
+                raise ValueError(
+                    f"cors_origins: {origin!r} is not an origin; write scheme://host[:port] "
+                    "(e.g. https://app.example.com), without a path, or *"
+                )
+            checked.append(origin)
+        return checked
 
 
 class QueueSettings(_Group):
@@ -229,6 +248,12 @@ class AuthSettings(_Group):
         min_length=10,
         max_length=2000,
         description="what a user confirms when enrolling a voice (recorded with the voice, word for word)",
+    )
+    ui_session_idle_s: int = Field(
+        7 * 86400, ge=60, description="a web UI sign-in ends after this many seconds without a request"
+    )
+    ui_session_max_s: int = Field(
+        30 * 86400, ge=60, description="a web UI sign-in ends this many seconds after the login, however used"
     )
 
     @property

@@ -9,7 +9,9 @@ Security by construction:
 - uploads are capped at `max_upload_mb` by Gradio, and the UI accepts only audio suffixes and decodable
   audio (checked again by the service);
 - fonts are the system's (no request to an outside font host), and there is no footer, API page, MCP
-  server, run history or SSR process.
+  server, run history or SSR process;
+- only the origins in `cors_origins` get CORS answers (`api/cors.py` removes those Gradio gives any
+  origin), and a login is a server-side session whose cookie holds no key (`ui/login.py`).
 """
 
 from __future__ import annotations

@@ -40,7 +40,6 @@ from cosyserve.service.stores.outputs import OutputNotFound, StoredOutput
 from cosyserve.service.stores.voices import Voice
 from cosyserve.service.transcription import asr_available, transcribe
 
-UI_KEY_COOKIE = "cosyserve_ui_key"  # an API key the login page accepted, for key-only servers
 AUDIO_SUFFIXES = frozenset({".wav", ".mp3", ".flac", ".ogg", ".opus", ".m4a", ".webm", ".aac"})
 DOWNLOAD_FORMATS = ("wav", "mp3", "flac", "opus")
 MODES = ("zero_shot", "cross_lingual", "instruct")
@@ -71,10 +70,9 @@ class UiBridge:
     # -- who is calling ----------------------------------------------------------------------------
 
     def principal(self, headers: Mapping[str, str], cookies: Mapping[str, str]) -> Principal | None:
-        """Like the API: an API key (header, or the login page's key cookie), the session cookie, or
-        anonymous with full rights when the server has no authentication at all; None: not signed in."""
-        key_text = _header_key(headers) or cookies.get(UI_KEY_COOKIE) or None
-        return self.service.access.identify(key_text, cookies.get(SESSION_COOKIE))
+        """Like the API: an API key in a header, the login's session cookie (whether by key or password),
+        or anonymous with full rights when the server has no authentication at all; None: not signed in."""
+        return self.service.access.identify(_header_key(headers), cookies.get(SESSION_COOKIE))
 
     def principal_of(self, request: Any) -> Principal:
         """The principal of a Gradio request; AuthRequired when its credentials are gone or invalid."""

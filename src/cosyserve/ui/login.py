@@ -1,10 +1,12 @@
 """Signing in to the web UI with the API's credentials: the UI user's password or an API key.
 
-`GET /login` shows a small bilingual form; `POST /login` checks it with `Service.login` (setting the API's
-own session cookie, so the UI's browser session also works for the API) or, for servers that only have
-API keys, with the key store (kept in an http-only cookie). `GET /logout` clears both. Gradio's
-`auth_dependency` (`ui_auth_dependency`) then lets a request in when the same credentials resolve to a
-principal, and sends a browser that opens the page without them to the form.
+`GET /login` shows a small bilingual form; `POST /login` checks it (`Access.login` or `Access.key_login`)
+and hands the browser a new server-side session (`stores.ui_sessions`) as an http-only cookie, which
+the API accepts too. The cookie holds an opaque token, never the key. One login at a time: submitting
+the form first ends the browser's current session and clears every auth cookie, so a new login replaces
+the old identity entirely (and a failed one leaves the browser signed out). `GET /logout` ends the session
+and clears the cookies. Gradio's `auth_dependency` (`ui_auth_dependency`) then lets a request in when
+its credentials resolve to a principal, and sends a browser that opens the page without them to the form.
 """
 
 from __future__ import annotations
@@ -19,9 +21,9 @@ from fastapi.responses import HTMLResponse, RedirectResponse, Response
 from starlette.concurrency import run_in_threadpool
 
 from cosyserve.service.access.principals import AuthRequired
-from cosyserve.service.access.sessions import SESSION_COOKIE
+from cosyserve.service.access.sessions import AUTH_COOKIES, SESSION_COOKIE
 from cosyserve.service.activity import log_activity
-from cosyserve.ui.bridge import UI_KEY_COOKIE, UiBridge
+from cosyserve.ui.bridge import UiBridge
 from cosyserve.ui.i18n import pick_lang
 
 LOGIN_PATH = "/login"
@@ -143,16 +145,16 @@ def install_login_routes(app: FastAPI, bridge: UiBridge) -> None:
             name: str(form.get(name) or "")[:MAX_FIELD_CHARS] for name in ("username", "password", "api_key")
         }
         next_path = safe_next(str(form.get("next") or "/"))
-        secure = request.url.scheme == "https"
-        response = RedirectResponse(next_path, status_code=303)
+        secure = request.url.scheme == "https"  # uvicorn applies X-Forwarded-Proto from trusted proxies
+        # One login at a time: whatever the outcome, the browser's current session ends here.
+        await run_in_threadpool(service.access.logout, request.cookies.get(SESSION_COOKIE))
+        token = None
         if fields["api_key"].strip():
-            key = await run_in_threadpool(service.keys.authenticate, fields["api_key"].strip())
+            try:
+                key, token = await run_in_threadpool(service.access.key_login, fields["api_key"].strip())
+            except AuthRequired:
+                key = None
             log_activity("login", "ok" if key else "bad_key", who=key.name if key else None, endpoint="ui")
-            if key is not None:
-                response.set_cookie(
-                    UI_KEY_COOKIE, fields["api_key"].strip(), httponly=True, samesite="lax", secure=secure
-                )
-                return response
         elif fields["username"]:
             try:
                 token = await run_in_threadpool(service.access.login, fields["username"], fields["password"])
@@ -160,19 +162,30 @@ def install_login_routes(app: FastAPI, bridge: UiBridge) -> None:
                 token = None
             name = fields["username"][:64]
             log_activity("login", "ok" if token else "bad_password", who=name, endpoint="ui")
-            if token is not None:
-                response.set_cookie(**service.access.session_cookie(token, secure=secure))
-                return response
+        if token is not None:
+            response: Response = RedirectResponse(next_path, status_code=303)
+            clear_auth_cookies(response, keep=SESSION_COOKIE)  # that one is replaced
+            response.set_cookie(**service.access.session_cookie(token, secure=secure))
+            return response
         await asyncio.sleep(FAILED_LOGIN_DELAY_S)
-        page = login_page(bridge, lang_of(request), next_path, error=True)
-        return HTMLResponse(page, status_code=401)
+        response = HTMLResponse(login_page(bridge, lang_of(request), next_path, error=True), status_code=401)
+        clear_auth_cookies(response)
+        return response
 
     @app.get(LOGOUT_PATH, include_in_schema=False)
-    def logout() -> Response:
+    async def logout(request: Request) -> Response:
+        await run_in_threadpool(service.access.logout, request.cookies.get(SESSION_COOKIE))
         response = RedirectResponse(LOGIN_PATH, status_code=303)
-        response.delete_cookie(SESSION_COOKIE)
-        response.delete_cookie(UI_KEY_COOKIE)
+        clear_auth_cookies(response)
         return response
+
+
+def clear_auth_cookies(response: Response, keep: str | None = None) -> None:
+    """Tell the browser to drop every auth cookie (but `keep`): the session's, and the raw-key cookie of
+    old versions."""
+    for name in AUTH_COOKIES:
+        if name != keep:
+            response.delete_cookie(name, path="/", httponly=True, samesite="lax")
 
 
 def ui_auth_dependency(bridge: UiBridge) -> Callable[[Request], Awaitable[str | None]]:

@@ -2,6 +2,6 @@
 
 `gate.Access` is what the API and the UI ask: is authentication on, who is this (`principals.Principal`,
 from an API key, a UI session or nobody), may they go ahead (`limits`: per-key rate limits and daily audio
-quotas), log a UI user in (`sessions`: password check and session tokens), and signed links (`signing`).
-The API keys themselves are a store (`stores.keys`).
+quotas), log a UI user in (`sessions`: password check), and signed links (`signing`). The API keys and
+the UI's sign-in sessions are stores (`stores.keys`, `stores.ui_sessions`).
 """

@@ -1,12 +1,17 @@
 """The gate every request passes: is authentication on, who is calling, may they go ahead (rate limit,
 daily quota), and signed links that stand in for credentials.
 
-The API and the web UI both resolve callers here, from the same credentials: an API key (header, or the
-UI's key cookie), the UI's session cookie, or nobody when the server has no authentication at all.
+The API and the web UI both resolve callers here, from the same credentials: an API key (a header), the
+session cookie a login hands out (`stores.ui_sessions`: an opaque token, never the key itself), or nobody
+when the server has no authentication at all. A session is checked against its credential at every
+request: a key session ends when the key is revoked, deleted or given another role; a password session
+ends when the UI user name or password is changed.
 """
 
 from __future__ import annotations
 
+import hashlib
+import hmac
 import time
 from typing import Any
 
@@ -15,10 +20,11 @@ import sqlalchemy as sa
 from cosyserve.service.access import signing
 from cosyserve.service.access.limits import QuotaTracker, RateLimiter
 from cosyserve.service.access.principals import AuthRequired, Principal, QuotaExceeded, RateLimited
-from cosyserve.service.access.sessions import SESSION_COOKIE, SessionTokens, check_password
+from cosyserve.service.access.sessions import SESSION_COOKIE, check_password
 from cosyserve.service.settings import Settings
 from cosyserve.service.stores.db import metadata
-from cosyserve.service.stores.keys import KeyStore
+from cosyserve.service.stores.keys import ApiKey, KeyNotFound, KeyStore
+from cosyserve.service.stores.ui_sessions import UiSession, UiSessionStore
 
 AUTH_CACHE_S = 2.0  # how long "does any API key exist?" is cached (keys are made by another process)
 
@@ -26,7 +32,9 @@ AUTH_CACHE_S = 2.0  # how long "does any API key exist?" is cached (keys are mad
 class Access:
     """Authentication, authorisation and per-key limits for one service."""
 
-    def __init__(self, settings: Settings, keys: KeyStore, engine: sa.Engine) -> None:
+    def __init__(
+        self, settings: Settings, keys: KeyStore, engine: sa.Engine, sessions: UiSessionStore | None = None
+    ) -> None:
         self.auth = settings.auth
         self.keys = keys
         self.quota = QuotaTracker(
@@ -34,7 +42,10 @@ class Access:
         )
         self.rate_limiter = RateLimiter(settings.limits.rate_limit_per_minute)
         self._secret = settings.resolve_signing_secret().get_secret_value()
-        self.sessions = SessionTokens(self._secret)
+        signing.signature(signing.URL_PURPOSE, "", 0, self._secret)  # refuse a weak secret now, not at use
+        self.sessions = sessions or UiSessionStore(
+            engine, metadata, idle_s=self.auth.ui_session_idle_s, max_age_s=self.auth.ui_session_max_s
+        )
         self._auth_cache: tuple[float, bool] = (0.0, False)
 
     def any_key(self) -> bool:
@@ -52,20 +63,48 @@ class Access:
         return exists
 
     def identify(self, key_text: str | None, session_token: str | None) -> Principal | None:
-        """The caller for these credentials: a valid API key, else a valid session, else anonymous with
+        """The caller for these credentials: a valid API key, else a live session, else anonymous with
         full rights when the server has no authentication; None when they do not let anyone in."""
         key = self.keys.authenticate(key_text) if key_text else None
         if key is not None:
             return Principal("key", key.role, key=key, name=key.name)
-        user = self.sessions.verify(session_token)
-        if user is not None:
-            return Principal("session", "admin", name=user)
+        session = self.sessions.resolve(session_token) if session_token else None
+        if session is not None:
+            principal = self._session_principal(session)
+            if principal is not None:
+                return principal
+            self.sessions.delete(session_token)  # its key was revoked, or the UI login was changed
         if not self.auth_enabled():
             return Principal("anonymous", "admin")  # e.g. an OpenAI SDK's placeholder key, auth off
         return None
 
+    def _session_principal(self, session: UiSession) -> Principal | None:
+        """Who a session stands for now, or None when its credential no longer lets anyone in."""
+        if session.kind == "key":
+            try:
+                key = self.keys.get(session.subject)
+            except KeyNotFound:
+                return None
+            if not key.active or not hmac.compare_digest(
+                _key_binding(key).encode(), session.binding.encode()
+            ):
+                return None
+            return Principal("key", key.role, key=key, name=key.name)
+        if session.kind == "user" and self.auth.ui_login_configured:
+            # (bytes: compare_digest refuses str that is not ASCII, and user names need not be)
+            same_user = hmac.compare_digest(session.subject.encode(), (self.auth.ui_username or "").encode())
+            if same_user and hmac.compare_digest(session.binding.encode(), self._login_binding().encode()):
+                return Principal("session", "admin", name=session.subject)
+        return None
+
+    def _login_binding(self) -> str:
+        """A fingerprint of the configured UI login: sessions made before it changed no longer match."""
+        password = self.auth.ui_password.get_secret_value() if self.auth.ui_password else ""
+        message = f"ui-login\0{self.auth.ui_username}\0{password}".encode()
+        return hmac.new(self._secret.encode(), message, hashlib.sha256).hexdigest()[:32]
+
     def login(self, username: str, password: str) -> str:
-        """A session token for the UI user, or AuthRequired."""
+        """A new session token for the UI user, or AuthRequired."""
         auth = self.auth
         if not auth.ui_login_configured or auth.ui_password is None:
             raise AuthRequired("no UI login is configured on this server (set ui_username and ui_password)")
@@ -73,17 +112,30 @@ class Access:
         password_ok = check_password(auth.ui_password.get_secret_value(), password or "")
         if not (name_ok and password_ok):
             raise AuthRequired("wrong user name or password")
-        return self.sessions.issue(username)
+        return self.sessions.create("user", auth.ui_username or "", self._login_binding())
+
+    def key_login(self, key_text: str) -> tuple[ApiKey, str]:
+        """The key and a new session token for it (the browser keeps the token, never the key), or
+        AuthRequired."""
+        key = self.keys.authenticate(key_text)
+        if key is None:
+            raise AuthRequired("the API key is not valid (unknown, malformed or revoked)")
+        return key, self.sessions.create("key", str(key.id), _key_binding(key))
+
+    def logout(self, session_token: str | None) -> None:
+        """End the session of this token (nothing when there is none)."""
+        self.sessions.delete(session_token)
 
     def session_cookie(self, token: str, *, secure: bool) -> dict[str, Any]:
         """How a UI session cookie is set: the keyword arguments of `Response.set_cookie`."""
         return {
             "key": SESSION_COOKIE,
             "value": token,
-            "max_age": int(self.sessions.ttl_s),
+            "max_age": int(self.auth.ui_session_max_s),
+            "path": "/",
             "httponly": True,  # never readable by the page's scripts
-            "samesite": "lax",
-            "secure": secure,  # https only when the login came over https
+            "samesite": "lax",  # not sent with other sites' requests, but with links to the UI
+            "secure": secure,  # https only when the login came over https (or a trusted proxy's https)
         }
 
     def check_rate(self, principal: Principal) -> None:
@@ -118,3 +170,9 @@ class Access:
 
     def verify_signed(self, path: str, exp: str | None, sig: str | None) -> bool:
         return signing.verify(path, exp, sig, self._secret)
+
+
+def _key_binding(key: ApiKey) -> str:
+    """What a key session is bound to: the key's prefix (which tells it from a later key that got a deleted
+    key's id) and its role (a role change ends the sessions made under the old one)."""
+    return f"{key.prefix}:{key.role}"

@@ -1,5 +1,5 @@
-"""UI logins: checking the configured password (scrypt hashes, or plain text) and the signed, expiring
-session tokens the login page hands out as a cookie.
+"""UI logins: checking the configured password (scrypt hashes, or plain text), and the name of the cookie
+that holds a login's session token (the sessions themselves are kept in `stores.ui_sessions`).
 """
 
 from __future__ import annotations
@@ -8,12 +8,10 @@ import base64
 import hashlib
 import hmac
 import secrets
-import time
-from collections.abc import Callable
 
-from cosyserve.service.access import signing
-
-SESSION_COOKIE = "cosyserve_session"
+SESSION_COOKIE = "cosyserve_session"  # an opaque session token (`stores.ui_sessions`), never a key
+LEGACY_KEY_COOKIE = "cosyserve_ui_key"  # held a raw API key in old versions: never read, only cleared
+AUTH_COOKIES = (SESSION_COOKIE, LEGACY_KEY_COOKIE)  # what a login or logout resets
 MIN_HASH_BYTES = 16  # shortest stored password hash accepted
 
 
@@ -73,25 +71,6 @@ def check_password(configured: str, supplied: str, hasher: PasswordHasher | None
     return hmac.compare_digest(
         hashlib.sha256(configured.encode()).digest(), hashlib.sha256(supplied.encode()).digest()
     )
-
-
-class SessionTokens:
-    """Signed, expiring session cookie values for the web UI (see `signing.sign_token`)."""
-
-    def __init__(
-        self, secret: str | bytes, ttl_s: float = 7 * 86400, *, clock: Callable[[], float] = time.time
-    ):
-        signing.signature(signing.SESSION_PURPOSE, "", 0, secret)  # refuse a weak secret now, not at login
-        self._secret = secret
-        self.ttl_s = ttl_s
-        self._clock = clock
-
-    def issue(self, subject: str) -> str:
-        return signing.sign_token(subject, int(self._clock() + self.ttl_s), self._secret)
-
-    def verify(self, token: str | None) -> str | None:
-        """The subject (user name) of a valid, unexpired token; None otherwise."""
-        return signing.verify_token(token, self._secret, now=self._clock())
 
 
 def _b64(data: bytes) -> str:
