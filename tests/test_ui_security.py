@@ -167,7 +167,8 @@ def page_user(client: TestClient) -> tuple[str, bool] | None:
     assert started.status_code == 200, started.text
     stream = client.get(f"/gradio_api/call/on_load/{started.json()['event_id']}")
     data = json.loads(stream.text.split("event: complete\ndata:", 1)[1].strip().splitlines()[0])
-    return data[1], data[2].get("visible") is True
+    _lang_state, _lang, user, admin_tab, *_ = data
+    return user, admin_tab.get("visible") is True
 
 
 def key_login(client: TestClient, plaintext: str):

@@ -82,7 +82,8 @@ def gradio_user(page, base: str) -> tuple[str, bool]:
     assert started.status == 200, started.text()
     stream = page.request.get(f"{base}/gradio_api/call/on_load/{started.json()['event_id']}").text()
     data = json.loads(stream.split("event: complete\ndata:", 1)[1].strip().splitlines()[0])
-    return data[1], data[2].get("visible") is True
+    _lang_state, _lang, user, admin_tab, *_ = data
+    return user, admin_tab.get("visible") is True
 
 
 def session_cookie(context) -> dict:
