@@ -656,8 +656,9 @@ def test_admin_panel(page, ui_server):
 
 
 def test_api_key_user(browser, ui_server, shared_dir):
-    """A user-role API key signs in too (same credentials as the API), sees no admin panel, can't change
-    the voice library, and its history holds only its own results."""
+    """A user-role API key signs in too (same credentials as the API), sees no admin panel, enrols its own
+    voice only after confirming consent, sees no transcript of others' voices, and its history holds only
+    its own results."""
     _, plaintext = ui_server.service.keys.create("ui-user", role="user")
     context = browser.new_context(viewport={"width": 1400, "height": 1000}, locale="en-US")
     context.set_default_timeout(WAIT_MS)
@@ -685,7 +686,14 @@ def test_api_key_user(browser, ui_server, shared_dir):
         page.fill("#enrol-name textarea, #enrol-name input", "carol")
         page.set_input_files("#enrol-audio input[type=file]", str(shared_dir / "audio" / "prompt_zh_24k.wav"))
         page.click("#enrol-submit")
-        assert "admin" in error_toast(page, "user-key-no-admin")
+        assert "consent" in error_toast(page, "user-key-needs-consent").lower()
+        page.check("#enrol-consent input")
+        page.click("#enrol-submit")  # a user key enrols its own voice, with consent, like the API
+        page.wait_for_function("document.querySelector('#voices-status').innerText.includes('carol')")
+        table = page.inner_text("#voices-table")
+        assert "carol" in table and "yours" in table and "ui-user" in table  # its own, consent by it
+        assert PROMPT_TRANSCRIPT not in table  # the shared voice of the admin: no transcript
+        shot(page, "user-key-own-voice")
         no_traceback(page)
     finally:
         context.close()
