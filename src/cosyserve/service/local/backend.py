@@ -19,6 +19,7 @@ from collections.abc import Callable, Generator
 from dataclasses import dataclass
 from typing import Any
 
+from cosyserve.engine.memory import out_of_memory_as_error
 from cosyserve.service.access.limits import QuotaTracker
 from cosyserve.service.activity import enrolment_logger, synthesis_logger
 from cosyserve.service.audio_formats import StreamEncoder, encode, mime_type
@@ -132,7 +133,8 @@ class LocalBackend:
         self, ctx: WorkContext, request: SynthesisRequest, spec: OutputSpec
     ) -> Generator[StreamStart | bytes, None, TtsOutcome]:
         """What `AudioStream` reads: the start, then encoded chunks; returns the outcome."""
-        with request_context(spec.request_id), self.host.synthesizer(ctx.cancel) as synth:
+        oom = out_of_memory_as_error("a streamed synthesis")  # the encoder's buffers too
+        with request_context(spec.request_id), self.host.synthesizer(ctx.cancel) as synth, oom:
             stream = self._run_engine(
                 lambda: synth.synthesize(
                     request, progress=_progress_to(ctx), cancel=ctx.cancel, voices=spec.voice_scope
@@ -162,8 +164,10 @@ class LocalBackend:
             return self._finish(synth, request, stream.result(), spec, encoded=False)
 
     def _run_engine(self, call: Callable[[], Any]) -> Any:
+        """`call()`, out of memory raised as `OutOfMemory` (which does not count against readiness)."""
         try:
-            return call()
+            with out_of_memory_as_error("synthesis"):
+                return call()
         except BaseException as exc:
             self.host.note_result(exc)
             raise
@@ -180,15 +184,16 @@ class LocalBackend:
         """Store the result with its manifest, count it, and encode the response if asked."""
         self.host.note_result(None)
         rate = result.sample_rate
-        wav = encode(result.audio, "wav", source_rate=rate)
-        audio = None
-        if encoded:
-            same = spec.format == "wav" and spec.sample_rate == rate
-            audio = (
-                wav
-                if same
-                else encode(result.audio, spec.format, source_rate=rate, sample_rate=spec.sample_rate)
-            )
+        with out_of_memory_as_error("encoding the audio"):
+            wav = encode(result.audio, "wav", source_rate=rate)
+            audio = None
+            if encoded:
+                same = spec.format == "wav" and spec.sample_rate == rate
+                audio = (
+                    wav
+                    if same
+                    else encode(result.audio, spec.format, source_rate=rate, sample_rate=spec.sample_rate)
+                )
         parameters = {
             "endpoint": spec.endpoint,
             "response_format": spec.format,
