@@ -141,7 +141,8 @@ class LocalBackend:
                 )
             )
             encoder = StreamEncoder(spec.format, spec.sample_rate, source_rate=synth.sample_rate)
-            yield StreamStart(stream.seed, encoder.media_type, encoder.sample_rate)
+            warning = self.outputs.health.problem()  # the stream's end cannot say so: its start does
+            yield StreamStart(stream.seed, encoder.media_type, encoder.sample_rate, warning)
             head = encoder.header()
             if head:
                 yield head
