@@ -29,6 +29,11 @@ class Cancelled(CosyServeError):
     """The work was cancelled (by its client, a disconnect or a shutdown) before it finished."""
 
 
+class Interrupted(Cancelled):
+    """The server stopped the work, not its client (an engine restart, a worker's shutdown): a job goes back
+    to the queue and runs again as its next attempt, after what it finished (a batch's done items)."""
+
+
 class QueueFull(CosyServeError):
     """The job queue is full: the client should retry after `retry_after_s` seconds."""
 

@@ -8,6 +8,10 @@ stream chunks and the final outcome for interactive tasks, the jobs table for jo
 While a task runs, a watcher thread renews its lease (a Redis key for interactive tasks, the job row's
 lease for jobs), passes a cancel from the relay or a lost job lease on to the ticket, and publishes
 progress. A heartbeat thread tells API nodes this worker is alive and what model it serves.
+
+On SIGTERM/SIGINT (Celery's warm shutdown) interactive tasks finish, while running jobs, which may take
+long, are interrupted: each goes back to the queue (its attempt released) and its task is sent again, so
+another worker, or this one once restarted, goes on with it (a batch after its finished items).
 """
 
 from __future__ import annotations
@@ -21,7 +25,16 @@ import threading
 import time
 from typing import Any
 
-from cosyserve.errors import Cancelled, CosyServeError, JobStateError, ModelDirError, SettingsError
+from celery import signals as celery_signals
+
+from cosyserve.errors import (
+    Cancelled,
+    CosyServeError,
+    Interrupted,
+    JobStateError,
+    ModelDirError,
+    SettingsError,
+)
 from cosyserve.service.assembly import Service
 from cosyserve.service.distributed import celery_app, codec
 from cosyserve.service.distributed.relay import Relay, WorkerRegistry, connect
@@ -53,6 +66,7 @@ class WorkerNode:
             raise ValueError("a worker needs queue_url")
         self.settings = settings
         self.name = name or default_worker_name()
+        self.hostname = f"{self.name}@{socket.gethostname()}"  # the Celery worker's name
         self.service = service or Service(settings, role="worker")
         if not isinstance(self.service.backend, LocalBackend):
             raise SettingsError("a worker runs the model itself: its service needs the worker role")
@@ -68,6 +82,7 @@ class WorkerNode:
         self._stop = threading.Event()
         self._running = 0
         self._count_lock = threading.Lock()
+        self._job_watches: set[TaskWatch] = set()  # the jobs running now (guarded by _count_lock)
         self._register_tasks()
 
     # -- lifecycle ---------------------------------------------------------------------------------------
@@ -90,11 +105,12 @@ class WorkerNode:
         beat.start()
         concurrency = self.service.scheduler.concurrency
         log.info("worker %s takes up to %d tasks at once from %s", self.name, concurrency, celery_app.QUEUE)
+        celery_signals.worker_shutting_down.connect(self.on_worker_shutting_down, weak=False)
         worker = self.app.Worker(
             pool="threads",
             concurrency=concurrency,
             queues=[celery_app.QUEUE],
-            hostname=f"{self.name}@{socket.gethostname()}",
+            hostname=self.hostname,
             loglevel=loglevel,
             without_gossip=True,
             without_mingle=True,
@@ -104,6 +120,7 @@ class WorkerNode:
         try:
             worker.start()
         finally:
+            celery_signals.worker_shutting_down.disconnect(self.on_worker_shutting_down)
             self._stop.set()
             beat.join(timeout=5.0)
             self._leave()
@@ -111,6 +128,21 @@ class WorkerNode:
             if http is not None:
                 http.close()
         return int(worker.exitcode or 0)
+
+    def on_worker_shutting_down(self, sender: Any = None, **_: Any) -> None:
+        """Celery's `worker_shutting_down` (SIGTERM/SIGINT, sent from its signal handler): this worker's
+        running jobs go back to the queue instead of holding the shutdown until they end."""
+        if sender == self.hostname:
+            self.interrupt_jobs("the worker is shutting down")
+
+    def interrupt_jobs(self, reason: str) -> int:
+        """Stop the running jobs so they run again elsewhere (`_claimed` sends their tasks again); how
+        many. Only sets their cancel events: safe from a signal handler."""
+        with self._count_lock:
+            tickets = [watch.ticket for watch in self._job_watches if watch.ticket is not None]
+        for ticket in tickets:
+            ticket.request_cancel(reason, interrupted=True)
+        return len(tickets)
 
     def _start_http(self) -> Any:
         """/health, /ready and /metrics on the server host and port; a port in use is logged, not fatal
@@ -258,17 +290,23 @@ class WorkerNode:
         attempt = record.attempt
         if attempt > 1:
             log.warning("job %s: attempt %d (an earlier worker stopped while running it)", job_id, attempt)
+        interrupted = False
         try:
             reason = self.relay.cancel_reason(job_id)
             if reason is not None:
                 raise Cancelled(reason)
             with self._counted(), TaskWatch(self, job_id, job_attempt=attempt) as watch:
-                watch.attach(run(attempt)).wait()
+                ticket = watch.attach(run(attempt))
+                ticket.wait()
+                interrupted = isinstance(ticket.error, Interrupted)  # its record went back to the queue
         except BaseException as exc:  # it never reached the scheduler: end the record here
             with contextlib.suppress(JobStateError):
                 jobs.finish_with_exception(job_id, exc, attempt=attempt)
             if not isinstance(exc, CosyServeError):
                 log_failure("worker", f"job {job_id} failed: {exc}", exc=exc)
+        if interrupted:
+            log.warning("job %s: interrupted (%s); its task is sent again", job_id, ticket.error)
+            raise task.retry(countdown=0, max_retries=None)
 
     # -- helpers -----------------------------------------------------------------------------------------
 
@@ -344,10 +382,15 @@ class TaskWatch:
         return ticket
 
     def __enter__(self) -> TaskWatch:
+        if self.job_attempt is not None:
+            with self.node._count_lock:
+                self.node._job_watches.add(self)
         self._thread.start()
         return self
 
     def __exit__(self, *_exc: object) -> None:
+        with self.node._count_lock:
+            self.node._job_watches.discard(self)
         self._stop.set()
         self._thread.join(timeout=5.0)
 

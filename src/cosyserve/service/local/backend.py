@@ -252,6 +252,8 @@ class LocalBackend:
             lease_s=self.queue.job_lease_s,
             owns_jobs=self.recover_jobs,
             node=f"{socket.gethostname()}-{os.getpid()}",
+            # An interrupted job runs again here; a worker's goes back to the Celery queue instead.
+            requeue=(lambda job_id: self.feeder.requeue(job_id)) if self.recover_jobs else None,
         )
 
     @functools.cached_property

@@ -155,11 +155,12 @@ class Scheduler:
         return ticket.cancel(reason) if ticket is not None else False
 
     def cancel_running(self, reason: str) -> int:
-        """Ask every running piece of work to stop (each ends `cancelled` at its next check); how many."""
+        """Interrupt every running piece of work (an engine restart): each ends `cancelled` with
+        `Interrupted` at its next check, which puts a job back in the queue; returns how many."""
         with self._lock:
             running = [ticket for ticket in self._executing if not ticket.finished]
         for ticket in running:
-            ticket.request_cancel(reason)
+            ticket.request_cancel(reason, interrupted=True)
         return len(running)
 
     def position(self, ticket: Ticket) -> int | None:
