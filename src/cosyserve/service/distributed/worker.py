@@ -38,6 +38,7 @@ from cosyserve.errors import (
 from cosyserve.service.assembly import Service
 from cosyserve.service.distributed import celery_app, codec
 from cosyserve.service.distributed.relay import Relay, WorkerRegistry, connect
+from cosyserve.service.distributed.task_watch import TaskWatch
 from cosyserve.service.local.backend import LocalBackend
 from cosyserve.service.local.load_failure import load_failure_message
 from cosyserve.service.logs import log_failure
@@ -47,7 +48,6 @@ from cosyserve.service.stores.keys import ApiKey
 
 log = logging.getLogger(__name__)
 
-WATCH_INTERVAL_S = 0.25  # how often a running task looks for a cancel and reports progress
 MODEL_LOAD_TIMEOUT_S = 3600.0  # a first start may download the model
 
 
@@ -71,6 +71,7 @@ class WorkerNode:
         if not isinstance(self.service.backend, LocalBackend):
             raise SettingsError("a worker runs the model itself: its service needs the worker role")
         self.local: LocalBackend = self.service.backend
+        self.jobs = self.service.jobs
         self.lease_s = queue.job_lease_s
         restore = max(1, min(10, int(queue.visibility_timeout_s // 5)))
         self.app = celery_app.make_celery(
@@ -81,8 +82,8 @@ class WorkerNode:
         self.registry = WorkerRegistry(self.client)
         self._stop = threading.Event()
         self._running = 0
-        self._count_lock = threading.Lock()
-        self._job_watches: set[TaskWatch] = set()  # the jobs running now (guarded by _count_lock)
+        self.count_lock = threading.Lock()
+        self.job_watches: set[TaskWatch] = set()  # the jobs running now (guarded by count_lock)
         self._register_tasks()
 
     # -- lifecycle ---------------------------------------------------------------------------------------
@@ -138,11 +139,9 @@ class WorkerNode:
     def interrupt_jobs(self, reason: str) -> int:
         """Stop the running jobs so they run again elsewhere (`_claimed` sends their tasks again); how
         many. Only sets their cancel events: safe from a signal handler."""
-        with self._count_lock:
-            tickets = [watch.ticket for watch in self._job_watches if watch.ticket is not None]
-        for ticket in tickets:
-            ticket.request_cancel(reason, interrupted=True)
-        return len(tickets)
+        with self.count_lock:
+            job_ids = {watch.task_id for watch in self.job_watches}
+        return self.service.scheduler.cancel_running(reason, only=lambda ticket: ticket.id in job_ids)
 
     def _start_http(self) -> Any:
         """/health, /ready and /metrics on the server host and port; a port in use is logged, not fatal
@@ -327,11 +326,11 @@ class WorkerNode:
 
         class _Counter:
             def __enter__(self) -> None:
-                with node._count_lock:
+                with node.count_lock:
                     node._running += 1
 
             def __exit__(self, *_exc: object) -> None:
-                with node._count_lock:
+                with node.count_lock:
                     node._running -= 1
 
         return _Counter()
@@ -361,66 +360,3 @@ def _task_body(node: WorkerNode, name: str, handler: Any) -> Any:
 
     body.__name__ = body.__qualname__ = name.replace(".", "_")
     return body
-
-
-class TaskWatch:
-    """While a task runs: renew its lease, pass cancels on to its ticket, publish its progress."""
-
-    def __init__(
-        self, node: WorkerNode, task_id: str, *, progress: bool = False, job_attempt: int | None = None
-    ) -> None:
-        self.node = node
-        self.task_id = task_id
-        self.progress = progress
-        self.job_attempt = job_attempt
-        self.ticket: Ticket | None = None
-        self._stop = threading.Event()
-        self._thread = threading.Thread(target=self._loop, name=f"cosyserve-watch-{task_id[:8]}", daemon=True)
-
-    def attach(self, ticket: Ticket) -> Ticket:
-        self.ticket = ticket
-        return ticket
-
-    def __enter__(self) -> TaskWatch:
-        if self.job_attempt is not None:
-            with self.node._count_lock:
-                self.node._job_watches.add(self)
-        self._thread.start()
-        return self
-
-    def __exit__(self, *_exc: object) -> None:
-        with self.node._count_lock:
-            self.node._job_watches.discard(self)
-        self._stop.set()
-        self._thread.join(timeout=5.0)
-
-    def _loop(self) -> None:
-        renew_every = max(0.5, self.node.lease_s / 3)
-        renewed = time.monotonic()
-        reported = -1.0
-        while not self._stop.wait(WATCH_INTERVAL_S):
-            try:
-                if time.monotonic() - renewed >= renew_every:
-                    renewed = time.monotonic()
-                    if not self._renew():
-                        self._cancel("the job was cancelled or handed to another worker")
-                reason = self.node.relay.cancel_reason(self.task_id)
-                if reason is not None:
-                    self._cancel(reason)
-                ticket = self.ticket
-                if self.progress and ticket is not None and ticket.progress != reported:
-                    reported = ticket.progress
-                    self.node.relay.publish(self.task_id, "progress", reported)
-            except Exception as exc:  # Redis or the database briefly away: try again next round
-                log.warning("task %s: lease/cancel check failed: %s", self.task_id, exc)
-
-    def _renew(self) -> bool:
-        if self.job_attempt is None:
-            self.node.relay.hold(self.task_id, self.node.name, self.node.lease_s)
-            return True
-        return self.node.service.jobs.renew(self.task_id, self.job_attempt, self.node.lease_s)
-
-    def _cancel(self, reason: str) -> None:
-        if self.ticket is not None and not self.ticket.done:
-            log.info("task %s: %s", self.task_id, reason)
-            self.ticket.cancel(reason)

@@ -21,7 +21,7 @@ from collections.abc import AsyncIterator, Callable, Iterator
 from dataclasses import dataclass
 from typing import Any
 
-from cosyserve.errors import Cancelled, Interrupted
+from cosyserve.errors import Cancelled
 from cosyserve.service.requests import TERMINAL_STATES
 
 logger = logging.getLogger(__name__)
@@ -105,7 +105,6 @@ class Ticket:
         self.stream = stream
         self.cancel_event = threading.Event()
         self.cancel_reason: str | None = None
-        self.interrupted = False  # the server stopped it (`Interrupted`), not its client
         self.progress = 0.0
         self.partial: Any = None  # what the work shared of its result so far (`WorkContext.share_partial`)
         self.submitted_at = time.time()
@@ -303,13 +302,12 @@ class Ticket:
             self.started_at = time.time()
             self._notify_locked()
 
-    def request_cancel(self, reason: str, *, interrupted: bool = False) -> None:
-        """Set the cancel event (the work stops at its next check); the state is the scheduler's to end.
-        `interrupted`: the server stops it to run it again later, and it ends with `Interrupted`."""
+    def request_cancel(self, reason: str) -> None:
+        """Set the cancel event (the work stops at its next check); the state is the scheduler's to end."""
         with self._cond:
             if self.finished or self.cancel_event.is_set():
                 return
-            self.cancel_reason, self.interrupted = reason, interrupted
+            self.cancel_reason = reason
             self.cancel_event.set()
             self._notify_locked()  # wakes a producer blocked on a full buffer
 
@@ -359,8 +357,6 @@ class Ticket:
         except BaseException as exc:  # whatever the work raises ends the ticket, never the worker
             if self.cancel_event.is_set() or isinstance(exc, Cancelled):
                 error = exc if isinstance(exc, Cancelled) else Cancelled(self.cancel_reason or "cancelled")
-                if self.interrupted:
-                    error = Interrupted(self.cancel_reason or "interrupted by the server")
                 return "cancelled", None, error
             return "failed", None, exc
         return "done", result, None
