@@ -334,3 +334,34 @@ def test_batches_and_dubs_run_on_the_workers(cluster: Cluster, voice: str) -> No
     assert ended["state"] == "cancelled" and ended["done"] + ended["cancelled"] == 20, ended
     time.sleep(LEASE_S)
     assert cluster.http.get(f"/v1/batches/{victim['id']}").json()["done"] == ended["done"]
+
+
+def test_a_worker_stopped_with_sigterm_gives_its_running_batch_back_at_once(
+    cluster: Cluster, voice: str
+) -> None:
+    """SIGTERM on a worker: its running batch goes back to the queue at once (not failed, not held until it
+    ends) and the other worker goes on after its finished items."""
+    plain = {"content-type": "text/plain"}
+    lines = "\n".join(f"第{n}句，稍微长一点的一句话。" for n in range(1, 21)).encode()
+    batch = cluster.http.post("/v1/batches", content=lines, params={"voice": voice}, headers=plain).json()
+    deadline = time.monotonic() + 120
+    while (record := cluster.jobs.get(batch["id"])).state != "running" or record.progress < 0.2:
+        assert time.monotonic() < deadline, cluster.logs()
+        time.sleep(0.1)
+    holder = record.worker
+    done_before = {
+        item["position"]: item["output_id"]
+        for item in cluster.http.get(f"/v1/batches/{batch['id']}", params={"limit": 100}).json()["items"]
+        if item["state"] == "done"
+    }
+    node = cluster.nodes[holder]
+    node.stop(signal.SIGTERM, timeout=60)
+    assert node.process is not None and node.process.returncode is not None, cluster.logs()
+    record = cluster.wait_jobs([batch["id"]], timeout=300)[batch["id"]]
+    assert record.state == "done" and record.attempt >= 2 and record.worker != holder, cluster.logs()
+    view = cluster.http.get(f"/v1/batches/{batch['id']}", params={"limit": 100}).json()
+    assert view["done"] == 20 and view["failed"] == 0
+    after = {item["position"]: item["output_id"] for item in view["items"]}
+    assert all(after[position] == output_id for position, output_id in done_before.items())  # not made twice
+    node.start()
+    cluster.wait_ready(workers=2)

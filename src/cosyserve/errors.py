@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import sys
+
 
 class CosyServeError(Exception):
     """Base class for every error cosyserve raises on purpose (never for bugs)."""
@@ -27,6 +29,11 @@ class Cancelled(CosyServeError):
     """The work was cancelled (by its client, a disconnect or a shutdown) before it finished."""
 
 
+class Interrupted(Cancelled):
+    """The server stopped the work, not its client (an engine restart, a worker's shutdown): a job goes back
+    to the queue and runs again as its next attempt, after what it finished (a batch's done items)."""
+
+
 class QueueFull(CosyServeError):
     """The job queue is full: the client should retry after `retry_after_s` seconds."""
 
@@ -42,6 +49,9 @@ class OutOfMemory(CosyServeError):
     def __init__(self, message: str, retry_after_s: int = 5) -> None:
         super().__init__(message)
         self.retry_after_s = retry_after_s
+
+
+OUT_OF_MEMORY_RETRY_AFTER_S = 5  # OutOfMemory's default wait, also for a raw allocation failure
 
 
 class JobTimeout(CosyServeError):
@@ -94,4 +104,35 @@ def error_code(exc: BaseException) -> str:
     if isinstance(exc, CosyServeError):
         name = type(exc).__name__.removesuffix("Error")
         return "".join("_" + c.lower() if c.isupper() else c for c in name).lstrip("_")
+    if is_out_of_memory(exc):  # one that no layer turned into OutOfMemory still is no bug
+        return "out_of_memory"
     return "internal"
+
+
+# How the libraries underneath say an allocation failed when they have no exception type for it:
+# onnxruntime (its arena, the CUDA provider, cuBLAS/cuDNN workspaces) and torch's own RuntimeErrors.
+_ALLOCATION_FAILURES = (
+    "failed to allocate memory",
+    "bad_alloc",
+    "cuda failure 2: out of memory",
+    "cudaerrormemoryallocation",
+    "cuda error: out of memory",
+    "cublas_status_alloc_failed",
+    "cudnn_status_alloc_failed",
+    "can't allocate memory",
+)
+
+
+def is_out_of_memory(exc: BaseException) -> bool:
+    """Did `exc` come from an allocation that failed: `OutOfMemory`, `torch.OutOfMemoryError`, a
+    `MemoryError` (numpy's too), or onnxruntime's RUNTIME_EXCEPTION / torch's RuntimeError whose text
+    says so. Needs no torch import: a torch error exists only where torch was imported."""
+    if isinstance(exc, OutOfMemory | MemoryError):
+        return True
+    torch = sys.modules.get("torch")
+    if torch is not None and isinstance(exc, torch.OutOfMemoryError):
+        return True
+    if isinstance(exc, RuntimeError) or type(exc).__module__.startswith("onnxruntime"):
+        text = str(exc).lower()
+        return any(failure in text for failure in _ALLOCATION_FAILURES)
+    return False

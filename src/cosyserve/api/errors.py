@@ -17,6 +17,7 @@ from fastapi.responses import JSONResponse
 from starlette.exceptions import HTTPException as StarletteHTTPException
 
 from cosyserve.errors import (
+    OUT_OF_MEMORY_RETRY_AFTER_S,
     Cancelled,
     CosyServeError,
     InputError,
@@ -30,6 +31,7 @@ from cosyserve.errors import (
     ShuttingDown,
     StorageError,
     error_code,
+    is_out_of_memory,
 )
 from cosyserve.service.access.principals import AuthRequired, Forbidden, QuotaExceeded, RateLimited
 from cosyserve.service.access.voice_rules import ConsentRequired
@@ -135,6 +137,8 @@ def classify(exc: BaseException) -> tuple[int, str]:
             return status, code
     if isinstance(exc, CosyServeError):
         return 500, error_code(exc)
+    if is_out_of_memory(exc):  # a raw allocation failure no layer below turned into OutOfMemory
+        return 503, "out_of_memory"
     return 500, "internal"
 
 
@@ -143,6 +147,8 @@ def error_response(exc: BaseException, metrics: Any = None) -> JSONResponse:
     status, code = classify(exc)
     headers: dict[str, str] = {}
     retry = getattr(exc, "retry_after_s", None)
+    if code == "out_of_memory" and retry is None:
+        retry = OUT_OF_MEMORY_RETRY_AFTER_S
     if status in (429, 503) and retry is not None:
         headers["Retry-After"] = str(max(1, int(retry)))
     if status == 401:

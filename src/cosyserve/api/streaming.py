@@ -1,5 +1,12 @@
 """Waiting for tickets from the event loop, and audio / server-sent-event responses fed by audio streams.
 
+Whether a stream's audio was saved: the SSE stream's final event says (`saved`, `output_id`, and
+`storage_error` when it was not). A raw audio stream has no end to say it in (no HTTP trailers, and bytes
+after the audio would corrupt it), so its headers carry `X-Cosyserve-Storage-Warning` when the output
+directory already could not take results as it began, and `GET /v1/outputs?request_id=<X-Request-Id>` lists
+its output once it ended, or nothing when it was not saved (counted as `storage_error`, logged with the
+request id).
+
 A client that disconnects cancels its work: while a ticket waits or runs, the connection is checked every
 `POLL_S`; once a streaming response has started, Starlette notices the disconnect and closes our body
 generator, which cancels the stream's ticket.
@@ -103,6 +110,7 @@ def audio_stream_response(stream: AudioStream) -> StreamingResponse:
         "X-Cosyserve-Sample-Rate": str(start.sample_rate),
         "Cache-Control": "no-cache",
         "X-Accel-Buffering": "no",  # nginx: pass chunks on at once
+        **_storage_headers(start),
     }
     return AudioStreamingResponse(stream, body(), media_type=start.media_type, headers=headers)
 
@@ -126,6 +134,9 @@ def sse_response(stream: AudioStream, input_chars: int) -> StreamingResponse:
             done = {"type": "speech.audio.done", "usage": usage}
             if outcome is not None:
                 done.update(seed=outcome.seed, output_id=outcome.output_id, duration_s=outcome.duration_s)
+                done["saved"] = outcome.output_id is not None
+                if outcome.storage_error:
+                    done["storage_error"] = outcome.storage_error
             yield _event(done)
         except Exception as exc:
             status, code = classify(exc)
@@ -133,8 +144,20 @@ def sse_response(stream: AudioStream, input_chars: int) -> StreamingResponse:
             error = json.loads(bytes(response.body))["error"]
             yield _event({"type": "error", "error": {**error, "status": status, "code": code}})
 
-    headers = {"X-Cosyserve-Seed": str(start.seed), "Cache-Control": "no-cache", "X-Accel-Buffering": "no"}
+    headers = {
+        "X-Cosyserve-Seed": str(start.seed),
+        "Cache-Control": "no-cache",
+        "X-Accel-Buffering": "no",
+        **_storage_headers(start),
+    }
     return AudioStreamingResponse(stream, body(), media_type="text/event-stream", headers=headers)
+
+
+def _storage_headers(start: StreamStart) -> dict[str, str]:
+    """Known before the first byte: the output directory could not take results as the stream began."""
+    if not start.storage_warning:
+        return {}
+    return {"X-Cosyserve-Storage-Warning": start.storage_warning.encode("ascii", "replace").decode()}
 
 
 def _started(stream: AudioStream) -> StreamStart:

@@ -1,9 +1,11 @@
-"""Running out of accelerator memory: recognised, the allocator's cache freed, a typed error raised.
+"""Running out of memory: recognised, the allocator's cache freed, a typed error raised.
 
 `torch.OutOfMemoryError` (what `torch.cuda.OutOfMemoryError` is) leaves the networks intact: the
 allocation that failed never happened. So the engine frees the blocks the caching allocator holds and
 answers the request concerned with `OutOfMemory` (the service turns it into a 503 with Retry-After),
-and the next request runs normally.
+and the next request runs normally. The same holds for the host's memory (`MemoryError`) and for
+onnxruntime's prompt models, whose allocation failures come as RUNTIME_EXCEPTION text
+(`errors.is_out_of_memory` recognises them all).
 """
 
 from __future__ import annotations
@@ -17,6 +19,7 @@ from contextlib import contextmanager
 import torch
 
 from cosyserve.errors import OutOfMemory
+from cosyserve.errors import is_out_of_memory as _is_out_of_memory
 
 log = logging.getLogger(__name__)
 
@@ -39,7 +42,7 @@ def trim_heap() -> bool:
 
 
 def is_out_of_memory(exc: BaseException) -> bool:
-    return isinstance(exc, torch.OutOfMemoryError)
+    return _is_out_of_memory(exc)
 
 
 def free_cached_memory() -> None:
@@ -55,8 +58,9 @@ def free_cached_memory() -> None:
 def out_of_memory(what: str, cause: BaseException) -> OutOfMemory:
     """The request-level error for an out-of-memory `cause` raised while doing `what`."""
     first_line = str(cause).strip().splitlines()[0] if str(cause).strip() else type(cause).__name__
+    where = "GPU" if isinstance(cause, torch.OutOfMemoryError) or "cuda" in str(cause).lower() else "server"
     return OutOfMemory(
-        f"the GPU ran out of memory during {what} ({first_line[:200]}); the engine freed its cache and "
+        f"the {where} ran out of memory during {what} ({first_line[:200]}); the engine freed its cache and "
         f"keeps serving: retry in {OOM_RETRY_AFTER_S} s, or send shorter text",
         retry_after_s=OOM_RETRY_AFTER_S,
     )
@@ -64,9 +68,14 @@ def out_of_memory(what: str, cause: BaseException) -> OutOfMemory:
 
 @contextmanager
 def out_of_memory_as_error(what: str) -> Iterator[None]:
-    """Turn an out-of-memory error inside the block into `OutOfMemory`, the cache freed first."""
+    """Turn an out-of-memory error inside the block into `OutOfMemory`, the cache freed first (one
+    raised already passes unchanged)."""
     try:
         yield
-    except torch.OutOfMemoryError as exc:
+    except OutOfMemory:
+        raise
+    except Exception as exc:  # MemoryError and onnxruntime's errors are no torch.OutOfMemoryError
+        if not is_out_of_memory(exc):
+            raise
         free_cached_memory()
         raise out_of_memory(what, exc) from exc

@@ -26,6 +26,25 @@ import soundfile
 from cosyserve.errors import InputError
 
 SUPPORTED_FORMATS_HINT = "use WAV, FLAC, OGG (Vorbis/Opus) or MP3"
+# The upload suffixes of what the decoder (libsndfile) reads: the one list behind the API's and the web
+# UI's upload checks. M4A/AAC and WebM would need an ffmpeg-based decoder, which cosyserve does not depend
+# on: they are refused by name before anything is decoded.
+ACCEPTED_AUDIO_SUFFIXES = (
+    ".wav",
+    ".wave",
+    ".flac",
+    ".mp3",
+    ".ogg",
+    ".oga",
+    ".opus",
+    ".aif",
+    ".aiff",
+    ".au",
+    ".snd",
+    ".caf",
+    ".w64",
+)
+ACCEPTED_AUDIO_LIST = ", ".join(suffix.lstrip(".") for suffix in ACCEPTED_AUDIO_SUFFIXES)
 
 FRAME_S = 0.02  # analysis frame for level and silence detection
 SILENCE_BELOW_PEAK_DB = 40.0  # a frame this far below the loudest frame counts as silence
@@ -42,6 +61,9 @@ MAX_FILE_S = 60.0
 MAX_SAMPLE_RATE = 192_000
 MAX_CHANNELS = 8
 DECODE_BLOCK_FRAMES = 1 << 16  # frames decoded at a time (2 MB for 8 channels of float32)
+# What libsndfile reports as the length of a file whose header does not say (a FLAC from a streaming
+# encoder writes 0 total samples): counted while decoding instead, within the same limits.
+UNKNOWN_LENGTH = (1 << 63) - 1
 
 
 @dataclass(frozen=True)
@@ -63,7 +85,7 @@ def decode_audio(source: str | Path | bytes | BinaryIO) -> DecodedAudio:
 
     Admission comes before decoding: the header's sample rate, channels and length are checked first,
     then the frames are decoded in blocks and mixed down to mono as they come, so memory never exceeds
-    MAX_FILE_S of mono float32 even when a compressed file's header lies about its length.
+    MAX_FILE_S of mono float32 even when a compressed file's header lies about its length, or gives none.
     """
     if isinstance(source, (bytes, bytearray, memoryview)):
         if len(source) == 0:
@@ -82,7 +104,10 @@ def decode_audio(source: str | Path | bytes | BinaryIO) -> DecodedAudio:
     try:
         with soundfile.SoundFile(source) as sound:
             sample_rate, channels, fmt = sound.samplerate, sound.channels, sound.format
-            _admit(name, sample_rate, channels, sound.frames)
+            length_known = 0 < sound.frames < UNKNOWN_LENGTH
+            _admit(name, sample_rate, channels, sound.frames if length_known else None)
+            if not length_known:
+                _read_without_seeking(sound)
             samples = _read_mono(sound, name, int(MAX_FILE_S * sample_rate))
     except (soundfile.LibsndfileError, RuntimeError, TypeError, ValueError) as exc:
         raise InputError(
@@ -95,8 +120,9 @@ def decode_audio(source: str | Path | bytes | BinaryIO) -> DecodedAudio:
     return DecodedAudio(samples, int(sample_rate), int(channels), str(fmt))
 
 
-def _admit(name: str, sample_rate: int, channels: int, frames: int) -> None:
-    """Refuse from the header what cannot be a prompt, before anything is decoded."""
+def _admit(name: str, sample_rate: int, channels: int, frames: int | None) -> None:
+    """Refuse from the header what cannot be a prompt, before anything is decoded (`frames` None: the
+    header does not give the length; `_read_mono` counts it)."""
     if not 0 < sample_rate <= MAX_SAMPLE_RATE:
         raise InputError(
             f"{name}: its sample rate is {sample_rate} Hz, above the {MAX_SAMPLE_RATE} Hz accepted; "
@@ -106,11 +132,20 @@ def _admit(name: str, sample_rate: int, channels: int, frames: int) -> None:
         raise InputError(
             f"{name} has {channels} channels; at most {MAX_CHANNELS} are accepted: export it as mono"
         )
-    if frames > MAX_FILE_S * sample_rate:
+    if frames is not None and frames > MAX_FILE_S * sample_rate:
         raise InputError(
             f"{name} is {_duration(frames / sample_rate)} long; a prompt file may be at most "
             f"{MAX_FILE_S:.0f} s: cut out one or two clear sentences (3 to 30 seconds)"
         )
+
+
+def _read_without_seeking(sound: soundfile.SoundFile) -> None:
+    """Read a file of unknown length as from a pipe. soundfile seeks to where each read ended, and libFLAC
+    cannot seek to the end of a stream whose length it was not told, so the read that reaches the end
+    would fail; without seeks each read returns what it decoded, and an empty one marks the end."""
+    info = getattr(sound, "_info", None)  # soundfile keeps libsndfile's SF_INFO there
+    if info is not None and hasattr(info, "seekable"):
+        info.seekable = 0
 
 
 def _read_mono(sound: soundfile.SoundFile, name: str, max_frames: int) -> np.ndarray:

@@ -13,7 +13,7 @@ from collections.abc import AsyncIterator, Iterator
 from typing import Any, Protocol
 
 from cosyserve.errors import InputError, JobStateError
-from cosyserve.frontend.text.split import has_content, split_long_text
+from cosyserve.frontend.text.split import has_content, require_visible_text, split_long_text
 from cosyserve.service.batch_input import ItemSpec
 from cosyserve.service.requests import EnrolmentRequest, OutputSpec, StreamStart, SynthesisRequest, TtsOutcome
 from cosyserve.service.scheduling.tickets import Ticket
@@ -141,6 +141,7 @@ class Backend(Protocol):
 def job_pieces(request: SynthesisRequest, max_chars: int) -> list[str]:
     """The pieces a job's text is synthesised in (InputError for a text that is too long, or that has
     nothing to speak: refused at submit, as /v1/tts refuses it)."""
+    require_visible_text(request.text)
     limit = max_chars * JOB_TEXT_FACTOR
     if len(request.text) > limit:
         raise InputError(f"a job text may have at most {limit} characters, got {len(request.text)}")

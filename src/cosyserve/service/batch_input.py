@@ -20,7 +20,7 @@ from typing import Any
 
 from cosyserve.errors import InputError
 from cosyserve.frontend.subtitles import Cue
-from cosyserve.frontend.text.split import has_content
+from cosyserve.frontend.text.split import has_content, require_visible_text
 from cosyserve.service.audio_formats import FORMATS
 from cosyserve.service.requests import MAX_SEED
 
@@ -245,6 +245,7 @@ def _check(params: dict[str, Any], rules: BatchRules) -> None:
     text = params["text"]
     if not text:
         raise InputError("no text: give the words to speak")
+    require_visible_text(text)
     if len(text) > rules.max_text_chars:
         raise InputError(f"text is {len(text)} characters, the limit is {rules.max_text_chars}: split it")
     if not has_content(text):

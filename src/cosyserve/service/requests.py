@@ -161,6 +161,9 @@ class StreamStart:
     seed: int
     media_type: str
     sample_rate: int
+    # Why results could not be saved when the stream began (a full or unwritable output directory, under
+    # min_free_mb): its audio will probably not be kept. None: nothing was known to be wrong.
+    storage_warning: str | None = None
 
 
 @dataclass(frozen=True)

@@ -21,7 +21,7 @@ from typing import Any
 import soundfile
 
 from cosyserve.errors import CosyServeError, InputError, error_code
-from cosyserve.frontend.audio import decode_audio
+from cosyserve.frontend.audio import ACCEPTED_AUDIO_SUFFIXES, decode_audio
 from cosyserve.frontend.denoise import denoise
 from cosyserve.frontend.prompt_check import PromptReport, load_prompt
 from cosyserve.frontend.text.describe import describe_text
@@ -40,7 +40,7 @@ from cosyserve.service.stores.outputs import OutputNotFound, StoredOutput
 from cosyserve.service.stores.voices import Voice
 from cosyserve.service.transcription import asr_available, transcribe
 
-AUDIO_SUFFIXES = frozenset({".wav", ".mp3", ".flac", ".ogg", ".opus", ".m4a", ".webm", ".aac"})
+AUDIO_SUFFIXES = frozenset(ACCEPTED_AUDIO_SUFFIXES)  # what the decoder reads: the API's list too
 DOWNLOAD_FORMATS = ("wav", "mp3", "flac", "opus")
 MODES = ("zero_shot", "cross_lingual", "instruct")
 

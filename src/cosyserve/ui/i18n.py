@@ -202,8 +202,8 @@ STRINGS: dict[str, tuple[str, str]] = {
         "Something went wrong on the server (request id {request_id}); the server log has details.",
     ),
     "err_bad_file": (
-        "不支持的文件类型 {suffix}：请上传 WAV、MP3、FLAC、OGG/Opus、M4A 或 WebM 音频。",
-        "Unsupported file type {suffix}: upload WAV, MP3, FLAC, OGG/Opus, M4A or WebM audio.",
+        "不支持的文件类型 {suffix}：请上传 {formats} 格式的音频（M4A、AAC、WebM 请先转换为 WAV 或 MP3）。",
+        "Unsupported file type {suffix}: upload {formats} audio (convert M4A, AAC, WebM to WAV or MP3).",
     ),
     "err_big_file": (
         "文件太大（{size:.1f} MB）：上限为 {limit:.0f} MB。",

@@ -25,7 +25,7 @@ from cosyserve.frontend.text.prompts import (
     strip_system_markers,
 )
 from cosyserve.frontend.text.pronunciation import convert_pronunciations, written_form
-from cosyserve.frontend.text.split import Encoder, short_text_warning, split_text
+from cosyserve.frontend.text.split import Encoder, require_visible_text, short_text_warning, split_text
 from cosyserve.frontend.text.tags import nfc
 
 DEFAULT_MAX_CHARS = 200
@@ -85,8 +85,7 @@ def prepare_texts(
     """
     warnings: list[str] = []
     inline, body = inline_instruction(text)
-    if not body.strip():
-        raise InputError("the text is empty: give the words to speak")
+    require_visible_text(body)
     if max_chars is not None:
         check_length(body, max_chars)
 

@@ -20,6 +20,7 @@ import unicodedata
 from collections.abc import Callable
 from typing import Protocol
 
+from cosyserve.errors import InputError
 from cosyserve.frontend.text.normalize import Language
 from cosyserve.frontend.text.tags import PAIRED_TAGS, SPECIAL_TAG_PATTERN, split_protected, strip_control_tags
 
@@ -43,8 +44,28 @@ class Encoder(Protocol):
 
 
 def is_only_punctuation(text: str) -> bool:
-    """True for text made only of punctuation, symbols and blanks (an empty text included)."""
-    return all(unicodedata.category(char)[0] in "PSZ" or char.isspace() for char in text)
+    """True for text made only of punctuation, symbols and blanks, invisible ones included (an empty
+    text too)."""
+    return all(unicodedata.category(char)[0] in "PSZ" or _is_invisible(char) for char in text)
+
+
+def _is_invisible(char: str) -> bool:
+    """Whitespace, or a format character (Unicode category Cf): zero-width space, non-joiner and joiner,
+    byte-order mark, word joiner, direction marks, soft hyphen, invisible operators."""
+    return char.isspace() or unicodedata.category(char) == "Cf"
+
+
+def require_visible_text(text: str) -> None:
+    """InputError unless `text` shows something: the one emptiness check of every path that takes a text
+    to speak (a request, a job, a batch item), so that a text of zero-width characters is empty too."""
+    if not all(_is_invisible(char) for char in text):
+        return
+    if text.strip():
+        raise InputError(
+            "the text is empty: it holds only invisible characters (zero-width spaces or joiners, byte-order "
+            "marks, direction marks): give the words to speak"
+        )
+    raise InputError("the text is empty: give the words to speak")
 
 
 def has_content(piece: str) -> bool:

@@ -8,6 +8,10 @@ stream chunks and the final outcome for interactive tasks, the jobs table for jo
 While a task runs, a watcher thread renews its lease (a Redis key for interactive tasks, the job row's
 lease for jobs), passes a cancel from the relay or a lost job lease on to the ticket, and publishes
 progress. A heartbeat thread tells API nodes this worker is alive and what model it serves.
+
+On SIGTERM/SIGINT (Celery's warm shutdown) interactive tasks finish, while running jobs, which may take
+long, are interrupted: each goes back to the queue (its attempt released) and its task is sent again, so
+another worker, or this one once restarted, goes on with it (a batch after its finished items).
 """
 
 from __future__ import annotations
@@ -21,10 +25,20 @@ import threading
 import time
 from typing import Any
 
-from cosyserve.errors import Cancelled, CosyServeError, JobStateError, ModelDirError, SettingsError
+from celery import signals as celery_signals
+
+from cosyserve.errors import (
+    Cancelled,
+    CosyServeError,
+    Interrupted,
+    JobStateError,
+    ModelDirError,
+    SettingsError,
+)
 from cosyserve.service.assembly import Service
 from cosyserve.service.distributed import celery_app, codec
 from cosyserve.service.distributed.relay import Relay, WorkerRegistry, connect
+from cosyserve.service.distributed.task_watch import TaskWatch
 from cosyserve.service.local.backend import LocalBackend
 from cosyserve.service.local.load_failure import load_failure_message
 from cosyserve.service.logs import log_failure
@@ -34,7 +48,6 @@ from cosyserve.service.stores.keys import ApiKey
 
 log = logging.getLogger(__name__)
 
-WATCH_INTERVAL_S = 0.25  # how often a running task looks for a cancel and reports progress
 MODEL_LOAD_TIMEOUT_S = 3600.0  # a first start may download the model
 
 
@@ -53,10 +66,12 @@ class WorkerNode:
             raise ValueError("a worker needs queue_url")
         self.settings = settings
         self.name = name or default_worker_name()
+        self.hostname = f"{self.name}@{socket.gethostname()}"  # the Celery worker's name
         self.service = service or Service(settings, role="worker")
         if not isinstance(self.service.backend, LocalBackend):
             raise SettingsError("a worker runs the model itself: its service needs the worker role")
         self.local: LocalBackend = self.service.backend
+        self.jobs = self.service.jobs
         self.lease_s = queue.job_lease_s
         restore = max(1, min(10, int(queue.visibility_timeout_s // 5)))
         self.app = celery_app.make_celery(
@@ -67,7 +82,8 @@ class WorkerNode:
         self.registry = WorkerRegistry(self.client)
         self._stop = threading.Event()
         self._running = 0
-        self._count_lock = threading.Lock()
+        self.count_lock = threading.Lock()
+        self.job_watches: set[TaskWatch] = set()  # the jobs running now (guarded by count_lock)
         self._register_tasks()
 
     # -- lifecycle ---------------------------------------------------------------------------------------
@@ -90,11 +106,12 @@ class WorkerNode:
         beat.start()
         concurrency = self.service.scheduler.concurrency
         log.info("worker %s takes up to %d tasks at once from %s", self.name, concurrency, celery_app.QUEUE)
+        celery_signals.worker_shutting_down.connect(self.on_worker_shutting_down, weak=False)
         worker = self.app.Worker(
             pool="threads",
             concurrency=concurrency,
             queues=[celery_app.QUEUE],
-            hostname=f"{self.name}@{socket.gethostname()}",
+            hostname=self.hostname,
             loglevel=loglevel,
             without_gossip=True,
             without_mingle=True,
@@ -104,6 +121,7 @@ class WorkerNode:
         try:
             worker.start()
         finally:
+            celery_signals.worker_shutting_down.disconnect(self.on_worker_shutting_down)
             self._stop.set()
             beat.join(timeout=5.0)
             self._leave()
@@ -111,6 +129,19 @@ class WorkerNode:
             if http is not None:
                 http.close()
         return int(worker.exitcode or 0)
+
+    def on_worker_shutting_down(self, sender: Any = None, **_: Any) -> None:
+        """Celery's `worker_shutting_down` (SIGTERM/SIGINT, sent from its signal handler): this worker's
+        running jobs go back to the queue instead of holding the shutdown until they end."""
+        if sender == self.hostname:
+            self.interrupt_jobs("the worker is shutting down")
+
+    def interrupt_jobs(self, reason: str) -> int:
+        """Stop the running jobs so they run again elsewhere (`_claimed` sends their tasks again); how
+        many. Only sets their cancel events: safe from a signal handler."""
+        with self.count_lock:
+            job_ids = {watch.task_id for watch in self.job_watches}
+        return self.service.scheduler.cancel_running(reason, only=lambda ticket: ticket.id in job_ids)
 
     def _start_http(self) -> Any:
         """/health, /ready and /metrics on the server host and port; a port in use is logged, not fatal
@@ -258,17 +289,23 @@ class WorkerNode:
         attempt = record.attempt
         if attempt > 1:
             log.warning("job %s: attempt %d (an earlier worker stopped while running it)", job_id, attempt)
+        interrupted = False
         try:
             reason = self.relay.cancel_reason(job_id)
             if reason is not None:
                 raise Cancelled(reason)
             with self._counted(), TaskWatch(self, job_id, job_attempt=attempt) as watch:
-                watch.attach(run(attempt)).wait()
+                ticket = watch.attach(run(attempt))
+                ticket.wait()
+                interrupted = isinstance(ticket.error, Interrupted)  # its record went back to the queue
         except BaseException as exc:  # it never reached the scheduler: end the record here
             with contextlib.suppress(JobStateError):
                 jobs.finish_with_exception(job_id, exc, attempt=attempt)
             if not isinstance(exc, CosyServeError):
                 log_failure("worker", f"job {job_id} failed: {exc}", exc=exc)
+        if interrupted:
+            log.warning("job %s: interrupted (%s); its task is sent again", job_id, ticket.error)
+            raise task.retry(countdown=0, max_retries=None)
 
     # -- helpers -----------------------------------------------------------------------------------------
 
@@ -289,11 +326,11 @@ class WorkerNode:
 
         class _Counter:
             def __enter__(self) -> None:
-                with node._count_lock:
+                with node.count_lock:
                     node._running += 1
 
             def __exit__(self, *_exc: object) -> None:
-                with node._count_lock:
+                with node.count_lock:
                     node._running -= 1
 
         return _Counter()
@@ -323,61 +360,3 @@ def _task_body(node: WorkerNode, name: str, handler: Any) -> Any:
 
     body.__name__ = body.__qualname__ = name.replace(".", "_")
     return body
-
-
-class TaskWatch:
-    """While a task runs: renew its lease, pass cancels on to its ticket, publish its progress."""
-
-    def __init__(
-        self, node: WorkerNode, task_id: str, *, progress: bool = False, job_attempt: int | None = None
-    ) -> None:
-        self.node = node
-        self.task_id = task_id
-        self.progress = progress
-        self.job_attempt = job_attempt
-        self.ticket: Ticket | None = None
-        self._stop = threading.Event()
-        self._thread = threading.Thread(target=self._loop, name=f"cosyserve-watch-{task_id[:8]}", daemon=True)
-
-    def attach(self, ticket: Ticket) -> Ticket:
-        self.ticket = ticket
-        return ticket
-
-    def __enter__(self) -> TaskWatch:
-        self._thread.start()
-        return self
-
-    def __exit__(self, *_exc: object) -> None:
-        self._stop.set()
-        self._thread.join(timeout=5.0)
-
-    def _loop(self) -> None:
-        renew_every = max(0.5, self.node.lease_s / 3)
-        renewed = time.monotonic()
-        reported = -1.0
-        while not self._stop.wait(WATCH_INTERVAL_S):
-            try:
-                if time.monotonic() - renewed >= renew_every:
-                    renewed = time.monotonic()
-                    if not self._renew():
-                        self._cancel("the job was cancelled or handed to another worker")
-                reason = self.node.relay.cancel_reason(self.task_id)
-                if reason is not None:
-                    self._cancel(reason)
-                ticket = self.ticket
-                if self.progress and ticket is not None and ticket.progress != reported:
-                    reported = ticket.progress
-                    self.node.relay.publish(self.task_id, "progress", reported)
-            except Exception as exc:  # Redis or the database briefly away: try again next round
-                log.warning("task %s: lease/cancel check failed: %s", self.task_id, exc)
-
-    def _renew(self) -> bool:
-        if self.job_attempt is None:
-            self.node.relay.hold(self.task_id, self.node.name, self.node.lease_s)
-            return True
-        return self.node.service.jobs.renew(self.task_id, self.job_attempt, self.node.lease_s)
-
-    def _cancel(self, reason: str) -> None:
-        if self.ticket is not None and not self.ticket.done:
-            log.info("task %s: %s", self.task_id, reason)
-            self.ticket.cancel(reason)

@@ -19,6 +19,7 @@ from collections.abc import Callable, Generator
 from dataclasses import dataclass
 from typing import Any
 
+from cosyserve.engine.memory import out_of_memory_as_error
 from cosyserve.service.access.limits import QuotaTracker
 from cosyserve.service.activity import enrolment_logger, synthesis_logger
 from cosyserve.service.audio_formats import StreamEncoder, encode, mime_type
@@ -132,14 +133,16 @@ class LocalBackend:
         self, ctx: WorkContext, request: SynthesisRequest, spec: OutputSpec
     ) -> Generator[StreamStart | bytes, None, TtsOutcome]:
         """What `AudioStream` reads: the start, then encoded chunks; returns the outcome."""
-        with request_context(spec.request_id), self.host.synthesizer(ctx.cancel) as synth:
+        oom = out_of_memory_as_error("a streamed synthesis")  # the encoder's buffers too
+        with request_context(spec.request_id), self.host.synthesizer(ctx.cancel) as synth, oom:
             stream = self._run_engine(
                 lambda: synth.synthesize(
                     request, progress=_progress_to(ctx), cancel=ctx.cancel, voices=spec.voice_scope
                 )
             )
             encoder = StreamEncoder(spec.format, spec.sample_rate, source_rate=synth.sample_rate)
-            yield StreamStart(stream.seed, encoder.media_type, encoder.sample_rate)
+            warning = self.outputs.health.problem()  # the stream's end cannot say so: its start does
+            yield StreamStart(stream.seed, encoder.media_type, encoder.sample_rate, warning)
             head = encoder.header()
             if head:
                 yield head
@@ -162,8 +165,10 @@ class LocalBackend:
             return self._finish(synth, request, stream.result(), spec, encoded=False)
 
     def _run_engine(self, call: Callable[[], Any]) -> Any:
+        """`call()`, out of memory raised as `OutOfMemory` (which does not count against readiness)."""
         try:
-            return call()
+            with out_of_memory_as_error("synthesis"):
+                return call()
         except BaseException as exc:
             self.host.note_result(exc)
             raise
@@ -180,15 +185,16 @@ class LocalBackend:
         """Store the result with its manifest, count it, and encode the response if asked."""
         self.host.note_result(None)
         rate = result.sample_rate
-        wav = encode(result.audio, "wav", source_rate=rate)
-        audio = None
-        if encoded:
-            same = spec.format == "wav" and spec.sample_rate == rate
-            audio = (
-                wav
-                if same
-                else encode(result.audio, spec.format, source_rate=rate, sample_rate=spec.sample_rate)
-            )
+        with out_of_memory_as_error("encoding the audio"):
+            wav = encode(result.audio, "wav", source_rate=rate)
+            audio = None
+            if encoded:
+                same = spec.format == "wav" and spec.sample_rate == rate
+                audio = (
+                    wav
+                    if same
+                    else encode(result.audio, spec.format, source_rate=rate, sample_rate=spec.sample_rate)
+                )
         parameters = {
             "endpoint": spec.endpoint,
             "response_format": spec.format,
@@ -246,6 +252,8 @@ class LocalBackend:
             lease_s=self.queue.job_lease_s,
             owns_jobs=self.recover_jobs,
             node=f"{socket.gethostname()}-{os.getpid()}",
+            # An interrupted job runs again here; a worker's goes back to the Celery queue instead.
+            requeue=(lambda job_id: self.feeder.requeue(job_id)) if self.recover_jobs else None,
         )
 
     @functools.cached_property

@@ -58,6 +58,7 @@ class LocalJobs:
     lease_s: float
     owns_jobs: bool  # this process alone runs the table's jobs: a shutdown leaves them queued
     node: str  # the name its attempts are recorded under
+    requeue: Callable[[str], object] | None = None  # runs a job an engine restart interrupted again
 
     # -- submitting -------------------------------------------------------------------------------------
 
@@ -194,7 +195,14 @@ class LocalJobs:
     ) -> Ticket:
         """`asked`: what the activity log says was asked (a batch: its texts, its shared voice)."""
         recorder = JobStateRecorder(
-            self.jobs, self.batches, self.outputs, job_id, kind, recorded, keep_queued=self.owns_jobs
+            self.jobs,
+            self.batches,
+            self.outputs,
+            job_id,
+            kind,
+            recorded,
+            keep_queued=self.owns_jobs,
+            requeue=self.requeue,
         )
         event = "job" if kind == "tts" else kind
         logged = synthesis_logger(event, asked, spec, self.host.info.get("device"), job_id)

@@ -18,12 +18,13 @@ import dataclasses
 import logging
 import threading
 import time
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
 
 import numpy as np
 
-from cosyserve.errors import Cancelled, CosyServeError, JobStateError, ShuttingDown
+from cosyserve.errors import Cancelled, CosyServeError, Interrupted, JobStateError, ShuttingDown
 from cosyserve.service.local.job_quota import JobQuota
 from cosyserve.service.local.synthesizer import Synthesizer
 from cosyserve.service.requests import (
@@ -105,12 +106,14 @@ class JobStateRecorder:
         *,
         attempt: int | None = None,
         keep_queued: bool = False,
+        requeue: Callable[[str], object] | None = None,
     ) -> None:
         self.jobs, self.batches, self.outputs = jobs, batches, outputs
         self.job_id, self.kind = job_id, kind
         self.recorded = recorded  # set once the record exists (it is written right after submit returns)
         self.attempt = attempt  # the attempt running it (set by the work once it claimed the job)
         self.keep_queued = keep_queued  # a shutdown leaves the job for this server's next start
+        self.requeue = requeue  # runs an interrupted job again (None: whoever sent it sends it again)
 
     def __call__(self, ticket: Ticket, state: str) -> None:
         self.recorded.wait(RECORD_WAIT_S)
@@ -123,10 +126,13 @@ class JobStateRecorder:
             log.warning("job %s: %s", self.job_id, exc)
 
     def _ended(self, error: BaseException) -> None:
-        if self.keep_queued and isinstance(error, ShuttingDown):
+        interrupted = isinstance(error, Interrupted)  # an engine restart, a worker's shutdown
+        if interrupted or (self.keep_queued and isinstance(error, ShuttingDown)):
             if self.attempt is not None:
                 self.jobs.release(self.job_id, self.attempt)
-            return  # still queued: the next start runs it (again)
+            if interrupted and self.requeue is not None:
+                self.requeue(self.job_id)
+            return  # still queued: it runs (again) as its next attempt, or at the next start
         code = "cancelled" if isinstance(error, Cancelled) else "batch_stopped"
         message = f"the batch ended before this item ran: {error}"
         if self.kind != "tts":  # its items end first: a client that sees the batch ended sees them ended

@@ -2,7 +2,8 @@
 
 At start, jobs left running go back to the queue (`JobStore.requeue_interrupted`: their attempt counts,
 and those that used up the retry limit fail), then every queued job is put back on the scheduler in the
-order it was submitted, as room in the bounded queue allows; a job cancelled meanwhile is skipped.
+order it was submitted, as room in the bounded queue allows; a job cancelled meanwhile is skipped. A job
+an engine restart interrupts while the process runs on comes back the same way (`requeue`).
 """
 
 from __future__ import annotations
@@ -29,6 +30,7 @@ class JobFeeder:
         self.pending: deque[str] = deque()
         self._stop = threading.Event()
         self._thread: threading.Thread | None = None
+        self._lock = threading.Lock()  # guards `_thread`: one feeding thread while anything is pending
 
     def start(self) -> None:
         queued, failed = self.runner.jobs.requeue_interrupted(self.max_attempts)
@@ -37,9 +39,23 @@ class JobFeeder:
         if not queued:
             return
         log.warning("%d jobs left by an earlier process are queued again", len(queued))
-        self.pending.extend(record.id for record in queued)
-        self._thread = threading.Thread(target=self._loop, name="cosyserve-job-feeder", daemon=True)
-        self._thread.start()
+        self._feed([record.id for record in queued])
+
+    def requeue(self, job_id: str) -> None:
+        """Put a job that was interrupted (and released to the queue) back on the scheduler."""
+        log.info("job %s was interrupted: it is queued again", job_id)
+        self._feed([job_id])
+
+    def _feed(self, job_ids: list[str]) -> None:
+        with self._lock:
+            self.pending.extend(job_ids)
+            if self._thread is None:
+                self._start_locked()
+
+    def _start_locked(self) -> None:
+        if not self._stop.is_set():
+            self._thread = threading.Thread(target=self._loop, name="cosyserve-job-feeder", daemon=True)
+            self._thread.start()
 
     def stop(self, timeout: float = 5.0) -> None:
         self._stop.set()
@@ -47,6 +63,15 @@ class JobFeeder:
             self._thread.join(timeout)
 
     def _loop(self) -> None:
+        try:
+            self._feed_pending()
+        finally:
+            with self._lock:
+                self._thread = None
+                if self.pending:  # came in as the loop ended
+                    self._start_locked()
+
+    def _feed_pending(self) -> None:
         jobs = self.runner.jobs
         while self.pending and not self._stop.is_set():
             record = jobs.get(self.pending[0])
@@ -59,7 +84,8 @@ class JobFeeder:
                 self._stop.wait(RETRY_S)
                 continue
             except ShuttingDown:
-                return  # it stays queued for the next start
+                self._stop.set()  # nothing more is taken: what is pending stays queued for the next start
+                return
             except CosyServeError as exc:  # its parameters no longer make a job (a voice was deleted, ...)
                 with contextlib.suppress(JobStateError):
                     jobs.finish_with_exception(record.id, exc)

@@ -6,7 +6,9 @@
     result = stream.result()                                # seed, timings, stage seconds, warnings
 
 Every input is checked when `synthesize` is called (InputError), before any audio is produced, so
-callers can answer with a clear error instead of a broken stream.
+callers can answer with a clear error instead of a broken stream. Running out of memory anywhere in
+a synthesis or an enrolment (the engine, the prompt models on onnxruntime, the flow's prompt cache, the
+host's own arrays) raises `OutOfMemory` (a 503 with Retry-After), the engine usable after it.
 """
 
 from __future__ import annotations
@@ -24,6 +26,7 @@ import numpy as np
 import torch
 
 from cosyserve.engine.device import Placement, configure_cpu_threads, resolve_placement
+from cosyserve.engine.memory import out_of_memory_as_error
 from cosyserve.engine.pipeline import EngineOptions, SegmentInput, SpeechEngine
 from cosyserve.engine.speech_lm_runner import PromptPrefix
 from cosyserve.engine.token2wav import (
@@ -100,16 +103,18 @@ class SynthesisStream:
         return self
 
     def __next__(self) -> AudioChunk:
-        return next(self._iterator)
+        with out_of_memory_as_error("synthesis"):
+            return next(self._iterator)
 
     def cancel(self) -> None:
         self._cancel.set()
 
     def result(self) -> SynthesisResult:
         """The whole result; consumes whatever has not been read yet."""
-        for _ in self._iterator:
+        for _ in self:
             pass
-        audio = np.concatenate(self._chunks) if self._chunks else np.zeros(0, np.float32)
+        with out_of_memory_as_error("synthesis"):
+            audio = np.concatenate(self._chunks) if self._chunks else np.zeros(0, np.float32)
         stages = dict(self._stage)
         if self.first_audio_at is not None and self._started_at is not None:
             stages["first_chunk"] = self.first_audio_at - self._started_at
@@ -266,7 +271,8 @@ class Synthesizer:
         recording."""
         defaults = kwargs.get("defaults")
         analyse = functools.partial(self.analyse_prompt, denoise=bool(getattr(defaults, "denoise", False)))
-        return self._library().add(name, audio, analyse, transcript=transcript, **kwargs)  # type: ignore[arg-type]
+        with out_of_memory_as_error("the voice's enrolment"):
+            return self._library().add(name, audio, analyse, transcript=transcript, **kwargs)  # type: ignore[arg-type]
 
     def cached_prefix(self, prompt_text_ids: list[int]) -> PromptPrefix:
         """A saved voice's LM prefix KV, computed once and kept (LRU) for later requests."""
@@ -285,7 +291,8 @@ class Synthesizer:
     def cached_flow_prompt(self, voice_id: str, prompt: FlowPrompt) -> PromptCache:
         """A saved voice's streaming start (prompt K/V of the flow), computed once and kept while the
         voices' caches fit their byte budget (least recently used dropped; redone if the prompt changed)."""
-        return self._flow_caches.get(voice_id, prompt, self.engine.token2wav.prepare_prompt)
+        with out_of_memory_as_error("a voice's streaming preparation"):
+            return self._flow_caches.get(voice_id, prompt, self.engine.token2wav.prepare_prompt)
 
     # ---- synthesis ------------------------------------------------------------------------------
     def synthesize(
@@ -298,7 +305,9 @@ class Synthesizer:
     ) -> SynthesisStream:
         """Check the request now (InputError; a saved voice outside `voices` is not found), generate
         lazily as the stream is read."""
-        return SynthesisStream(self, self._plan(request, voices), progress, cancel)
+        with out_of_memory_as_error("the analysis of the request's prompt"):
+            plan = self._plan(request, voices)
+        return SynthesisStream(self, plan, progress, cancel)
 
     def run(self, request: SynthesisRequest, **kwargs: object) -> SynthesisResult:
         """Synthesise the whole request and return it."""

@@ -24,7 +24,7 @@ from collections import Counter, deque
 from collections.abc import Callable
 from typing import Any, Literal, Protocol
 
-from cosyserve.errors import JobStateError, JobTimeout, QueueFull, ShuttingDown, error_code
+from cosyserve.errors import Interrupted, JobStateError, JobTimeout, QueueFull, ShuttingDown, error_code
 from cosyserve.service.logs import log_failure
 from cosyserve.service.requests import TERMINAL_STATES
 from cosyserve.service.scheduling.tickets import Ticket, TicketHooks, WorkContext
@@ -75,6 +75,7 @@ class Scheduler:
         self._queue: deque[Ticket] = deque()
         self._active: dict[str, Ticket] = {}  # queued or running, by id
         self._executing: set[Ticket] = set()  # tickets whose work occupies a worker (may be finished)
+        self._interrupted: set[Ticket] = set()  # executing tickets the server stopped (`cancel_running`)
         self._accepting = True
         self._stopping = False
         self._durations: deque[float] = deque(maxlen=RECENT_DURATIONS)
@@ -154,10 +155,13 @@ class Scheduler:
         ticket = self.get(ticket_id)
         return ticket.cancel(reason) if ticket is not None else False
 
-    def cancel_running(self, reason: str) -> int:
-        """Ask every running piece of work to stop (each ends `cancelled` at its next check); how many."""
+    def cancel_running(self, reason: str, only: Callable[[Ticket], bool] | None = None) -> int:
+        """Interrupt running work (an engine restart: all of it; a worker's shutdown: its jobs, `only`):
+        each ends `cancelled` with `Interrupted` at its next check, which puts a job back in the queue;
+        returns how many."""
         with self._lock:
-            running = [ticket for ticket in self._executing if not ticket.finished]
+            running = [t for t in self._executing if not t.finished and (only is None or only(t))]
+            self._interrupted.update(running)
         for ticket in running:
             ticket.request_cancel(reason)
         return len(running)
@@ -277,10 +281,14 @@ class Scheduler:
                 # Free the slot before waking the client, so it can submit again at once.
                 with self._lock:
                     self._executing.discard(ticket)
+                    interrupted = ticket in self._interrupted
+                    self._interrupted.discard(ticket)
                     self._durations.append(time.monotonic() - began)
                     self._lock.notify_all()
                 self._report_queue()
                 state, result, error = outcome
+                if interrupted and state == "cancelled":  # the server's stop, not its client's
+                    error = Interrupted(ticket.cancel_reason or "interrupted by the server")
                 ticket.finish(state, result=result, error=error)
 
     def _set_timeout(self, ticket: Ticket, seconds: float, message: str) -> None:

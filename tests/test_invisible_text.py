@@ -1,0 +1,81 @@
+"""A text of only invisible characters (zero-width spaces and joiners, byte-order marks, word joiners,
+direction marks) is an empty text on every path that takes one: a request, a job, a batch item, OpenAI's
+speech endpoint. Refused with a 400 that names the problem, never synthesised."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+from tests.conftest import enrol_voice
+
+from cosyserve.errors import InputError
+from cosyserve.frontend.text import prepare_texts
+from cosyserve.frontend.text.split import has_content, require_visible_text
+from cosyserve.frontend.tokenizer import TextTokenizer
+from cosyserve.service.backend import job_pieces
+from cosyserve.service.batch_input import BatchRules, items_from
+from cosyserve.service.requests import SynthesisRequest
+
+INVISIBLE = [
+    "\u200b",  # zero-width space
+    "\u200b\u200c\u200d\ufeff\u2060",  # with the non-joiner, joiner, byte-order mark, word joiner
+    " \u200b\n\u200e\u200f ",  # between blanks, with the direction marks
+    "\u00ad\u2061\u180e",  # soft hyphen, function application, Mongolian vowel separator
+]
+
+
+@pytest.mark.parametrize("text", INVISIBLE)
+def test_invisible_text_is_empty_and_says_so(text: str) -> None:
+    with pytest.raises(InputError, match="the text is empty: it holds only invisible characters"):
+        require_visible_text(text)
+    assert not has_content(text)
+
+
+def test_visible_text_with_invisible_characters_in_it_passes() -> None:
+    for text in ("a\u200bb", "\ufeff你好", "hi\u2060!"):
+        require_visible_text(text)
+        assert has_content(text)
+    with pytest.raises(InputError, match="the text is empty: give the words"):
+        require_visible_text(" \n")
+
+
+@pytest.mark.parametrize("text", INVISIBLE)
+def test_every_text_check_refuses_it(tiny_dir: Path, text: str) -> None:
+    tokenizer = TextTokenizer.from_dir(tiny_dir / "model")
+    with pytest.raises(InputError, match="invisible characters"):
+        prepare_texts(text, tokenizer=tokenizer)
+    with pytest.raises(InputError, match="invisible characters"):
+        prepare_texts(f"用欢快的语气说<|endofprompt|>{text}", tokenizer=tokenizer)
+    with pytest.raises(InputError, match="invisible characters"):
+        job_pieces(SynthesisRequest(text=text, voice="alice"), 200)
+    (item,) = items_from([{"text": text}], BatchRules(shared={"voice": "alice"}))
+    assert item.problem is not None and "invisible characters" in item.problem
+
+
+@pytest.fixture(scope="module")
+def client(start_api_server, prompt_wav_bytes):
+    live = start_api_server()
+    with live.client() as client:
+        enrol_voice(client, "alice", prompt_wav_bytes)
+        yield client
+    live.stop()
+
+
+def test_the_api_answers_400_naming_the_problem(client) -> None:
+    text = "\u200b\u200c\u200d\ufeff\u2060"
+    for path, body in (
+        ("/v1/tts", {"text": text, "voice": "alice"}),
+        ("/v1/tts", {"text": text, "voice": "alice", "stream": True}),
+        ("/v1/jobs", {"text": text, "voice": "alice"}),
+        ("/v1/audio/speech", {"model": "tts-1", "input": text, "voice": "alice"}),
+    ):
+        response = client.post(path, json=body)
+        assert response.status_code == 400, (path, response.text)
+        error = response.json()["error"]
+        assert error["code"] == "invalid_input" and "invisible characters" in error["message"], path
+    batch = client.post("/v1/batches", json={"voice": "alice", "items": [text, "hi."]})
+    assert batch.status_code == 202
+    items = batch.json().get("items") or []
+    problems = [item for item in items if item.get("error")]
+    assert problems and "invisible characters" in problems[0]["error"]["message"]

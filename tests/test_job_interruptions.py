@@ -1,0 +1,162 @@
+"""A job the server stops is not failed: an engine restart from the admin page and a worker's SIGTERM put
+the running job back in the queue, and its next attempt goes on after what it finished (a batch keeps its
+done items, their outputs not made twice)."""
+
+from __future__ import annotations
+
+import threading
+import time
+import uuid
+
+import pytest
+from celery.exceptions import Retry
+from tests.conftest import LONG_TEXT, enrol_voice, sharing
+from tests.test_api_admin import wait_for
+from tests.test_api_batches import wait_batch
+from tests.test_api_jobs import wait_job
+
+from cosyserve.errors import Cancelled
+from cosyserve.service.backend import spec_record
+from cosyserve.service.batch_input import BatchRules, items_from
+from cosyserve.service.requests import OutputSpec
+
+ITEMS = ["一。", "二。", "三。"]
+
+
+class HoldOneSegment:
+    """`SpeechEngine.generate` whose `hold_at`-th call runs until it is cancelled, as a long segment would
+    (then ends Cancelled as the engine does); every other call runs normally."""
+
+    def __init__(self, engine, hold_at: int) -> None:
+        self.original, self.hold_at = engine.generate, hold_at
+        self.calls = 0
+        self.holding = threading.Event()
+
+    def __call__(self, segment, *, cancel, **kwargs):
+        self.calls += 1
+        if self.calls == self.hold_at:
+            self.holding.set()
+            deadline = time.monotonic() + 60
+            while not cancel():
+                assert time.monotonic() < deadline, "the held segment was never cancelled"
+                time.sleep(0.01)
+            raise Cancelled("the request was cancelled")
+        yield from self.original(segment, cancel=cancel, **kwargs)
+
+
+@pytest.fixture
+def server(start_api_server, prompt_wav_bytes):
+    live = start_api_server(service_kwargs={"shutdown_grace_s": 0.2})  # a restart waits this long, then stops
+    with live.client() as client:
+        enrol_voice(client, "alice", prompt_wav_bytes)
+    yield live
+    live.stop()
+
+
+def test_an_engine_restart_requeues_the_running_batch(server, api_synthesizer, monkeypatch) -> None:
+    hold = HoldOneSegment(api_synthesizer.engine, hold_at=2)
+    monkeypatch.setattr(api_synthesizer.engine, "generate", hold)
+    with server.client() as client:
+        batch_id = client.post("/v1/batches", json={"voice": "alice", "items": ITEMS}).json()["id"]
+        assert hold.holding.wait(60)
+        first = client.get(f"/v1/batches/{batch_id}").json()["items"][0]
+        assert first["state"] == "done" and first["output_id"]
+        assert client.post("/admin/engine/restart").status_code == 202
+        final = wait_batch(client, batch_id)
+        assert final["state"] == "done" and (final["done"], final["failed"]) == (3, 0), final
+        assert final["items"][0]["output_id"] == first["output_id"]  # kept, not made again
+        assert server.service.jobs.get(batch_id).attempt == 2
+        wait_for(lambda: client.get("/ready").status_code == 200)
+
+
+def test_an_engine_restart_requeues_a_running_long_text_job(server, api_synthesizer, monkeypatch) -> None:
+    hold = HoldOneSegment(api_synthesizer.engine, hold_at=2)
+    monkeypatch.setattr(api_synthesizer.engine, "generate", hold)
+    with server.client() as client:
+        job_id = client.post("/v1/jobs", json={"text": LONG_TEXT, "voice": "alice", "seed": 3}).json()["id"]
+        assert hold.holding.wait(60)
+        assert client.post("/admin/engine/restart").status_code == 202
+        final = wait_job(client, job_id, timeout=300)
+        assert final["state"] == "done" and final["error"] is None and final["output_id"], final
+        assert server.service.jobs.get(job_id).attempt == 2
+
+
+class FakeTask:
+    """The Celery task handle `_claimed` gets: `retry` sends the task again (recorded here)."""
+
+    def __init__(self) -> None:
+        self.retries: list[dict] = []
+
+    def retry(self, **kwargs) -> Retry:
+        self.retries.append(kwargs)
+        return Retry()
+
+
+@pytest.fixture
+def worker(redis_url, api_synthesizer, demo_model_path, tmp_path):
+    from cosyserve.service.assembly import Service
+    from cosyserve.service.distributed.worker import WorkerNode
+    from cosyserve.service.settings import Settings
+
+    settings = Settings(
+        model=str(demo_model_path),
+        device="cpu",
+        data_dir=tmp_path,
+        queue_url=redis_url,
+        concurrency=1,
+        signing_secret="test-signing-secret-0123456789abcdef",
+    )
+    service = Service(settings, role="worker", synthesizer_factory=sharing(api_synthesizer))
+    node = WorkerNode(settings, name="w1", service=service)
+    service.start()
+    wait_for(lambda: service.model_state == "ready", timeout=120)
+    yield node
+    service.shutdown()
+
+
+def test_a_workers_sigterm_requeues_its_running_batch(
+    worker, api_synthesizer, prompt_wav_bytes, monkeypatch
+) -> None:
+    service = worker.service
+    job_id = uuid.uuid4().hex
+    items = items_from(ITEMS, BatchRules(has_prompt=True))
+    service.jobs.create(
+        {"items": len(items)},
+        kind="batch",
+        owner=None,
+        job_id=job_id,
+        spec=spec_record(OutputSpec(endpoint="batches")),
+        prompt_wav=prompt_wav_bytes,
+    )
+    service.batches.add(job_id, [item.as_row() for item in items])
+    hold = HoldOneSegment(api_synthesizer.engine, hold_at=2)
+    monkeypatch.setattr(api_synthesizer.engine, "generate", hold)
+
+    def run_task(task: FakeTask, box: dict) -> None:
+        try:
+            worker._claimed(task, job_id, lambda attempt: worker.local.run_claimed_batch(job_id, attempt))
+        except BaseException as exc:
+            box["error"] = exc
+
+    task, box = FakeTask(), {}
+    thread = threading.Thread(target=run_task, args=(task, box))
+    thread.start()
+    assert hold.holding.wait(60)
+    worker.on_worker_shutting_down(sender="someone-else@host")  # another worker's shutdown: not ours
+    assert thread.is_alive()
+    worker.on_worker_shutting_down(sender=worker.hostname, sig="SIGTERM", how="Warm", exitcode=0)
+    thread.join(60)
+    assert isinstance(box.get("error"), Retry) and task.retries == [{"countdown": 0, "max_retries": None}]
+    record = service.jobs.get(job_id)
+    assert (record.state, record.attempt, record.error_code) == ("queued", 1, None)
+    first = service.batches.items(job_id)[0]
+    assert first.state == "done" and first.output_id
+
+    again = FakeTask()  # the task, sent again, reaches a worker (here the same one, as after a restart)
+    run_task(again, box := {})
+    assert box == {} and again.retries == []
+    record = service.jobs.get(job_id)
+    assert (record.state, record.attempt) == ("done", 2)
+    finished = service.batches.items(job_id)
+    assert [item.state for item in finished] == ["done"] * 3
+    assert finished[0].output_id == first.output_id  # kept, not made again
