@@ -99,7 +99,9 @@ def test_every_path_refuses_what_does_not_fit_before_any_work(server) -> None:
             "preview": lambda: client.get("/v1/voices/alice/preview", params={"text": TEXT}),
             "job": lambda: client.post("/v1/jobs", json={"text": TEXT * 3, "voice": "alice"}),
             "batch": lambda: client.post("/v1/batches", json={"voice": "alice", "items": [{"text": TEXT}]}),
-            "dub (a 6 s track)": lambda: client.post("/v1/dub", json={"voice": "alice", "subtitles": subtitles}),
+            "dub (a 6 s track)": lambda: client.post(
+                "/v1/dub", json={"voice": "alice", "subtitles": subtitles}
+            ),
         }
         for path, call in calls.items():
             answer = call()

@@ -166,3 +166,66 @@ def test_estimates_follow_the_voice_pace_and_the_speed() -> None:
     assert voice_pace("hi", {"speech_s": 3.0}) is None  # too short a transcript to tell
     assert voice_pace("希望你以后能够做的比我还好呦。", {"speech_s": 60.0}) == 2.0  # a mismatched transcript
     assert voice_pace(None, {"speech_s": 3.0}) is None
+
+
+# -- a cluster: the API node reserves in the shared database, the worker settles ---------------------------
+
+
+def test_an_api_node_reserves_and_its_worker_settles(tmp_path: Path) -> None:
+    from cosyserve.service.distributed import codec
+    from cosyserve.service.distributed.remote import RemoteBackend
+    from cosyserve.service.local.job_quota import JobQuota
+    from cosyserve.service.requests import OutputSpec, SynthesisRequest
+    from cosyserve.service.reservations import QuotaReservations
+    from cosyserve.service.scheduling.scheduler import Scheduler
+    from cosyserve.service.settings import Settings
+    from cosyserve.service.stores.batches import BatchStore
+    from cosyserve.service.stores.jobs import JobStore
+
+    engine = make_engine(f"sqlite:///{tmp_path / 'shared.db'}")
+    tracker, jobs, key = QuotaTracker(engine, sa.MetaData()), JobStore(engine), key_with(10.0)
+    settings = Settings(queue={"queue_url": "redis://127.0.0.1:1/0"}, storage={"data_dir": tmp_path})
+    scheduler = Scheduler(1, 4, 30.0)
+    node = RemoteBackend(
+        settings, scheduler, jobs=jobs, voices=None, batches=BatchStore(engine),  # type: ignore[arg-type]
+        reservations=QuotaReservations(tracker),
+    )  # fmt: skip
+    sent: list[list] = []
+    worker_done = threading.Event()
+
+    def relay(task_id, ctx):  # the worker's answer: it ends only when the test says so
+        worker_done.wait(10)
+        raise codec.WorkerLost("the worker stopped")
+        yield
+
+    def send(task: str, args: list, task_id: str | None = None) -> str:
+        sent.append(args)
+        return task_id or "task"
+
+    node.require_ready = lambda: None  # type: ignore[method-assign]
+    node._send = send  # type: ignore[method-assign]
+    node._relay = relay  # type: ignore[method-assign]
+    try:
+        ticket = node.submit_tts(SynthesisRequest(text="第一句话说得很长很长。"), OutputSpec(key=key))
+        assert tracker.reserved(key) == pytest.approx(3.5)  # held on the API node, before the worker runs
+        waited = 0
+        while not sent and waited < 1000:  # the API node's slot sends the task
+            threading.Event().wait(0.01)
+            waited += 1
+        on_worker = codec.decode_spec(sent[0][1], lambda _id: key)  # what the worker's backend gets
+        assert on_worker.reservation is not None
+        QuotaReservations(tracker).settle(on_worker, 2.25)  # the worker's `_finish`
+        assert (tracker.used(key), tracker.reserved(key)) == (2.25, 0.0)
+        worker_done.set()
+        ticket.wait(10)  # the API node's end gives back nothing more: the worker settled
+        assert (tracker.used(key), tracker.reserved(key)) == (2.25, 0.0)
+
+        job = node.submit_job(SynthesisRequest(text="第一句话说得很长很长。" * 2), OutputSpec(key=key))
+        assert tracker.reserved(key) == pytest.approx(6.5)  # under the job's id, in the shared database
+        JobQuota(tracker, jobs, lambda _id: key).charge(key.id, job.id, 2.0)  # a worker's first segment
+        assert (tracker.used(key), tracker.reserved(key)) == (4.25, pytest.approx(4.5))
+        node.cancel_job(job.id)
+        assert tracker.reserved(key) == 0.0
+    finally:
+        scheduler.shutdown(grace_s=1.0)
+        engine.dispose()
