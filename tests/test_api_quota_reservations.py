@@ -155,3 +155,27 @@ def test_a_batch_holds_the_sum_of_its_items(server) -> None:
         quota = settled(client)
     assert batch["state"] == "done", batch
     assert quota["used_s"] == pytest.approx(sum(item["duration_s"] for item in batch["items"]), abs=0.01)
+
+
+def test_the_web_ui_reserves_like_the_api(server, tmp_path) -> None:
+    from cosyserve.service.access.principals import Principal, QuotaExceeded
+    from cosyserve.service.requests import SynthesisRequest
+    from cosyserve.ui.batch_bridge import BatchBridge
+    from cosyserve.ui.bridge import UiBridge
+
+    record, _ = server.service.keys.create("ui-user", "user", quota=4.0)
+    principal = Principal("key", "user", key=record, name=record.name)
+    bridge = UiBridge(server.service)
+    request = SynthesisRequest(text=TEXT, voice="alice", seed=SEED)
+    ticket = bridge.submit(principal, request, mode="voice", request_id="ui-1")
+    with pytest.raises(QuotaExceeded, match="reserved by requests and jobs"):  # 2.9 s held, 2.9 more: no
+        bridge.submit(principal, request, mode="voice", request_id="ui-2")
+    outcome = ticket.result(60)
+    script = tmp_path / "script.txt"
+    script.write_text(f"{TEXT}\n", encoding="utf-8")
+    with pytest.raises(QuotaExceeded):  # what the first made and one more line do not fit
+        BatchBridge(bridge).submit(
+            principal, script, voice="alice", instruct=None, fmt="wav", max_speed=1.25, request_id="ui-3"
+        )
+    status = server.service.access.quota.check(record)
+    assert status.used_s == pytest.approx(outcome.duration_s) and status.reserved_s == 0.0

@@ -82,7 +82,7 @@ class QuotaReservations:
         """`spec` with a reservation of `request`'s estimate for its key (QuotaExceeded when it does not
         fit); unchanged without a key, without a quota, or when it already holds one (a worker running
         what its API node reserved)."""
-        if spec.key is None or spec.reservation is not None:
+        if spec.key is None or spec.reservation is not None or self.quota.limit_for(spec.key) is None:
             return spec
         seconds = self.estimate(request, spec.voice_scope)
         reservation = self.quota.reserve(spec.key, seconds)
