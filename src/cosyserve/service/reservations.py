@@ -155,6 +155,16 @@ class QuotaReservations:
         """Give back what a job still holds (it ended)."""
         self._release_quietly(job_id)
 
+    def release_dead(self) -> None:
+        """At start-up: give back what processes on this host that stopped still hold, and what expired."""
+        try:
+            released = self.quota.release_dead()
+        except Exception as exc:  # they expire anyway
+            log.warning("could not release the quota reservations of stopped processes: %s", exc)
+            return
+        if released:
+            log.info("released %d quota reservations of processes that stopped", released)
+
     def _release_quietly(self, reservation: str | None) -> None:
         if reservation is None:
             return

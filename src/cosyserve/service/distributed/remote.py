@@ -74,8 +74,7 @@ class RemoteBackend:
         self.jobs = jobs
         self.voices = voices
         self.batches = batches
-        # This node reserves a key's quota (in the shared database); the worker that runs it settles.
-        self.reservations = reservations
+        self.reservations = reservations  # this node reserves a key's quota, the worker settles
         self.max_text_chars = settings.limits.max_text_chars
         self.model_info: dict[str, Any] = {"model": settings.engine.model, "device": settings.engine.device}
         self.url = queue.queue_url
@@ -87,6 +86,8 @@ class RemoteBackend:
         self._workers_lock = threading.Lock()
 
     def start(self) -> None:
+        if self.reservations is not None:
+            self.reservations.release_dead()
         try:
             self.client.ping()
         except Exception as exc:  # the node still starts: /ready says why it is not ready
@@ -290,9 +291,7 @@ class RemoteBackend:
 
         return self._job_held(job_id, spec, reserved, submit)
 
-    def _job_held(
-        self, job_id: str, spec: OutputSpec, seconds: float | None, submit: Callable[[], JobRecord]
-    ) -> JobRecord:
+    def _job_held(self, job_id: str, spec: OutputSpec, seconds: float | None, submit: Any) -> JobRecord:
         if self.reservations is None or seconds is None:
             return submit()
         return self.reservations.job_submitted(job_id, spec.key, seconds, submit)

@@ -80,19 +80,10 @@ class LocalBackend:
         return self.host.info
 
     def start(self) -> None:
-        self._release_dead_reservations()
+        self.reservations.release_dead()
         self.host.start()
         if self.recover_jobs:
             self.feeder.start()
-
-    def _release_dead_reservations(self) -> None:
-        try:
-            released = self.quota.release_dead()
-        except Exception as exc:  # they expire anyway
-            log.warning("could not release the quota reservations of stopped processes: %s", exc)
-            return
-        if released:
-            log.info("released %d quota reservations of processes that stopped", released)
 
     def stop(self) -> None:
         if self.recover_jobs:
