@@ -160,14 +160,16 @@ def test_rate_limit_per_key(server) -> None:
 
 
 def test_daily_audio_quota(server) -> None:
-    _, key = server.service.keys.create("frugal", "user", quota=0.05)
+    _, key = server.service.keys.create("frugal", "user", quota=1.0)
     with as_key(server, key) as client:
         body = {"text": API_TEXT, "voice": "alice", "seed": API_SEED}
-        assert client.post("/v1/tts", json=body).status_code == 200  # nothing used yet: allowed
-        over = client.post("/v1/tts", json=body)
+        first = client.post("/v1/tts", json=body)  # about 0.6 s reserved: it fits
+        assert first.status_code == 200
+        over = client.post("/v1/tts", json=body)  # what it made and another 0.6 s do not fit
         assert over.status_code == 429 and over.json()["error"]["code"] == "quota_exceeded"
         assert int(over.headers["retry-after"]) > 0
-        assert client.get("/v1/me").json()["quota"]["used_s"] > 0.05
+        used = client.get("/v1/me").json()["quota"]["used_s"]
+        assert used == pytest.approx(float(first.headers["x-cosyserve-duration"]), abs=0.01)
 
 
 def test_ui_login_session(server) -> None:

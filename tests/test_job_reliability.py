@@ -40,7 +40,13 @@ def wait(client, path: str, timeout: float = 120.0) -> dict:
     return body
 
 
-def test_a_one_second_quota_stops_a_job_at_the_quota(server) -> None:
+def underestimate(monkeypatch, seconds: float) -> None:
+    """Every text is estimated at `seconds` (speech that outruns its estimate: the quota stops it)."""
+    monkeypatch.setattr("cosyserve.service.reservations.request_estimate_s", lambda *_a, **_k: seconds)
+
+
+def test_a_job_that_outruns_its_estimate_stops_at_the_quota(server, monkeypatch) -> None:
+    underestimate(monkeypatch, 0.5)
     _, key = server.service.keys.create("one-second", "user", quota=1.0)
     with as_key(server, key) as client:
         job = client.post("/v1/jobs", json={"text": SENTENCES * 2, "voice": "alice", "seed": 3}).json()
@@ -56,18 +62,18 @@ def test_a_one_second_quota_stops_a_job_at_the_quota(server) -> None:
         assert refused.status_code == 429 and refused.json()["error"]["code"] == "quota_exceeded"
 
 
-def test_queued_jobs_set_aside_their_estimated_seconds(server) -> None:
+def test_a_job_whose_estimate_exceeds_the_quota_is_refused_at_submit(server) -> None:
     _, key = server.service.keys.create("ten-seconds", "user", quota=10.0)
     with as_key(server, key) as client:
-        first = client.post("/v1/jobs", json={"text": LONG_TEXT * 2, "voice": "alice"})  # ~50 s estimated
-        assert first.status_code == 202
-        second = client.post("/v1/jobs", json={"text": "短。", "voice": "alice"})
-        assert second.status_code == 429 and "set aside" in second.json()["error"]["message"]
-        client.delete(f"/v1/jobs/{first.json()['id']}")
-        wait(client, f"/v1/jobs/{first.json()['id']}")
+        refused = client.post("/v1/jobs", json={"text": LONG_TEXT * 2, "voice": "alice"})  # ~40 s estimated
+        assert refused.status_code == 429 and refused.json()["error"]["code"] == "quota_exceeded"
+        assert "10.0 s left" in refused.json()["error"]["message"]
+        quota = client.get("/v1/me").json()["quota"]
+        assert quota["used_s"] == 0.0 and quota["reserved_s"] == 0.0  # nothing was made or held for it
 
 
-def test_a_batch_is_charged_per_item_and_stops_at_the_quota(server) -> None:
+def test_a_batch_is_charged_per_item_and_stops_at_the_quota(server, monkeypatch) -> None:
+    underestimate(monkeypatch, 0.1)
     _, key = server.service.keys.create("two-seconds", "user", quota=2.0)
     with as_key(server, key) as client:
         lines = "\n".join(f"第{n}句话。" for n in range(1, 11))

@@ -85,7 +85,12 @@ def whoami(request: Request, principal: CurrentPrincipal) -> dict[str, Any]:
     quota = None
     if principal.key is not None:
         status = service.access.quota.check(principal.key)
-        quota = {"used_s": status.used_s, "limit_s": status.limit_s, "resets_at": status.resets_at}
+        quota = {
+            "used_s": status.used_s,
+            "limit_s": status.limit_s,
+            "resets_at": status.resets_at,
+            "reserved_s": status.reserved_s,  # held by requests and jobs still running
+        }
     return {
         "kind": principal.kind,
         "role": principal.role,

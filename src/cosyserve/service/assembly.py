@@ -23,6 +23,7 @@ from cosyserve.service.local.loading import SynthesizerFactory, device_type, loa
 from cosyserve.service.local.model_host import ModelHost
 from cosyserve.service.logs import log_failure
 from cosyserve.service.metrics import Metrics
+from cosyserve.service.reservations import QuotaReservations
 from cosyserve.service.scheduling.scheduler import Scheduler
 from cosyserve.service.setting_groups import S3Settings
 from cosyserve.service.settings import Settings
@@ -88,6 +89,7 @@ class Service:
         self.retention = RetentionWorker(self.outputs, interval)
         # Access, scheduling, and the backend the role asks for
         self.access = Access(s, self.keys, self.db)
+        self.reservations = QuotaReservations(self.access.quota, self.voices)
         self.device_type = device_type(s.engine.device)
         # An API node's "slots" are requests it relays to workers, not syntheses of its own.
         if role == "api":
@@ -104,7 +106,12 @@ class Service:
         """The one place the role decides anything: where synthesis runs."""
         if self.role == "api":
             return RemoteBackend(
-                self.settings, self.scheduler, jobs=self.jobs, voices=self.voices, batches=self.batches
+                self.settings,
+                self.scheduler,
+                jobs=self.jobs,
+                voices=self.voices,
+                batches=self.batches,
+                reservations=self.reservations,
             )
         self.model = ModelHost(
             self.settings,
@@ -132,6 +139,7 @@ class Service:
             batches=self.batches,
             key_lookup=self._key,
             queue=self.settings.queue,
+            reservations=self.reservations,
         )
 
     def _key(self, key_id: int) -> ApiKey | None:

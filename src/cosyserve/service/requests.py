@@ -139,6 +139,7 @@ class OutputSpec:
     request_id: str | None = None
     endpoint: str = "tts"
     extra: dict[str, Any] = field(default_factory=dict)  # recorded in the manifest's parameters
+    reservation: str | None = None  # the key's quota reservation this synthesis settles (`reservations`)
 
     @property
     def voice_scope(self) -> VoiceScope:

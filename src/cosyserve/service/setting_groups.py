@@ -170,6 +170,12 @@ class LimitSettings(_Group):
     max_batch_items: int = Field(
         1000, ge=1, description="most items (lines of a script, cues of a subtitle file) in one batch or dub"
     )
+    quota_reservation_ttl_s: float = Field(
+        3600.0,
+        gt=0,
+        description="how long a quota reservation holds when its holder neither settles nor renews it (a "
+        "process that died elsewhere); jobs renew theirs as they are charged",
+    )
 
 
 def default_data_dir() -> Path:

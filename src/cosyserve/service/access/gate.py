@@ -38,7 +38,10 @@ class Access:
         self.auth = settings.auth
         self.keys = keys
         self.quota = QuotaTracker(
-            engine, metadata, default_daily_seconds=settings.limits.daily_audio_seconds_quota
+            engine,
+            metadata,
+            default_daily_seconds=settings.limits.daily_audio_seconds_quota,
+            reservation_ttl_s=settings.limits.quota_reservation_ttl_s,
         )
         self.rate_limiter = RateLimiter(settings.limits.rate_limit_per_minute)
         self._secret = settings.resolve_signing_secret().get_secret_value()
@@ -151,14 +154,18 @@ class Access:
             )
 
     def check_quota(self, principal: Principal) -> None:
-        """QuotaExceeded when the caller's key used up today's audio seconds."""
+        """QuotaExceeded when the caller's key has nothing left today (used, or reserved by its work in
+        flight): an early refusal before a request is read; the backend's reservation is the admission."""
         if principal.key is None:
             return
         status = self.quota.check(principal.key)
-        if not status.allowed:
+        if status.limit_s is not None and status.used_s + status.reserved_s >= status.limit_s:
+            held = (
+                f", {status.reserved_s:.1f} s reserved by work in flight" if status.reserved_s > 0.05 else ""
+            )
             raise QuotaExceeded(
-                f"the daily audio quota of {status.limit_s:g} s is used up ({status.used_s:.1f} s today): "
-                "it resets at 00:00 UTC",
+                f"the daily audio quota of {status.limit_s:g} s is used up ({status.used_s:.1f} s today"
+                f"{held}): it resets at 00:00 UTC",
                 max(1, int(status.resets_at - time.time())),
             )
 

@@ -1,8 +1,8 @@
 """Per-key limits: a rate limit (token buckets in memory) and a daily audio quota (in the database).
 
-`RateLimiter` answers "may this key make another request now?"; `QuotaTracker` counts the seconds of
-audio each key produced per UTC day (the `audio_usage` table, so the count survives restarts and is shared
-by every node) and answers "is today's allowance used up?".
+`RateLimiter` answers "may this key make another request now?"; `QuotaTracker` (`access.quota`) counts
+the seconds of audio each key produced per UTC day and holds what admitted work reserved, so the daily
+allowance is never promised twice.
 """
 
 from __future__ import annotations
@@ -10,25 +10,11 @@ from __future__ import annotations
 import threading
 import time
 from collections.abc import Callable
-from dataclasses import dataclass
-from datetime import datetime, timezone
 
-import sqlalchemy as sa
-from sqlalchemy.exc import IntegrityError
-
-from cosyserve.errors import InputError
-from cosyserve.service.stores.db import create_tables, table
+from cosyserve.service.access.quota import QuotaStatus, QuotaTracker, audio_usage_table
 from cosyserve.service.stores.keys import ApiKey
 
-
-def audio_usage_table(metadata: sa.MetaData) -> sa.Table:
-    return table(
-        metadata,
-        "audio_usage",
-        sa.Column("key_id", sa.Integer, primary_key=True),
-        sa.Column("day", sa.String(10), primary_key=True),  # UTC date, YYYY-MM-DD
-        sa.Column("seconds", sa.Float, nullable=False),
-    )
+__all__ = ["QuotaStatus", "QuotaTracker", "RateLimiter", "audio_usage_table"]
 
 
 class RateLimiter:
@@ -78,83 +64,3 @@ class RateLimiter:
         # An idle bucket has refilled; dropping it changes nothing. 60 s refills any limit >= 1/min.
         for bucket_id in [b for b, (_, updated) in self._buckets.items() if now - updated > 60.0]:
             del self._buckets[bucket_id]
-
-
-@dataclass(frozen=True)
-class QuotaStatus:
-    allowed: bool
-    used_s: float  # audio seconds already produced today (UTC)
-    limit_s: float | None  # None: unlimited
-    remaining_s: float | None
-    resets_at: float  # unix time of the next UTC midnight
-
-
-class QuotaTracker:
-    """Seconds of audio produced per key per UTC day, in the `audio_usage` table (survives restarts).
-
-    `check` before synthesis with an estimate, `add` the real duration after. Two requests checked at
-    the same moment can both pass; the overshoot is at most one request's audio.
-    """
-
-    def __init__(
-        self,
-        engine: sa.Engine,
-        metadata: sa.MetaData,
-        *,
-        default_daily_seconds: float | None = None,
-        clock: Callable[[], float] = time.time,
-    ) -> None:
-        self.engine = engine
-        self.table = audio_usage_table(metadata)
-        create_tables(engine, self.table)
-        self.default_daily_seconds = default_daily_seconds
-        self._clock = clock
-
-    def check(self, key: ApiKey, needed_s: float = 0.0) -> QuotaStatus:
-        own = key.daily_audio_seconds_quota
-        limit = own if own is not None else self.default_daily_seconds
-        now = self._clock()
-        used = self.used(key, now=now)
-        day_start = datetime.fromtimestamp(now, timezone.utc).replace(
-            hour=0, minute=0, second=0, microsecond=0
-        )
-        resets_at = day_start.timestamp() + 86400.0
-        if not limit:
-            return QuotaStatus(True, used, None, None, resets_at)
-        return QuotaStatus(used + needed_s <= limit, used, limit, max(0.0, limit - used), resets_at)
-
-    def used(self, key: ApiKey | int, *, now: float | None = None) -> float:
-        """Seconds used today (UTC) by `key`."""
-        conditions = self._where(key, self._clock() if now is None else now)
-        with self.engine.connect() as conn:
-            value = conn.execute(sa.select(self.table.c.seconds).where(*conditions)).scalar()
-        return float(value or 0.0)
-
-    def add(self, key: ApiKey | int, seconds: float) -> float:
-        """Count `seconds` of produced audio for today; returns today's new total."""
-        if seconds < 0:
-            raise InputError(f"audio seconds to add must be >= 0, got {seconds}")
-        now = self._clock()
-        conditions = self._where(key, now)
-        for _ in range(3):  # the insert can race with another process's insert; then update its row
-            try:
-                with self.engine.begin() as conn:
-                    update = self.table.update().where(*conditions)
-                    if not conn.execute(update.values(seconds=self.table.c.seconds + seconds)).rowcount:
-                        row = {"key_id": _key_id(key), "day": _day(now), "seconds": seconds}
-                        conn.execute(self.table.insert().values(**row))
-            except IntegrityError:
-                continue
-            return self.used(key, now=now)
-        raise InputError("could not record audio usage (database busy); try again")
-
-    def _where(self, key: ApiKey | int, now: float) -> tuple[sa.ColumnElement[bool], ...]:
-        return (self.table.c.key_id == _key_id(key), self.table.c.day == _day(now))
-
-
-def _key_id(key: ApiKey | int) -> int:
-    return key.id if isinstance(key, ApiKey) else int(key)
-
-
-def _day(now: float) -> str:
-    return datetime.fromtimestamp(now, timezone.utc).strftime("%Y-%m-%d")

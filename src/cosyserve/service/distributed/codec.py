@@ -111,6 +111,7 @@ def encode_spec(spec: OutputSpec) -> dict[str, Any]:
         "request_id": spec.request_id,
         "endpoint": spec.endpoint,
         "extra": spec.extra,
+        "reservation": spec.reservation,  # the worker settles what the API node reserved
     }
 
 
@@ -127,6 +128,7 @@ def decode_spec(data: dict[str, Any], key_lookup: Callable[[int], ApiKey | None]
         request_id=data.get("request_id"),
         endpoint=data.get("endpoint", "tts"),
         extra=dict(data.get("extra") or {}),
+        reservation=data.get("reservation"),
     )
 
 

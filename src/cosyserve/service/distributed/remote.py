@@ -41,6 +41,7 @@ from cosyserve.service.requests import (
     TtsOutcome,
     job_parameters,
 )
+from cosyserve.service.reservations import QuotaReservations
 from cosyserve.service.scheduling.scheduler import Scheduler, Ticket, WorkContext
 from cosyserve.service.settings import Settings
 from cosyserve.service.stores.batches import BatchStore
@@ -64,6 +65,7 @@ class RemoteBackend:
         jobs: JobStore,
         voices: VoiceLibrary,
         batches: BatchStore,
+        reservations: QuotaReservations | None = None,
     ) -> None:
         queue = settings.queue
         if not queue.queue_url:
@@ -72,6 +74,7 @@ class RemoteBackend:
         self.jobs = jobs
         self.voices = voices
         self.batches = batches
+        self.reservations = reservations  # this node reserves a key's quota, the worker settles
         self.max_text_chars = settings.limits.max_text_chars
         self.model_info: dict[str, Any] = {"model": settings.engine.model, "device": settings.engine.device}
         self.url = queue.queue_url
@@ -83,6 +86,8 @@ class RemoteBackend:
         self._workers_lock = threading.Lock()
 
     def start(self) -> None:
+        if self.reservations is not None:
+            self.reservations.release_dead()
         try:
             self.client.ping()
         except Exception as exc:  # the node still starts: /ready says why it is not ready
@@ -151,15 +156,25 @@ class RemoteBackend:
         """One synthesis on a worker; this node's scheduler slot relays its outcome."""
         self.require_ready()
         spec = spec.checked(self.model_info.get("sample_rate"))
-        return self.scheduler.submit(self.tts_work(request, spec, False), owner=spec.owner)
+        return self._submit_held(request, spec, stream=False)
 
     def stream_tts(self, request: SynthesisRequest, spec: OutputSpec) -> AudioStream:
         """One streamed synthesis on a worker; this node's scheduler slot relays its chunks."""
         self.require_ready()
         spec = spec.checked(self.model_info.get("sample_rate"))
         request = dataclasses.replace(request, stream=True)
-        ticket = self.scheduler.submit(self.tts_work(request, spec, True), owner=spec.owner, stream=True)
-        return AudioStream(ticket)
+        return AudioStream(self._submit_held(request, spec, stream=True))
+
+    def _submit_held(self, request: SynthesisRequest, spec: OutputSpec, *, stream: bool) -> Ticket:
+        """Reserve the estimate, then queue the relay: the worker settles it (the spec carries it)."""
+
+        def submit(spec: OutputSpec, on_state: Any) -> Ticket:
+            work = self.tts_work(request, spec, stream)
+            return self.scheduler.submit(work, owner=spec.owner, stream=stream, on_state=on_state)
+
+        if self.reservations is None:  # a node without quotas (unit tests)
+            return submit(spec, None)
+        return self.reservations.submitted(request, spec, submit)
 
     def submit_enrolment(self, enrolment: EnrolmentRequest, *, request_id: str | None = None) -> Ticket:
         """A voice enrolment on a worker (the prompt models run on its accelerator)."""
@@ -216,19 +231,27 @@ class RemoteBackend:
     # -- jobs --------------------------------------------------------------------------------------------
 
     def submit_job(self, request: SynthesisRequest, spec: OutputSpec) -> JobRecord:
-        """Record the job, then queue it; if the queue refuses it the record ends failed."""
+        """Record the job (its estimate reserved here), then queue it; if the queue refuses it it fails."""
         self.require_ready()
         spec = spec.checked(self.model_info.get("sample_rate"))
         job_pieces(request, self.max_text_chars)  # fails early on a text that is too long
         job_id = new_job_id()
-        record = self.jobs.create(job_parameters(request, spec), kind="tts", owner=spec.owner, job_id=job_id)
-        try:
-            self._send(JOB_TASK, [job_id, codec.encode_request(request), codec.encode_spec(spec)], job_id)
-        except codec.QueueUnavailable as exc:
-            with contextlib.suppress(JobStateError):  # nobody else knows the job yet
-                self.jobs.finish_failed(job_id, "queue_unavailable", str(exc))
-            raise
-        return record
+        estimate = self.reservations.estimate(request, spec.voice_scope) if self.reservations else None
+
+        def submit() -> JobRecord:
+            params = job_parameters(request, spec)
+            record = self.jobs.create(
+                params, kind="tts", owner=spec.owner, job_id=job_id, reserved_s=estimate
+            )
+            try:
+                self._send(JOB_TASK, [job_id, codec.encode_request(request), codec.encode_spec(spec)], job_id)
+            except codec.QueueUnavailable as exc:
+                with contextlib.suppress(JobStateError):  # nobody else knows the job yet
+                    self.jobs.finish_failed(job_id, "queue_unavailable", str(exc))
+                raise
+            return record
+
+        return self._job_held(job_id, spec, estimate, submit)
 
     def submit_batch(
         self,
@@ -239,33 +262,47 @@ class RemoteBackend:
         spec: OutputSpec,
     ) -> JobRecord:
         """Record the batch and its items, then queue it: a worker claims it and runs its items in order
-        (after a worker dies, another goes on at the first unfinished item)."""
+        (after a worker dies, another goes on at the first unfinished item); its estimate is reserved here."""
         self.require_ready()
         spec = spec.checked()
         job_id = new_job_id()
-        record = self.jobs.create(
-            {**shared, "items": len(items)},
-            kind=kind,
-            owner=spec.owner,
-            job_id=job_id,
-            spec=spec_record(spec),
-            prompt_wav=prompt_wav,
-        )
-        self.batches.add(job_id, [item.as_row() for item in items])
-        try:
-            self._send(BATCH_TASK, [job_id], job_id)
-        except codec.QueueUnavailable as exc:
-            with contextlib.suppress(JobStateError):  # nobody else knows the batch yet
-                self.jobs.finish_failed(job_id, "queue_unavailable", str(exc))
-            self.batches.cancel_rest(job_id, "queue_unavailable", str(exc))
-            raise
-        return record
+        held, scope = self.reservations, spec.voice_scope
+        reserved = held.batch_estimate(kind, items, shared, scope) if held else None
+
+        def submit() -> JobRecord:
+            record = self.jobs.create(
+                {**shared, "items": len(items)},
+                kind=kind,
+                owner=spec.owner,
+                job_id=job_id,
+                spec=spec_record(spec),
+                reserved_s=reserved,
+                prompt_wav=prompt_wav,
+            )
+            self.batches.add(job_id, [item.as_row() for item in items])
+            try:
+                self._send(BATCH_TASK, [job_id], job_id)
+            except codec.QueueUnavailable as exc:
+                with contextlib.suppress(JobStateError):  # nobody else knows the batch yet
+                    self.jobs.finish_failed(job_id, "queue_unavailable", str(exc))
+                self.batches.cancel_rest(job_id, "queue_unavailable", str(exc))
+                raise
+            return record
+
+        return self._job_held(job_id, spec, reserved, submit)
+
+    def _job_held(self, job_id: str, spec: OutputSpec, seconds: float | None, submit: Any) -> JobRecord:
+        if self.reservations is None or seconds is None:
+            return submit()
+        return self.reservations.job_submitted(job_id, spec.key, seconds, submit)
 
     def cancel_job(self, job_id: str) -> JobRecord:
         """End the record now; the worker running it (if any) sees the cancel and stops."""
         if cancellable_job(self.jobs, job_id).kind != "tts":  # the items first, as LocalBackend does
             self.batches.cancel_rest(job_id, "cancelled", "cancelled by the client")
         record = self.jobs.finish_cancelled(job_id, "cancelled by the client")
+        if self.reservations is not None:
+            self.reservations.release_job(job_id)
         try:
             self.relay.request_cancel(job_id)
         except Exception as exc:  # the record is cancelled; the worker notices at its next lease renewal

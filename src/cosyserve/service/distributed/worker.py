@@ -283,6 +283,7 @@ class WorkerNode:
             current = jobs.get(job_id)
             if current is None or current.is_terminal:
                 log.info("job %s: nothing to do (%s)", job_id, current.state if current else "gone")
+                self.local.reservations.release_job(job_id)  # e.g. cancelled while it waited
                 return
             # Another worker holds it and is alive: look again once its lease could have run out.
             raise task.retry(countdown=max(1.0, self.lease_s), max_retries=None)
@@ -301,6 +302,9 @@ class WorkerNode:
         except BaseException as exc:  # it never reached the scheduler: end the record here
             with contextlib.suppress(JobStateError):
                 jobs.finish_with_exception(job_id, exc, attempt=attempt)
+            current = jobs.get(job_id)
+            if current is None or current.is_terminal:  # what it still holds of its key's quota
+                self.local.reservations.release_job(job_id)
             if not isinstance(exc, CosyServeError):
                 log_failure("worker", f"job {job_id} failed: {exc}", exc=exc)
         if interrupted:

@@ -41,6 +41,7 @@ from cosyserve.service.requests import (
     SynthesisResult,
     TtsOutcome,
 )
+from cosyserve.service.reservations import QuotaReservations
 from cosyserve.service.scheduling.scheduler import Scheduler, Ticket, WorkContext
 from cosyserve.service.setting_groups import LimitSettings, QueueSettings
 from cosyserve.service.startup_clock import StartupClock
@@ -71,6 +72,7 @@ class LocalBackend:
     batches: BatchStore  # the items of batch and dub jobs
     key_lookup: Callable[[int], ApiKey | None]  # a job's key by id (quotas of jobs run after a restart)
     queue: QueueSettings  # job timeouts, retry limit, lease
+    reservations: QuotaReservations  # every synthesis and job holds its estimate of the key's quota first
 
     # -- lifecycle and readiness ---------------------------------------------------------------------------
 
@@ -79,6 +81,7 @@ class LocalBackend:
         return self.host.info
 
     def start(self) -> None:
+        self.reservations.release_dead()
         self.host.start()
         if self.recover_jobs:
             self.feeder.start()
@@ -100,22 +103,25 @@ class LocalBackend:
     # -- synthesis -----------------------------------------------------------------------------------------
 
     def submit_tts(self, request: SynthesisRequest, spec: OutputSpec) -> Ticket:
-        """Queue one synthesis (QueueFull, ShuttingDown, ModelNotReady, InputError for bad formats)."""
+        """Queue one synthesis (QueueFull, ShuttingDown, ModelNotReady, InputError for bad formats,
+        QuotaExceeded when its estimate does not fit in the key's quota)."""
         self.require_ready()
         spec = spec.checked(self.model_info.get("sample_rate"))
 
-        def work(ctx: WorkContext) -> TtsOutcome:
-            with request_context(spec.request_id), self.host.synthesizer(ctx.cancel) as synth:
-                result = self._run_engine(
-                    lambda: synth.synthesize(
-                        request, progress=_progress_to(ctx), cancel=ctx.cancel, voices=spec.voice_scope
-                    ).result()
-                )
-                ctx.check_cancelled()  # cancelled during the last sentence's audio: nothing is stored
-                return self._finish(synth, request, result, spec, encoded=True)
+        def work_for(spec: OutputSpec) -> Callable[[WorkContext], TtsOutcome]:
+            def work(ctx: WorkContext) -> TtsOutcome:
+                with request_context(spec.request_id), self.host.synthesizer(ctx.cancel) as synth:
+                    result = self._run_engine(
+                        lambda: synth.synthesize(
+                            request, progress=_progress_to(ctx), cancel=ctx.cancel, voices=spec.voice_scope
+                        ).result()
+                    )
+                    ctx.check_cancelled()  # cancelled during the last sentence's audio: nothing is stored
+                    return self._finish(synth, request, result, spec, encoded=True)
 
-        logged = synthesis_logger("synthesis", request, spec, self.model_info.get("device"))
-        return self.scheduler.submit(work, owner=spec.owner, on_state=logged)
+            return work
+
+        return self._submit_held(request, spec, work_for, stream=False)
 
     def stream_tts(self, request: SynthesisRequest, spec: OutputSpec) -> AudioStream:
         """Queue one synthesis whose encoded audio is read while the engine makes it."""
@@ -123,11 +129,30 @@ class LocalBackend:
         spec = spec.checked(self.model_info.get("sample_rate"))
         request = dataclasses.replace(request, stream=True)
 
-        def work(ctx: WorkContext) -> Generator[StreamStart | bytes, None, TtsOutcome]:
-            return self._stream_items(ctx, request, spec)
+        def work_for(spec: OutputSpec) -> Callable[[WorkContext], Any]:
+            def work(ctx: WorkContext) -> Generator[StreamStart | bytes, None, TtsOutcome]:
+                return self._stream_items(ctx, request, spec)
 
+            return work
+
+        return AudioStream(self._submit_held(request, spec, work_for, stream=True))
+
+    def _submit_held(
+        self,
+        request: SynthesisRequest,
+        spec: OutputSpec,
+        work_for: Callable[[OutputSpec], Callable[[WorkContext], Any]],
+        *,
+        stream: bool,
+    ) -> Ticket:
+        """Reserve the request's estimate, then queue its work; the reservation is settled by `_finish`,
+        or given back when the ticket ends otherwise (or the queue refuses it)."""
         logged = synthesis_logger("synthesis", request, spec, self.model_info.get("device"))
-        return AudioStream(self.scheduler.submit(work, owner=spec.owner, stream=True, on_state=logged))
+
+        def submit(spec: OutputSpec, on_state: Any) -> Ticket:
+            return self.scheduler.submit(work_for(spec), owner=spec.owner, stream=stream, on_state=on_state)
+
+        return self.reservations.submitted(request, spec, submit, logged)
 
     def _stream_items(
         self, ctx: WorkContext, request: SynthesisRequest, spec: OutputSpec
@@ -220,8 +245,7 @@ class LocalBackend:
             self.metrics.count_error("storage_error")
         self.metrics.observe_synthesis(result.duration_s, result.stage_seconds.get("total", 0.0))
         self.startup.first_synthesis(result.stage_seconds.get("total", 0.0), result.duration_s)
-        if spec.key is not None:
-            self.quota.add(spec.key, result.duration_s)
+        self.reservations.settle(spec, result.duration_s)  # replaces its reservation (jobs: key None)
         return TtsOutcome(
             seed=result.seed,
             duration_s=result.duration_s,
@@ -245,6 +269,7 @@ class LocalBackend:
             batches=self.batches,
             outputs=self.outputs,
             quota=JobQuota(self.quota, self.jobs, self.key_lookup),
+            reservations=self.reservations,
             finish=self._finish,
             run_engine=self._run_engine,
             max_text_chars=self.limits.max_text_chars,

@@ -21,17 +21,19 @@ from cosyserve.service.activity import both, synthesis_logger
 from cosyserve.service.backend import cancellable_job, job_pieces, new_job_id, spec_record
 from cosyserve.service.batch_input import ItemSpec
 from cosyserve.service.local.batches import BatchPlan, BatchRunner
-from cosyserve.service.local.job_quota import JobQuota, estimate_audio_s
+from cosyserve.service.local.job_quota import JobQuota
 from cosyserve.service.local.jobs import RECORD_WAIT_S, JobResult, JobRun, JobStateRecorder, run_pieces
 from cosyserve.service.local.model_host import ModelHost
 from cosyserve.service.logs import request_context
 from cosyserve.service.requests import (
+    TERMINAL_STATES,
     OutputSpec,
     SynthesisRequest,
     TtsOutcome,
     VoiceScope,
     job_parameters,
 )
+from cosyserve.service.reservations import QuotaReservations
 from cosyserve.service.scheduling.scheduler import Scheduler, Ticket, WorkContext
 from cosyserve.service.stores.batches import BatchStore
 from cosyserve.service.stores.jobs import JobNotFound, JobRecord, JobStore
@@ -58,16 +60,18 @@ class LocalJobs:
     lease_s: float
     owns_jobs: bool  # this process alone runs the table's jobs: a shutdown leaves them queued
     node: str  # the name its attempts are recorded under
+    reservations: QuotaReservations  # a job holds its estimate of its key's quota until its record ends
     requeue: Callable[[str], object] | None = None  # runs a job an engine restart interrupted again
 
     # -- submitting -------------------------------------------------------------------------------------
 
     def submit_job(self, request: SynthesisRequest, spec: OutputSpec) -> JobRecord:
-        """Accept a (possibly long) text as a job; its record always ends done, failed or cancelled."""
+        """Accept a (possibly long) text as a job; its record always ends done, failed or cancelled.
+        QuotaExceeded when its whole estimate does not fit in its key's quota."""
         pieces = job_pieces(request, self.max_text_chars)  # fails early on a text that can't be a job
-        self.quota.admit(spec.key, spec.owner)
         job_id = new_job_id()
         spec = dataclasses.replace(spec, extra={**spec.extra, "job_id": job_id})
+        estimate = self.reservations.estimate(request, spec.voice_scope)
 
         def create() -> JobRecord:
             return self.jobs.create(
@@ -76,12 +80,13 @@ class LocalJobs:
                 owner=spec.owner,
                 job_id=job_id,
                 spec=spec_record(spec),
-                reserved_s=estimate_audio_s(request.text),
+                reserved_s=estimate,
                 prompt_wav=request.prompt_wav,
             )
 
         body = self._tts_body(job_id, request, spec, pieces, spec.voice_scope)
-        return self._submit(job_id, "tts", body, create, spec, request)
+        submit = lambda: self._submit(job_id, "tts", body, create, spec, request)  # noqa: E731
+        return self.reservations.job_submitted(job_id, spec.key, estimate, submit)
 
     def submit_batch(
         self,
@@ -92,10 +97,10 @@ class LocalJobs:
         spec: OutputSpec,
     ) -> JobRecord:
         """Accept a batch (kind "batch") or a dub (kind "dub") of checked items; items with a problem are
-        stored failed at once."""
-        self.quota.admit(spec.key, spec.owner)
+        stored failed at once. QuotaExceeded when its estimate (a batch: its items'; a dub: its track's
+        length) does not fit in its key's quota."""
         job_id = new_job_id()
-        reserved = sum(estimate_audio_s(i.params.get("text", "")) for i in items if i.problem is None)
+        reserved = self.reservations.batch_estimate(kind, items, shared, spec.voice_scope)
 
         def create() -> JobRecord:
             record = self.jobs.create(
@@ -104,7 +109,7 @@ class LocalJobs:
                 owner=spec.owner,
                 job_id=job_id,
                 spec=spec_record(spec),
-                reserved_s=round(reserved, 1),
+                reserved_s=reserved,
                 prompt_wav=prompt_wav,
             )
             self.batches.add(job_id, [item.as_row() for item in items])
@@ -113,7 +118,8 @@ class LocalJobs:
         unkeyed = dataclasses.replace(spec, key=None)  # items are charged by the runner
         plan = BatchPlan(job_id, kind, dict(shared), prompt_wav, unkeyed, spec.voice_scope)
         asked = batch_request(shared, [item.params for item in items])
-        return self._submit(job_id, kind, self._batch_body(plan), create, spec, asked)
+        submit = lambda: self._submit(job_id, kind, self._batch_body(plan), create, spec, asked)  # noqa: E731
+        return self.reservations.job_submitted(job_id, spec.key, reserved, submit)
 
     def run_claimed_job(
         self, job_id: str, attempt: int, request: SynthesisRequest, spec: OutputSpec
@@ -156,7 +162,9 @@ class LocalJobs:
             # Not on this process's scheduler (waiting to be resubmitted): end the record itself.
             if record.kind != "tts":  # the items first: whoever sees the batch cancelled sees them ended
                 self.batches.cancel_rest(job_id, "cancelled", "cancelled by the client")
-            return self.jobs.finish_cancelled(job_id, "cancelled by the client")
+            ended = self.jobs.finish_cancelled(job_id, "cancelled by the client")
+            self.reservations.release_job(job_id)
+            return ended
         return self.jobs.get(job_id) or record
 
     # -- the work ---------------------------------------------------------------------------------------
@@ -223,7 +231,21 @@ class LocalJobs:
 
         # No scheduler timeout: each segment (or item) sets its own (`JobRun.arm`).
         on_state = both(recorder, logged)
+        if key_id is not None:
+            on_state = both(on_state, self._released_when_ended(job_id))
         return self.scheduler.submit(work, job_id=job_id, owner=spec.owner, on_state=on_state, timeout_s=None)
+
+    def _released_when_ended(self, job_id: str) -> Callable[[Ticket, str], None]:
+        """An `on_state` that gives back what the job still holds once its record ended (not when a
+        shutdown leaves it queued for the next start)."""
+
+        def on_state(ticket: Ticket, state: str) -> None:
+            if state in TERMINAL_STATES:
+                record = self.jobs.get(job_id)
+                if record is None or record.is_terminal:
+                    self.reservations.release_job(job_id)
+
+        return on_state
 
     def _tts_body(
         self, job_id: str, request: SynthesisRequest, spec: OutputSpec, pieces: list[str], voices: VoiceScope

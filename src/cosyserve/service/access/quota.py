@@ -1,0 +1,334 @@
+"""Daily audio quotas with reservations: admission holds a request's estimated seconds, the real length
+replaces the hold when it is known.
+
+Two tables, shared by every node through the database:
+
+- `audio_usage` (key, UTC day, seconds): the audio each key produced per day;
+- `quota_reservations` (id, key, day, seconds, holder, created, expires): seconds set aside by work that
+  was admitted but has not finished (a request in the queue or running, an unfinished job).
+
+`reserve` is atomic on SQLite and PostgreSQL: it first writes the key's usage row for the day (a no-op
+update that takes the row's write lock: concurrent admissions of one key wait for each other, on every
+node), then sums usage and live reservations and inserts its own only if everything fits under the limit.
+`settle` deletes the reservation and adds the real seconds in one transaction; `release` deletes it
+(failure, cancel); both are no-ops for a reservation already gone, so they may both run. A reservation
+whose holder died is released on start-up of a process on the same host (`release_dead`) or, anywhere,
+once it expires (`expires_at`; jobs renew theirs as they are charged): expired ones are not counted.
+
+The bound: the admitted estimates never exceed the limit, so a key's usage exceeds its quota only by
+how much admitted requests outran their estimates (for one request at a time: its own estimate error).
+"""
+
+from __future__ import annotations
+
+import os
+import socket
+import time
+import uuid
+from collections.abc import Callable
+from dataclasses import dataclass
+from datetime import datetime, timezone
+
+import sqlalchemy as sa
+from sqlalchemy.exc import IntegrityError, OperationalError
+
+from cosyserve.errors import InputError
+from cosyserve.service.access.principals import QuotaExceeded
+from cosyserve.service.stores.db import create_tables, table
+from cosyserve.service.stores.keys import ApiKey
+
+WRITE_TRIES = 3  # a first insert can race another node's; a busy SQLite can time out
+DEFAULT_TTL_S = 3600.0
+
+
+def audio_usage_table(metadata: sa.MetaData) -> sa.Table:
+    return table(
+        metadata,
+        "audio_usage",
+        sa.Column("key_id", sa.Integer, primary_key=True),
+        sa.Column("day", sa.String(10), primary_key=True),  # UTC date, YYYY-MM-DD
+        sa.Column("seconds", sa.Float, nullable=False),
+    )
+
+
+def reservations_table(metadata: sa.MetaData) -> sa.Table:
+    return table(
+        metadata,
+        "quota_reservations",
+        sa.Column("id", sa.String(64), primary_key=True),  # a request's uuid, or a job's id
+        sa.Column("key_id", sa.Integer, nullable=False),
+        sa.Column("day", sa.String(10), nullable=False),  # the UTC day it counts against
+        sa.Column("seconds", sa.Float, nullable=False),  # still held (a job's shrinks as it is charged)
+        sa.Column("holder", sa.String(200), nullable=False),  # "host-pid" of a request, "job" for jobs
+        sa.Column("created_at", sa.Float, nullable=False),
+        sa.Column("expires_at", sa.Float, nullable=False),
+        sa.Index("ix_quota_reservations_key_day", "key_id", "day"),
+    )
+
+
+def this_process() -> str:
+    """The holder name of this process's request reservations: `host-pid`."""
+    return f"{socket.gethostname()}-{os.getpid()}"
+
+
+@dataclass(frozen=True)
+class QuotaStatus:
+    allowed: bool
+    used_s: float  # audio seconds already produced today (UTC)
+    limit_s: float | None  # None: unlimited
+    remaining_s: float | None  # the limit less what is used and what is reserved
+    resets_at: float  # unix time of the next UTC midnight
+    reserved_s: float = 0.0  # held by admitted work that has not finished
+
+
+class QuotaTracker:
+    """Seconds of audio produced per key per UTC day, and the seconds reserved by work in flight."""
+
+    def __init__(
+        self,
+        engine: sa.Engine,
+        metadata: sa.MetaData,
+        *,
+        default_daily_seconds: float | None = None,
+        reservation_ttl_s: float = DEFAULT_TTL_S,
+        clock: Callable[[], float] = time.time,
+    ) -> None:
+        self.engine = engine
+        self.table = audio_usage_table(metadata)
+        self.reservations = reservations_table(metadata)
+        create_tables(engine, self.table, self.reservations)
+        self.default_daily_seconds = default_daily_seconds
+        self.reservation_ttl_s = reservation_ttl_s
+        self._clock = clock
+
+    # -- reading -----------------------------------------------------------------------------------------
+
+    def limit_for(self, key: ApiKey) -> float | None:
+        own = key.daily_audio_seconds_quota
+        return (own if own is not None else self.default_daily_seconds) or None
+
+    def check(self, key: ApiKey, needed_s: float = 0.0) -> QuotaStatus:
+        """Whether `needed_s` more seconds fit today beside what is used and reserved (not atomic: an
+        early refusal; `reserve` is the admission)."""
+        now = self._clock()
+        limit = self.limit_for(key)
+        with self.engine.connect() as conn:
+            used, held = self._totals(conn, _key_id(key), _day(now), now)
+        if not limit:
+            return QuotaStatus(True, used, None, None, _resets_at(now), held)
+        remaining = max(0.0, limit - used - held)
+        return QuotaStatus(used + held + needed_s <= limit, used, limit, remaining, _resets_at(now), held)
+
+    def used(self, key: ApiKey | int, *, now: float | None = None) -> float:
+        """Seconds used today (UTC) by `key`."""
+        now = self._clock() if now is None else now
+        with self.engine.connect() as conn:
+            return self._used(conn, _key_id(key), _day(now))
+
+    def reserved(self, key: ApiKey | int) -> float:
+        """Seconds held today by `key`'s unfinished work."""
+        now = self._clock()
+        with self.engine.connect() as conn:
+            return self._held(conn, _key_id(key), _day(now), now)
+
+    # -- reserving and settling --------------------------------------------------------------------------
+
+    def reserve(
+        self,
+        key: ApiKey,
+        seconds: float,
+        *,
+        holder: str | None = None,
+        reservation_id: str | None = None,
+        ttl_s: float | None = None,
+    ) -> str | None:
+        """Hold `seconds` of today's quota for `key`, atomically against usage and other reservations;
+        returns the reservation's id (None: the key is unlimited, nothing is held). QuotaExceeded when
+        they do not fit: nothing is held then."""
+        if seconds < 0:
+            raise InputError(f"audio seconds to reserve must be >= 0, got {seconds}")
+        limit = self.limit_for(key)
+        if not limit:
+            return None
+        key_id, now = _key_id(key), self._clock()
+        day = _day(now)
+        reservation_id = reservation_id or uuid.uuid4().hex
+        row = {
+            "id": reservation_id,
+            "key_id": key_id,
+            "day": day,
+            "seconds": float(seconds),
+            "holder": holder or this_process(),
+            "created_at": now,
+            "expires_at": now + (self.reservation_ttl_s if ttl_s is None else ttl_s),
+        }
+        self._ensure_usage_row(key_id, day)
+
+        def admit(conn: sa.Connection) -> tuple[float, float] | None:
+            # The no-op write locks the key's row for the day: admissions of one key take turns.
+            usage = self.table.update().where(*self._where(key_id, day))
+            conn.execute(usage.values(seconds=self.table.c.seconds))
+            used, held = self._totals(conn, key_id, day, now)
+            if used + held + seconds > limit:
+                return used, held
+            conn.execute(self.reservations.insert().values(**row))
+            return None
+
+        refused = self._write(admit)
+        if refused is not None:
+            used, held = refused
+            raise _exceeded(limit, used, held, seconds, now)
+        return reservation_id
+
+    def settle(self, reservation_id: str | None, key: ApiKey | int, seconds: float) -> None:
+        """The real length is known: release the reservation and count `seconds` of audio for today, in one
+        transaction (without a reservation, or one already released, the seconds are counted alone)."""
+        _check_seconds(seconds)
+        key_id, now = _key_id(key), self._clock()
+
+        def write(conn: sa.Connection) -> None:
+            if reservation_id is not None:
+                conn.execute(self.reservations.delete().where(self.reservations.c.id == reservation_id))
+            self._count(conn, key_id, _day(now), seconds)
+
+        self._write(write)
+
+    def settle_part(self, reservation_id: str, key: ApiKey | int, seconds: float) -> None:
+        """Part of a job's audio is made: count it and shrink the job's reservation by as much (never below
+        zero), renewing its expiry, in one transaction."""
+        _check_seconds(seconds)
+        key_id, now = _key_id(key), self._clock()
+        held = self.reservations.c.seconds
+
+        def write(conn: sa.Connection) -> None:
+            shrink = self.reservations.update().where(self.reservations.c.id == reservation_id)
+            left = sa.case((held > seconds, held - seconds), else_=0.0)
+            conn.execute(shrink.values(seconds=left, expires_at=now + self.reservation_ttl_s))
+            self._count(conn, key_id, _day(now), seconds)
+
+        self._write(write)
+
+    def release(self, reservation_id: str | None) -> None:
+        """Give the reservation's seconds back (failed, cancelled); a no-op when it is already gone."""
+        if reservation_id is None:
+            return
+        self._write(
+            lambda conn: conn.execute(
+                self.reservations.delete().where(self.reservations.c.id == reservation_id)
+            )
+        )
+
+    def release_dead(self, host: str | None = None) -> int:
+        """Delete expired reservations, and those of processes on this host that no longer run (a crash
+        left them behind); returns how many. Called when a process starts."""
+        host = host or socket.gethostname()
+        now = self._clock()
+        with self.engine.begin() as conn:
+            gone = conn.execute(
+                self.reservations.delete().where(self.reservations.c.expires_at <= now)
+            ).rowcount
+            holders = conn.execute(
+                sa.select(self.reservations.c.holder)
+                .where(self.reservations.c.holder.like(f"{host}-%"))
+                .distinct()
+            ).scalars()
+            dead = [h for h in holders if not _alive(h[len(host) + 1 :])]
+            if dead:
+                gone += conn.execute(
+                    self.reservations.delete().where(self.reservations.c.holder.in_(dead))
+                ).rowcount
+        return gone
+
+    def add(self, key: ApiKey | int, seconds: float) -> float:
+        """Count `seconds` of produced audio for today (no reservation); returns today's new total."""
+        _check_seconds(seconds)
+        key_id, now = _key_id(key), self._clock()
+        self._write(lambda conn: self._count(conn, key_id, _day(now), seconds))
+        return self.used(key, now=now)
+
+    # -- internals ---------------------------------------------------------------------------------------
+
+    def _write(self, body: Callable[[sa.Connection], object]) -> object:
+        """Run `body` in a transaction, again when a first insert raced another's or SQLite stayed busy."""
+        for attempt in range(WRITE_TRIES):
+            try:
+                with self.engine.begin() as conn:
+                    return body(conn)
+            except (IntegrityError, OperationalError):
+                if attempt == WRITE_TRIES - 1:
+                    break
+        raise InputError("could not record audio usage (the database is busy): try again in a few seconds")
+
+    def _ensure_usage_row(self, key_id: int, day: str) -> None:
+        """The key's usage row for `day` exists (reservations lock it)."""
+
+        def write(conn: sa.Connection) -> None:
+            if conn.execute(sa.select(self.table.c.seconds).where(*self._where(key_id, day))).first() is None:
+                conn.execute(self.table.insert().values(key_id=key_id, day=day, seconds=0.0))
+
+        self._write(write)
+
+    def _count(self, conn: sa.Connection, key_id: int, day: str, seconds: float) -> None:
+        update = self.table.update().where(*self._where(key_id, day))
+        if not conn.execute(update.values(seconds=self.table.c.seconds + seconds)).rowcount:
+            conn.execute(self.table.insert().values(key_id=key_id, day=day, seconds=seconds))
+
+    def _totals(self, conn: sa.Connection, key_id: int, day: str, now: float) -> tuple[float, float]:
+        return self._used(conn, key_id, day), self._held(conn, key_id, day, now)
+
+    def _used(self, conn: sa.Connection, key_id: int, day: str) -> float:
+        value = conn.execute(sa.select(self.table.c.seconds).where(*self._where(key_id, day))).scalar()
+        return float(value or 0.0)
+
+    def _held(self, conn: sa.Connection, key_id: int, day: str, now: float) -> float:
+        r = self.reservations.c
+        query = sa.select(sa.func.sum(r.seconds)).where(r.key_id == key_id, r.day == day, r.expires_at > now)
+        return float(conn.execute(query).scalar() or 0.0)
+
+    def _where(self, key_id: int, day: str) -> tuple[sa.ColumnElement[bool], ...]:
+        return (self.table.c.key_id == key_id, self.table.c.day == day)
+
+
+def _exceeded(limit: float, used: float, held: float, needed: float, now: float) -> QuotaExceeded:
+    held_text = f", {held:.1f} s reserved by requests and jobs still running" if held > 0.05 else ""
+    left = max(0.0, limit - used - held)
+    return QuotaExceeded(
+        f"the daily audio quota of {limit:g} s has {left:.1f} s left ({used:.1f} s used today{held_text}); "
+        f"this needs about {needed:.1f} s: send a shorter text, wait for running work to finish, or retry "
+        "after 00:00 UTC",
+        max(1, int(_resets_at(now) - now)),
+    )
+
+
+def _check_seconds(seconds: float) -> None:
+    if seconds < 0:
+        raise InputError(f"audio seconds to add must be >= 0, got {seconds}")
+
+
+def _alive(pid_text: str) -> bool:
+    try:
+        pid = int(pid_text)
+    except ValueError:
+        return True  # not a holder this code wrote: leave it to its expiry
+    if pid == os.getpid():
+        return True
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:  # another user's process: it runs
+        return True
+    return True
+
+
+def _key_id(key: ApiKey | int) -> int:
+    return key.id if isinstance(key, ApiKey) else int(key)
+
+
+def _day(now: float) -> str:
+    return datetime.fromtimestamp(now, timezone.utc).strftime("%Y-%m-%d")
+
+
+def _resets_at(now: float) -> float:
+    start = datetime.fromtimestamp(now, timezone.utc).replace(hour=0, minute=0, second=0, microsecond=0)
+    return start.timestamp() + 86400.0

@@ -1,0 +1,174 @@
+"""Quota reservations as the backends take them: every path that makes audio for a key holds its
+estimate first (`access.quota.QuotaTracker.reserve`, atomic), and gives it back or replaces it with the
+real length when it ends.
+
+- A synthesis (`/v1/tts`, OpenAI speech, a voice preview, the UI) holds its text's estimate in the
+  voice's pace; the spec carries the reservation's id to whoever runs it (this process, or a worker),
+  which settles it with the real length; a failed or cancelled one releases it.
+- A job holds its whole text's estimate, a batch the sum of its items', a dub its track's length, under
+  the job's id: each segment or item is charged against it (`settle_part`), the rest is released when
+  the job's record ends.
+
+Callers without a key, and keys without a quota, hold nothing.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import logging
+from collections.abc import Callable, Iterable
+from typing import Any
+
+from cosyserve.service.access.estimate import request_estimate_s, voice_pace
+from cosyserve.service.access.quota import QuotaTracker
+from cosyserve.service.batch_input import ItemSpec
+from cosyserve.service.requests import TERMINAL_STATES, OutputSpec, SynthesisRequest, VoiceScope
+from cosyserve.service.scheduling.tickets import Ticket
+from cosyserve.service.stores.jobs import JobRecord
+from cosyserve.service.stores.keys import ApiKey
+from cosyserve.service.stores.voices import VoiceLibrary
+
+log = logging.getLogger(__name__)
+
+OnState = Callable[[Ticket, str], None]
+JOB_HOLDER = "job"  # the holder of jobs' reservations: they end with their record, not their process
+
+
+class QuotaReservations:
+    """Estimates, holds and gives back quota reservations for one service."""
+
+    def __init__(self, quota: QuotaTracker, voices: VoiceLibrary | None = None) -> None:
+        self.quota = quota
+        self.voices = voices
+
+    # -- estimates ---------------------------------------------------------------------------------------
+
+    def estimate(self, request: SynthesisRequest, scope: VoiceScope) -> float:
+        """The seconds `request` is expected to make, in its saved voice's pace and default speed."""
+        pace, speed = None, request.speed
+        if request.voice and self.voices is not None:
+            try:
+                voice = self.voices.get(request.voice, scope)
+            except Exception:  # unknown or not usable: the synthesis says so; estimate at an average pace
+                voice = None
+            if voice is not None:
+                pace = voice_pace(voice.transcript, voice.report)
+                speed = speed or voice.defaults.speed
+        return request_estimate_s(request.text, speed, pace)
+
+    def batch_estimate(
+        self, kind: str, items: Iterable[ItemSpec], shared: dict[str, Any], scope: VoiceScope
+    ) -> float:
+        """A dub: its track's length (the last cue's end); a batch: the sum of its runnable items'."""
+        items = list(items)
+        if kind == "dub":
+            return round(max((float(item.params.get("end_s") or 0.0) for item in items), default=0.0), 2)
+        total = 0.0
+        for item in items:
+            if item.problem is not None:
+                continue
+            params = item.params
+            request = SynthesisRequest(
+                text=str(params.get("text") or ""),
+                voice=params.get("voice") or shared.get("voice"),
+                speed=params.get("speed") or shared.get("speed"),
+            )
+            total += self.estimate(request, scope)
+        return round(total, 2)
+
+    # -- one synthesis -----------------------------------------------------------------------------------
+
+    def hold(self, request: SynthesisRequest, spec: OutputSpec) -> OutputSpec:
+        """`spec` with a reservation of `request`'s estimate for its key (QuotaExceeded when it does not
+        fit); unchanged without a key, without a quota, or when it already holds one (a worker running
+        what its API node reserved)."""
+        if spec.key is None or spec.reservation is not None or self.quota.limit_for(spec.key) is None:
+            return spec
+        seconds = self.estimate(request, spec.voice_scope)
+        reservation = self.quota.reserve(spec.key, seconds)
+        return dataclasses.replace(spec, reservation=reservation) if reservation else spec
+
+    def submitted(
+        self,
+        request: SynthesisRequest,
+        spec: OutputSpec,
+        submit: Callable[[OutputSpec, OnState | None], Ticket],
+        then: OnState | None = None,
+    ) -> Ticket:
+        """`submit(spec, on_state)` with `request`'s estimate held: the spec carries the reservation, the
+        `on_state` (after `then`) gives it back when the ticket ends, a refused submit at once."""
+        spec = self.hold(request, spec)
+        try:
+            return submit(spec, self.released_at_end(spec, then))
+        except BaseException:
+            self.release(spec)
+            raise
+
+    def settle(self, spec: OutputSpec, seconds: float) -> None:
+        """Charge `spec`'s key the real `seconds`, replacing its reservation."""
+        if spec.key is not None:
+            self.quota.settle(spec.reservation, spec.key, seconds)
+
+    def release(self, spec: OutputSpec) -> None:
+        self._release_quietly(spec.reservation)
+
+    def released_at_end(self, spec: OutputSpec, then: OnState | None = None) -> OnState | None:
+        """An `on_state` that gives `spec`'s reservation back once its ticket ends (a no-op after `settle`),
+        after `then`."""
+        reservation = spec.reservation
+        if reservation is None:
+            return then
+
+        def on_state(ticket: Ticket, state: str) -> None:
+            try:
+                if then is not None:
+                    then(ticket, state)
+            finally:
+                if state in TERMINAL_STATES:
+                    self._release_quietly(reservation)
+
+        return on_state
+
+    # -- jobs --------------------------------------------------------------------------------------------
+
+    def hold_job(self, job_id: str, key: ApiKey | None, seconds: float) -> bool:
+        """Reserve a job's estimate under its id (QuotaExceeded when it does not fit); whether anything
+        is held."""
+        if key is None:
+            return False
+        return self.quota.reserve(key, seconds, holder=JOB_HOLDER, reservation_id=job_id) is not None
+
+    def job_submitted(
+        self, job_id: str, key: ApiKey | None, seconds: float, submit: Callable[[], JobRecord]
+    ) -> JobRecord:
+        """`submit()` a job with `seconds` of its key's quota held under its id; a refused submit gives
+        them back at once."""
+        held = self.hold_job(job_id, key, seconds)
+        try:
+            return submit()
+        except BaseException:
+            if held:
+                self.release_job(job_id)
+            raise
+
+    def release_job(self, job_id: str) -> None:
+        """Give back what a job still holds (it ended)."""
+        self._release_quietly(job_id)
+
+    def release_dead(self) -> None:
+        """At start-up: give back what processes on this host that stopped still hold, and what expired."""
+        try:
+            released = self.quota.release_dead()
+        except Exception as exc:  # they expire anyway
+            log.warning("could not release the quota reservations of stopped processes: %s", exc)
+            return
+        if released:
+            log.info("released %d quota reservations of processes that stopped", released)
+
+    def _release_quietly(self, reservation: str | None) -> None:
+        if reservation is None:
+            return
+        try:
+            self.quota.release(reservation)
+        except Exception as exc:  # it expires by itself (quota_reservation_ttl_s)
+            log.warning("could not release quota reservation %s: %s", reservation, exc)
