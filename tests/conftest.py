@@ -200,8 +200,9 @@ LONG_TEXT = "第一句话说得很长很长，要让它超过一个片段的长�
 
 
 def enrol_voice(client, name: str, wav: bytes, transcript: str = PROMPT_TRANSCRIPT) -> dict:
-    """Enrol a voice through the API (multipart), returning its JSON."""
+    """Enrol a voice through the API (multipart), returning its JSON; consent confirmed (user keys must)."""
     files = {"audio": ("prompt.wav", wav, "audio/wav")}
-    response = client.post("/v1/voices", data={"name": name, "transcript": transcript}, files=files)
+    fields = {"name": name, "transcript": transcript, "consent": "true"}
+    response = client.post("/v1/voices", data=fields, files=files)
     assert response.status_code == 201, response.text
     return response.json()
