@@ -1,11 +1,14 @@
-"""What a voice's own fields may hold: its name, transcript and lexicon, checked before they are stored."""
+"""What a voice's own fields may hold (its name, transcript and lexicon, checked before they are stored), and
+which voice a name means when several owners use it."""
 
 from __future__ import annotations
 
 import json
 import re
+from typing import Any
 
 from cosyserve.errors import InputError
+from cosyserve.service.requests import VoiceScope
 
 NAME_PATTERN = re.compile(r"^[\w\-. \u3000-\u9fff]{1,64}$")
 MAX_TRANSCRIPT_CHARS = 500
@@ -39,3 +42,34 @@ def lexicon_json(lexicon: dict[str, str]) -> str:
     if UNSTORABLE.search(text):
         raise InputError("a lexicon entry contains a lone surrogate (not valid Unicode text); remove it")
     return text
+
+
+class AmbiguousVoice(InputError):
+    """Several voices the caller may use have the name asked for, none of them the caller's own."""
+
+
+def shared_of(row: Any) -> bool:
+    """Rows from before the shared flag: a voice without an owner was shared."""
+    return bool(row["shared"]) if row["shared"] is not None else row["owner"] is None
+
+
+def pick_row(id_or_name: str, rows: list[Any], scope: VoiceScope) -> Any:
+    """The row `id_or_name` means among the usable `rows`: by id, else the caller's own voice of that name,
+    else the one shared voice of that name; None when there is none."""
+    by_id = [row for row in rows if row["id"] == id_or_name]
+    if by_id or len(rows) <= 1:
+        return (by_id or rows or [None])[0]
+    own = [row for row in rows if row["owner"] == scope.owner]
+    if len(own) == 1:
+        return own[0]
+    shared = [row for row in rows if shared_of(row)]
+    if not own and len(shared) == 1:
+        return shared[0]
+    raise AmbiguousVoice(
+        f"{len(rows)} voices are named {id_or_name!r}: name the one you mean by its id "
+        "(GET /v1/voices lists ids)"
+    )
+
+
+def name_taken(name: str) -> InputError:
+    return InputError(f"you already have a voice named {name!r}: pick another name or delete that one first")

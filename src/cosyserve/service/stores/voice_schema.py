@@ -1,4 +1,4 @@
-"""The `voices` table's name rule: a name is unique per owner, not across the server.
+"""The `voices` table, and its name rule: a name is unique per owner, not across the server.
 
 Two users may each have a voice called "narrator"; a user learns nothing of other users' names from a
 "name taken" answer. Databases made before this rule have a UNIQUE constraint on `name` alone:
@@ -14,9 +14,30 @@ from typing import Any
 import sqlalchemy as sa
 from sqlalchemy.schema import CreateIndex, CreateTable
 
-from cosyserve.service.stores.db import SCHEMA_LOCK_KEY
+from cosyserve.service.stores.db import SCHEMA_LOCK_KEY, table
 
 OWNER_NAME_INDEX = "voices_owner_name"
+
+
+def voices_table(metadata: sa.MetaData) -> sa.Table:
+    voices = table(
+        metadata,
+        "voices",
+        sa.Column("id", sa.String(32), primary_key=True),
+        sa.Column("name", sa.String(64), nullable=False),  # unique per owner: `voices_owner_name`
+        sa.Column("transcript", sa.Text, nullable=True),
+        sa.Column("created_at", sa.Float, nullable=False),
+        sa.Column("model_checksum", sa.String(64), nullable=False),
+        sa.Column("audio_file", sa.String(255), nullable=False),
+        sa.Column("defaults", sa.Text, nullable=False, default="{}"),
+        sa.Column("lexicon", sa.Text, nullable=False, default="{}"),
+        sa.Column("report", sa.Text, nullable=False, default="{}"),
+        sa.Column("owner", sa.String(64), nullable=True),
+        sa.Column("shared", sa.Boolean, nullable=True),  # None (rows from before it): shared when no owner
+        sa.Column("consent", sa.Text, nullable=True),  # JSON: statement, by, at; None: none recorded
+    )
+    add_owner_name_index(voices)
+    return voices
 
 
 def add_owner_name_index(voices: sa.Table) -> None:

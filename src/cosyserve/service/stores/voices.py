@@ -33,8 +33,16 @@ from cosyserve.errors import InputError
 from cosyserve.frontend.prompt_features import PromptFeatures
 from cosyserve.service.requests import EVERY_VOICE, VoiceDefaults, VoiceScope
 from cosyserve.service.stores.atomic_files import write_atomic
-from cosyserve.service.stores.db import add_missing_columns, create_tables, table
-from cosyserve.service.stores.voice_fields import check_name, check_transcript, lexicon_json
+from cosyserve.service.stores.db import add_missing_columns, create_tables
+from cosyserve.service.stores.voice_fields import (
+    AmbiguousVoice,  # noqa: F401  (re-exported: the stores' callers catch it with the others)
+    check_name,
+    check_transcript,
+    lexicon_json,
+    name_taken,
+    pick_row,
+    shared_of,
+)
 from cosyserve.service.stores.voice_files import (
     FEATURES_FILE,
     VoiceFiles,
@@ -44,7 +52,7 @@ from cosyserve.service.stores.voice_files import (
     save_features,  # noqa: F401  (re-exported, as is voice_files_table)
     voice_files_table,
 )
-from cosyserve.service.stores.voice_schema import add_owner_name_index, names_unique_per_owner
+from cosyserve.service.stores.voice_schema import names_unique_per_owner, voices_table
 
 VOICE_ID = re.compile(r"[0-9a-f]{32}")
 ORPHAN_GRACE_S = 3600.0  # a local folder without a voice row, younger than this, may be an enrolment
@@ -91,27 +99,6 @@ class Voice:
         }
 
 
-def voices_table(metadata: sa.MetaData) -> sa.Table:
-    voices = table(
-        metadata,
-        "voices",
-        sa.Column("id", sa.String(32), primary_key=True),
-        sa.Column("name", sa.String(64), nullable=False),  # unique per owner: `voices_owner_name`
-        sa.Column("transcript", sa.Text, nullable=True),
-        sa.Column("created_at", sa.Float, nullable=False),
-        sa.Column("model_checksum", sa.String(64), nullable=False),
-        sa.Column("audio_file", sa.String(255), nullable=False),
-        sa.Column("defaults", sa.Text, nullable=False, default="{}"),
-        sa.Column("lexicon", sa.Text, nullable=False, default="{}"),
-        sa.Column("report", sa.Text, nullable=False, default="{}"),
-        sa.Column("owner", sa.String(64), nullable=True),
-        sa.Column("shared", sa.Boolean, nullable=True),  # None (rows from before it): shared when no owner
-        sa.Column("consent", sa.Text, nullable=True),  # JSON: statement, by, at; None: none recorded
-    )
-    add_owner_name_index(voices)
-    return voices
-
-
 Analyser = Callable[[bytes], PromptFeatures]
 
 
@@ -156,7 +143,7 @@ class VoiceLibrary:
         transcript = check_transcript(transcript)
         lexicon_text = lexicon_json(lexicon or {})
         if self._named(name, owner) is not None:
-            raise _name_taken(name)
+            raise name_taken(name)
         features = analyse(audio)  # raises InputError for unusable audio, before anything is written
         voice_id = uuid.uuid4().hex
         folder = self.root / voice_id
@@ -187,7 +174,7 @@ class VoiceLibrary:
                 conn.execute(self.files.insert(), [blob_row(voice_id, n, d) for n, d in blobs.items()])
         except sa.exc.IntegrityError as exc:
             shutil.rmtree(folder, ignore_errors=True)
-            raise _name_taken(name) from exc
+            raise name_taken(name) from exc
         except BaseException:
             shutil.rmtree(folder, ignore_errors=True)
             raise
@@ -203,7 +190,7 @@ class VoiceLibrary:
         rows = self._matching(id_or_name)
         if not rows:
             self._forget(id_or_name)  # deleted on another node: drop what this node still holds
-        row = _pick(id_or_name, [r for r in rows if scope.includes(r["owner"], _shared(r))], scope)
+        row = pick_row(id_or_name, [r for r in rows if scope.includes(r["owner"], shared_of(r))], scope)
         if row is None:
             raise VoiceNotFound(
                 f"no voice {id_or_name!r}: list voices with GET /v1/voices or `cosyserve voices list`"
@@ -214,7 +201,7 @@ class VoiceLibrary:
         """The voices `scope` may use, oldest first."""
         with self.engine.connect() as conn:
             rows = conn.execute(self.table.select().order_by(self.table.c.created_at)).mappings().all()
-        return [self._to_voice(row) for row in rows if scope.includes(row["owner"], _shared(row))]
+        return [self._to_voice(row) for row in rows if scope.includes(row["owner"], shared_of(row))]
 
     def audio_file(self, voice: Voice) -> Path:
         """The voice's original recording on this node's disk (copied from the database when missing or
@@ -267,7 +254,7 @@ class VoiceLibrary:
         if name is not None and name != voice.name:
             name = check_name(name)
             if self._named(name, voice.owner) is not None:
-                raise _name_taken(name)
+                raise name_taken(name)
             values["name"] = name
         if shared is not None:
             values["shared"] = bool(shared)
@@ -282,7 +269,7 @@ class VoiceLibrary:
                 with self.engine.begin() as conn:
                     conn.execute(self.table.update().where(self.table.c.id == voice.id).values(**values))
             except sa.exc.IntegrityError as exc:  # the same name taken on another node meanwhile
-                raise _name_taken(name or voice.name) from exc
+                raise name_taken(name or voice.name) from exc
         return self.get(voice.id)
 
     def delete(self, id_or_name: str) -> None:
@@ -360,7 +347,7 @@ class VoiceLibrary:
             lexicon=json.loads(row["lexicon"] or "{}"),
             report=json.loads(row["report"] or "{}"),
             owner=row["owner"],
-            shared=_shared(row),
+            shared=shared_of(row),
             consent=json.loads(row["consent"]) if row["consent"] else None,
         )
 
@@ -398,34 +385,3 @@ class VoiceLibrary:
                 raise VoiceNotFound(f"voice {voice.name!r} was deleted while it was analysed")
             self.blobs.put_features(conn, voice.id, data, voice.audio_path)
         write_atomic(voice.features_path, data)
-
-
-class AmbiguousVoice(InputError):
-    """Several voices the caller may use have the name asked for, none of them the caller's own."""
-
-
-def _shared(row: Any) -> bool:
-    """Rows from before the shared flag: a voice without an owner was shared."""
-    return bool(row["shared"]) if row["shared"] is not None else row["owner"] is None
-
-
-def _pick(id_or_name: str, rows: list[Any], scope: VoiceScope) -> Any:
-    """The row `id_or_name` means among the usable `rows`: by id, else the caller's own voice of that name,
-    else the one shared voice of that name; None when there is none."""
-    by_id = [row for row in rows if row["id"] == id_or_name]
-    if by_id or len(rows) <= 1:
-        return (by_id or rows or [None])[0]
-    own = [row for row in rows if row["owner"] == scope.owner]
-    if len(own) == 1:
-        return own[0]
-    shared = [row for row in rows if _shared(row)]
-    if not own and len(shared) == 1:
-        return shared[0]
-    raise AmbiguousVoice(
-        f"{len(rows)} voices are named {id_or_name!r}: name the one you mean by its id "
-        "(GET /v1/voices lists ids)"
-    )
-
-
-def _name_taken(name: str) -> InputError:
-    return InputError(f"you already have a voice named {name!r}: pick another name or delete that one first")
