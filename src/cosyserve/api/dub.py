@@ -106,7 +106,8 @@ def dub_track(
 @router.get(
     "/{dub_id}/report",
     responses={200: {"content": {"application/json": {}, "text/csv": {}}}, **ERRORS},
-    summary="Per cue: planned and actual start, duration, speed used, overflow",
+    summary="Per cue: the file's number, planned and actual start, speech made, played and cut, speed-up, "
+    "overflow; the track's length and what it was charged",
 )
 async def dub_report(
     dub_id: str, request: Request, principal: CurrentPrincipal, format: Literal["json", "csv"] = "json"

@@ -144,6 +144,14 @@ class LimitSettings(_Group):
     max_batch_items: int = Field(
         1000, ge=1, description="most items (lines of a script, cues of a subtitle file) in one batch or dub"
     )
+    max_dub_track_s: float = Field(
+        10800.0,
+        gt=0,
+        le=86400,
+        description="longest dub track, in seconds (to the end of the last cue; default 3 h): longer "
+        "subtitle files are refused at submit. The track is charged to the key's quota and written as "
+        "16-bit WAV (at most 24 h: a WAV file holds 4 GB)",
+    )
 
 
 def default_data_dir() -> Path:

@@ -33,6 +33,7 @@ from cosyserve.service.distributed.celery_app import (
     make_celery,
 )
 from cosyserve.service.distributed.relay import Relay, RelayItem, WorkerRegistry, connect
+from cosyserve.service.dub_plan import track_seconds_of_items
 from cosyserve.service.requests import (
     EnrolmentRequest,
     OutputSpec,
@@ -250,6 +251,8 @@ class RemoteBackend:
             job_id=job_id,
             spec=spec_record(spec),
             prompt_wav=prompt_wav,
+            # a dub sets its track's length aside (`dub_plan`): what its worker charges in the end
+            reserved_s=track_seconds_of_items(item.params for item in items) if kind == "dub" else None,
         )
         self.batches.add(job_id, [item.as_row() for item in items])
         try:

@@ -20,6 +20,7 @@ from cosyserve.errors import Cancelled, StorageError
 from cosyserve.service.activity import both, synthesis_logger
 from cosyserve.service.backend import cancellable_job, job_pieces, new_job_id, spec_record
 from cosyserve.service.batch_input import ItemSpec
+from cosyserve.service.dub_plan import track_seconds_of_items
 from cosyserve.service.local.batches import BatchPlan, BatchRunner
 from cosyserve.service.local.job_quota import JobQuota, estimate_audio_s
 from cosyserve.service.local.jobs import RECORD_WAIT_S, JobResult, JobRun, JobStateRecorder, run_pieces
@@ -94,7 +95,10 @@ class LocalJobs:
         stored failed at once."""
         self.quota.admit(spec.key, spec.owner)
         job_id = new_job_id()
-        reserved = sum(estimate_audio_s(i.params.get("text", "")) for i in items if i.problem is None)
+        if kind == "dub":  # the track, whatever its cues' speech: what the caller receives and is charged
+            reserved = track_seconds_of_items(item.params for item in items)
+        else:
+            reserved = sum(estimate_audio_s(i.params.get("text", "")) for i in items if i.problem is None)
 
         def create() -> JobRecord:
             record = self.jobs.create(

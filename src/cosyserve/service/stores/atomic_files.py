@@ -2,7 +2,10 @@
 
 from __future__ import annotations
 
+import errno
+import hashlib
 import os
+import shutil
 import uuid
 from pathlib import Path
 
@@ -22,3 +25,23 @@ def write_atomic(path: Path, data: bytes) -> None:
         os.replace(temp, path)
     finally:
         temp.unlink(missing_ok=True)
+
+
+def file_digest(path: Path) -> tuple[int, str]:
+    """(size, sha256) of a file, read in pieces; synced to disk first, as `write_atomic` does."""
+    digest = hashlib.sha256()
+    with open(path, "rb+") as handle:
+        os.fsync(handle.fileno())
+        while piece := handle.read(1 << 20):
+            digest.update(piece)
+        return handle.tell(), digest.hexdigest()
+
+
+def move_file(source: Path, target: Path) -> None:
+    """Rename `source` to `target`; across file systems, copy it in pieces (the caller removes `source`)."""
+    try:
+        os.replace(source, target)
+    except OSError as exc:
+        if exc.errno != errno.EXDEV:
+            raise
+        shutil.copyfile(source, target)
