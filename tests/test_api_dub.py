@@ -78,6 +78,7 @@ def dubbed(start_api_server, prompt_wav_bytes):
         report = document["cues"]
         items = [sf.read(io.BytesIO(client.get(i["url"]).content), dtype="float32")[0] for i in dub["items"]]
         yield {
+            "live": live,
             "client": client,
             "dub": dub,
             "track": track,
@@ -202,3 +203,19 @@ def test_a_track_longer_than_the_limit_is_refused_at_submit(dubbed) -> None:
     assert error["code"] == "invalid_input"
     assert "10:00:01" in error["message"] and "3:00:00" in error["message"]
     assert "max_dub_track_s" in error["message"] and "COSYSERVE_MAX_DUB_TRACK_S" in error["message"]
+
+
+def test_a_long_track_downloads_transcoded_file_to_file(dubbed, monkeypatch) -> None:
+    import cosyserve.api.outputs as outputs_api
+
+    monkeypatch.setattr(outputs_api, "IN_MEMORY_LIMIT_BYTES", 0)  # every track counts as long
+    client, dub = dubbed["client"], dubbed["dub"]
+    flac = client.get(f"/v1/dub/{dub['id']}/track", params={"format": "flac"}, follow_redirects=True)
+    assert flac.status_code == 200 and flac.headers["content-type"] == "audio/flac"
+    audio, rate = sf.read(io.BytesIO(flac.content), dtype="float32")
+    assert rate == dubbed["rate"] and np.array_equal(audio, dubbed["track"])
+    root = dubbed["live"].service.outputs.root
+    deadline = time.monotonic() + 10  # the temp file goes once the response is sent
+    while [p for p in root.iterdir() if p.name.startswith(".")]:
+        assert time.monotonic() < deadline, list(root.iterdir())
+        time.sleep(0.05)

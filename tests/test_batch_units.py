@@ -9,7 +9,7 @@ import soundfile as sf
 from cosyserve.errors import InputError
 from cosyserve.frontend.subtitles import parse_subtitles
 from cosyserve.service.batch_input import BatchRules, cue_items, items_from, kind_of, read_items
-from cosyserve.service.dub_plan import CueSlot
+from cosyserve.service.dub_plan import CueSlot, planned_track_seconds
 from cosyserve.service.dub_timeline import audible_span, fit_speed, place
 from cosyserve.service.dub_track import write_track
 
@@ -29,6 +29,8 @@ def test_srt_is_read_leniently_where_players_are() -> None:
         (2, 4.5, 6.0, "second line"),
         (3, 7.0, 8.0, "♪♪"),
     ]
+    # time order, each cue keeping the file's number (or its place in the file when it has none)
+    assert [(c.cue_id, c.file_position) for c in cues] == [("1", 2), ("2", 1), ("3", 3)]
 
 
 def test_webvtt_notes_settings_and_short_times() -> None:
@@ -42,6 +44,7 @@ def test_webvtt_notes_settings_and_short_times() -> None:
         (1.0, 2.5, "Hello there."),
         (3600.0, 3601.0, "late"),
     ]
+    assert [(c.cue_id, c.file_position) for c in cues] == [("intro", 1), ("2", 2)]
 
 
 @pytest.mark.parametrize(
@@ -134,6 +137,26 @@ def test_cue_items_must_stop_at_the_next_cue() -> None:
         ("cue1", 1.0, 2.0, 2.5),
         ("cue2", 2.5, 4.0, 4.0),
     ]
+
+
+def test_a_dubs_track_is_planned_limited_and_shared_out_at_submit() -> None:
+    srt = (
+        "10\n00:00:05,000 --> 00:00:09,000\nb.\n\n"  # ends after the last cue starts: the track ends here
+        "4\n00:00:01,000 --> 00:00:02,000\na.\n\n"
+        "11\n00:00:06,000 --> 00:00:07,000\nc.\n"
+    )
+    cues = parse_subtitles(srt)
+    assert planned_track_seconds(cues) == 9.0
+    items = cue_items(cues, BatchRules(5, 20, shared={"voice": "alice"}, max_track_s=9.0))
+    shares = [i.params["share_s"] for i in items]
+    assert shares == [5.0, 1.0, 3.0] and sum(shares) == 9.0  # 0-5, 5-6, 6-9: the whole track, once
+    named = [(i.params["cue_id"], i.params["file_position"]) for i in items]
+    assert named == [("4", 2), ("10", 1), ("11", 3)]
+    with pytest.raises(InputError) as refused:
+        cue_items(cues, BatchRules(5, 20, shared={"voice": "alice"}, max_track_s=8.5))
+    message = str(refused.value)
+    assert "would be 0:00:09 long" in message and "limit of 0:00:08.500" in message
+    assert "max_dub_track_s" in message and "--max-dub-track-s" in message
 
 
 def noise(seconds: float, lead: float = 0.0, tail: float = 0.0) -> np.ndarray:

@@ -19,8 +19,8 @@ import soundfile as sf
 from cosyserve.service.dub_plan import CueSlot
 from cosyserve.service.dub_timeline import Placement, place
 
-SILENCE_BLOCK = 1 << 16  # samples of silence written at once (256 KiB of float32)
-_SILENCE = np.zeros(SILENCE_BLOCK, dtype=np.float32)
+SILENCE_BLOCK = 1 << 16  # samples of silence written at once (128 KiB)
+_SILENCE = np.zeros(SILENCE_BLOCK, dtype=np.int16)  # int16: written as is, no float conversion per sample
 
 LoadCue = Callable[[], np.ndarray | None]  # loads one cue's audio when its turn comes (None: left silent)
 
