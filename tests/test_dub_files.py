@@ -14,6 +14,7 @@ import soundfile as sf
 
 import cosyserve.service.batch_archive as batch_archive
 from cosyserve.service.audio_formats import TRANSCODE_BLOCK, encode, transcode_file
+from cosyserve.service.stores.output_files import temp_output_path
 from cosyserve.service.stores.outputs import OutputStore
 
 RATE = 24000
@@ -49,9 +50,9 @@ def test_transcoding_file_to_file_gives_the_audio_encode_gives(stored_wav, tmp_p
 def test_audio_written_to_disk_is_stored_by_moving_it(stored_wav, tmp_path) -> None:
     store = OutputStore(tmp_path / "outputs")
     source, _ = stored_wav
-    temp = store.temp_path("wav")
+    temp = temp_output_path(store.root, "wav")
     temp.write_bytes(source.read_bytes())
-    saved = store.save_file(temp, "wav", {"duration_s": 1.0})
+    saved = store.save(temp, "wav", {"duration_s": 1.0})
     assert not temp.exists() and saved.path.read_bytes() == source.read_bytes()
     assert saved.manifest["sha256"] == hashlib.sha256(source.read_bytes()).hexdigest()
     assert saved.manifest["size_bytes"] == source.stat().st_size

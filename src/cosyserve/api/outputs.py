@@ -22,6 +22,7 @@ from cosyserve.service.access.principals import Forbidden, Principal
 from cosyserve.service.assembly import Service
 from cosyserve.service.audio_formats import IN_MEMORY_LIMIT_BYTES, encode, mime_type, transcode_file
 from cosyserve.service.requests import SentenceTiming
+from cosyserve.service.stores.output_files import temp_output_path
 from cosyserve.service.stores.outputs import OutputNotFound, StoredOutput
 from cosyserve.service.subtitles import to_srt, to_vtt
 
@@ -115,7 +116,7 @@ def _transcode(output: StoredOutput, fmt: str, sample_rate: int | None) -> bytes
 
 def _transcode_to_file(service: Service, output: StoredOutput, fmt: str, sample_rate: int | None) -> Path:
     """The output in `fmt` as a temp file beside it (removed once sent; by retention after a crash)."""
-    temp = service.outputs.temp_path(fmt)
+    temp = temp_output_path(service.outputs.root, fmt)
     try:
         transcode_file(output.path, temp, fmt, sample_rate=sample_rate)
     except BaseException:

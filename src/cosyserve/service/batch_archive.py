@@ -23,6 +23,7 @@ from cosyserve.service.audio_formats import EXTENSIONS, IN_MEMORY_LIMIT_BYTES, e
 from cosyserve.service.dub_report import dub_report, report_csv
 from cosyserve.service.requests import SentenceTiming
 from cosyserve.service.stores.batches import BatchItem
+from cosyserve.service.stores.output_files import temp_output_path
 from cosyserve.service.stores.outputs import OutputStore, StoredOutput
 from cosyserve.service.subtitles import to_srt
 
@@ -116,7 +117,7 @@ def _add_audio(
         yield from _copy_in(archive, sink, name, output.path)
         return
     if outputs is not None and output.path.stat().st_size > IN_MEMORY_LIMIT_BYTES:  # a long dub track
-        temp = outputs.temp_path(EXTENSIONS.get(fmt, fmt))
+        temp = temp_output_path(outputs.root, EXTENSIONS.get(fmt, fmt))
         try:
             transcode_file(output.path, temp, fmt)
             yield from _copy_in(archive, sink, name, temp)

@@ -40,6 +40,7 @@ from cosyserve.service.requests import (
 )
 from cosyserve.service.scheduling.tickets import WorkContext
 from cosyserve.service.stores.batches import BatchItem, BatchStore
+from cosyserve.service.stores.output_files import temp_output_path
 from cosyserve.service.stores.outputs import OutputStore, StoredOutput, build_manifest
 
 log = logging.getLogger(__name__)
@@ -228,7 +229,7 @@ class BatchRunner:
         rate = self._rate(done)
         track_s = track_seconds_of_items(item.params for item in items)
         cues = [(CueSlot.of(item.params), self._cue_audio(item)) for item in items]
-        temp = self.outputs.temp_path("wav")
+        temp = temp_output_path(self.outputs.root, "wav")
         try:
             placements = write_track(temp, cues, track_s, rate)
         except (OSError, sf.SoundFileRuntimeError) as exc:
@@ -264,7 +265,10 @@ class BatchRunner:
         )
         duration_s = round(track_s * rate) / rate
         manifest["duration_s"] = round(duration_s, 3)
-        stored = self.outputs.save_file(temp, "wav", manifest)
+        try:
+            stored = self.outputs.save(temp, "wav", manifest)  # moved in: never read whole
+        finally:
+            temp.unlink(missing_ok=True)
         return TtsOutcome(
             seed=0,
             duration_s=duration_s,

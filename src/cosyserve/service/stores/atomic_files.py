@@ -27,21 +27,27 @@ def write_atomic(path: Path, data: bytes) -> None:
         temp.unlink(missing_ok=True)
 
 
-def file_digest(path: Path) -> tuple[int, str]:
-    """(size, sha256) of a file, read in pieces; synced to disk first, as `write_atomic` does."""
+def content_digest(content: bytes | Path) -> tuple[int, str]:
+    """(size, sha256) of bytes, or of a file read in pieces (synced to disk first, as `write_atomic` does)."""
+    if not isinstance(content, Path):
+        return len(content), hashlib.sha256(content).hexdigest()
     digest = hashlib.sha256()
-    with open(path, "rb+") as handle:
+    with open(content, "rb+") as handle:
         os.fsync(handle.fileno())
         while piece := handle.read(1 << 20):
             digest.update(piece)
         return handle.tell(), digest.hexdigest()
 
 
-def move_file(source: Path, target: Path) -> None:
-    """Rename `source` to `target`; across file systems, copy it in pieces (the caller removes `source`)."""
+def put_content(path: Path, content: bytes | Path) -> None:
+    """Bytes written atomically to `path`, or a file written already moved there (across file systems,
+    copied in pieces; the caller removes the source)."""
+    if not isinstance(content, Path):
+        write_atomic(path, content)
+        return
     try:
-        os.replace(source, target)
+        os.replace(content, path)
     except OSError as exc:
         if exc.errno != errno.EXDEV:
             raise
-        shutil.copyfile(source, target)
+        shutil.copyfile(content, path)

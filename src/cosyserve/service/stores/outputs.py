@@ -32,14 +32,12 @@ bucket can't be read, each node serves what it has locally.
 from __future__ import annotations
 
 import contextlib
-import hashlib
 import heapq
 import logging
 import os
 import random
 import threading
 import time
-import uuid
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from datetime import tzinfo
@@ -48,7 +46,7 @@ from typing import TYPE_CHECKING, Any
 
 from cosyserve import __version__
 from cosyserve.errors import InputError, StorageError
-from cosyserve.service.stores.atomic_files import file_digest, move_file
+from cosyserve.service.stores.atomic_files import content_digest, put_content
 from cosyserve.service.stores.bucket import (
     BUCKET_COPY,  # noqa: F401  (re-exported, as are OutputNotFound, StoredOutput, check_output_id)
     REMOTE_LIST_TTL_S,
@@ -146,46 +144,13 @@ class OutputStore:
     # -- writing -------------------------------------------------------------------------------------
 
     def save(
-        self, audio_bytes: bytes, ext: str, manifest: dict[str, Any], *, upload_now: bool = False
+        self, audio: bytes | Path, ext: str, manifest: dict[str, Any], *, upload_now: bool = False
     ) -> StoredOutput:
         """Store one result; `manifest` (from `build_manifest` or the caller's own) goes into the sidecar
         together with the id, file name, size, sha256, created_at and the cosyserve version.
         `upload_now`: upload the pair before returning (a worker whose result another node serves next);
-        SyncError if that fails (the local copy stays)."""
-        data = bytes(audio_bytes)
-        digest = hashlib.sha256(data).hexdigest()
-        return self._store(
-            ext, manifest, len(data), digest, lambda path: write_atomic(path, data), upload_now
-        )
-
-    def temp_path(self, ext: str) -> Path:
-        """A hidden file in the outputs directory for audio written piece by piece (a dub's track), then
-        stored with `save_file`; left behind by a crash, retention removes it after an hour."""
-        return self.root / f".output_{uuid.uuid4().hex}.{ext}{TEMP_SUFFIX}"
-
-    def save_file(
-        self, source: Path, ext: str, manifest: dict[str, Any], *, upload_now: bool = False
-    ) -> StoredOutput:
-        """Store audio already written to `source` (best a `temp_path`: on the same file system it is
-        moved, not copied), as `save` does bytes; read once in pieces for its sha256, never held whole.
-        `source` is gone afterwards, stored or not."""
-        try:
-            size, digest = file_digest(Path(source))
-            return self._store(
-                ext, manifest, size, digest, lambda path: move_file(Path(source), path), upload_now
-            )
-        finally:
-            Path(source).unlink(missing_ok=True)
-
-    def _store(
-        self,
-        ext: str,
-        manifest: dict[str, Any],
-        size: int,
-        digest: str,
-        write: Callable[[Path], None],
-        upload_now: bool,
-    ) -> StoredOutput:
+        SyncError if that fails (the local copy stays). `audio` may be a file already written (a dub's
+        track, at a `temp_output_path`): moved in and hashed in pieces, never held whole."""
         ext = (ext or "").lower().lstrip(".")
         if not EXTENSION.fullmatch(ext):
             raise InputError(f"output extension {ext!r} is not usable; use e.g. wav, mp3, opus, flac, pcm")
@@ -193,6 +158,7 @@ class OutputStore:
         when = local_datetime(now, self.zone)
         stem = self._reserve(when.strftime("output_%Y%m%d_%H%M%S"), ext)
         audio_path, sidecar_path = self.root / f"{stem}.{ext}", self.root / f"{stem}.json"
+        size, digest = content_digest(audio)
         record = dict(manifest)
         record.setdefault("format", ext)
         record.setdefault("owner", None)
@@ -208,7 +174,7 @@ class OutputStore:
         )
         try:
             sidecar_bytes = to_json(record)  # fails before anything is written if a value isn't JSON
-            write(audio_path)
+            put_content(audio_path, audio)
             write_atomic(sidecar_path, sidecar_bytes)
         except BaseException as exc:
             audio_path.unlink(missing_ok=True)
