@@ -219,3 +219,28 @@ def test_a_long_track_downloads_transcoded_file_to_file(dubbed, monkeypatch) -> 
     while [p for p in root.iterdir() if p.name.startswith(".")]:
         assert time.monotonic() < deadline, list(root.iterdir())
         time.sleep(0.05)
+
+
+def test_the_web_ui_refuses_a_track_longer_than_the_limit(dubbed, tmp_path) -> None:
+    from types import SimpleNamespace
+
+    from cosyserve.errors import InputError
+    from cosyserve.service.access.principals import Principal
+    from cosyserve.ui.batch_bridge import BatchBridge
+
+    service = dubbed["live"].service
+    late = tmp_path / "late.srt"
+    late.write_text("1\n00:00:01,000 --> 00:00:02,000\n早。\n\n2\n10:00:00,000 --> 10:00:01,000\n晚。\n")
+    before = len(service.jobs.list(kinds=("dub",)))
+    batches = BatchBridge(SimpleNamespace(service=service))  # the Batch tab's calls, without a browser
+    with pytest.raises(InputError, match=r"limit of 3:00:00 \(max_dub_track_s"):
+        batches.submit(
+            Principal("anonymous", "admin"),
+            late,
+            voice="alice",
+            instruct=None,
+            fmt="wav",
+            max_speed=1.25,
+            request_id="ui-test",
+        )
+    assert len(service.jobs.list(kinds=("dub",))) == before  # nothing was queued
