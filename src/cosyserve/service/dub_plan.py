@@ -5,7 +5,8 @@ The track runs from 0 to the latest cue's end, whatever the cues' speech turns o
 the audio the caller receives, so it is what a dub sets aside from its key's quota at submit and what it
 is charged in the end (`planned_track_seconds`). The charge is paid as the dub goes: each cue, once made,
 pays its share of the track (`share_s`: from its start to the next cue's start, the first from 0, the
-last to the track's end), and storing the track pays what is left (the shares of cues that failed).
+last to the track's end), and storing the track pays what is left (the shares of cues that failed). A dub
+stopped by the quota ends its track where the first cue it did not make starts: it pays what it delivers.
 """
 
 from __future__ import annotations

@@ -39,7 +39,7 @@ from cosyserve.service.requests import (
     VoiceScope,
 )
 from cosyserve.service.scheduling.tickets import WorkContext
-from cosyserve.service.stores.batches import BatchItem, BatchStore
+from cosyserve.service.stores.batches import UNFINISHED, BatchItem, BatchStore
 from cosyserve.service.stores.output_files import temp_output_path
 from cosyserve.service.stores.outputs import OutputStore, StoredOutput, build_manifest
 
@@ -109,8 +109,8 @@ class BatchRunner:
         if counts.done == 0:
             raise stopped or ItemsFailed(f"all {counts.total} items failed: see each item's error")
         outcome = None
-        if plan.kind == "dub":
-            outcome = self._track(plan)
+        if plan.kind == "dub":  # stopped by the quota: the track ends where the first cue not made starts
+            outcome = self._track(plan, self._first_unmade_start(plan) if stopped else None)
             extra.update(track_s=round(outcome.duration_s, 3), charged_s=self._charge_rest(run, outcome))
         extra["audio_s"] = round(sum(i.duration_s or 0.0 for i in self._done(plan)), 3)
         return JobResult(outcome, extra, stopped)
@@ -221,13 +221,15 @@ class BatchRunner:
     def _done(self, plan: BatchPlan) -> list[BatchItem]:
         return [i for i in self.batches.items(plan.job_id) if i.state == "done" and i.output_id]
 
-    def _track(self, plan: BatchPlan) -> TtsOutcome:
+    def _track(self, plan: BatchPlan, until_s: float | None = None) -> TtsOutcome:
         """Write every finished cue at its start into one track on disk (`dub_track`: one cue in memory at
-        a time, silence in blocks), store it, and return it as the result."""
+        a time, silence in blocks), store it, and return it as the result; `until_s`: end it there."""
         items = self.batches.items(plan.job_id)
         done = [item for item in items if item.state == "done" and item.output_id]
         rate = self._rate(done)
         track_s = track_seconds_of_items(item.params for item in items)
+        if until_s is not None:
+            track_s = min(track_s, round(until_s, 3))
         cues = [(CueSlot.of(item.params), self._cue_audio(item)) for item in items]
         temp = temp_output_path(self.outputs.root, "wav")
         try:
@@ -277,6 +279,11 @@ class BatchRunner:
             output_path=str(stored.path),
             media_type="audio/wav",
         )
+
+    def _first_unmade_start(self, plan: BatchPlan) -> float | None:
+        """Where the first cue a stopped dub did not get to starts (None: it got to every cue)."""
+        items = self.batches.items(plan.job_id)
+        return min((CueSlot.of(i.params).start_s for i in items if i.state in UNFINISHED), default=None)
 
     def _rate(self, done: list[BatchItem]) -> int:
         """The cues' sample rate (the model's when none was made)."""
