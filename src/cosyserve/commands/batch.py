@@ -379,7 +379,8 @@ def add_parsers(sub: argparse._SubParsersAction) -> None:
         "--max-dub-track-s",
         type=float,
         default=float(os.environ.get("COSYSERVE_MAX_DUB_TRACK_S", "10800")),
-        help="refuse subtitle files whose track (to the last cue's end) is longer (default 3 h)",
+        help="refuse subtitle files whose track (to the last cue's end) is longer (default 3 h; with "
+        "--server, the server's max_dub_track_s applies)",
     )
     _common(dub)
     dub.set_defaults(func=cmd_dub)
