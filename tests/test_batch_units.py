@@ -4,12 +4,14 @@ from __future__ import annotations
 
 import numpy as np
 import pytest
+import soundfile as sf
 
 from cosyserve.errors import InputError
 from cosyserve.frontend.subtitles import parse_subtitles
 from cosyserve.service.batch_input import BatchRules, cue_items, items_from, kind_of, read_items
+from cosyserve.service.dub_plan import CueSlot, planned_track_seconds
 from cosyserve.service.dub_timeline import audible_span, fit_speed, place
-from cosyserve.service.local.dubbing import CueSlot, assemble
+from cosyserve.service.dub_track import write_track
 
 RATE = 24000
 RULES = BatchRules(max_items=5, max_text_chars=20, shared={"voice": "alice", "seed": 3})
@@ -27,6 +29,8 @@ def test_srt_is_read_leniently_where_players_are() -> None:
         (2, 4.5, 6.0, "second line"),
         (3, 7.0, 8.0, "♪♪"),
     ]
+    # time order, each cue keeping the file's number (or its place in the file when it has none)
+    assert [(c.cue_id, c.file_position) for c in cues] == [("1", 2), ("2", 1), ("3", 3)]
 
 
 def test_webvtt_notes_settings_and_short_times() -> None:
@@ -40,6 +44,7 @@ def test_webvtt_notes_settings_and_short_times() -> None:
         (1.0, 2.5, "Hello there."),
         (3600.0, 3601.0, "late"),
     ]
+    assert [(c.cue_id, c.file_position) for c in cues] == [("intro", 1), ("2", 2)]
 
 
 @pytest.mark.parametrize(
@@ -134,6 +139,26 @@ def test_cue_items_must_stop_at_the_next_cue() -> None:
     ]
 
 
+def test_a_dubs_track_is_planned_limited_and_shared_out_at_submit() -> None:
+    srt = (
+        "10\n00:00:05,000 --> 00:00:09,000\nb.\n\n"  # ends after the last cue starts: the track ends here
+        "4\n00:00:01,000 --> 00:00:02,000\na.\n\n"
+        "11\n00:00:06,000 --> 00:00:07,000\nc.\n"
+    )
+    cues = parse_subtitles(srt)
+    assert planned_track_seconds(cues) == 9.0
+    items = cue_items(cues, BatchRules(5, 20, shared={"voice": "alice"}, max_track_s=9.0))
+    shares = [i.params["share_s"] for i in items]
+    assert shares == [5.0, 1.0, 3.0] and sum(shares) == 9.0  # 0-5, 5-6, 6-9: the whole track, once
+    named = [(i.params["cue_id"], i.params["file_position"]) for i in items]
+    assert named == [("4", 2), ("10", 1), ("11", 3)]
+    with pytest.raises(InputError) as refused:
+        cue_items(cues, BatchRules(5, 20, shared={"voice": "alice"}, max_track_s=8.5))
+    message = str(refused.value)
+    assert "would be 0:00:09 long" in message and "limit of 0:00:08.500" in message
+    assert "max_dub_track_s" in message and "--max-dub-track-s" in message
+
+
 def noise(seconds: float, lead: float = 0.0, tail: float = 0.0) -> np.ndarray:
     rng = np.random.default_rng(0)
     body = (0.05 * rng.standard_normal(int(seconds * RATE))).astype(np.float32)
@@ -157,14 +182,19 @@ def test_fit_speed_stays_within_its_limit() -> None:
     assert fit_speed(5.0, 2.0, 1.5, 1.25) == 1.5  # never slower than asked
 
 
-def test_place_overflows_into_the_gap_and_is_cut_before_the_next_cue() -> None:
+def test_place_overflows_into_the_gap_and_is_cut_before_the_next_cue(tmp_path) -> None:
     start, clip, placed = place(noise(1.5), RATE, 1.0, 2.0, 3.0)  # 0.5 s past its end, within the gap
     assert start == RATE and len(clip) == int(1.5 * RATE)
     assert (placed.overflow_s, placed.cut_s, placed.actual_end_s) == (0.5, 0.0, 2.5)
     start, clip, placed = place(noise(3.0), RATE, 1.0, 2.0, 3.0)  # would run over the next cue at 3.0
-    assert len(clip) == 2 * RATE and (placed.overflow_s, placed.cut_s) == (2.0, 1.0)
+    # 3 s of speech: 2 s played (1 s of it past the cue's end), 1 s cut and never played
+    assert len(clip) == 2 * RATE
+    assert (placed.speech_s, placed.played_s, placed.overflow_s, placed.cut_s) == (3.0, 2.0, 1.0, 1.0)
     assert abs(clip[-1]) < 1e-6 and np.max(np.abs(clip[-10:])) < 0.01  # faded out, no click
-    track, placements = assemble(
-        [(CueSlot(1.0, 2.0, 3.0), noise(3.0)), (CueSlot(3.0, 4.0, 4.0), None)], 4.0, RATE
-    )
-    assert len(track) == 4 * RATE and placements[1] is None and np.all(track[3 * RATE :] == 0)
+    path = tmp_path / "track.wav"
+    cues = [(CueSlot(1.0, 2.0, 3.0), lambda: noise(3.0)), (CueSlot(3.0, 4.0, 4.0), lambda: None)]
+    placements = write_track(path, cues, 4.0, RATE)
+    track, rate = sf.read(path, dtype="float32")
+    assert rate == RATE and len(track) == 4 * RATE and placements[1] is None
+    assert np.all(track[: RATE - 1] == 0) and np.all(track[3 * RATE :] == 0)
+    np.testing.assert_allclose(track[RATE : 3 * RATE - 300], noise(3.0)[: 2 * RATE - 300], atol=1e-4)

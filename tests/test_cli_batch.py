@@ -60,22 +60,60 @@ def test_a_local_batch_resumes_where_it_stopped(tmp_path, prompt_args, capsys) -
     assert [row["seed"] for row in manifest(out)] == ["1", "2", "", "4"]
 
 
-def test_a_local_dub(tmp_path, prompt_args) -> None:
+def test_a_local_dub_leaves_the_track_and_its_report_only(tmp_path, prompt_args) -> None:
     subtitles = tmp_path / "episode.srt"
     subtitles.write_text(SRT, encoding="utf-8")
     track = tmp_path / "episode.flac"
     assert cli_main(["dub", str(subtitles), "--out", str(track), "--seed", "1", *prompt_args]) == 0
     audio, rate = sf.read(track)
     assert abs(len(audio) / rate - 6.5) <= 0.05
-    with (tmp_path / "episode.report.csv").open(encoding="utf-8") as source:
+    with (tmp_path / "episode.flac.report.csv").open(encoding="utf-8") as source:  # named after the track
         report = list(csv.DictReader(source))
     assert [row["state"] for row in report] == ["done"] * 3
+    assert [row["cue"] for row in report] == ["1", "2", "3"]
     assert float(report[1]["speed"]) == pytest.approx(1.25) and float(report[1]["cut_s"]) > 0
     assert float(report[1]["actual_end_s"]) <= 5.0 + 1e-3  # never over the next cue
-    assert (tmp_path / "episode.flac.parts").is_dir()
-    again = ["dub", str(subtitles), "--out", str(track), "--resume", "--report", str(tmp_path / "r.json")]
-    assert cli_main([*again, *prompt_args]) == 0  # every cue was there: only the track is written again
-    assert len(json.loads((tmp_path / "r.json").read_text())["cues"]) == 3
+    played = float(report[1]["played_s"])
+    assert played == pytest.approx(float(report[1]["speech_s"]) - float(report[1]["cut_s"]), abs=2e-3)
+    assert float(report[1]["overflow_s"]) == pytest.approx(5.0 - 3.8, abs=2e-3)  # only what plays
+    # nothing else beside the output: no .parts folder, no temp files
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["data", "episode.flac", "episode.flac.report.csv",
+                                                          "episode.srt"]  # fmt: skip
+
+    wav = tmp_path / "episode.wav"  # a second track of the same file keeps its own report
+    assert cli_main(["dub", str(subtitles), "--out", str(wav), "--report", str(tmp_path / "r.json"),
+                     "--seed", "1", *prompt_args]) == 0  # fmt: skip
+    document = json.loads((tmp_path / "r.json").read_text())
+    assert len(document["cues"]) == 3 and document["reordered"] is False and document["track_s"] == 6.5
+    assert not (tmp_path / "episode.wav.parts").exists() and (tmp_path / "episode.flac.report.csv").exists()
+
+
+def test_a_failed_local_dub_keeps_its_cues_for_resume(tmp_path, prompt_args, capsys) -> None:
+    subtitles = tmp_path / "episode.srt"
+    subtitles.write_text(SRT.replace("好。", "太长" * 30), encoding="utf-8")  # longer than --max-chars 40
+    track = tmp_path / "episode.wav"
+    assert cli_main(["dub", str(subtitles), "--out", str(track), "--seed", "1", *prompt_args]) == 1
+    assert "1 of 3 cues failed" in capsys.readouterr().err
+    parts = tmp_path / "episode.wav.parts"
+    assert track.exists() and parts.is_dir()
+    assert json.loads((parts / "cue0003.json").read_text())["state"] == "failed"
+    subtitles.write_text(SRT, encoding="utf-8")  # fixed: --resume makes only the failed cue
+    again = ["dub", str(subtitles), "--out", str(track), "--resume", "--seed", "1"]
+    assert cli_main([*again, *prompt_args]) == 0
+    assert not parts.exists() and (tmp_path / "episode.wav.report.csv").exists()
+    audio, rate = sf.read(track)
+    assert abs(len(audio) / rate - 6.5) <= 0.05
+
+
+def test_a_dub_longer_than_the_limit_is_refused_in_one_line(tmp_path, prompt_args, capsys) -> None:
+    subtitles = tmp_path / "late.srt"
+    subtitles.write_text("1\n00:00:01,000 --> 00:00:02,000\n早。\n\n2\n10:00:00,000 --> 10:00:01,000\n晚。\n")
+    track = tmp_path / "late.wav"
+    assert cli_main(["dub", str(subtitles), "--out", str(track), *prompt_args]) == 2
+    err = capsys.readouterr().err.strip()
+    assert len(err.splitlines()) == 1 and err.startswith("cosyserve dub: error: the dub's track would be")
+    assert "10:00:01" in err and "3:00:00" in err and "--max-dub-track-s" in err
+    assert not track.exists() and not (tmp_path / "late.wav.parts").exists()
 
 
 def test_batch_and_dub_against_a_server(tmp_path, start_api_server, prompt_wav_bytes, capsys) -> None:
@@ -100,7 +138,8 @@ def test_batch_and_dub_against_a_server(tmp_path, start_api_server, prompt_wav_b
     assert cli_main(["dub", str(subtitles), "--out", str(track), *remote]) == 0
     audio, rate = sf.read(track)
     assert abs(len(audio) / rate - 4.5) <= 0.1  # mp3 frames pad a little
-    assert (tmp_path / "episode.report.csv").read_text().count("\n") == 3
+    assert (tmp_path / "episode.mp3.report.csv").read_text().count("\n") == 3
+    assert not list(tmp_path.glob(".episode*"))  # the download went to a temp file, moved into place
     assert (
         cli_main(["batch", str(script), "--out", str(tmp_path / "x"), "--server", "http://127.0.0.1:9"]) == 2
     )

@@ -95,6 +95,49 @@ def test_a_batch_is_charged_per_item_and_stops_at_the_quota(server, monkeypatch)
         assert client.get(batch["archive_url"]).status_code == 200  # the finished part downloads
 
 
+def test_a_dub_is_reserved_and_charged_its_tracks_length(server) -> None:
+    """The audio a dub's caller receives is its track (silence included), not the speech made: that is
+    what it sets aside at submit and what the key is charged, a cue that failed included."""
+    _, key = server.service.keys.create("dubber", "user", quota=100.0)
+    srt = (
+        "1\n00:00:01,000 --> 00:00:02,000\n第一句话。\n\n"
+        "2\n00:00:05,000 --> 00:00:06,000\n" + "太长" * 30 + "\n\n"  # too long: fails alone
+        "3\n00:00:20,000 --> 00:00:21,000\n第三句话。\n"
+    )
+    with as_key(server, key) as client:
+        response = client.post("/v1/dub", data={"voice": "alice"}, files={"file": ("a.srt", srt.encode())})
+        assert response.status_code == 202, response.text
+        dub_id = response.json()["id"]
+        assert server.service.jobs.get(dub_id).reserved_s == 21.0
+        dub = wait(client, f"/v1/dub/{dub_id}")
+        assert dub["state"] == "done" and (dub["done"], dub["failed"]) == (2, 1), dub
+        used = client.get("/v1/me").json()["quota"]["used_s"]
+        assert used == pytest.approx(21.0, abs=0.01)
+        assert dub["charged_s"] == pytest.approx(21.0, abs=0.01) and dub["duration_s"] == pytest.approx(21.0)
+        report = client.get(f"/v1/dub/{dub_id}/report").json()
+        assert report["track_s"] == 21.0 and report["charged_s"] == pytest.approx(21.0, abs=0.01)
+        assert server.service.jobs.get(dub_id).result_extra["charged_s"] == pytest.approx(21.0, abs=0.01)
+
+
+def test_a_dub_stopped_by_the_quota_ends_its_track_at_the_first_cue_not_made(server) -> None:
+    _, key = server.service.keys.create("three-seconds", "user", quota=3.0)
+    srt = "".join(
+        f"{n}\n00:00:{a:02d},000 --> 00:00:{a + 1:02d},000\n第{n}句话。\n\n"
+        for n, a in ((1, 1), (2, 5), (3, 20))
+    )
+    with as_key(server, key) as client:
+        response = client.post("/v1/dub", data={"voice": "alice"}, files={"file": ("a.srt", srt.encode())})
+        assert response.status_code == 202, response.text
+        dub = wait(client, f"/v1/dub/{response.json()['id']}")
+        # the first cue's share of the track (0 to the second cue's start, 5 s) crossed the quota
+        assert dub["state"] == "failed" and dub["error"]["code"] == "quota_exceeded", dub
+        assert [item["state"] for item in dub["items"]] == ["done", "cancelled", "cancelled"]
+        assert dub["duration_s"] == pytest.approx(5.0) and dub["charged_s"] == pytest.approx(5.0, abs=0.01)
+        assert client.get("/v1/me").json()["quota"]["used_s"] == pytest.approx(5.0, abs=0.01)
+        track, rate = sf.read(io.BytesIO(client.get(dub["track_url"]).content))
+        assert len(track) == 5 * rate  # what it finished, and what it was charged for
+
+
 def test_jobs_have_their_own_timeout_per_segment(
     server, start_api_server, prompt_wav_bytes, monkeypatch
 ) -> None:

@@ -133,7 +133,8 @@ def test_an_srt_becomes_a_track_and_a_report(page, tmp_path) -> None:
     audio, rate = sf.read(io.BytesIO(download(page, "#batch-track", "dub.wav")))
     assert abs(len(audio) / rate - 12.5) <= 0.05
     report = download(page, "#batch-report", "report.csv").decode()
-    assert report.startswith("cue,text,planned_start_s") and len(report.strip().splitlines()) == 7
+    assert report.startswith("position,cue,file_position,text,planned_start_s")
+    assert len(report.strip().splitlines()) == 7
 
 
 def test_the_tab_speaks_chinese(page) -> None:

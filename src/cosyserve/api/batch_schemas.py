@@ -87,8 +87,15 @@ class BatchItemView(BaseModel):
     start_s: float | None = Field(None, description="dub: the cue's start")
     end_s: float | None = Field(None, description="dub: the cue's planned end")
     speed: float | None = Field(None, description="dub: the speed it was synthesised at")
-    overflow_s: float | None = Field(None, description="dub: how far its speech runs past the cue's end")
-    cut_s: float | None = Field(None, description="dub: how much was cut so as not to run over the next cue")
+    overflow_s: float | None = Field(
+        None,
+        description="dub: how far what plays of its speech runs past the cue's end (cut audio not counted)",
+    )
+    cut_s: float | None = Field(
+        None, description="dub: speech cut so as not to run over the next cue (never played)"
+    )
+    cue: str | None = Field(None, description="dub: the cue's number or identifier in the subtitle file")
+    played_s: float | None = Field(None, description="dub: seconds of its speech played in the track")
 
 
 class BatchView(BaseModel):
@@ -107,6 +114,10 @@ class BatchView(BaseModel):
     estimated_time_left_s: float | None = Field(None, description="from the items done so far")
     error: JobError | None = None
     duration_s: float | None = Field(None, description="seconds of audio made (a dub: the track's length)")
+    charged_s: float | None = Field(
+        None,
+        description="audio seconds charged to the key's quota so far (a dub: the track's length in the end)",
+    )
     archive_url: str | None = Field(None, description="signed link to the ZIP of every finished item")
     track_url: str | None = Field(None, description="dub: signed link to the track")
     report_url: str | None = Field(None, description="dub: the per-cue report (JSON; ?format=csv)")

@@ -12,8 +12,8 @@ from cosyserve.api.batch_schemas import BatchItemView, BatchView
 from cosyserve.api.schemas import JobError
 from cosyserve.service.access.principals import Principal
 from cosyserve.service.assembly import Service
-from cosyserve.service.batch_archive import placement
 from cosyserve.service.batch_status import batch_status
+from cosyserve.service.dub_timeline import placement
 from cosyserve.service.stores.batches import BatchItem
 from cosyserve.service.stores.jobs import JobNotFound, JobRecord
 
@@ -56,6 +56,7 @@ def batch_view(service: Service, record: JobRecord, *, offset: int = 0, limit: i
         estimated_time_left_s=status.time_left_s,
         error=error,
         duration_s=record.duration_s,
+        charged_s=round(record.charged_s or 0.0, 3),
         archive_url=signed(f"{base}/archive") if counts.done else None,
         track_url=track_url(service, record),
         report_url=signed(f"{base}/report") if record.kind == "dub" else None,
@@ -92,11 +93,16 @@ def item_view(service: Service, item: BatchItem, batch_format: str = "wav") -> B
         "seed": item.seed,
     }
     if "start_s" in params:
-        view.update(start_s=params["start_s"], end_s=params["end_s"])
+        view.update(
+            start_s=params["start_s"], end_s=params["end_s"], cue=str(params.get("cue_id") or item.position)
+        )
         if item.state == "done" and item.duration_s is not None:
             placed = placement(item.duration_s, params["start_s"], params["end_s"], params["limit_s"])
             view.update(
-                speed=(item.result or {}).get("speed", 1.0), overflow_s=placed.overflow_s, cut_s=placed.cut_s
+                speed=(item.result or {}).get("speed", 1.0),
+                overflow_s=placed.overflow_s,
+                cut_s=placed.cut_s,
+                played_s=placed.played_s,
             )
     return BatchItemView(**view)
 

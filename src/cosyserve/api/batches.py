@@ -23,8 +23,10 @@ from cosyserve.api.tts import upload_limit
 from cosyserve.errors import InputError, JobStateError
 from cosyserve.service.access.principals import Forbidden, Principal
 from cosyserve.service.assembly import Service
-from cosyserve.service.batch_archive import dub_report, report_csv, report_json, stream_zip
+from cosyserve.service.batch_archive import stream_zip
 from cosyserve.service.batch_input import BatchRules, items_from, kind_of, read_items
+from cosyserve.service.dub_plan import track_seconds_of_items
+from cosyserve.service.dub_report import dub_report, report_csv, report_document, report_json
 from cosyserve.service.stores.jobs import JobNotFound, JobRecord
 
 router = APIRouter(prefix="/v1/batches", tags=["batches"])
@@ -33,7 +35,9 @@ SHARED = ("voice", "instruct", "seed", "speed", "volume", "format", "prompt_text
 
 def batch_rules(service: Service, shared: dict, has_prompt: bool) -> BatchRules:
     limits = service.settings.limits
-    return BatchRules(limits.max_batch_items, limits.max_text_chars, has_prompt, shared)
+    return BatchRules(
+        limits.max_batch_items, limits.max_text_chars, has_prompt, shared, max_track_s=limits.max_dub_track_s
+    )
 
 
 @router.post(
@@ -153,7 +157,8 @@ def batch_item(batch_id: str, position: int, request: Request, principal: Curren
 @router.get(
     "/{batch_id}/report",
     responses={200: {"content": {"application/json": {}, "text/csv": {}}}, **ERRORS},
-    summary="A dub's report: per cue, planned and actual start, duration, speed used, overflow",
+    summary="A dub's report: per cue, the file's number, planned and actual start, speech made, played "
+    "and cut, speed-up, overflow; the track's length and what it was charged",
 )
 async def batch_report(
     batch_id: str,
@@ -166,10 +171,13 @@ async def batch_report(
     record = await _signed_or_own(request, service, batch_id, "report", exp, sig)
     if record.kind != "dub":
         raise InputError(f"{batch_id} is a batch, not a dub: only dubs have a timing report")
-    rows = dub_report(await run_in_threadpool(service.batches.items, record.id))
+    items = await run_in_threadpool(service.batches.items, record.id)
+    rows = dub_report(items)
     if format == "csv":
         return Response(report_csv(rows), media_type="text/csv; charset=utf-8")
-    return Response(report_json(rows), media_type="application/json")
+    track_s = track_seconds_of_items(item.params for item in items)
+    document = report_document(rows, track_s=track_s, charged_s=record.charged_s or 0.0)
+    return Response(report_json(document), media_type="application/json")
 
 
 async def _signed_or_own(

@@ -1,10 +1,11 @@
 """Dubbing: a subtitle file becomes a timed voice-over.
 
 `POST /v1/dub` takes an SRT or WebVTT file and a voice: every cue is synthesised and placed at its start
-in one track as long as the last cue's end; a cue longer than its slot is sped up by the model up to
-`max_speed`, and what still does not fit runs into the gap after it (reported as `overflow_s`), never over
-the next cue. A dub is a batch of cues (progress, resume after a restart, cancel): `GET /v1/dub/{id}` is
-`GET /v1/batches/{id}`; the track and the per-cue report have routes of their own.
+in one track as long as the last cue's end (refused at submit past `max_dub_track_s`; charged its length,
+`dub_plan`); a cue longer than its slot is sped up by the model up to `max_speed`, and what still does not
+fit runs into the gap after it (reported as `overflow_s`), never over the next cue (the rest is cut,
+`cut_s`). A dub is a batch of cues (progress, resume after a restart, cancel): `GET /v1/dub/{id}` is
+`GET /v1/batches/{id}`; the track and the per-cue report (`dub_report`) have routes of their own.
 """
 
 from __future__ import annotations
@@ -106,7 +107,8 @@ def dub_track(
 @router.get(
     "/{dub_id}/report",
     responses={200: {"content": {"application/json": {}, "text/csv": {}}}, **ERRORS},
-    summary="Per cue: planned and actual start, duration, speed used, overflow",
+    summary="Per cue: the file's number, planned and actual start, speech made, played and cut, speed-up, "
+    "overflow; the track's length and what it was charged",
 )
 async def dub_report(
     dub_id: str, request: Request, principal: CurrentPrincipal, format: Literal["json", "csv"] = "json"

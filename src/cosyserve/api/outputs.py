@@ -1,24 +1,28 @@
 """Stored results: list, download (signed URL or API key), manifest, subtitles, delete.
 
-Outputs are stored as WAV at the model's rate; `format` / `sample_rate` on a download transcode it.
+Outputs are stored as WAV at the model's rate; `format` / `sample_rate` on a download transcode it (a
+long one, such as a dub's track, file to file in blocks, never whole in memory).
 A signed URL (`?exp=&sig=`, from job results and listings) works without an API key until it expires.
 """
 
 from __future__ import annotations
 
+from pathlib import Path
 from typing import Literal
 
 import soundfile
 from fastapi import APIRouter, Query, Request, Response
 from fastapi.responses import FileResponse
+from starlette.background import BackgroundTask
 from starlette.concurrency import run_in_threadpool
 
 from cosyserve.api.deps import CurrentPrincipal, current_principal, get_service
 from cosyserve.api.schemas import AUDIO_CONTENT, ERRORS, AudioFormat, OutputList, OutputView
 from cosyserve.service.access.principals import Forbidden, Principal
 from cosyserve.service.assembly import Service
-from cosyserve.service.audio_formats import encode, mime_type
+from cosyserve.service.audio_formats import IN_MEMORY_LIMIT_BYTES, encode, mime_type, transcode_file
 from cosyserve.service.requests import SentenceTiming
+from cosyserve.service.stores.output_files import temp_output_path
 from cosyserve.service.stores.outputs import OutputNotFound, StoredOutput
 from cosyserve.service.subtitles import to_srt, to_vtt
 
@@ -94,6 +98,12 @@ async def download_output(
     if (format in (None, "wav")) and sample_rate in (None, stored_rate):
         return FileResponse(output.path, media_type="audio/wav", filename=output.filename)
     fmt = format or "wav"
+    if output.path.stat().st_size > IN_MEMORY_LIMIT_BYTES:  # a long dub track: file to file, in blocks
+        temp = await run_in_threadpool(_transcode_to_file, service, output, fmt, sample_rate)
+        cleanup = BackgroundTask(temp.unlink, missing_ok=True)
+        return FileResponse(
+            temp, media_type=mime_type(fmt), filename=f"{output.id}.{fmt}", background=cleanup
+        )
     data = await run_in_threadpool(_transcode, output, fmt, sample_rate)
     headers = {"Content-Disposition": f'attachment; filename="{output.id}.{fmt}"'}
     return Response(data, media_type=mime_type(fmt), headers=headers)
@@ -102,6 +112,17 @@ async def download_output(
 def _transcode(output: StoredOutput, fmt: str, sample_rate: int | None) -> bytes:
     audio, rate = soundfile.read(output.path, dtype="float32")
     return encode(audio, fmt, source_rate=rate, sample_rate=sample_rate)
+
+
+def _transcode_to_file(service: Service, output: StoredOutput, fmt: str, sample_rate: int | None) -> Path:
+    """The output in `fmt` as a temp file beside it (removed once sent; by retention after a crash)."""
+    temp = temp_output_path(service.outputs.root, fmt)
+    try:
+        transcode_file(output.path, temp, fmt, sample_rate=sample_rate)
+    except BaseException:
+        temp.unlink(missing_ok=True)
+        raise
+    return temp
 
 
 @router.get("/{output_id}/manifest", responses=ERRORS, summary="A result's provenance manifest")

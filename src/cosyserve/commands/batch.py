@@ -2,9 +2,9 @@
 becomes a timed voice-over. Locally (the model in this process) or against a server (`--server URL`).
 
 Both are resumable: locally, items already in the output folder (and cues already made, kept beside the
-track in `<track>.parts/`) are skipped with `--resume`; against a server, `--resume` follows the batch
-submitted before instead of submitting it again. A line or cue that cannot be spoken fails alone; the
-command then ends with a non-zero status and says how many failed.
+track in `<track>.parts/` until every cue is in the track) are skipped with `--resume`; against a server,
+`--resume` follows the batch submitted before instead of submitting it again. A line or cue that cannot be
+spoken fails alone; the command then ends with a non-zero status and says how many failed.
 """
 
 from __future__ import annotations
@@ -13,8 +13,10 @@ import argparse
 import csv
 import json
 import os
+import shutil
 import sys
 import threading
+import uuid
 from pathlib import Path
 from typing import Any
 
@@ -24,6 +26,7 @@ from cosyserve.commands.batch_files import (
     progress_bar,
     read_input,
     read_prompt,
+    report_path,
     shared_settings,
     write_atomic,
 )
@@ -170,7 +173,7 @@ def cmd_dub(args: argparse.Namespace) -> int:
 
     prompt = read_prompt(args)
     shared = {**shared_settings(args), "format": "wav"}
-    rules = BatchRules(args.max_items, args.max_chars, prompt is not None, shared)
+    rules = BatchRules(args.max_items, args.max_chars, prompt is not None, shared, args.max_dub_track_s)
     items = cue_items(parse_subtitles(read_input(args.subtitles), what=args.subtitles), rules)
     out = Path(args.out)
     parts = out.with_name(out.name + ".parts")
@@ -180,7 +183,7 @@ def cmd_dub(args: argparse.Namespace) -> int:
     synth = load_synthesizer(args)
     bar = progress_bar(len(items), "cue", args.quiet)
     for position, item in enumerate(items, start=1):
-        if not (parts / f"cue{position:04d}.json").exists():
+        if _cue_note(parts, position).get("state") != "done":  # not made yet, or failed: (re)made
             _make_cue(synth, item, prompt, args, parts, position)
         bar.update(1)
     bar.close()
@@ -192,6 +195,17 @@ def _track_format(out: str) -> str:
     if suffix not in ("wav", "flac", "mp3"):
         raise InputError("--out must end in .wav, .flac or .mp3")
     return suffix
+
+
+def _cue_note(parts: Path, position: int) -> dict[str, Any]:
+    """What an earlier run noted about a cue ({} when it has not run, or its audio is gone)."""
+    note_path = parts / f"cue{position:04d}.json"
+    if not note_path.exists():
+        return {}
+    note = json.loads(note_path.read_text(encoding="utf-8"))
+    if note.get("state") == "done" and not (parts / f"cue{position:04d}.wav").exists():
+        return {}
+    return note
 
 
 def _make_cue(
@@ -224,37 +238,79 @@ def _make_cue(
                 parts / f"cue{position:04d}.wav",
                 encode(cue.result.audio, "wav", source_rate=cue.result.sample_rate),
             )
-            note = {"state": "done", "speed": cue.speed, "duration_s": cue.result.duration_s}
+            note = {
+                "state": "done",
+                "speed": cue.speed,
+                "natural_s": round(cue.natural_s, 3),
+                "duration_s": cue.result.duration_s,
+            }
     write_atomic(parts / f"cue{position:04d}.json", json.dumps(note).encode())
 
 
 def _write_dub(items: list[Any], parts: Path, out: Path, track_format: str, report: str | None) -> int:
-    from cosyserve.service.batch_archive import dub_report, report_csv, report_json
-    from cosyserve.service.local.dubbing import CueSlot, assemble
+    """The track from the cues in `parts` (written to disk as it goes, then moved over `out`) and the
+    report; `parts` is removed once every cue is in the track, kept for `--resume` otherwise."""
+    from cosyserve.service.dub_plan import CueSlot, track_seconds_of_items
+    from cosyserve.service.dub_report import dub_report, report_csv, report_document, report_json
 
-    cues, records, rate = [], [], 24000
-    for position, item in enumerate(items, start=1):
-        note = json.loads((parts / f"cue{position:04d}.json").read_text(encoding="utf-8"))
-        audio = None
-        if note["state"] == "done":
-            audio, rate = sf.read(parts / f"cue{position:04d}.wav", dtype="float32")
-        cues.append((CueSlot.of(item.params), audio))
-        records.append(_record(position, item, note))
-    track, _ = assemble(cues, max(slot.end_s for slot, _ in cues), rate)
-    write_atomic(out, encode(track, track_format, source_rate=rate))
+    notes = [_cue_note(parts, position) for position in range(1, len(items) + 1)]
+    rate = 24000
+    for position, note in enumerate(notes, start=1):
+        if note.get("state") == "done":
+            rate = sf.info(str(parts / f"cue{position:04d}.wav")).samplerate
+            break
+    cues = [
+        (CueSlot.of(item.params), _cue_reader(parts, position, note))
+        for position, (item, note) in enumerate(zip(items, notes, strict=True), start=1)
+    ]
+    track_s = track_seconds_of_items(item.params for item in items)
+    _write_track_file(out, track_format, cues, track_s, rate)
+    records = [_record(n, item, note) for n, (item, note) in enumerate(zip(items, notes, strict=True), 1)]
     rows = dub_report(records)
-    report_path = Path(report) if report else out.with_suffix(".report.csv")
-    text = report_json(rows) if report_path.suffix.lower() == ".json" else report_csv(rows)
-    report_path.write_text(text, encoding="utf-8")
+    where = report_path(out, report)
+    if where.suffix.lower() == ".json":
+        text = report_json(report_document(rows, track_s=track_s))
+    else:
+        text = report_csv(rows)
+    write_atomic(where, text.encode("utf-8"))
     failed = [row for row in rows if row["state"] != "done"]
     if failed:
         print(
-            f"cosyserve: wrote {out}; {len(failed)} of {len(rows)} cues failed (see {report_path})",
+            f"cosyserve: wrote {out}; {len(failed)} of {len(rows)} cues failed (see {where}); "
+            f"--resume makes them again from {parts}",
             file=sys.stderr,
         )
         return 1
-    print(f"wrote {out} ({len(track) / rate:.2f} s, {len(rows)} cues) and {report_path}")
+    shutil.rmtree(parts, ignore_errors=True)
+    print(f"wrote {out} ({track_s:.2f} s, {len(rows)} cues) and {where}")
     return 0
+
+
+def _cue_reader(parts: Path, position: int, note: dict[str, Any]) -> Any:
+    if note.get("state") != "done":
+        return lambda: None
+    return lambda: sf.read(parts / f"cue{position:04d}.wav", dtype="float32")[0]
+
+
+def _write_track_file(out: Path, track_format: str, cues: list[Any], track_s: float, rate: int) -> None:
+    """The track as a WAV written in pieces beside `out` (transcoded file to file for flac/mp3), moved over
+    `out` only once whole."""
+    from cosyserve.service.audio_formats import transcode_file
+    from cosyserve.service.dub_track import write_track
+
+    out.parent.mkdir(parents=True, exist_ok=True)
+    wav = out.with_name(f".{out.name}.{uuid.uuid4().hex[:8]}.wav.tmp")
+    final = out.with_name(f".{out.name}.{uuid.uuid4().hex[:8]}.tmp")
+    try:
+        write_track(wav, cues, track_s, rate)
+        if track_format == "wav":
+            os.replace(wav, out)
+        else:
+            transcode_file(wav, final, track_format)
+            os.replace(final, out)
+    finally:
+        wav.unlink(missing_ok=True)
+        final.unlink(missing_ok=True)
 
 
 def _record(position: int, item: Any, note: dict[str, Any]) -> Any:
@@ -266,15 +322,15 @@ def _record(position: int, item: Any, note: dict[str, Any]) -> Any:
         position=position,
         name=item.name,
         params=item.params,
-        state=note["state"],
+        state=note.get("state") or "failed",
         error_code=None,
-        error_message=note.get("error"),
+        error_message=note.get("error") or item.problem,
         output_id=None,
         duration_s=note.get("duration_s"),
         seed=None,
         attempt=None,
         run_s=None,
-        result={"speed": note.get("speed")},
+        result={"speed": note.get("speed"), "natural_s": note.get("natural_s")},
         finished_at=None,
     )
 
@@ -319,5 +375,12 @@ def add_parsers(sub: argparse._SubParsersAction) -> None:
     dub.add_argument("--out", required=True, help="the track: .wav, .flac or .mp3")
     dub.add_argument("--report", help="per-cue report (.csv or .json; default <out>.report.csv)")
     dub.add_argument("--max-speed", type=float, default=1.25, help="speed a cue up at most this much to fit")
+    dub.add_argument(
+        "--max-dub-track-s",
+        type=float,
+        default=float(os.environ.get("COSYSERVE_MAX_DUB_TRACK_S", "10800")),
+        help="refuse subtitle files whose track (to the last cue's end) is longer (default 3 h; with "
+        "--server, the server's max_dub_track_s applies)",
+    )
     _common(dub)
     dub.set_defaults(func=cmd_dub)

@@ -51,3 +51,9 @@ def write_atomic(path: Path, data: bytes) -> None:
     temp = path.with_name(f".{path.name}.part")
     temp.write_bytes(data)
     os.replace(temp, path)
+
+
+def report_path(out: Path, report: str | None) -> Path:
+    """Where the dub's report goes: `--report`, else beside the track as `<track>.report.csv` (like
+    `<track>.parts/`), so two tracks of one subtitle file (`ep.wav`, `ep.mp3`) keep a report each."""
+    return Path(report) if report else out.with_name(out.name + ".report.csv")

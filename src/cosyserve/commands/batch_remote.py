@@ -10,15 +10,17 @@ from __future__ import annotations
 import argparse
 import io
 import json
+import os
 import sys
 import time
+import uuid
 import zipfile
 from pathlib import Path
 from typing import Any
 
 import httpx
 
-from cosyserve.commands.batch_files import progress_bar, read_input, read_prompt, write_atomic
+from cosyserve.commands.batch_files import progress_bar, read_input, read_prompt, report_path, write_atomic
 from cosyserve.errors import CosyServeError, InputError
 
 POLL_S = 1.0
@@ -56,14 +58,31 @@ def remote_dub(args: argparse.Namespace, track_format: str) -> int:
         dub_id = _resumed(state, args) or _submit(client, "/v1/dub", args, args.subtitles, fields, state)
         dub = _follow(client, f"/v1/dub/{dub_id}", "cue", args.quiet)
         if dub["state"] == "done":
-            track = _get(client, f"/v1/dub/{dub_id}/track", {"format": track_format})
-            write_atomic(out, track.content)
-            report = Path(args.report) if args.report else out.with_suffix(".report.csv")
+            _download(client, f"/v1/dub/{dub_id}/track", {"format": track_format}, out)
+            report = report_path(out, args.report)
             kind = "json" if report.suffix.lower() == ".json" else "csv"
-            report.write_text(
-                _get(client, f"/v1/dub/{dub_id}/report", {"format": kind}).text, encoding="utf-8"
-            )
+            text = _get(client, f"/v1/dub/{dub_id}/report", {"format": kind}).text
+            write_atomic(report, text.encode("utf-8"))
     return _ended(dub, str(out))
+
+
+def _download(client: httpx.Client, path: str, params: dict[str, Any], target: Path) -> None:
+    """A download written to a temp file beside `target` as it arrives (a track can be hours long), then
+    moved over `target` once whole."""
+    temp = target.with_name(f".{target.name}.{uuid.uuid4().hex[:8]}.tmp")
+    try:
+        with client.stream("GET", path, params=params) as response:
+            if response.status_code >= 400:
+                response.read()
+                _checked(response)
+            with temp.open("wb") as sink:
+                for piece in response.iter_bytes(1 << 20):
+                    sink.write(piece)
+        os.replace(temp, target)
+    except httpx.HTTPError as exc:
+        raise _unreachable(exc) from None
+    finally:
+        temp.unlink(missing_ok=True)
 
 
 def _client(args: argparse.Namespace) -> httpx.Client:
@@ -155,9 +174,11 @@ def _send(call: Any) -> httpx.Response:
     try:
         return call()
     except httpx.HTTPError as exc:
-        raise ServerError(
-            f"the server could not be reached ({type(exc).__name__}: {exc}): check --server"
-        ) from None
+        raise _unreachable(exc) from None
+
+
+def _unreachable(exc: httpx.HTTPError) -> ServerError:
+    return ServerError(f"the server could not be reached ({type(exc).__name__}: {exc}): check --server")
 
 
 def _checked(response: httpx.Response) -> httpx.Response:

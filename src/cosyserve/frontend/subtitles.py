@@ -5,6 +5,10 @@ milliseconds, hours left out in WebVTT, cue settings after the end time, missing
 where a guess would misplace speech (a time that does not parse, an end before its start). Markup is
 removed from the text: `<i>`, `<b>`, `<c.x>`, `<v Name>`, timestamps inside a cue, `{\\an8}`-style SSA
 tags; lines of one cue are joined with a space.
+
+Cues are returned in time order (a voice-over is placed front to back); each keeps what the file called it
+(`cue_id`: the SRT number or the WebVTT identifier, else its place in the file) and its place in the file
+(`file_position`), so a report can say when the file's order was not the time order.
 """
 
 from __future__ import annotations
@@ -16,6 +20,7 @@ from dataclasses import dataclass
 from cosyserve.errors import InputError
 
 MAX_CUES = 100_000
+MAX_ID_CHARS = 64  # of a cue's number or identifier, as reports show it
 _TIME = re.compile(r"(?:(\d{1,3}):)?([0-5]?\d):([0-5]\d)[,.](\d{1,3})")
 _TIMING = re.compile(rf"^\s*({_TIME.pattern})\s*-->\s*({_TIME.pattern})(?:\s+.*)?$")
 _TAGS = re.compile(r"<[^<>]*>|\{\\[^{}]*\}")
@@ -30,6 +35,8 @@ class Cue:
     start_s: float
     end_s: float
     text: str  # markup removed, lines joined
+    cue_id: str = ""  # the file's own number (SRT) or identifier (WebVTT); else its file position
+    file_position: int = 0  # 1, 2, ... in the order of the file
 
     @property
     def duration_s(self) -> float:
@@ -41,12 +48,14 @@ def parse_subtitles(data: str | bytes, *, what: str = "the subtitle file") -> li
     text = _decode(data, what)
     lines = text.replace("\r\n", "\n").replace("\r", "\n").split("\n")
     webvtt = bool(lines) and lines[0].startswith("WEBVTT")
-    cues: list[tuple[float, float, str, int]] = []
+    cues: list[tuple[float, float, str, str]] = []  # start, end, text, the file's id for it
+    label = ""  # the line just before a timing line: the cue's number or identifier
     i = 1 if webvtt else 0
     while i < len(lines):
         line = lines[i]
         if webvtt and line.startswith(("NOTE", "STYLE", "REGION")) and "-->" not in line:
             i = _skip_block(lines, i)
+            label = ""
             continue
         match = _TIMING.match(line)
         if match is None:
@@ -56,6 +65,7 @@ def parse_subtitles(data: str | bytes, *, what: str = "the subtitle file") -> li
                     f"{what}, line {i}: {line.strip()[:80]!r} is not a time range like "
                     "00:00:01,000 --> 00:00:02,500"
                 )
+            label = line.strip()[:MAX_ID_CHARS]
             continue
         start, end = _seconds(match.group(1)), _seconds(match.group(6))
         if end <= start:
@@ -68,19 +78,23 @@ def parse_subtitles(data: str | bytes, *, what: str = "the subtitle file") -> li
         while i < len(lines) and lines[i].strip() and not _TIMING.match(lines[i]):
             body.append(lines[i])
             i += 1
-        cues.append((start, end, _clean(body), i))
+        cues.append((start, end, _clean(body), label or str(len(cues) + 1)))
+        label = ""
         if len(cues) > MAX_CUES:
             raise InputError(f"{what} has more than {MAX_CUES} cues: split it")
     if not cues:
         raise InputError(f"{what} has no cues: give an SRT or WebVTT file (00:00:01,000 --> 00:00:02,500)")
-    cues.sort(key=lambda cue: (cue[0], cue[1]))
-    for previous, current in itertools.pairwise(cues):
-        if current[0] == previous[0]:
+    in_time = sorted(range(len(cues)), key=lambda k: (cues[k][0], cues[k][1]))
+    for previous, current in itertools.pairwise(in_time):
+        if cues[current][0] == cues[previous][0]:
             raise InputError(
-                f"{what}: two cues start at {_clock(current[0])}: "
-                "a voice-over speaks one at a time, merge them"
+                f"{what}: two cues start at {_clock(cues[current][0])} (cues {cues[previous][3]!r} and "
+                f"{cues[current][3]!r}): a voice-over speaks one at a time, merge them"
             )
-    return [Cue(n, start, end, body) for n, (start, end, body, _) in enumerate(cues, start=1)]
+    return [
+        Cue(n, cues[k][0], cues[k][1], cues[k][2], cue_id=cues[k][3], file_position=k + 1)
+        for n, k in enumerate(in_time, start=1)
+    ]
 
 
 def _decode(data: str | bytes, what: str) -> str:

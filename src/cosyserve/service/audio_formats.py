@@ -27,6 +27,7 @@ from __future__ import annotations
 
 import io
 import struct
+from pathlib import Path
 
 import numpy as np
 import soundfile
@@ -275,6 +276,67 @@ class _DrainedSink:
         self._sent += len(out)
         del self._pending[: len(out)]
         return out
+
+
+# -- a stored file transcoded block by block ---------------------------------------------------------
+# The same steps as `encode` (resample with soxr's streaming filter, gain, clip, encode) and the same
+# encoders, file to file, so memory does not depend on the audio's length (a dub's track lasts hours).
+# libsndfile writes a file (seekable), so it finishes it as a whole file (FLAC STREAMINFO, the MP3's
+# Xing/LAME header).
+
+TRANSCODE_BLOCK = 1 << 16  # frames read, converted and written at once
+IN_MEMORY_LIMIT_BYTES = 64 << 20  # a stored WAV up to this size may still be transcoded whole in memory
+
+
+def transcode_file(
+    source: Path, target: Path, fmt: str, *, sample_rate: int | None = None, volume: float = 1.0
+) -> None:
+    """Write the audio of `source` (any file libsndfile reads; mono, or mixed down) to `target` in `fmt`."""
+    fmt = check_format(fmt)
+    _check_volume(volume)
+    with soundfile.SoundFile(source) as reader:
+        rate = check_sample_rate(fmt, sample_rate, reader.samplerate)
+        resampler = output_resample_stream(reader.samplerate, rate) if rate != reader.samplerate else None
+        with _TranscodeTarget(target, fmt, rate) as write:
+            for block in reader.blocks(TRANSCODE_BLOCK, dtype="float32", always_2d=True):
+                samples = block.mean(axis=1, dtype=np.float32) if block.shape[1] > 1 else block[:, 0]
+                if resampler is not None:
+                    samples = resampler.resample_chunk(samples, last=False)
+                write(_gain_and_clip(samples, volume))
+            if resampler is not None:
+                write(_gain_and_clip(resampler.resample_chunk(np.zeros(0, np.float32), last=True), volume))
+
+
+class _TranscodeTarget:
+    """Where transcoded blocks go: a libsndfile file, or raw int16 for `pcm`."""
+
+    def __init__(self, path: Path, fmt: str, rate: int) -> None:
+        self.path, self.fmt, self.rate = Path(path), fmt, rate
+
+    def __enter__(self) -> _TranscodeTarget:
+        if self.fmt == "pcm":
+            self._raw = self.path.open("wb")
+            self._sound = None
+        else:
+            container, subtype = _SNDFILE_FORMATS[self.fmt]
+            self._sound = soundfile.SoundFile(
+                self.path, "w", samplerate=self.rate, channels=1, format=container, subtype=subtype
+            )
+        return self
+
+    def __call__(self, samples: np.ndarray) -> None:
+        if not len(samples):
+            return
+        if self._sound is not None:
+            self._sound.write(samples)
+        else:
+            self._raw.write(_to_int16_bytes(samples))
+
+    def __exit__(self, *exc: object) -> None:
+        if self._sound is not None:
+            self._sound.close()
+        else:
+            self._raw.close()
 
 
 def _as_mono_float32(audio: np.ndarray) -> np.ndarray:

@@ -3,25 +3,27 @@
 The ZIP holds every finished item as `0001_<name>.<format>` (read from the output store one file at a time,
 so memory holds one item, never the archive), its sentence timings as `0001_<name>.srt`, and
 `manifest.csv` last: one row per item with its text, voice, seed, duration, file, subtitles, state and
-error. A dub adds its track (`dub.<format>`) and `report.csv`.
+error. A dub adds its track (`dub.<format>`; a long one transcoded file to file, never whole in memory)
+and `report.csv` (`dub_report`).
 """
 
 from __future__ import annotations
 
 import csv
 import io
-import json
 import zipfile
 from collections.abc import Iterator
+from pathlib import Path
 from typing import Any
 
 import soundfile as sf
 
 from cosyserve.errors import CosyServeError
-from cosyserve.service.audio_formats import EXTENSIONS, encode
-from cosyserve.service.dub_timeline import Placement
+from cosyserve.service.audio_formats import EXTENSIONS, IN_MEMORY_LIMIT_BYTES, encode, transcode_file
+from cosyserve.service.dub_report import dub_report, report_csv
 from cosyserve.service.requests import SentenceTiming
 from cosyserve.service.stores.batches import BatchItem
+from cosyserve.service.stores.output_files import temp_output_path
 from cosyserve.service.stores.outputs import OutputStore, StoredOutput
 from cosyserve.service.subtitles import to_srt
 
@@ -34,20 +36,6 @@ MANIFEST_COLUMNS = (
     "seed",
     "duration_s",
     "subtitles",
-    "state",
-    "error",
-)
-REPORT_COLUMNS = (
-    "cue",
-    "text",
-    "planned_start_s",
-    "planned_end_s",
-    "actual_start_s",
-    "actual_end_s",
-    "duration_s",
-    "speed",
-    "overflow_s",
-    "cut_s",
     "state",
     "error",
 )
@@ -105,7 +93,12 @@ def stream_zip(
             yield sink.take()
         if track is not None:
             yield from _add_audio(
-                archive, sink, f"dub.{EXTENSIONS.get(track_format, track_format)}", track, track_format
+                archive,
+                sink,
+                f"dub.{EXTENSIONS.get(track_format, track_format)}",
+                track,
+                track_format,
+                outputs,
             )
             archive.writestr("report.csv", report_csv(dub_report(items)))
         archive.writestr("manifest.csv", rows_csv(MANIFEST_COLUMNS, rows))
@@ -113,16 +106,33 @@ def stream_zip(
 
 
 def _add_audio(
-    archive: zipfile.ZipFile, sink: _Sink, name: str, output: StoredOutput, fmt: str
+    archive: zipfile.ZipFile,
+    sink: _Sink,
+    name: str,
+    output: StoredOutput,
+    fmt: str,
+    outputs: OutputStore | None = None,
 ) -> Iterator[bytes]:
     if fmt == "wav":
-        with archive.open(name, "w", force_zip64=True) as entry, output.path.open("rb") as source:
-            while piece := source.read(COPY_PIECE):
-                entry.write(piece)
-                yield sink.take()
+        yield from _copy_in(archive, sink, name, output.path)
+        return
+    if outputs is not None and output.path.stat().st_size > IN_MEMORY_LIMIT_BYTES:  # a long dub track
+        temp = temp_output_path(outputs.root, EXTENSIONS.get(fmt, fmt))
+        try:
+            transcode_file(output.path, temp, fmt)
+            yield from _copy_in(archive, sink, name, temp)
+        finally:
+            temp.unlink(missing_ok=True)
         return
     audio, rate = sf.read(output.path, dtype="float32")
     archive.writestr(name, encode(audio, fmt, source_rate=rate))
+
+
+def _copy_in(archive: zipfile.ZipFile, sink: _Sink, name: str, path: Path) -> Iterator[bytes]:
+    with archive.open(name, "w", force_zip64=True) as entry, path.open("rb") as source:
+        while piece := source.read(COPY_PIECE):
+            entry.write(piece)
+            yield sink.take()
 
 
 def _output(outputs: OutputStore, item: BatchItem) -> StoredOutput | None:
@@ -155,54 +165,6 @@ def _timings(manifest: dict[str, Any]) -> list[SentenceTiming]:
         SentenceTiming(int(s["index"]), str(s["text"]), float(s["start_s"]), float(s["end_s"]))
         for s in manifest.get("sentences", [])
     ]
-
-
-def dub_report(items: list[BatchItem]) -> list[dict[str, Any]]:
-    """One row per cue: planned and actual start and end, speed used, overflow, cut (REPORT_COLUMNS)."""
-    rows = []
-    for item in items:
-        params, result = item.params, item.result or {}
-        start, end, limit = float(params["start_s"]), float(params["end_s"]), float(params["limit_s"])
-        row: dict[str, Any] = {
-            "cue": item.position,
-            "text": params.get("text", ""),
-            "planned_start_s": start,
-            "planned_end_s": end,
-            "state": item.state,
-            "error": item.error_message or "",
-        }
-        if item.state == "done" and item.duration_s is not None:
-            placed = placement(item.duration_s, start, end, limit)
-            row.update(
-                actual_start_s=placed.start_s,
-                actual_end_s=round(placed.actual_end_s, 3),
-                duration_s=round(placed.duration_s, 3),
-                speed=result.get("speed", 1.0),
-                overflow_s=placed.overflow_s,
-                cut_s=placed.cut_s,
-            )
-        rows.append(row)
-    return rows
-
-
-def placement(duration_s: float, start_s: float, end_s: float, limit_s: float) -> Placement:
-    """Where speech of `duration_s` placed at `start_s` goes (the same rule `dub_timeline.place` applies)."""
-    room = max(0.0, limit_s - start_s)
-    return Placement(
-        start_s=start_s,
-        end_s=end_s,
-        duration_s=min(duration_s, room),
-        overflow_s=round(max(0.0, start_s + duration_s - end_s), 3),
-        cut_s=round(max(0.0, duration_s - room), 3),
-    )
-
-
-def report_csv(rows: list[dict[str, Any]]) -> str:
-    return rows_csv(REPORT_COLUMNS, rows)
-
-
-def report_json(rows: list[dict[str, Any]]) -> str:
-    return json.dumps({"cues": rows}, ensure_ascii=False, indent=1)
 
 
 def rows_csv(columns: tuple[str, ...], rows: list[dict[str, Any]]) -> str:

@@ -22,6 +22,7 @@ from cosyserve.errors import InputError
 from cosyserve.frontend.subtitles import Cue
 from cosyserve.frontend.text.split import has_content, require_visible_text
 from cosyserve.service.audio_formats import FORMATS
+from cosyserve.service.dub_plan import charge_shares, check_track_length
 from cosyserve.service.requests import MAX_SEED
 
 ITEM_FIELDS = ("text", "voice", "instruct", "seed", "speed", "volume", "format", "name")
@@ -58,6 +59,7 @@ class BatchRules:
     max_text_chars: int = 200
     has_prompt: bool = False  # the batch carries an uploaded recording: items need no voice
     shared: Mapping[str, Any] = field(default_factory=dict)  # shared settings (SHARED_FIELDS)
+    max_track_s: float | None = None  # a dub's track at most this long (`max_dub_track_s`; None: no limit)
 
 
 def kind_of(filename: str | None, content_type: str | None = None) -> str:
@@ -113,17 +115,26 @@ def items_from(raw: Iterable[Mapping[str, Any] | str], rules: BatchRules) -> lis
 
 
 def cue_items(cues: list[Cue], rules: BatchRules) -> list[ItemSpec]:
-    """One item per cue of a subtitle file: its text plus where it goes (start, end, and the next cue's
-    start, which it must never run over)."""
+    """One item per cue of a subtitle file (cues in time order): its text plus where it goes (start, end,
+    and the next cue's start, which it must never run over), what the file called it, and its share of the
+    track's charge (`dub_plan`). InputError when the track would be longer than `rules.max_track_s`."""
     if len(cues) > rules.max_items:
         raise InputError(f"the subtitle file has {len(cues)} cues, the limit is {rules.max_items}: split it")
+    check_track_length(cues, rules.max_track_s)
     items = []
-    for i, cue in enumerate(cues):
+    for i, (cue, share) in enumerate(zip(cues, charge_shares(cues), strict=True)):
         limit = cues[i + 1].start_s if i + 1 < len(cues) else cue.end_s
         value = {"text": cue.text, "name": f"cue{cue.index}"}
         item = _item(cue.index, value, rules)
-        timing = {"start_s": cue.start_s, "end_s": cue.end_s, "limit_s": limit}
-        items.append(ItemSpec(item.name, {**item.params, **timing}, item.problem))
+        placing = {
+            "start_s": cue.start_s,
+            "end_s": cue.end_s,
+            "limit_s": limit,
+            "cue_id": cue.cue_id or str(cue.index),
+            "file_position": cue.file_position or cue.index,
+            "share_s": share,
+        }
+        items.append(ItemSpec(item.name, {**item.params, **placing}, item.problem))
     return items
 
 

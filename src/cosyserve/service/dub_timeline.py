@@ -2,8 +2,9 @@
 
 A cue's speech is trimmed of the near-silence around it (so its first audible sample lands on the cue's
 start), then placed at that start. Speech longer than its cue was already sped up by the model within a
-limit (`fit_speed`); whatever is still too long runs into the gap after the cue (`overflow_s`) but never
-over the next cue: it is cut there with a short fade (`cut_s`). The track ends at the last cue's end.
+limit (`fit_speed`); whatever is still too long runs into the gap after the cue (`overflow_s`, counted
+only for what is played) but never over the next cue: it is cut there with a short fade (`cut_s`, never
+played). The track ends at the last cue's end (`dub_plan.planned_track_seconds`).
 """
 
 from __future__ import annotations
@@ -28,13 +29,28 @@ class Placement:
 
     start_s: float  # the cue's start: where its speech begins
     end_s: float  # the cue's planned end
-    duration_s: float  # how long its speech runs in the track (after any cut)
-    overflow_s: float  # how far its speech runs past the cue's end (into the gap after it)
-    cut_s: float  # how much was cut so as not to run over the next cue (or past the track's end)
+    speech_s: float  # how long the speech made for it is (trimmed, at the speed used)
+    played_s: float  # how much of it plays in the track: speech_s less cut_s
+    overflow_s: float  # how far what plays runs past the cue's end (into the gap after it)
+    cut_s: float  # cut so as not to run over the next cue (or past the track's end): never played
 
     @property
     def actual_end_s(self) -> float:
-        return self.start_s + self.duration_s
+        return self.start_s + self.played_s
+
+
+def placement(speech_s: float, start_s: float, end_s: float, limit_s: float) -> Placement:
+    """Where speech of `speech_s` placed at `start_s` goes when it must stop by `limit_s` (in seconds;
+    `place` applies the same rule to samples)."""
+    played = max(0.0, min(speech_s, limit_s - start_s))
+    return Placement(
+        start_s=start_s,
+        end_s=end_s,
+        speech_s=round(speech_s, 3),
+        played_s=round(played, 3),
+        overflow_s=round(max(0.0, start_s + played - end_s), 3),
+        cut_s=round(speech_s - played, 3),
+    )
 
 
 def audible_span(audio: np.ndarray, rate: int) -> tuple[int, int]:
@@ -82,17 +98,13 @@ def place(
         if fade:
             clip = clip.copy()
             clip[-fade:] *= np.linspace(1.0, 0.0, fade, dtype=np.float32)
-    duration = len(audio) / rate
-    placement = Placement(
+    played = len(clip) / rate
+    placed = Placement(
         start_s=start / rate,
         end_s=end_s,
-        duration_s=len(clip) / rate,
-        overflow_s=round(max(0.0, start / rate + duration - end_s), 3),
+        speech_s=round(len(audio) / rate, 3),
+        played_s=round(played, 3),
+        overflow_s=round(max(0.0, start / rate + played - end_s), 3),
         cut_s=round((len(audio) - len(clip)) / rate, 3),
     )
-    return start, clip, placement
-
-
-def empty_track(last_end_s: float, rate: int) -> np.ndarray:
-    """The silent track a dub's cues are written into: as long as the last cue's end."""
-    return np.zeros(round(last_end_s * rate), dtype=np.float32)
+    return start, clip, placed

@@ -22,6 +22,7 @@ from typing import Any
 from cosyserve.service.access.estimate import request_estimate_s, voice_pace
 from cosyserve.service.access.quota import QuotaTracker
 from cosyserve.service.batch_input import ItemSpec
+from cosyserve.service.dub_plan import track_seconds_of_items
 from cosyserve.service.requests import TERMINAL_STATES, OutputSpec, SynthesisRequest, VoiceScope
 from cosyserve.service.scheduling.tickets import Ticket
 from cosyserve.service.stores.jobs import JobRecord
@@ -61,8 +62,8 @@ class QuotaReservations:
     ) -> float:
         """A dub: its track's length (the last cue's end); a batch: the sum of its runnable items'."""
         items = list(items)
-        if kind == "dub":
-            return round(max((float(item.params.get("end_s") or 0.0) for item in items), default=0.0), 2)
+        if kind == "dub":  # the track, whatever its cues' speech: what the caller receives and is charged
+            return round(track_seconds_of_items(item.params for item in items), 2)
         total = 0.0
         for item in items:
             if item.problem is not None:

@@ -176,6 +176,14 @@ class LimitSettings(_Group):
         description="how long a quota reservation holds when its holder neither settles nor renews it (a "
         "process that died elsewhere); jobs renew theirs as they are charged",
     )
+    max_dub_track_s: float = Field(
+        10800.0,
+        gt=0,
+        le=86400,
+        description="longest dub track, in seconds (to the end of the last cue; default 3 h): longer "
+        "subtitle files are refused at submit. The track is charged to the key's quota and written as "
+        "16-bit WAV (at most 24 h: a WAV file holds 4 GB)",
+    )
 
 
 def default_data_dir() -> Path:

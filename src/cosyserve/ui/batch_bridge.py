@@ -53,7 +53,11 @@ class BatchBridge:
         if suffix in SUBTITLE_SUFFIXES:
             kind, shared = "dub", {**shared, "max_speed": max_speed}
             rules = BatchRules(
-                limits.max_batch_items, limits.max_text_chars, False, {**shared, "format": "wav"}
+                limits.max_batch_items,
+                limits.max_text_chars,
+                False,
+                {**shared, "format": "wav"},
+                max_track_s=limits.max_dub_track_s,
             )
             items: list[ItemSpec] = cue_items(parse_subtitles(data, what=Path(path).name), rules)
         else:

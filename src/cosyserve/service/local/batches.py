@@ -3,8 +3,9 @@
 A batch is one job on the scheduler; its work takes the first unfinished item (`BatchStore`), so an
 attempt that follows a restart goes on where the last one stopped. Each item is stored as an output of its
 own and charged to the key's quota; an item that cannot be made (bad text, unknown voice, its own timeout,
-a failed save) fails alone with its reason and the batch goes on. A dub then assembles its cues' audio
-into one track (`local.dubbing`), stored as the job's result.
+a failed save) fails alone with its reason and the batch goes on. A dub then writes its cues' audio into
+one track on disk (`dub_track`), stored as the job's result. A batch item is charged its audio; a dub is
+charged its track's length (`dub_plan`): each cue its share as it is made, the track the rest.
 
 An item found running when a batch resumes was interrupted: if its output was saved before the crash, it
 is adopted instead of being made twice.
@@ -20,11 +21,13 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
+import numpy as np
 import soundfile as sf
 
-from cosyserve.errors import Cancelled, CosyServeError, ModelNotReady, error_code
-from cosyserve.service.audio_formats import encode
-from cosyserve.service.local.dubbing import CueSlot, assemble, synthesize_cue
+from cosyserve.errors import Cancelled, CosyServeError, ModelNotReady, StorageError, error_code
+from cosyserve.service.dub_plan import CueSlot, track_seconds_of_items
+from cosyserve.service.dub_track import write_track
+from cosyserve.service.local.dubbing import synthesize_cue
 from cosyserve.service.local.jobs import JobResult, JobRun
 from cosyserve.service.local.model_host import ModelHost
 from cosyserve.service.requests import (
@@ -36,7 +39,8 @@ from cosyserve.service.requests import (
     VoiceScope,
 )
 from cosyserve.service.scheduling.tickets import WorkContext
-from cosyserve.service.stores.batches import BatchItem, BatchStore
+from cosyserve.service.stores.batches import UNFINISHED, BatchItem, BatchStore
+from cosyserve.service.stores.output_files import temp_output_path
 from cosyserve.service.stores.outputs import OutputStore, StoredOutput, build_manifest
 
 log = logging.getLogger(__name__)
@@ -104,7 +108,10 @@ class BatchRunner:
         extra = {"items": counts.total, "done": counts.done, "failed": counts.failed}
         if counts.done == 0:
             raise stopped or ItemsFailed(f"all {counts.total} items failed: see each item's error")
-        outcome = self._track(plan) if plan.kind == "dub" else None
+        outcome = None
+        if plan.kind == "dub":  # stopped by the quota: the track ends where the first cue not made starts
+            outcome = self._track(plan, self._first_unmade_start(plan) if stopped else None)
+            extra.update(track_s=round(outcome.duration_s, 3), charged_s=self._charge_rest(run, outcome))
         extra["audio_s"] = round(sum(i.duration_s or 0.0 for i in self._done(plan)), 3)
         return JobResult(outcome, extra, stopped)
 
@@ -141,7 +148,7 @@ class BatchRunner:
                 reason = outcome.storage_error or "see the server log"
                 error = ("storage_error", f"its audio could not be saved ({reason})")
             else:
-                run.quota.charge(run.key_id, plan.job_id, outcome.duration_s)
+                run.quota.charge(run.key_id, plan.job_id, _charge_s(plan, item, outcome))
                 recorded = self.batches.finish(
                     plan.job_id,
                     item.position,
@@ -214,25 +221,35 @@ class BatchRunner:
     def _done(self, plan: BatchPlan) -> list[BatchItem]:
         return [i for i in self.batches.items(plan.job_id) if i.state == "done" and i.output_id]
 
-    def _track(self, plan: BatchPlan) -> TtsOutcome:
-        """Place every finished cue at its start in one track, store it, and return it as the result."""
+    def _track(self, plan: BatchPlan, until_s: float | None = None) -> TtsOutcome:
+        """Write every finished cue at its start into one track on disk (`dub_track`: one cue in memory at
+        a time, silence in blocks), store it, and return it as the result; `until_s`: end it there."""
         items = self.batches.items(plan.job_id)
-        cues = []
-        rate = 0
-        for item in items:
-            audio = None
-            if item.state == "done" and item.output_id:
-                audio, rate = sf.read(self.outputs.get(item.output_id).path, dtype="float32")
-            cues.append((CueSlot.of(item.params), audio))
-        rate = rate or int(self.host.info.get("sample_rate") or 24000)
-        last_end = max(CueSlot.of(item.params).end_s for item in items)
-        track, placements = assemble(cues, last_end, rate)
+        done = [item for item in items if item.state == "done" and item.output_id]
+        rate = self._rate(done)
+        track_s = track_seconds_of_items(item.params for item in items)
+        if until_s is not None:
+            track_s = min(track_s, round(until_s, 3))
+        cues = [(CueSlot.of(item.params), self._cue_audio(item)) for item in items]
+        temp = temp_output_path(self.outputs.root, "wav")
+        try:
+            placements = write_track(temp, cues, track_s, rate)
+        except (OSError, sf.SoundFileRuntimeError) as exc:
+            temp.unlink(missing_ok=True)
+            raise StorageError(
+                f"the dub's track could not be written in {self.outputs.root} ({exc}): make room there, "
+                "then submit the dub again"
+            ) from exc
+        except BaseException:
+            temp.unlink(missing_ok=True)
+            raise
         timings = [
             SentenceTiming(item.position, item.params.get("text", ""), p.start_s, p.actual_end_s)
             for item, p in zip(items, placements, strict=True)
             if p is not None
         ]
-        result = SynthesisResult(audio=track, sample_rate=rate, seed=0, timings=timings)
+        # The audio is on disk, not here: the manifest's duration is the track's.
+        result = SynthesisResult(audio=np.zeros(0, np.float32), sample_rate=rate, seed=0, timings=timings)
         request = SynthesisRequest(
             text="\n".join(str(item.params.get("text", "")) for item in items),
             voice=plan.shared.get("voice"),
@@ -248,15 +265,57 @@ class BatchRunner:
             owner=plan.spec.owner,
             parameters=parameters,
         )
-        stored = self.outputs.save(encode(track, "wav", source_rate=rate), "wav", manifest)
+        duration_s = round(track_s * rate) / rate
+        manifest["duration_s"] = round(duration_s, 3)
+        try:
+            stored = self.outputs.save(temp, "wav", manifest)  # moved in: never read whole
+        finally:
+            temp.unlink(missing_ok=True)
         return TtsOutcome(
             seed=0,
-            duration_s=result.duration_s,
+            duration_s=duration_s,
             speech_tokens=0,
             output_id=stored.id,
             output_path=str(stored.path),
             media_type="audio/wav",
         )
+
+    def _first_unmade_start(self, plan: BatchPlan) -> float | None:
+        """Where the first cue a stopped dub did not get to starts (None: it got to every cue)."""
+        items = self.batches.items(plan.job_id)
+        return min((CueSlot.of(i.params).start_s for i in items if i.state in UNFINISHED), default=None)
+
+    def _rate(self, done: list[BatchItem]) -> int:
+        """The cues' sample rate (the model's when none was made)."""
+        if done:
+            return int(sf.info(str(self.outputs.get(done[0].output_id or "").path)).samplerate)
+        return int(self.host.info.get("sample_rate") or 24000)
+
+    def _cue_audio(self, item: BatchItem) -> Callable[[], np.ndarray | None]:
+        """Reads a finished cue's audio when the track writer gets to it (None: no audio, left silent)."""
+        if item.state != "done" or not item.output_id:
+            return lambda: None
+        output_id = item.output_id
+        return lambda: sf.read(self.outputs.get(output_id).path, dtype="float32")[0]
+
+    def _charge_rest(self, run: JobRun, track: TtsOutcome) -> float:
+        """Charge what the cues' shares left of the track's length (cues that failed, or were adopted after
+        a restart); returns all the dub was charged: the track's length."""
+        record = run.jobs.get(run.job_id)
+        charged = float(record.charged_s or 0.0) if record is not None else 0.0
+        rest = round(track.duration_s - charged, 3)
+        if rest > 0:
+            run.quota.charge(run.key_id, run.job_id, rest)
+            charged += rest
+        return round(charged, 3)
+
+
+def _charge_s(plan: BatchPlan, item: BatchItem, outcome: TtsOutcome) -> float:
+    """What finishing an item charges: a batch item its audio; a dub's cue its share of the track (the dub
+    is charged its track's length, `dub_plan`)."""
+    if plan.kind == "dub":
+        return float(item.params.get("share_s") or 0.0)
+    return outcome.duration_s
 
 
 def item_request(plan: BatchPlan, item: BatchItem) -> SynthesisRequest:

@@ -1,4 +1,4 @@
-"""Dubbing with the model: one cue's speech made to fit its slot, and the cues assembled into one track.
+"""Dubbing with the model: one cue's speech made to fit its slot (the track is written by `dub_track`).
 
 A cue is synthesised at its speed; if its speech (trimmed of near-silence, `dub_timeline.trim`) is longer
 than the cue, it is synthesised again with the same seed — the same speech tokens — at the speed that
@@ -10,13 +10,11 @@ from __future__ import annotations
 
 import dataclasses
 import threading
-from collections.abc import Callable, Iterable
+from collections.abc import Callable
 from dataclasses import dataclass
-from typing import Any
 
-import numpy as np
-
-from cosyserve.service.dub_timeline import Placement, audible_span, empty_track, fit_speed, place
+from cosyserve.service.dub_plan import CueSlot  # noqa: F401  (re-exported: where a cue goes)
+from cosyserve.service.dub_timeline import audible_span, fit_speed
 from cosyserve.service.local.synthesizer import Synthesizer
 from cosyserve.service.requests import (
     EVERY_VOICE,
@@ -71,38 +69,3 @@ def _trimmed(result: SynthesisResult) -> SynthesisResult:
         for t in result.timings
     ]
     return dataclasses.replace(result, audio=result.audio[first:last], timings=timings)
-
-
-@dataclass(frozen=True)
-class CueSlot:
-    """Where a cue goes: its start and planned end, and where it must stop (the next cue's start)."""
-
-    start_s: float
-    end_s: float
-    limit_s: float
-
-    @classmethod
-    def of(cls, params: dict[str, Any]) -> CueSlot:
-        return cls(float(params["start_s"]), float(params["end_s"]), float(params["limit_s"]))
-
-    @property
-    def slot_s(self) -> float:
-        return self.end_s - self.start_s
-
-
-def assemble(
-    cues: Iterable[tuple[CueSlot, np.ndarray | None]], last_end_s: float, rate: int
-) -> tuple[np.ndarray, list[Placement | None]]:
-    """One track as long as the last cue's end with every cue's audio at its start (None: a cue without
-    audio, left silent); returns the track and each cue's placement."""
-    track = empty_track(last_end_s, rate)
-    placements: list[Placement | None] = []
-    for slot, audio in cues:
-        if audio is None:
-            placements.append(None)
-            continue
-        start, clip, placement = place(audio, rate, slot.start_s, slot.end_s, min(slot.limit_s, last_end_s))
-        clip = clip[: max(0, len(track) - start)]
-        track[start : start + len(clip)] = clip
-        placements.append(placement)
-    return track, placements

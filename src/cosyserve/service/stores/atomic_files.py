@@ -2,7 +2,10 @@
 
 from __future__ import annotations
 
+import errno
+import hashlib
 import os
+import shutil
 import uuid
 from pathlib import Path
 
@@ -22,3 +25,29 @@ def write_atomic(path: Path, data: bytes) -> None:
         os.replace(temp, path)
     finally:
         temp.unlink(missing_ok=True)
+
+
+def content_digest(content: bytes | Path) -> tuple[int, str]:
+    """(size, sha256) of bytes, or of a file read in pieces (synced to disk first, as `write_atomic` does)."""
+    if not isinstance(content, Path):
+        return len(content), hashlib.sha256(content).hexdigest()
+    digest = hashlib.sha256()
+    with open(content, "rb+") as handle:
+        os.fsync(handle.fileno())
+        while piece := handle.read(1 << 20):
+            digest.update(piece)
+        return handle.tell(), digest.hexdigest()
+
+
+def put_content(path: Path, content: bytes | Path) -> None:
+    """Bytes written atomically to `path`, or a file written already moved there (across file systems,
+    copied in pieces; the caller removes the source)."""
+    if not isinstance(content, Path):
+        write_atomic(path, content)
+        return
+    try:
+        os.replace(content, path)
+    except OSError as exc:
+        if exc.errno != errno.EXDEV:
+            raise
+        shutil.copyfile(content, path)

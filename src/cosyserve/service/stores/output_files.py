@@ -12,6 +12,7 @@ import dataclasses
 import hashlib
 import json
 import re
+import uuid
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -56,6 +57,12 @@ def check_output_id(output_id: str) -> str:
             "output_20250101_120000_2"
         )
     return output_id
+
+
+def temp_output_path(root: Path, ext: str) -> Path:
+    """A hidden file in the outputs directory `root` for audio written piece by piece (a dub's track)
+    before `OutputStore.save` takes it; left behind by a crash, retention removes it after an hour."""
+    return root / f".output_{uuid.uuid4().hex}.{ext}{TEMP_SUFFIX}"
 
 
 def remove_pair(output: StoredOutput) -> None:

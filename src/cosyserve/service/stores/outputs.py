@@ -32,7 +32,6 @@ bucket can't be read, each node serves what it has locally.
 from __future__ import annotations
 
 import contextlib
-import hashlib
 import heapq
 import logging
 import os
@@ -47,6 +46,7 @@ from typing import TYPE_CHECKING, Any
 
 from cosyserve import __version__
 from cosyserve.errors import InputError, StorageError
+from cosyserve.service.stores.atomic_files import content_digest, put_content
 from cosyserve.service.stores.bucket import (
     BUCKET_COPY,  # noqa: F401  (re-exported, as are OutputNotFound, StoredOutput, check_output_id)
     REMOTE_LIST_TTL_S,
@@ -144,12 +144,13 @@ class OutputStore:
     # -- writing -------------------------------------------------------------------------------------
 
     def save(
-        self, audio_bytes: bytes, ext: str, manifest: dict[str, Any], *, upload_now: bool = False
+        self, audio: bytes | Path, ext: str, manifest: dict[str, Any], *, upload_now: bool = False
     ) -> StoredOutput:
         """Store one result; `manifest` (from `build_manifest` or the caller's own) goes into the sidecar
         together with the id, file name, size, sha256, created_at and the cosyserve version.
         `upload_now`: upload the pair before returning (a worker whose result another node serves next);
-        SyncError if that fails (the local copy stays)."""
+        SyncError if that fails (the local copy stays). `audio` may be a file already written (a dub's
+        track, at a `temp_output_path`): moved in and hashed in pieces, never held whole."""
         ext = (ext or "").lower().lstrip(".")
         if not EXTENSION.fullmatch(ext):
             raise InputError(f"output extension {ext!r} is not usable; use e.g. wav, mp3, opus, flac, pcm")
@@ -157,15 +158,15 @@ class OutputStore:
         when = local_datetime(now, self.zone)
         stem = self._reserve(when.strftime("output_%Y%m%d_%H%M%S"), ext)
         audio_path, sidecar_path = self.root / f"{stem}.{ext}", self.root / f"{stem}.json"
-        data = bytes(audio_bytes)
+        size, digest = content_digest(audio)
         record = dict(manifest)
         record.setdefault("format", ext)
         record.setdefault("owner", None)
         record.update(
             id=stem,
             file=audio_path.name,
-            size_bytes=len(data),
-            sha256=hashlib.sha256(data).hexdigest(),
+            size_bytes=size,
+            sha256=digest,
             created_at=time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime(now)),
             created_at_unix=now,
             created_at_local=when.isoformat(timespec="seconds"),
@@ -173,7 +174,7 @@ class OutputStore:
         )
         try:
             sidecar_bytes = to_json(record)  # fails before anything is written if a value isn't JSON
-            write_atomic(audio_path, data)
+            put_content(audio_path, audio)
             write_atomic(sidecar_path, sidecar_bytes)
         except BaseException as exc:
             audio_path.unlink(missing_ok=True)
