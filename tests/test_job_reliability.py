@@ -119,7 +119,9 @@ def test_a_dub_is_reserved_and_charged_its_tracks_length(server) -> None:
         assert server.service.jobs.get(dub_id).result_extra["charged_s"] == pytest.approx(21.0, abs=0.01)
 
 
-def test_a_dub_stopped_by_the_quota_ends_its_track_at_the_first_cue_not_made(server) -> None:
+def test_a_dub_longer_than_the_quota_left_is_refused_before_any_work(server) -> None:
+    """A dub reserves its whole track (what the caller receives and is charged): one that does not fit is
+    refused at submit, saying what it needs, and nothing is used or held."""
     _, key = server.service.keys.create("three-seconds", "user", quota=3.0)
     srt = "".join(
         f"{n}\n00:00:{a:02d},000 --> 00:00:{a + 1:02d},000\n第{n}句话。\n\n"
@@ -127,15 +129,10 @@ def test_a_dub_stopped_by_the_quota_ends_its_track_at_the_first_cue_not_made(ser
     )
     with as_key(server, key) as client:
         response = client.post("/v1/dub", data={"voice": "alice"}, files={"file": ("a.srt", srt.encode())})
-        assert response.status_code == 202, response.text
-        dub = wait(client, f"/v1/dub/{response.json()['id']}")
-        # the first cue's share of the track (0 to the second cue's start, 5 s) crossed the quota
-        assert dub["state"] == "failed" and dub["error"]["code"] == "quota_exceeded", dub
-        assert [item["state"] for item in dub["items"]] == ["done", "cancelled", "cancelled"]
-        assert dub["duration_s"] == pytest.approx(5.0) and dub["charged_s"] == pytest.approx(5.0, abs=0.01)
-        assert client.get("/v1/me").json()["quota"]["used_s"] == pytest.approx(5.0, abs=0.01)
-        track, rate = sf.read(io.BytesIO(client.get(dub["track_url"]).content))
-        assert len(track) == 5 * rate  # what it finished, and what it was charged for
+        assert response.status_code == 429 and response.json()["error"]["code"] == "quota_exceeded"
+        assert "21.0 s" in response.json()["error"]["message"]  # the track runs to the last cue's end
+        quota = client.get("/v1/me").json()["quota"]
+        assert quota["used_s"] == 0 and quota["reserved_s"] == 0
 
 
 def test_jobs_have_their_own_timeout_per_segment(
