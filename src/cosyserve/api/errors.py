@@ -31,6 +31,7 @@ from cosyserve.errors import (
     StorageError,
     error_code,
 )
+from cosyserve.service.access.key_watch import KeyChanged, KeyRevoked
 from cosyserve.service.access.principals import AuthRequired, Forbidden, QuotaExceeded, RateLimited
 from cosyserve.service.distributed.codec import NoWorkers, QueueUnavailable, WorkerLost
 from cosyserve.service.logs import get_request_id, log_failure
@@ -38,7 +39,7 @@ from cosyserve.service.stores.jobs import JobNotFound
 from cosyserve.service.stores.keys import KeyNotFound
 from cosyserve.service.stores.outputs import OutputNotFound
 from cosyserve.service.stores.s3sync import SyncError
-from cosyserve.service.stores.voices import VoiceNotFound
+from cosyserve.service.stores.voices import VoiceInUse, VoiceNotFound, VoiceUnavailable
 
 log = logging.getLogger(__name__)
 _COUNTED = "_cosyserve_counted"
@@ -99,6 +100,11 @@ _MAP: tuple[tuple[type[BaseException], int, str], ...] = (
     (InputError, 400, "invalid_input"),
     (ModelDirError, 503, "model_unavailable"),
     (SettingsError, 500, "settings"),
+    # work in flight that lost its footing: not the caller's request at fault
+    (KeyRevoked, 401, "key_revoked"),
+    (KeyChanged, 403, "key_changed"),
+    (VoiceUnavailable, 409, "voice_unavailable"),
+    (VoiceInUse, 409, "voice_in_use"),
 )
 _HTTP_CODES = {
     400: "bad_request",
