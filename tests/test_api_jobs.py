@@ -87,7 +87,8 @@ def test_job_errors(client) -> None:
     assert streaming.status_code == 422
     unknown = client.post("/v1/jobs", json={"text": "hi", "voice": "nobody"})
     assert unknown.status_code == 404  # the voice is resolved when the job is accepted: the caller's error
-    assert unknown.json()["error"]["code"] == "voice_not_found" and "nobody" in unknown.json()["error"]["message"]
+    error = unknown.json()["error"]
+    assert error["code"] == "voice_not_found" and "nobody" in error["message"]
 
 
 def test_shutdown_keeps_jobs_for_the_next_start(start_api_server, prompt_wav_bytes, tmp_path) -> None:

@@ -28,7 +28,7 @@ from typing import Any
 import numpy as np
 
 from cosyserve.errors import Cancelled, CosyServeError, JobStateError, ModelNotReady, ShuttingDown, error_code
-from cosyserve.service.access.key_watch import KeyWatch
+from cosyserve.service.access.key_watch import KeyChanged, KeyRevoked, KeyWatch
 from cosyserve.service.local.job_quota import JobQuota
 from cosyserve.service.local.synthesizer import Synthesizer
 from cosyserve.service.local.voice_pins import PinnedVoice
@@ -277,7 +277,10 @@ def run_pieces(
             stopped = stop_reason(exc, ctx, run)
             if stopped is None:
                 raise
-            whole = _whole_segments(stream.seed, synth.sample_rate, chunks, stream.timings)
+            kept = stream.timings
+            if isinstance(exc, KeyRevoked | KeyChanged):  # its last segment was not charged: not kept either
+                kept = kept[:-1]
+            whole = _whole_segments(stream.seed, synth.sample_rate, chunks, kept)
             results += [whole] if whole is not None else []
             if not results and isinstance(exc, QuotaStop):
                 raise stopped from None
