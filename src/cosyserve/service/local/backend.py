@@ -112,8 +112,10 @@ class LocalBackend:
             with request_context(spec.request_id), self.host.synthesizer(ctx.cancel) as synth:
                 guard = self._guard(ctx, spec)
                 with guard.charging_what_was_made(self.quota, spec):
-                    stream = synth.synthesize(
-                        request, progress=guard, cancel=ctx.cancel, voices=spec.voice_scope
+                    stream = self._run_engine(
+                        lambda: synth.synthesize(
+                            request, progress=guard, cancel=ctx.cancel, voices=spec.voice_scope
+                        )
                     )
                     guard.stream = stream
                     result = self._run_engine(stream.result)
