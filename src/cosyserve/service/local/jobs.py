@@ -21,7 +21,7 @@ import dataclasses
 import logging
 import threading
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -93,7 +93,7 @@ class JobRun:
             "the server may be overloaded; retry the job, or raise job_segment_timeout_s",
         )
 
-    def check_key(self, voice_owners: list[str | None] | tuple[()] = ()) -> None:
+    def check_key(self, voice_owners: Iterable[str | None] = ()) -> None:
         """KeyRevoked / KeyChanged when the job's key may no longer go on (one query; none without a key)."""
         KeyWatch(self.quota.key_lookup, self.key_id).check(voice_owners)
 
@@ -231,6 +231,7 @@ def run_pieces(
     voice as the job pinned it."""
     owners = [pinned.voice.owner] if pinned is not None else []
     run.check_key(owners)  # revoked while it waited in the queue
+    run.arm(ctx)  # checking every piece is part of the first segment's time
     last_write = [0.0]
 
     def progress_of(index: int) -> Callable[[SynthesisProgress], None]:
