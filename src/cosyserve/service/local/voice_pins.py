@@ -14,6 +14,7 @@ work with `voice_unavailable`, never with the caller's `invalid_input`.
 from __future__ import annotations
 
 import dataclasses
+from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
@@ -21,7 +22,14 @@ from cosyserve.frontend.prompt_features import PromptFeatures
 from cosyserve.service.batch_input import ItemSpec
 from cosyserve.service.requests import EVERY_VOICE, SynthesisRequest, VoiceDefaults, VoiceScope
 from cosyserve.service.stores.jobs import JobStore
-from cosyserve.service.stores.voices import Voice, VoiceInUse, VoiceLibrary, VoiceNotFound, VoiceUnavailable
+from cosyserve.service.stores.voices import (
+    Voice,
+    VoiceFilesMissing,
+    VoiceInUse,
+    VoiceLibrary,
+    VoiceNotFound,
+    VoiceUnavailable,
+)
 
 SNAPSHOTS = "voice_snapshots"  # the job parameter holding {voice id: snapshot}
 
@@ -84,7 +92,7 @@ class VoicePins:
         self.scope = scope  # for voices without a snapshot (jobs submitted before snapshots existed)
         self._pinned: dict[str, PinnedVoice] = {}
 
-    def pin(self, voice_ref: str | None, load: Any) -> PinnedVoice | None:
+    def pin(self, voice_ref: str | None, load: Callable[[Voice], PromptFeatures]) -> PinnedVoice | None:
         """The pinned voice `voice_ref` names (None: the work uses an uploaded recording); `load(voice)`
         returns its prompt features. VoiceUnavailable when a snapshotted voice is gone."""
         if voice_ref is None:
@@ -111,6 +119,8 @@ class VoicePins:
         except VoiceNotFound as exc:
             if not taken:
                 raise  # never resolved at submit: the name the caller gave is unknown
+            if isinstance(exc, VoiceFilesMissing):  # it exists, but this node cannot read its files
+                raise VoiceUnavailable(f"the work's voice is not available on this node: {exc}") from exc
             raise VoiceUnavailable(
                 f"voice {taken.get('name')!r} ({taken['id']}) was deleted after this work was accepted, "
                 "before it could be used: enrol it again and resubmit what is missing"
