@@ -62,13 +62,8 @@ def partial_view(record: JobRecord) -> JobPartial | None:
     """How far a job that stopped early got (None: it did not stop early, or it kept nothing)."""
     if record.state == "done" or not record.is_terminal:
         return None
-    extra = record.result_extra or {}
-    if isinstance(extra.get("partial"), dict):
-        return JobPartial(**extra["partial"])
-    if record.output_id is None:
-        return None
-    audio_s = float(record.duration_s or 0.0)  # stopped before partial reports existed: what is known
-    return JobPartial(segments_done=0, segments_total=0, audio_s=audio_s)
+    partial = (record.result_extra or {}).get("partial")  # none: it kept nothing (or ended before reports)
+    return JobPartial(**partial) if isinstance(partial, dict) else None
 
 
 def _own_job(service: Service, principal: Principal, job_id: str) -> JobRecord:
