@@ -85,11 +85,10 @@ def test_job_errors(client) -> None:
     assert too_long.status_code == 400 and "at most 600" in too_long.json()["error"]["message"]
     streaming = client.post("/v1/jobs", json={"text": "hi", "voice": "alice", "stream": True})
     assert streaming.status_code == 422
-    failed = client.post("/v1/jobs", json={"text": "hi", "voice": "nobody"})
-    assert failed.status_code == 202  # accepted; the voice is looked up when it runs
-    final = wait_job(client, failed.json()["id"])
-    assert final["state"] == "failed" and final["error"]["code"] == "invalid_input"
-    assert "no voice 'nobody'" in final["error"]["message"]
+    unknown = client.post("/v1/jobs", json={"text": "hi", "voice": "nobody"})
+    assert unknown.status_code == 404  # the voice is resolved when the job is accepted: the caller's error
+    error = unknown.json()["error"]
+    assert error["code"] == "voice_not_found" and "nobody" in error["message"]
 
 
 def test_shutdown_keeps_jobs_for_the_next_start(start_api_server, prompt_wav_bytes, tmp_path) -> None:

@@ -365,3 +365,40 @@ def test_a_worker_stopped_with_sigterm_gives_its_running_batch_back_at_once(
     assert all(after[position] == output_id for position, output_id in done_before.items())  # not made twice
     node.start()
     cluster.wait_ready(workers=2)
+
+
+def test_a_revoked_keys_job_stops_on_its_worker(cluster: Cluster, voice: str) -> None:
+    """Last in this module: its keys turn authentication on. The worker re-reads the key in the shared
+    database at every segment: a key revoked on the API node stops its job there, charged only for what
+    came before, and the finished part is kept."""
+    import sqlalchemy as sa
+
+    from cosyserve.service.access.limits import QuotaTracker
+    from cosyserve.service.stores.keys import KeyStore
+
+    keys = KeyStore(cluster.jobs.engine, sa.MetaData())
+    admin = {"Authorization": f"Bearer {keys.create('cluster-ops', 'admin')[1]}"}
+    key, secret = keys.create("cluster-app", "user")
+    user = {"Authorization": f"Bearer {secret}"}
+    deadline = time.monotonic() + 30
+    while (
+        job := cluster.http.post("/v1/jobs", json={"text": LONG_TEXT, "voice": voice}, headers=user)
+    ).status_code == 401:
+        assert time.monotonic() < deadline  # the API node sees the first key within its 2 s cache
+        time.sleep(0.3)
+    assert job.status_code == 202, job.text
+    job_id = job.json()["id"]
+    deadline = time.monotonic() + 120
+    while (record := cluster.jobs.get(job_id)).state != "running" or record.progress <= 0.05:
+        assert time.monotonic() < deadline and not record.is_terminal, cluster.logs()
+        time.sleep(0.1)
+    assert cluster.http.post(f"/admin/keys/{key.id}/revoke", headers=admin).status_code == 200
+    record = cluster.wait_jobs([job_id])[job_id]
+    assert (record.state, record.error_code) == ("failed", "key_revoked"), cluster.logs()
+    partial = record.result_extra["partial"]
+    assert 1 <= partial["segments_done"] < partial["segments_total"] and record.output_id
+    used = QuotaTracker(cluster.jobs.engine, sa.MetaData()).used(key.id)
+    assert used == pytest.approx(partial["audio_s"], abs=0.01)
+    view = cluster.http.get(f"/v1/jobs/{job_id}", headers=admin).json()
+    assert view["partial"]["segments_done"] == partial["segments_done"]
+    assert cluster.http.get(view["result_url"]).content[:4] == b"RIFF"

@@ -1,4 +1,5 @@
-"""Admin (admin role): engine restart, recent logs, status; and the web UI's login session."""
+"""Admin (admin role): engine restart, recent logs, status, API keys (list with today's usage, revoke, change
+role, quota and rate limit); and the web UI's login session."""
 
 from __future__ import annotations
 
@@ -8,11 +9,13 @@ from fastapi import APIRouter, Depends, Query, Request, Response
 from starlette.concurrency import run_in_threadpool
 
 from cosyserve.api.deps import CurrentPrincipal, get_service, require_admin
-from cosyserve.api.schemas import ERRORS, LoginBody
-from cosyserve.errors import error_code
+from cosyserve.api.schemas import ERRORS, KeyUpdate, LoginBody
+from cosyserve.errors import InputError, error_code
 from cosyserve.service.access.sessions import AUTH_COOKIES, LEGACY_KEY_COOKIE, SESSION_COOKIE
 from cosyserve.service.activity import log_activity
+from cosyserve.service.assembly import Service
 from cosyserve.service.logs import recent_logs
+from cosyserve.service.stores.keys import KEEP, ApiKey
 
 router = APIRouter(prefix="/admin", tags=["admin"], dependencies=[Depends(require_admin)])
 session_router = APIRouter(tags=["auth"])
@@ -53,6 +56,51 @@ def status(request: Request) -> dict[str, Any]:
         else {"bucket": s3.bucket, "uploaded": s3.uploaded, "failed": s3.failed_count, "retries": s3.retries},
         "settings": service.settings.public_dict(),
     }
+
+
+@router.get("/keys", responses=ERRORS, summary="API keys with today's audio usage")
+def list_keys(request: Request, include_revoked: bool = True) -> dict[str, Any]:
+    service = get_service(request)
+    keys = service.keys.list(include_revoked=include_revoked)
+    return {"object": "list", "data": [_key_view(service, key) for key in keys]}
+
+
+@router.post("/keys/{key_id}/revoke", responses=ERRORS, summary="Revoke a key (its running work stops too)")
+def revoke_key(key_id: str, request: Request, principal: CurrentPrincipal) -> dict[str, Any]:
+    service = get_service(request)
+    key = service.keys.revoke(service.keys.get(key_id).id)  # type: ignore[arg-type]  # 404: no such key
+    log_activity("key_revoke", "ok", who=principal.name or principal.owner, endpoint="api", key_id=key.id)
+    return _key_view(service, key)
+
+
+@router.patch("/keys/{key_id}", responses=ERRORS, summary="Change a key's role, daily quota or rate limit")
+def update_key(key_id: str, body: KeyUpdate, request: Request, principal: CurrentPrincipal) -> dict[str, Any]:
+    service = get_service(request)
+    given = body.model_fields_set
+    if not given:
+        raise InputError("nothing to change: give role, daily_audio_seconds_quota or rate_limit_per_minute")
+    key = service.keys.update(
+        key_id,
+        role=body.role,
+        quota=body.daily_audio_seconds_quota if "daily_audio_seconds_quota" in given else KEEP,
+        rate_limit=body.rate_limit_per_minute if "rate_limit_per_minute" in given else KEEP,
+    )
+    log_activity(
+        "key_update",
+        "ok",
+        who=principal.name or principal.owner,
+        endpoint="api",
+        key_id=key.id,
+        changed=sorted(given),
+    )
+    return _key_view(service, key)
+
+
+def _key_view(service: Service, key: ApiKey) -> dict[str, Any]:
+    """A key as admins see it (never its hash): its settings, and today's usage against its quota."""
+    status = service.access.quota.check(key)
+    usage = {"used_s": round(status.used_s, 3), "limit_s": status.limit_s, "resets_at": status.resets_at}
+    return {**key.public(), "active": key.active, "usage_today": usage}
 
 
 @session_router.post("/auth/login", responses=ERRORS, summary="Web UI login: sets the session cookie")

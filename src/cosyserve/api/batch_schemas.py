@@ -6,7 +6,7 @@ from typing import Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field
 
-from cosyserve.api.schemas import AudioFormat, JobError
+from cosyserve.api.schemas import AudioFormat, JobError, JobPartial
 from cosyserve.service.requests import MAX_SEED
 
 TrackFormat = Literal["wav", "flac", "mp3"]
@@ -122,6 +122,9 @@ class BatchView(BaseModel):
     track_url: str | None = Field(None, description="dub: signed link to the track")
     report_url: str | None = Field(None, description="dub: the per-cue report (JSON; ?format=csv)")
     params: dict[str, Any] = Field(default_factory=dict)
+    partial: JobPartial | None = Field(
+        None, description="it stopped early (error says why): the items kept (archive_url) and those missing"
+    )
     items: list[BatchItemView] = Field(
         default_factory=list, description="a page of the items (offset, limit)"
     )

@@ -9,11 +9,13 @@ from __future__ import annotations
 from typing import Any
 
 from cosyserve.api.batch_schemas import BatchItemView, BatchView
+from cosyserve.api.jobs import partial_view
 from cosyserve.api.schemas import JobError
 from cosyserve.service.access.principals import Principal
 from cosyserve.service.assembly import Service
 from cosyserve.service.batch_status import batch_status
 from cosyserve.service.dub_timeline import placement
+from cosyserve.service.local.voice_pins import SNAPSHOTS
 from cosyserve.service.stores.batches import BatchItem
 from cosyserve.service.stores.jobs import JobNotFound, JobRecord
 
@@ -61,6 +63,7 @@ def batch_view(service: Service, record: JobRecord, *, offset: int = 0, limit: i
         track_url=track_url(service, record),
         report_url=signed(f"{base}/report") if record.kind == "dub" else None,
         params=_shown(record.params or {}),
+        partial=partial_view(record),
         items=[item_view(service, item, fmt) for item in items],
     )
 
@@ -108,4 +111,4 @@ def item_view(service: Service, item: BatchItem, batch_format: str = "wav") -> B
 
 
 def _shown(params: dict[str, Any]) -> dict[str, Any]:
-    return {key: value for key, value in params.items() if key != "prompt_wav"}
+    return {key: value for key, value in params.items() if key not in ("prompt_wav", SNAPSHOTS)}

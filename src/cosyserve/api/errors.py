@@ -33,6 +33,7 @@ from cosyserve.errors import (
     error_code,
     is_out_of_memory,
 )
+from cosyserve.service.access.key_watch import KeyChanged, KeyRevoked
 from cosyserve.service.access.principals import AuthRequired, Forbidden, QuotaExceeded, RateLimited
 from cosyserve.service.access.voice_rules import ConsentRequired
 from cosyserve.service.distributed.codec import NoWorkers, QueueUnavailable, WorkerLost
@@ -41,7 +42,7 @@ from cosyserve.service.stores.jobs import JobNotFound
 from cosyserve.service.stores.keys import KeyNotFound
 from cosyserve.service.stores.outputs import OutputNotFound
 from cosyserve.service.stores.s3sync import SyncError
-from cosyserve.service.stores.voices import VoiceNotFound
+from cosyserve.service.stores.voices import VoiceInUse, VoiceNotFound, VoiceUnavailable
 
 log = logging.getLogger(__name__)
 _COUNTED = "_cosyserve_counted"
@@ -103,6 +104,11 @@ _MAP: tuple[tuple[type[BaseException], int, str], ...] = (
     (InputError, 400, "invalid_input"),
     (ModelDirError, 503, "model_unavailable"),
     (SettingsError, 500, "settings"),
+    # work in flight that lost its footing: not the caller's request at fault
+    (KeyRevoked, 401, "key_revoked"),
+    (KeyChanged, 403, "key_changed"),
+    (VoiceUnavailable, 409, "voice_unavailable"),
+    (VoiceInUse, 409, "voice_in_use"),
 )
 _HTTP_CODES = {
     400: "bad_request",

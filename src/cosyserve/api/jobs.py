@@ -10,11 +10,12 @@ from starlette.concurrency import run_in_threadpool
 
 from cosyserve.api.deps import CurrentPrincipal, get_service, output_spec
 from cosyserve.api.inputs import read_params, with_transcript
-from cosyserve.api.schemas import ERRORS, JobError, JobList, JobParams, JobView, body_doc
+from cosyserve.api.schemas import ERRORS, JobError, JobList, JobParams, JobPartial, JobView, body_doc
 from cosyserve.api.tts import upload_limit
 from cosyserve.errors import JobStateError
 from cosyserve.service.access.principals import Principal
 from cosyserve.service.assembly import Service
+from cosyserve.service.local.voice_pins import SNAPSHOTS
 from cosyserve.service.stores.jobs import JobNotFound, JobRecord
 
 router = APIRouter(prefix="/v1/jobs", tags=["jobs"])
@@ -30,7 +31,7 @@ def job_view(service: Service, record: JobRecord) -> JobView:
         position = ticket.position
         wait = round(ticket.estimated_wait_s(), 1) if position is not None else None
     result_url = None
-    if record.state in ("done", "failed") and record.output_id:  # failed with a result: stopped early
+    if record.output_id:  # failed or cancelled with a result: stopped early, what it made is kept
         fmt = (record.params or {}).get("format")
         rate = (record.params or {}).get("sample_rate")
         query = {"format": fmt if fmt != "wav" else None, "sample_rate": rate}
@@ -50,11 +51,19 @@ def job_view(service: Service, record: JobRecord) -> JobView:
         result_url=result_url,
         duration_s=record.duration_s,
         seed=record.seed,
-        params=record.params or {},
+        params={key: value for key, value in (record.params or {}).items() if key != SNAPSHOTS},
         warnings=list((record.result_extra or {}).get("warnings", [])),
         kind=record.kind,
-        partial=record.state == "failed" and record.output_id is not None,
+        partial=partial_view(record),
     )
+
+
+def partial_view(record: JobRecord) -> JobPartial | None:
+    """How far a job that stopped early got (None: it did not stop early, or it kept nothing)."""
+    if record.state == "done" or not record.is_terminal:
+        return None
+    partial = (record.result_extra or {}).get("partial")  # none: it kept nothing (or ended before reports)
+    return JobPartial(**partial) if isinstance(partial, dict) else None
 
 
 def _own_job(service: Service, principal: Principal, job_id: str) -> JobRecord:

@@ -190,6 +190,16 @@ class JobError(BaseModel):
     message: str | None
 
 
+class JobPartial(BaseModel):
+    """What a job that stopped early made, and what is missing."""
+
+    segments_done: int = Field(description="segments (a batch: items) finished and kept")
+    segments_total: int
+    missing_from: int | None = Field(None, description="a job: this segment (from 0) and every later one")
+    missing: list[int] | None = Field(None, description="a batch: the positions of the items not made")
+    audio_s: float = Field(description="seconds of audio kept (what result_url downloads)")
+
+
 class JobView(BaseModel):
     id: str
     state: Literal["queued", "running", "done", "failed", "cancelled"]
@@ -207,7 +217,9 @@ class JobView(BaseModel):
     params: dict[str, Any] = Field(default_factory=dict)
     warnings: list[str] = Field(default_factory=list)
     kind: str = Field("tts", description="tts (a long text), batch or dub (see /v1/batches)")
-    partial: bool = Field(False, description="it stopped early (error says why); result_url has what it made")
+    partial: JobPartial | None = Field(
+        None, description="it stopped early (error says why): what it made (result_url) and what is missing"
+    )
 
 
 class JobList(BaseModel):
@@ -242,6 +254,18 @@ class ModelCard(BaseModel):
 class ModelList(BaseModel):
     object: Literal["list"] = "list"
     data: list[ModelCard]
+
+
+class KeyUpdate(_Strict):
+    """What PATCH /admin/keys/{id} changes; a field left out stays as it is."""
+
+    role: Literal["admin", "user"] | None = None
+    daily_audio_seconds_quota: float | None = Field(
+        None, gt=0, description="audio seconds per UTC day; null: the server default"
+    )
+    rate_limit_per_minute: int | None = Field(
+        None, ge=0, description="requests per minute; 0: unlimited; null: the server default"
+    )
 
 
 class LoginBody(_Strict):

@@ -30,6 +30,7 @@ from cosyserve.api.tts import upload_limit
 from cosyserve.errors import InputError
 from cosyserve.service.access import voice_rules
 from cosyserve.service.access.principals import Principal
+from cosyserve.service.local.voice_pins import refuse_if_in_use
 from cosyserve.service.requests import EnrolmentRequest, SynthesisRequest, VoiceDefaults
 from cosyserve.service.stores.voices import Voice
 
@@ -124,7 +125,10 @@ def update_voice(
 
 @router.delete("/{voice_id}", status_code=204, responses=ERRORS, summary="Delete a voice")
 def delete_voice(voice_id: str, request: Request, principal: CurrentPrincipal) -> Response:
-    get_service(request).voices.delete(_changeable(request, principal, voice_id).id)
+    service = get_service(request)
+    voice = _changeable(request, principal, voice_id)
+    refuse_if_in_use(service.jobs, voice)  # 409 voice_in_use: its jobs keep their voice until they end
+    service.voices.delete(voice.id)
     return Response(status_code=204)
 
 

@@ -32,6 +32,7 @@ from cosyserve.service.activity import log_activity
 from cosyserve.service.assembly import Service
 from cosyserve.service.backend import JOB_TEXT_FACTOR, AudioStream
 from cosyserve.service.gpu import engine_allocator, gpu_report
+from cosyserve.service.local.voice_pins import refuse_if_in_use
 from cosyserve.service.logs import recent_logs
 from cosyserve.service.requests import EnrolmentRequest, OutputSpec, SynthesisRequest, VoiceDefaults
 from cosyserve.service.scheduling.scheduler import Ticket
@@ -291,6 +292,7 @@ class UiBridge:
     def delete_voice(self, principal: Principal, voice_id: str) -> Voice:
         voice = self.voice(principal, voice_id)
         voice_rules.check_changeable(principal, voice)
+        refuse_if_in_use(self.service.jobs, voice)  # VoiceInUse while queued or running work uses it
         self.service.voices.delete(voice.id)
         return voice
 

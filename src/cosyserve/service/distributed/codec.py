@@ -26,6 +26,7 @@ from cosyserve.errors import (
     StorageError,
     error_code,
 )
+from cosyserve.service.access.key_watch import KeyChanged, KeyRevoked
 from cosyserve.service.requests import (
     EnrolmentRequest,
     OutputSpec,
@@ -35,7 +36,7 @@ from cosyserve.service.requests import (
 )
 from cosyserve.service.stores.keys import ApiKey
 from cosyserve.service.stores.outputs import OutputNotFound
-from cosyserve.service.stores.voices import VoiceNotFound
+from cosyserve.service.stores.voices import VoiceNotFound, VoiceUnavailable
 
 
 class RemoteFailure(CosyServeError):
@@ -76,6 +77,9 @@ KNOWN_ERRORS: dict[str, type[CosyServeError]] = {
         OutOfMemory,
         StorageError,
         WorkerLost,
+        KeyRevoked,
+        KeyChanged,
+        VoiceUnavailable,
     )
 }
 

@@ -33,6 +33,7 @@ from cosyserve.service.distributed.celery_app import (
     make_celery,
 )
 from cosyserve.service.distributed.relay import Relay, RelayItem, WorkerRegistry, connect
+from cosyserve.service.local.voice_pins import SNAPSHOTS, resolve_items, resolve_request
 from cosyserve.service.requests import (
     EnrolmentRequest,
     OutputSpec,
@@ -235,11 +236,12 @@ class RemoteBackend:
         self.require_ready()
         spec = spec.checked(self.model_info.get("sample_rate"))
         job_pieces(request, self.max_text_chars)  # fails early on a text that is too long
+        snapshots = resolve_request(self.voices, request, spec.voice_scope)  # the voice as it is now
         job_id = new_job_id()
         estimate = self.reservations.estimate(request, spec.voice_scope) if self.reservations else None
 
         def submit() -> JobRecord:
-            params = job_parameters(request, spec)
+            params = {**job_parameters(request, spec), SNAPSHOTS: snapshots}
             record = self.jobs.create(
                 params, kind="tts", owner=spec.owner, job_id=job_id, reserved_s=estimate
             )
@@ -265,13 +267,14 @@ class RemoteBackend:
         (after a worker dies, another goes on at the first unfinished item); its estimate is reserved here."""
         self.require_ready()
         spec = spec.checked()
+        items, snapshots = resolve_items(self.voices, items, spec.voice_scope)  # the voices as they are now
         job_id = new_job_id()
         held, scope = self.reservations, spec.voice_scope
         reserved = held.batch_estimate(kind, items, shared, scope) if held else None
 
         def submit() -> JobRecord:
             record = self.jobs.create(
-                {**shared, "items": len(items)},
+                {**shared, SNAPSHOTS: snapshots, "items": len(items)},
                 kind=kind,
                 owner=spec.owner,
                 job_id=job_id,

@@ -6,20 +6,25 @@ the model's rate, plus its provenance manifest) and counted (audio seconds, real
 quota); formats other than WAV are encoded from it for the response, downloads can transcode later. A
 streamed ticket yields a `StreamStart` first (the request was checked and the seed is known: the response
 can begin), then encoded bytes as they are ready.
+
+A synthesis for an API key checks the key again after every segment (`KeyWatch`): a stream whose key was
+revoked meanwhile ends at that boundary with `key_revoked`, charged only for the segments made before.
 """
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 import functools
 import logging
 import os
 import socket
-from collections.abc import Callable, Generator
+from collections.abc import Callable, Generator, Iterator
 from dataclasses import dataclass
 from typing import Any
 
 from cosyserve.engine.memory import out_of_memory_as_error
+from cosyserve.service.access.key_watch import KeyChanged, KeyRevoked, KeyWatch
 from cosyserve.service.access.limits import QuotaTracker
 from cosyserve.service.activity import enrolment_logger, synthesis_logger
 from cosyserve.service.audio_formats import StreamEncoder, encode, mime_type
@@ -29,7 +34,7 @@ from cosyserve.service.local.job_quota import JobQuota
 from cosyserve.service.local.job_runner import LocalJobs
 from cosyserve.service.local.model_host import ModelHost
 from cosyserve.service.local.recovery import JobFeeder
-from cosyserve.service.local.synthesizer import Synthesizer
+from cosyserve.service.local.synthesizer import SynthesisStream, Synthesizer
 from cosyserve.service.logs import log_failure, request_context
 from cosyserve.service.metrics import Metrics
 from cosyserve.service.requests import (
@@ -111,11 +116,15 @@ class LocalBackend:
         def work_for(spec: OutputSpec) -> Callable[[WorkContext], TtsOutcome]:
             def work(ctx: WorkContext) -> TtsOutcome:
                 with request_context(spec.request_id), self.host.synthesizer(ctx.cancel) as synth:
-                    result = self._run_engine(
-                        lambda: synth.synthesize(
-                            request, progress=_progress_to(ctx), cancel=ctx.cancel, voices=spec.voice_scope
-                        ).result()
-                    )
+                    guard = self._guard(ctx, spec)
+                    with guard.charging_what_was_made(self.reservations.settle, spec):
+                        stream = self._run_engine(
+                            lambda: synth.synthesize(
+                                request, progress=guard, cancel=ctx.cancel, voices=spec.voice_scope
+                            )
+                        )
+                        guard.stream = stream
+                        result = self._run_engine(stream.result)
                     ctx.check_cancelled()  # cancelled during the last sentence's audio: nothing is stored
                     return self._finish(synth, request, result, spec, encoded=True)
 
@@ -160,11 +169,11 @@ class LocalBackend:
         """What `AudioStream` reads: the start, then encoded chunks; returns the outcome."""
         oom = out_of_memory_as_error("a streamed synthesis")  # the encoder's buffers too
         with request_context(spec.request_id), self.host.synthesizer(ctx.cancel) as synth, oom:
+            guard = self._guard(ctx, spec)
             stream = self._run_engine(
-                lambda: synth.synthesize(
-                    request, progress=_progress_to(ctx), cancel=ctx.cancel, voices=spec.voice_scope
-                )
+                lambda: synth.synthesize(request, progress=guard, cancel=ctx.cancel, voices=spec.voice_scope)
             )
+            guard.stream = stream
             encoder = StreamEncoder(spec.format, spec.sample_rate, source_rate=synth.sample_rate)
             warning = self.outputs.health.problem()  # the stream's end cannot say so: its start does
             yield StreamStart(stream.seed, encoder.media_type, encoder.sample_rate, warning)
@@ -173,21 +182,25 @@ class LocalBackend:
                 yield head
             chunks = iter(stream)
             first = True
-            while True:
-                chunk = self._run_engine(lambda: next(chunks, None))
-                if chunk is None:
-                    break
-                if first and stream.first_audio_at is not None:
-                    first = False
-                    self.metrics.observe_first_chunk(stream.first_audio_at - ctx.submitted_at)
-                data = encoder.encode(chunk.samples)
-                if data:
-                    yield data
+            with guard.charging_what_was_made(self.reservations.settle, spec):
+                while True:
+                    chunk = self._run_engine(lambda: next(chunks, None))
+                    if chunk is None:
+                        break
+                    if first and stream.first_audio_at is not None:
+                        first = False
+                        self.metrics.observe_first_chunk(stream.first_audio_at - ctx.submitted_at)
+                    data = encoder.encode(chunk.samples)
+                    if data:
+                        yield data
             tail = encoder.finish()
             if tail:
                 yield tail
             ctx.check_cancelled()
             return self._finish(synth, request, stream.result(), spec, encoded=False)
+
+    def _guard(self, ctx: WorkContext, spec: OutputSpec) -> KeyGuard:
+        return KeyGuard(ctx, KeyWatch(self.key_lookup, spec.key.id if spec.key is not None else None))
 
     def _run_engine(self, call: Callable[[], Any]) -> Any:
         """`call()`, out of memory raised as `OutOfMemory` (which does not count against readiness)."""
@@ -346,6 +359,31 @@ class LocalBackend:
         )
 
 
-def _progress_to(ctx: WorkContext) -> Callable[[SynthesisProgress], None]:
-    """Report a synthesis' sentence progress on its ticket (the UI's progress bar, job polling)."""
-    return lambda progress: ctx.set_progress(progress.fraction)
+class KeyGuard:
+    """A synthesis' progress callback: reports progress on its ticket (the UI's progress bar) and checks
+    its key after every segment (KeyRevoked / KeyChanged end it at that boundary)."""
+
+    def __init__(self, ctx: WorkContext, watch: KeyWatch) -> None:
+        self.ctx, self.watch = ctx, watch
+        self.stream: SynthesisStream | None = None  # set once the synthesis is planned: its voice
+        self.cleared_s = 0.0  # audio made before the last check that passed: what a stop still charges
+
+    def __call__(self, progress: SynthesisProgress) -> None:
+        self.ctx.set_progress(progress.fraction)
+        if progress.segments_done > 0:
+            voice = self.stream.voice if self.stream is not None else None
+            self.watch.check([voice.owner] if voice is not None else [])
+            self.cleared_s = progress.audio_seconds
+
+    @contextlib.contextmanager
+    def charging_what_was_made(
+        self, settle: Callable[[OutputSpec, float], None], spec: OutputSpec
+    ) -> Iterator[None]:
+        """A stop for the key charges the segments made before it (the rest were made after the revoke),
+        settling its reservation with them; with none made the reservation is given back as it ends."""
+        try:
+            yield
+        except (KeyRevoked, KeyChanged):
+            if spec.key is not None and self.cleared_s > 0:
+                settle(spec, self.cleared_s)
+            raise

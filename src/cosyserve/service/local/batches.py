@@ -9,6 +9,10 @@ charged its track's length (`dub_plan`): each cue its share as it is made, the t
 
 An item found running when a batch resumes was interrupted: if its output was saved before the crash, it
 is adopted instead of being made twice.
+
+Each saved voice is pinned once per attempt (`voice_pins`), from the snapshot taken at submit. The key is
+checked before each item starts and again before a finished item is charged: a revoked key stops the
+batch there (`key_revoked`), and an item made after the revoke is neither charged nor kept.
 """
 
 from __future__ import annotations
@@ -25,11 +29,13 @@ import numpy as np
 import soundfile as sf
 
 from cosyserve.errors import Cancelled, CosyServeError, ModelNotReady, StorageError, error_code
+from cosyserve.service.access.key_watch import KeyChanged, KeyRevoked
 from cosyserve.service.dub_plan import CueSlot, track_seconds_of_items
 from cosyserve.service.dub_track import write_track
 from cosyserve.service.local.dubbing import synthesize_cue
 from cosyserve.service.local.jobs import JobResult, JobRun
 from cosyserve.service.local.model_host import ModelHost
+from cosyserve.service.local.voice_pins import SNAPSHOTS, VoicePins
 from cosyserve.service.requests import (
     OutputSpec,
     SentenceTiming,
@@ -90,16 +96,22 @@ class BatchRunner:
     run_engine: Callable[[Callable[[], Any]], Any]
 
     def run(self, ctx: WorkContext, plan: BatchPlan, run: JobRun) -> JobResult:
-        """Every unfinished item in order; then the dub's track. Stops between items when cancelled or when
-        the key's quota ran out (what finished is kept)."""
-        stopped = None
+        """Every unfinished item in order; then the dub's track. Stops between items when cancelled, when
+        the key's quota ran out, or when the key was revoked (what finished is kept)."""
+        stopped: CosyServeError | None = None
         unexpected = 0
+        pins = VoicePins(self.host.voices, plan.shared.get(SNAPSHOTS), plan.voices)
         while (item := self.batches.next_unfinished(plan.job_id)) is not None:
             ctx.check_cancelled()
             if not run.quota.allows_id(run.key_id):
                 stopped = run.quota.exceeded(run.key_id)
                 break
-            unexpected = self._item(ctx, plan, run, item, unexpected)
+            try:
+                run.check_key(pins.owners())
+                unexpected = self._item(ctx, plan, run, item, unexpected, pins)
+            except (KeyRevoked, KeyChanged) as exc:
+                stopped = exc
+                break
             counts = self.batches.counts(plan.job_id)
             fraction = counts.finished / max(1, counts.total)
             ctx.set_progress(fraction)
@@ -112,13 +124,32 @@ class BatchRunner:
         if plan.kind == "dub":  # stopped by the quota: the track ends where the first cue not made starts
             outcome = self._track(plan, self._first_unmade_start(plan) if stopped else None)
             extra.update(track_s=round(outcome.duration_s, 3), charged_s=self._charge_rest(run, outcome))
-        extra["audio_s"] = round(sum(i.duration_s or 0.0 for i in self._done(plan)), 3)
+        done = self._done(plan)
+        extra["audio_s"] = round(sum(i.duration_s or 0.0 for i in done), 3)
+        if stopped is not None:  # the finished items stay downloadable; say which are missing
+            finished = {i.position for i in done}
+            missing = [i.position for i in self.batches.items(plan.job_id) if i.position not in finished]
+            extra["partial"] = {
+                "segments_done": counts.done,
+                "segments_total": counts.total,
+                "missing": missing,
+                "audio_s": extra["audio_s"],
+            }
         return JobResult(outcome, extra, stopped)
 
     # -- one item ---------------------------------------------------------------------------------------
 
-    def _item(self, ctx: WorkContext, plan: BatchPlan, run: JobRun, item: BatchItem, unexpected: int) -> int:
-        """Run one item to its end (done or failed); returns the count of unexpected failures in a row."""
+    def _item(
+        self,
+        ctx: WorkContext,
+        plan: BatchPlan,
+        run: JobRun,
+        item: BatchItem,
+        unexpected: int,
+        pins: VoicePins,
+    ) -> int:
+        """Run one item to its end (done or failed); returns the count of unexpected failures in a row.
+        KeyRevoked / KeyChanged when the key may no longer go on (the item, if made, is dropped)."""
         if item.state == "running" and self._adopt(plan, run, item):
             return unexpected
         if not self.batches.start(plan.job_id, item.position, run.attempt):
@@ -128,7 +159,7 @@ class BatchRunner:
         ctx.set_timeout(backstop, f"item {item.position} stopped answering for {backstop:g} s")
         started = time.monotonic()
         try:
-            outcome, result = self._make(ctx, plan, run, item)
+            outcome, result = self._make(ctx, plan, run, item, pins)
         except Cancelled:
             if ctx.cancel.is_set():
                 raise
@@ -148,6 +179,7 @@ class BatchRunner:
                 reason = outcome.storage_error or "see the server log"
                 error = ("storage_error", f"its audio could not be saved ({reason})")
             else:
+                self._check_before_charge(plan, run, item, outcome, pins)
                 run.quota.charge(run.key_id, plan.job_id, _charge_s(plan, item, outcome))
                 recorded = self.batches.finish(
                     plan.job_id,
@@ -165,8 +197,20 @@ class BatchRunner:
         self.batches.finish(plan.job_id, item.position, run.attempt, error=error)
         return unexpected
 
+    def _check_before_charge(
+        self, plan: BatchPlan, run: JobRun, item: BatchItem, outcome: TtsOutcome, pins: VoicePins
+    ) -> None:
+        """The key once more before the item is charged: made after a revoke, it is dropped instead."""
+        try:
+            run.check_key(pins.owners())
+        except (KeyRevoked, KeyChanged) as exc:
+            if outcome.output_id is not None:
+                self._discard(outcome.output_id)
+            self.batches.finish(plan.job_id, item.position, run.attempt, error=(error_code(exc), str(exc)))
+            raise
+
     def _make(
-        self, ctx: WorkContext, plan: BatchPlan, run: JobRun, item: BatchItem
+        self, ctx: WorkContext, plan: BatchPlan, run: JobRun, item: BatchItem, pins: VoicePins
     ) -> tuple[TtsOutcome, dict[str, Any]]:
         request = item_request(plan, item)
 
@@ -178,17 +222,20 @@ class BatchRunner:
             extra={**plan.spec.extra, "batch_id": plan.job_id, "item": item.position, "name": item.name},
         )
         with self.host.synthesizer(ctx.cancel) as synth:
+            pinned = pins.pin(request.voice, synth.voice_features)  # VoiceUnavailable: this item fails
             if plan.kind == "dub":
                 max_speed = float(plan.shared.get("max_speed") or 1.25)
                 slot = CueSlot.of(item.params).slot_s
                 cue = self.run_engine(
-                    lambda: synthesize_cue(synth, request, slot, max_speed, cancel, plan.voices)
+                    lambda: synthesize_cue(synth, request, slot, max_speed, cancel, plan.voices, pinned)
                 )
                 request = dataclasses.replace(request, speed=cue.speed)
                 result, extra = cue.result, {"speed": cue.speed, "natural_s": round(cue.natural_s, 3)}
             else:
                 result = self.run_engine(
-                    lambda: synth.synthesize(request, cancel=cancel(), voices=plan.voices).result()
+                    lambda: synth.synthesize(
+                        request, cancel=cancel(), voices=plan.voices, pinned=pinned
+                    ).result()
                 )
                 extra = {}
             return self.finish(synth, request, result, spec, encoded=False), extra

@@ -16,6 +16,7 @@ from dataclasses import dataclass
 from cosyserve.service.dub_plan import CueSlot  # noqa: F401  (re-exported: where a cue goes)
 from cosyserve.service.dub_timeline import audible_span, fit_speed
 from cosyserve.service.local.synthesizer import Synthesizer
+from cosyserve.service.local.voice_pins import PinnedVoice
 from cosyserve.service.requests import (
     EVERY_VOICE,
     SentenceTiming,
@@ -43,18 +44,19 @@ def synthesize_cue(
     max_speed: float,
     cancel: CancelFactory,
     voices: VoiceScope = EVERY_VOICE,
+    pinned: PinnedVoice | None = None,
 ) -> CueAudio:
     """The cue's speech at `request.speed` (default 1), sped up to fit `slot_s` if needed and allowed; a
     saved voice outside `voices` is not found."""
     base = request.speed or 1.0
     at_base = dataclasses.replace(request, speed=base)
-    first = _trimmed(synth.synthesize(at_base, cancel=cancel(), voices=voices).result())
+    first = _trimmed(synth.synthesize(at_base, cancel=cancel(), voices=voices, pinned=pinned).result())
     natural = first.duration_s
     speed = fit_speed(natural, slot_s, base, max(base, max_speed))
     if speed <= base:
         return CueAudio(first, base, natural)
     again = dataclasses.replace(request, speed=round(speed, 4), seed=first.seed)
-    faster = _trimmed(synth.synthesize(again, cancel=cancel(), voices=voices).result())
+    faster = _trimmed(synth.synthesize(again, cancel=cancel(), voices=voices, pinned=pinned).result())
     if faster.duration_s >= natural:  # pragma: no cover - speeding up always shortens the mel
         return CueAudio(first, base, natural)
     return CueAudio(faster, round(speed, 4), natural)

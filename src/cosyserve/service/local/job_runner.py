@@ -22,8 +22,16 @@ from cosyserve.service.backend import cancellable_job, job_pieces, new_job_id, s
 from cosyserve.service.batch_input import ItemSpec
 from cosyserve.service.local.batches import BatchPlan, BatchRunner
 from cosyserve.service.local.job_quota import JobQuota
-from cosyserve.service.local.jobs import RECORD_WAIT_S, JobResult, JobRun, JobStateRecorder, run_pieces
+from cosyserve.service.local.jobs import (
+    CLIENT_CANCEL,
+    RECORD_WAIT_S,
+    JobResult,
+    JobRun,
+    JobStateRecorder,
+    run_pieces,
+)
 from cosyserve.service.local.model_host import ModelHost
+from cosyserve.service.local.voice_pins import SNAPSHOTS, VoicePins, resolve_items, resolve_request
 from cosyserve.service.logs import request_context
 from cosyserve.service.requests import (
     TERMINAL_STATES,
@@ -69,13 +77,14 @@ class LocalJobs:
         """Accept a (possibly long) text as a job; its record always ends done, failed or cancelled.
         QuotaExceeded when its whole estimate does not fit in its key's quota."""
         pieces = job_pieces(request, self.max_text_chars)  # fails early on a text that can't be a job
+        snapshots = resolve_request(self.host.voices, request, spec.voice_scope)
         job_id = new_job_id()
         spec = dataclasses.replace(spec, extra={**spec.extra, "job_id": job_id})
         estimate = self.reservations.estimate(request, spec.voice_scope)
 
         def create() -> JobRecord:
             return self.jobs.create(
-                job_parameters(request, spec),
+                {**job_parameters(request, spec), SNAPSHOTS: snapshots},
                 kind="tts",
                 owner=spec.owner,
                 job_id=job_id,
@@ -84,7 +93,7 @@ class LocalJobs:
                 prompt_wav=request.prompt_wav,
             )
 
-        body = self._tts_body(job_id, request, spec, pieces, spec.voice_scope)
+        body = self._tts_body(job_id, request, spec, pieces, spec.voice_scope, snapshots)
         submit = lambda: self._submit(job_id, "tts", body, create, spec, request)  # noqa: E731
         return self.reservations.job_submitted(job_id, spec.key, estimate, submit)
 
@@ -99,6 +108,8 @@ class LocalJobs:
         """Accept a batch (kind "batch") or a dub (kind "dub") of checked items; items with a problem are
         stored failed at once. QuotaExceeded when its estimate (a batch: its items'; a dub: its track's
         length) does not fit in its key's quota."""
+        items, snapshots = resolve_items(self.host.voices, items, spec.voice_scope)
+        shared = {**shared, SNAPSHOTS: snapshots}
         job_id = new_job_id()
         reserved = self.reservations.batch_estimate(kind, items, shared, spec.voice_scope)
 
@@ -128,7 +139,9 @@ class LocalJobs:
         is still the job's current one."""
         pieces = job_pieces(request, self.max_text_chars)
         spec = dataclasses.replace(spec, extra={**spec.extra, "job_id": job_id})  # a retry finds its output
-        body = self._tts_body(job_id, request, spec, pieces, spec.voice_scope)
+        record = self.jobs.get(job_id)
+        snapshots = (record.params or {}).get(SNAPSHOTS) if record is not None else None
+        body = self._tts_body(job_id, request, spec, pieces, spec.voice_scope, snapshots)
         return self._ticket(job_id, "tts", body, spec, _set_event(), request, attempt=attempt)
 
     def run_claimed_batch(self, job_id: str, attempt: int) -> Ticket:
@@ -147,7 +160,8 @@ class LocalJobs:
         if record.kind == "tts":
             asked = request_of(record.params, prompt_wav)
             pieces = job_pieces(asked, self.max_text_chars)
-            body = self._tts_body(record.id, asked, spec, pieces, voices)
+            snapshots = (record.params or {}).get(SNAPSHOTS)
+            body = self._tts_body(record.id, asked, spec, pieces, voices, snapshots)
         else:
             plan_spec = dataclasses.replace(spec, key=None)  # items are charged by the runner
             plan = BatchPlan(record.id, record.kind, dict(record.params), prompt_wav, plan_spec, voices)
@@ -158,7 +172,7 @@ class LocalJobs:
     def cancel_job(self, job_id: str) -> JobRecord:
         """Cancel a queued or running job (JobStateError if it already ended)."""
         record = cancellable_job(self.jobs, job_id)
-        if not self.scheduler.cancel(job_id, "cancelled by the client"):
+        if not self.scheduler.cancel(job_id, CLIENT_CANCEL):
             # Not on this process's scheduler (waiting to be resubmitted): end the record itself.
             if record.kind != "tts":  # the items first: whoever sees the batch cancelled sees them ended
                 self.batches.cancel_rest(job_id, "cancelled", "cancelled by the client")
@@ -248,28 +262,38 @@ class LocalJobs:
         return on_state
 
     def _tts_body(
-        self, job_id: str, request: SynthesisRequest, spec: OutputSpec, pieces: list[str], voices: VoiceScope
+        self,
+        job_id: str,
+        request: SynthesisRequest,
+        spec: OutputSpec,
+        pieces: list[str],
+        voices: VoiceScope,
+        snapshots: dict[str, Any] | None,
     ) -> Body:
         def body(ctx: WorkContext, run: JobRun) -> JobResult:
-            extra = {"format": spec.format, "pieces": len(pieces)}
+            extra: dict[str, Any] = {"format": spec.format, "pieces": len(pieces)}
             saved = self._saved_result(job_id, spec.owner) if run.attempt > 1 else None
             if saved is not None:
                 return JobResult(saved, extra)
             with self.host.synthesizer(ctx.cancel) as synth:
-                result, stopped = self.run_engine(
-                    lambda: run_pieces(ctx, synth, request, pieces, run, voices)
-                )
-                ctx.check_cancelled()  # lost the job while finishing the last piece: no output
+                # the voice is looked up once per attempt, by the id it was submitted with
+                pins = VoicePins(self.host.voices, snapshots, voices)
+                pinned = pins.pin(request.voice, synth.voice_features)
+                made = self.run_engine(lambda: run_pieces(ctx, synth, request, pieces, run, voices, pinned))
+                if made.stopped is None:
+                    ctx.check_cancelled()  # lost the job while finishing the last piece: no output
+                else:
+                    extra["partial"] = made.partial()
                 # the key was charged segment by segment (`run_pieces`), not again here
                 outcome = self.finish(
-                    synth, request, result, dataclasses.replace(spec, key=None), encoded=False
+                    synth, request, made.result, dataclasses.replace(spec, key=None), encoded=False
                 )
             if outcome.output_id is None:
                 raise StorageError(
                     f"the job's audio could not be saved ({outcome.storage_error or 'see the server log'}): "
                     "make room in the output directory, then submit the job again"
                 )
-            return JobResult(outcome, extra, run.quota.exceeded(run.key_id) if stopped else None)
+            return JobResult(outcome, extra, made.stopped)
 
         return body
 

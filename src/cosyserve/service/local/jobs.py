@@ -10,6 +10,9 @@ shutdown leaves the jobs of a server that owns its job table in the queue for it
 Each segment gets its own timeout (`job_segment_timeout_s`), so a job's limit grows with its length and
 does not depend on the interactive request timeout; each segment's audio is charged to the key's quota as
 it is made, and the job stops with `quota_exceeded`, keeping what it finished, once the quota is used up.
+Before each segment is charged its key is checked again (`KeyWatch`): a revoked key's job stops there with
+`key_revoked`, and that segment is not charged. A job stopped midway (quota, key, a client's cancel, an
+error) keeps its finished segments as a partial result, and its record says which part is missing.
 """
 
 from __future__ import annotations
@@ -18,15 +21,25 @@ import dataclasses
 import logging
 import threading
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field
 from typing import Any
 
 import numpy as np
 
-from cosyserve.errors import Cancelled, CosyServeError, Interrupted, JobStateError, ShuttingDown
+from cosyserve.errors import (
+    Cancelled,
+    CosyServeError,
+    Interrupted,
+    JobStateError,
+    ModelNotReady,
+    ShuttingDown,
+    error_code,
+)
+from cosyserve.service.access.key_watch import KeyChanged, KeyRevoked, KeyWatch
 from cosyserve.service.local.job_quota import JobQuota
 from cosyserve.service.local.synthesizer import Synthesizer
+from cosyserve.service.local.voice_pins import PinnedVoice
 from cosyserve.service.requests import (
     EVERY_VOICE,
     SentenceTiming,
@@ -45,6 +58,7 @@ log = logging.getLogger(__name__)
 
 PROGRESS_WRITE_S = 0.5  # job progress goes to the database at most this often
 RECORD_WAIT_S = 30.0  # how long a state change waits for the job's record to be written
+CLIENT_CANCEL = "cancelled by the client"  # the cancel reason after which a job keeps its finished part
 
 
 @dataclass(frozen=True)
@@ -87,9 +101,49 @@ class JobRun:
             "the server may be overloaded; retry the job, or raise job_segment_timeout_s",
         )
 
+    def check_key(self, voice_owners: Iterable[str | None] = ()) -> None:
+        """KeyRevoked / KeyChanged when the job's key may no longer go on (one query; none without a key)."""
+        KeyWatch(self.quota.key_lookup, self.key_id).check(voice_owners)
+
 
 class QuotaStop(Exception):
     """Raised between segments when the key's quota ran out: the job keeps what it finished."""
+
+
+@dataclass(frozen=True)
+class PiecesMade:
+    """What `run_pieces` made: the audio of its finished segments, and why it stopped early (None: it
+    did not)."""
+
+    result: SynthesisResult
+    stopped: CosyServeError | None
+    segments_done: int
+    segments_total: int
+
+    def partial(self) -> dict[str, Any]:
+        """What a record says of a job that stopped early: how far it got and what is missing."""
+        return {
+            "segments_done": self.segments_done,
+            "segments_total": self.segments_total,
+            "missing_from": self.segments_done,  # segments run in order: this one and every later one
+            "audio_s": round(self.result.duration_s, 3),
+        }
+
+
+def stop_reason(exc: BaseException, ctx: WorkContext, run: JobRun) -> CosyServeError | None:
+    """Why the work stopped early while keeping what it finished, or None when it must fail as a whole
+    (a shutdown leaves the job for the next start; a timeout or a lost job has ended it already)."""
+    if isinstance(exc, QuotaStop):
+        return run.quota.exceeded(run.key_id)
+    if isinstance(exc, Cancelled):
+        try:
+            ctx.check_cancelled()  # raises with the reason the ticket was cancelled for
+        except Cancelled as why:
+            return why if str(why) == CLIENT_CANCEL else None
+        return None
+    if isinstance(exc, ShuttingDown | ModelNotReady) or ctx.cancel.is_set():
+        return None
+    return exc if isinstance(exc, CosyServeError) else None
 
 
 class JobStateRecorder:
@@ -148,7 +202,7 @@ class JobStateRecorder:
         outcome = result.outcome
         if result.stopped is not None and self.kind != "tts":  # its items end first, as in `_ended`
             self.batches.cancel_rest(
-                self.job_id, "quota_exceeded", str(result.stopped), of_attempt=self.attempt
+                self.job_id, error_code(result.stopped), str(result.stopped), of_attempt=self.attempt
             )
         try:
             self.jobs.finish_done(
@@ -182,54 +236,85 @@ def run_pieces(
     pieces: list[str],
     run: JobRun,
     voices: VoiceScope = EVERY_VOICE,
-) -> tuple[SynthesisResult, bool]:
-    """Synthesise the pieces in order with one seed, reporting progress on the ticket and the record and
-    charging each segment; returns the result and whether the quota stopped it early. A saved voice
-    outside `voices` (the job's caller may not use it) is not found."""
-    results: list[SynthesisResult] = []
-    seed = request.seed
-    last_write = 0.0
-    for index, piece in enumerate(pieces):
-        ctx.check_cancelled()
-        run.arm(ctx)
+    pinned: PinnedVoice | None = None,
+) -> PiecesMade:
+    """Synthesise the pieces in order with one seed, reporting progress on the ticket and the record,
+    checking the key and charging each segment; stops early (keeping its whole segments) at the quota, a
+    revoked key, a client's cancel or an error. A saved voice outside `voices` is not found; `pinned`: the
+    voice as the job pinned it."""
+    owners = [pinned.voice.owner] if pinned is not None else []
+    run.check_key(owners)  # revoked while it waited in the queue
+    run.arm(ctx)  # checking every piece is part of the first segment's time
+    last_write = [0.0]
+
+    def progress_of(index: int) -> Callable[[SynthesisProgress], None]:
         charged = 0.0
 
-        def progress(p: SynthesisProgress, index: int = index) -> None:
-            nonlocal last_write, charged
+        def progress(p: SynthesisProgress) -> None:
+            nonlocal charged
             fraction = (index + p.fraction) / len(pieces)
             ctx.set_progress(fraction)
             run.arm(ctx)  # the next segment's clock
             if p.audio_seconds > charged:
+                run.check_key(owners)  # before charging: a segment made after a revoke is never charged
                 allowed = run.quota.charge(run.key_id, run.job_id, p.audio_seconds - charged)
                 charged = p.audio_seconds
                 if not allowed and fraction < 1.0:
                     raise QuotaStop
-            if time.monotonic() - last_write >= PROGRESS_WRITE_S:
-                last_write = time.monotonic()
+            if time.monotonic() - last_write[0] >= PROGRESS_WRITE_S:
+                last_write[0] = time.monotonic()
                 run.jobs.set_progress(run.job_id, fraction, attempt=run.attempt)
 
+        return progress
+
+    # Every piece is checked before any audio is made; later pieces reuse the first one's seed (one seed
+    # reproduces the job).
+    streams = []
+    seed = request.seed
+    for index, piece in enumerate(pieces):
         part = dataclasses.replace(request, text=piece, seed=seed)
-        stream = synth.synthesize(part, progress=progress, cancel=ctx.cancel, voices=voices)
+        stream = synth.synthesize(
+            part, progress=progress_of(index), cancel=ctx.cancel, voices=voices, pinned=pinned
+        )
+        seed = stream.seed
+        streams.append(stream)
+    total = sum(stream.segment_count for stream in streams)
+    results: list[SynthesisResult] = []
+    for stream in streams:
+        run.arm(ctx)
         chunks: list[np.ndarray] = []
         try:
+            ctx.check_cancelled()
             chunks.extend(chunk.samples for chunk in stream)
-        except QuotaStop:  # the segments it finished are whole: keep them
-            if chunks:
-                results.append(_partial(stream.seed, synth.sample_rate, chunks, stream.timings))
+            result = stream.result()
+        except Exception as exc:
+            stopped = stop_reason(exc, ctx, run)
+            if stopped is None:
+                raise
+            kept = stream.timings
+            if isinstance(exc, KeyRevoked | KeyChanged):  # its last segment was not charged: not kept either
+                kept = kept[:-1]
+            whole = _whole_segments(stream.seed, synth.sample_rate, chunks, kept)
+            results += [whole] if whole is not None else []
+            if not results and isinstance(exc, QuotaStop):
+                raise stopped from None
             if not results:
-                raise run.quota.exceeded(run.key_id) from None
-            return merge_results(results), True
-        result = stream.result()
-        seed = result.seed  # later pieces reuse the first piece's seed: one seed reproduces the job
+                raise
+            done = sum(len(r.timings) for r in results)
+            return PiecesMade(merge_results(results), stopped, done, total)
         results.append(result)
         ctx.share_partial(tuple(results))  # the studio plays the finished pieces while the rest is made
-    return merge_results(results), False
+    return PiecesMade(merge_results(results), None, total, total)
 
 
-def _partial(
+def _whole_segments(
     seed: int, rate: int, chunks: list[np.ndarray], timings: list[SentenceTiming]
-) -> SynthesisResult:
-    return SynthesisResult(audio=np.concatenate(chunks), sample_rate=rate, seed=seed, timings=list(timings))
+) -> SynthesisResult | None:
+    """The audio of the segments that finished (a segment cut off midway is dropped), or None."""
+    if not timings or not chunks:
+        return None
+    audio = np.concatenate(chunks)[: round(timings[-1].end_s * rate)]
+    return SynthesisResult(audio=audio, sample_rate=rate, seed=seed, timings=list(timings))
 
 
 def merge_results(results: list[SynthesisResult]) -> SynthesisResult:

@@ -44,6 +44,7 @@ from cosyserve.frontend.text import PreparedText, prepare_texts
 from cosyserve.frontend.text.describe import reading_report
 from cosyserve.frontend.tokenizer import TextTokenizer
 from cosyserve.modeldir.model_dir import ModelDir
+from cosyserve.service.local.voice_pins import PinnedVoice
 from cosyserve.service.requests import (
     EVERY_VOICE,
     MAX_SEED,
@@ -108,6 +109,16 @@ class SynthesisStream:
 
     def cancel(self) -> None:
         self._cancel.set()
+
+    @property
+    def voice(self) -> Voice | None:
+        """The saved voice it speaks with (None: an uploaded recording)."""
+        return self._plan.voice
+
+    @property
+    def segment_count(self) -> int:
+        """How many segments its text was split into (progress reports one after each)."""
+        return len(self._plan.prepared.segments)
 
     def result(self) -> SynthesisResult:
         """The whole result; consumes whatever has not been read yet."""
@@ -274,6 +285,11 @@ class Synthesizer:
         with out_of_memory_as_error("the voice's enrolment"):
             return self._library().add(name, audio, analyse, transcript=transcript, **kwargs)  # type: ignore[arg-type]
 
+    def voice_features(self, voice: Voice) -> PromptFeatures:
+        """A saved voice's prompt features by its id (VoiceNotFound once it is gone): what pinning loads."""
+        analyse = functools.partial(self.analyse_prompt, denoise=bool(voice.defaults.denoise))
+        return self._library().features(voice, analyse)
+
     def cached_prefix(self, prompt_text_ids: list[int]) -> PromptPrefix:
         """A saved voice's LM prefix KV, computed once and kept (LRU) for later requests."""
         key = tuple(prompt_text_ids)
@@ -302,18 +318,20 @@ class Synthesizer:
         progress: ProgressCallback | None = None,
         cancel: threading.Event | None = None,
         voices: VoiceScope = EVERY_VOICE,
+        pinned: PinnedVoice | None = None,
     ) -> SynthesisStream:
         """Check the request now (InputError; a saved voice outside `voices` is not found), generate
-        lazily as the stream is read."""
+        lazily as the stream is read. `pinned`: the request's saved voice as its work pinned it (its
+        settings and features are used as they are, nothing is looked up)."""
         with out_of_memory_as_error("the analysis of the request's prompt"):
-            plan = self._plan(request, voices)
+            plan = self._plan(request, voices, pinned)
         return SynthesisStream(self, plan, progress, cancel)
 
     def run(self, request: SynthesisRequest, **kwargs: object) -> SynthesisResult:
         """Synthesise the whole request and return it."""
         return self.synthesize(request, **kwargs).result()  # type: ignore[arg-type]
 
-    def _plan(self, request: SynthesisRequest, voices: VoiceScope) -> _Plan:
+    def _plan(self, request: SynthesisRequest, voices: VoiceScope, pinned: PinnedVoice | None) -> _Plan:
         started = time.perf_counter()
         if (request.voice is None) == (request.prompt_wav is None):
             raise InputError("give exactly one of `voice` (a saved voice) or `prompt_wav` (a recording)")
@@ -324,9 +342,11 @@ class Synthesizer:
         voice = None
         lexicon = dict(self.lexicon)
         if request.voice is not None:
-            voice = self._library().get(request.voice, voices)
-            analyse = functools.partial(self.analyse_prompt, denoise=bool(voice.defaults.denoise))
-            features = self._library().features(voice, analyse)
+            if pinned is not None:
+                voice, features = pinned.voice, pinned.features
+            else:
+                voice = self._library().get(request.voice, voices)
+                features = self.voice_features(voice)
             transcript = request.prompt_text if request.prompt_text is not None else voice.transcript
             instruct = request.instruct if request.instruct is not None else voice.defaults.instruct
             speed = request.speed if request.speed is not None else (voice.defaults.speed or 1.0)

@@ -251,12 +251,13 @@ class JobStore:
         attempt: int | None = None,
         stopped: BaseException | None = None,
     ) -> JobRecord:
-        """Done with its result; with `stopped`, failed for that reason but with the part it finished (a
-        quota that ran out) kept as its result."""
+        """Done with its result; with `stopped`, failed (cancelled, for `Cancelled`) for that reason but
+        with the part it finished (a quota that ran out, a revoked key, a client's cancel) kept as its
+        result."""
         ending: dict[str, Any] = {"state": "done", "progress": 1.0}
         if stopped is not None:
             ending = {
-                "state": "failed",
+                "state": "cancelled" if isinstance(stopped, Cancelled) else "failed",
                 "error_code": fit_to_column(error_code(stopped), jobs_table.c.error_code),
                 "error_message": clean_text(str(stopped)),
             }

@@ -36,6 +36,7 @@ ROLES = ("admin", "user")
 NAME_MAX_CHARS = 64
 MAX_KEY_ID = 2**31 - 1  # the id column is a 32-bit integer; larger ids can't exist (PostgreSQL refuses them)
 _DUMMY_HASH = hashlib.sha256(b"no such key").hexdigest()
+KEEP = object()  # `KeyStore.update`: leave this value as it is
 
 
 class KeyNotFound(InputError):
@@ -179,6 +180,45 @@ class KeyStore:
                     self.table.update().where(self.table.c.id == row.id).values(revoked_at=self._clock())
                 )
         return self.get(row.id)
+
+    def update(
+        self,
+        key_id: int | str,
+        *,
+        role: str | None = None,
+        quota: float | object | None = KEEP,
+        rate_limit: int | object | None = KEEP,
+    ) -> ApiKey:
+        """Change a key's role, daily quota (None: the server default) or rate limit (None: the server
+        default, 0: unlimited); what is not given (KEEP) stays. Running work of the key sees the change
+        at its next segment (`access.key_watch`)."""
+        key = self.get(key_id)  # type: ignore[arg-type]
+        values: dict[str, object] = {}
+        if role is not None:
+            if role not in ROLES:
+                raise InputError(f"role {role!r} is unknown; use one of {', '.join(ROLES)}")
+            values["role"] = role
+        if quota is not KEEP:
+            if quota is not None and (
+                isinstance(quota, bool) or not isinstance(quota, int | float) or not quota > 0
+            ):
+                raise InputError(
+                    f"quota must be a positive number of audio seconds per day (or null), got {quota}"
+                )
+            values["daily_audio_seconds_quota"] = None if quota is None else float(quota)  # type: ignore[arg-type]
+        if rate_limit is not KEEP:
+            if rate_limit is not None and (
+                isinstance(rate_limit, bool) or not isinstance(rate_limit, int) or rate_limit < 0
+            ):
+                raise InputError(
+                    "rate limit must be >= 0 requests per minute (0: unlimited, null: the server default), "
+                    f"got {rate_limit}"
+                )
+            values["rate_limit_per_minute"] = rate_limit
+        if values:
+            with self.engine.begin() as conn:
+                conn.execute(self.table.update().where(self.table.c.id == key.id).values(**values))
+        return self.get(key.id)
 
     def authenticate(self, plaintext: str | None) -> ApiKey | None:
         """The active key `plaintext` is, or None (unknown, malformed or revoked)."""

@@ -29,7 +29,7 @@ from typing import Any
 
 import sqlalchemy as sa
 
-from cosyserve.errors import InputError
+from cosyserve.errors import CosyServeError, InputError
 from cosyserve.frontend.prompt_features import PromptFeatures
 from cosyserve.service.requests import EVERY_VOICE, VoiceDefaults, VoiceScope
 from cosyserve.service.stores.atomic_files import write_atomic
@@ -64,6 +64,15 @@ class VoiceNotFound(InputError):
 
 class VoiceFilesMissing(VoiceNotFound):
     """The voice exists but its files are on another node only (enrolled before files were shared)."""
+
+
+class VoiceUnavailable(CosyServeError):
+    """A voice that work was accepted with is gone when the work needs it (deleted out of band): not the
+    caller's error; the work keeps what it finished."""
+
+
+class VoiceInUse(CosyServeError):
+    """A voice that queued or running work uses cannot be deleted yet."""
 
 
 @dataclass(frozen=True)

@@ -1,0 +1,51 @@
+"""Work in flight keeps asking whether its key still may: a revoked key's streams, jobs and batches stop at
+the next segment boundary, and nothing made after the revoke is charged.
+
+`KeyWatch.check` reads the key's row once (one query per segment boundary: the work checks before it
+charges a segment, so the segment in flight when the key was revoked is never charged). A key whose role
+changed is re-checked against what the work uses: a key that became a user may no longer speak with a
+saved voice that is neither shared nor its own, and its work stops with `key_changed`; work that stays
+within the new scope goes on. A changed quota needs no stop: it is read again at every charge.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Iterable
+
+from cosyserve.errors import CosyServeError
+from cosyserve.service.requests import VoiceScope
+from cosyserve.service.stores.keys import ApiKey
+
+
+class KeyRevoked(CosyServeError):
+    """The API key that started this work was revoked (or deleted) while it ran; the work stopped."""
+
+
+class KeyChanged(CosyServeError):
+    """The API key's role changed while its work ran and the work uses what the key may no longer use."""
+
+
+class KeyWatch:
+    """Re-checks one key at segment boundaries; a no-op for work without a key (auth off, UI sessions)."""
+
+    def __init__(self, lookup: Callable[[int], ApiKey | None], key_id: int | None) -> None:
+        self.lookup = lookup  # the key's current row by id, revoked ones included (None: deleted)
+        self.key_id = key_id
+
+    def check(self, voice_owners: Iterable[str | None] = ()) -> None:
+        """KeyRevoked when the key was revoked or deleted; KeyChanged when a saved voice the work uses
+        (its owner given) is outside what the key may use now."""
+        if self.key_id is None:
+            return
+        key = self.lookup(self.key_id)
+        if key is None or key.revoked_at is not None:
+            raise KeyRevoked(
+                f"API key {self.key_id} was revoked while this work ran: it stopped at the next segment, "
+                "and nothing made after the revoke was charged; what finished before is kept"
+            )
+        scope = VoiceScope(owner=f"key:{key.id}", everything=key.is_admin)
+        if not all(scope.includes(owner) for owner in voice_owners):
+            raise KeyChanged(
+                f"API key {key.id} became a {key.role} key while this work ran and may no longer use its "
+                "voice (another user's): the work stopped; submit it again with a voice the key may use"
+            )

@@ -1,0 +1,304 @@
+"""Issue 32 (items 1, 2), over HTTP: work in flight keeps its footing. A job keeps the voice it was submitted
+with (renamed, changed or deleted meanwhile), a voice in use cannot be deleted, a vanished voice is the
+server's `voice_unavailable`, never the caller's `invalid_input`; a revoked key's streams, jobs and batches
+stop at the next segment with `key_revoked` and nothing after the revoke is charged; a job stopped midway
+keeps its finished segments; admins list, revoke and change keys.
+
+The tests act between two segments of running work: `pause(key_id, n)` holds the key's work right after
+its n-th passing key check (the start of a job counts one, then every finished segment or item)."""
+
+from __future__ import annotations
+
+import base64
+import io
+import json
+import threading
+import time
+
+import httpx
+import pytest
+import soundfile as sf
+
+from conftest import LONG_TEXT, enrol_voice
+from cosyserve.service.access.key_watch import KeyWatch
+
+TERMINAL = {"done", "failed", "cancelled"}
+TEXT = "第一句话。第二句话。第三句话。第四句话。第五句话。第六句话。" * 4  # pieces of at most 40 characters
+
+
+@pytest.fixture(scope="module")
+def server(start_api_server, prompt_wav_bytes):
+    live = start_api_server(max_text_chars=40, api_keys_required=True, rate_limit_per_minute=0)
+    live.admin_key = live.service.keys.create("ops", "admin")[1]
+    with as_key(live, live.admin_key) as admin:
+        enrol_voice(admin, "alice", prompt_wav_bytes)  # shared
+    yield live
+    live.stop()
+
+
+@pytest.fixture
+def pause(monkeypatch):
+    """`pause(key_id, n)` → (paused, go): the key's work waits after its n-th passing key check until `go`."""
+    original = KeyWatch.check
+    plans: dict[int, dict] = {}
+
+    def check(self, voice_owners=()):
+        original(self, voice_owners)
+        plan = plans.get(self.key_id)
+        if plan is not None:
+            plan["count"] += 1
+            if plan["count"] == plan["after"]:
+                plan["paused"].set()
+                plan["go"].wait(60)
+
+    monkeypatch.setattr(KeyWatch, "check", check)
+
+    def hold(key_id: int, after: int) -> tuple[threading.Event, threading.Event]:
+        plans[key_id] = {"count": 0, "after": after, "paused": threading.Event(), "go": threading.Event()}
+        return plans[key_id]["paused"], plans[key_id]["go"]
+
+    yield hold
+    for plan in plans.values():
+        plan["go"].set()
+
+
+def as_key(server, key: str) -> httpx.Client:
+    return server.client(headers={"Authorization": f"Bearer {key}"})
+
+
+def wait(client, path: str, timeout: float = 120.0) -> dict:
+    deadline = time.monotonic() + timeout
+    while (body := client.get(path).json()).get("state") not in TERMINAL:
+        assert time.monotonic() < deadline and "state" in body, body
+        time.sleep(0.1)
+    return body
+
+
+def seconds_of(client, url: str) -> float:
+    audio, rate = sf.read(io.BytesIO(httpx.get(client.base_url.join(url)).content))
+    return len(audio) / rate
+
+
+# -- item 1: voices --------------------------------------------------------------------------------------
+
+
+def test_renaming_or_deleting_a_voice_leaves_its_running_job_alone(server, pause, prompt_wav_bytes) -> None:
+    key, secret = server.service.keys.create("bob-app", "user")
+    with as_key(server, secret) as bob:
+        enrol_voice(bob, "bob-voice", prompt_wav_bytes)
+        paused, go = pause(key.id, 2)  # the job started and made its first segment
+        job = bob.post("/v1/jobs", json={"text": TEXT, "voice": "bob-voice", "seed": 3}).json()
+        assert paused.wait(60)
+        renamed = bob.patch("/v1/voices/bob-voice", json={"name": "bobby", "transcript": "别的文字。"})
+        assert renamed.status_code == 200 and renamed.json()["name"] == "bobby"
+        refused = bob.delete("/v1/voices/bobby")
+        assert refused.status_code == 409, refused.text
+        assert (
+            refused.json()["error"]["code"] == "voice_in_use"
+            and job["id"] in refused.json()["error"]["message"]
+        )
+        go.set()
+        final = wait(bob, f"/v1/jobs/{job['id']}")
+        assert final["state"] == "done" and final["partial"] is None and final["error"] is None, final
+        assert "voice_snapshots" not in final["params"] and final["params"]["voice"] == "bob-voice"
+        assert bob.delete("/v1/voices/bobby").status_code == 204  # no longer in use
+
+
+def test_a_voice_deleted_out_of_band_fails_waiting_work_as_voice_unavailable(
+    server, pause, prompt_wav_bytes
+) -> None:
+    blocker_key, blocker = server.service.keys.create("blocker", "user")
+    _key, secret = server.service.keys.create("carol-app", "user")
+    with as_key(server, blocker) as first, as_key(server, secret) as carol:
+        enrol_voice(carol, "carol-voice", prompt_wav_bytes)
+        enrol_voice(carol, "carol-two", prompt_wav_bytes)
+        paused, go = pause(blocker_key.id, 1)  # holds the only worker: carol's work waits in the queue
+        ahead = first.post("/v1/jobs", json={"text": "一。", "voice": "alice"}).json()
+        assert paused.wait(60)
+        job = carol.post("/v1/jobs", json={"text": "第一句话。", "voice": "carol-voice"}).json()
+        items = [{"text": "一。", "voice": "carol-two"}, {"text": "二。", "voice": "alice"}]
+        batch = carol.post("/v1/batches", json={"items": items}).json()
+        server.service.voices.delete("carol-voice")  # behind the API's back (another tool, another node)
+        server.service.voices.delete("carol-two")
+        go.set()
+        assert wait(first, f"/v1/jobs/{ahead['id']}")["state"] == "done"
+        failed = wait(carol, f"/v1/jobs/{job['id']}")
+        finished = wait(carol, f"/v1/batches/{batch['id']}")
+    assert failed["state"] == "failed" and failed["error"]["code"] == "voice_unavailable", failed
+    assert "carol-voice" in failed["error"]["message"] and "deleted" in failed["error"]["message"]
+    assert [item["state"] for item in finished["items"]] == ["failed", "done"]
+    assert finished["items"][0]["error"]["code"] == "voice_unavailable"
+
+
+def test_a_running_job_keeps_its_pinned_voice_when_it_is_deleted_out_of_band(
+    server, pause, prompt_wav_bytes
+) -> None:
+    key, secret = server.service.keys.create("dora-app", "user")
+    with as_key(server, secret) as dora:
+        enrol_voice(dora, "dora-voice", prompt_wav_bytes)
+        paused, go = pause(key.id, 2)
+        job = dora.post("/v1/jobs", json={"text": TEXT, "voice": "dora-voice"}).json()
+        assert paused.wait(60)
+        server.service.voices.delete("dora-voice")
+        go.set()
+        final = wait(dora, f"/v1/jobs/{job['id']}")
+    assert final["state"] == "done", final
+
+
+# -- item 2: keys ----------------------------------------------------------------------------------------
+
+
+def test_a_revoked_keys_job_stops_at_the_next_segment_keeping_what_was_charged(server, pause) -> None:
+    key, secret = server.service.keys.create("revoked-job", "user")
+    paused, go = pause(key.id, 2)  # its start, then its first segment
+    with as_key(server, secret) as user, as_key(server, server.admin_key) as admin:
+        job = user.post("/v1/jobs", json={"text": TEXT, "voice": "alice", "seed": 3}).json()
+        assert paused.wait(60)
+        revoked = admin.post(f"/admin/keys/{key.id}/revoke")
+        assert revoked.status_code == 200 and revoked.json()["revoked_at"] is not None
+        assert user.get("/v1/me").status_code == 401  # its new requests: refused at once
+        go.set()
+        final = wait(admin, f"/v1/jobs/{job['id']}")
+        assert final["state"] == "failed" and final["error"]["code"] == "key_revoked", final
+        partial = final["partial"]
+        assert partial["segments_done"] == partial["missing_from"] == 1 and partial["segments_total"] >= 3
+        assert seconds_of(admin, final["result_url"]) == pytest.approx(partial["audio_s"], abs=0.01)
+    # charged for its first segment, made before the revoke; nothing made after it
+    assert server.service.access.quota.used(key.id) == pytest.approx(partial["audio_s"], abs=0.01)
+
+
+def test_a_revoked_keys_stream_ends_with_key_revoked_and_is_not_charged_after(
+    start_api_server, pause, prompt_wav_bytes
+) -> None:
+    roomy = start_api_server(
+        max_text_chars=200, api_keys_required=True, rate_limit_per_minute=0
+    )  # one request of two segments
+    key, secret = roomy.service.keys.create("revoked-stream", "user")
+    admin_key = roomy.service.keys.create("ops", "admin")[1]
+    with as_key(roomy, admin_key) as admin:
+        enrol_voice(admin, "alice", prompt_wav_bytes)
+    paused, go = pause(key.id, 1)  # its first segment passed the check (and is charged)
+    events: list[dict] = []
+    body = {
+        "model": "tts-1",
+        "voice": "alice",
+        "input": LONG_TEXT,
+        "stream_format": "sse",
+        "response_format": "pcm",
+    }
+
+    def listen() -> None:
+        with as_key(roomy, secret) as user, user.stream("POST", "/v1/audio/speech", json=body) as response:
+            events.extend(json.loads(line[6:]) for line in response.iter_lines() if line.startswith("data: "))
+
+    listener = threading.Thread(target=listen)
+    listener.start()
+    try:
+        assert paused.wait(60)
+        with as_key(roomy, admin_key) as admin:
+            assert admin.post(f"/admin/keys/{key.id}/revoke").status_code == 200
+        go.set()
+        listener.join(60)
+    finally:
+        go.set()
+        roomy.stop()
+    assert events and events[-1]["type"] == "error", events[-1:]
+    assert events[-1]["error"]["code"] == "key_revoked" and events[-1]["error"]["status"] == 401
+    pcm = b"".join(base64.b64decode(e["audio"]) for e in events if e["type"] == "speech.audio.delta")
+    received_s = len(pcm) / 2 / roomy.service.backend.model_info["sample_rate"]  # 16-bit PCM
+    used = roomy.service.access.quota.used(key.id)
+    assert 0 < used < received_s - 0.01  # the first segment; the one made after the revoke is not charged
+
+
+def test_a_revoked_keys_batch_stops_between_items(server, pause) -> None:
+    key, secret = server.service.keys.create("revoked-batch", "user")
+    paused, go = pause(key.id, 2)  # before item 1, then before charging it
+    with as_key(server, secret) as user, as_key(server, server.admin_key) as admin:
+        items = {"voice": "alice", "items": ["一。", "二。", "三。"]}
+        batch = user.post("/v1/batches", json=items).json()
+        assert paused.wait(60)
+        admin.post(f"/admin/keys/{key.id}/revoke")
+        go.set()
+        final = wait(admin, f"/v1/batches/{batch['id']}")
+    assert final["state"] == "failed" and final["error"]["code"] == "key_revoked", final
+    assert [item["state"] for item in final["items"]] == ["done", "cancelled", "cancelled"]
+    assert {item["error"]["code"] for item in final["items"][1:]} == {"key_revoked"}
+    assert final["partial"]["segments_done"] == 1 and final["partial"]["missing"] == [2, 3]
+    used = server.service.access.quota.used(key.id)
+    assert used == pytest.approx(final["items"][0]["duration_s"], abs=0.01)
+
+
+def test_a_key_demoted_to_user_stops_work_with_a_voice_it_may_no_longer_use(
+    server, pause, prompt_wav_bytes
+) -> None:
+    _owner_key, owner = server.service.keys.create("erin-app", "user")
+    key, secret = server.service.keys.create("second-admin", "admin")
+    with (
+        as_key(server, owner) as erin,
+        as_key(server, secret) as ops,
+        as_key(server, server.admin_key) as admin,
+    ):
+        enrol_voice(erin, "erin-voice", prompt_wav_bytes)  # erin's own: admins may use it, users not
+        paused, go = pause(key.id, 2)
+        job = ops.post("/v1/jobs", json={"text": TEXT, "voice": "erin-voice"}).json()
+        assert paused.wait(60)
+        changed = admin.patch(f"/admin/keys/{key.id}", json={"role": "user"})
+        assert changed.status_code == 200 and changed.json()["role"] == "user"
+        go.set()
+        final = wait(admin, f"/v1/jobs/{job['id']}")
+    assert final["state"] == "failed" and final["error"]["code"] == "key_changed", final
+    assert final["partial"]["segments_done"] == 1
+
+
+def test_a_cancelled_job_keeps_its_finished_segments(server, pause) -> None:
+    key, secret = server.service.keys.create("cancelling", "user")
+    paused, go = pause(key.id, 2)
+    with as_key(server, secret) as user:
+        job = user.post("/v1/jobs", json={"text": TEXT, "voice": "alice"}).json()
+        assert paused.wait(60)
+        assert user.delete(f"/v1/jobs/{job['id']}").status_code == 202
+        go.set()
+        final = wait(user, f"/v1/jobs/{job['id']}")
+        assert final["state"] == "cancelled" and final["error"]["code"] == "cancelled", final
+        assert final["partial"]["segments_done"] >= 1 and final["partial"]["segments_total"] >= 3
+        assert seconds_of(user, final["result_url"]) == pytest.approx(final["partial"]["audio_s"], abs=0.01)
+        assert user.get(f"/v1/jobs/{job['id']}/result", follow_redirects=False).status_code == 307
+
+
+# -- admin routes ----------------------------------------------------------------------------------------
+
+
+def test_admins_list_revoke_and_change_keys(server) -> None:
+    key, secret = server.service.keys.create("frank-app", "user")
+    server.service.access.quota.add(key, 2.5)
+    with as_key(server, secret) as user, as_key(server, server.admin_key) as admin:
+        assert user.get("/admin/keys").status_code == 403
+        assert user.post(f"/admin/keys/{key.id}/revoke").status_code == 403
+        listed = {k["id"]: k for k in admin.get("/admin/keys").json()["data"]}
+        assert listed[key.id]["usage_today"]["used_s"] == 2.5 and "hash" not in listed[key.id]
+        changed = admin.patch(
+            f"/admin/keys/{key.id}", json={"daily_audio_seconds_quota": 3, "rate_limit_per_minute": 0}
+        )
+        assert changed.status_code == 200, changed.text
+        assert changed.json()["usage_today"] == {
+            **changed.json()["usage_today"],
+            "limit_s": 3.0,
+            "used_s": 2.5,
+        }
+        assert user.get("/v1/me").json()["quota"]["limit_s"] == 3.0
+        reset = admin.patch(f"/admin/keys/{key.id}", json={"daily_audio_seconds_quota": None})
+        assert (
+            reset.json()["daily_audio_seconds_quota"] is None and reset.json()["rate_limit_per_minute"] == 0
+        )
+        for bad in ({"daily_audio_seconds_quota": -1}, {"role": "root"}, {"colour": "red"}):
+            answer = admin.patch(f"/admin/keys/{key.id}", json=bad)
+            assert answer.status_code == 422 and answer.json()["error"]["code"] == "invalid_request", bad
+        empty = admin.patch(f"/admin/keys/{key.id}", json={})
+        assert empty.status_code == 400 and "nothing to change" in empty.json()["error"]["message"]
+        for path in ("/admin/keys/999999/revoke", "/admin/keys/nope/revoke"):
+            assert admin.post(path).json()["error"]["code"] == "key_not_found"
+        assert admin.patch("/admin/keys/999999", json={"role": "user"}).status_code == 404
+        assert admin.post(f"/admin/keys/{key.id}/revoke").json()["active"] is False
+        assert user.get("/v1/me").status_code == 401
+        active = {k["id"] for k in admin.get("/admin/keys", params={"include_revoked": False}).json()["data"]}
+        assert key.id not in active
