@@ -11,6 +11,7 @@ within the new scope goes on. A changed quota needs no stop: it is read again at
 from __future__ import annotations
 
 from collections.abc import Callable, Iterable
+from typing import Any
 
 from cosyserve.errors import CosyServeError
 from cosyserve.service.requests import VoiceScope
@@ -32,9 +33,9 @@ class KeyWatch:
         self.lookup = lookup  # the key's current row by id, revoked ones included (None: deleted)
         self.key_id = key_id
 
-    def check(self, voice_owners: Iterable[str | None] = ()) -> None:
+    def check(self, voices: Iterable[Any] = ()) -> None:
         """KeyRevoked when the key was revoked or deleted; KeyChanged when a saved voice the work uses
-        (its owner given) is outside what the key may use now."""
+        (anything with its `owner` and `shared`) is outside what the key may use now."""
         if self.key_id is None:
             return
         key = self.lookup(self.key_id)
@@ -44,7 +45,7 @@ class KeyWatch:
                 "and nothing made after the revoke was charged; what finished before is kept"
             )
         scope = VoiceScope(owner=f"key:{key.id}", everything=key.is_admin)
-        if not all(scope.includes(owner) for owner in voice_owners):
+        if not all(scope.includes(voice.owner, voice.shared) for voice in voices):
             raise KeyChanged(
                 f"API key {key.id} became a {key.role} key while this work ran and may no longer use its "
                 "voice (another user's): the work stopped; submit it again with a voice the key may use"

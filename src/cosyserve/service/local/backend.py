@@ -372,7 +372,7 @@ class KeyGuard:
         self.ctx.set_progress(progress.fraction)
         if progress.segments_done > 0:
             voice = self.stream.voice if self.stream is not None else None
-            self.watch.check([voice.owner] if voice is not None else [])
+            self.watch.check([voice] if voice is not None else [])
             self.cleared_s = progress.audio_seconds
 
     @contextlib.contextmanager

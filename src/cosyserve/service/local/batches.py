@@ -107,7 +107,7 @@ class BatchRunner:
                 stopped = run.quota.exceeded(run.key_id)
                 break
             try:
-                run.check_key(pins.owners())
+                run.check_key(pins.voices())
                 unexpected = self._item(ctx, plan, run, item, unexpected, pins)
             except (KeyRevoked, KeyChanged) as exc:
                 stopped = exc
@@ -202,7 +202,7 @@ class BatchRunner:
     ) -> None:
         """The key once more before the item is charged: made after a revoke, it is dropped instead."""
         try:
-            run.check_key(pins.owners())
+            run.check_key(pins.voices())
         except (KeyRevoked, KeyChanged) as exc:
             if outcome.output_id is not None:
                 self._discard(outcome.output_id)

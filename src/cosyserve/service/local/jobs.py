@@ -101,9 +101,10 @@ class JobRun:
             "the server may be overloaded; retry the job, or raise job_segment_timeout_s",
         )
 
-    def check_key(self, voice_owners: Iterable[str | None] = ()) -> None:
-        """KeyRevoked / KeyChanged when the job's key may no longer go on (one query; none without a key)."""
-        KeyWatch(self.quota.key_lookup, self.key_id).check(voice_owners)
+    def check_key(self, voices: Iterable[Any] = ()) -> None:
+        """KeyRevoked / KeyChanged when the job's key may no longer go on with `voices` (one query; none
+        without a key)."""
+        KeyWatch(self.quota.key_lookup, self.key_id).check(voices)
 
 
 class QuotaStop(Exception):
@@ -242,8 +243,8 @@ def run_pieces(
     checking the key and charging each segment; stops early (keeping its whole segments) at the quota, a
     revoked key, a client's cancel or an error. A saved voice outside `voices` is not found; `pinned`: the
     voice as the job pinned it."""
-    owners = [pinned.voice.owner] if pinned is not None else []
-    run.check_key(owners)  # revoked while it waited in the queue
+    voices = [pinned.voice] if pinned is not None else []
+    run.check_key(voices)  # revoked while it waited in the queue
     run.arm(ctx)  # checking every piece is part of the first segment's time
     last_write = [0.0]
 
@@ -256,7 +257,7 @@ def run_pieces(
             ctx.set_progress(fraction)
             run.arm(ctx)  # the next segment's clock
             if p.audio_seconds > charged:
-                run.check_key(owners)  # before charging: a segment made after a revoke is never charged
+                run.check_key(voices)  # before charging: a segment made after a revoke is never charged
                 allowed = run.quota.charge(run.key_id, run.job_id, p.audio_seconds - charged)
                 charged = p.audio_seconds
                 if not allowed and fraction < 1.0:

@@ -51,6 +51,7 @@ def snapshot(voice: Voice) -> dict[str, Any]:
         "defaults": dict(voice.defaults.__dict__),
         "lexicon": dict(voice.lexicon),
         "owner": voice.owner,
+        "shared": voice.shared,
     }
 
 
@@ -114,6 +115,7 @@ class VoicePins:
                     defaults=VoiceDefaults(**(taken.get("defaults") or {})),
                     lexicon=dict(taken.get("lexicon") or {}),
                     owner=taken.get("owner"),
+                    shared=bool(taken.get("shared", voice.shared)),
                 )
             pinned = PinnedVoice(voice, load(voice))
         except VoiceNotFound as exc:
@@ -128,9 +130,9 @@ class VoicePins:
         self._pinned[voice_ref] = pinned
         return pinned
 
-    def owners(self) -> list[str | None]:
-        """The owners of the pinned voices (what a key whose role changed is checked against)."""
-        return [pinned.voice.owner for pinned in self._pinned.values()]
+    def voices(self) -> list[Voice]:
+        """The pinned voices (what a key whose role changed is checked against)."""
+        return [pinned.voice for pinned in self._pinned.values()]
 
 
 def refuse_if_in_use(jobs: JobStore, voice: Voice) -> None:
