@@ -3,9 +3,9 @@
 An API node loads no model; what it knows of the model comes from the workers' heartbeats. Interactive
 requests (`/v1/tts`, OpenAI speech, voice enrolment) still go through the node's own bounded scheduler,
 so 429s, timeouts, disconnect-cancel and shutdown behave exactly as on one machine; the work a slot runs
-is "send a Celery task, then read its relay stream". Jobs are
-fire-and-forget: a row in the shared database plus a late-acknowledged Celery message, so they survive a
-restart of the API node and the loss of a worker.
+is "send a Celery task, then read its relay stream". Jobs are fire-and-forget: a row in the shared
+database plus a late-acknowledged Celery message, so they survive a restart of the API node and the loss
+of a worker.
 """
 
 from __future__ import annotations
@@ -102,8 +102,7 @@ class RemoteBackend:
     def workers(self, *, fresh: bool = False) -> list[dict[str, Any]]:
         """Live workers' heartbeat info (cached briefly); raises codec.QueueUnavailable when Redis is down."""
         with self._workers_lock:
-            checked_at, workers = self._workers
-            # An empty answer is never reused: a worker that just started is used at once.
+            checked_at, workers = self._workers  # an empty answer is never reused: new workers count at once
             if fresh or not workers or time.monotonic() - checked_at > WORKERS_CACHE_S:
                 try:
                     workers = self.registry.alive()
@@ -242,9 +241,8 @@ class RemoteBackend:
 
         def submit() -> JobRecord:
             params = {**job_parameters(request, spec), SNAPSHOTS: snapshots}
-            record = self.jobs.create(
-                params, kind="tts", owner=spec.owner, job_id=job_id, reserved_s=estimate
-            )
+            jobs = self.jobs
+            record = jobs.create(params, kind="tts", owner=spec.owner, job_id=job_id, reserved_s=estimate)
             try:
                 self._send(JOB_TASK, [job_id, codec.encode_request(request), codec.encode_spec(spec)], job_id)
             except codec.QueueUnavailable as exc:
