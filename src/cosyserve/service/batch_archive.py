@@ -20,10 +20,9 @@ import soundfile as sf
 from cosyserve.errors import CosyServeError
 from cosyserve.service.audio_formats import EXTENSIONS, encode
 from cosyserve.service.dub_timeline import Placement
-from cosyserve.service.requests import SentenceTiming
 from cosyserve.service.stores.batches import BatchItem
 from cosyserve.service.stores.outputs import OutputStore, StoredOutput
-from cosyserve.service.subtitles import to_srt
+from cosyserve.service.subtitles import manifest_timings, to_srt
 
 MANIFEST_COLUMNS = (
     "position",
@@ -97,7 +96,7 @@ def stream_zip(
                 fmt = str(item.params.get("format") or "wav")
                 row["file"] = f"{item.file_stem}.{EXTENSIONS.get(fmt, fmt)}"
                 yield from _add_audio(archive, sink, row["file"], output, fmt)
-                sentences = _timings(output.manifest)
+                sentences = manifest_timings(output.manifest)
                 if sentences:
                     row["subtitles"] = f"{item.file_stem}.srt"
                     archive.writestr(row["subtitles"], to_srt(sentences))
@@ -148,13 +147,6 @@ def manifest_row(item: BatchItem) -> dict[str, Any]:
         "state": item.state if item.state != "done" or item.output_id else "missing",
         "error": item.error_message or "",
     }
-
-
-def _timings(manifest: dict[str, Any]) -> list[SentenceTiming]:
-    return [
-        SentenceTiming(int(s["index"]), str(s["text"]), float(s["start_s"]), float(s["end_s"]))
-        for s in manifest.get("sentences", [])
-    ]
 
 
 def dub_report(items: list[BatchItem]) -> list[dict[str, Any]]:
