@@ -8,7 +8,6 @@ the LM's texts are tokenised).
 
 from __future__ import annotations
 
-import re
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from functools import cached_property
@@ -101,7 +100,7 @@ def _typed_finder(body: str, lexicon: Lexicon | None, lang: Language) -> Callabl
             piece = written_form(convert_pronunciations(piece, words), words)
         except InputError:  # checked on the whole text; a piece cut out of it is shown as typed
             pass
-        return re.sub(r"\s*\n\s*", " ", piece).strip()  # one cue, one paragraph: no blank line ends it
+        return " ".join(piece.split())  # one cue, one line: a blank line would end the cue in the file
 
     return lambda segments: typed_segments(body, segments, read=read, show=show)
 

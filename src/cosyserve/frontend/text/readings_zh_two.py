@@ -5,7 +5,8 @@ other word. A Chinese reader decides by meaning instead, and wetext is wrong bot
 - an ordinal is never 两: `第2课` is 第二课 (wetext: 第两课), `第200名` 第二百名, and the day of a date
   is 二: `2月2日` is 二月二日 (wetext: 二月两日);
 - a count is 两: `2倍` 两倍, `2次` 两次, `近2年` 两年, `2台` 两台 (wetext: 二), and the hour of a clock time
-  is 两: `下午2点` 两点, `2点半` 两点半 (wetext reads `2:30` right, 两点三十分, but `2点` as 二点).
+  is 两: `下午2点` 两点, `2点半` 两点半 (wetext reads `2:30` right, 两点三十分, but `2点` as 二点);
+  a range of counts is a range: `1-2次` 一到两次, `2-3遍` 两到三遍 (wetext: 一减二次, 二减三遍).
 Names that happen to hold a 2 stay 二 as wetext reads them (`2号`, `2楼`, `2班`, `2路`, `2月`, `2两`),
 and so do 12, 20, 22 and decimals. Each rule fires only where wetext reads the match differently from
 the rule (it checks wetext on the match with the words after it), so corrections are reported only where
@@ -33,6 +34,8 @@ _COUNTED = (
 _YEARS = r"年(?![级代])"
 # The hour of a clock time: 2点 followed by a word, 半/整/钟, or minutes (2点30, 2点5分); `2点5` is left.
 _HOUR = r"点(?=\d{2}(?!\d)|\d分|[^\d]|$)"
+# A 2 that opens a range of counts (`2到3遍`, after the range rule) is counted too: 两到三遍.
+_UPTO = r"(?:[到至]\d+)?"
 
 
 def _followed_by(measure: str) -> str:
@@ -43,6 +46,13 @@ def _followed_by(measure: str) -> str:
 def _official_differs(written: str, spoken: str, after: str) -> bool:
     """Does wetext read `written` (followed by `after`, as in the text) as anything else than `spoken`?"""
     return not wetext(written + after, "zh").startswith(spoken)
+
+
+def _read_count_range(match: re.Match[str]) -> Reading | None:
+    """`1-2次` -> `1到2次` for wetext (it subtracts: 一减二次), and `1~2次` where a 2 then counts (两)."""
+    if match["sep"] != "-" and "2" not in (match["low"], match["high"]):
+        return None  # `3~5次` wetext reads right (三到五次)
+    return Reading(f"{match['low']}到{match['high']}", spoken=False)
 
 
 def _read_ordinal(match: re.Match[str]) -> Reading | None:
@@ -81,11 +91,20 @@ RULES: tuple[Rule, ...] = (
         _read_two("两"),
     ),
     Rule(
-        "count read with 两", re.compile(rf"{_NOT_AFTER}(?P<two>2){_followed_by(_COUNTED)}"), _read_two("两")
+        "range of counts",
+        re.compile(
+            rf"(?<![\d.])(?P<low>\d+)\s*(?P<sep>[-~～])\s*(?P<high>\d+)(?=\s*(?:{_COUNTED}|{_YEARS}))"
+        ),
+        _read_count_range,
+    ),
+    Rule(
+        "count read with 两",
+        re.compile(rf"{_NOT_AFTER}(?P<two>2){_followed_by(_UPTO + f'(?:{_COUNTED})')}"),
+        _read_two("两"),
     ),
     Rule(
         "years counted with 两",
-        re.compile(rf"(?<!公元)(?<!公元前){_NOT_AFTER}(?P<two>2){_followed_by(_YEARS)}"),
+        re.compile(rf"(?<!公元)(?<!公元前){_NOT_AFTER}(?P<two>2){_followed_by(_UPTO + _YEARS)}"),
         _read_two("两"),
     ),
 )
