@@ -64,8 +64,15 @@ def test_reading_clause_by_clause_gives_up_after_a_bound() -> None:
         calls.append(piece)
         return "never"
 
-    typed = typed_segments("。".join("x" * 50) + "。", ["甲。"], read=read, show=str)
-    assert len(calls) == MAX_JOINED and typed == ["。".join("x" * 50) + "。"]
+    typed = typed_segments("。".join("x" * 50) + "。", ["甲。", "乙。"], read=read, show=str)
+    assert len(calls) == MAX_JOINED and typed == ["。".join("x" * 50) + "。", ""]
+
+
+def test_one_segment_takes_the_whole_text_without_reading_it_again() -> None:
+    def read(piece: str) -> str:
+        raise AssertionError("not needed")
+
+    assert typed_segments(" 第2课：你好 ", ["第二课：你好。"], read=read, show=str.strip) == ["第2课：你好"]
 
 
 def test_a_cue_without_typed_text_shows_its_spoken_segment() -> None:

@@ -11,7 +11,8 @@ without blanks and punctuation, which the normalisation moves (`，` at the end 
 A typed piece and a segment rarely end at different places (a segment cut inside what can only be read
 as one piece): the segments from the one where they part to the one where they meet again share one cue,
 so the typed text goes to the first of them and the others get "" (`service.subtitles` extends the cue
-over them). Text that no clause reading matches ends up whole in the last cue: never lost, never moved.
+over them). Text that no clause reading matches goes whole to the cue that ends the text: never lost,
+never moved. A text spoken as one segment is that segment's typed text, without reading it again.
 """
 
 from __future__ import annotations
@@ -99,6 +100,8 @@ def typed_segments(
     """
     if not segments:
         return []
+    if len(segments) == 1:  # the whole text is the one segment: nothing to read again
+        return [show(typed) or segments[0]]
     keys = [_key(segment) for segment in segments]
     whole = "".join(keys)
     pieces = _typed_pieces(typed, whole, read)
