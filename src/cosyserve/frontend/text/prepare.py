@@ -8,6 +8,7 @@ the LM's texts are tokenised).
 
 from __future__ import annotations
 
+import contextlib
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from functools import cached_property
@@ -92,14 +93,11 @@ def _typed_finder(body: str, lexicon: Lexicon | None, lang: Language) -> Callabl
         return normalize_text(convert_written(piece, lexicon), lang)
 
     def show(piece: str) -> str:
+        """The typed words with pronunciation markup shown as the word (`[重庆](chóng qìng)` -> 重庆)."""
         words: dict[str, str] = {}
-        try:
-            if lexicon is not None:
-                words.update({tokens: word for word, tokens in lexicon.entries.items()})
-                piece = lexicon.apply(piece)
+        # Checked on the whole text; a piece cut out of a pronunciation is shown as typed.
+        with contextlib.suppress(InputError):
             piece = written_form(convert_pronunciations(piece, words), words)
-        except InputError:  # checked on the whole text; a piece cut out of it is shown as typed
-            pass
         return " ".join(piece.split())  # one cue, one line: a blank line would end the cue in the file
 
     return lambda segments: typed_segments(body, segments, read=read, show=show)
@@ -159,8 +157,7 @@ def prepare_texts(
 
     if lexicon is not None and not isinstance(lexicon, Lexicon):
         lexicon = Lexicon(lexicon)
-    words: dict[str, str] = {}
-    converted = convert_written(body, lexicon, words)
+    converted = convert_written(body, lexicon)
     lang = text_language(converted)
     spoken = normalize_text(converted, lang)
     segments = split_text(spoken, tokenizer, text_language(spoken))
