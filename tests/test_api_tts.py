@@ -209,6 +209,17 @@ def test_outputs_list_download_transcode_subtitles_delete(client) -> None:
     assert client.get("/v1/outputs/not_an_id").json()["error"]["code"] == "invalid_input"
 
 
+def test_subtitles_show_the_typed_text(client) -> None:
+    """Issue 29: `第2课` is read 第二课, and the subtitles show it as typed."""
+    response = client.post("/v1/tts", json={"text": "第2课：你好", "voice": "alice", "seed": API_SEED})
+    assert response.status_code == 200, response.text
+    output_id = response.headers["x-cosyserve-output-id"]
+    srt = client.get(f"/v1/outputs/{output_id}/subtitles").text
+    assert srt.splitlines()[2] == "第2课：你好", srt
+    vtt = client.get(f"/v1/outputs/{output_id}/subtitles", params={"format": "vtt"}).text
+    assert "第2课：你好" in vtt and "第二课" not in vtt
+
+
 def test_bad_signature_is_refused(client) -> None:
     response = client.post("/v1/tts", json={"text": API_TEXT, "voice": "alice", "seed": API_SEED})
     output_id = response.headers["x-cosyserve-output-id"]

@@ -14,7 +14,7 @@ import soundfile as sf
 from conftest import PROMPT_TRANSCRIPT, enrol_voice
 from cosyserve.cli import main as cli_main
 
-SCRIPT = "text,name,seed\n第一句。,one,1\n第二句。,two,2\n" + "太长" * 30 + ",bad,3\n第四句。,four,4\n"
+SCRIPT = "text,name,seed\n第一句。,one,1\n第2课。,two,2\n" + "太长" * 30 + ",bad,3\n第四句。,four,4\n"
 SRT = (
     "1\n00:00:00,500 --> 00:00:02,000\n第一句。\n\n"
     "2\n00:00:03,000 --> 00:00:03,800\n这一句话非常非常长，长到无论如何都放不进它的时间里去。\n\n"
@@ -58,6 +58,7 @@ def test_a_local_batch_resumes_where_it_stopped(tmp_path, prompt_args, capsys) -
     assert cli_main(["batch", str(script), "--out", str(out), "--resume", *prompt_args]) == 1
     assert (out / "0002_two.wav").exists() and (out / "0001_one.wav").stat().st_mtime_ns == kept
     assert [row["seed"] for row in manifest(out)] == ["1", "2", "", "4"]
+    assert "\n第2课。\n" in (out / "0002_two.srt").read_text(encoding="utf-8")  # typed, not 第二课
 
 
 def test_a_local_dub_leaves_the_track_and_its_report_only(tmp_path, prompt_args) -> None:
@@ -121,11 +122,12 @@ def test_batch_and_dub_against_a_server(tmp_path, start_api_server, prompt_wav_b
     with live.client() as client:
         enrol_voice(client, "alice", prompt_wav_bytes)
     script = tmp_path / "lines.txt"
-    script.write_text("第一句。\n第二句。\n", encoding="utf-8")
+    script.write_text("第一句。\n第2课。\n", encoding="utf-8")
     out = tmp_path / "out"
     remote = ["--server", live.url, "--voice", "alice", "--quiet"]
     assert cli_main(["batch", str(script), "--out", str(out), *remote]) == 0
-    assert sorted(p.name for p in out.glob("*.wav")) == ["0001_第一句.wav", "0002_第二句.wav"]
+    assert sorted(p.name for p in out.glob("*.wav")) == ["0001_第一句.wav", "0002_第2课.wav"]
+    assert "\n第2课。\n" in (out / "0002_第2课.srt").read_text(encoding="utf-8")  # from the server's archive
     assert len(manifest(out)) == 2
     assert cli_main(["batch", str(script), "--out", str(out), *remote]) == 2  # submitted before
     assert "pass --resume" in capsys.readouterr().err

@@ -51,6 +51,15 @@ def test_zero_shot_file_is_24k_mono_and_seed_reproducible(
     tokens = int(capsys.readouterr().out.split(" speech tokens")[0].rsplit(", ", 1)[-1])
     assert info.frames == tokens * 2 * 480  # one speech token = 2 mel frames = 960 samples
     assert (tmp_path / "a.srt").read_text().startswith("1\n00:00:00,000 --> ")
+    assert (tmp_path / "a.srt").read_text().splitlines()[2] == "你好，世界。"
+
+
+def test_subtitles_show_the_typed_text(demo_model_path, shared_dir, tmp_path) -> None:
+    vtt = tmp_path / "a.vtt"
+    prompt = str(shared_dir / "audio" / "prompt_zh_24k.wav")
+    args = ("--prompt-wav", prompt, "--text", "第2课：你好", "--seed", "7", "--vtt", str(vtt))
+    assert _synthesize(demo_model_path, tmp_path, tmp_path / "a.wav", *args) == 0
+    assert vtt.read_text(encoding="utf-8").splitlines()[3] == "第2课：你好"
 
 
 @pytest.mark.parametrize("mode", [(), ("--instruct", "请用四川话表达。"), ("--stream",)])

@@ -8,6 +8,7 @@ normaliser uses elsewhere), and whether the official normaliser (wetext 0.1.8 + 
 from __future__ import annotations
 
 from dataclasses import dataclass
+from pathlib import Path
 
 import pytest
 
@@ -20,6 +21,7 @@ class Case:
     written: str
     spoken: str
     official_right: bool
+    why: str = ""  # for a case where cosyserve deliberately reads otherwise than the official: the reason
 
 
 R, W = True, False  # the official reading is right / wrong
@@ -212,6 +214,72 @@ CASES = [
     Case("punctuation", "Wait...", "Wait.", W),
 ]
 
+# ---- Chinese: 两 or 二 (see readings_zh_two) ----
+# wetext picks 两 from a list of measure words; a Chinese reader picks it by meaning: 两 counts, 二 names a
+# place in an order (ordinals, the day of a date). Each case right or wrong by the official, and why.
+ORDINAL = "an ordinal says 二, never 两 (第二课, 第二百名)"
+DAY = "the day of a date is 二 (二月二日, as 二号)"
+HOUR = "the hour of a clock time counts: 两点"
+COUNT = "a count of things, times or years says 两"
+ZH_TWO_CASES = [
+    Case("zh ordinals", "第2课", "第二课", W, ORDINAL),
+    Case("zh ordinals", "第2名", "第二名", W, ORDINAL),
+    Case("zh ordinals", "第2天", "第二天", W, ORDINAL),
+    Case("zh ordinals", "请翻到第2页。", "请翻到第二页。", W, ORDINAL),
+    Case("zh ordinals", "第200名", "第二百名", W, ORDINAL),
+    Case("zh ordinals", "第2-3课", "第二到三课", W, ORDINAL),
+    Case("zh ordinals", "第 2 课", "第二课", W, ORDINAL),
+    Case("zh ordinals", "第22届", "第二十二届", R),
+    Case("zh ordinals", "第2章", "第二章", R),
+    Case("zh ordinals", "第2次", "第二次", R),
+    Case("zh ordinals", "第12课", "第十二课", R),
+    Case("zh ordinals", "第2.5", "第二点五", R),
+    Case("zh dates", "2月2日", "二月二日", W, DAY),
+    Case("zh dates", "12月2日", "十二月二日", W, DAY),
+    Case("zh dates", "2024年2月2日", "二零二四年二月二日", W, DAY),
+    Case("zh dates", "2月02日", "二月二日", W, DAY + "; the written 0 is not said"),
+    Case("zh dates", "3月2号", "三月二号", R),
+    Case("zh dates", "2月22日", "二月二十二日", R),
+    Case("zh dates", "2月", "二月", R),
+    Case("zh clock", "下午2:30", "下午两点三十分", R),
+    Case("zh clock", "现在是2:05。", "现在是两点零五分。", R),
+    Case("zh clock", "下午2点", "下午两点", W, HOUR),
+    Case("zh clock", "2点半", "两点半", W, HOUR),
+    Case("zh clock", "2点30分出发", "两点三十分出发", W, HOUR),
+    Case("zh clock", "下午2点到3点", "下午两点到三点", W, HOUR),
+    Case("zh clock", "12点整", "十二点整", R),
+    Case("zh clock", "晚上22:00", "晚上二十二点", R),
+    Case("zh multiples", "是原来的2倍", "是原来的两倍", W, COUNT),
+    Case("zh multiples", "增长了12倍", "增长了十二倍", R),
+    Case("zh multiples", "2.5倍", "二点五倍", R),
+    Case("zh measure words", "2个", "两个", R),
+    Case("zh measure words", "2本书", "两本书", R),
+    Case("zh measure words", "12个", "十二个", R),
+    Case("zh measure words", "20个", "二十个", R),
+    Case("zh measure words", "22个", "二十二个", R),
+    Case("zh measure words", "2000元", "两千元", R),
+    Case("zh measure words", "200万", "两百万", R),
+    Case("zh measure words", "去过2次", "去过两次", W, COUNT),
+    Case("zh measure words", "读2遍", "读两遍", W, COUNT),
+    Case("zh measure words", "买了2台电脑", "买了两台电脑", W, COUNT),
+    Case("zh measure words", "学过2门课", "学过两门课", W, COUNT),
+    Case("zh measure words", "近2年", "近两年", W, COUNT),
+    Case("zh measure words", "每天1-2次", "每天一到两次", W, COUNT + "; 1-2 is a range, not 1 minus 2"),
+    Case("zh measure words", "读2-3遍", "读两到三遍", W, COUNT + "; 2-3 is a range, not 2 minus 3"),
+    Case("zh measure words", "需要3~5次", "需要三到五次", R),
+    Case("zh measure words", "1-2个", "一到两个", R),
+    Case("zh measure words", "2年前", "两年前", R),
+    Case("zh measure words", "2年级", "二年级", R),
+    Case("zh measure words", "公元2年", "公元二年", R),
+    Case("zh measure words", "2次方", "二次方", R),
+    Case("zh measure words", "2号楼", "二号楼", R),
+    Case("zh measure words", "2两", "二两", R),
+    Case("zh untouched", "用时2.2秒", "用时二点二秒", R),
+    Case("zh untouched", "电话12345678902", "电话幺二三四五六七八九零二", R),
+    Case("zh untouched", "拨打+86 138 2222 2222", "拨打加八六，幺三八，二二二二，二二二二", W),
+]
+CASES += ZH_TWO_CASES
+
 CATEGORIES = {
     *("money", "thousands", "decimals", "negatives", "percentages", "ranges", "ordinals", "years", "times"),
     *("dates", "phones", "units", "fractions", "versions", "web", "punctuation"),
@@ -248,3 +316,24 @@ def test_the_table_covers_both_languages_and_every_category() -> None:
     assert len({case.written for case in CASES}) == len(CASES)
     wrong = sum(not case.official_right for case in CASES)
     assert wrong >= 40  # what the table is for
+
+
+def test_the_chinese_two_section_says_why_it_differs() -> None:
+    categories = {case.category for case in ZH_TWO_CASES}
+    names = ("ordinals", "dates", "clock", "multiples", "measure words", "untouched")
+    assert categories == {f"zh {name}" for name in names}
+    for case in ZH_TWO_CASES:
+        if case.category != "zh untouched":
+            assert bool(case.why) == (not case.official_right), case
+
+
+def test_normalize_command_reads_an_ordinal_with_er(
+    tiny_dir: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    from cosyserve.cli import main
+
+    assert main(["normalize", "--model", str(tiny_dir / "model"), "第2课"]) == 0
+    out = capsys.readouterr().out
+    assert "spoken       第二课" in out
+    assert "official     第两课" in out
+    assert "ordinal read with 二: 第2 -> 第二" in out

@@ -134,6 +134,22 @@ def test_sentence_timings_and_subtitles(synth, prompt_wav_bytes) -> None:
     assert to_vtt(result.timings).startswith("WEBVTT\n\n00:00:00.000 --> ")
 
 
+def test_subtitles_show_the_typed_text_per_sentence(synth, prompt_wav_bytes) -> None:
+    """Issue 29: the SRT shows `第2课` (typed), not `第二课` (read), at the spoken segments' times."""
+    result = synth.synthesize(_request(prompt_wav_bytes, text="第2课：你好")).result()
+    srt = to_srt(result.timings)
+    assert "第2课：你好" in srt and "第二课" not in srt
+    assert result.reading["spoken"] == ["第二课：你好。"]
+    sentence = "第2课的内容很长很长，我们要学习很多很多的东西，包括2本书和12个生字，一共需要¥12.50的费用。"
+    long_text = sentence * 3 + "最后一句说2遍。"  # two segments of whole sentences
+    result = synth.synthesize(_request(prompt_wav_bytes, text=long_text, seed=3)).result()
+    assert [t.text for t in result.timings] == [sentence * 2, sentence + "最后一句说2遍。"]
+    assert "两遍" in result.reading["spoken"][-1]
+    blocks = to_srt(result.timings).split("\n\n")
+    assert [block.splitlines()[2] for block in blocks] == [sentence * 2, sentence + "最后一句说2遍。"]
+    assert blocks[1].splitlines()[1].split(" --> ")[0] == blocks[0].splitlines()[1].split(" --> ")[1]
+
+
 def test_volume_and_speed(synth, prompt_wav_bytes) -> None:
     base = synth.run(_request(prompt_wav_bytes, prompt_text=PROMPT_TRANSCRIPT, seed=5))
     quiet = synth.run(_request(prompt_wav_bytes, prompt_text=PROMPT_TRANSCRIPT, seed=5, volume=0.5))

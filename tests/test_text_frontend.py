@@ -284,10 +284,31 @@ def test_written_segments_show_words_not_tokens(tokenizer: TextTokenizer) -> Non
     prepared = prepare_texts("[重庆](chóng qìng)的行长说[j][ǐ]予好评。", tokenizer=tokenizer, lexicon=lexicon)
     assert prepared.written_segments == ["重庆的行长说jǐ予好评。"]
     joined = prepare_texts("[重庆][chóng qìng][火锅][huǒ guō]", tokenizer=tokenizer).written_segments
-    assert joined == ["重庆火锅。"]
+    assert joined == ["重庆火锅"]  # as typed: the 。 the split adds is not shown
     english = prepare_texts("Read [M][AY0][N][UW1][T] now.", tokenizer=tokenizer).written_segments
     assert english == ["Read M AY0 N UW1 T now."]
-    assert prepare_texts("[laughter]好", tokenizer=tokenizer).written_segments == ["[laughter]好。"]
+    assert prepare_texts("[laughter]好", tokenizer=tokenizer).written_segments == ["[laughter]好"]
+
+
+def test_written_segments_are_the_typed_text_not_the_spoken_form(tokenizer: TextTokenizer) -> None:
+    """Subtitles show what was typed (`第2课`, `¥12.50`), not how it is read (issue 29)."""
+    prepared = prepare_texts("第2课：你好", tokenizer=tokenizer)
+    assert prepared.display_segments == ["第二课：你好。"]
+    assert prepared.written_segments == ["第2课：你好"]
+    sentence = "第2课的内容很长很长，我们要学习很多很多的东西，包括2本书和12个生字，一共需要¥12.50的费用。"
+    prepared = prepare_texts(sentence * 3 + "最后一句。", tokenizer=tokenizer, max_chars=None)
+    assert len(prepared.display_segments) == 2 and "十二点五元" in prepared.display_segments[0]
+    assert prepared.written_segments == [sentence * 2, sentence + "最后一句。"]
+    english = prepare_texts("It costs $12.50. Room No. 5 is there. Pi is 3.14, ok.", tokenizer=tokenizer)
+    assert "".join(english.written_segments) == "It costs $12.50. Room No. 5 is there. Pi is 3.14, ok."
+
+
+def test_typed_text_follows_a_lexicon_and_the_whole_texts_language(tokenizer: TextTokenizer) -> None:
+    lexicon = {"行长": "hang2 zhang3"}
+    prepared = prepare_texts("行长说：I have 2 books.", tokenizer=tokenizer, lexicon=lexicon)
+    assert prepared.written_segments == ["行长说：I have 2 books."]
+    lines = prepare_texts("第一行\n\n第二行，2个人", tokenizer=tokenizer).written_segments
+    assert lines == ["第一行 第二行，2个人"]  # no blank line inside a subtitle cue
 
 
 def test_unknown_phone_is_an_input_error(tokenizer: TextTokenizer) -> None:

@@ -21,10 +21,9 @@ from cosyserve.api.schemas import AUDIO_CONTENT, ERRORS, AudioFormat, OutputList
 from cosyserve.service.access.principals import Forbidden, Principal
 from cosyserve.service.assembly import Service
 from cosyserve.service.audio_formats import IN_MEMORY_LIMIT_BYTES, encode, mime_type, transcode_file
-from cosyserve.service.requests import SentenceTiming
 from cosyserve.service.stores.output_files import temp_output_path
 from cosyserve.service.stores.outputs import OutputNotFound, StoredOutput
-from cosyserve.service.subtitles import to_srt, to_vtt
+from cosyserve.service.subtitles import manifest_timings, to_srt, to_vtt
 
 router = APIRouter(prefix="/v1/outputs", tags=["outputs"])
 
@@ -142,10 +141,7 @@ def get_subtitles(
     format: Literal["srt", "vtt"] = "srt",
 ) -> Response:
     output = _visible(get_service(request), principal, output_id)
-    timings = [
-        SentenceTiming(int(s["index"]), str(s["text"]), float(s["start_s"]), float(s["end_s"]))
-        for s in output.manifest.get("sentences", [])
-    ]
+    timings = manifest_timings(output.manifest)
     if format == "vtt":
         return Response(to_vtt(timings), media_type="text/vtt; charset=utf-8")
     return Response(to_srt(timings), media_type="application/x-subrip; charset=utf-8")

@@ -21,11 +21,10 @@ import soundfile as sf
 from cosyserve.errors import CosyServeError
 from cosyserve.service.audio_formats import EXTENSIONS, IN_MEMORY_LIMIT_BYTES, encode, transcode_file
 from cosyserve.service.dub_report import dub_report, report_csv
-from cosyserve.service.requests import SentenceTiming
 from cosyserve.service.stores.batches import BatchItem
 from cosyserve.service.stores.output_files import temp_output_path
 from cosyserve.service.stores.outputs import OutputStore, StoredOutput
-from cosyserve.service.subtitles import to_srt
+from cosyserve.service.subtitles import manifest_timings, to_srt
 
 MANIFEST_COLUMNS = (
     "position",
@@ -85,7 +84,7 @@ def stream_zip(
                 fmt = str(item.params.get("format") or "wav")
                 row["file"] = f"{item.file_stem}.{EXTENSIONS.get(fmt, fmt)}"
                 yield from _add_audio(archive, sink, row["file"], output, fmt)
-                sentences = _timings(output.manifest)
+                sentences = manifest_timings(output.manifest)
                 if sentences:
                     row["subtitles"] = f"{item.file_stem}.srt"
                     archive.writestr(row["subtitles"], to_srt(sentences))
@@ -160,11 +159,6 @@ def manifest_row(item: BatchItem) -> dict[str, Any]:
     }
 
 
-def _timings(manifest: dict[str, Any]) -> list[SentenceTiming]:
-    return [
-        SentenceTiming(int(s["index"]), str(s["text"]), float(s["start_s"]), float(s["end_s"]))
-        for s in manifest.get("sentences", [])
-    ]
 
 
 def rows_csv(columns: tuple[str, ...], rows: list[dict[str, Any]]) -> str:

@@ -24,10 +24,10 @@ from cosyserve.errors import Cancelled, CosyServeError, JobTimeout, ModelNotRead
 from cosyserve.frontend.audio import ACCEPTED_AUDIO_LIST
 from cosyserve.service.access.principals import AuthRequired, Forbidden, Principal, RateLimited
 from cosyserve.service.logs import log_failure
-from cosyserve.service.requests import MAX_SEED, SentenceTiming, SynthesisRequest, TtsOutcome
+from cosyserve.service.requests import MAX_SEED, SynthesisRequest, TtsOutcome
 from cosyserve.service.scheduling.scheduler import Ticket
 from cosyserve.service.stores.outputs import StoredOutput
-from cosyserve.service.subtitles import to_srt
+from cosyserve.service.subtitles import manifest_timings, to_srt
 from cosyserve.ui.bridge import DOWNLOAD_FORMATS, UiBridge, UploadRefused
 from cosyserve.ui.i18n import text
 from cosyserve.ui.preview import form_preview
@@ -256,10 +256,7 @@ def links_html(bridge: UiBridge, output: StoredOutput, lang: str, chosen: str = 
 
 
 def srt_text(manifest: dict[str, Any]) -> str:
-    timings = [
-        SentenceTiming(int(s["index"]), str(s["text"]), float(s["start_s"]), float(s["end_s"]))
-        for s in manifest.get("sentences") or []
-    ]
+    timings = manifest_timings(manifest)
     return to_srt(timings) if timings else ""
 
 

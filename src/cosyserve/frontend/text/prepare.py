@@ -8,13 +8,15 @@ the LM's texts are tokenised).
 
 from __future__ import annotations
 
-from collections.abc import Mapping
+import contextlib
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
+from functools import cached_property
 
 from cosyserve.errors import InputError
 from cosyserve.frontend.text.japanese import to_katakana
 from cosyserve.frontend.text.lexicon import Lexicon
-from cosyserve.frontend.text.normalize import normalize_text, text_language
+from cosyserve.frontend.text.normalize import Language, normalize_text, text_language
 from cosyserve.frontend.text.prompts import (
     assemble_lm_texts,
     find_preset,
@@ -27,6 +29,7 @@ from cosyserve.frontend.text.prompts import (
 from cosyserve.frontend.text.pronunciation import convert_pronunciations, written_form
 from cosyserve.frontend.text.split import Encoder, require_visible_text, short_text_warning, split_text
 from cosyserve.frontend.text.tags import nfc
+from cosyserve.frontend.text.typed import typed_segments
 
 DEFAULT_MAX_CHARS = 200
 
@@ -47,24 +50,57 @@ class PreparedText:
     lm_prompt_text: str  # read once before each segment; "" in cross-lingual mode
     segments: list[str]  # LM-ready, one LM call each (with the system prefix in cross-lingual mode)
     display_segments: list[str]  # the same segments as spoken, without prefixes (for logs)
-    written_segments: list[str]  # the same with pronunciation tokens shown as written (subtitles, timings)
     use_prompt_speech_tokens: bool  # True only in zero-shot mode
     mode: str  # "zero_shot", "cross_lingual" or "instruct"
     instruction: str | None  # the instruction sentence in instruct mode
     warnings: list[str] = field(default_factory=list)
     lm_prompt_ids: list[int] = field(default_factory=list)  # `lm_prompt_text` tokenised ([] when empty)
     segment_ids: list[list[int]] = field(default_factory=list)  # each of `segments` tokenised
+    # Finds the typed text of each segment (`written_segments`); None: show the spoken segments.
+    typed_finder: Callable[[list[str]], list[str]] | None = field(default=None, repr=False, compare=False)
+
+    @cached_property
+    def written_segments(self) -> list[str]:
+        """What the user typed for each segment, for subtitles and timings (`第2课`, not `第二课`;
+        pronunciations shown as the word): "" for a segment that continues the typed text of the one
+        before it (see `typed`). Found on first use, as it reads the text again clause by clause; the
+        synthesizer asks only once the first segment is spoken, so it never delays the first audio."""
+        if self.typed_finder is None:
+            return [written_form(segment) for segment in self.display_segments]
+        return self.typed_finder(self.display_segments)
 
 
-def prepare_plain(text: str, lexicon: Lexicon | None = None, words: dict[str, str] | None = None) -> str:
-    """One text through lexicon, pronunciation, Japanese and normalisation, without splitting; `words`
+def convert_written(text: str, lexicon: Lexicon | None = None, words: dict[str, str] | None = None) -> str:
+    """One text through lexicon, pronunciation and Japanese (what normalisation is given); `words`
     collects native tokens -> the word they stand for (see `written_form`)."""
     if lexicon is not None:
         text = lexicon.apply(text)
         if words is not None:
             words.update({tokens: word for word, tokens in lexicon.entries.items()})
-    text = to_katakana(convert_pronunciations(text, words))
-    return normalize_text(text)
+    return to_katakana(convert_pronunciations(text, words))
+
+
+def prepare_plain(text: str, lexicon: Lexicon | None = None, words: dict[str, str] | None = None) -> str:
+    """One text through lexicon, pronunciation, Japanese and normalisation, without splitting; `words`
+    collects native tokens -> the word they stand for (see `written_form`)."""
+    return normalize_text(convert_written(text, lexicon, words))
+
+
+def _typed_finder(body: str, lexicon: Lexicon | None, lang: Language) -> Callable[[list[str]], list[str]]:
+    """How to find the typed text of each segment of `body` (read as a whole in `lang`)."""
+
+    def read(piece: str) -> str:
+        return normalize_text(convert_written(piece, lexicon), lang)
+
+    def show(piece: str) -> str:
+        """The typed words with pronunciation markup shown as the word (`[重庆](chóng qìng)` -> 重庆)."""
+        words: dict[str, str] = {}
+        # Checked on the whole text; a piece cut out of a pronunciation is shown as typed.
+        with contextlib.suppress(InputError):
+            piece = written_form(convert_pronunciations(piece, words), words)
+        return " ".join(piece.split())  # one cue, one line: a blank line would end the cue in the file
+
+    return lambda segments: typed_segments(body, segments, read=read, show=show)
 
 
 def prepare_texts(
@@ -120,8 +156,9 @@ def prepare_texts(
 
     if lexicon is not None and not isinstance(lexicon, Lexicon):
         lexicon = Lexicon(lexicon)
-    words: dict[str, str] = {}
-    spoken = prepare_plain(body, lexicon, words)
+    converted = convert_written(body, lexicon)
+    lang = text_language(converted)
+    spoken = normalize_text(converted, lang)
     segments = split_text(spoken, tokenizer, text_language(spoken))
     if not segments:
         raise InputError(f"the text {text!r} has nothing to speak after normalisation: give words to read")
@@ -133,11 +170,11 @@ def prepare_texts(
         lm_prompt_text=lm_texts.prompt_text,
         segments=lm_texts.texts,
         display_segments=segments,
-        written_segments=[written_form(segment, words) for segment in segments],
         use_prompt_speech_tokens=lm_texts.use_prompt_speech_tokens,
         mode=lm_texts.mode,
         instruction=instruction,
         warnings=warnings,
         lm_prompt_ids=tokenizer.encode(lm_texts.prompt_text) if lm_texts.prompt_text else [],
         segment_ids=[tokenizer.encode(text) for text in lm_texts.texts],
+        typed_finder=_typed_finder(body, lexicon, lang),
     )

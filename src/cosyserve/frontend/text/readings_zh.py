@@ -4,8 +4,9 @@ Each rule fires only where the official reading is wrong (measured with wetext 0
 tests/test_readings.py holds the cases): money keeps its trailing zeros (`¥12.50` -> 十二点五零元), a
 negative percentage puts 负 inside (百分之负三), `第3-5章` subtracts (第三减五章), `3–5天` / `3～5天` and
 `10%-20%` keep the dash, `比分3-2` subtracts, `+86 138…` is read as a sum of big numbers, `2.3.1` and web
-addresses are cut into sentences at their dots. Most of them are rewritten into a form wetext reads right,
-so its wording (元, 到, 负百分之…) stays the official's.
+addresses are cut into sentences at their dots, and a 2 is read 两 or 二 by its measure word alone
+(`第2课` 第两课, `2倍` 二倍; `readings_zh_two` reads it by meaning). Most of them are rewritten into a form
+wetext reads right, so its wording (元, 到, 负百分之…) stays the official's.
 """
 
 from __future__ import annotations
@@ -15,6 +16,7 @@ import re
 from cosyserve.frontend.text.corrections import Reading, Rule, rewrite
 from cosyserve.frontend.text.official import wetext
 from cosyserve.frontend.text.readings_en import looks_like_ip_or_date
+from cosyserve.frontend.text.readings_zh_two import RULES as TWO_RULES
 from cosyserve.frontend.text.web_readings import ZH_RULES as WEB_RULES
 
 # Phone digits as said on the phone: 1 is 幺 (not to be heard as 七).
@@ -78,4 +80,5 @@ RULES: tuple[Rule, ...] = (
         ),
         _read_money_zeros,
     ),
+    *TWO_RULES,
 )

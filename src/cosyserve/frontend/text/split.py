@@ -29,6 +29,8 @@ _OTHER_ENDS = frozenset(".?!;:。？！；：…")
 _COMMAS = frozenset("，,、；;")
 # A raw text (not yet normalised) also ends sentences at line breaks, in either language.
 _RAW_ENDS = _ZH_ENDS | _OTHER_ENDS | frozenset("\n")
+# Where a typed text may be cut into clauses (to find the typed words of each segment, `typed`).
+CLAUSE_ENDS = _RAW_ENDS | _COMMAS
 # Closing quotes and brackets stay with the sentence they close.
 _CLOSERS = frozenset("\"'”’」』）)》")
 _CLOSING_TAGS = frozenset(PAIRED_TAGS.values())

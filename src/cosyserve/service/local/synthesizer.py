@@ -162,8 +162,7 @@ class SynthesisStream:
         self._started_at = time.time()
         samples_so_far = 0
         self._report(0, len(segments), 0.0)
-        pairs = zip(plan.prepared.segment_ids, plan.prepared.written_segments, strict=True)
-        for index, (text_ids, shown) in enumerate(pairs):
+        for index, text_ids in enumerate(plan.prepared.segment_ids):
             if self._cancel.is_set():
                 raise Cancelled("the request was cancelled")
             seg = SegmentInput(
@@ -188,6 +187,8 @@ class SynthesisStream:
             self._stage["acoustic"] += seg.stats.acoustic_s
             self._tokens += seg.stats.speech_tokens
             rate = synth.sample_rate
+            # The typed text of each segment is found once the first one is spoken (it is not needed sooner).
+            shown = plan.prepared.written_segments[index]
             self.timings.append(SentenceTiming(index, shown, segment_start / rate, samples_so_far / rate))
             self._report(index + 1, len(segments), samples_so_far / rate)
         self._stage["total"] = time.perf_counter() - started + plan.prompt_seconds
