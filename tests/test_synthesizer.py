@@ -185,7 +185,7 @@ def test_voice_library_round_trip(synth, prompt_wav_bytes, monkeypatch) -> None:
         lexicon={"重庆": "chóng qìng"},
     )
     assert voice.report["duration_s"] > 3 and [v.name for v in synth.voices.list()] == ["小明"]
-    with pytest.raises(InputError, match="already exists"):
+    with pytest.raises(InputError, match="already have a voice named"):
         synth.add_voice("小明", prompt_wav_bytes)
     calls = []
     monkeypatch.setattr(synth, "analyse_prompt", lambda audio: calls.append(audio))  # must not be needed

@@ -159,8 +159,6 @@ def manifest_row(item: BatchItem) -> dict[str, Any]:
     }
 
 
-
-
 def rows_csv(columns: tuple[str, ...], rows: list[dict[str, Any]]) -> str:
     buffer = io.StringIO()
     writer = csv.DictWriter(buffer, fieldnames=columns, extrasaction="ignore", lineterminator="\n")
