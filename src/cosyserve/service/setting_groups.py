@@ -235,6 +235,37 @@ class LogSettings(_Group):
         return value.upper() if isinstance(value, str) else value
 
 
+class LabelSettings(_Group):
+    label_implicit: bool = Field(
+        True,
+        description="write the GB 45438 implicit label (an AIGC metadata field, signed and bound to the "
+        "audio) into every wav, mp3, flac and opus file the server stores or serves",
+    )
+    label_provider: str = Field(
+        "cosyserve",
+        min_length=1,
+        max_length=200,
+        description="the service provider's name or code written as ContentProducer/ContentPropagator in "
+        "implicit labels (a public deployment in China: its registered name or filing number)",
+    )
+    label_explicit: Literal["off", "start", "start_and_end"] = Field(
+        "off",
+        description="the audible label: the rhythm cue short-long-short-short at the start of every output "
+        "(and at its end with start_and_end); off by default, turn it on for a public service; admins "
+        "may skip it per request",
+    )
+    c2pa: bool = Field(
+        True,
+        description="also embed a signed C2PA manifest in wav, mp3 and flac outputs when c2pa-python is installed",
+    )
+    c2pa_cert_file: Path | None = Field(
+        None,
+        description="PEM certificate chain for C2PA signing (unset: a self-signed certificate made once in "
+        "data_dir, which says it is for a private deployment)",
+    )
+    c2pa_key_file: Path | None = Field(None, description="PEM private key of c2pa_cert_file")
+
+
 GROUPS: dict[str, type[_Group]] = {
     "engine": EngineSettings,
     "server": ServerSettings,
@@ -244,6 +275,7 @@ GROUPS: dict[str, type[_Group]] = {
     "s3": S3Settings,
     "auth": AuthSettings,
     "log": LogSettings,
+    "labels": LabelSettings,
 }
 
 
