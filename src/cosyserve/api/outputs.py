@@ -18,6 +18,7 @@ from cosyserve.api.schemas import AUDIO_CONTENT, ERRORS, AudioFormat, OutputList
 from cosyserve.service.access.principals import Forbidden, Principal
 from cosyserve.service.assembly import Service
 from cosyserve.service.audio_formats import encode, mime_type
+from cosyserve.service.labels.labeller import Labeller
 from cosyserve.service.requests import SentenceTiming
 from cosyserve.service.stores.outputs import OutputNotFound, StoredOutput
 from cosyserve.service.subtitles import to_srt, to_vtt
@@ -94,14 +95,15 @@ async def download_output(
     if (format in (None, "wav")) and sample_rate in (None, stored_rate):
         return FileResponse(output.path, media_type="audio/wav", filename=output.filename)
     fmt = format or "wav"
-    data = await run_in_threadpool(_transcode, output, fmt, sample_rate)
+    data = await run_in_threadpool(_transcode, output, fmt, sample_rate, service.outputs.labels)
     headers = {"Content-Disposition": f'attachment; filename="{output.id}.{fmt}"'}
     return Response(data, media_type=mime_type(fmt), headers=headers)
 
 
-def _transcode(output: StoredOutput, fmt: str, sample_rate: int | None) -> bytes:
+def _transcode(output: StoredOutput, fmt: str, sample_rate: int | None, labels: Labeller | None) -> bytes:
     audio, rate = soundfile.read(output.path, dtype="float32")
-    return encode(audio, fmt, source_rate=rate, sample_rate=sample_rate)
+    data = encode(audio, fmt, source_rate=rate, sample_rate=sample_rate)
+    return labels.label_stored(data, fmt, output) if labels is not None else data
 
 
 @router.get("/{output_id}/manifest", responses=ERRORS, summary="A result's provenance manifest")

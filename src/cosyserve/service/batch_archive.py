@@ -20,6 +20,7 @@ import soundfile as sf
 from cosyserve.errors import CosyServeError
 from cosyserve.service.audio_formats import EXTENSIONS, encode
 from cosyserve.service.dub_timeline import Placement
+from cosyserve.service.labels.labeller import Labeller
 from cosyserve.service.requests import SentenceTiming
 from cosyserve.service.stores.batches import BatchItem
 from cosyserve.service.stores.outputs import OutputStore, StoredOutput
@@ -96,7 +97,7 @@ def stream_zip(
             if output is not None:
                 fmt = str(item.params.get("format") or "wav")
                 row["file"] = f"{item.file_stem}.{EXTENSIONS.get(fmt, fmt)}"
-                yield from _add_audio(archive, sink, row["file"], output, fmt)
+                yield from _add_audio(archive, sink, row["file"], output, fmt, outputs.labels)
                 sentences = _timings(output.manifest)
                 if sentences:
                     row["subtitles"] = f"{item.file_stem}.srt"
@@ -105,7 +106,12 @@ def stream_zip(
             yield sink.take()
         if track is not None:
             yield from _add_audio(
-                archive, sink, f"dub.{EXTENSIONS.get(track_format, track_format)}", track, track_format
+                archive,
+                sink,
+                f"dub.{EXTENSIONS.get(track_format, track_format)}",
+                track,
+                track_format,
+                outputs.labels,
             )
             archive.writestr("report.csv", report_csv(dub_report(items)))
         archive.writestr("manifest.csv", rows_csv(MANIFEST_COLUMNS, rows))
@@ -113,7 +119,7 @@ def stream_zip(
 
 
 def _add_audio(
-    archive: zipfile.ZipFile, sink: _Sink, name: str, output: StoredOutput, fmt: str
+    archive: zipfile.ZipFile, sink: _Sink, name: str, output: StoredOutput, fmt: str, labels: Labeller | None
 ) -> Iterator[bytes]:
     if fmt == "wav":
         with archive.open(name, "w", force_zip64=True) as entry, output.path.open("rb") as source:
@@ -122,7 +128,8 @@ def _add_audio(
                 yield sink.take()
         return
     audio, rate = sf.read(output.path, dtype="float32")
-    archive.writestr(name, encode(audio, fmt, source_rate=rate))
+    data = encode(audio, fmt, source_rate=rate)
+    archive.writestr(name, labels.label_stored(data, fmt, output) if labels is not None else data)
 
 
 def _output(outputs: OutputStore, item: BatchItem) -> StoredOutput | None:

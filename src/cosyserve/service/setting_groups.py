@@ -256,7 +256,8 @@ class LabelSettings(_Group):
     )
     c2pa: bool = Field(
         True,
-        description="also embed a signed C2PA manifest in wav, mp3 and flac outputs when c2pa-python is installed",
+        description="also embed a signed C2PA manifest in wav, mp3 and flac outputs (needs c2pa-python: "
+        "pip install 'cosyserve[labels]')",
     )
     c2pa_cert_file: Path | None = Field(
         None,

@@ -23,6 +23,7 @@ from cosyserve.service.requests import SynthesisResult
 if TYPE_CHECKING:
     from cosyserve.service.audio_formats import StreamEncoder
     from cosyserve.service.settings import Settings
+    from cosyserve.service.stores.output_files import StoredOutput
 
 log = logging.getLogger(__name__)
 
@@ -116,6 +117,13 @@ class Labeller:
             except Exception as exc:  # an optional extra: the output is still served, with its label
                 log.warning("output %s (%s): no C2PA manifest: %s", content_id, fmt, exc)
         return data
+
+    def label_stored(self, data: bytes, fmt: str, output: StoredOutput) -> bytes:
+        """A stored output transcoded to `fmt` (a download, an archive entry), labelled with its id."""
+        manifest = output.manifest
+        return self.label_file(
+            data, fmt, output.id, model=manifest.get("model_checksum"), voice=manifest.get("voice")
+        )
 
     # -- explicit label -----------------------------------------------------------------------------------
 

@@ -24,6 +24,7 @@ import soundfile as sf
 
 from cosyserve.errors import Cancelled, CosyServeError, ModelNotReady, error_code
 from cosyserve.service.audio_formats import encode
+from cosyserve.service.labels.labeller import OPT_OUT
 from cosyserve.service.local.dubbing import CueSlot, assemble, synthesize_cue
 from cosyserve.service.local.jobs import JobResult, JobRun
 from cosyserve.service.local.model_host import ModelHost
@@ -170,6 +171,8 @@ class BatchRunner:
             plan.spec,
             extra={**plan.spec.extra, "batch_id": plan.job_id, "item": item.position, "name": item.name},
         )
+        if plan.kind == "dub":  # a cue before each line would shift it off its slot in the track
+            spec.extra[OPT_OUT] = False
         with self.host.synthesizer(ctx.cancel) as synth:
             if plan.kind == "dub":
                 max_speed = float(plan.shared.get("max_speed") or 1.25)

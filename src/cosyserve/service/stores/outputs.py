@@ -72,6 +72,7 @@ from cosyserve.service.stores.output_files import (
 from cosyserve.service.stores.output_space import SizeIndex, StorageHealth
 
 if TYPE_CHECKING:
+    from cosyserve.service.labels.labeller import Labeller
     from cosyserve.service.stores.s3sync import S3Sync
 
 log = logging.getLogger(__name__)
@@ -106,7 +107,9 @@ class OutputStore:
         node_tag: int | None = None,
         zone: tzinfo | None = None,
         min_free_bytes: int = 0,
+        labels: Labeller | None = None,
     ) -> None:
+        self.labels = labels  # labels every saved file with its id (None: files are kept as given)
         self.zone = zone  # of the file names (None: this machine's local time); sidecars say UTC too
         if (retention_days or 0) < 0 or (max_total_bytes or 0) < 0:
             raise InputError(
@@ -172,6 +175,12 @@ class OutputStore:
             cosyserve_version=__version__,
         )
         try:
+            if self.labels is not None:  # labelled with its id, so the label names this output
+                data = self.labels.label_file(
+                    data, ext, stem, model=record.get("model_checksum"), voice=record.get("voice")
+                )
+                record["labels"] = self.labels.describe()
+            record.update(size_bytes=len(data), sha256=hashlib.sha256(data).hexdigest())
             sidecar_bytes = to_json(record)  # fails before anything is written if a value isn't JSON
             write_atomic(audio_path, data)
             write_atomic(sidecar_path, sidecar_bytes)
