@@ -75,7 +75,9 @@ def _txxx(body: bytes) -> tuple[str, str] | None:
         if len(terminator) == 1 or at % 2 == 0:
             break
         at += 1
-    value = rest[at + len(terminator) :].rstrip(b"\0")
+    value = rest[at + len(terminator) :]
+    while value.endswith(terminator) and len(value) % len(terminator) == 0:  # a trailing terminator
+        value = value[: -len(terminator)]
     return _decode(encoding, rest[:at]), _decode(encoding, value)
 
 
