@@ -167,8 +167,6 @@ class OutputStore:
         record.update(
             id=stem,
             file=audio_path.name,
-            size_bytes=len(data),
-            sha256=hashlib.sha256(data).hexdigest(),
             created_at=time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime(now)),
             created_at_unix=now,
             created_at_local=when.isoformat(timespec="seconds"),
@@ -180,7 +178,7 @@ class OutputStore:
                     data, ext, stem, model=record.get("model_checksum"), voice=record.get("voice")
                 )
                 record["labels"] = self.labels.describe()
-            record.update(size_bytes=len(data), sha256=hashlib.sha256(data).hexdigest())
+            record.update(size_bytes=len(data), sha256=hashlib.sha256(data).hexdigest())  # as stored
             sidecar_bytes = to_json(record)  # fails before anything is written if a value isn't JSON
             write_atomic(audio_path, data)
             write_atomic(sidecar_path, sidecar_bytes)
