@@ -133,3 +133,25 @@ def test_a_user_key_may_not_skip_the_cue(start_api_server) -> None:
             assert "admin" in response.json()["error"]["message"]
     finally:
         live.stop()
+
+
+def test_openai_speech_is_labelled_too(client) -> None:
+    body = {"model": "cosyvoice3", "input": API_TEXT, "voice": "alice", "response_format": "mp3"}
+    response = client.post("/v1/audio/speech", json=body)
+    assert response.status_code == 200, response.text
+    assert check(client, response.content)["status"] == "intact"
+
+
+def test_c2pa_manifest_through_the_server(start_api_server, prompt_wav_bytes) -> None:
+    pytest.importorskip("c2pa", reason="c2pa-python is not installed (pip install 'cosyserve[labels]')")
+    live = start_api_server(c2pa=True)
+    try:
+        assert live.service.labels.describe()["c2pa"] == "on, self-signed (private deployment)"
+        with live.client() as client:
+            enrol_voice(client, "carol", prompt_wav_bytes)
+            response = client.post("/v1/tts", json={"text": API_TEXT, "voice": "carol", "format": "mp3"})
+            report = check(client, response.content)
+        assert report["status"] == "intact" and report["c2pa"]["status"] == "valid"
+        assert report["c2pa"]["ai_generated"] and report["c2pa"]["generation"]["voice_id"] == "carol"
+    finally:
+        live.stop()
