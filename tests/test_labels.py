@@ -205,3 +205,22 @@ def test_c2pa_skips_opus(c2pa_signer) -> None:
     data = labelled("opus", c2pa=c2pa_signer)
     report = verify(data, SECRET)
     assert report.status == "intact" and report.c2pa["status"] == "unsupported"
+
+
+def test_cli_files_are_labelled_for_their_data_dir(tmp_path, monkeypatch) -> None:
+    """What `cosyserve synthesize/batch/dub` write: the data dir's secret signs, the same bytes each time."""
+    from cosyserve.commands.cli_labels import cli_labeller, label_bytes, label_written_file
+
+    monkeypatch.delenv("COSYSERVE_SIGNING_SECRET", raising=False)
+    labels = cli_labeller(tmp_path)
+    assert labels.c2pa is None
+    data = encode(speechlike(), "flac")
+    first, second = label_bytes(labels, data, "flac", "alice"), label_bytes(labels, data, "flac", "alice")
+    assert first == second
+    secret = (tmp_path / "signing_secret").read_text().strip().encode()
+    report = verify(first, secret)
+    assert report.status == "intact" and report.label["ProduceID"].startswith("local-")
+    path = tmp_path / "x.wav"
+    path.write_bytes(encode(speechlike(), "wav"))
+    label_written_file(labels, path, None)
+    assert verify(path.read_bytes(), secret).status == "intact"

@@ -27,8 +27,10 @@ from cosyserve.commands.batch_files import (
     shared_settings,
     write_atomic,
 )
+from cosyserve.commands.cli_labels import cli_labeller, label_bytes
 from cosyserve.errors import CosyServeError, InputError
 from cosyserve.service.audio_formats import EXTENSIONS, encode
+from cosyserve.service.labels.labeller import Labeller
 
 MANIFEST = "manifest.csv"
 
@@ -48,9 +50,10 @@ def cmd_batch(args: argparse.Namespace) -> int:
     rules = BatchRules(args.max_items, args.max_chars, prompt is not None, shared_settings(args))
     items = read_items(read_input(args.file), kind_of(args.file), rules)
     done = _existing_rows(out, args.resume)
-    from cosyserve.commands.synthesize import load_synthesizer
+    from cosyserve.commands.synthesize import default_data_dir, load_synthesizer
 
     synth = load_synthesizer(args)
+    labels = cli_labeller(args.data_dir or default_data_dir())
     rows: list[dict[str, Any]] = []
     bar = progress_bar(len(items), "item", args.quiet)
     for position, item in enumerate(items, start=1):
@@ -59,7 +62,9 @@ def cmd_batch(args: argparse.Namespace) -> int:
         if file in done:
             rows.append(done[file])
         else:
-            rows.append(_make_item(synth, item, prompt, args.prompt_text, out, position, stem, file))
+            rows.append(
+                _make_item(synth, labels, item, prompt, args.prompt_text, out, (position, stem, file))
+            )
             _write_manifest(out, rows)
         bar.update(1)
     bar.close()
@@ -87,17 +92,17 @@ def _existing_rows(out: Path, resume: bool) -> dict[str, dict[str, Any]]:
 
 def _make_item(
     synth: Any,
+    labels: Labeller,
     item: Any,
     prompt: bytes | None,
     prompt_text: str | None,
     out: Path,
-    position: int,
-    stem: str,
-    file: str,
+    place: tuple[int, str, str],  # position, file stem, file name
 ) -> dict[str, Any]:
     from cosyserve.service.requests import SynthesisRequest
     from cosyserve.service.subtitles import to_srt
 
+    position, stem, file = place
     params = item.params
     row = {"position": position, "file": "", "name": item.name, "text": params["text"]}
     row.update(
@@ -121,7 +126,9 @@ def _make_item(
     except CosyServeError as exc:
         print(f"item {position}: {exc}", file=sys.stderr)
         return {**row, "error": str(exc)}
-    write_atomic(out / file, encode(result.audio, params["format"], source_rate=result.sample_rate))
+    result = labels.with_explicit(result, {})
+    data = encode(result.audio, params["format"], source_rate=result.sample_rate)
+    write_atomic(out / file, label_bytes(labels, data, params["format"], voice))
     (out / f"{stem}.srt").write_text(to_srt(result.timings), encoding="utf-8")
     seconds = f"{result.duration_s:.3f}"
     return {
@@ -164,7 +171,7 @@ def cmd_dub(args: argparse.Namespace) -> int:
         from cosyserve.commands.batch_remote import remote_dub
 
         return remote_dub(args, track_format)
-    from cosyserve.commands.synthesize import load_synthesizer
+    from cosyserve.commands.synthesize import default_data_dir, load_synthesizer
     from cosyserve.frontend.subtitles import parse_subtitles
     from cosyserve.service.batch_input import BatchRules, cue_items
 
@@ -184,7 +191,8 @@ def cmd_dub(args: argparse.Namespace) -> int:
             _make_cue(synth, item, prompt, args, parts, position)
         bar.update(1)
     bar.close()
-    return _write_dub(items, parts, out, track_format, args.report)
+    labels = cli_labeller(args.data_dir or default_data_dir())
+    return _write_dub(items, parts, out, track_format, args.report, labels)
 
 
 def _track_format(out: str) -> str:
@@ -228,7 +236,9 @@ def _make_cue(
     write_atomic(parts / f"cue{position:04d}.json", json.dumps(note).encode())
 
 
-def _write_dub(items: list[Any], parts: Path, out: Path, track_format: str, report: str | None) -> int:
+def _write_dub(
+    items: list[Any], parts: Path, out: Path, track_format: str, report: str | None, labels: Labeller
+) -> int:
     from cosyserve.service.batch_archive import dub_report, report_csv, report_json
     from cosyserve.service.local.dubbing import CueSlot, assemble
 
@@ -241,7 +251,7 @@ def _write_dub(items: list[Any], parts: Path, out: Path, track_format: str, repo
         cues.append((CueSlot.of(item.params), audio))
         records.append(_record(position, item, note))
     track, _ = assemble(cues, max(slot.end_s for slot, _ in cues), rate)
-    write_atomic(out, encode(track, track_format, source_rate=rate))
+    write_atomic(out, label_bytes(labels, encode(track, track_format, source_rate=rate), track_format, None))
     rows = dub_report(records)
     report_path = Path(report) if report else out.with_suffix(".report.csv")
     text = report_json(rows) if report_path.suffix.lower() == ".json" else report_csv(rows)
