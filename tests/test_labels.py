@@ -224,3 +224,21 @@ def test_cli_files_are_labelled_for_their_data_dir(tmp_path, monkeypatch) -> Non
     path.write_bytes(encode(speechlike(), "wav"))
     label_written_file(labels, path, None)
     assert verify(path.read_bytes(), secret).status == "intact"
+
+
+@pytest.mark.parametrize("fmt", FORMATS)
+def test_damaged_files_get_a_verdict_not_an_exception(fmt: str) -> None:
+    """Bytes changed, cut or inserted anywhere near the headers: always one of the four verdicts."""
+    rng = np.random.default_rng(5)
+    base = labelled(fmt)
+    for _ in range(150):
+        data = bytearray(base)
+        at = int(rng.integers(0, min(len(data), 700)))
+        choice = rng.integers(0, 3)
+        if choice == 0:
+            data[at] = int(rng.integers(0, 256))
+        elif choice == 1:
+            data = data[:at]
+        else:
+            data[at:at] = rng.integers(0, 256, int(rng.integers(1, 20))).astype(np.uint8).tobytes()
+        assert verify(bytes(data), SECRET, check_c2pa=False).status in EXIT_CODES

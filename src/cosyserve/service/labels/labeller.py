@@ -111,6 +111,9 @@ class Labeller:
         except LabelFormatError as exc:
             log.warning("output %s (%s) was not labelled: %s", content_id, fmt, exc)
             return data
+        except Exception:  # a bug in the tag code must not cost the caller the audio: logged loudly
+            log.exception("output %s (%s) was not labelled", content_id, fmt)
+            return data
         if self.c2pa is not None:
             try:
                 data = self.c2pa.sign(data, fmt, content_id=content_id, model=model, voice=voice)
