@@ -84,7 +84,7 @@ def test_subtitles_and_duration_account_for_the_cue(client) -> None:
     manifest = client.get(f"/v1/outputs/{output_id}/manifest").json()
     shift = cue.cue_seconds(24000)
     assert manifest["sentences"][0]["start_s"] == pytest.approx(shift, abs=1e-3)
-    assert manifest["labels"] == {"implicit": True, "explicit": "start", "c2pa": "off (c2pa = false)"}
+    assert manifest["labels"] == {"implicit": True, "explicit": "start (cue)", "c2pa": "off (c2pa = false)"}
     vtt = client.get(f"/v1/outputs/{output_id}/subtitles", params={"format": "vtt"}).text
     assert f"00:00:00.{round(shift * 1000):03d} -->" in vtt
     audio = decoded(response.content)
@@ -153,5 +153,27 @@ def test_c2pa_manifest_through_the_server(start_api_server, prompt_wav_bytes) ->
             report = check(client, response.content)
         assert report["status"] == "intact" and report["c2pa"]["status"] == "valid"
         assert report["c2pa"]["ai_generated"] and report["c2pa"]["generation"]["voice_id"] == "carol"
+    finally:
+        live.stop()
+
+
+def test_the_spoken_notice_starts_every_output_in_its_voice(start_api_server, prompt_wav_bytes) -> None:
+    live = start_api_server(label_explicit="start", label_explicit_kind="notice", c2pa=False)
+    try:
+        with live.client() as client:
+            enrol_voice(client, "dave", prompt_wav_bytes)
+            first = client.post("/v1/tts", json={"text": "你好。", "voice": "dave", "seed": 1})
+            body = {"text": "再见了。", "voice": "dave", "seed": 2, "stream": True, "format": "pcm"}
+            with client.stream("POST", "/v1/tts", json=body) as response:
+                streamed = np.frombuffer(response.read(), "<i2").astype(np.float32) / 32767
+            manifest = client.get(f"/v1/outputs/{first.headers['x-cosyserve-output-id']}/manifest").json()
+        notices = live.service.labels.notices
+        assert notices.syntheses == 1  # one voice, one language: made once, then reused
+        (notice,) = notices._entries.values()
+        audio = decoded(first.content)
+        np.testing.assert_allclose(audio[: len(notice)], notice, atol=2 / 32767)
+        np.testing.assert_allclose(streamed[: len(notice)], notice, atol=2 / 32767)
+        assert manifest["sentences"][0]["start_s"] == pytest.approx(len(notice) / 24000, abs=1e-3)
+        assert manifest["labels"]["explicit"] == "start (notice)"
     finally:
         live.stop()

@@ -47,7 +47,7 @@ def flip_audio_byte(fmt: str, data: bytes) -> bytes:
 
 
 def streamed(fmt: str, lab: Labeller, audio: np.ndarray, chunk: int = 2400) -> bytes:
-    encoder = lab.stream_encoder(StreamEncoder(fmt), "req-1", {})
+    encoder = lab.stream_encoder(StreamEncoder(fmt), "req-1", None)
     parts = [encoder.header()]
     parts += [encoder.encode(audio[i : i + chunk]) for i in range(0, len(audio), chunk)]
     parts.append(encoder.finish())

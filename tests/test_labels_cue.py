@@ -12,7 +12,7 @@ import soundfile
 from cosyserve.service.audio_formats import StreamEncoder, encode
 from cosyserve.service.labels import cue
 from cosyserve.service.labels.labeller import OPT_OUT, Labeller
-from cosyserve.service.requests import SentenceTiming, SynthesisResult
+from cosyserve.service.requests import SentenceTiming, SynthesisRequest, SynthesisResult
 from cosyserve.service.subtitles import to_srt, to_vtt
 
 RATE = 24000
@@ -52,6 +52,27 @@ def cue_correlation(audio: np.ndarray, rate: int = RATE, at_s: float = 0.0, sear
     return best
 
 
+class FakeSynthesizer:
+    """What `Labeller.explicit_for` asks of a Synthesizer; each text is spoken as its own tone."""
+
+    sample_rate = RATE
+
+    def __init__(self) -> None:
+        self.model_dir = type("ModelDir", (), {"fingerprint": "model-1"})()
+        self.requests: list[SynthesisRequest] = []
+
+    def synthesize(self, request: SynthesisRequest, **kwargs: object):
+        self.requests.append(request)
+        t = np.arange(RATE // 2) / RATE
+        audio = (0.2 * np.sin(2 * np.pi * (300 + len(request.text)) * t)).astype(np.float32)
+        return type("Stream", (), {"result": lambda self: SynthesisResult(audio, RATE, 0)})()
+
+
+def explicit(mode: str, kind: str = "cue", extra: dict | None = None, synth=None, text: str = "Hi."):
+    labeller = Labeller(provider="p", secret=b"s", explicit=mode, explicit_kind=kind)
+    return labeller.explicit_for(synth or FakeSynthesizer(), SynthesisRequest(text, voice="v"), extra or {})
+
+
 def result(seconds: float = 1.0) -> SynthesisResult:
     timings = [SentenceTiming(0, "Hello.", 0.0, 0.4), SentenceTiming(1, "World.", 0.4, seconds)]
     return SynthesisResult(audio=speech(seconds), sample_rate=RATE, seed=1, timings=timings)
@@ -75,9 +96,7 @@ def test_the_cue_is_short_long_short_short() -> None:
 
 @pytest.mark.parametrize("fmt", FORMATS)
 def test_every_format_starts_with_the_cue(fmt: str) -> None:
-    labelled = Labeller.disabled()
-    labelled.explicit = "start"
-    delivered = labelled.with_explicit(result(), {})
+    delivered = Labeller.with_explicit(result(), explicit("start"))
     data = encode(delivered.audio, fmt, source_rate=RATE)
     audio = decode(data, fmt)
     assert cue_correlation(audio) > 0.9
@@ -88,7 +107,7 @@ def test_every_format_starts_with_the_cue(fmt: str) -> None:
 @pytest.mark.parametrize("fmt", FORMATS)
 def test_every_streamed_format_starts_with_the_cue(fmt: str) -> None:
     labeller = Labeller(provider="p", secret=b"s", explicit="start_and_end")
-    encoder = labeller.stream_encoder(StreamEncoder(fmt, source_rate=RATE), "req", {})
+    encoder = labeller.stream_encoder(StreamEncoder(fmt, source_rate=RATE), "req", explicit("start_and_end"))
     audio = speech(1.0)
     parts = [encoder.header()] + [encoder.encode(audio[i : i + 4800]) for i in range(0, len(audio), 4800)]
     data = b"".join([*parts, encoder.finish()])
@@ -101,16 +120,14 @@ def test_every_streamed_format_starts_with_the_cue(fmt: str) -> None:
 
 
 def test_resampled_output_still_starts_with_the_cue() -> None:
-    labeller = Labeller(provider="p", secret=b"s", explicit="start")
-    delivered = labeller.with_explicit(result(), {})
+    delivered = Labeller.with_explicit(result(), explicit("start"))
     data = encode(delivered.audio, "mp3", source_rate=RATE, sample_rate=44100)
     assert cue_correlation(decode(data, "mp3"), rate=44100) > 0.9
 
 
 def test_timings_and_subtitles_move_by_the_cue() -> None:
     shift = cue.cue_seconds(RATE)
-    labeller = Labeller(provider="p", secret=b"s", explicit="start_and_end")
-    delivered = labeller.with_explicit(result(1.0), {})
+    delivered = Labeller.with_explicit(result(1.0), explicit("start_and_end"))
     assert [t.start_s for t in delivered.timings] == [round(shift, 3), round(0.4 + shift, 3)]
     assert delivered.duration_s == pytest.approx(1.0 + 2 * shift + cue.PAUSE_S, abs=1e-3)
     srt, vtt = to_srt(delivered.timings), to_vtt(delivered.timings)
@@ -120,13 +137,36 @@ def test_timings_and_subtitles_move_by_the_cue() -> None:
 
 def test_off_and_the_admin_opt_out_leave_the_audio_alone() -> None:
     original = result()
-    assert Labeller(provider="p", secret=b"s").with_explicit(original, {}) is original
-    on = Labeller(provider="p", secret=b"s", explicit="start")
-    assert on.with_explicit(original, {OPT_OUT: False}) is original
-    stream = on.stream_encoder(StreamEncoder("pcm"), "req", {OPT_OUT: False})
+    assert explicit("off") is None and explicit("start", extra={OPT_OUT: False}) is None
+    assert Labeller.with_explicit(original, None) is original
+    stream = Labeller(provider="p", secret=b"s").stream_encoder(StreamEncoder("pcm"), "req", None)
     assert stream.header() == b""
+
+
+def test_the_spoken_notice_is_made_once_per_voice_and_language() -> None:
+    synth = FakeSynthesizer()
+    labeller = Labeller(provider="p", secret=b"s", explicit="start_and_end", explicit_kind="notice")
+    first = labeller.explicit_for(synth, SynthesisRequest("你好。", voice="alice"), {})
+    again = labeller.explicit_for(synth, SynthesisRequest("再见。", voice="alice"), {})
+    english = labeller.explicit_for(synth, SynthesisRequest("Bye.", voice="alice"), {})
+    other = labeller.explicit_for(synth, SynthesisRequest("你好。", voice="bob"), {})
+    assert [r.text for r in synth.requests] == [
+        "本音频由人工智能生成。",
+        "This audio was generated by AI.",
+        "本音频由人工智能生成。",
+    ]
+    assert [r.voice for r in synth.requests] == ["alice", "alice", "bob"] and labeller.notices.syntheses == 3
+    np.testing.assert_array_equal(first.start, again.start)
+    assert not np.array_equal(english.start, first.start) and other is not None
+    spoken = len(first.start) - round(cue.PAUSE_S * RATE)  # the notice, then the pause before speech
+    assert not first.start[spoken:].any() and not first.end[: round(cue.PAUSE_S * RATE)].any()
+    delivered = Labeller.with_explicit(result(1.0), first)
+    assert delivered.timings[0].start_s == pytest.approx(len(first.start) / RATE, abs=1e-3)
+    np.testing.assert_array_equal(delivered.audio[: len(first.start)], first.start)
 
 
 def test_a_bad_mode_is_refused() -> None:
     with pytest.raises(ValueError, match="start_and_end"):
         Labeller(provider="p", secret=b"s", explicit="middle")
+    with pytest.raises(ValueError, match="notice"):
+        Labeller(provider="p", secret=b"s", explicit_kind="song")

@@ -126,7 +126,7 @@ def _make_item(
     except CosyServeError as exc:
         print(f"item {position}: {exc}", file=sys.stderr)
         return {**row, "error": str(exc)}
-    result = labels.with_explicit(result, {})
+    result = labels.with_explicit(result, labels.explicit_for(synth, request, {}))
     data = encode(result.audio, params["format"], source_rate=result.sample_rate)
     write_atomic(out / file, label_bytes(labels, data, params["format"], voice))
     (out / f"{stem}.srt").write_text(to_srt(result.timings), encoding="utf-8")

@@ -119,7 +119,6 @@ def cmd_synthesize(args: argparse.Namespace) -> int:
     from tqdm import tqdm
 
     from cosyserve.commands.cli_labels import cli_labeller, label_written_file
-    from cosyserve.service.labels.cue import cue_samples, end_cue
     from cosyserve.service.requests import SynthesisRequest
     from cosyserve.service.subtitles import to_srt, to_vtt
 
@@ -155,18 +154,17 @@ def cmd_synthesize(args: argparse.Namespace) -> int:
         bar.refresh()
 
     labels = cli_labeller(args.data_dir or default_data_dir())
-    explicit = labels.explicit_mode({})
+    explicit = labels.explicit_for(synthesizer, request, {})
     stream = synthesizer.synthesize(request, progress=progress)
     out.parent.mkdir(parents=True, exist_ok=True)
-    rate = synthesizer.sample_rate
-    with sf.SoundFile(out, "w", samplerate=rate, channels=1) as sink:
-        if explicit != "off":
-            sink.write(cue_samples(rate))
+    with sf.SoundFile(out, "w", samplerate=synthesizer.sample_rate, channels=1) as sink:
+        if explicit is not None:
+            sink.write(explicit.start)
         for chunk in stream:  # written as it arrives: with --stream, the file grows chunk by chunk
             sink.write(chunk.samples)
-        if explicit == "start_and_end":
-            sink.write(end_cue(rate))
-    result = labels.with_explicit(stream.result(), {})  # its timings shifted past the cue
+        if explicit is not None and explicit.end is not None:
+            sink.write(explicit.end)
+    result = labels.with_explicit(stream.result(), explicit)  # its timings shifted past the cue
     label_written_file(labels, out, args.voice)
     bar.close()
     for warning in result.warnings:

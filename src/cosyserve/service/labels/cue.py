@@ -8,6 +8,7 @@ the cue and the speech; each tone fades in and out over 5 ms so it does not clic
 from __future__ import annotations
 
 import dataclasses
+from dataclasses import dataclass
 
 import numpy as np
 
@@ -39,17 +40,30 @@ def cue_seconds(sample_rate: int) -> float:
     return len(cue_samples(sample_rate)) / sample_rate
 
 
-def with_cue(result: SynthesisResult, mode: str) -> SynthesisResult:
-    """`result` with the cue at its start (and, for start_and_end, at its end after a pause), sentence
-    timings shifted by the cue's length so subtitles stay on the speech."""
-    if mode == "off":
+@dataclass(frozen=True)
+class ExplicitLabel:
+    """What one output gets: `start` before the speech (ending in the pause), `end` after it (starting
+    with the pause; None unless start_and_end), at the synthesizer's rate."""
+
+    start: np.ndarray
+    end: np.ndarray | None = None
+
+
+def tones(mode: str, sample_rate: int) -> ExplicitLabel:
+    """The cue as an explicit label for `mode` (start or start_and_end)."""
+    return ExplicitLabel(cue_samples(sample_rate), end_cue(sample_rate) if mode == "start_and_end" else None)
+
+
+def with_label(result: SynthesisResult, label: ExplicitLabel | None) -> SynthesisResult:
+    """`result` with `label` around its audio (None: unchanged), sentence timings shifted by the start's
+    length so subtitles stay on the speech."""
+    if label is None:
         return result
     rate = result.sample_rate
-    cue = cue_samples(rate)
-    parts = [cue, np.asarray(result.audio, dtype=np.float32)]
-    if mode == "start_and_end":
-        parts.append(end_cue(rate))
-    shift = len(cue) / rate
+    parts = [label.start, np.asarray(result.audio, dtype=np.float32)]
+    if label.end is not None:
+        parts.append(label.end)
+    shift = len(label.start) / rate
     timings = [
         SentenceTiming(t.index, t.text, round(t.start_s + shift, 3), round(t.end_s + shift, 3))
         for t in result.timings

@@ -18,7 +18,8 @@ from cosyserve.service.labels import c2pa_manifest, cue
 from cosyserve.service.labels.containers import TAGGERS
 from cosyserve.service.labels.errors import LabelFormatError
 from cosyserve.service.labels.implicit import ImplicitLabel, audio_hash
-from cosyserve.service.requests import SynthesisResult
+from cosyserve.service.labels.notice import NoticeCache
+from cosyserve.service.requests import EVERY_VOICE, SynthesisRequest, SynthesisResult, VoiceScope
 
 if TYPE_CHECKING:
     from cosyserve.service.audio_formats import StreamEncoder
@@ -30,6 +31,7 @@ log = logging.getLogger(__name__)
 OPT_OUT = (
     "explicit_label"  # OutputSpec.extra key: False skips the explicit cue (admins only, checked by the API)
 )
+EXPLICIT_KINDS = ("cue", "notice")
 STREAM_HEADER_LIMIT = 1 << 20  # bytes a stream may hold back while its container header is incomplete
 
 
@@ -43,11 +45,18 @@ class Labeller:
         secret: bytes,
         implicit: bool = True,
         explicit: str = "off",
+        explicit_kind: str = "cue",
         c2pa: c2pa_manifest.C2paSigner | None = None,
         c2pa_note: str = "off",
     ) -> None:
         if explicit not in cue.EXPLICIT_MODES:
             raise ValueError(f"explicit must be one of {', '.join(cue.EXPLICIT_MODES)}, got {explicit!r}")
+        if explicit_kind not in EXPLICIT_KINDS:
+            raise ValueError(
+                f"explicit_kind must be one of {', '.join(EXPLICIT_KINDS)}, got {explicit_kind!r}"
+            )
+        self.explicit_kind = explicit_kind
+        self.notices = NoticeCache()
         self.provider = provider
         self.secret = secret
         self.implicit = implicit
@@ -76,6 +85,7 @@ class Labeller:
             secret=settings.resolve_signing_secret().get_secret_value().encode("utf-8"),
             implicit=labels.label_implicit,
             explicit=labels.label_explicit,
+            explicit_kind=labels.label_explicit_kind,
             c2pa=signer,
             c2pa_note=note,
         )
@@ -83,7 +93,8 @@ class Labeller:
         return labeller
 
     def describe(self) -> dict[str, Any]:
-        return {"implicit": self.implicit, "explicit": self.explicit, "c2pa": self.c2pa_note}
+        explicit = self.explicit if self.explicit == "off" else f"{self.explicit} ({self.explicit_kind})"
+        return {"implicit": self.implicit, "explicit": explicit, "c2pa": self.c2pa_note}
 
     # -- whole files ----------------------------------------------------------------------------------
 
@@ -134,15 +145,37 @@ class Labeller:
         """The explicit-label mode for one request (`extra[OPT_OUT] is False`: an admin skipped it)."""
         return "off" if extra.get(OPT_OUT) is False else self.explicit
 
-    def with_explicit(self, result: SynthesisResult, extra: dict[str, Any]) -> SynthesisResult:
-        return cue.with_cue(result, self.explicit_mode(extra))
+    def explicit_for(
+        self, synth: Any, request: SynthesisRequest, extra: dict[str, Any], voices: VoiceScope = EVERY_VOICE
+    ) -> cue.ExplicitLabel | None:
+        """The explicit label of one output made by `synth` (a Synthesizer) for `request`: None when off,
+        else the cue, or the spoken notice in the request's voice (synthesised on first use per voice,
+        language and model; call before the request's own synthesis starts)."""
+        mode = self.explicit_mode(extra)
+        if mode == "off":
+            return None
+        rate = synth.sample_rate
+        if self.explicit_kind == "cue":
+            return cue.tones(mode, rate)
+
+        def speak(notice: SynthesisRequest) -> np.ndarray:
+            return synth.synthesize(notice, voices=voices).result().audio
+
+        spoken = self.notices.get(request, synth.model_dir.fingerprint, rate, speak)
+        pause = np.zeros(round(cue.PAUSE_S * rate), dtype=np.float32)
+        end = np.concatenate([pause, spoken[: len(spoken) - len(pause)]]) if mode == "start_and_end" else None
+        return cue.ExplicitLabel(spoken, end)
+
+    @staticmethod
+    def with_explicit(result: SynthesisResult, label: cue.ExplicitLabel | None) -> SynthesisResult:
+        return cue.with_label(result, label)
 
     # -- streams --------------------------------------------------------------------------------------
 
     def stream_encoder(
-        self, encoder: StreamEncoder, content_id: str, extra: dict[str, Any]
+        self, encoder: StreamEncoder, content_id: str, label: cue.ExplicitLabel | None
     ) -> LabelledStream:
-        return LabelledStream(encoder, self, content_id, self.explicit_mode(extra))
+        return LabelledStream(encoder, self, content_id, label)
 
 
 class LabelledStream:
@@ -152,7 +185,9 @@ class LabelledStream:
     write it with their first audio), then the header is labelled and everything flows through.
     """
 
-    def __init__(self, encoder: StreamEncoder, labeller: Labeller, content_id: str, explicit: str) -> None:
+    def __init__(
+        self, encoder: StreamEncoder, labeller: Labeller, content_id: str, explicit: cue.ExplicitLabel | None
+    ) -> None:
         self._encoder = encoder
         self.format = encoder.format
         self.sample_rate = encoder.sample_rate
@@ -165,8 +200,8 @@ class LabelledStream:
 
     def header(self) -> bytes:
         data = self._encoder.header()
-        if self._explicit != "off":
-            data += self._encoder.encode(cue.cue_samples(self._encoder.source_rate))
+        if self._explicit is not None:
+            data += self._encoder.encode(self._explicit.start)
         return self._pass(data)
 
     def encode(self, chunk: np.ndarray) -> bytes:
@@ -174,8 +209,8 @@ class LabelledStream:
 
     def finish(self) -> bytes:
         data = b""
-        if self._explicit == "start_and_end":
-            data += self._encoder.encode(cue.end_cue(self._encoder.source_rate))
+        if self._explicit is not None and self._explicit.end is not None:
+            data += self._encoder.encode(self._explicit.end)
         return self._pass(data + self._encoder.finish(), last=True)
 
     def _pass(self, data: bytes, *, last: bool = False) -> bytes:

@@ -135,6 +135,9 @@ class LocalBackend:
     ) -> Generator[StreamStart | bytes, None, TtsOutcome]:
         """What `AudioStream` reads: the start, then encoded chunks; returns the outcome."""
         with request_context(spec.request_id), self.host.synthesizer(ctx.cancel) as synth:
+            explicit = self._run_engine(
+                lambda: self.labels.explicit_for(synth, request, spec.extra, spec.voice_scope)
+            )
             stream = self._run_engine(
                 lambda: synth.synthesize(
                     request, progress=_progress_to(ctx), cancel=ctx.cancel, voices=spec.voice_scope
@@ -143,7 +146,7 @@ class LocalBackend:
             encoder = self.labels.stream_encoder(
                 StreamEncoder(spec.format, spec.sample_rate, source_rate=synth.sample_rate),
                 spec.request_id or "stream",
-                spec.extra,
+                explicit,
             )
             yield StreamStart(stream.seed, encoder.media_type, encoder.sample_rate)
             head = encoder.header()
@@ -187,7 +190,8 @@ class LocalBackend:
         self.host.note_result(None)
         rate = result.sample_rate
         produced = result  # what the engine made: metrics and the quota count it, not the cue
-        result = self.labels.with_explicit(result, spec.extra)  # the audio delivered and stored
+        explicit = self.labels.explicit_for(synth, request, spec.extra, spec.voice_scope)
+        result = self.labels.with_explicit(result, explicit)  # the audio delivered and stored
         wav = encode(result.audio, "wav", source_rate=rate)
         parameters = {
             "endpoint": spec.endpoint,
