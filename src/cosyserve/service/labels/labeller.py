@@ -2,9 +2,10 @@
 
 - `label_file`: the implicit label (bound to the file's audio, signed) and, where c2pa-python is installed
   and the format takes one, a C2PA manifest; used wherever a whole file is stored or served.
+- `explicit_for`: the explicit label of one output (None when off): the cue's tones or the spoken notice.
 - `stream_encoder`: wraps a `StreamEncoder` so a stream's container header carries the label (not bound to
-  audio that does not exist yet) and the explicit cue plays first (and last).
-- `with_explicit`: a finished result with the explicit cue, its sentence timings shifted to match.
+  audio that does not exist yet) and the explicit label plays first (and last).
+- `with_explicit`: a finished result with its explicit label, sentence timings shifted to match.
 """
 
 from __future__ import annotations
@@ -28,9 +29,8 @@ if TYPE_CHECKING:
 
 log = logging.getLogger(__name__)
 
-OPT_OUT = (
-    "explicit_label"  # OutputSpec.extra key: False skips the explicit cue (admins only, checked by the API)
-)
+# The OutputSpec.extra key whose False skips the explicit label (admins only, checked by the API).
+OPT_OUT = "explicit_label"
 EXPLICIT_KINDS = ("cue", "notice")
 STREAM_HEADER_LIMIT = 1 << 20  # bytes a stream may hold back while its container header is incomplete
 
@@ -62,7 +62,7 @@ class Labeller:
         self.implicit = implicit
         self.explicit = explicit
         self.c2pa = c2pa
-        self.c2pa_note = c2pa_note  # why C2PA is on or off, for the startup log and /health
+        self.c2pa_note = c2pa_note  # why C2PA is on or off, for the startup log and the output manifests
 
     @classmethod
     def disabled(cls) -> Labeller:
@@ -179,7 +179,8 @@ class Labeller:
 
 
 class LabelledStream:
-    """A `StreamEncoder` whose output starts with the cue and whose container header carries the label.
+    """A `StreamEncoder` whose output starts with the explicit label and whose container header carries
+    the implicit one.
 
     Same interface as the encoder. Bytes are held back only until the header is complete (FLAC and Ogg
     write it with their first audio), then the header is labelled and everything flows through.
