@@ -116,6 +116,9 @@ def build_parser() -> argparse.ArgumentParser:
     from cosyserve.commands import normalize
 
     normalize.add_parser(sub)
+    from cosyserve.commands import verify
+
+    verify.add_parser(sub)
     return parser
 
 

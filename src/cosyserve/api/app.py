@@ -16,7 +16,7 @@ from fastapi.responses import RedirectResponse
 from fastapi_offline import FastAPIOffline
 
 from cosyserve import __version__
-from cosyserve.api import admin, batches, dub, health, jobs, openai, outputs, tts, voices
+from cosyserve.api import admin, batches, dub, health, jobs, openai, outputs, tts, verify, voices
 from cosyserve.api.body_budget import BodyBudget
 from cosyserve.api.cors import CorsPolicy
 from cosyserve.api.errors import install_error_handlers
@@ -70,7 +70,7 @@ def create_app(service: Service, *, manage_service: bool = True) -> FastAPI:
     )
     app.state.service = service
     install_error_handlers(app)
-    for module in (tts, openai, voices, jobs, batches, dub, outputs, health):
+    for module in (tts, openai, voices, jobs, batches, dub, outputs, health, verify):
         app.include_router(module.router)
     app.include_router(admin.router)
     app.include_router(admin.session_router)

@@ -21,6 +21,7 @@ from cosyserve.api.schemas import AUDIO_CONTENT, ERRORS, AudioFormat, OutputList
 from cosyserve.service.access.principals import Forbidden, Principal
 from cosyserve.service.assembly import Service
 from cosyserve.service.audio_formats import IN_MEMORY_LIMIT_BYTES, encode, mime_type, transcode_file
+from cosyserve.service.labels.labeller import Labeller
 from cosyserve.service.stores.output_files import temp_output_path
 from cosyserve.service.stores.outputs import OutputNotFound, StoredOutput
 from cosyserve.service.subtitles import manifest_timings, to_srt, to_vtt
@@ -103,14 +104,15 @@ async def download_output(
         return FileResponse(
             temp, media_type=mime_type(fmt), filename=f"{output.id}.{fmt}", background=cleanup
         )
-    data = await run_in_threadpool(_transcode, output, fmt, sample_rate)
+    data = await run_in_threadpool(_transcode, output, fmt, sample_rate, service.outputs.labels)
     headers = {"Content-Disposition": f'attachment; filename="{output.id}.{fmt}"'}
     return Response(data, media_type=mime_type(fmt), headers=headers)
 
 
-def _transcode(output: StoredOutput, fmt: str, sample_rate: int | None) -> bytes:
+def _transcode(output: StoredOutput, fmt: str, sample_rate: int | None, labels: Labeller | None) -> bytes:
     audio, rate = soundfile.read(output.path, dtype="float32")
-    return encode(audio, fmt, source_rate=rate, sample_rate=sample_rate)
+    data = encode(audio, fmt, source_rate=rate, sample_rate=sample_rate)
+    return labels.label_stored(data, fmt, output) if labels is not None else data
 
 
 def _transcode_to_file(service: Service, output: StoredOutput, fmt: str, sample_rate: int | None) -> Path:

@@ -63,6 +63,9 @@ class TtsParams(SynthesisParams):
     )
 
     stream: bool = Field(False, description="chunked response that starts before synthesis ends")
+    explicit_label: bool = Field(
+        True, description="false skips the audible AI cue (label_explicit) for this request: admins only"
+    )
 
 
 class JobParams(SynthesisParams):

@@ -8,6 +8,7 @@ from cosyserve.api.deps import CurrentPrincipal, get_service, output_spec
 from cosyserve.api.inputs import read_params, with_transcript
 from cosyserve.api.schemas import AUDIO_CONTENT, ERRORS, TtsParams, body_doc
 from cosyserve.api.streaming import audio_response, audio_stream_response, await_ticket, open_stream
+from cosyserve.api.verify import explicit_label_opt_out
 
 router = APIRouter(prefix="/v1", tags=["speech"])
 
@@ -33,6 +34,8 @@ async def tts(request: Request, principal: CurrentPrincipal) -> Response:
     service.access.check_quota(principal)
     params, audio, _ = await read_params(request, TtsParams, "prompt_wav", upload_limit(request))
     spec = output_spec(request, principal, "tts", format=params.format, sample_rate=params.sample_rate)
+    if not params.explicit_label:
+        spec.extra.update(explicit_label_opt_out(principal))
     synthesis = await with_transcript(
         service, params, audio
     )  # a saved voice is looked up for this caller where it is used

@@ -30,8 +30,10 @@ from cosyserve.commands.batch_files import (
     shared_settings,
     write_atomic,
 )
+from cosyserve.commands.cli_labels import cli_labeller, label_bytes
 from cosyserve.errors import CosyServeError, InputError
 from cosyserve.service.audio_formats import EXTENSIONS, encode
+from cosyserve.service.labels.labeller import Labeller
 
 MANIFEST = "manifest.csv"
 
@@ -51,9 +53,10 @@ def cmd_batch(args: argparse.Namespace) -> int:
     rules = BatchRules(args.max_items, args.max_chars, prompt is not None, shared_settings(args))
     items = read_items(read_input(args.file), kind_of(args.file), rules)
     done = _existing_rows(out, args.resume)
-    from cosyserve.commands.synthesize import load_synthesizer
+    from cosyserve.commands.synthesize import default_data_dir, load_synthesizer
 
     synth = load_synthesizer(args)
+    labels = cli_labeller(args.data_dir or default_data_dir())
     rows: list[dict[str, Any]] = []
     bar = progress_bar(len(items), "item", args.quiet)
     for position, item in enumerate(items, start=1):
@@ -62,7 +65,9 @@ def cmd_batch(args: argparse.Namespace) -> int:
         if file in done:
             rows.append(done[file])
         else:
-            rows.append(_make_item(synth, item, prompt, args.prompt_text, out, position, stem, file))
+            rows.append(
+                _make_item(synth, labels, item, prompt, args.prompt_text, out, (position, stem, file))
+            )
             _write_manifest(out, rows)
         bar.update(1)
     bar.close()
@@ -90,17 +95,17 @@ def _existing_rows(out: Path, resume: bool) -> dict[str, dict[str, Any]]:
 
 def _make_item(
     synth: Any,
+    labels: Labeller,
     item: Any,
     prompt: bytes | None,
     prompt_text: str | None,
     out: Path,
-    position: int,
-    stem: str,
-    file: str,
+    place: tuple[int, str, str],  # position, file stem, file name
 ) -> dict[str, Any]:
     from cosyserve.service.requests import SynthesisRequest
     from cosyserve.service.subtitles import to_srt
 
+    position, stem, file = place
     params = item.params
     row = {"position": position, "file": "", "name": item.name, "text": params["text"]}
     row.update(
@@ -124,7 +129,9 @@ def _make_item(
     except CosyServeError as exc:
         print(f"item {position}: {exc}", file=sys.stderr)
         return {**row, "error": str(exc)}
-    write_atomic(out / file, encode(result.audio, params["format"], source_rate=result.sample_rate))
+    result = labels.with_explicit(result, labels.explicit_for(synth, request, {}))
+    data = encode(result.audio, params["format"], source_rate=result.sample_rate)
+    write_atomic(out / file, label_bytes(labels, data, params["format"], voice))
     (out / f"{stem}.srt").write_text(to_srt(result.timings), encoding="utf-8")
     seconds = f"{result.duration_s:.3f}"
     return {
@@ -167,7 +174,7 @@ def cmd_dub(args: argparse.Namespace) -> int:
         from cosyserve.commands.batch_remote import remote_dub
 
         return remote_dub(args, track_format)
-    from cosyserve.commands.synthesize import load_synthesizer
+    from cosyserve.commands.synthesize import default_data_dir, load_synthesizer
     from cosyserve.frontend.subtitles import parse_subtitles
     from cosyserve.service.batch_input import BatchRules, cue_items
 
@@ -187,7 +194,8 @@ def cmd_dub(args: argparse.Namespace) -> int:
             _make_cue(synth, item, prompt, args, parts, position)
         bar.update(1)
     bar.close()
-    return _write_dub(items, parts, out, track_format, args.report)
+    labels = cli_labeller(args.data_dir or default_data_dir())
+    return _write_dub(items, parts, out, track_format, args.report, labels)
 
 
 def _track_format(out: str) -> str:
@@ -247,7 +255,9 @@ def _make_cue(
     write_atomic(parts / f"cue{position:04d}.json", json.dumps(note).encode())
 
 
-def _write_dub(items: list[Any], parts: Path, out: Path, track_format: str, report: str | None) -> int:
+def _write_dub(
+    items: list[Any], parts: Path, out: Path, track_format: str, report: str | None, labels: Labeller
+) -> int:
     """The track from the cues in `parts` (written to disk as it goes, then moved over `out`) and the
     report; `parts` is removed once every cue is in the track, kept for `--resume` otherwise."""
     from cosyserve.service.dub_plan import CueSlot, track_seconds_of_items
@@ -264,7 +274,7 @@ def _write_dub(items: list[Any], parts: Path, out: Path, track_format: str, repo
         for position, (item, note) in enumerate(zip(items, notes, strict=True), start=1)
     ]
     track_s = track_seconds_of_items(item.params for item in items)
-    _write_track_file(out, track_format, cues, track_s, rate)
+    _write_track_file(out, track_format, cues, track_s, rate, labels)
     records = [_record(n, item, note) for n, (item, note) in enumerate(zip(items, notes, strict=True), 1)]
     rows = dub_report(records)
     where = report_path(out, report)
@@ -292,10 +302,12 @@ def _cue_reader(parts: Path, position: int, note: dict[str, Any]) -> Any:
     return lambda: sf.read(parts / f"cue{position:04d}.wav", dtype="float32")[0]
 
 
-def _write_track_file(out: Path, track_format: str, cues: list[Any], track_s: float, rate: int) -> None:
-    """The track as a WAV written in pieces beside `out` (transcoded file to file for flac/mp3), moved over
-    `out` only once whole."""
-    from cosyserve.service.audio_formats import transcode_file
+def _write_track_file(
+    out: Path, track_format: str, cues: list[Any], track_s: float, rate: int, labels: Labeller
+) -> None:
+    """The track as a WAV written in pieces beside `out` (transcoded file to file for flac/mp3), labelled
+    as AI-made, moved over `out` only once whole."""
+    from cosyserve.service.audio_formats import IN_MEMORY_LIMIT_BYTES, transcode_file
     from cosyserve.service.dub_track import write_track
 
     out.parent.mkdir(parents=True, exist_ok=True)
@@ -304,9 +316,12 @@ def _write_track_file(out: Path, track_format: str, cues: list[Any], track_s: fl
     try:
         write_track(wav, cues, track_s, rate)
         if track_format == "wav":
+            labels.label_wav_file(wav, f"local-{out.name}")  # in place, in blocks
             os.replace(wav, out)
         else:
             transcode_file(wav, final, track_format)
+            if final.stat().st_size <= IN_MEMORY_LIMIT_BYTES:  # longer ones: the WAV form is labelled
+                final.write_bytes(label_bytes(labels, final.read_bytes(), track_format, None))
             os.replace(final, out)
     finally:
         wav.unlink(missing_ok=True)

@@ -123,6 +123,7 @@ def _read_text(args: argparse.Namespace) -> str:
 def cmd_synthesize(args: argparse.Namespace) -> int:
     from tqdm import tqdm
 
+    from cosyserve.commands.cli_labels import cli_labeller, label_written_file
     from cosyserve.service.requests import SynthesisRequest
     from cosyserve.service.subtitles import to_srt, to_vtt
 
@@ -157,12 +158,19 @@ def cmd_synthesize(args: argparse.Namespace) -> int:
         bar.n = p.segments_done
         bar.refresh()
 
+    labels = cli_labeller(args.data_dir or default_data_dir())
+    explicit = labels.explicit_for(synthesizer, request, {})
     stream = synthesizer.synthesize(request, progress=progress)
     out.parent.mkdir(parents=True, exist_ok=True)
     with sf.SoundFile(out, "w", samplerate=synthesizer.sample_rate, channels=1) as sink:
+        if explicit is not None:
+            sink.write(explicit.start)
         for chunk in stream:  # written as it arrives: with --stream, the file grows chunk by chunk
             sink.write(chunk.samples)
-    result = stream.result()
+        if explicit is not None and explicit.end is not None:
+            sink.write(explicit.end)
+    result = labels.with_explicit(stream.result(), explicit)  # its timings shifted past the cue
+    label_written_file(labels, out, args.voice)
     bar.close()
     for warning in result.warnings:
         print(f"warning: {warning}", file=sys.stderr)

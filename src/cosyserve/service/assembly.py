@@ -18,6 +18,7 @@ from cosyserve.errors import CosyServeError, SettingsError
 from cosyserve.service.access.gate import Access
 from cosyserve.service.backend import Backend
 from cosyserve.service.distributed.remote import RemoteBackend
+from cosyserve.service.labels.labeller import Labeller
 from cosyserve.service.local.backend import LocalBackend
 from cosyserve.service.local.loading import SynthesizerFactory, device_type, load_synthesizer
 from cosyserve.service.local.model_host import ModelHost
@@ -77,6 +78,7 @@ class Service:
         self.s3 = _s3_sync(s.s3) if s.s3.sync else None
         if s.storage.output_dir is None:  # pragma: no cover - Settings derives it
             raise SettingsError("storage.output_dir is not set")
+        self.labels = Labeller.from_settings(s)  # what every stored or served output is labelled with
         self.outputs = OutputStore(
             s.storage.output_dir,
             retention_days=s.storage.retention_days,
@@ -84,6 +86,7 @@ class Service:
             sync=self.s3,
             zone=output_timezone(s.storage.timezone),
             min_free_bytes=int(s.storage.min_free_mb * 1e6),
+            labels=self.labels,
         )
         interval = s.storage.retention_interval_s if retention_interval_s is None else retention_interval_s
         self.retention = RetentionWorker(self.outputs, interval)
@@ -140,6 +143,7 @@ class Service:
             key_lookup=self._key,
             queue=self.settings.queue,
             reservations=self.reservations,
+            labels=self.labels,
         )
 
     def _key(self, key_id: int) -> ApiKey | None:

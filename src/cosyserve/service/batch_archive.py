@@ -83,7 +83,7 @@ def stream_zip(
             if output is not None:
                 fmt = str(item.params.get("format") or "wav")
                 row["file"] = f"{item.file_stem}.{EXTENSIONS.get(fmt, fmt)}"
-                yield from _add_audio(archive, sink, row["file"], output, fmt)
+                yield from _add_audio(archive, sink, row["file"], output, fmt, outputs)
                 sentences = manifest_timings(output.manifest)
                 if sentences:
                     row["subtitles"] = f"{item.file_stem}.srt"
@@ -124,7 +124,9 @@ def _add_audio(
             temp.unlink(missing_ok=True)
         return
     audio, rate = sf.read(output.path, dtype="float32")
-    archive.writestr(name, encode(audio, fmt, source_rate=rate))
+    data = encode(audio, fmt, source_rate=rate)
+    labels = outputs.labels if outputs is not None else None
+    archive.writestr(name, labels.label_stored(data, fmt, output) if labels is not None else data)
 
 
 def _copy_in(archive: zipfile.ZipFile, sink: _Sink, name: str, path: Path) -> Iterator[bytes]:

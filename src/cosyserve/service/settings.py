@@ -38,6 +38,7 @@ from cosyserve.service.setting_groups import (
     GROUPS,
     AuthSettings,
     EngineSettings,
+    LabelSettings,
     LimitSettings,
     LogSettings,
     QueueSettings,
@@ -122,6 +123,7 @@ class Settings(BaseSettings):
     s3: S3Settings = Field(default_factory=S3Settings)
     auth: AuthSettings = Field(default_factory=AuthSettings)
     log: LogSettings = Field(default_factory=LogSettings)
+    labels: LabelSettings = Field(default_factory=LabelSettings)
 
     def __init__(self, **values: Any) -> None:
         try:

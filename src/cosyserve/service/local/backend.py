@@ -30,6 +30,7 @@ from cosyserve.service.activity import enrolment_logger, synthesis_logger
 from cosyserve.service.audio_formats import StreamEncoder, encode, mime_type
 from cosyserve.service.backend import AudioStream
 from cosyserve.service.batch_input import ItemSpec
+from cosyserve.service.labels.labeller import Labeller
 from cosyserve.service.local.job_quota import JobQuota
 from cosyserve.service.local.job_runner import LocalJobs
 from cosyserve.service.local.model_host import ModelHost
@@ -78,6 +79,7 @@ class LocalBackend:
     key_lookup: Callable[[int], ApiKey | None]  # a job's key by id (quotas of jobs run after a restart)
     queue: QueueSettings  # job timeouts, retry limit, lease
     reservations: QuotaReservations  # every synthesis and job holds its estimate of the key's quota first
+    labels: Labeller = dataclasses.field(default_factory=Labeller.disabled)  # cue, stream and response labels
 
     # -- lifecycle and readiness ---------------------------------------------------------------------------
 
@@ -170,11 +172,18 @@ class LocalBackend:
         oom = out_of_memory_as_error("a streamed synthesis")  # the encoder's buffers too
         with request_context(spec.request_id), self.host.synthesizer(ctx.cancel) as synth, oom:
             guard = self._guard(ctx, spec)
+            explicit = self._run_engine(
+                lambda: self.labels.explicit_for(synth, request, spec.extra, spec.voice_scope)
+            )
             stream = self._run_engine(
                 lambda: synth.synthesize(request, progress=guard, cancel=ctx.cancel, voices=spec.voice_scope)
             )
             guard.stream = stream
-            encoder = StreamEncoder(spec.format, spec.sample_rate, source_rate=synth.sample_rate)
+            encoder = self.labels.stream_encoder(
+                StreamEncoder(spec.format, spec.sample_rate, source_rate=synth.sample_rate),
+                spec.request_id or "stream",
+                explicit,
+            )
             warning = self.outputs.health.problem()  # the stream's end cannot say so: its start does
             yield StreamStart(stream.seed, encoder.media_type, encoder.sample_rate, warning)
             head = encoder.header()
@@ -223,16 +232,11 @@ class LocalBackend:
         """Store the result with its manifest, count it, and encode the response if asked."""
         self.host.note_result(None)
         rate = result.sample_rate
+        produced = result  # what the engine made: metrics and the quota count it, not the cue
+        explicit = self.labels.explicit_for(synth, request, spec.extra, spec.voice_scope)
+        result = self.labels.with_explicit(result, explicit)  # the audio delivered and stored
         with out_of_memory_as_error("encoding the audio"):
             wav = encode(result.audio, "wav", source_rate=rate)
-            audio = None
-            if encoded:
-                same = spec.format == "wav" and spec.sample_rate == rate
-                audio = (
-                    wav
-                    if same
-                    else encode(result.audio, spec.format, source_rate=rate, sample_rate=spec.sample_rate)
-                )
         parameters = {
             "endpoint": spec.endpoint,
             "response_format": spec.format,
@@ -256,9 +260,19 @@ class LocalBackend:
             storage_error = str(exc) or type(exc).__name__
             log_failure("storage_error", f"saving the output failed: {exc}", exc=exc)
             self.metrics.count_error("storage_error")
-        self.metrics.observe_synthesis(result.duration_s, result.stage_seconds.get("total", 0.0))
-        self.startup.first_synthesis(result.stage_seconds.get("total", 0.0), result.duration_s)
-        self.reservations.settle(spec, result.duration_s)  # replaces its reservation (jobs: key None)
+        audio = None
+        if encoded:  # labelled like the stored file (same id), or with the request id if it wasn't saved
+            with out_of_memory_as_error("encoding the audio"):
+                audio = self.labels.label_file(
+                    encode(result.audio, spec.format, source_rate=rate, sample_rate=spec.sample_rate),
+                    spec.format,
+                    stored.id if stored else (spec.request_id or "unsaved"),
+                    model=synth.model_dir.fingerprint,
+                    voice=request.voice,
+                )
+        self.metrics.observe_synthesis(produced.duration_s, produced.stage_seconds.get("total", 0.0))
+        self.startup.first_synthesis(produced.stage_seconds.get("total", 0.0), produced.duration_s)
+        self.reservations.settle(spec, produced.duration_s)  # replaces its reservation (jobs: key None)
         return TtsOutcome(
             seed=result.seed,
             duration_s=result.duration_s,

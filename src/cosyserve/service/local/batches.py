@@ -32,6 +32,7 @@ from cosyserve.errors import Cancelled, CosyServeError, ModelNotReady, StorageEr
 from cosyserve.service.access.key_watch import KeyChanged, KeyRevoked
 from cosyserve.service.dub_plan import CueSlot, track_seconds_of_items
 from cosyserve.service.dub_track import write_track
+from cosyserve.service.labels.labeller import OPT_OUT
 from cosyserve.service.local.dubbing import synthesize_cue
 from cosyserve.service.local.jobs import JobResult, JobRun
 from cosyserve.service.local.model_host import ModelHost
@@ -221,6 +222,8 @@ class BatchRunner:
             plan.spec,
             extra={**plan.spec.extra, "batch_id": plan.job_id, "item": item.position, "name": item.name},
         )
+        if plan.kind == "dub":  # a cue before each line would shift it off its slot in the track
+            spec.extra[OPT_OUT] = False
         with self.host.synthesizer(ctx.cancel) as synth:
             pinned = pins.pin(request.voice, synth.voice_features)  # VoiceUnavailable: this item fails
             if plan.kind == "dub":

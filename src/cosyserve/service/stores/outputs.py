@@ -72,6 +72,7 @@ from cosyserve.service.stores.output_files import (
 from cosyserve.service.stores.output_space import SizeIndex, StorageHealth
 
 if TYPE_CHECKING:
+    from cosyserve.service.labels.labeller import Labeller
     from cosyserve.service.stores.s3sync import S3Sync
 
 log = logging.getLogger(__name__)
@@ -106,7 +107,9 @@ class OutputStore:
         node_tag: int | None = None,
         zone: tzinfo | None = None,
         min_free_bytes: int = 0,
+        labels: Labeller | None = None,
     ) -> None:
+        self.labels = labels  # labels every saved file with its id (None: files are kept as given)
         self.zone = zone  # of the file names (None: this machine's local time); sidecars say UTC too
         if (retention_days or 0) < 0 or (max_total_bytes or 0) < 0:
             raise InputError(
@@ -158,8 +161,11 @@ class OutputStore:
         when = local_datetime(now, self.zone)
         stem = self._reserve(when.strftime("output_%Y%m%d_%H%M%S"), ext)
         audio_path, sidecar_path = self.root / f"{stem}.{ext}", self.root / f"{stem}.json"
-        size, digest = content_digest(audio)
         record = dict(manifest)
+        if self.labels is not None:  # labelled with its id, so the label names this output
+            audio = self._labelled(audio, ext, stem, record)
+            record["labels"] = self.labels.describe()
+        size, digest = content_digest(audio)  # as stored
         record.setdefault("format", ext)
         record.setdefault("owner", None)
         record.update(
@@ -194,6 +200,19 @@ class OutputStore:
             self.sync.enqueue(audio_path, audio_path.name)
             self.sync.enqueue(sidecar_path, sidecar_path.name)
         return stored
+
+    def _labelled(self, audio: bytes | Path, ext: str, stem: str, record: dict[str, Any]) -> bytes | Path:
+        """`audio` with its implicit label (and C2PA manifest) naming output `stem`; a WAV file on disk (a
+        long dub track) is labelled in place, in blocks, with the implicit label only."""
+        labels = self.labels
+        if labels is None:
+            return audio
+        if isinstance(audio, Path):
+            if ext == "wav":
+                labels.label_wav_file(audio, stem)
+            return audio
+        model, voice = record.get("model_checksum"), record.get("voice")
+        return labels.label_file(audio, ext, stem, model=model, voice=voice)
 
     def _keep_under_cap(self, stored: StoredOutput) -> None:
         """The size cap holds at every save: the oldest outputs go first, never the one just saved."""

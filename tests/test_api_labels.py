@@ -1,0 +1,179 @@
+"""Labels through the real API: responses, streams, stored outputs and downloads carry the implicit label
+(intact through `POST /v1/verify` and `cosyserve verify`), start with the audible cue when it is on, and
+their subtitles account for it; only admins may skip the cue."""
+
+from __future__ import annotations
+
+import io
+
+import numpy as np
+import pytest
+import soundfile as sf
+from tests.conftest import API_SEED, API_TEXT, enrol_voice
+from tests.test_labels_cue import cue_correlation
+
+from cosyserve.cli import main as cli_main
+from cosyserve.service.labels import cue
+from cosyserve.service.labels.containers import TAGGERS
+from cosyserve.service.labels.verify import verify
+
+SECRET = "test-signing-secret-0123456789abcdef"  # what start_api_server configures
+PROVIDER = "Example Voice Co."
+
+
+@pytest.fixture(scope="module")
+def server(start_api_server, prompt_wav_bytes):
+    live = start_api_server(label_explicit="start", label_provider=PROVIDER, c2pa=False)
+    with live.client() as client:
+        enrol_voice(client, "alice", prompt_wav_bytes)
+    yield live
+    live.stop()
+
+
+@pytest.fixture
+def client(server):
+    with server.client() as http:
+        yield http
+
+
+def decoded(data: bytes) -> np.ndarray:
+    return sf.read(io.BytesIO(data), dtype="float32")[0]
+
+
+def check(client, data: bytes, name: str = "out") -> dict:
+    """The API's verdict on `data`, which must equal the library's."""
+    response = client.post("/v1/verify", files={"file": (name, data, "application/octet-stream")})
+    assert response.status_code == 200, response.text
+    report = response.json()
+    assert report["status"] == verify(data, SECRET.encode()).status
+    return report
+
+
+@pytest.mark.parametrize("fmt", ["wav", "mp3", "flac", "opus"])
+def test_responses_carry_an_intact_label_and_start_with_the_cue(client, fmt: str) -> None:
+    body = {"text": API_TEXT, "voice": "alice", "seed": API_SEED, "format": fmt}
+    response = client.post("/v1/tts", json=body)
+    assert response.status_code == 200, response.text
+    output_id = response.headers["x-cosyserve-output-id"]
+    report = check(client, response.content, f"a.{fmt}")
+    assert report["status"] == "intact" and report["signature"] == "valid", report
+    assert report["label"]["ProduceID"] == output_id and report["label"]["ContentProducer"] == PROVIDER
+    assert cue_correlation(decoded(response.content)) > 0.9
+    stored = client.get(f"/v1/outputs/{output_id}")  # the stored wav, and a transcoded download
+    assert check(client, stored.content)["label"]["ProduceID"] == output_id
+    assert cue_correlation(decoded(stored.content)) > 0.9
+    download = client.get(f"/v1/outputs/{output_id}", params={"format": "flac"})
+    assert check(client, download.content)["status"] == "intact"
+
+
+@pytest.mark.parametrize("fmt", ["wav", "mp3", "opus"])
+def test_streams_start_with_the_cue_and_carry_a_stream_label(client, fmt: str) -> None:
+    body = {"text": API_TEXT, "voice": "alice", "seed": API_SEED, "format": fmt, "stream": True}
+    with client.stream("POST", "/v1/tts", json=body) as response:
+        assert response.status_code == 200
+        data = response.read()
+    report = check(client, data)
+    assert report["status"] == "unbound" and report["signature"] == "valid"
+    assert report["label"]["ProduceID"] == response.headers["x-request-id"]
+    assert cue_correlation(decoded(data)) > 0.9
+
+
+def test_subtitles_and_duration_account_for_the_cue(client) -> None:
+    response = client.post("/v1/tts", json={"text": API_TEXT, "voice": "alice", "seed": API_SEED})
+    output_id = response.headers["x-cosyserve-output-id"]
+    manifest = client.get(f"/v1/outputs/{output_id}/manifest").json()
+    shift = cue.cue_seconds(24000)
+    assert manifest["sentences"][0]["start_s"] == pytest.approx(shift, abs=1e-3)
+    assert manifest["labels"] == {"implicit": True, "explicit": "start (cue)", "c2pa": "off (c2pa = false)"}
+    vtt = client.get(f"/v1/outputs/{output_id}/subtitles", params={"format": "vtt"}).text
+    assert f"00:00:00.{round(shift * 1000):03d} -->" in vtt
+    audio = decoded(response.content)
+    assert float(response.headers["x-cosyserve-duration"]) == pytest.approx(len(audio) / 24000, abs=1e-3)
+
+
+def test_altered_and_stripped_files_are_reported(client) -> None:
+    data = client.post("/v1/tts", json={"text": API_TEXT, "voice": "alice", "format": "wav"}).content
+    payload = TAGGERS["wav"].payload(data)
+    at = data.rindex(payload) + len(payload) // 2
+    altered = data[:at] + bytes([data[at] ^ 0x40]) + data[at + 1 :]
+    assert check(client, altered)["status"] == "altered"
+    assert check(client, TAGGERS["wav"].strip(data))["status"] == "unlabelled"
+
+
+def test_admin_may_skip_the_cue(client) -> None:
+    body = {"text": API_TEXT, "voice": "alice", "seed": API_SEED, "explicit_label": False}
+    response = client.post("/v1/tts", json=body)  # auth off: the caller is an admin
+    assert response.status_code == 200
+    assert cue_correlation(decoded(response.content)) < 0.5
+    assert check(client, response.content)["status"] == "intact"  # the implicit label stays
+
+
+def test_cli_verify_exit_status(client, tmp_path, monkeypatch, capsys) -> None:
+    data = client.post("/v1/tts", json={"text": API_TEXT, "voice": "alice", "format": "mp3"}).content
+    good, bare = tmp_path / "good.mp3", tmp_path / "bare.mp3"
+    good.write_bytes(data)
+    bare.write_bytes(TAGGERS["mp3"].strip(data))
+    monkeypatch.setenv("COSYSERVE_SIGNING_SECRET", SECRET)
+    assert cli_main(["verify", str(good), "--data-dir", str(tmp_path)]) == 0
+    assert "intact (mp3)" in capsys.readouterr().out
+    assert cli_main(["verify", str(good), str(bare), "--data-dir", str(tmp_path)]) == 2
+    monkeypatch.setenv("COSYSERVE_SIGNING_SECRET", "another server's secret")
+    assert cli_main(["verify", str(good), "--json", "--data-dir", str(tmp_path)]) == 1
+
+
+def test_a_user_key_may_not_skip_the_cue(start_api_server) -> None:
+    live = start_api_server(api_keys_required=True, label_explicit="start", c2pa=False)
+    try:
+        user_key = live.service.keys.create("app", "user")[1]
+        with live.client(headers={"Authorization": f"Bearer {user_key}"}) as user:
+            body = {"text": API_TEXT, "voice": "nobody", "explicit_label": False}
+            response = user.post("/v1/tts", json=body)
+            assert response.status_code == 403
+            assert response.json()["error"]["code"] == "forbidden"
+            assert "admin" in response.json()["error"]["message"]
+    finally:
+        live.stop()
+
+
+def test_openai_speech_is_labelled_too(client) -> None:
+    body = {"model": "cosyvoice3", "input": API_TEXT, "voice": "alice", "response_format": "mp3"}
+    response = client.post("/v1/audio/speech", json=body)
+    assert response.status_code == 200, response.text
+    assert check(client, response.content)["status"] == "intact"
+
+
+def test_c2pa_manifest_through_the_server(start_api_server, prompt_wav_bytes) -> None:
+    pytest.importorskip("c2pa", reason="c2pa-python is not installed (pip install 'cosyserve[labels]')")
+    live = start_api_server(c2pa=True)
+    try:
+        assert live.service.labels.describe()["c2pa"] == "on, self-signed (private deployment)"
+        with live.client() as client:
+            enrol_voice(client, "carol", prompt_wav_bytes)
+            response = client.post("/v1/tts", json={"text": API_TEXT, "voice": "carol", "format": "mp3"})
+            report = check(client, response.content)
+        assert report["status"] == "intact" and report["c2pa"]["status"] == "valid"
+        assert report["c2pa"]["ai_generated"] and report["c2pa"]["generation"]["voice_id"] == "carol"
+    finally:
+        live.stop()
+
+
+def test_the_spoken_notice_starts_every_output_in_its_voice(start_api_server, prompt_wav_bytes) -> None:
+    live = start_api_server(label_explicit="start", label_explicit_kind="notice", c2pa=False)
+    try:
+        with live.client() as client:
+            enrol_voice(client, "dave", prompt_wav_bytes)
+            first = client.post("/v1/tts", json={"text": "你好。", "voice": "dave", "seed": 1})
+            body = {"text": "再见了。", "voice": "dave", "seed": 2, "stream": True, "format": "pcm"}
+            with client.stream("POST", "/v1/tts", json=body) as response:
+                streamed = np.frombuffer(response.read(), "<i2").astype(np.float32) / 32767
+            manifest = client.get(f"/v1/outputs/{first.headers['x-cosyserve-output-id']}/manifest").json()
+        notices = live.service.labels.notices
+        assert notices.syntheses == 1  # one voice, one language: made once, then reused
+        (notice,) = notices._entries.values()
+        audio = decoded(first.content)
+        np.testing.assert_allclose(audio[: len(notice)], notice, atol=2 / 32767)
+        np.testing.assert_allclose(streamed[: len(notice)], notice, atol=2 / 32767)
+        assert manifest["sentences"][0]["start_s"] == pytest.approx(len(notice) / 24000, abs=1e-3)
+        assert manifest["labels"]["explicit"] == "start (notice)"
+    finally:
+        live.stop()
