@@ -1,10 +1,9 @@
 """`cosyserve batch` and `cosyserve dub`: a script of lines becomes a folder of files; a subtitle file
 becomes a timed voice-over. Locally (the model in this process) or against a server (`--server URL`).
 
-Both are resumable: locally, items already in the output folder (and cues already made, kept beside the
-track in `<track>.parts/` until every cue is in the track) are skipped with `--resume`; against a server,
-`--resume` follows the batch submitted before instead of submitting it again. A line or cue that cannot be
-spoken fails alone; the command then ends with a non-zero status and says how many failed.
+Both are resumable: locally, items already in the output folder (and cues kept in `<track>.parts/` until
+every cue is in the track) are skipped with `--resume`; against a server, `--resume` follows the batch
+submitted before. A line or cue that cannot be spoken fails alone; the command then ends non-zero.
 """
 
 from __future__ import annotations

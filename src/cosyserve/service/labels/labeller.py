@@ -133,6 +133,19 @@ class Labeller:
                 log.warning("output %s (%s): no C2PA manifest: %s", content_id, fmt, exc)
         return data
 
+    def label_output(
+        self, audio: bytes | Path, ext: str, output_id: str, record: dict[str, Any]
+    ) -> bytes | Path:
+        """A result being stored as `output_id`, labelled with that id (its `record`, the sidecar, says how):
+        bytes as `label_file` does; a WAV file on disk (a long dub track) in place, in blocks."""
+        record["labels"] = self.describe()
+        if isinstance(audio, Path):
+            if ext == "wav":
+                self.label_wav_file(audio, output_id)
+            return audio
+        model, voice = record.get("model_checksum"), record.get("voice")
+        return self.label_file(audio, ext, output_id, model=model, voice=voice)
+
     def label_wav_file(self, path: Path, content_id: str) -> None:
         """Label a WAV file on disk in place (a dub track of hours): its samples hashed and copied in
         blocks, never held whole. The implicit label only: C2PA signs whole files in memory."""

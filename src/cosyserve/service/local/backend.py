@@ -13,18 +13,17 @@ revoked meanwhile ends at that boundary with `key_revoked`, charged only for the
 
 from __future__ import annotations
 
-import contextlib
 import dataclasses
 import functools
 import logging
 import os
 import socket
-from collections.abc import Callable, Generator, Iterator
+from collections.abc import Callable, Generator
 from dataclasses import dataclass
 from typing import Any
 
 from cosyserve.engine.memory import out_of_memory_as_error
-from cosyserve.service.access.key_watch import KeyChanged, KeyRevoked, KeyWatch
+from cosyserve.service.access.key_watch import KeyWatch
 from cosyserve.service.access.limits import QuotaTracker
 from cosyserve.service.activity import enrolment_logger, synthesis_logger
 from cosyserve.service.audio_formats import StreamEncoder, encode, mime_type
@@ -33,16 +32,16 @@ from cosyserve.service.batch_input import ItemSpec
 from cosyserve.service.labels.labeller import Labeller
 from cosyserve.service.local.job_quota import JobQuota
 from cosyserve.service.local.job_runner import LocalJobs
+from cosyserve.service.local.key_guard import KeyGuard
 from cosyserve.service.local.model_host import ModelHost
 from cosyserve.service.local.recovery import JobFeeder
-from cosyserve.service.local.synthesizer import SynthesisStream, Synthesizer
+from cosyserve.service.local.synthesizer import Synthesizer
 from cosyserve.service.logs import log_failure, request_context
 from cosyserve.service.metrics import Metrics
 from cosyserve.service.requests import (
     EnrolmentRequest,
     OutputSpec,
     StreamStart,
-    SynthesisProgress,
     SynthesisRequest,
     SynthesisResult,
     TtsOutcome,
@@ -372,32 +371,3 @@ class LocalBackend:
             ),
         )
 
-
-class KeyGuard:
-    """A synthesis' progress callback: reports progress on its ticket (the UI's progress bar) and checks
-    its key after every segment (KeyRevoked / KeyChanged end it at that boundary)."""
-
-    def __init__(self, ctx: WorkContext, watch: KeyWatch) -> None:
-        self.ctx, self.watch = ctx, watch
-        self.stream: SynthesisStream | None = None  # set once the synthesis is planned: its voice
-        self.cleared_s = 0.0  # audio made before the last check that passed: what a stop still charges
-
-    def __call__(self, progress: SynthesisProgress) -> None:
-        self.ctx.set_progress(progress.fraction)
-        if progress.segments_done > 0:
-            voice = self.stream.voice if self.stream is not None else None
-            self.watch.check([voice] if voice is not None else [])
-            self.cleared_s = progress.audio_seconds
-
-    @contextlib.contextmanager
-    def charging_what_was_made(
-        self, settle: Callable[[OutputSpec, float], None], spec: OutputSpec
-    ) -> Iterator[None]:
-        """A stop for the key charges the segments made before it (the rest were made after the revoke),
-        settling its reservation with them; with none made the reservation is given back as it ends."""
-        try:
-            yield
-        except (KeyRevoked, KeyChanged):
-            if spec.key is not None and self.cleared_s > 0:
-                settle(spec, self.cleared_s)
-            raise

@@ -163,8 +163,7 @@ class OutputStore:
         audio_path, sidecar_path = self.root / f"{stem}.{ext}", self.root / f"{stem}.json"
         record = dict(manifest)
         if self.labels is not None:  # labelled with its id, so the label names this output
-            audio = self._labelled(audio, ext, stem, record)
-            record["labels"] = self.labels.describe()
+            audio = self.labels.label_output(audio, ext, stem, record)
         size, digest = content_digest(audio)  # as stored
         record.setdefault("format", ext)
         record.setdefault("owner", None)
@@ -200,19 +199,6 @@ class OutputStore:
             self.sync.enqueue(audio_path, audio_path.name)
             self.sync.enqueue(sidecar_path, sidecar_path.name)
         return stored
-
-    def _labelled(self, audio: bytes | Path, ext: str, stem: str, record: dict[str, Any]) -> bytes | Path:
-        """`audio` with its implicit label (and C2PA manifest) naming output `stem`; a WAV file on disk (a
-        long dub track) is labelled in place, in blocks, with the implicit label only."""
-        labels = self.labels
-        if labels is None:
-            return audio
-        if isinstance(audio, Path):
-            if ext == "wav":
-                labels.label_wav_file(audio, stem)
-            return audio
-        model, voice = record.get("model_checksum"), record.get("voice")
-        return labels.label_file(audio, ext, stem, model=model, voice=voice)
 
     def _keep_under_cap(self, stored: StoredOutput) -> None:
         """The size cap holds at every save: the oldest outputs go first, never the one just saved."""
