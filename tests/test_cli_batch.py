@@ -102,7 +102,7 @@ def test_batch_and_dub_against_a_server(tmp_path, start_api_server, prompt_wav_b
     assert abs(len(audio) / rate - 4.5) <= 0.1  # mp3 frames pad a little
     assert (tmp_path / "episode.report.csv").read_text().count("\n") == 3
     assert (
-        cli_main(["batch", str(script), "--out", str(tmp_path / "x"), "--server", "http://127.0.0.1:9"]) == 2
+        cli_main(["batch", str(script), "--out", str(tmp_path / "x"), "--server", "http://127.0.0.1:9"]) == 3
     )
     assert "could not be reached" in capsys.readouterr().err
     live.stop()

@@ -95,3 +95,41 @@ def error_code(exc: BaseException) -> str:
         name = type(exc).__name__.removesuffix("Error")
         return "".join("_" + c.lower() if c.isupper() else c for c in name).lstrip("_")
     return "internal"
+
+
+class Unavailable(CosyServeError):
+    """Something a command needs is not here or out of reach (an optional extra, a server): install,
+    download or start it and run the command again."""
+
+
+class MissingExtra(Unavailable):
+    """An optional dependency is not installed; the message names the `pip install` line."""
+
+    def __init__(self, module: str, extra: str, needed_for: str) -> None:
+        super().__init__(
+            f"{needed_for} needs {module}, which is not installed: pip install 'cosyserve[{extra}]'"
+        )
+        self.module = module
+        self.extra = extra
+
+
+# Optional modules -> the extra that brings them (pyproject.toml's [project.optional-dependencies]).
+EXTRA_OF_MODULE: dict[str, str] = {
+    "celery": "distributed",
+    "kombu": "distributed",
+    "redis": "distributed",
+    "psycopg": "distributed",
+    "huggingface_hub": "download",
+    "modelscope": "download",
+    "sherpa_onnx": "asr",
+    "pyrnnoise": "denoise",
+}
+
+
+def require_modules(needed_for: str, *modules: str) -> None:
+    """Raise MissingExtra for the first of `modules` that is not importable (without importing it)."""
+    import importlib.util
+
+    for module in modules:
+        if importlib.util.find_spec(module) is None:
+            raise MissingExtra(module, EXTRA_OF_MODULE.get(module, "distributed"), needed_for)

@@ -28,6 +28,7 @@ from cosyserve.commands.batch_files import (
     write_atomic,
 )
 from cosyserve.errors import CosyServeError, InputError
+from cosyserve.exit_codes import ExitCode
 from cosyserve.service.audio_formats import EXTENSIONS, encode
 
 MANIFEST = "manifest.csv"
@@ -150,7 +151,7 @@ def _summary(rows: list[dict[str, Any]], where: str) -> int:
             f"(item {first['position']}: {first.get('error') or first.get('state')}); see {MANIFEST}",
             file=sys.stderr,
         )
-        return 1
+        return ExitCode.FAILED
     print(f"wrote {done} items and {MANIFEST} to {where}")
     return 0
 
@@ -252,7 +253,7 @@ def _write_dub(items: list[Any], parts: Path, out: Path, track_format: str, repo
             f"cosyserve: wrote {out}; {len(failed)} of {len(rows)} cues failed (see {report_path})",
             file=sys.stderr,
         )
-        return 1
+        return ExitCode.FAILED
     print(f"wrote {out} ({len(track) / rate:.2f} s, {len(rows)} cues) and {report_path}")
     return 0
 
