@@ -249,3 +249,32 @@ def test_hubs_the_probe_finds_out_of_reach_are_not_fetched(tmp_path: Path) -> No
             probe=lambda hubs: dict.fromkeys(hubs, UNREACHABLE),
         )
     assert caught.value.reason == UNREACHABLE
+
+
+def test_a_path_that_cannot_be_written_is_one_line(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    blocker = tmp_path / "file"
+    blocker.write_text("")
+    assert main(["demo-model", str(blocker / "model")]) == ExitCode.FAILED
+    line = _one_error_line(capsys.readouterr().err, "demo-model")
+    assert str(blocker) in line and "check the path" in line
+
+
+def test_a_model_that_is_neither_directory_nor_id(
+    fresh_home: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    argv = [
+        "synthesize",
+        "--model",
+        str(fresh_home / "nope"),
+        "--text",
+        "hi",
+        "--voice",
+        "x",
+        "--out",
+        "a.wav",
+    ]
+    assert main(argv) == ExitCode.UNAVAILABLE
+    line = _one_error_line(capsys.readouterr().err, "synthesize")
+    assert "does not exist" in line and "or demo" in line

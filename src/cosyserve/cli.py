@@ -139,6 +139,13 @@ def main(argv: Sequence[str] | None = None) -> int:
             raise
         missing = MissingExtra(top, EXTRA_OF_MODULE[top], f"cosyserve {args.command}")
         return report_error(args.command, missing)
+    except OSError as exc:  # a path the user gave: missing, not writable, a full disk
+        if exc.filename is None:
+            raise
+        where = f"{exc.filename}" + (f" -> {exc.filename2}" if exc.filename2 else "")
+        problem = f"{where}: {exc.strerror or exc}; check the path, its permissions and the free space"
+        print(f"cosyserve {args.command}: error: {problem}", file=sys.stderr)
+        return ExitCode.FAILED
     except KeyboardInterrupt:
         print(f"cosyserve {args.command}: interrupted", file=sys.stderr)
         return ExitCode.INTERRUPTED

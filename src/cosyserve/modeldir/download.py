@@ -248,7 +248,8 @@ def download_model(
     last_reason = next((reasons[-1] for reasons in reversed(failures.values()) if reasons), "no hub tried")
     if all(out_of_reach.get(hub) for hub in order):
         raise DownloadError(
-            f"could not download {model_id}: no hub can be reached ({_summarise(out_of_reach)})",
+            f"could not download {model_id}: no hub can be reached ({_summarise(out_of_reach)}); check the "
+            "network, or set HTTPS_PROXY for a proxy or HF_ENDPOINT for a Hugging Face mirror",
             model_id=model_id,
             reason=last_reason,
         )

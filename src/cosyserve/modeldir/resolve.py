@@ -41,7 +41,8 @@ def resolve_model(
         return ModelDir.open(path)
     if spec.count("/") != 1 or spec.startswith((".", "/", "~")):
         raise ModelDirError(
-            f"model directory {spec} does not exist (and it is not a model id like owner/name)"
+            f"model directory {spec} does not exist (and it is not a model id like owner/name): pass a model "
+            "directory, a model id (downloaded if missing) or demo"
         )
     from cosyserve.modeldir.download import (
         DEFAULT_RETRY_BUDGET_S,
