@@ -11,6 +11,7 @@ import logging
 import typing
 from typing import Any
 
+from cosyserve.errors import ModelDirError, Unavailable
 from cosyserve.exit_codes import ExitCode, exit_code_for
 
 log = logging.getLogger("cosyserve.serve")
@@ -128,7 +129,8 @@ def cmd_serve(args: argparse.Namespace) -> int:
     server.run()
     if load_failed:
         print_failure("serve", load_failed[0])
-        return exit_code_for(host.load_error) if host is not None and host.load_error else ExitCode.FAILED
+        missing = host is not None and isinstance(host.load_error, (ModelDirError, Unavailable))
+        return ExitCode.UNAVAILABLE if missing else ExitCode.FAILED  # a device, a damaged checkpoint: 1
     return ExitCode.OK if server.started else ExitCode.FAILED
 
 
