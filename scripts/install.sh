@@ -80,11 +80,14 @@ for item in json.load(open(sys.argv[1], encoding="utf-8")).get("install", []):
 PY
   rm -f "$report"
 }
-# Distributions that only a CUDA torch brings: nvidia-* (CUDA runtime, cuDNN, NCCL, …) and triton.
+# Distributions that only a CUDA torch brings: nvidia-* (CUDA runtime, cuDNN, NCCL, …; not nvidia-ml-py,
+# which cosyserve itself needs), the cuda-toolkit/cuda-bindings/cuda-pathfinder wheels and triton.
 cuda_wheels() {
   $py -c 'import importlib.metadata as m
-names = {(d.metadata["Name"] or "").lower() for d in m.distributions()}
-print(" ".join(sorted(n for n in names if n.startswith("nvidia-") or n == "triton")))' 2>/dev/null || true
+names = {(d.metadata["Name"] or "").lower().replace("_", "-") for d in m.distributions()}
+cuda = {"triton", "cuda-toolkit", "cuda-bindings", "cuda-pathfinder"}
+print(" ".join(sorted(n for n in names if n in cuda or (n.startswith("nvidia-") and n != "nvidia-ml-py"))))' \
+    2>/dev/null || true
 }
 remove_cuda_wheels() {
   local wheels

@@ -16,7 +16,7 @@ from pathlib import Path
 import pytest
 
 REPO_ROOT = Path(__file__).resolve().parents[1]
-CUDA_WHEELS = ["nvidia-cublas-cu13", "nvidia-cudnn-cu13", "triton"]
+CUDA_WHEELS = ["cuda-bindings", "cuda-toolkit", "nvidia-cublas", "nvidia-cudnn-cu13", "triton"]
 
 STUB_PYTHON = r'''#!{python}
 """Plays `.venv/bin/python` for install.sh: pip against the indexes in the state file, torch's version."""
@@ -74,10 +74,17 @@ if argv[0] == "-c":
         if state["torch"] is None:
             sys.exit(1)
         print(state["torch"]["version"], state["torch"]["build"])
-    elif "nvidia-" in argv[1]:
-        print(" ".join(d for d in state["dists"] if d.startswith("nvidia-") or d == "triton"))
-    else:
-        sys.exit(1)  # the onnxruntime pair check: only one of them here
+        sys.exit(0)
+    import importlib.metadata  # install.sh's own code, over the distributions of the state file
+
+    class Dist:
+        def __init__(self, name):
+            self.metadata = {{"Name": name}}
+
+    importlib.metadata.distributions = lambda name=None: [
+        Dist(d) for d in state["dists"] if name is None or d == name
+    ]
+    exec(compile(argv[1], "<install.sh>", "exec"), {{"__name__": "__main__"}})
     sys.exit(0)
 if argv[0] == "-":
     code = sys.stdin.read()
@@ -198,11 +205,12 @@ def test_switching_to_the_cpu_build_removes_the_cuda_wheels(tmp_path: Path) -> N
         tmp_path,
         default=NEWEST_IS_CUDA,
         torch=("2.14.1", "cuda"),
-        dists=[*CUDA_WHEELS, "numpy"],
+        dists=[*CUDA_WHEELS, "numpy", "nvidia-ml-py"],
         env={"COSYSERVE_TORCH": "2.13.0"},
     )
     assert done.returncode == 0, done.stderr
-    assert state["torch"] == {"version": "2.13.0", "build": "cpu"} and state["dists"] == ["numpy"]
+    assert state["torch"] == {"version": "2.13.0", "build": "cpu"}
+    assert state["dists"] == ["numpy", "nvidia-ml-py"]  # cosyserve's own NVML binding stays
     uninstalls = [c[3:] for c in calls if c[:3] == ["-m", "pip", "uninstall"]]
     assert uninstalls == [["--quiet", "-y", "torch"], ["--quiet", "-y", *CUDA_WHEELS]]
     assert "removing the CUDA build's wheels" in done.stdout
