@@ -143,7 +143,7 @@ def test_batch_and_dub_against_a_server(tmp_path, start_api_server, prompt_wav_b
     assert (tmp_path / "episode.mp3.report.csv").read_text().count("\n") == 3
     assert not list(tmp_path.glob(".episode*"))  # the download went to a temp file, moved into place
     assert (
-        cli_main(["batch", str(script), "--out", str(tmp_path / "x"), "--server", "http://127.0.0.1:9"]) == 2
+        cli_main(["batch", str(script), "--out", str(tmp_path / "x"), "--server", "http://127.0.0.1:9"]) == 3
     )
     assert "could not be reached" in capsys.readouterr().err
     live.stop()

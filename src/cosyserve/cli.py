@@ -1,4 +1,5 @@
-"""The `cosyserve` command line. Errors end with one line on stderr and a non-zero exit status."""
+"""The `cosyserve` command line. Errors end with one line on stderr that says what to do, and the exit
+status of `exit_codes.ExitCode` (usage 2, failed work 1, something missing 3)."""
 
 from __future__ import annotations
 
@@ -8,7 +9,9 @@ from collections.abc import Callable, Sequence
 from pathlib import Path
 
 from cosyserve import __version__
-from cosyserve.errors import CosyServeError
+from cosyserve.commands.parsing import CliParser
+from cosyserve.errors import EXTRA_OF_MODULE, CosyServeError, InputError, MissingExtra
+from cosyserve.exit_codes import ExitCode, epilog, exit_code_for
 
 
 def _cmd_parity(args: argparse.Namespace) -> int:
@@ -16,15 +19,16 @@ def _cmd_parity(args: argparse.Namespace) -> int:
 
     fixture_dir = Path(args.dir)
     if not fixture_dir.is_dir():
-        raise CosyServeError(
-            f"{fixture_dir} is not a directory; pass a parity fixture directory holding model/"
+        raise InputError(
+            f"{fixture_dir} is not a directory: pass a parity fixture directory holding model/ and golden "
+            "files (e.g. ../shared/parity/tiny)"
         )
     all_passed = True
     for line in run_parity(fixture_dir):
         print(line.render(), flush=True)
         all_passed &= line.passed
     print("parity: all checks pass" if all_passed else "parity: FAILED (see the lines marked FAIL)")
-    return 0 if all_passed else 1
+    return ExitCode.OK if all_passed else ExitCode.FAILED
 
 
 def _cmd_download(args: argparse.Namespace) -> int:
@@ -55,8 +59,11 @@ def _cmd_demo_model(args: argparse.Namespace) -> int:
 
 
 def build_parser() -> argparse.ArgumentParser:
-    parser = argparse.ArgumentParser(
-        prog="cosyserve", description="CosyVoice3 voice-cloning TTS engine and service"
+    parser = CliParser(
+        prog="cosyserve",
+        description="CosyVoice3 voice-cloning TTS engine and service",
+        epilog=epilog(),
+        formatter_class=argparse.RawDescriptionHelpFormatter,
     )
     parser.add_argument("--version", action="version", version=f"cosyserve {__version__}")
     sub = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
@@ -126,14 +133,32 @@ def main(argv: Sequence[str] | None = None) -> int:
     args = build_parser().parse_args(argv)
     func: Callable[[argparse.Namespace], int] = args.func
     try:
-        return func(args)
+        return int(func(args))
     except CosyServeError as exc:
-        one_line = "; ".join(part.strip() for part in str(exc).splitlines() if part.strip())
-        print(f"cosyserve {args.command}: error: {one_line}", file=sys.stderr)
-        return 2
+        return report_error(args.command, exc)
+    except ModuleNotFoundError as exc:  # an optional extra that the command reached for
+        top = (exc.name or "").split(".")[0]
+        if top not in EXTRA_OF_MODULE:
+            raise
+        missing = MissingExtra(top, EXTRA_OF_MODULE[top], f"cosyserve {args.command}")
+        return report_error(args.command, missing)
+    except OSError as exc:  # a path the user gave: missing, not writable, a full disk
+        if exc.filename is None:
+            raise
+        where = f"{exc.filename}" + (f" -> {exc.filename2}" if exc.filename2 else "")
+        problem = f"{where}: {exc.strerror or exc}; check the path, its permissions and the free space"
+        print(f"cosyserve {args.command}: error: {problem}", file=sys.stderr)
+        return ExitCode.FAILED
     except KeyboardInterrupt:
         print(f"cosyserve {args.command}: interrupted", file=sys.stderr)
-        return 130
+        return ExitCode.INTERRUPTED
+
+
+def report_error(command: str, exc: BaseException) -> int:
+    """`cosyserve COMMAND: error: …` in one line on stderr; returns the exit status for `exc`."""
+    one_line = "; ".join(part.strip() for part in str(exc).splitlines() if part.strip())
+    print(f"cosyserve {command}: error: {one_line}", file=sys.stderr)
+    return int(exit_code_for(exc))
 
 
 def serve_main(argv: Sequence[str] | None = None) -> int:

@@ -136,3 +136,41 @@ def is_out_of_memory(exc: BaseException) -> bool:
         text = str(exc).lower()
         return any(failure in text for failure in _ALLOCATION_FAILURES)
     return False
+
+
+class Unavailable(CosyServeError):
+    """Something a command needs is not here or out of reach (an optional extra, a server): install,
+    download or start it and run the command again."""
+
+
+class MissingExtra(Unavailable):
+    """An optional dependency is not installed; the message names the `pip install` line."""
+
+    def __init__(self, module: str, extra: str, needed_for: str) -> None:
+        super().__init__(
+            f"{needed_for} needs {module}, which is not installed: pip install 'cosyserve[{extra}]'"
+        )
+        self.module = module
+        self.extra = extra
+
+
+# Optional modules -> the extra that brings them (pyproject.toml's [project.optional-dependencies]).
+EXTRA_OF_MODULE: dict[str, str] = {
+    "celery": "distributed",
+    "kombu": "distributed",
+    "redis": "distributed",
+    "psycopg": "distributed",
+    "huggingface_hub": "download",
+    "modelscope": "download",
+    "sherpa_onnx": "asr",
+    "pyrnnoise": "denoise",
+}
+
+
+def require_modules(needed_for: str, *modules: str) -> None:
+    """Raise MissingExtra for the first of `modules` that is not importable (without importing it)."""
+    import importlib.util
+
+    for module in modules:
+        if importlib.util.find_spec(module) is None:
+            raise MissingExtra(module, EXTRA_OF_MODULE.get(module, "distributed"), needed_for)

@@ -31,6 +31,7 @@ from cosyserve.commands.batch_files import (
 )
 from cosyserve.commands.cli_labels import cli_labeller, label_bytes
 from cosyserve.errors import CosyServeError, InputError
+from cosyserve.exit_codes import ExitCode
 from cosyserve.service.audio_formats import EXTENSIONS, encode
 from cosyserve.service.labels.labeller import Labeller
 
@@ -159,7 +160,7 @@ def _summary(rows: list[dict[str, Any]], where: str) -> int:
             f"(item {first['position']}: {first.get('error') or first.get('state')}); see {MANIFEST}",
             file=sys.stderr,
         )
-        return 1
+        return ExitCode.FAILED
     print(f"wrote {done} items and {MANIFEST} to {where}")
     return 0
 
@@ -289,7 +290,7 @@ def _write_dub(
             f"--resume makes them again from {parts}",
             file=sys.stderr,
         )
-        return 1
+        return ExitCode.FAILED
     shutil.rmtree(parts, ignore_errors=True)
     print(f"wrote {out} ({track_s:.2f} s, {len(rows)} cues) and {where}")
     return 0

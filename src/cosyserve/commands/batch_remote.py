@@ -21,7 +21,8 @@ from typing import Any
 import httpx
 
 from cosyserve.commands.batch_files import progress_bar, read_input, read_prompt, report_path, write_atomic
-from cosyserve.errors import CosyServeError, InputError
+from cosyserve.errors import CosyServeError, InputError, Unavailable
+from cosyserve.exit_codes import ExitCode
 
 POLL_S = 1.0
 TERMINAL = ("done", "failed", "cancelled")
@@ -29,6 +30,10 @@ TERMINAL = ("done", "failed", "cancelled")
 
 class ServerError(CosyServeError):
     """The server refused or failed a request (its error envelope says why)."""
+
+
+class ServerUnreachable(ServerError, Unavailable):
+    """No answer from --server (refused, unresolvable, timed out): start it or fix the address."""
 
 
 def remote_batch(args: argparse.Namespace) -> int:
@@ -161,7 +166,7 @@ def _ended(batch: dict[str, Any], where: str) -> int:
             f"{batch['total']} made in {where}" + (f"; {reason}" if reason else ""),
             file=sys.stderr,
         )
-        return 1
+        return ExitCode.FAILED
     print(f"wrote {batch['done']} {'cues' if batch['kind'] == 'dub' else 'items'} to {where}")
     return 0
 
@@ -178,7 +183,7 @@ def _send(call: Any) -> httpx.Response:
 
 
 def _unreachable(exc: httpx.HTTPError) -> ServerError:
-    return ServerError(f"the server could not be reached ({type(exc).__name__}: {exc}): check --server")
+    return ServerUnreachable(f"the server could not be reached ({type(exc).__name__}: {exc}): check --server")
 
 
 def _checked(response: httpx.Response) -> httpx.Response:

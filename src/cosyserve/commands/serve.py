@@ -11,6 +11,9 @@ import logging
 import typing
 from typing import Any
 
+from cosyserve.errors import ModelDirError, Unavailable
+from cosyserve.exit_codes import ExitCode, exit_code_for
+
 log = logging.getLogger("cosyserve.serve")
 
 
@@ -70,21 +73,30 @@ def load_settings(args: argparse.Namespace, dests: list[str]) -> Any:
 
 
 def cmd_serve(args: argparse.Namespace) -> int:
-    import uvicorn
-
-    from cosyserve.api.app import create_app
-    from cosyserve.commands.draining import DrainingServer
     from cosyserve.commands.startup import print_failure, watch_first_load
-    from cosyserve.service.assembly import Service
+    from cosyserve.modeldir.resolve import unreachable_download
+    from cosyserve.service.local.load_failure import load_failure_message
     from cosyserve.service.logs import configure_from_settings
 
     settings = load_settings(args, args.settings_dests)
+    require_distributed_extra(settings)
     configure_from_settings(settings.log)
     from cosyserve.commands.startup import where_things_are
 
     log.info(where_things_are(settings))
     for warning in startup_safety(settings):  # raises SettingsError for an open public address
         log.warning(warning)
+    if not settings.queue.queue_url and not settings.server.keep_serving_on_load_error:
+        unreachable = unreachable_download(settings.engine.model, models_root=settings.engine.models_dir)
+        if unreachable is not None:  # seconds, not the half minute the web UI's imports take
+            print_failure("serve", load_failure_message(settings.engine.model, unreachable))
+            return exit_code_for(unreachable)
+    import uvicorn
+
+    from cosyserve.api.app import create_app
+    from cosyserve.commands.draining import DrainingServer
+    from cosyserve.service.assembly import Service
+
     # With a shared queue this node loads no model: `cosyserve worker` processes do the synthesis.
     service = Service(settings, role="api" if settings.queue.queue_url else "single")
     service.preload()  # the model loads while the web UI's imports run
@@ -117,8 +129,17 @@ def cmd_serve(args: argparse.Namespace) -> int:
     server.run()
     if load_failed:
         print_failure("serve", load_failed[0])
-        return 1
-    return 0 if server.started else 1
+        missing = host is not None and isinstance(host.load_error, (ModelDirError, Unavailable))
+        return ExitCode.UNAVAILABLE if missing else ExitCode.FAILED  # a device, a damaged checkpoint: 1
+    return ExitCode.OK if server.started else ExitCode.FAILED
+
+
+def require_distributed_extra(settings: Any) -> None:
+    """`--queue redis://…` needs Celery and redis-py (the distributed extra): say so before starting."""
+    from cosyserve.errors import require_modules
+
+    if settings.queue.queue_url:
+        require_modules("--queue (distributed mode)", "celery", "redis")
 
 
 def startup_safety(settings: Any) -> list[str]:

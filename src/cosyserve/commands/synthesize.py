@@ -60,9 +60,10 @@ def open_voice_library(data_dir: Path | None, model_fingerprint: str):
 
 def load_synthesizer(args: argparse.Namespace):
     from cosyserve.modeldir.resolve import resolve_model
+
+    model_dir = resolve_model(args.model)  # before the engine's imports (seconds): a missing model fails fast
     from cosyserve.service.local.synthesizer import Synthesizer
 
-    model_dir = resolve_model(args.model)
     voices = open_voice_library(args.data_dir, model_dir.fingerprint)
     synthesizer = Synthesizer.load(
         model_dir,
@@ -121,12 +122,6 @@ def _read_text(args: argparse.Namespace) -> str:
 
 
 def cmd_synthesize(args: argparse.Namespace) -> int:
-    from tqdm import tqdm
-
-    from cosyserve.commands.cli_labels import cli_labeller, label_written_file
-    from cosyserve.service.requests import SynthesisRequest
-    from cosyserve.service.subtitles import to_srt, to_vtt
-
     text = _read_text(args)
     if (args.voice is None) == (args.prompt_wav is None):
         raise InputError("give exactly one of --voice NAME or --prompt-wav FILE")
@@ -140,6 +135,12 @@ def cmd_synthesize(args: argparse.Namespace) -> int:
     if out.suffix.lower() not in (".wav", ".flac", ".ogg"):
         raise InputError("--out must end in .wav, .flac or .ogg")
     synthesizer = load_synthesizer(args)
+    from tqdm import tqdm
+
+    from cosyserve.commands.cli_labels import cli_labeller, label_written_file
+    from cosyserve.service.requests import SynthesisRequest
+    from cosyserve.service.subtitles import to_srt, to_vtt
+
     request = SynthesisRequest(
         text=text,
         voice=args.voice,

@@ -10,7 +10,7 @@ from __future__ import annotations
 import argparse
 import logging
 
-from cosyserve.commands.serve import add_settings_flags, load_settings
+from cosyserve.commands.serve import add_settings_flags, load_settings, require_distributed_extra
 from cosyserve.errors import SettingsError
 
 log = logging.getLogger("cosyserve.worker")
@@ -25,6 +25,7 @@ def cmd_worker(args: argparse.Namespace) -> int:
         raise SettingsError(
             "a worker needs the shared queue: pass --queue redis://HOST:6379/0 (or set COSYSERVE_QUEUE_URL)"
         )
+    require_distributed_extra(settings)
     configure_from_settings(settings.log)
     from cosyserve.commands.startup import where_things_are
 

@@ -15,6 +15,7 @@ from pathlib import Path
 from typing import Literal, Protocol
 
 from cosyserve.errors import ModelDirError
+from cosyserve.modeldir.hub_probe import is_unreachable
 from cosyserve.modeldir.model_dir import DEFAULT_MODEL_ID, REAL_MODEL_MIN_SIZES, ModelDir
 
 Source = Literal["modelscope", "huggingface"]
@@ -176,6 +177,7 @@ def download_model(
     fetchers: Mapping[str, Fetcher] | None = None,
     log: Callable[[str], None] | None = None,
     verify: Callable[[Path], Path] | None = None,
+    probe: Callable[[Sequence[str]], Mapping[str, str | None]] | None = None,
 ) -> Path:
     """Download `model_id` into `target_dir` (default: `default_target_dir`) and return the verified path.
 
@@ -186,6 +188,9 @@ def download_model(
     seconds together, judged by the hub's last such attempt (None: no limit), so an offline machine hears
     within seconds, while a transfer cut midway is still resumed. A directory that already verifies is
     returned without contacting a hub unless `refresh`.
+    Before fetching, `probe` (default with the real fetchers: one TCP connection per hub, in parallel,
+    `hub_probe.probe_hubs`) marks hubs that can't be reached at all; they are skipped, and an attempt
+    that fails on an unresolvable name or a refused connection is not retried.
     `min_sizes` overrides the real-model size floors (tests use tiny files); `verify` replaces the model
     directory check for other downloads (the ASR model). Raises DownloadError.
     """
@@ -204,12 +209,18 @@ def download_model(
             return done
     target.mkdir(parents=True, exist_ok=True)
     table = FETCHERS if fetchers is None else fetchers
+    if probe is None and fetchers is None:
+        from cosyserve.modeldir.hub_probe import probe_hubs as probe
+    out_of_reach = probe(order) if probe is not None else {}
     failures: dict[str, list[str]] = {}  # hub -> one short reason per failed attempt
     idle_s = 0.0  # time spent in failed attempts that fetched nothing
     for hub in order:
         fetch = table.get(hub)
         if fetch is None:
             failures[hub] = ["no fetch function given"]
+            continue
+        if out_of_reach.get(hub):
+            failures[hub] = [out_of_reach[hub] or ""]  # named in the error, if no other hub delivers
             continue
         last_idle_s = 0.0  # the hub's last fruitless attempt: the next one will likely take as long
         for attempt in range(1, max(1, attempts_per_source) + 1):
@@ -229,13 +240,20 @@ def download_model(
                 if _bytes_under(target) == size_before:
                     last_idle_s = time.monotonic() - started
                     idle_s += last_idle_s
-                if isinstance(exc, MissingClientError):
+                if isinstance(exc, MissingClientError) or (last_idle_s and is_unreachable(exc)):
                     break
                 continue
             say(f"{model_id} ready in {done} ({time.monotonic() - started:.0f} s)")
             return done
-    hint = "" if source else f"; set {SOURCE_ENV}=modelscope or huggingface to pick the hub"
     last_reason = next((reasons[-1] for reasons in reversed(failures.values()) if reasons), "no hub tried")
+    if all(out_of_reach.get(hub) for hub in order):
+        raise DownloadError(
+            f"could not download {model_id}: no hub can be reached ({_summarise(out_of_reach)}); check the "
+            "network, or set HTTPS_PROXY for a proxy or HF_ENDPOINT for a Hugging Face mirror",
+            model_id=model_id,
+            reason=last_reason,
+        )
+    hint = "" if source else f"; set {SOURCE_ENV}=modelscope or huggingface to pick the hub"
     raise DownloadError(
         f"could not download {model_id} into {target}: {_summarise(failures)}. "
         f"Rerun `cosyserve download` to resume (partial files are kept){hint}",
@@ -260,10 +278,14 @@ def root_cause(exc: BaseException) -> str:
     return f"{type(exc).__name__}: {text}"
 
 
-def _summarise(failures: Mapping[str, list[str]]) -> str:
-    """Each hub once: its attempts and their distinct reasons (identical ones are not repeated)."""
+def _summarise(failures: Mapping[str, list[str] | str | None]) -> str:
+    """Each hub once: its attempts and their distinct reasons (identical ones are not repeated); a hub
+    with one reason (a probe's) is named with it alone."""
     parts = []
     for hub, reasons in failures.items():
+        if not isinstance(reasons, list):
+            parts.append(f"{hub}: {reasons}")
+            continue
         attempts = f"{len(reasons)} attempt{'s' if len(reasons) != 1 else ''}"
         parts.append(f"{hub} ({attempts}): {'; '.join(dict.fromkeys(reasons))}")
     return " | ".join(parts)

@@ -7,8 +7,8 @@ from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from pathlib import Path
 
-from cosyserve.errors import CosyServeError
-from cosyserve.modeldir.model_dir import ModelDir
+from cosyserve.errors import CosyServeError, InputError
+from cosyserve.modeldir.model_dir import FIX_HINT, ModelDir
 from cosyserve.parity import CheckResult
 
 # golden file -> check module (cosyserve.parity.<module>.run). Order: cheapest first.
@@ -67,12 +67,20 @@ def _checkpoint_lines(model_dir: ModelDir) -> Iterator[ParityLine]:
 
 
 def run_parity(fixture_dir: Path) -> Iterator[ParityLine]:
-    """Yield one line per comparison for the fixture directory `fixture_dir` (holding `model/`)."""
+    """Yield one line per comparison for the fixture directory `fixture_dir` (holding `model/`).
+
+    Raises InputError when `fixture_dir` is no fixture directory at all (no `model/` in it)."""
+    if not (fixture_dir / "model").is_dir():
+        raise InputError(
+            f"{fixture_dir} holds no model/: pass a parity fixture directory (model/ and golden files, "
+            "e.g. ../shared/parity/tiny)"
+        )
     try:
         model_dir = ModelDir.open(fixture_dir / "model", require_onnx=False)
         _ = model_dir.config
-    except CosyServeError as exc:
-        yield ParityLine("model directory", None, str(exc))
+    except CosyServeError as exc:  # the model-directory hint (`--model`) is not a flag of `parity`
+        problem = str(exc).replace(f"; {FIX_HINT}", "")
+        yield ParityLine("model directory", None, f"{problem}; copy the fixture directory again")
         return
     yield from _checkpoint_lines(model_dir)
     found_any = False

@@ -370,4 +370,3 @@ class LocalBackend:
                 e.name, request_id, self.model_info.get("device"), consent=bool(e.consent)
             ),
         )
-
