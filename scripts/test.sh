@@ -12,7 +12,7 @@ if [ "$(id -u)" = 0 ] && command -v apt-get >/dev/null 2>&1 \
   DEBIAN_FRONTEND=noninteractive apt-get install -y -qq \
     chromium redis-server postgresql fonts-wqy-microhei >/dev/null
 fi
-COSYSERVE_TORCH="${COSYSERVE_TORCH:-2.13.0}" COSYSERVE_EXTRAS="test,download,distributed,denoise" bash scripts/install.sh
+COSYSERVE_TORCH="${COSYSERVE_TORCH:-2.13.0}" COSYSERVE_EXTRAS="test,download,distributed,denoise,labels" bash scripts/install.sh
 # Which CPU family and torch build this run is on: numerics and kernels differ between AVX2 and AVX-512.
 .venv/bin/python -m cosyserve.bench.machine
 .venv/bin/ruff check src tests
