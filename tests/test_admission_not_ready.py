@@ -57,7 +57,7 @@ def test_refused_while_the_model_loads(gated) -> None:
         gated.gate.set()
         wait_for(lambda: client.get("/ready").status_code == 200)
         accepted = client.post("/v1/jobs", json={"text": "hi", "voice": "nobody"})
-        assert accepted.status_code == 202  # the same request, once the model is ready
+        assert accepted.status_code == 404  # the same request, once ready: now its voice is looked up
 
 
 def test_refused_after_a_failed_load(start_api_server) -> None:

@@ -129,7 +129,7 @@ def test_timeout_is_504_and_frees_the_worker(server, client) -> None:
 
 
 def test_unexpected_errors_are_500_without_details(server, client, monkeypatch) -> None:
-    def explode() -> None:
+    def explode(*_args: object) -> None:
         raise RuntimeError("secret internal detail")
 
     monkeypatch.setattr(server.service.voices, "list", explode)

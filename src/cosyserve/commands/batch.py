@@ -278,10 +278,8 @@ def _write_dub(
     records = [_record(n, item, note) for n, (item, note) in enumerate(zip(items, notes, strict=True), 1)]
     rows = dub_report(records)
     where = report_path(out, report)
-    if where.suffix.lower() == ".json":
-        text = report_json(report_document(rows, track_s=track_s))
-    else:
-        text = report_csv(rows)
+    as_json = where.suffix.lower() == ".json"
+    text = report_json(report_document(rows, track_s=track_s)) if as_json else report_csv(rows)
     write_atomic(where, text.encode("utf-8"))
     failed = [row for row in rows if row["state"] != "done"]
     if failed:

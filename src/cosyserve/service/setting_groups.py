@@ -319,7 +319,7 @@ class LabelSettings(_Group):
     )
     c2pa: bool = Field(
         True,
-        description="also embed a signed C2PA manifest in wav, mp3 and flac outputs (needs c2pa-python: "
+        description="also embed a signed C2PA manifest in wav and mp3 outputs (needs c2pa-python: "
         "pip install 'cosyserve[labels]')",
     )
     c2pa_cert_file: Path | None = Field(

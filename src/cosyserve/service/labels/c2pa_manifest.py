@@ -25,7 +25,8 @@ from cosyserve.errors import SettingsError
 
 log = logging.getLogger(__name__)
 
-MIME_TYPES = {"wav": "audio/wav", "mp3": "audio/mpeg", "flac": "audio/flac"}
+# FLAC is left out: c2pa writes its manifest in an ID3 tag before `fLaC`, which FLAC readers need not accept
+MIME_TYPES = {"wav": "audio/wav", "mp3": "audio/mpeg"}
 DIGITAL_SOURCE_TYPE = "http://cv.iptc.org/newscodes/digitalsourcetype/trainedAlgorithmicMedia"
 GENERATION_ASSERTION = "org.cosyserve.generation"
 PRIVATE_ORGANIZATION = "cosyserve private deployment (self-signed, not publicly trusted)"

@@ -260,7 +260,9 @@ class LocalBackend:
             log_failure("storage_error", f"saving the output failed: {exc}", exc=exc)
             self.metrics.count_error("storage_error")
         audio = None
-        if encoded:  # labelled like the stored file (same id), or with the request id if it wasn't saved
+        if encoded and stored is not None and spec.format == "wav" and spec.sample_rate == rate:
+            audio = stored.path.read_bytes()  # the stored file as it is: its label and manifest too
+        elif encoded:  # labelled like the stored file (same id), or with the request id if it wasn't saved
             with out_of_memory_as_error("encoding the audio"):
                 audio = self.labels.label_file(
                     encode(result.audio, spec.format, source_rate=rate, sample_rate=spec.sample_rate),
