@@ -3,6 +3,8 @@
 Each entry plays and downloads (signed links to the output store), shows its parameters, and can be run
 again: "Re-run" puts the parameters into the tab of its mode and generates there at once when the voice
 is a saved one, or when the recording loaded in that tab is the one it was made from (same sha256).
+The list is searched and filtered by text, voice, kind (`history_filter`) and day; an entry is deleted by
+the API's rule (a user its own, an admin any: admins may list everyone's entries for that).
 """
 
 from __future__ import annotations
@@ -18,28 +20,28 @@ import gradio as gr
 from cosyserve.frontend.text.presets import INSTRUCT_PRESETS
 from cosyserve.service.access.principals import Principal
 from cosyserve.service.stores.outputs import StoredOutput
-from cosyserve.ui.bridge import DOWNLOAD_FORMATS, MODES
-from cosyserve.ui.generate import as_gr_error, cache_copy, links_html
+from cosyserve.ui.bridge import MODES
+from cosyserve.ui.generate import as_gr_error, cache_copy
+from cosyserve.ui.history_filter import (
+    ANY,
+    KINDS,
+    HistoryFilter,
+    day_choices,
+    filter_from,
+    history_links,
+    output_mode,
+    voice_choices,
+)
 from cosyserve.ui.i18n import text
 from cosyserve.ui.studio import ModePanel, UiContext
 
-HISTORY_LIMIT = 100
+HISTORY_LIMIT = 100  # rows shown
+SEARCH_LIMIT = 1000  # newest results searched and filtered (the output store's largest page)
 ID_PREFIX = "output_"  # left out of the table's id column, which stays narrow
 PRESET_IDS = frozenset(preset.id for preset in INSTRUCT_PRESETS)
 
 
-def output_mode(manifest: dict[str, Any]) -> str:
-    """zero_shot, cross_lingual or instruct (or "api" for what the API made outside these modes)."""
-    mode = (manifest.get("parameters") or {}).get("ui_mode")
-    if mode in MODES or mode == "preview":  # a voice preview from the library is labelled as one
-        return mode
-    if (manifest.get("instruct") or "").strip():
-        return "instruct"
-    if (manifest.get("prompt_text") or "").strip():
-        return "zero_shot"
-    if manifest.get("voice") and manifest.get("prompt_text") is None:
-        return "api"
-    return "cross_lingual"
+__all__ = ["HistoryTab", "build_history_tab", "history_links", "history_rows", "output_mode"]
 
 
 def history_rows(
@@ -68,21 +70,52 @@ def history_rows(
 
 
 @dataclass
+class _Filters:
+    search: gr.Textbox
+    voice: gr.Dropdown
+    kind: gr.Dropdown
+    day: gr.Dropdown
+    everyone: gr.Checkbox
+
+    @property
+    def inputs(self) -> list[Any]:
+        return [self.search, self.voice, self.kind, self.day, self.everyone]
+
+
+@dataclass
 class HistoryTab:
     tab: Any
     table: gr.Dataframe
     pick: gr.Dropdown
-    refresh: Any = None  # (lang, request) -> updates for `refresh_outputs`
+    filters: _Filters
+    status: gr.Markdown
+    refresh: Any = None  # (lang, request) -> updates for `refresh_outputs`, the filters reset
 
     @property
     def refresh_outputs(self) -> list[Any]:
-        return [self.table, self.pick]
+        return [self.table, self.pick, self.status, *self.filters.inputs]
+
+    @property
+    def listing_outputs(self) -> list[Any]:
+        """What a filter change updates: the rows, the entry picked, the status, the voice and day choices."""
+        return [self.table, self.pick, self.status, self.filters.voice, self.filters.day]
 
 
 def build_history_tab(ctx: UiContext, panels: list[ModePanel], tabs: gr.Tabs) -> HistoryTab:
     tr = ctx.tr
     with tr.bind(gr.Tab(tr("tab_history"), id="history", elem_id="tab-history"), label="tab_history") as tab:
-        refresh = tr.bind(gr.Button(tr("refresh"), size="sm", elem_id="history-refresh"), value="refresh")
+        with gr.Row(equal_height=True):
+            # (labels and choices are set by `refresh_values`, in the page's language)
+            filters = _Filters(
+                gr.Textbox(label=tr("history_search"), max_lines=1, scale=4, elem_id="history-search"),
+                gr.Dropdown(choices=[], label=tr("history_voice"), scale=2, elem_id="history-voice"),
+                gr.Dropdown(choices=[], label=tr("history_kind"), scale=2, elem_id="history-kind"),
+                gr.Dropdown(choices=[], label=tr("history_day"), scale=2, elem_id="history-day"),
+                gr.Checkbox(False, label=tr("history_everyone"), visible=False, elem_id="history-everyone"),
+            )
+            refresh = tr.bind(
+                gr.Button(tr("refresh"), size="sm", scale=1, elem_id="history-refresh"), value="refresh"
+            )
         table = gr.Dataframe(
             interactive=False,
             wrap=True,
@@ -102,19 +135,29 @@ def build_history_tab(ctx: UiContext, panels: list[ModePanel], tabs: gr.Tabs) ->
                     label="history_audio",
                 )
                 links = gr.HTML("", elem_id="history-links")
-                rerun = tr.bind(
-                    gr.Button(tr("rerun"), variant="primary", elem_id="history-rerun"), value="rerun"
-                )
+                with gr.Row():
+                    rerun = tr.bind(
+                        gr.Button(tr("rerun"), variant="primary", elem_id="history-rerun"), value="rerun"
+                    )
+                    delete = tr.bind(
+                        gr.Button(tr("history_delete"), variant="stop", elem_id="history-delete"),
+                        value="history_delete",
+                    )
                 status = gr.Markdown("", elem_id="history-status")
             with gr.Column(scale=5):
                 params = tr.bind(
                     gr.JSON(label=tr("history_params"), elem_id="history-params"), label="history_params"
                 )
-    history = HistoryTab(tab, table, pick)
+    history = HistoryTab(tab, table, pick, filters, status)
     actions = _HistoryActions(ctx, panels)
     history.refresh = actions.refresh_values
     lang = ctx.lang
-    refresh.click(actions.refresh_values, [lang], history.refresh_outputs)
+    listing = history.listing_outputs
+    refresh.click(actions.listing, [lang, *filters.inputs], listing)
+    filters.search.submit(actions.listing, [lang, *filters.inputs], listing)
+    for field in (filters.voice, filters.kind, filters.day, filters.everyone):
+        field.input(actions.listing, [lang, *filters.inputs], listing)
+    delete.click(actions.delete, [lang, pick, *filters.inputs], listing)
     table.select(_select_row, [table], [pick])
     pick.change(actions.show, [lang, pick], [audio, links, params, status])
     flags = [gr.State(False) for _ in panels]
@@ -129,7 +172,7 @@ def build_history_tab(ctx: UiContext, panels: list[ModePanel], tabs: gr.Tabs) ->
         chain = chain.then(
             _autorun(panel), [flag, lang], [*panel.run_outputs, flag], inputs_kwargs=panel.run_inputs
         )
-    chain.then(actions.refresh_values, [lang], history.refresh_outputs, show_progress="hidden")
+    chain.then(actions.listing, [lang, *filters.inputs], listing, show_progress="hidden")
     return history
 
 
@@ -141,29 +184,97 @@ class _HistoryActions:
         self.panel_fields = [_fields(panel) for panel in panels]
 
     def refresh_values(self, lang: str, request: gr.Request) -> list[Any]:
+        """The newest entries, the filters reset (labels and choices in `lang`): for `refresh_outputs`."""
         try:
             principal = self.bridge.principal_of(request)
-            outputs = self.bridge.history(principal, HISTORY_LIMIT)
         except Exception as exc:
             raise as_gr_error(exc, lang) from None
-        rows = history_rows(self.ctx, principal, outputs, lang)
+        rows, pick, status, voice, day = self._listing(lang, principal, HistoryFilter(), False)
+        kinds = [(text("history_any", lang), ANY), *((text(f"mode_{k}", lang), k) for k in KINDS)]
+        return [
+            rows,
+            pick,
+            status,
+            gr.update(value="", label=text("history_search", lang)),
+            voice,
+            gr.update(choices=kinds, value=ANY, label=text("history_kind", lang)),
+            day,
+            gr.update(value=False, visible=principal.is_admin, label=text("history_everyone", lang)),
+        ]
+
+    def listing(
+        self,
+        lang: str,
+        query: str | None,
+        voice: str | None,
+        kind: str | None,
+        day: str | None,
+        everyone: bool,
+        request: gr.Request,
+    ) -> list[Any]:
+        """The entries the filters let through: for `listing_outputs`."""
+        try:
+            principal = self.bridge.principal_of(request)
+        except Exception as exc:
+            raise as_gr_error(exc, lang) from None
+        return self._listing(lang, principal, filter_from(query, voice, kind, day), bool(everyone))
+
+    def delete(
+        self,
+        lang: str,
+        output_id: str | None,
+        query: str | None,
+        voice: str | None,
+        kind: str | None,
+        day: str | None,
+        everyone: bool,
+        request: gr.Request,
+    ) -> list[Any]:
+        """Delete the picked entry (a user its own, an admin any), then list again."""
+        if not output_id:
+            raise gr.Error(
+                text("history_empty", lang), title=text("error_title", lang), print_exception=False
+            )
+        try:
+            self.bridge.delete_output(self.bridge.principal_of(request), output_id)
+        except Exception as exc:
+            raise as_gr_error(exc, lang) from None
+        updates = self.listing(lang, query, voice, kind, day, everyone, request)
+        updates[2] = text("history_deleted", lang, id=output_id.removeprefix(ID_PREFIX))
+        return updates
+
+    def _listing(self, lang: str, principal: Principal, wanted: HistoryFilter, everyone: bool) -> list[Any]:
+        try:
+            outputs = self.bridge.history(principal, SEARCH_LIMIT, everyone=everyone)
+        except Exception as exc:
+            raise as_gr_error(exc, lang) from None
+        shown = wanted.apply(outputs, HISTORY_LIMIT)
+        rows = history_rows(self.ctx, principal, shown, lang)
         choices = [(f"{row[0]} · {row[2]}", ID_PREFIX + row[-1]) for row in rows["data"]]
         first = choices[0][1] if choices else None
-        return [rows, gr.update(choices=choices, value=first)]
+        status = "" if shown else text("history_no_match" if wanted.active else "history_empty", lang)
+        names = {voice.id: voice.name for voice in self.bridge.voices(principal)}
+        any_label = text("history_any", lang)
+        voices = voice_choices(outputs, names, any_label, text("uploaded", lang))
+        days = day_choices(outputs, any_label)
+        return [
+            rows,
+            gr.update(choices=choices, value=first),
+            status,
+            gr.update(choices=voices, value=_kept(wanted.voice, voices), label=text("history_voice", lang)),
+            gr.update(choices=days, value=_kept(wanted.day, days), label=text("history_day", lang)),
+        ]
 
     def show(self, lang: str, output_id: str | None, request: gr.Request) -> list[Any]:
         if not output_id:
-            return [None, "", None, text("history_empty", lang)]
+            return [None, "", None, gr.update()]  # the listing says why there is none
         try:
             output = self.bridge.output(self.bridge.principal_of(request), output_id)
         except Exception as exc:
             raise as_gr_error(exc, lang) from None
-        parameters = output.manifest.get("parameters") or {}
-        fmt = parameters.get("ui_format") or parameters.get("response_format")
-        fmt = fmt if fmt in DOWNLOAD_FORMATS else "wav"
         return [
             cache_copy(output.path, self.ctx.cache_dir),
-            links_html(self.bridge, output, lang, fmt),
+            history_links(self.bridge, output, lang),
             output.manifest,
             "",
         ]
@@ -204,6 +315,11 @@ class _HistoryActions:
             *updates,
             *(i == index and autorun for i in range(len(self.panels))),
         ]
+
+
+def _kept(value: str | None, choices: list[tuple[str, str]]) -> str:
+    """`value` when it is still a choice, else "all"."""
+    return value if value is not None and any(value == v for _, v in choices) else ANY
 
 
 def _select_row(evt: gr.SelectData, rows: Any) -> Any:

@@ -1,0 +1,126 @@
+"""What kind of result a history entry is, the history tab's search and filters, and its download links.
+
+The kind comes from the manifest: the API endpoint or UI job that made it (`parameters.endpoint`: a dub's
+track and items say "dub" or "ui-dub", a batch's items "batches" or "ui-batch" and carry a `batch_id`),
+the UI's mode (`parameters.ui_mode`), and otherwise the request fields.
+"""
+
+from __future__ import annotations
+
+import base64
+import html
+import time
+from dataclasses import dataclass
+from typing import Any
+
+from cosyserve.service.stores.outputs import StoredOutput
+from cosyserve.ui.bridge import DOWNLOAD_FORMATS, MODES, UiBridge
+from cosyserve.ui.generate import srt_text
+from cosyserve.ui.i18n import text
+
+KINDS = (*MODES, "batch", "dub", "api", "preview")
+DUB_ENDPOINTS = frozenset({"dub", "ui-dub"})
+BATCH_ENDPOINTS = frozenset({"batches", "ui-batch"})
+UPLOADED = "~uploaded"  # the voice filter's value for results made from an uploaded recording
+ANY = "*"  # the dropdowns' value for "all"
+
+
+def output_mode(manifest: dict[str, Any]) -> str:
+    """One of `KINDS`: the UI mode it was made in, batch or dub, a voice preview, or "api" for what the API
+    made with a saved voice outside these."""
+    parameters = manifest.get("parameters") or {}
+    endpoint = str(parameters.get("endpoint") or "")
+    if endpoint in DUB_ENDPOINTS:
+        return "dub"
+    if endpoint in BATCH_ENDPOINTS or parameters.get("batch_id"):
+        return "batch"
+    mode = parameters.get("ui_mode")
+    if mode in MODES or mode == "preview" or endpoint == "preview":  # a library preview is one
+        return mode if mode in MODES else "preview"
+    if (manifest.get("instruct") or "").strip():
+        return "instruct"
+    if (manifest.get("prompt_text") or "").strip():
+        return "zero_shot"
+    if manifest.get("voice") and manifest.get("prompt_text") is None:
+        return "api"
+    return "cross_lingual"
+
+
+def output_day(output: StoredOutput) -> str:
+    """The local date it was made, YYYY-MM-DD (the table shows local times too)."""
+    return time.strftime("%Y-%m-%d", time.localtime(output.created_at))
+
+
+@dataclass(frozen=True)
+class HistoryFilter:
+    """What the user narrowed the history to; empty fields match everything."""
+
+    query: str = ""  # words of the text, or part of the id (case-insensitive)
+    voice: str | None = None  # a saved voice's id, UPLOADED, or None for any
+    kind: str | None = None  # one of KINDS, or None for any
+    day: str | None = None  # YYYY-MM-DD, or None for any
+
+    @property
+    def active(self) -> bool:
+        return bool(self.query.strip()) or any(v is not None for v in (self.voice, self.kind, self.day))
+
+    def matches(self, output: StoredOutput) -> bool:
+        m = output.manifest
+        if self.kind is not None and output_mode(m) != self.kind:
+            return False
+        if self.voice is not None and (m.get("voice") or UPLOADED) != self.voice:
+            return False
+        if self.day is not None and output_day(output) != self.day:
+            return False
+        words = self.query.casefold().split()
+        haystack = f"{m.get('text') or ''} {m.get('instruct') or ''} {output.id}".casefold()
+        return all(word in haystack for word in words)
+
+    def apply(self, outputs: list[StoredOutput], limit: int) -> list[StoredOutput]:
+        return [output for output in outputs if self.matches(output)][:limit]
+
+
+def filter_from(query: str | None, voice: str | None, kind: str | None, day: str | None) -> HistoryFilter:
+    """A filter from the tab's fields (a dropdown's "all" is None; an unknown kind matches nothing)."""
+    return HistoryFilter(
+        query=(query or "")[:200],
+        voice=voice if voice is not None and voice != ANY else None,
+        kind=kind if kind and kind != ANY else None,
+        day=day if day and day != ANY else None,
+    )
+
+
+def voice_choices(outputs: list[StoredOutput], names: dict[str, str], any_label: str, uploaded: str) -> list:
+    """(label, value) for each voice the listed results used, after "all"."""
+    seen: dict[str, str] = {}
+    for output in outputs:
+        voice = output.manifest.get("voice") or UPLOADED
+        seen.setdefault(voice, names.get(voice, voice) if voice else uploaded)
+    return [(any_label, ANY), *sorted(((label, value) for value, label in seen.items()), key=str)]
+
+
+def day_choices(outputs: list[StoredOutput], any_label: str) -> list:
+    """(label, value) for each day with a result, newest first, after "all"."""
+    days = sorted({output_day(output) for output in outputs}, reverse=True)
+    return [(any_label, ANY), *((day, day) for day in days)]
+
+
+def history_links(bridge: UiBridge, output: StoredOutput, lang: str) -> str:
+    """Signed download links in every format and the subtitles (SRT), labelled in `lang`."""
+    parts = []
+    for fmt in DOWNLOAD_FORMATS:
+        url = html.escape(bridge.download_url(output, fmt), quote=True)
+        label = html.escape(text("history_download", lang, fmt=fmt.upper()))
+        parts.append(
+            f'<a class="cosy-download" data-format="{fmt}" href="{url}" title="{label}" '
+            f'download="{output.id}.{fmt}">{label}</a>'
+        )
+    srt = srt_text(output.manifest)
+    if srt:
+        data = base64.b64encode(srt.encode("utf-8")).decode("ascii")
+        label = html.escape(text("subtitles", lang))
+        parts.append(
+            f'<a class="cosy-download" data-format="srt" href="data:application/x-subrip;charset=utf-8;'
+            f'base64,{data}" download="{output.id}.srt">⬇ {label}</a>'
+        )
+    return f'<div class="cosy-links">{"".join(parts)}</div>'
