@@ -95,7 +95,7 @@ def voice_choices(outputs: list[StoredOutput], names: dict[str, str], any_label:
     seen: dict[str, str] = {}
     for output in outputs:
         voice = output.manifest.get("voice") or UPLOADED
-        seen.setdefault(voice, names.get(voice, voice) if voice else uploaded)
+        seen.setdefault(voice, uploaded if voice == UPLOADED else names.get(voice, voice))
     return [(any_label, ANY), *sorted(((label, value) for value, label in seen.items()), key=str)]
 
 
