@@ -2,5 +2,6 @@
 
 Modules: `app` (page assembly, mounting, security settings), `login` (sign-in with the API's credentials),
 `bridge` (every call the UI makes to the `Service`), `studio` + `generate` (the three synthesis tabs),
-`library_tab`, `history_tab`, `admin_tab`, `i18n` (Chinese/English), `assets` (CSS, the stream player).
+`library_tab`, `history_tab` (with `history_filter`), `admin_tab`, `i18n` (Chinese/English), `assets`
+(CSS, the stream player).
 """
