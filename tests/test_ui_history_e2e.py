@@ -272,6 +272,12 @@ def test_a_user_finds_plays_downloads_and_deletes_its_entry(browser, server, see
         assert data[:4] == b"RIFF"
         shot(page, "search-play")
 
+        page.click("#cosy-lang label:has-text('中文')")  # the links follow the page's language
+        page.wait_for_function("document.querySelector('#history-links').innerText.includes('下载 WAV')")
+        shot(page, "chinese-links")
+        page.click("#cosy-lang label:has-text('English')")
+        page.wait_for_function("document.querySelector('#history-links').innerText.includes('Download WAV')")
+
         page.fill("#history-search input, #history-search textarea", "")
         page.press("#history-search input, #history-search textarea", "Enter")
         choose(page, "history-kind", "batch")  # filter by kind

@@ -89,11 +89,13 @@ class HistoryTab:
     pick: gr.Dropdown
     filters: _Filters
     status: gr.Markdown
+    links: gr.HTML
     refresh: Any = None  # (lang, request) -> updates for `refresh_outputs`, the filters reset
 
     @property
     def refresh_outputs(self) -> list[Any]:
-        return [self.table, self.pick, self.status, *self.filters.inputs]
+        """(the links too: a language switch that keeps the same entry picked must relabel them)"""
+        return [self.table, self.pick, self.status, *self.filters.inputs, self.links]
 
     @property
     def listing_outputs(self) -> list[Any]:
@@ -148,7 +150,7 @@ def build_history_tab(ctx: UiContext, panels: list[ModePanel], tabs: gr.Tabs) ->
                 params = tr.bind(
                     gr.JSON(label=tr("history_params"), elem_id="history-params"), label="history_params"
                 )
-    history = HistoryTab(tab, table, pick, filters, status)
+    history = HistoryTab(tab, table, pick, filters, status, links)
     actions = _HistoryActions(ctx, panels)
     history.refresh = actions.refresh_values
     lang = ctx.lang
@@ -200,7 +202,16 @@ class _HistoryActions:
             gr.update(choices=kinds, value=ANY, label=text("history_kind", lang)),
             day,
             gr.update(value=False, visible=principal.is_admin, label=text("history_everyone", lang)),
+            self._links_of(principal, pick["value"], lang),
         ]
+
+    def _links_of(self, principal: Principal, output_id: str | None, lang: str) -> str:
+        if not output_id:
+            return ""
+        try:
+            return history_links(self.bridge, self.bridge.output(principal, output_id), lang)
+        except Exception as exc:
+            raise as_gr_error(exc, lang) from None
 
     def listing(
         self,
