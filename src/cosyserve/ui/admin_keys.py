@@ -10,9 +10,10 @@ from typing import Any
 
 import gradio as gr
 
+from cosyserve.errors import CosyServeError
 from cosyserve.service.stores.keys import ROLES
 from cosyserve.ui.admin_status import enrolments_markdown, keys_markdown
-from cosyserve.ui.generate import UiError, as_gr_error
+from cosyserve.ui.generate import UiError, as_gr_error, error_message
 from cosyserve.ui.i18n import text
 from cosyserve.ui.studio import UiContext
 
@@ -48,6 +49,14 @@ def _key_id(picked: Any) -> str:
     if picked in (None, ""):
         raise UiError("key_pick_first")
     return str(picked)
+
+
+def refused(exc: Exception, lang: str, unchanged: int) -> tuple[Any, ...]:
+    """A refused change said beside the form (the tables stay as they are, with no error overlay on them:
+    the admin corrects the input and tries again); anything unexpected is the usual error modal."""
+    if not isinstance(exc, UiError | CosyServeError):
+        raise as_gr_error(exc, lang) from None
+    return (*[gr.skip()] * unchanged, f"⚠ {error_message(exc, lang)}")
 
 
 def build_keys_section(ctx: UiContext) -> KeysSection:
@@ -112,7 +121,7 @@ def build_keys_section(ctx: UiContext) -> KeysSection:
             shown = text("key_created", lang, name=view["name"], id=view["id"]) + f"\n\n```\n{plaintext}\n```"
             return ("", None, *listing(lang, request, shown), "")
         except Exception as exc:
-            raise as_gr_error(exc, lang) from None
+            return refused(exc, lang, 6)
 
     def do_revoke(lang: str, picked: Any, request: gr.Request) -> tuple[Any, ...]:
         try:
@@ -120,7 +129,7 @@ def build_keys_section(ctx: UiContext) -> KeysSection:
             done = text("key_revoked_msg", lang, name=view["name"], id=view["id"])
             return (*listing(lang, request), done)
         except Exception as exc:
-            raise as_gr_error(exc, lang) from None
+            return refused(exc, lang, 4)
 
     def do_set_quota(lang: str, picked: Any, value: float | None, request: gr.Request) -> tuple[Any, ...]:
         try:
@@ -131,7 +140,7 @@ def build_keys_section(ctx: UiContext) -> KeysSection:
             done = text("key_quota_set", lang, name=view["name"], quota=shown)
             return (*listing(lang, request), done)
         except Exception as exc:
-            raise as_gr_error(exc, lang) from None
+            return refused(exc, lang, 4)
 
     section = KeysSection(table, pick, created, enrolments, do_refresh)
     lang = ctx.lang
