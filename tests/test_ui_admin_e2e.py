@@ -66,6 +66,8 @@ def ui_server(api_synthesizer, demo_model_path, tmp_path_factory, shared_dir):
 @pytest.fixture(scope="module")
 def page(ui_server):
     ARTIFACTS.mkdir(parents=True, exist_ok=True)
+    for old in ARTIFACTS.glob("admin-*.png"):
+        old.unlink()
     with chromium() as browser:
         context = browser.new_context(viewport={"width": 1400, "height": 1000}, locale="en-US")
         context.set_default_timeout(WAIT_MS)
