@@ -9,6 +9,7 @@ from __future__ import annotations
 import itertools
 import logging
 import re
+import threading
 
 import httpx
 import pytest
@@ -46,7 +47,15 @@ def ui_server(api_synthesizer, demo_model_path, tmp_path_factory, shared_dir):
         ui_password=PASSWORD,
         signing_secret="test-signing-secret-0123456789abcdef",
     )
-    service = Service(settings, synthesizer_factory=sharing(api_synthesizer))
+    load = sharing(api_synthesizer)
+    model_gate = threading.Event()  # cleared: a (re)load waits, so a test sees the engine mid-restart
+    model_gate.set()
+
+    def gated_load(settings, voices):
+        model_gate.wait(WAIT_MS / 1000)
+        return load(settings, voices)
+
+    service = Service(settings, synthesizer_factory=gated_load)
     app = create_app(service)
     mount_ui(app, service)
     server = LiveServer(app, service).start().wait_ready()
@@ -59,6 +68,7 @@ def ui_server(api_synthesizer, demo_model_path, tmp_path_factory, shared_dir):
         timeout=120,
     )
     assert response.status_code == 201, response.text
+    server.model_gate = model_gate
     yield server
     server.stop()
 
@@ -170,10 +180,17 @@ def test_a_bad_key_name_is_refused_with_a_reason(page, ui_server):
 
 
 def test_the_status_follows_a_restart_by_itself(page, ui_server):
-    page.click("#admin-restart")
-    page.click("#admin-confirm")
-    wait_text(page, "#admin-message", "Restart finished; the engine is ready")  # no refresh clicked
-    assert "ready" in page.inner_text("#admin-status")
+    ui_server.model_gate.clear()  # the reload waits until the panel has shown the engine restarting
+    try:
+        page.click("#admin-restart")
+        page.click("#admin-confirm")
+        wait_text(page, "#admin-status", "restarting")  # no refresh clicked
+        assert "Reloading" in page.inner_text("#admin-message")
+        shot(page, "restarting")
+    finally:
+        ui_server.model_gate.set()
+    wait_text(page, "#admin-message", "Restart finished; the engine is ready")  # still no refresh clicked
+    assert "restarting" not in page.inner_text("#admin-status")
     assert ui_server.service.readiness()["state"] == "ready"
     shot(page, "restarted")
 
