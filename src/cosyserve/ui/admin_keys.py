@@ -24,12 +24,14 @@ class KeysSection:
     pick: gr.Dropdown
     created: gr.Markdown
     enrolments: gr.Markdown
+    message: gr.Markdown  # what the last change did, or why it was refused
     refresh: Callable[..., tuple[Any, ...]]  # (lang, request) -> values of `outputs`
 
     @property
     def outputs(self) -> list[Any]:
-        """What a refresh updates (the new key's plaintext is cleared: it is shown once)."""
-        return [self.table, self.pick, self.created, self.enrolments]
+        """What a refresh updates (the new key's plaintext and the last message are cleared: a key is shown
+        once)."""
+        return [self.table, self.pick, self.created, self.enrolments, self.message]
 
 
 def _heading(tr: Any, key: str) -> None:
@@ -94,7 +96,7 @@ def build_keys_section(ctx: UiContext) -> KeysSection:
     _heading(tr, "enrolments_title")
     enrolments = gr.Markdown("", elem_id="admin-enrolments", elem_classes="cosy-table")
 
-    def listing(lang: str, request: gr.Request, created_text: str = "") -> tuple[Any, ...]:
+    def listing(lang: str, request: gr.Request, created_text: str = "", said: str = "") -> tuple[Any, ...]:
         principal = bridge.principal_of(request)
         views = bridge.keys(principal)
         choices = [(f"{v['id']} · {v['name']} ({v['prefix']})", str(v["id"])) for v in views if v["active"]]
@@ -104,6 +106,7 @@ def build_keys_section(ctx: UiContext) -> KeysSection:
             gr.update(choices=choices, value=None),
             created_text,
             enrolments_markdown(voices, lang),
+            said,
         )
 
     def do_refresh(lang: str, request: gr.Request) -> tuple[Any, ...]:
@@ -119,7 +122,7 @@ def build_keys_section(ctx: UiContext) -> KeysSection:
             principal = bridge.principal_of(request)
             view, plaintext = bridge.create_key(principal, key_name, key_role, _quota_value(key_quota))
             shown = text("key_created", lang, name=view["name"], id=view["id"]) + f"\n\n```\n{plaintext}\n```"
-            return ("", None, *listing(lang, request, shown), "")
+            return ("", None, *listing(lang, request, shown))
         except Exception as exc:
             return refused(exc, lang, 6)
 
@@ -127,7 +130,7 @@ def build_keys_section(ctx: UiContext) -> KeysSection:
         try:
             view = bridge.revoke_key(bridge.principal_of(request), _key_id(picked))
             done = text("key_revoked_msg", lang, name=view["name"], id=view["id"])
-            return (*listing(lang, request), done)
+            return listing(lang, request, said=done)
         except Exception as exc:
             return refused(exc, lang, 4)
 
@@ -138,13 +141,13 @@ def build_keys_section(ctx: UiContext) -> KeysSection:
             limit = view["usage_today"]["limit_s"]
             shown = text("keys_unlimited", lang) if limit is None else f"{limit:g} s"
             done = text("key_quota_set", lang, name=view["name"], quota=shown)
-            return (*listing(lang, request), done)
+            return listing(lang, request, said=done)
         except Exception as exc:
             return refused(exc, lang, 4)
 
-    section = KeysSection(table, pick, created, enrolments, do_refresh)
+    section = KeysSection(table, pick, created, enrolments, message, do_refresh)
     lang = ctx.lang
-    create.click(do_create, [lang, name, role, quota], [name, quota, *section.outputs, message])
-    revoke.click(do_revoke, [lang, pick], [*section.outputs, message])
-    set_quota.click(do_set_quota, [lang, pick, new_quota], [*section.outputs, message])
+    create.click(do_create, [lang, name, role, quota], [name, quota, *section.outputs])
+    revoke.click(do_revoke, [lang, pick], section.outputs)
+    set_quota.click(do_set_quota, [lang, pick, new_quota], section.outputs)
     return section
