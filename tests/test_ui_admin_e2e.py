@@ -118,7 +118,8 @@ def test_status_enrolments_and_logs(page, ui_server):
     status = wait_text(page, "#admin-status", "Uptime")
     assert re.search(r"Uptime\s+\d+ (s|min)\b", status), status  # e.g. "42 s", "1 min 3 s"
     enrolments = wait_text(page, "#admin-enrolments", "dora-voice")
-    assert "key:" in enrolments and "dora" in enrolments and "UTC" in enrolments, enrolments
+    row = next(line for line in enrolments.splitlines() if "dora-voice" in line)
+    assert "dora (key:1)" in row and "UTC" in row and "no" in row, row  # owner, enrolled by, date, private
     page.wait_for_function("document.querySelector('#admin-logs textarea').value.includes('red alert')")
     logs = page.input_value("#admin-logs textarea")
     assert "\x1b" not in logs and "[1;31m" not in logs and "red alert from a coloured logger" in logs

@@ -93,6 +93,8 @@ def test_keys_and_enrolment_tables():
     )  # fmt: skip
     rows = enrolments_markdown([voice], "en")
     assert "| carol | key:3 | ui-user | 1971-01-01 00:00 UTC | no |" in rows
+    named = enrolments_markdown([voice], "zh", {"key:3": "ui-user"})
+    assert "| carol | ui-user (key:3) | ui-user | 1971-01-01 00:00 UTC | 否 |" in named
     old = Voice("v2", "dave", None, 0.0, "sum", None, None)  # type: ignore[arg-type]
     assert "| dave | (none) | (not recorded) | - | yes |" in enrolments_markdown([old], "en")
 
@@ -149,8 +151,10 @@ def test_an_admin_creates_lists_sets_a_quota_and_revokes(bridge):
     key = bridge.service.keys.authenticate(plaintext)
     assert key is not None and key.daily_audio_seconds_quota == 900.0  # the shown key is the key
     bridge.service.access.quota.add(key, 12.0)
+    held = bridge.service.access.quota.reserve(key, 30.0)  # a request still running
     [listed] = bridge.keys(admin)
-    assert listed["usage_today"]["used_s"] == 12.0
+    assert (listed["usage_today"]["used_s"], listed["usage_today"]["reserved_s"]) == (12.0, 30.0)
+    bridge.service.access.quota.release(held)
     assert bridge.set_quota(admin, view["id"], 60.0)["usage_today"]["limit_s"] == 60.0
     assert bridge.set_quota(admin, view["id"], None)["daily_audio_seconds_quota"] is None  # server default
     revoked = bridge.revoke_key(admin, str(view["id"]))

@@ -105,7 +105,7 @@ def build_keys_section(ctx: UiContext) -> KeysSection:
             keys_markdown(views, lang),
             gr.update(choices=choices, value=None),
             created_text,
-            enrolments_markdown(voices, lang),
+            enrolments_markdown(voices, lang, {f"key:{v['id']}": v["name"] for v in views}),
             said,
         )
 

@@ -159,8 +159,9 @@ def keys_markdown(views: list[dict[str, Any]], lang: str) -> str:
     return _table(text("keys_cols", lang).split("|"), rows)
 
 
-def enrolments_markdown(voices: list[Any], lang: str) -> str:
-    """Who enrolled each voice: its owner, who confirmed consent and when, whether it is shared."""
+def enrolments_markdown(voices: list[Any], lang: str, key_names: dict[str, str] | None = None) -> str:
+    """Who enrolled each voice: its owner (`key:<id>` with the key's name from `key_names`), who confirmed
+    consent and when, whether it is shared."""
     if not voices:
         return text("enrolments_none", lang)
     rows = []
@@ -169,13 +170,19 @@ def enrolments_markdown(voices: list[Any], lang: str) -> str:
         rows.append(
             [
                 voice.name,
-                voice.owner or text("owner_nobody", lang),
+                _owner(voice.owner, key_names or {}, lang),
                 consent.get("by") or text("consent_missing", lang),
                 _date(consent.get("at")),
                 text("yes", lang) if voice.shared else text("no", lang),
             ]
         )
     return _table(text("enrolments_cols", lang).split("|"), rows)
+
+
+def _owner(owner: str | None, key_names: dict[str, str], lang: str) -> str:
+    if owner is None:
+        return text("owner_nobody", lang)
+    return f"{key_names[owner]} ({owner})" if owner in key_names else owner
 
 
 def _date(unix: float | None) -> str:
