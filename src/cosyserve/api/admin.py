@@ -11,6 +11,7 @@ from starlette.concurrency import run_in_threadpool
 from cosyserve.api.deps import CurrentPrincipal, get_service, require_admin
 from cosyserve.api.schemas import ERRORS, KeyUpdate, LoginBody
 from cosyserve.errors import InputError, error_code
+from cosyserve.service.access import key_admin
 from cosyserve.service.access.sessions import AUTH_COOKIES, LEGACY_KEY_COOKIE, SESSION_COOKIE
 from cosyserve.service.activity import log_activity
 from cosyserve.service.assembly import Service
@@ -68,8 +69,8 @@ def list_keys(request: Request, include_revoked: bool = True) -> dict[str, Any]:
 @router.post("/keys/{key_id}/revoke", responses=ERRORS, summary="Revoke a key (its running work stops too)")
 def revoke_key(key_id: str, request: Request, principal: CurrentPrincipal) -> dict[str, Any]:
     service = get_service(request)
-    key = service.keys.revoke(service.keys.get(key_id).id)  # type: ignore[arg-type]  # 404: no such key
-    log_activity("key_revoke", "ok", who=principal.name or principal.owner, endpoint="api", key_id=key.id)
+    who = principal.name or principal.owner
+    key = key_admin.revoke_key(service.keys, key_id, who=who, endpoint="api")  # 404: no such key
     return _key_view(service, key)
 
 
@@ -79,28 +80,21 @@ def update_key(key_id: str, body: KeyUpdate, request: Request, principal: Curren
     given = body.model_fields_set
     if not given:
         raise InputError("nothing to change: give role, daily_audio_seconds_quota or rate_limit_per_minute")
-    key = service.keys.update(
+    key = key_admin.update_key(
+        service.keys,
         key_id,
+        who=principal.name or principal.owner,
+        endpoint="api",
         role=body.role,
         quota=body.daily_audio_seconds_quota if "daily_audio_seconds_quota" in given else KEEP,
         rate_limit=body.rate_limit_per_minute if "rate_limit_per_minute" in given else KEEP,
-    )
-    log_activity(
-        "key_update",
-        "ok",
-        who=principal.name or principal.owner,
-        endpoint="api",
-        key_id=key.id,
-        changed=sorted(given),
     )
     return _key_view(service, key)
 
 
 def _key_view(service: Service, key: ApiKey) -> dict[str, Any]:
     """A key as admins see it (never its hash): its settings, and today's usage against its quota."""
-    status = service.access.quota.check(key)
-    usage = {"used_s": round(status.used_s, 3), "limit_s": status.limit_s, "resets_at": status.resets_at}
-    return {**key.public(), "active": key.active, "usage_today": usage}
+    return key_admin.key_view(service.access.quota, key)
 
 
 @session_router.post("/auth/login", responses=ERRORS, summary="Web UI login: sets the session cookie")

@@ -1,13 +1,17 @@
-"""The admin tab (admin principals only): engine status, GPUs, recent activity, restart, recent logs."""
+"""The admin tab (admin principals only): engine status (followed through a restart), GPUs, API keys and
+quotas, enrolments, recent activity, restart, recent logs (as plain text: no terminal colour codes)."""
 
 from __future__ import annotations
 
+import time
+from collections.abc import Iterator
 from dataclasses import dataclass
 from typing import Any
 
 import gradio as gr
 
-from cosyserve.ui.admin_status import activity_markdown, gpu_markdown, status_markdown
+from cosyserve.ui.admin_keys import build_keys_section
+from cosyserve.ui.admin_status import activity_markdown, gpu_markdown, status_markdown, strip_ansi
 from cosyserve.ui.generate import as_gr_error
 from cosyserve.ui.i18n import text
 from cosyserve.ui.studio import UiContext
@@ -15,6 +19,9 @@ from cosyserve.ui.studio import UiContext
 LOG_LINES = 200
 LOG_SCAN = 1000  # entries read before the page's own access lines are filtered out
 LEVELS = ["DEBUG", "INFO", "WARNING", "ERROR"]
+UNSETTLED = ("loading", "restarting")  # engine states a restart passes through
+RESTART_POLL_S = 1.0
+RESTART_WATCH_S = 600.0  # how long the panel follows a reload before leaving it to the refresh button
 
 # Access-log lines of the page's own plumbing (assets, Gradio's event API) would bury everything else.
 UI_PLUMBING = ("/assets/", "/gradio_api/", "/static/", "/theme.css", "/config", "/favicon", "/manifest.json")
@@ -32,7 +39,8 @@ def logs_text(entries: list[dict[str, Any]]) -> str:
             for k, v in entry.items()
             if k not in ("ts", "level", "logger", "message", "request_id", "exc") and v is not None
         )
-        lines.append(f"{entry.get('ts', '')} {entry.get('level', ''):7} {where}: {message} {extras}".rstrip())
+        line = f"{entry.get('ts', '')} {entry.get('level', ''):7} {where}: {message} {extras}".rstrip()
+        lines.append(strip_ansi(line))
     return "\n".join(lines[-LOG_LINES:])
 
 
@@ -73,6 +81,7 @@ def build_admin_tab(ctx: UiContext) -> AdminTab:
             with gr.Column(scale=6, min_width=320):
                 _heading(tr, "gpu_title")
                 gpus = gr.Markdown("", elem_id="admin-gpus", elem_classes="cosy-table")
+        keys = build_keys_section(ctx)
         _heading(tr, "activity_title")  # full width: ten columns of figures
         activity = gr.Markdown("", elem_id="admin-activity", elem_classes="cosy-table")
         level = tr.bind(
@@ -107,6 +116,18 @@ def build_admin_tab(ctx: UiContext) -> AdminTab:
             logs_text(entries),
         )
 
+    def follow_restart(lang: str, log_level: str, request: gr.Request) -> Iterator[tuple[str, ...]]:
+        """The panel after a restart: refreshed every second until the engine is ready (or failed)."""
+        deadline = time.monotonic() + RESTART_WATCH_S
+        while True:
+            values = do_refresh(lang, log_level, request)
+            state = bridge.status()["readiness"].get("state")
+            if state not in UNSETTLED or time.monotonic() > deadline:
+                yield (*values, text("restart_settled", lang, state=state))
+                return
+            yield (*values, text("restarting", lang))
+            time.sleep(RESTART_POLL_S)
+
     def ask_restart(lang: str) -> tuple[Any, str]:
         return gr.update(visible=True), text("restart_question", lang)
 
@@ -121,7 +142,11 @@ def build_admin_tab(ctx: UiContext) -> AdminTab:
     refresh.click(do_refresh, [ctx.lang, level], outputs)
     level.change(do_refresh, [ctx.lang, level], outputs)
     tab.select(do_refresh, [ctx.lang, level], outputs)
+    refresh.click(keys.refresh, [ctx.lang], keys.outputs)
+    tab.select(keys.refresh, [ctx.lang], keys.outputs)
     restart.click(ask_restart, [ctx.lang], [confirm_row, message])
     keep.click(lambda: (gr.update(visible=False), ""), None, [confirm_row, message])
-    confirm.click(do_restart, [ctx.lang], [confirm_row, message]).then(do_refresh, [ctx.lang, level], outputs)
+    confirm.click(do_restart, [ctx.lang], [confirm_row, message]).then(
+        follow_restart, [ctx.lang, level], [*outputs, message]
+    )
     return admin

@@ -25,7 +25,7 @@ from cosyserve.frontend.audio import ACCEPTED_AUDIO_SUFFIXES, decode_audio
 from cosyserve.frontend.denoise import denoise
 from cosyserve.frontend.prompt_check import PromptReport, load_prompt
 from cosyserve.frontend.text.describe import describe_text
-from cosyserve.service.access import voice_rules
+from cosyserve.service.access import key_admin, voice_rules
 from cosyserve.service.access.principals import AuthRequired, Forbidden, Principal
 from cosyserve.service.access.sessions import SESSION_COOKIE
 from cosyserve.service.activity import log_activity
@@ -344,6 +344,43 @@ class UiBridge:
     def logs(self, principal: Principal, limit: int = 100, level: str | None = None) -> list[dict[str, Any]]:
         self.require_admin(principal)
         return recent_logs(limit, level)
+
+    def keys(self, principal: Principal) -> list[dict[str, Any]]:
+        """Every API key with today's usage, as GET /admin/keys lists them (admins only)."""
+        self.require_admin(principal)
+        quota = self.service.access.quota
+        return [key_admin.key_view(quota, key) for key in self.service.keys.list(include_revoked=True)]
+
+    def create_key(
+        self, principal: Principal, name: str, role: str, quota: float | None
+    ) -> tuple[dict[str, Any], str]:
+        """A new key (admins only): its view and the plaintext, which can't be shown again."""
+        self.require_admin(principal)
+        key, plaintext = key_admin.create_key(
+            self.service.keys, who=_who(principal), endpoint="ui", name=name, role=role, quota=quota
+        )
+        return key_admin.key_view(self.service.access.quota, key), plaintext
+
+    def revoke_key(self, principal: Principal, key_id: int | str) -> dict[str, Any]:
+        """The same as POST /admin/keys/{id}/revoke (admins only)."""
+        self.require_admin(principal)
+        key = key_admin.revoke_key(self.service.keys, key_id, who=_who(principal), endpoint="ui")
+        return key_admin.key_view(self.service.access.quota, key)
+
+    def set_quota(self, principal: Principal, key_id: int | str, quota: float | None) -> dict[str, Any]:
+        """A key's daily audio seconds (None: the server default), as PATCH /admin/keys/{id} (admins only)."""
+        self.require_admin(principal)
+        key = key_admin.update_key(self.service.keys, key_id, who=_who(principal), endpoint="ui", quota=quota)
+        return key_admin.key_view(self.service.access.quota, key)
+
+    def enrolments(self, principal: Principal) -> list[Voice]:
+        """Every voice, with its owner and consent record, for the admin's enrolment list (admins only)."""
+        self.require_admin(principal)
+        return self.service.voices.list(principal.voices)
+
+
+def _who(principal: Principal) -> str | None:
+    return principal.name or principal.owner
 
 
 def _header_key(headers: Mapping[str, str]) -> str | None:

@@ -10,6 +10,8 @@ from __future__ import annotations
 from collections.abc import Callable
 from typing import Any
 
+from cosyserve.ui.i18n_admin import ADMIN_STRINGS
+
 LANGS = ("zh", "en")
 DEFAULT_LANG = "zh"
 LANG_CHOICES = [("中文", "zh"), ("English", "en")]
@@ -314,6 +316,8 @@ STRINGS: dict[str, tuple[str, str]] = {
     "logs": ("最近日志", "Recent logs"),
     "log_level": ("日志级别", "Log level"),
 }
+
+STRINGS.update(ADMIN_STRINGS)  # the admin tab's keys, quotas and enrolments (kept in their own module)
 
 
 def text(key: str, lang: str, **values: Any) -> str:

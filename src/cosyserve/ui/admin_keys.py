@@ -1,0 +1,153 @@
+"""The admin tab's API keys and quotas (create, list with today's usage, revoke, set a daily quota) and
+its enrolment list (who enrolled each voice). Every call goes through `UiBridge`, which refuses anyone
+but an admin and makes the same `key_admin` calls as the admin REST routes."""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from dataclasses import dataclass
+from typing import Any
+
+import gradio as gr
+
+from cosyserve.errors import CosyServeError
+from cosyserve.service.stores.keys import ROLES
+from cosyserve.ui.admin_status import enrolments_markdown, keys_markdown
+from cosyserve.ui.generate import UiError, as_gr_error, error_message
+from cosyserve.ui.i18n import text
+from cosyserve.ui.studio import UiContext
+
+
+@dataclass
+class KeysSection:
+    table: gr.Markdown
+    pick: gr.Dropdown
+    created: gr.Markdown
+    enrolments: gr.Markdown
+    message: gr.Markdown  # what the last change did, or why it was refused
+    refresh: Callable[..., tuple[Any, ...]]  # (lang, request) -> values of `outputs`
+
+    @property
+    def outputs(self) -> list[Any]:
+        """What a refresh updates (the new key's plaintext and the last message are cleared: a key is shown
+        once)."""
+        return [self.table, self.pick, self.created, self.enrolments, self.message]
+
+
+def _heading(tr: Any, key: str) -> None:
+    tr.bind(gr.Markdown(f"### {tr(key)}"), value=lambda lang: f"### {text(key, lang)}")
+
+
+def _quota_value(value: float | None) -> float | None:
+    """The quota field as the store takes it: None (the server default) for empty or 0."""
+    if value is None or value == 0:
+        return None
+    if value < 0:
+        raise UiError("key_quota_bad", value=value)
+    return float(value)
+
+
+def _key_id(picked: Any) -> str:
+    if picked in (None, ""):
+        raise UiError("key_pick_first")
+    return str(picked)
+
+
+def refused(exc: Exception, lang: str, unchanged: int) -> tuple[Any, ...]:
+    """A refused change said beside the form (the tables stay as they are, with no error overlay on them:
+    the admin corrects the input and tries again); anything unexpected is the usual error modal."""
+    if not isinstance(exc, UiError | CosyServeError):
+        raise as_gr_error(exc, lang) from None
+    return (*[gr.skip()] * unchanged, f"⚠ {error_message(exc, lang)}")
+
+
+def build_keys_section(ctx: UiContext) -> KeysSection:
+    tr, bridge = ctx.tr, ctx.bridge
+    _heading(tr, "keys_title")
+    table = gr.Markdown("", elem_id="admin-keys", elem_classes="cosy-table")
+    with gr.Row(equal_height=True):
+        name = tr.bind(
+            gr.Textbox(label=tr("key_name"), max_lines=1, elem_id="admin-key-name"), label="key_name"
+        )
+        role = tr.bind(
+            gr.Dropdown(list(ROLES[::-1]), value="user", label=tr("key_role"), elem_id="admin-key-role"),
+            label="key_role",
+        )
+        quota = tr.bind(
+            gr.Number(None, minimum=0, label=tr("key_quota"), elem_id="admin-key-quota"), label="key_quota"
+        )
+        create = tr.bind(
+            gr.Button(tr("key_create"), variant="primary", elem_id="admin-key-create"), value="key_create"
+        )
+    created = gr.Markdown("", elem_id="admin-key-created")
+    with gr.Row(equal_height=True):
+        pick = tr.bind(gr.Dropdown([], label=tr("key_pick"), elem_id="admin-key-pick"), label="key_pick")
+        new_quota = tr.bind(
+            gr.Number(None, minimum=0, label=tr("key_quota"), elem_id="admin-key-new-quota"),
+            label="key_quota",
+        )
+        set_quota = tr.bind(
+            gr.Button(tr("key_set_quota"), elem_id="admin-key-set-quota"), value="key_set_quota"
+        )
+        revoke = tr.bind(
+            gr.Button(tr("key_revoke"), variant="stop", elem_id="admin-key-revoke"), value="key_revoke"
+        )
+    message = gr.Markdown("", elem_id="admin-keys-message")
+    _heading(tr, "enrolments_title")
+    enrolments = gr.Markdown("", elem_id="admin-enrolments", elem_classes="cosy-table")
+
+    def listing(lang: str, request: gr.Request, created_text: str = "", said: str = "") -> tuple[Any, ...]:
+        principal = bridge.principal_of(request)
+        views = bridge.keys(principal)
+        choices = [(f"{v['id']} · {v['name']} ({v['prefix']})", str(v["id"])) for v in views if v["active"]]
+        voices = bridge.enrolments(principal)
+        return (
+            keys_markdown(views, lang),
+            gr.update(choices=choices, value=None),
+            created_text,
+            enrolments_markdown(voices, lang, {f"key:{v['id']}": v["name"] for v in views}),
+            said,
+        )
+
+    def do_refresh(lang: str, request: gr.Request) -> tuple[Any, ...]:
+        try:
+            return listing(lang, request)
+        except Exception as exc:
+            raise as_gr_error(exc, lang) from None
+
+    def do_create(
+        lang: str, key_name: str, key_role: str, key_quota: float | None, request: gr.Request
+    ) -> tuple[Any, ...]:
+        try:
+            principal = bridge.principal_of(request)
+            view, plaintext = bridge.create_key(principal, key_name, key_role, _quota_value(key_quota))
+            shown = text("key_created", lang, name=view["name"], id=view["id"]) + f"\n\n```\n{plaintext}\n```"
+            return ("", None, *listing(lang, request, shown))
+        except Exception as exc:
+            return refused(exc, lang, 6)
+
+    def do_revoke(lang: str, picked: Any, request: gr.Request) -> tuple[Any, ...]:
+        try:
+            view = bridge.revoke_key(bridge.principal_of(request), _key_id(picked))
+            done = text("key_revoked_msg", lang, name=view["name"], id=view["id"])
+            return listing(lang, request, said=done)
+        except Exception as exc:
+            return refused(exc, lang, 4)
+
+    def do_set_quota(lang: str, picked: Any, value: float | None, request: gr.Request) -> tuple[Any, ...]:
+        try:
+            key_id = _key_id(picked)
+            view = bridge.set_quota(bridge.principal_of(request), key_id, _quota_value(value))
+            limit = view["usage_today"]["limit_s"]
+            shown = text("keys_unlimited", lang) if limit is None else f"{limit:g} s"
+            done = text("key_quota_set", lang, name=view["name"], quota=shown)
+            return listing(lang, request, said=done)
+        except Exception as exc:
+            return refused(exc, lang, 4)
+
+    section = KeysSection(table, pick, created, enrolments, message, do_refresh)
+    lang = ctx.lang
+    create.click(do_create, [lang, name, role, quota], [name, quota, *section.outputs])
+    revoke.click(do_revoke, [lang, pick], section.outputs)
+    set_quota.click(do_set_quota, [lang, pick, new_quota], section.outputs)
+    return section
