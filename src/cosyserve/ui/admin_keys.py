@@ -61,10 +61,8 @@ def refused(exc: Exception, lang: str, unchanged: int) -> tuple[Any, ...]:
     return (*[gr.skip()] * unchanged, f"⚠ {error_message(exc, lang)}")
 
 
-def build_keys_section(ctx: UiContext) -> KeysSection:
-    tr, bridge = ctx.tr, ctx.bridge
-    _heading(tr, "keys_title")
-    table = gr.Markdown("", elem_id="admin-keys", elem_classes="cosy-table")
+def _create_row(tr: Any) -> tuple[Any, Any, Any, Any]:
+    """A new key's name, role and daily quota, and the button that makes it."""
     with gr.Row(equal_height=True):
         name = tr.bind(
             gr.Textbox(label=tr("key_name"), max_lines=1, elem_id="admin-key-name"), label="key_name"
@@ -79,7 +77,11 @@ def build_keys_section(ctx: UiContext) -> KeysSection:
         create = tr.bind(
             gr.Button(tr("key_create"), variant="primary", elem_id="admin-key-create"), value="key_create"
         )
-    created = gr.Markdown("", elem_id="admin-key-created")
+    return name, role, quota, create
+
+
+def _change_row(tr: Any) -> tuple[Any, Any, Any, Any]:
+    """A key picked, its new quota, and the buttons that set it or revoke the key."""
     with gr.Row(equal_height=True):
         pick = tr.bind(gr.Dropdown([], label=tr("key_pick"), elem_id="admin-key-pick"), label="key_pick")
         new_quota = tr.bind(
@@ -92,6 +94,16 @@ def build_keys_section(ctx: UiContext) -> KeysSection:
         revoke = tr.bind(
             gr.Button(tr("key_revoke"), variant="stop", elem_id="admin-key-revoke"), value="key_revoke"
         )
+    return pick, new_quota, set_quota, revoke
+
+
+def build_keys_section(ctx: UiContext) -> KeysSection:
+    tr, bridge = ctx.tr, ctx.bridge
+    _heading(tr, "keys_title")
+    table = gr.Markdown("", elem_id="admin-keys", elem_classes="cosy-table")
+    name, role, quota, create = _create_row(tr)
+    created = gr.Markdown("", elem_id="admin-key-created")
+    pick, new_quota, set_quota, revoke = _change_row(tr)
     message = gr.Markdown("", elem_id="admin-keys-message")
     _heading(tr, "enrolments_title")
     enrolments = gr.Markdown("", elem_id="admin-enrolments", elem_classes="cosy-table")

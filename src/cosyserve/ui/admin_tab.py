@@ -56,6 +56,28 @@ def _heading(tr: Any, key: str) -> None:
     tr.bind(gr.Markdown(f"### {tr(key)}"), value=lambda lang: f"### {text(key, lang)}")
 
 
+def _activity_and_logs(tr: Any) -> tuple[Any, Any, Any]:
+    """The activity table (full width: ten columns of figures), the log level picker and the log lines."""
+    _heading(tr, "activity_title")
+    activity = gr.Markdown("", elem_id="admin-activity", elem_classes="cosy-table")
+    level = tr.bind(
+        gr.Dropdown(LEVELS, value="INFO", label=tr("log_level"), elem_id="admin-level"), label="log_level"
+    )
+    logs = tr.bind(
+        gr.Textbox(
+            "",
+            label=tr("logs"),
+            lines=14,
+            max_lines=30,
+            interactive=False,
+            elem_id="admin-logs",
+            elem_classes="cosy-logs",
+        ),
+        label="logs",
+    )
+    return activity, level, logs
+
+
 def build_admin_tab(ctx: UiContext) -> AdminTab:
     tr, bridge = ctx.tr, ctx.bridge
     with tr.bind(
@@ -82,23 +104,7 @@ def build_admin_tab(ctx: UiContext) -> AdminTab:
                 _heading(tr, "gpu_title")
                 gpus = gr.Markdown("", elem_id="admin-gpus", elem_classes="cosy-table")
         keys = build_keys_section(ctx)
-        _heading(tr, "activity_title")  # full width: ten columns of figures
-        activity = gr.Markdown("", elem_id="admin-activity", elem_classes="cosy-table")
-        level = tr.bind(
-            gr.Dropdown(LEVELS, value="INFO", label=tr("log_level"), elem_id="admin-level"), label="log_level"
-        )
-        logs = tr.bind(
-            gr.Textbox(
-                "",
-                label=tr("logs"),
-                lines=14,
-                max_lines=30,
-                interactive=False,
-                elem_id="admin-logs",
-                elem_classes="cosy-logs",
-            ),
-            label="logs",
-        )
+        activity, level, logs = _activity_and_logs(tr)
     admin = AdminTab(tab, status, logs, level)
 
     def do_refresh(lang: str, log_level: str, request: gr.Request) -> tuple[str, str, str, str]:

@@ -10,8 +10,6 @@ from __future__ import annotations
 
 import contextlib
 import dataclasses
-import os
-import time
 import uuid
 from collections.abc import Mapping
 from dataclasses import dataclass
@@ -20,26 +18,24 @@ from typing import Any
 
 import soundfile
 
-from cosyserve.errors import CosyServeError, InputError, error_code
+from cosyserve.errors import CosyServeError, InputError
 from cosyserve.frontend.audio import ACCEPTED_AUDIO_SUFFIXES, decode_audio
 from cosyserve.frontend.denoise import denoise
 from cosyserve.frontend.prompt_check import PromptReport, load_prompt
 from cosyserve.frontend.text.describe import describe_text
-from cosyserve.service.access import key_admin, voice_rules
-from cosyserve.service.access.principals import AuthRequired, Forbidden, Principal
+from cosyserve.service.access import voice_rules
+from cosyserve.service.access.principals import AuthRequired, Principal
 from cosyserve.service.access.sessions import SESSION_COOKIE
-from cosyserve.service.activity import log_activity
 from cosyserve.service.assembly import Service
 from cosyserve.service.backend import JOB_TEXT_FACTOR, AudioStream
-from cosyserve.service.gpu import engine_allocator, gpu_report
 from cosyserve.service.local.voice_pins import refuse_if_in_use
-from cosyserve.service.logs import recent_logs
 from cosyserve.service.requests import EnrolmentRequest, OutputSpec, SynthesisRequest, VoiceDefaults
 from cosyserve.service.scheduling.scheduler import Ticket
 from cosyserve.service.stores.jobs import JobRecord
 from cosyserve.service.stores.outputs import OutputNotFound, StoredOutput
 from cosyserve.service.stores.voices import Voice
 from cosyserve.service.transcription import asr_available, transcribe
+from cosyserve.ui.admin_bridge import AdminBridge
 
 AUDIO_SUFFIXES = frozenset(ACCEPTED_AUDIO_SUFFIXES)  # what the decoder reads: the API's list too
 DOWNLOAD_FORMATS = ("wav", "mp3", "flac", "opus")
@@ -62,7 +58,7 @@ class UploadRefused(InputError):
         self.problem = problem
 
 
-class UiBridge:
+class UiBridge(AdminBridge):
     """The UI's view of one `Service`."""
 
     def __init__(self, service: Service) -> None:
@@ -83,11 +79,6 @@ class UiBridge:
         if found is None:
             raise AuthRequired("not signed in: log in again")
         return found
-
-    @staticmethod
-    def require_admin(principal: Principal) -> None:
-        if not principal.is_admin:
-            raise Forbidden("this needs an admin login")
 
     # -- uploads -----------------------------------------------------------------------------------
 
@@ -305,83 +296,6 @@ class UiBridge:
         self.service.voices.delete(voice.id)
         return voice
 
-    # -- admin -------------------------------------------------------------------------------------
-
-    def status(self) -> dict[str, Any]:
-        """Engine, device memory, queue and storage, for the admin panel."""
-        service = self.service
-        return {
-            "readiness": service.readiness(detailed=True),
-            "scheduler": service.scheduler.stats(),
-            "memory": self.memory(),
-            "outputs": {"root": str(service.outputs.root), "total_bytes": service.outputs.total_bytes()},
-            "uptime_s": round(time.time() - service.started_at, 1),
-        }
-
-    def memory(self) -> dict[str, Any]:
-        """Process memory, every GPU as NVML reports it (no CUDA context is created), and PyTorch's
-        allocator on the engine's own device; a figure that can't be read is left out, never an error."""
-        report = gpu_report()
-        device = str(self.service.readiness().get("device") or self.service.device_type)
-        return {
-            "process_rss_mb": _rss_mb(),
-            "device": device,
-            "gpus": [gpu.as_dict() for gpu in report.gpus],
-            "gpu_absent_reason": report.absent_reason,
-            "engine_allocator": engine_allocator(device),
-        }
-
-    def restart_engine(self, principal: Principal) -> str:
-        self.require_admin(principal)
-        try:
-            state = self.service.backend.restart_engine()
-        except Exception as exc:
-            log_activity("restart", error_code(exc), who=principal.name or principal.owner, endpoint="ui")
-            raise
-        log_activity("restart", "ok", who=principal.name or principal.owner, endpoint="ui", state=state)
-        return state
-
-    def logs(self, principal: Principal, limit: int = 100, level: str | None = None) -> list[dict[str, Any]]:
-        self.require_admin(principal)
-        return recent_logs(limit, level)
-
-    def keys(self, principal: Principal) -> list[dict[str, Any]]:
-        """Every API key with today's usage, as GET /admin/keys lists them (admins only)."""
-        self.require_admin(principal)
-        quota = self.service.access.quota
-        return [key_admin.key_view(quota, key) for key in self.service.keys.list(include_revoked=True)]
-
-    def create_key(
-        self, principal: Principal, name: str, role: str, quota: float | None
-    ) -> tuple[dict[str, Any], str]:
-        """A new key (admins only): its view and the plaintext, which can't be shown again."""
-        self.require_admin(principal)
-        key, plaintext = key_admin.create_key(
-            self.service.keys, who=_who(principal), endpoint="ui", name=name, role=role, quota=quota
-        )
-        return key_admin.key_view(self.service.access.quota, key), plaintext
-
-    def revoke_key(self, principal: Principal, key_id: int | str) -> dict[str, Any]:
-        """The same as POST /admin/keys/{id}/revoke (admins only)."""
-        self.require_admin(principal)
-        key = key_admin.revoke_key(self.service.keys, key_id, who=_who(principal), endpoint="ui")
-        return key_admin.key_view(self.service.access.quota, key)
-
-    def set_quota(self, principal: Principal, key_id: int | str, quota: float | None) -> dict[str, Any]:
-        """A key's daily audio seconds (None: the server default), as PATCH /admin/keys/{id} (admins only)."""
-        self.require_admin(principal)
-        key = key_admin.update_key(self.service.keys, key_id, who=_who(principal), endpoint="ui", quota=quota)
-        return key_admin.key_view(self.service.access.quota, key)
-
-    def enrolments(self, principal: Principal) -> list[Voice]:
-        """Every voice, with its owner and consent record, for the admin's enrolment list (admins only)."""
-        self.require_admin(principal)
-        return self.service.voices.list(principal.voices)
-
-
-def _who(principal: Principal) -> str | None:
-    return principal.name or principal.owner
-
 
 def _header_key(headers: Mapping[str, str]) -> str | None:
     lowered = {k.lower(): v for k, v in headers.items()}
@@ -389,14 +303,3 @@ def _header_key(headers: Mapping[str, str]) -> str | None:
     if scheme.lower() == "bearer" and value.strip():
         return value.strip()
     return lowered.get("x-api-key", "").strip() or None
-
-
-def _rss_mb() -> float | None:
-    try:
-        with open(f"/proc/{os.getpid()}/status", encoding="ascii") as status:
-            for line in status:
-                if line.startswith("VmRSS:"):
-                    return round(int(line.split()[1]) / 1024, 1)
-    except OSError:
-        pass
-    return None
