@@ -190,6 +190,13 @@ def covered_by(page, elem_id: str) -> str:
     )
 
 
+def close_toasts(page) -> None:
+    for close in page.locator(".toast-close").all():
+        if close.is_visible():
+            close.click()
+    page.wait_for_function("document.querySelectorAll('.toast-body').length === 0")
+
+
 PANEL = "#zero_shot-prompt >> xpath=ancestor::div[contains(@class,'column')][1]"  # the prompt's column
 
 
@@ -240,3 +247,20 @@ class TestExtrasPresent:
         page.click("#zero_shot-voice input")  # and it opens
         page.locator("ul[role=listbox] li").first.wait_for()
         page.keyboard.press("Escape")
+        close_toasts(page)
+
+    def test_on_a_phone_an_error_toast_leaves_the_voice_list_free(self, full_page):
+        page = full_page
+        page.set_viewport_size({"width": 390, "height": 844})
+        try:
+            page.fill("#zero_shot-text textarea", "")
+            page.click("#zero_shot-generate")  # no text: an error toast
+            toast = page.locator(".toast-body").last
+            toast.wait_for()
+            page.evaluate("document.getElementById('zero_shot-voice').scrollIntoView({block: 'start'})")
+            page.wait_for_timeout(300)  # the toast slides in
+            assert covered_by(page, "zero_shot-voice") == ""
+            page.screenshot(path=str(ARTIFACTS / "prompt-phone-error-toast.png"))
+            close_toasts(page)
+        finally:
+            page.set_viewport_size({"width": 1400, "height": 1000})

@@ -42,6 +42,9 @@ CSS = """
 @media (max-width: 640px) { #cosy-header h1 { font-size: 1.3rem; } #cosy-header p { font-size: .85rem; } }
 .cosy-feedback .bad { color: #b42318; } .cosy-feedback .warn { color: #8a5a00; }
 .cosy-dice { max-width: 3.2rem; min-width: 3.2rem !important; align-self: end; }
+/* error toasts at the bottom: at the top (Gradio's place) they sit over the voice lists, which head
+   each tab, once the page is scrolled, and over the whole width of a phone */
+.toast-wrap { top: auto !important; bottom: var(--size-3) !important; }
 .cosy-parts { font-size: .85rem; opacity: .9; } .cosy-parts ul { margin: .1rem 0 0; }
 .cosy-parts code { white-space: normal; overflow-wrap: anywhere; }
 .cosy-logs textarea { font-family: ui-monospace, Menlo, monospace; font-size: .8rem; }
