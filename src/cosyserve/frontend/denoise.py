@@ -21,7 +21,8 @@ RNNOISE_RATE = 48_000
 FRAME = 480  # RNNoise's 10 ms frame at 48 kHz
 DELAY = 2 * FRAME  # its output lags the input by two frames (measured: cross-correlation peak)
 INT16_SCALE = 32767.0  # RNNoise expects int16-range floats
-HOW_TO_INSTALL = "noise reduction needs the denoise extra: pip install 'cosyserve[denoise]'"
+INSTALL_COMMAND = "pip install 'cosyserve[denoise]'"
+HOW_TO_INSTALL = f"noise reduction needs the denoise extra: {INSTALL_COMMAND}"
 
 
 def _rnnoise() -> Any:

@@ -13,6 +13,7 @@ from typing import Any, BinaryIO
 import numpy as np
 
 from cosyserve.errors import InputError
+from cosyserve.frontend import denoise as denoise_module
 from cosyserve.frontend.audio import (
     SILENCE_BELOW_PEAK_DB,
     SILENCE_FLOOR_DBFS,
@@ -112,10 +113,7 @@ def check_prompt(audio: DecodedAudio) -> PromptReport:
     snr = estimate_snr_db(samples, sr)
     warnings = _warnings(sr, rms, clipping, trailing_s)
     if snr < NOISY_BELOW_SNR_DB:
-        warnings.append(
-            f"noisy recording (speech about {snr:.0f} dB above the background): the noise is cloned "
-            "with the voice; turn on noise reduction or record somewhere quieter"
-        )
+        warnings.append(_noisy_warning(snr))
     return PromptReport(
         duration_s=round(duration_s, 3),
         speech_s=round(speech_s, 3),
@@ -158,6 +156,21 @@ def _refuse_if_too_quiet(samples: np.ndarray, sample_rate: int) -> None:
             f"{SILENCE_FLOOR_DBFS:.0f} dBFS), so most of it counts as silence; raise its level (normalise "
             "it to a peak of about -3 dBFS) or record closer to the microphone"
         )
+
+
+def _noisy_warning(snr: float) -> str:
+    """The low-SNR advice; it points to noise reduction only where this server has it (the denoise extra),
+    and otherwise says how to add it."""
+    said = (
+        f"noisy recording (speech about {snr:.0f} dB above the background): the noise is cloned "
+        "with the voice"
+    )
+    if denoise_module.denoise_available():
+        return f"{said}; turn on noise reduction or record somewhere quieter"
+    return (
+        f"{said}; record somewhere quieter (noise reduction is not installed on this server: "
+        f"{denoise_module.INSTALL_COMMAND})"
+    )
 
 
 def _warnings(sample_rate: int, rms_dbfs: float, clipping: float, trailing_s: float) -> list[str]:

@@ -14,6 +14,7 @@ from cosyserve.ui.admin_keys import build_keys_section
 from cosyserve.ui.admin_status import activity_markdown, gpu_markdown, status_markdown, strip_ansi
 from cosyserve.ui.generate import as_gr_error
 from cosyserve.ui.i18n import text
+from cosyserve.ui.optional_parts import parts_note
 from cosyserve.ui.studio import UiContext
 
 LOG_LINES = 200
@@ -100,6 +101,7 @@ def build_admin_tab(ctx: UiContext) -> AdminTab:
                     )
                     keep = tr.bind(gr.Button(tr("keep_running"), elem_id="admin-keep"), value="keep_running")
                 message = gr.Markdown("", elem_id="admin-message")
+                parts_note(tr, list(bridge.optional_parts().values()), "admin-parts")
             with gr.Column(scale=6, min_width=320):
                 _heading(tr, "gpu_title")
                 gpus = gr.Markdown("", elem_id="admin-gpus", elem_classes="cosy-table")

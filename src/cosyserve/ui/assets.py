@@ -42,6 +42,11 @@ CSS = """
 @media (max-width: 640px) { #cosy-header h1 { font-size: 1.3rem; } #cosy-header p { font-size: .85rem; } }
 .cosy-feedback .bad { color: #b42318; } .cosy-feedback .warn { color: #8a5a00; }
 .cosy-dice { max-width: 3.2rem; min-width: 3.2rem !important; align-self: end; }
+/* error toasts at the bottom: at the top (Gradio's place) they sit over the voice lists, which head
+   each tab, once the page is scrolled, and over the whole width of a phone */
+.toast-wrap { top: auto !important; bottom: var(--size-3) !important; }
+.cosy-parts { font-size: .85rem; opacity: .9; } .cosy-parts ul { margin: .1rem 0 0; }
+.cosy-parts code { white-space: normal; overflow-wrap: anywhere; }
 .cosy-logs textarea { font-family: ui-monospace, Menlo, monospace; font-size: .8rem; }
 """
 
@@ -135,6 +140,23 @@ DICE_JS = "() => String(Math.floor(Math.random() * 2147483647))"
 FEED_JS = "(value) => { if (window.cosyStream) window.cosyStream.feed(value); }"
 UNLOCK_JS = "() => { if (window.cosyStream) window.cosyStream.unlock(); }"
 STOP_JS = "(...args) => { if (window.cosyStream) window.cosyStream.stop(); return args; }"
+
+
+def refocus_js(elem_id: str) -> str:
+    """A JS function for an audio input's upload/recording event: the upload button that had the focus is
+    replaced by the player, which leaves the focus on the page's body (the next Tab starts again at the
+    top); put it on the new player's play button instead, without scrolling, unless the user moved on."""
+    return (
+        "(...args) => { const lost = () => "
+        "!document.activeElement || document.activeElement === document.body; "
+        "const put = (tries) => { if (!lost()) return; "
+        f"const root = document.getElementById({json.dumps(elem_id)}); "
+        "const target = root && (root.querySelector('button.play-pause-button, button[aria-label=\"Play\"]') "
+        "|| root.querySelector('button:not([disabled])')); "
+        "if (target && target.offsetParent !== null) target.focus({ preventScroll: true }); "
+        "else if (tries > 0) setTimeout(() => put(tries - 1), 100); }; "
+        "setTimeout(() => put(30), 0); return args; }"
+    )
 
 
 def counter_html(count: int, limit: int) -> str:

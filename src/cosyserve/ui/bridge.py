@@ -29,12 +29,13 @@ from cosyserve.service.access.sessions import SESSION_COOKIE
 from cosyserve.service.assembly import Service
 from cosyserve.service.backend import JOB_TEXT_FACTOR, AudioStream
 from cosyserve.service.local.voice_pins import refuse_if_in_use
+from cosyserve.service.optional_parts import OptionalPart, optional_parts
 from cosyserve.service.requests import EnrolmentRequest, OutputSpec, SynthesisRequest, VoiceDefaults
 from cosyserve.service.scheduling.scheduler import Ticket
 from cosyserve.service.stores.jobs import JobRecord
 from cosyserve.service.stores.outputs import OutputNotFound, StoredOutput
 from cosyserve.service.stores.voices import Voice
-from cosyserve.service.transcription import asr_available, transcribe
+from cosyserve.service.transcription import transcribe
 from cosyserve.ui.admin_bridge import AdminBridge
 
 AUDIO_SUFFIXES = frozenset(ACCEPTED_AUDIO_SUFFIXES)  # what the decoder reads: the API's list too
@@ -188,9 +189,14 @@ class UiBridge(AdminBridge):
         auth = self.service.settings.auth
         return auth.voice_consent_statement, auth.voice_consent_required
 
+    def optional_parts(self) -> dict[str, OptionalPart]:
+        """Noise reduction and prompt transcription: installed here, or what is missing and how to add it."""
+        return {part.name: part for part in optional_parts(self.service.settings.engine.asr_model)}
+
     @property
     def asr_available(self) -> bool:
-        return asr_available(self.service.settings.engine.asr_model)
+        """A transcriber that can run: the model and (for SenseVoice) the sherpa-onnx package."""
+        return self.optional_parts()["asr"].installed
 
     def denoised_copy(self, path: str | Path, folder: str | Path) -> str:
         """The uploaded prompt with noise suppressed, as a WAV in `folder` (to hear before and after)."""

@@ -143,6 +143,20 @@ STRINGS: dict[str, tuple[str, str]] = {
     ),
     "transcribe": ("自动识别文本", "Transcribe"),
     "prompt_snr": ("信噪比约 {snr:.0f} dB", "SNR about {snr:.0f} dB"),
+    # optional parts (noise reduction, prompt transcription): what is installed, how to add the rest
+    "parts_title": ("可选组件", "Optional parts"),
+    "part_denoise": ("降噪（RNNoise）", "Noise reduction (RNNoise)"),
+    "part_asr": ("参考音频自动识别（SenseVoice）", "Prompt transcription (SenseVoice)"),
+    "part_on": ("✓ {label}：已安装", "✓ {label}: installed"),
+    "part_off": (
+        "✗ {label}：未安装（{missing}）。服务器管理员安装方法：{commands}，然后重启服务。",
+        "✗ {label}: not installed ({missing}); the server's admin adds it with {commands}, then restarts "
+        "the server.",
+    ),
+    "part_package": ("缺少软件包", "package missing"),
+    "part_model": ("缺少模型", "model missing"),
+    "part_list": ("、", ", "),
+    "part_then": (" 然后 ", " then "),
     "instruct_mapped": ("将使用训练时的指令：「{wording}」", "The trained wording is used: “{wording}”"),
     "long_text_job": (
         "文本有 {count} 个字符，超过单次上限 {limit}：作为后台任务分段生成。",

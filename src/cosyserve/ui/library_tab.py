@@ -8,14 +8,15 @@ from typing import Any
 
 import gradio as gr
 
-from cosyserve.frontend.denoise import denoise_available
 from cosyserve.service.access.principals import Principal
 from cosyserve.service.logs import new_request_id
 from cosyserve.service.requests import SynthesisRequest
 from cosyserve.service.stores.voices import Voice
+from cosyserve.ui import assets
 from cosyserve.ui.bridge import MODES
 from cosyserve.ui.generate import UiError, as_gr_error, cache_copy
 from cosyserve.ui.i18n import text
+from cosyserve.ui.optional_parts import parts_note
 from cosyserve.ui.studio import ModePanel, UiContext, prompt_feedback, voice_choices
 
 ENROL_TIMEOUT_S = 600.0
@@ -203,9 +204,11 @@ def _enrol_form(ctx: UiContext) -> _EnrolForm:
         label="transcript",
         placeholder="transcript_ph",
     )
+    parts = ctx.bridge.optional_parts()
     denoise: Any = gr.State(False)
-    if denoise_available():
+    if parts["denoise"].installed:
         denoise = tr.bind(gr.Checkbox(False, label=tr("denoise"), elem_id="enrol-denoise"), label="denoise")
+    parts_note(tr, [parts["denoise"]], "enrol-parts")
     statement, required = ctx.bridge.consent_statement
     need = "consent_needed" if required else "consent_optional"
     consent = tr.bind(
@@ -237,14 +240,20 @@ def _wire(
         [form.feedback],
         show_progress="hidden",
     )
+    for chosen_event in (form.audio.upload, form.audio.stop_recording):
+        chosen_event(None, None, None, js=assets.refocus_js("enrol-audio"))
+    # Progress and errors show on the status line only: Gradio's default overlay would cover the voices
+    # table and every tab's voice list (the outputs) with an "Error" badge until it is closed by hand.
+    on_status = {"show_progress_on": [v.status]}
     # (named events: scripts and tests call them as a browser would, with the same credentials)
-    v.refresh.click(actions.refresh, [lang, v.pick], outputs, api_name="voices_refresh")
+    v.refresh.click(actions.refresh, [lang, v.pick], outputs, api_name="voices_refresh", **on_status)
     form.enrol.click(
         actions.enrol,
         [lang, form.name, form.audio, form.transcript, form.denoise, form.consent],
         [v.status, *outputs],
         concurrency_id="synthesis",
         api_name="voice_enrol",
+        **on_status,
     )
     v.preview.click(
         actions.preview,
@@ -254,12 +263,22 @@ def _wire(
         api_name="voice_preview",
     )
     v.rename.click(
-        actions.rename, [lang, v.pick, v.new_name], [v.status, v.new_name, *outputs], api_name="voice_rename"
+        actions.rename,
+        [lang, v.pick, v.new_name],
+        [v.status, v.new_name, *outputs],
+        api_name="voice_rename",
+        **on_status,
     )
-    v.delete.click(actions.ask_delete, [lang, v.pick], [v.confirm])
-    v.confirm.click(actions.delete, [lang, v.pick], [v.status, v.confirm, *outputs], api_name="voice_delete")
+    v.delete.click(actions.ask_delete, [lang, v.pick], [v.confirm], **on_status)
+    v.confirm.click(
+        actions.delete, [lang, v.pick], [v.status, v.confirm, *outputs], api_name="voice_delete", **on_status
+    )
     v.use.click(
-        actions.use, [lang, v.pick], [v.status, tabs, *(p.voice for p in panels)], api_name="voice_use"
+        actions.use,
+        [lang, v.pick],
+        [v.status, tabs, *(p.voice for p in panels)],
+        api_name="voice_use",
+        **on_status,
     )
 
 

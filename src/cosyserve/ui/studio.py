@@ -16,12 +16,12 @@ from typing import Any
 import gradio as gr
 
 from cosyserve.errors import InputError
-from cosyserve.frontend.denoise import denoise_available
 from cosyserve.service.access.principals import Principal
 from cosyserve.ui import assets
 from cosyserve.ui.bridge import UiBridge
 from cosyserve.ui.generate import TicketRegistry, error_message
 from cosyserve.ui.i18n import Translator, text
+from cosyserve.ui.optional_parts import parts_note
 from cosyserve.ui.studio_help import EXAMPLES, HELP, preset_choices
 
 
@@ -160,8 +160,9 @@ def _source_inputs(mode: str, ctx: UiContext) -> dict[str, Any]:
         label="prompt_audio",
     )
     feedback = gr.Markdown("", elem_id=f"{mode}-feedback", elem_classes="cosy-feedback")
+    parts = bridge.optional_parts()  # the switches below exist only for the parts installed here
     denoise: Any = gr.State(False)
-    if denoise_available():
+    if parts["denoise"].installed:
         denoise = tr.bind(gr.Checkbox(False, label=tr("denoise"), elem_id=f"{mode}-denoise"), label="denoise")
     denoised = tr.bind(
         gr.Audio(
@@ -173,7 +174,9 @@ def _source_inputs(mode: str, ctx: UiContext) -> dict[str, Any]:
         ),
         label="denoised_audio",
     )
-    found = _mode_inputs(mode, ctx)
+    found = _mode_inputs(mode, ctx, asr_ready=parts["asr"].installed)
+    shown = [parts["denoise"], parts["asr"]] if mode == "zero_shot" else [parts["denoise"]]
+    parts_note(tr, shown, f"{mode}-parts")
     return dict(
         voice=voice,
         voice_note=voice_note,
@@ -185,9 +188,9 @@ def _source_inputs(mode: str, ctx: UiContext) -> dict[str, Any]:
     )
 
 
-def _mode_inputs(mode: str, ctx: UiContext) -> dict[str, Any]:
+def _mode_inputs(mode: str, ctx: UiContext, asr_ready: bool) -> dict[str, Any]:
     """What a mode adds to the voice: the transcript (and its transcribe button), or the instruction."""
-    tr, bridge = ctx.tr, ctx.bridge
+    tr = ctx.tr
     found: dict[str, Any] = {"transcript": gr.State(None), "transcribe": None}
     found.update(preset=gr.State(None), instruct=gr.State(None), instruct_note=gr.State(None))
     if mode == "zero_shot":
@@ -202,7 +205,7 @@ def _mode_inputs(mode: str, ctx: UiContext) -> dict[str, Any]:
             label="transcript",
             placeholder="transcript_ph",
         )
-        if bridge.asr_available:
+        if asr_ready:
             found["transcribe"] = tr.bind(
                 gr.Button(tr("transcribe"), size="sm", elem_id=f"{mode}-transcribe"), value="transcribe"
             )

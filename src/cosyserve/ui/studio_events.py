@@ -70,14 +70,21 @@ def wire_panel(panel: ModePanel, ctx: UiContext) -> None:
     voice_outputs = [panel.voice_note, panel.prompt]
     voice_outputs += [panel.transcript] if has_transcript else []
     voice_outputs += [panel.denoise] if has_denoise else []
-    panel.voice.change(
-        on_voice, [panel.voice, lang], voice_outputs, show_progress="hidden", api_name=f"{mode}_voice"
+    panel.voice.change(  # (an error shows on the note only: never an overlay over the voice fields)
+        on_voice,
+        [panel.voice, lang],
+        voice_outputs,
+        show_progress="hidden",
+        show_progress_on=[panel.voice_note],
+        api_name=f"{mode}_voice",
     )
 
     def feedback(path: str | None, chosen: str) -> str:
         return prompt_feedback(bridge, path, chosen)
 
     panel.prompt.change(feedback, [panel.prompt, lang], [panel.feedback], show_progress="hidden")
+    for chosen_event in (panel.prompt.upload, panel.prompt.stop_recording):
+        chosen_event(None, None, None, js=assets.refocus_js(f"{mode}-prompt"))
     if has_denoise:
 
         def cleaned(path: str | None, on: bool, chosen: str) -> Any:
