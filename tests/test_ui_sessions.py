@@ -17,24 +17,10 @@ from cosyserve.service.access.principals import AuthRequired
 from cosyserve.service.settings import Settings
 from cosyserve.service.stores.keys import KeyStore
 from cosyserve.service.stores.ui_sessions import UiSessionStore, hash_token
+from test_auth import T0, FakeClock, memory_engine
 
 SECRET = "test-signing-secret-0123456789abcdef"
-T0 = 1_735_732_800.0
 IDLE_S, MAX_S = 3600.0, 86400.0
-
-
-class FakeClock:
-    def __init__(self, now: float = T0) -> None:
-        self.now = now
-
-    def __call__(self) -> float:
-        return self.now
-
-
-def memory_engine() -> sa.Engine:
-    return sa.create_engine(
-        "sqlite://", poolclass=sa.pool.StaticPool, connect_args={"check_same_thread": False}
-    )
 
 
 @pytest.fixture
