@@ -23,12 +23,10 @@ import gradio as gr
 from fastapi import FastAPI
 from fastapi.routing import APIRoute
 
-from cosyserve.service.access.principals import Principal
-from cosyserve.service.assembly import Service
 from cosyserve.ui import assets
 from cosyserve.ui.admin_tab import build_admin_tab
 from cosyserve.ui.batch_tab import build_batch_tab
-from cosyserve.ui.bridge import MODES, UiBridge
+from cosyserve.ui.bridge import MODES, Principal, Service, UiBridge
 from cosyserve.ui.generate import TicketRegistry
 from cosyserve.ui.history_tab import HistoryTab, build_history_tab
 from cosyserve.ui.i18n import LANG_CHOICES, Translator, pick_lang, text

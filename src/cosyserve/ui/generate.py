@@ -21,14 +21,24 @@ from typing import Any
 import gradio as gr
 
 from cosyserve.errors import Cancelled, CosyServeError, JobTimeout, ModelNotReady, QueueFull
-from cosyserve.frontend.audio import ACCEPTED_AUDIO_LIST
-from cosyserve.service.access.principals import AuthRequired, Forbidden, Principal, RateLimited
-from cosyserve.service.logs import log_failure
-from cosyserve.service.requests import MAX_SEED, SynthesisRequest, TtsOutcome
-from cosyserve.service.scheduling.scheduler import Ticket
-from cosyserve.service.stores.outputs import StoredOutput
-from cosyserve.service.subtitles import manifest_timings, to_srt
-from cosyserve.ui.bridge import DOWNLOAD_FORMATS, UiBridge, UploadRefused
+from cosyserve.ui.bridge import (
+    ACCEPTED_AUDIO_LIST,
+    DOWNLOAD_FORMATS,
+    MAX_SEED,
+    AuthRequired,
+    Forbidden,
+    Principal,
+    RateLimited,
+    StoredOutput,
+    SynthesisRequest,
+    Ticket,
+    TtsOutcome,
+    UiBridge,
+    UploadRefused,
+    log_failure,
+    manifest_timings,
+    to_srt,
+)
 from cosyserve.ui.i18n import text
 from cosyserve.ui.preview import form_preview
 

@@ -8,12 +8,8 @@ from typing import Any
 
 import gradio as gr
 
-from cosyserve.service.access.principals import Principal
-from cosyserve.service.logs import new_request_id
-from cosyserve.service.requests import SynthesisRequest
-from cosyserve.service.stores.voices import Voice
 from cosyserve.ui import assets
-from cosyserve.ui.bridge import MODES
+from cosyserve.ui.bridge import MODES, Principal, SynthesisRequest, Voice, new_request_id
 from cosyserve.ui.generate import UiError, as_gr_error, cache_copy
 from cosyserve.ui.i18n import text
 from cosyserve.ui.optional_parts import parts_note

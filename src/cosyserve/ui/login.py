@@ -20,10 +20,7 @@ from fastapi import FastAPI, HTTPException, Request
 from fastapi.responses import HTMLResponse, RedirectResponse, Response
 from starlette.concurrency import run_in_threadpool
 
-from cosyserve.service.access.principals import AuthRequired
-from cosyserve.service.access.sessions import AUTH_COOKIES, SESSION_COOKIE
-from cosyserve.service.activity import log_activity
-from cosyserve.ui.bridge import UiBridge
+from cosyserve.ui.bridge import AUTH_COOKIES, SESSION_COOKIE, AuthRequired, UiBridge, log_activity
 from cosyserve.ui.i18n import pick_lang
 
 LOGIN_PATH = "/login"
