@@ -296,7 +296,7 @@ def finished(
         info = text("cancel_too_late", lang) + "\n\n" + info
     if outcome.output_id is None:  # storing failed (logged by the service): nothing to show or download
         return None, "", info, gr.update(), "", ""
-    output = bridge.service.outputs.get(outcome.output_id)
+    output = bridge.made_output(outcome.output_id)
     audio = cache_copy(output.path, cache_dir)
     preview = form_preview(bridge, principal, form, lang, output.manifest.get("sentences"))
     return audio, links_html(bridge, output, lang), info, gr.update(), "", preview

@@ -330,7 +330,7 @@ class _LibraryActions:
             outcome = ticket.result(PREVIEW_TIMEOUT_S)
             if outcome.output_id is None:
                 return None, ""
-            output = bridge.service.outputs.get(outcome.output_id)
+            output = bridge.made_output(outcome.output_id)
             return cache_copy(output.path, cache_dir), ""
         except Exception as exc:
             raise as_gr_error(exc, lang, request_id) from None

@@ -1,7 +1,8 @@
 """The web UI's only way to the service: `UiBridge` (one part per concern, assembled in `facade.py`), the
 Batch tab's `BatchBridge`, and the service's types and helpers the pages use (`exports.py`).
 
-    session.py    who is calling (the principal of a page request)
+    session.py    who is calling (the principal of a page request), the login form's calls
+    status.py     the model's readiness, Gradio's event slots, the page's upload limit and private folders
     uploads.py    uploaded recordings: limits, prompt checks, noise reduction, transcription, optional parts
     synthesis.py  one synthesis queued or streamed, long texts as jobs, cancelling
     preview.py    the text preview (computed by `service.text_preview`)
@@ -41,7 +42,6 @@ from cosyserve.ui.bridge.exports import (
     Ticket,
     TtsOutcome,
     Voice,
-    log_activity,
     log_failure,
     manifest_timings,
     new_request_id,
@@ -86,7 +86,6 @@ __all__ = [
     "UploadProblem",
     "UploadRefused",
     "Voice",
-    "log_activity",
     "log_failure",
     "manifest_timings",
     "new_request_id",

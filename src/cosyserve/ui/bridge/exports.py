@@ -8,7 +8,6 @@ from cosyserve.frontend.text.presets import INSTRUCT_PRESETS
 from cosyserve.frontend.text.prompts import resolve_instruction
 from cosyserve.service.access.principals import AuthRequired, Forbidden, Principal, RateLimited
 from cosyserve.service.access.sessions import AUTH_COOKIES, SESSION_COOKIE
-from cosyserve.service.activity import log_activity
 from cosyserve.service.assembly import Service
 from cosyserve.service.backend import AudioStream
 from cosyserve.service.batch_status import BatchStatus
@@ -47,7 +46,6 @@ __all__ = [
     "Ticket",
     "TtsOutcome",
     "Voice",
-    "log_activity",
     "log_failure",
     "manifest_timings",
     "new_request_id",

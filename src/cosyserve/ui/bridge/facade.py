@@ -13,6 +13,7 @@ from cosyserve.ui.bridge.admin import AdminPart
 from cosyserve.ui.bridge.outputs import OutputsPart
 from cosyserve.ui.bridge.preview import PreviewPart
 from cosyserve.ui.bridge.session import SessionPart
+from cosyserve.ui.bridge.status import StatusPart
 from cosyserve.ui.bridge.synthesis import SynthesisPart
 from cosyserve.ui.bridge.uploads import UploadsPart
 from cosyserve.ui.bridge.voices import VoicesPart
@@ -21,9 +22,11 @@ DOWNLOAD_FORMATS = ("wav", "mp3", "flac", "opus")
 MODES = ("zero_shot", "cross_lingual", "instruct")
 
 
-class UiBridge(SessionPart, UploadsPart, SynthesisPart, PreviewPart, OutputsPart, VoicesPart, AdminPart):
-    """The UI's view of one `Service`: who is calling, uploads, synthesis, the text preview, stored
-    results, saved voices and the admin panel (the Batch tab's `BatchBridge` wraps it)."""
+class UiBridge(
+    SessionPart, StatusPart, UploadsPart, SynthesisPart, PreviewPart, OutputsPart, VoicesPart, AdminPart
+):
+    """The UI's view of one `Service`: who is calling, the server's state, uploads, synthesis, the text
+    preview, stored results, saved voices and the admin panel (the Batch tab's `BatchBridge` wraps it)."""
 
     def __init__(self, service: Service) -> None:
         self.service = service

@@ -20,6 +20,10 @@ class OutputsPart:
             raise OutputNotFound(f"no output {output_id}; it may have expired or been deleted")
         return output
 
+    def made_output(self, output_id: str) -> StoredOutput:
+        """The stored result of a synthesis this page has just run for its caller (so no owner check)."""
+        return self.service.outputs.get(output_id)
+
     def history(self, principal: Principal, limit: int = 50, everyone: bool = False) -> list[StoredOutput]:
         """This user's results, newest first (everyone's when there is no login at all, or when an admin
         asks for `everyone`'s)."""

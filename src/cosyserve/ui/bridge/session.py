@@ -1,5 +1,6 @@
 """Who is calling: the principal of a page request, resolved from the same credentials the API takes (the
-login's session cookie, an API key in a header, or nobody when the server has no authentication)."""
+login's session cookie, an API key in a header, or nobody when the server has no authentication), and the
+login form's calls (a key or a password for a session, logging out), each logged as activity."""
 
 from __future__ import annotations
 
@@ -8,6 +9,7 @@ from typing import Any
 
 from cosyserve.service.access.principals import AuthRequired, Principal
 from cosyserve.service.access.sessions import SESSION_COOKIE
+from cosyserve.service.activity import log_activity
 from cosyserve.service.assembly import Service
 
 
@@ -29,6 +31,39 @@ class SessionPart:
         if found is None:
             raise AuthRequired("not signed in: log in again")
         return found
+
+    def auth_enabled(self) -> bool:
+        return self.service.access.auth_enabled()
+
+    @property
+    def password_login_configured(self) -> bool:
+        """Whether the login form offers a user name and password (besides an API key)."""
+        return self.service.settings.auth.ui_login_configured
+
+    def key_login(self, key: str) -> str | None:
+        """A session token for a valid API key (None for any other), the attempt logged."""
+        try:
+            found, token = self.service.access.key_login(key)
+        except AuthRequired:
+            found, token = None, None
+        log_activity("login", "ok" if found else "bad_key", who=found.name if found else None, endpoint="ui")
+        return token
+
+    def password_login(self, username: str, password: str) -> str | None:
+        """A session token for the UI's user name and password (None when they are wrong), logged."""
+        try:
+            token = self.service.access.login(username, password)
+        except AuthRequired:
+            token = None
+        log_activity("login", "ok" if token else "bad_password", who=username[:64], endpoint="ui")
+        return token
+
+    def logout(self, token: str | None) -> None:
+        self.service.access.logout(token)
+
+    def session_cookie(self, token: str, *, secure: bool) -> dict[str, Any]:
+        """The `Response.set_cookie` arguments of the session cookie for `token`."""
+        return self.service.access.session_cookie(token, secure=secure)
 
 
 def _header_key(headers: Mapping[str, str]) -> str | None:
