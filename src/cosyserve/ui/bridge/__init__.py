@@ -16,7 +16,7 @@ Only the modules of this package import `cosyserve.service` or `cosyserve.fronte
 imports from here (`tests/test_structure.py` checks it).
 """
 
-from cosyserve.ui.bridge.batches import BATCH_KINDS, SCRIPT_SUFFIXES, SUBTITLE_SUFFIXES, BatchBridge
+from cosyserve.ui.bridge.batches import SCRIPT_SUFFIXES, SUBTITLE_SUFFIXES, BatchBridge
 from cosyserve.ui.bridge.exports import (
     ACCEPTED_AUDIO_LIST,
     AUTH_COOKIES,
@@ -49,13 +49,11 @@ from cosyserve.ui.bridge.exports import (
     to_srt,
 )
 from cosyserve.ui.bridge.facade import DOWNLOAD_FORMATS, MODES, UiBridge
-from cosyserve.ui.bridge.uploads import AUDIO_SUFFIXES, UploadProblem, UploadRefused
+from cosyserve.ui.bridge.uploads import UploadProblem, UploadRefused
 
 __all__ = [
     "ACCEPTED_AUDIO_LIST",
-    "AUDIO_SUFFIXES",
     "AUTH_COOKIES",
-    "BATCH_KINDS",
     "DOWNLOAD_FORMATS",
     "INSTRUCT_PRESETS",
     "MAX_SEED",
