@@ -226,7 +226,7 @@ def test_the_web_ui_refuses_a_track_longer_than_the_limit(dubbed, tmp_path) -> N
 
     from cosyserve.errors import InputError
     from cosyserve.service.access.principals import Principal
-    from cosyserve.ui.batch_bridge import BatchBridge
+    from cosyserve.ui.bridge import BatchBridge
 
     service = dubbed["live"].service
     late = tmp_path / "late.srt"

@@ -160,8 +160,7 @@ def test_a_batch_holds_the_sum_of_its_items(server) -> None:
 def test_the_web_ui_reserves_like_the_api(server, tmp_path) -> None:
     from cosyserve.service.access.principals import Principal, QuotaExceeded
     from cosyserve.service.requests import SynthesisRequest
-    from cosyserve.ui.batch_bridge import BatchBridge
-    from cosyserve.ui.bridge import UiBridge
+    from cosyserve.ui.bridge import BatchBridge, UiBridge
 
     record, _ = server.service.keys.create("ui-user", "user", quota=4.0)
     principal = Principal("key", "user", key=record, name=record.name)

@@ -1,5 +1,6 @@
-"""The package's shape: no import circles anywhere (imports inside functions and under TYPE_CHECKING
-count too), and modules and functions of a readable size in the layers that serve requests."""
+"""The package's shape: the layer rules (which part may import which), no import circles anywhere (imports
+inside functions and under TYPE_CHECKING count too), and modules and functions of a readable size in the
+layers that serve requests."""
 
 from __future__ import annotations
 
@@ -12,6 +13,28 @@ PACKAGE = "cosyserve"
 MAX_MODULE_LINES = 400
 MAX_FUNCTION_LINES = 80
 SIZED = ("service", "api", "ui", "commands")  # model/, engine/ and bench/ are measured by their own owners
+# Which part of the package may import which (data flows down, results flow up; nothing reaches upward).
+# A part is a subpackage or a top-level module; `docs/architecture.md` draws the same table.
+LAYERS: dict[str, frozenset[str]] = {
+    "model": frozenset(),
+    "frontend": frozenset(),
+    "modeldir": frozenset({"model", "frontend"}),
+    "engine": frozenset({"model", "modeldir"}),
+    "service": frozenset({"engine", "frontend", "modeldir"}),
+    "api": frozenset({"service", "frontend"}),
+    "ui": frozenset({"service", "frontend"}),  # through its bridge only: UI_BRIDGE below
+    "commands": frozenset({"api", "ui", "service", "engine", "frontend", "modeldir", "exit_codes"}),
+    "bench": frozenset({"engine", "model", "modeldir"}),
+    "parity": frozenset({"engine", "model", "modeldir", "frontend"}),
+    "cli": frozenset({"commands", "bench", "parity", "modeldir", "exit_codes"}),
+    "exit_codes": frozenset(),
+    "errors": frozenset(),
+}
+OPEN_TO_ALL = frozenset({PACKAGE, "errors"})  # the package root (its version) and the error types
+# Inside ui/ only the bridge reaches the service and the frontend; the pages import the bridge, and the
+# bridge imports no page.
+UI_BRIDGE = f"{PACKAGE}.ui.bridge"
+UI_THROUGH_BRIDGE = frozenset({"service", "frontend"})
 # Circles that a change under way removes; each must still exist (delete its line once it is gone).
 KNOWN_CIRCLES: set[frozenset[str]] = set()
 
@@ -52,6 +75,45 @@ def imported(name: str, path: Path, known: dict[str, Path]) -> set[str]:
     targets.discard(None)
     targets.discard(name)
     return {t for t in targets if t is not None}
+
+
+def part_of(name: str) -> str:
+    """The layer of a module: `cosyserve.service.stores.jobs` -> `service`; the root -> `cosyserve`."""
+    return name.split(".")[1] if "." in name else name
+
+
+def in_bridge(name: str) -> bool:
+    return name == UI_BRIDGE or name.startswith(UI_BRIDGE + ".")
+
+
+def wrong_arrow(source: str, target: str) -> str | None:
+    """Why `source` may not import `target` (None: it may)."""
+    here, there = part_of(source), part_of(target)
+    if here == there:
+        if here == "ui" and in_bridge(source) and not in_bridge(target):
+            return f"ui bridge -> ui page ({target}): the bridge serves the pages and imports none of them"
+        return None
+    if there in OPEN_TO_ALL:
+        return None
+    if here not in LAYERS:
+        return f"{here} has no row in LAYERS (tests/test_structure.py): say what it may import"
+    if there not in LAYERS[here]:
+        allowed = ", ".join(sorted(LAYERS[here])) or "nothing but errors"
+        return f"{here} -> {there} ({target}): {here} may import {allowed}"
+    if here == "ui" and there in UI_THROUGH_BRIDGE and not in_bridge(source):
+        return f"ui -> {there} ({target}): a UI page goes through {UI_BRIDGE} (re-export what it needs there)"
+    return None
+
+
+def layer_violations(known: dict[str, Path]) -> list[str]:
+    """One line per import that breaks the layer rules: the file, the wrong arrow and the rule."""
+    found = []
+    for name, path in sorted(known.items()):
+        for target in sorted(imported(name, path, known)):
+            if (reason := wrong_arrow(name, target)) is not None:
+                where = path.relative_to(SRC) if path.is_relative_to(SRC) else path
+                found.append(f"{where}: {reason}")
+    return found
 
 
 def circles(graph: dict[str, set[str]]) -> list[frozenset[str]]:
@@ -97,6 +159,38 @@ def circles(graph: dict[str, set[str]]) -> list[frozenset[str]]:
                     if len(group) > 1:
                         found.append(frozenset(group))
     return found
+
+
+def test_every_import_follows_the_layer_rules() -> None:
+    wrong = layer_violations(modules())
+    rules = "imports against the layer rules (LAYERS in tests/test_structure.py):\n"
+    assert not wrong, rules + "\n".join(wrong)
+
+
+def test_the_layer_rules_catch_a_ui_page_importing_the_service(tmp_path: Path) -> None:
+    page = tmp_path / "synthetic_page.py"
+    page.write_text(
+        "from cosyserve.ui.bridge import UiBridge\n"
+        "def build():\n    from cosyserve.service.stores.outputs import StoredOutput\n",
+        encoding="utf-8",
+    )
+    known = {**modules(), f"{PACKAGE}.ui.synthetic_page": page}
+    assert layer_violations(known) == [
+        f"{page}: ui -> service (cosyserve.service.stores.outputs): "
+        "a UI page goes through cosyserve.ui.bridge (re-export what it needs there)"
+    ]
+
+
+def test_the_layer_rules_name_each_wrong_arrow() -> None:
+    assert wrong_arrow("cosyserve.ui.bridge.voices", "cosyserve.service.stores.voices") is None
+    assert wrong_arrow("cosyserve.ui.generate", "cosyserve.ui.bridge") is None
+    assert wrong_arrow("cosyserve.api.tts", "cosyserve.errors") is None
+    assert "ui -> frontend" in (wrong_arrow("cosyserve.ui.preview", "cosyserve.frontend.text.tags") or "")
+    assert "ui -> engine" in (wrong_arrow("cosyserve.ui.bridge.facade", "cosyserve.engine.pipeline") or "")
+    assert "model -> service" in (wrong_arrow("cosyserve.model.flow", "cosyserve.service.settings") or "")
+    assert "api -> ui" in (wrong_arrow("cosyserve.api.app", "cosyserve.ui.app") or "")
+    assert "imports none" in (wrong_arrow("cosyserve.ui.bridge.facade", "cosyserve.ui.i18n") or "")
+    assert "no row in LAYERS" in (wrong_arrow("cosyserve.newpart.x", "cosyserve.service.settings") or "")
 
 
 def test_the_import_graph_has_no_circles() -> None:

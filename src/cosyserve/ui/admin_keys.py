@@ -11,8 +11,8 @@ from typing import Any
 import gradio as gr
 
 from cosyserve.errors import CosyServeError
-from cosyserve.service.stores.keys import ROLES
 from cosyserve.ui.admin_status import enrolments_markdown, keys_markdown
+from cosyserve.ui.bridge import ROLES
 from cosyserve.ui.generate import UiError, as_gr_error, error_message
 from cosyserve.ui.i18n import text
 from cosyserve.ui.studio import UiContext

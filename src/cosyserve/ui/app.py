@@ -23,12 +23,10 @@ import gradio as gr
 from fastapi import FastAPI
 from fastapi.routing import APIRoute
 
-from cosyserve.service.access.principals import Principal
-from cosyserve.service.assembly import Service
 from cosyserve.ui import assets
 from cosyserve.ui.admin_tab import build_admin_tab
 from cosyserve.ui.batch_tab import build_batch_tab
-from cosyserve.ui.bridge import MODES, UiBridge
+from cosyserve.ui.bridge import MODES, Principal, Service, UiBridge
 from cosyserve.ui.generate import TicketRegistry
 from cosyserve.ui.history_tab import HistoryTab, build_history_tab
 from cosyserve.ui.i18n import LANG_CHOICES, Translator, pick_lang, text
@@ -53,9 +51,9 @@ def user_html(principal: Principal | None, lang: str, auth_enabled: bool) -> str
     return f"<span>{text('signed_in', lang, name=name)}</span> · {logout}"
 
 
-def model_status(service: Service, lang: str) -> tuple[str, str, bool]:
+def model_status(bridge: UiBridge, lang: str) -> tuple[str, str, bool]:
     """(banner HTML, status line, ready?) for the model as it is now."""
-    info = service.readiness()
+    info = bridge.readiness()
     state = info.get("state")
     banner = ""
     if info.get("demo"):
@@ -75,11 +73,9 @@ def model_status(service: Service, lang: str) -> tuple[str, str, bool]:
 def build_ui(service: Service, bridge: UiBridge | None = None) -> gr.Blocks:
     """The whole page for `service` (not yet served: see `mount_ui`)."""
     bridge = bridge or UiBridge(service)
-    settings = service.settings
     tr = Translator()
     registry = TicketRegistry()
-    # Gradio may run this many syntheses' event handlers at once; the service's own queue decides the rest.
-    slots = settings.resolve_concurrency(service.device_type) + settings.queue.queue_size + 1
+    slots = bridge.event_slots
     with gr.Blocks(title=text("title", "en"), analytics_enabled=False, delete_cache=(3600, 86400)) as demo:
         lang = gr.State(tr.lang)
         saved_lang = gr.BrowserState(None, storage_key=LANG_STORAGE_KEY)
@@ -104,7 +100,7 @@ def build_ui(service: Service, bridge: UiBridge | None = None) -> gr.Blocks:
             history = build_history_tab(ctx, panels, tabs)
         timer = gr.Timer(STATUS_POLL_S)
 
-        actions = _PageActions(service, bridge, ctx, history)
+        actions = _PageActions(bridge, ctx, history)
         # (the language state is set here too, not only by the radio's change event: the status timer
         # reads it and would otherwise repaint the banner in the default language meanwhile)
         demo.load(actions.on_load, [saved_lang], [lang, lang_radio, user, admin.tab, banner, status])
@@ -135,8 +131,8 @@ def build_ui(service: Service, bridge: UiBridge | None = None) -> gr.Blocks:
 class _PageActions:
     """The page's own event handlers: first load, language switch, status ticks."""
 
-    def __init__(self, service: Service, bridge: UiBridge, ctx: UiContext, history: HistoryTab) -> None:
-        self.service, self.bridge, self.ctx, self.history = service, bridge, ctx, history
+    def __init__(self, bridge: UiBridge, ctx: UiContext, history: HistoryTab) -> None:
+        self.bridge, self.ctx, self.history = bridge, ctx, history
 
     def principal_or_none(self, request: gr.Request) -> Principal | None:
         try:
@@ -148,12 +144,12 @@ class _PageActions:
         headers = dict(getattr(request, "headers", None) or {})
         chosen = pick_lang(saved, headers.get("accept-language"))
         principal = self.principal_or_none(request)
-        banner_html, status_md, _ = model_status(self.service, chosen)
+        banner_html, status_md, _ = model_status(self.bridge, chosen)
         is_admin = principal is not None and principal.is_admin
         return [
             chosen,
             chosen,
-            user_html(principal, chosen, self.service.access.auth_enabled()),
+            user_html(principal, chosen, self.bridge.auth_enabled()),
             gr.update(visible=True) if is_admin else gr.update(),  # its calls check the role too
             banner_html,
             status_md,
@@ -169,15 +165,15 @@ class _PageActions:
         return [
             chosen,
             chosen,
-            user_html(principal, chosen, self.service.access.auth_enabled()),
-            *model_status(self.service, chosen)[:2],
+            user_html(principal, chosen, self.bridge.auth_enabled()),
+            *model_status(self.bridge, chosen)[:2],
             *self.ctx.tr.updates(chosen),
             *refresh_values(self.ctx, chosen, principal),
             *self.history.refresh(chosen, request),
         ]
 
     def tick(self, chosen: str) -> list[Any]:
-        banner_html, status_md, _ = model_status(self.service, chosen)
+        banner_html, status_md, _ = model_status(self.bridge, chosen)
         return [banner_html, status_md]
 
 
@@ -197,8 +193,6 @@ def mount_ui(app: FastAPI, service: Service, path: str = "/") -> gr.Blocks:
             if not (isinstance(route, APIRoute) and route.path == "/" and "GET" in route.methods)
         ]
     install_login_routes(app, bridge)
-    settings = service.settings
-    data_dir = str(settings.storage.data_dir)
     theme = gr.themes.Soft(
         primary_hue="indigo",
         font=["system-ui", "-apple-system", "PingFang SC", "Microsoft YaHei", "sans-serif"],
@@ -210,8 +204,8 @@ def mount_ui(app: FastAPI, service: Service, path: str = "/") -> gr.Blocks:
         path=mount_path,
         auth_dependency=ui_auth_dependency(bridge),
         allowed_paths=[],
-        blocked_paths=[data_dir, str(settings.storage.output_dir or data_dir)],
-        max_file_size=int(settings.limits.max_upload_mb * 1e6),
+        blocked_paths=bridge.private_folders,
+        max_file_size=bridge.max_upload_bytes,
         show_error=True,
         footer_links=[],
         run_history=False,

@@ -14,10 +14,14 @@ from typing import Any
 
 import gradio as gr
 
-from cosyserve.service.access.principals import Principal
-from cosyserve.service.batch_status import BatchStatus
-from cosyserve.service.logs import new_request_id
-from cosyserve.ui.batch_bridge import SCRIPT_SUFFIXES, SUBTITLE_SUFFIXES, BatchBridge
+from cosyserve.ui.bridge import (
+    SCRIPT_SUFFIXES,
+    SUBTITLE_SUFFIXES,
+    BatchBridge,
+    BatchStatus,
+    Principal,
+    new_request_id,
+)
 from cosyserve.ui.generate import as_gr_error, cache_copy
 from cosyserve.ui.studio import UiContext
 

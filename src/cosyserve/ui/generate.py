@@ -21,14 +21,24 @@ from typing import Any
 import gradio as gr
 
 from cosyserve.errors import Cancelled, CosyServeError, JobTimeout, ModelNotReady, QueueFull
-from cosyserve.frontend.audio import ACCEPTED_AUDIO_LIST
-from cosyserve.service.access.principals import AuthRequired, Forbidden, Principal, RateLimited
-from cosyserve.service.logs import log_failure
-from cosyserve.service.requests import MAX_SEED, SynthesisRequest, TtsOutcome
-from cosyserve.service.scheduling.scheduler import Ticket
-from cosyserve.service.stores.outputs import StoredOutput
-from cosyserve.service.subtitles import manifest_timings, to_srt
-from cosyserve.ui.bridge import DOWNLOAD_FORMATS, UiBridge, UploadRefused
+from cosyserve.ui.bridge import (
+    ACCEPTED_AUDIO_LIST,
+    DOWNLOAD_FORMATS,
+    MAX_SEED,
+    AuthRequired,
+    Forbidden,
+    Principal,
+    RateLimited,
+    StoredOutput,
+    SynthesisRequest,
+    Ticket,
+    TtsOutcome,
+    UiBridge,
+    UploadRefused,
+    log_failure,
+    manifest_timings,
+    to_srt,
+)
 from cosyserve.ui.i18n import text
 from cosyserve.ui.preview import form_preview
 
@@ -286,7 +296,7 @@ def finished(
         info = text("cancel_too_late", lang) + "\n\n" + info
     if outcome.output_id is None:  # storing failed (logged by the service): nothing to show or download
         return None, "", info, gr.update(), "", ""
-    output = bridge.service.outputs.get(outcome.output_id)
+    output = bridge.made_output(outcome.output_id)
     audio = cache_copy(output.path, cache_dir)
     preview = form_preview(bridge, principal, form, lang, output.manifest.get("sentences"))
     return audio, links_html(bridge, output, lang), info, gr.update(), "", preview

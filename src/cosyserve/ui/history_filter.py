@@ -13,8 +13,7 @@ import time
 from dataclasses import dataclass
 from typing import Any
 
-from cosyserve.service.stores.outputs import StoredOutput
-from cosyserve.ui.bridge import DOWNLOAD_FORMATS, MODES, UiBridge
+from cosyserve.ui.bridge import DOWNLOAD_FORMATS, MODES, StoredOutput, UiBridge
 from cosyserve.ui.generate import srt_text
 from cosyserve.ui.i18n import text
 

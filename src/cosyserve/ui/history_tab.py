@@ -17,10 +17,7 @@ from typing import Any
 
 import gradio as gr
 
-from cosyserve.frontend.text.presets import INSTRUCT_PRESETS
-from cosyserve.service.access.principals import Principal
-from cosyserve.service.stores.outputs import StoredOutput
-from cosyserve.ui.bridge import MODES
+from cosyserve.ui.bridge import INSTRUCT_PRESETS, MODES, Principal, StoredOutput
 from cosyserve.ui.generate import as_gr_error, cache_copy
 from cosyserve.ui.history_filter import (
     ANY,

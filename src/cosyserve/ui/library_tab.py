@@ -8,12 +8,8 @@ from typing import Any
 
 import gradio as gr
 
-from cosyserve.service.access.principals import Principal
-from cosyserve.service.logs import new_request_id
-from cosyserve.service.requests import SynthesisRequest
-from cosyserve.service.stores.voices import Voice
 from cosyserve.ui import assets
-from cosyserve.ui.bridge import MODES
+from cosyserve.ui.bridge import MODES, Principal, SynthesisRequest, Voice, new_request_id
 from cosyserve.ui.generate import UiError, as_gr_error, cache_copy
 from cosyserve.ui.i18n import text
 from cosyserve.ui.optional_parts import parts_note
@@ -334,7 +330,7 @@ class _LibraryActions:
             outcome = ticket.result(PREVIEW_TIMEOUT_S)
             if outcome.output_id is None:
                 return None, ""
-            output = bridge.service.outputs.get(outcome.output_id)
+            output = bridge.made_output(outcome.output_id)
             return cache_copy(output.path, cache_dir), ""
         except Exception as exc:
             raise as_gr_error(exc, lang, request_id) from None

@@ -20,10 +20,7 @@ from fastapi import FastAPI, HTTPException, Request
 from fastapi.responses import HTMLResponse, RedirectResponse, Response
 from starlette.concurrency import run_in_threadpool
 
-from cosyserve.service.access.principals import AuthRequired
-from cosyserve.service.access.sessions import AUTH_COOKIES, SESSION_COOKIE
-from cosyserve.service.activity import log_activity
-from cosyserve.ui.bridge import UiBridge
+from cosyserve.ui.bridge import AUTH_COOKIES, SESSION_COOKIE, UiBridge
 from cosyserve.ui.i18n import pick_lang
 
 LOGIN_PATH = "/login"
@@ -100,8 +97,7 @@ def safe_next(target: str | None) -> str:
 
 def login_page(bridge: UiBridge, lang: str, next_path: str, error: bool = False) -> str:
     strings = _TEXT[lang]
-    auth = bridge.service.settings.auth
-    password_fields = _PASSWORD_FIELDS.format(**strings) if auth.ui_login_configured else ""
+    password_fields = _PASSWORD_FIELDS.format(**strings) if bridge.password_login_configured else ""
     key_field = _KEY_FIELD.format(**strings)
     if password_fields:
         key_fields = f"<details><summary>{strings['or_key']}</summary>{key_field}</details>"
@@ -126,14 +122,13 @@ def login_page(bridge: UiBridge, lang: str, next_path: str, error: bool = False)
 
 def install_login_routes(app: FastAPI, bridge: UiBridge) -> None:
     """Add /login and /logout to `app` (call before mounting the UI, so they win over its routes)."""
-    service = bridge.service
 
     def lang_of(request: Request) -> str:
         return pick_lang(request.query_params.get("lang"), request.headers.get("accept-language"))
 
     @app.get(LOGIN_PATH, include_in_schema=False)
     async def show_login(request: Request) -> Response:
-        if not await run_in_threadpool(service.access.auth_enabled):
+        if not await run_in_threadpool(bridge.auth_enabled):
             return RedirectResponse("/", status_code=303)
         next_path = safe_next(request.query_params.get("next"))
         return HTMLResponse(login_page(bridge, lang_of(request), next_path))
@@ -147,25 +142,16 @@ def install_login_routes(app: FastAPI, bridge: UiBridge) -> None:
         next_path = safe_next(str(form.get("next") or "/"))
         secure = request.url.scheme == "https"  # uvicorn applies X-Forwarded-Proto from trusted proxies
         # One login at a time: whatever the outcome, the browser's current session ends here.
-        await run_in_threadpool(service.access.logout, request.cookies.get(SESSION_COOKIE))
+        await run_in_threadpool(bridge.logout, request.cookies.get(SESSION_COOKIE))
         token = None
         if fields["api_key"].strip():
-            try:
-                key, token = await run_in_threadpool(service.access.key_login, fields["api_key"].strip())
-            except AuthRequired:
-                key = None
-            log_activity("login", "ok" if key else "bad_key", who=key.name if key else None, endpoint="ui")
+            token = await run_in_threadpool(bridge.key_login, fields["api_key"].strip())
         elif fields["username"]:
-            try:
-                token = await run_in_threadpool(service.access.login, fields["username"], fields["password"])
-            except AuthRequired:
-                token = None
-            name = fields["username"][:64]
-            log_activity("login", "ok" if token else "bad_password", who=name, endpoint="ui")
+            token = await run_in_threadpool(bridge.password_login, fields["username"], fields["password"])
         if token is not None:
             response: Response = RedirectResponse(next_path, status_code=303)
             clear_auth_cookies(response, keep=SESSION_COOKIE)  # that one is replaced
-            response.set_cookie(**service.access.session_cookie(token, secure=secure))
+            response.set_cookie(**bridge.session_cookie(token, secure=secure))
             return response
         await asyncio.sleep(FAILED_LOGIN_DELAY_S)
         response = HTMLResponse(login_page(bridge, lang_of(request), next_path, error=True), status_code=401)
@@ -174,7 +160,7 @@ def install_login_routes(app: FastAPI, bridge: UiBridge) -> None:
 
     @app.get(LOGOUT_PATH, include_in_schema=False)
     async def logout(request: Request) -> Response:
-        await run_in_threadpool(service.access.logout, request.cookies.get(SESSION_COOKIE))
+        await run_in_threadpool(bridge.logout, request.cookies.get(SESSION_COOKIE))
         response = RedirectResponse(LOGIN_PATH, status_code=303)
         clear_auth_cookies(response)
         return response

@@ -15,25 +15,11 @@ import numpy as np
 import soundfile
 
 from cosyserve.errors import CosyServeError
-from cosyserve.frontend.text.split import split_long_text
-from cosyserve.service.access.principals import Principal
-from cosyserve.service.requests import SynthesisRequest, TtsOutcome
-from cosyserve.ui.bridge import UiBridge
+from cosyserve.ui.bridge import Principal, SynthesisRequest, TtsOutcome, UiBridge
 from cosyserve.ui.generate import Form, Run, Update, as_gr_error, finished
 from cosyserve.ui.i18n import text
 
 JOB_POLL_S = 0.5
-
-
-def sentence_total(bridge: UiBridge, request: SynthesisRequest, form: Form) -> int:
-    """How many sentences the job will speak (its pieces, each split as synthesis splits it)."""
-    total = 0
-    for piece in split_long_text(request.text, bridge.max_text_chars):
-        try:
-            total += len(bridge.describe(None, piece, prompt_text="", instruct=None, voice=None).segments)
-        except CosyServeError:
-            total += 1
-    return max(1, total)
 
 
 def _clock(seconds: float) -> str:
@@ -88,7 +74,7 @@ def run_job(
     started = time.monotonic()
     note = text("long_text_job", lang, count=len(request.text.strip()), limit=bridge.max_text_chars)
     try:
-        total = sentence_total(bridge, request, form)
+        total = bridge.sentence_total(request.text)
         job_id = bridge.submit_job(principal, request, mode=form.mode, request_id=request_id)
     except Exception as exc:
         raise as_gr_error(exc, lang, request_id) from None

@@ -12,7 +12,7 @@ from typing import Any
 
 import gradio as gr
 
-from cosyserve.service.optional_parts import OptionalPart
+from cosyserve.ui.bridge import OptionalPart
 from cosyserve.ui.i18n import Translator, text
 
 

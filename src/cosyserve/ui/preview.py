@@ -1,35 +1,35 @@
 """The text preview ("发音/文本预览"): how the model will read a text, as HTML, before generating and for
 every result: the spoken form with pronunciation tokens and tags highlighted, where it differs from the
 official reading, the instruction actually used, the sentence split (with timings once there is audio),
-the tokens of each LM input, and the warnings."""
+the tokens of each LM input, and the warnings. The service computes it (`service.text_preview`, through
+`UiBridge.text_preview`); this module only renders it."""
 
 from __future__ import annotations
 
 import html
-import re
 from collections.abc import Sequence
 from typing import Any
 
-from cosyserve.frontend.text.tags import PRONUNCIATION_TOKENS
+from cosyserve.errors import CosyServeError
+from cosyserve.ui.bridge import PLAIN, PRONUNCIATION, Span, TextPreview
 from cosyserve.ui.i18n import text
 
-_BRACKETED = re.compile(r"\[[^\[\]\n]+\]|<[^<>\n]+>")
 
-
-def highlight(spoken: str) -> str:
-    """Escaped `spoken` with native pronunciation tokens (`[ch][óng]`) and control tags marked."""
-    out, position = [], 0
-    for match in _BRACKETED.finditer(spoken):
-        out.append(html.escape(spoken[position : match.start()]))
-        token = match.group()
-        kind = "cosy-pron" if token in PRONUNCIATION_TOKENS else "cosy-tag"
-        out.append(f'<mark class="{kind}">{html.escape(token)}</mark>')
-        position = match.end()
-    out.append(html.escape(spoken[position:]))
+def highlight(spans: Sequence[Span]) -> str:
+    """The spoken text escaped, with native pronunciation tokens (`[ch][óng]`) and control tags marked."""
+    out = []
+    for span in spans:
+        if span.kind == PLAIN:
+            out.append(html.escape(span.text))
+        else:
+            kind = "cosy-pron" if span.kind == PRONUNCIATION else "cosy-tag"
+            out.append(f'<mark class="{kind}">{html.escape(span.text)}</mark>')
     return "".join(out)
 
 
-def _sentence_rows(segments: Sequence[str], timings: Sequence[dict[str, Any]] | None, lang: str) -> str:
+def _sentence_rows(
+    segments: Sequence[Sequence[Span]], timings: Sequence[dict[str, Any]] | None, lang: str
+) -> str:
     rows = []
     for index, segment in enumerate(segments):
         timing = timings[index] if timings is not None and index < len(timings) else None
@@ -38,8 +38,8 @@ def _sentence_rows(segments: Sequence[str], timings: Sequence[dict[str, Any]] | 
     return f"<ol class='cosy-sentences'>{''.join(rows)}</ol>"
 
 
-def preview_html(description: Any, lang: str, timings: Sequence[dict[str, Any]] | None = None) -> str:
-    """The preview of a `TextDescription`; `timings` (the manifest's sentences) once there is audio."""
+def preview_html(description: TextPreview, lang: str, timings: Sequence[dict[str, Any]] | None = None) -> str:
+    """The preview the service made; `timings` (the manifest's sentences) once there is audio."""
     parts = [f"<div class='cosy-preview' data-mode='{html.escape(description.mode)}'>"]
     spoken = highlight(description.spoken)
     parts.append(f"<p><b>{text('pv_spoken', lang)}</b> <span class='cosy-spoken'>{spoken}</span></p>")
@@ -57,8 +57,8 @@ def preview_html(description: Any, lang: str, timings: Sequence[dict[str, Any]] 
     parts.append(f"<p><b>{text('pv_sentences', lang, count=len(description.segments))}</b></p>")
     parts.append(_sentence_rows(description.segments, timings, lang))
     tokens = "".join(
-        f"<li><code>{' | '.join(html.escape(piece) for piece in lm.pieces)}</code></li>"
-        for lm in description.lm_inputs
+        f"<li><code>{' | '.join(html.escape(piece) for piece in pieces)}</code></li>"
+        for pieces in description.lm_pieces
     )
     summary = f"<summary>{text('pv_tokens', lang)}</summary>"
     parts.append(f"<details>{summary}<ol class='cosy-tokens'>{tokens}</ol></details>")
@@ -78,24 +78,18 @@ def form_preview(
 ) -> str:
     """The preview for what a mode tab holds (its saved voice, transcript and instruction), or the reason
     there is none (an empty text, a bad pronunciation, no model yet) in its place."""
-    from cosyserve.errors import CosyServeError
-
     words = (form.text or "").strip()
     if not words:
         return ""
-    transcript = None if form.voice else ((form.transcript or "").strip() or None)
-    if form.mode == "cross_lingual":
-        transcript = ""
-    instruct = (
-        ((form.instruct or "").strip() or (form.preset or "").strip() or None)
-        if form.mode == "instruct"
-        else ""
-    )
-    if form.mode == "zero_shot" and not form.voice and transcript is None:
-        transcript = "…"  # the transcript is still missing: preview as zero-shot anyway
     try:
-        description = bridge.describe(
-            principal, words, prompt_text=transcript, instruct=instruct or None, voice=form.voice or None
+        description = bridge.text_preview(
+            principal,
+            words,
+            mode=form.mode,
+            voice=form.voice or None,
+            transcript=form.transcript,
+            instruct=form.instruct,
+            preset=form.preset,
         )
     except CosyServeError as exc:
         return preview_error_html(str(exc))

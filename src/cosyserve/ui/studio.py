@@ -16,9 +16,8 @@ from typing import Any
 import gradio as gr
 
 from cosyserve.errors import InputError
-from cosyserve.service.access.principals import Principal
 from cosyserve.ui import assets
-from cosyserve.ui.bridge import UiBridge
+from cosyserve.ui.bridge import Principal, UiBridge
 from cosyserve.ui.generate import TicketRegistry, error_message
 from cosyserve.ui.i18n import Translator, text
 from cosyserve.ui.optional_parts import parts_note

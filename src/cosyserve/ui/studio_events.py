@@ -8,9 +8,8 @@ from typing import Any
 
 import gradio as gr
 
-from cosyserve.frontend.text.prompts import resolve_instruction
-from cosyserve.service.access.principals import Principal
 from cosyserve.ui import assets
+from cosyserve.ui.bridge import Principal, resolve_instruction
 from cosyserve.ui.generate import Form, as_gr_error
 from cosyserve.ui.i18n import text
 from cosyserve.ui.preview import form_preview

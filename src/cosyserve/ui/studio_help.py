@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from cosyserve.frontend.text.presets import INSTRUCT_PRESETS
+from cosyserve.ui.bridge import INSTRUCT_PRESETS
 from cosyserve.ui.i18n import text
 
 HELP = {

@@ -13,11 +13,7 @@ from typing import Any
 import gradio as gr
 
 from cosyserve.errors import Cancelled
-from cosyserve.service.backend import AudioStream
-from cosyserve.service.logs import new_request_id
-from cosyserve.service.requests import TtsOutcome
-from cosyserve.service.scheduling.scheduler import Ticket
-from cosyserve.ui.bridge import UiBridge
+from cosyserve.ui.bridge import AudioStream, Ticket, TtsOutcome, UiBridge, new_request_id
 from cosyserve.ui.generate import (
     POLL_S,
     STREAM_ITEM_TIMEOUT_S,

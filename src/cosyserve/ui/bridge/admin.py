@@ -18,8 +18,8 @@ from cosyserve.service.logs import recent_logs
 from cosyserve.service.stores.voices import Voice
 
 
-class AdminBridge:
-    """The admin panel's part of the UI bridge (`UiBridge` adds the rest)."""
+class AdminPart:
+    """The UI bridge's part for the admin panel."""
 
     service: Service
 

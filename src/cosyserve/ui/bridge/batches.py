@@ -18,7 +18,7 @@ from cosyserve.service.requests import OutputSpec
 from cosyserve.service.stores.batches import BatchItem
 from cosyserve.service.stores.jobs import JobNotFound, JobRecord
 from cosyserve.service.stores.outputs import StoredOutput
-from cosyserve.ui.bridge import UiBridge
+from cosyserve.ui.bridge.facade import UiBridge
 
 SCRIPT_SUFFIXES = (".csv", ".txt", ".jsonl", ".json")
 SUBTITLE_SUFFIXES = (".srt", ".vtt")

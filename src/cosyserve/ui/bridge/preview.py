@@ -1,0 +1,42 @@
+"""The text preview for the UI: computed by `service.text_preview`, rendered by `ui/preview.py`."""
+
+from __future__ import annotations
+
+from cosyserve.service import text_preview
+from cosyserve.service.access.principals import Principal
+from cosyserve.service.assembly import Service
+from cosyserve.service.text_preview import TextPreview
+
+
+class PreviewPart:
+    """The UI bridge's part that says how a text will be read."""
+
+    service: Service
+
+    def text_preview(
+        self,
+        principal: Principal | None,
+        text: str,
+        *,
+        mode: str,
+        voice: str | None = None,
+        transcript: str | None = None,
+        instruct: str | None = None,
+        preset: str | None = None,
+    ) -> TextPreview:
+        """How the model will read `text` from a synthesis tab in `mode` with these fields; InputError when
+        the model is not loaded yet or synthesis would refuse the text too."""
+        return text_preview.text_preview(
+            self.service,
+            principal,
+            text,
+            mode=mode,
+            voice=voice,
+            transcript=transcript,
+            instruct=instruct,
+            preset=preset,
+        )
+
+    def sentence_total(self, text: str) -> int:
+        """How many sentences a long-text job for `text` will speak (for its progress bar)."""
+        return text_preview.sentence_total(self.service, text)

@@ -1,0 +1,112 @@
+"""The text preview, computed by the service (`service.text_preview`) and only rendered by the UI
+(`ui/preview.py`): the spoken text cut into plain words, pronunciation tokens and tags, the fields of each
+synthesis tab turned into the reading's inputs, saved voices, and the sentence count of a long text."""
+
+from __future__ import annotations
+
+from pathlib import Path
+from types import SimpleNamespace
+
+import pytest
+
+from cosyserve.errors import InputError
+from cosyserve.frontend.tokenizer import TextTokenizer
+from cosyserve.service.access.principals import AuthRequired
+from cosyserve.service.text_preview import (
+    PLAIN,
+    PRONUNCIATION,
+    TAG,
+    Span,
+    reading_inputs,
+    sentence_total,
+    spans,
+    text_preview,
+)
+from cosyserve.ui.preview import form_preview, highlight, preview_html
+
+
+@pytest.fixture(scope="module")
+def service(tiny_dir: Path) -> SimpleNamespace:
+    """What the preview reads of a `Service`: the loaded model's tokenizer, the voices, the text limit."""
+    tokenizer = TextTokenizer.from_dir(tiny_dir / "model" / "CosyVoice-BlankEN")
+    saved = SimpleNamespace(
+        transcript="希望你以后能够做的比我还好呦。", defaults=SimpleNamespace(instruct=None), lexicon={}
+    )
+    return SimpleNamespace(
+        model=SimpleNamespace(loaded=SimpleNamespace(tokenizer=tokenizer)),
+        voices=SimpleNamespace(get=lambda id_or_name, may_use: saved),
+        settings=SimpleNamespace(limits=SimpleNamespace(max_text_chars=20)),
+    )
+
+
+def test_spans_tell_pronunciations_from_tags_and_render_escaped() -> None:
+    cut = spans("去[ch][óng]<b>&[breath]")
+    assert cut == (
+        Span("去", PLAIN),
+        Span("[ch]", PRONUNCIATION),
+        Span("[óng]", PRONUNCIATION),
+        Span("<b>", TAG),
+        Span("&", PLAIN),
+        Span("[breath]", TAG),
+    )
+    assert highlight(cut) == (
+        '去<mark class="cosy-pron">[ch]</mark><mark class="cosy-pron">[óng]</mark>'
+        '<mark class="cosy-tag">&lt;b&gt;</mark>&amp;<mark class="cosy-tag">[breath]</mark>'
+    )
+    assert spans("") == ()
+
+
+@pytest.mark.parametrize(
+    ("mode", "fields", "expected"),
+    [
+        ("zero_shot", {"transcript": " 你好。 "}, ("你好。", None)),
+        ("zero_shot", {"transcript": ""}, ("…", None)),  # transcript still missing: zero-shot anyway
+        ("zero_shot", {"voice": "v1", "transcript": "ignored"}, (None, None)),  # the voice's own
+        ("cross_lingual", {"transcript": "你好。", "instruct": "ignored"}, ("", None)),
+        ("instruct", {"instruct": " 说慢一点 ", "preset": "用开心的语气"}, (None, "说慢一点")),
+        ("instruct", {"instruct": "", "preset": "用开心的语气"}, (None, "用开心的语气")),
+    ],
+)
+def test_reading_inputs_follow_each_tab(mode, fields, expected) -> None:
+    values = {"voice": None, "transcript": None, "instruct": None, "preset": None, **fields}
+    assert reading_inputs(mode, **values) == expected
+
+
+def test_the_preview_shows_the_spoken_form_and_renders_as_html(service) -> None:
+    preview = text_preview(
+        service, None, "我花了12.5元去[重庆][chóng qìng]买iPhone。", mode="zero_shot", transcript="你好。"
+    )
+    assert preview.mode == "zero_shot"
+    assert "十二点五元" in "".join(span.text for span in preview.spoken)
+    assert any(span.kind == PRONUNCIATION for span in preview.spoken)
+    assert len(preview.lm_pieces) == len(preview.segments) >= 1
+    html = preview_html(preview, "en")
+    assert "十二点五元" in html and '<mark class="cosy-pron">[ch]</mark>' in html
+
+
+def test_a_saved_voice_needs_a_principal_and_lends_its_transcript(service) -> None:
+    with pytest.raises(AuthRequired):
+        text_preview(service, None, "你好。", mode="zero_shot", voice="v1")
+    principal = SimpleNamespace(voices=None)
+    assert text_preview(service, principal, "你好。", mode="zero_shot", voice="v1").mode == "zero_shot"
+
+
+def test_no_model_is_a_clear_input_error_and_the_ui_shows_it(service) -> None:
+    idle = SimpleNamespace(model=None)
+    with pytest.raises(InputError, match="needs the model loaded"):
+        text_preview(idle, None, "你好。", mode="cross_lingual")
+    bridge = SimpleNamespace(
+        text_preview=lambda principal, words, **fields: text_preview(idle, principal, words, **fields)
+    )
+    form = SimpleNamespace(
+        text="你好。", mode="cross_lingual", voice=None, transcript=None, instruct=None, preset=None
+    )
+    assert "needs the model loaded" in form_preview(bridge, None, form, "en")
+    assert form_preview(bridge, None, SimpleNamespace(text="  ", mode="zero_shot"), "en") == ""
+
+
+def test_a_long_text_counts_the_sentences_of_every_piece(service) -> None:
+    text = "第一句话。第二句话。第三句话。第四句话。第五句话。第六句话。"
+    pieces = 2  # 20 characters at most each
+    assert sentence_total(service, text) >= pieces
+    assert sentence_total(SimpleNamespace(model=None, settings=service.settings), text) == pieces  # one each
