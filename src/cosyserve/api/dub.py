@@ -25,7 +25,7 @@ from cosyserve.api.schemas import ERRORS
 from cosyserve.api.tts import upload_limit
 from cosyserve.errors import InputError, JobStateError
 from cosyserve.frontend.subtitles import parse_subtitles
-from cosyserve.service.batch_input import cue_items
+from cosyserve.service.batches.inputs import cue_items
 
 router = APIRouter(prefix="/v1/dub", tags=["dubbing"])
 SHARED = ("voice", "instruct", "seed", "speed", "volume", "format", "prompt_text", "max_speed")

@@ -15,7 +15,7 @@ from typing import Any
 import gradio as gr
 
 from cosyserve.service.access.principals import Principal
-from cosyserve.service.batch_status import BatchStatus
+from cosyserve.service.batches.status import BatchStatus
 from cosyserve.service.logs import new_request_id
 from cosyserve.ui.batch_bridge import SCRIPT_SUFFIXES, SUBTITLE_SUFFIXES, BatchBridge
 from cosyserve.ui.generate import as_gr_error, cache_copy

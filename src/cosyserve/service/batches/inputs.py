@@ -22,7 +22,7 @@ from cosyserve.errors import InputError
 from cosyserve.frontend.subtitles import Cue
 from cosyserve.frontend.text.split import has_content, require_visible_text
 from cosyserve.service.audio_formats import FORMATS
-from cosyserve.service.dub_plan import charge_shares, check_track_length
+from cosyserve.service.batches.dub_plan import charge_shares, check_track_length
 from cosyserve.service.requests import MAX_SEED
 
 ITEM_FIELDS = ("text", "voice", "instruct", "seed", "speed", "volume", "format", "name")
