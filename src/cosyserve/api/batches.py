@@ -17,9 +17,8 @@ from starlette.concurrency import run_in_threadpool
 from cosyserve.api.batch_inputs import Submission, read_submission
 from cosyserve.api.batch_schemas import BatchList, BatchParams, BatchView, upload_body_doc
 from cosyserve.api.batch_views import BATCH_KINDS, batch_view, own_batch
-from cosyserve.api.deps import CurrentPrincipal, current_principal, get_service, output_spec
+from cosyserve.api.deps import CurrentPrincipal, current_principal, get_service, output_spec, upload_limit
 from cosyserve.api.schemas import ERRORS
-from cosyserve.api.tts import upload_limit
 from cosyserve.errors import InputError, JobStateError
 from cosyserve.service.access.principals import Forbidden, Principal
 from cosyserve.service.assembly import Service

@@ -20,9 +20,8 @@ from cosyserve.api.batch_inputs import read_submission
 from cosyserve.api.batch_schemas import BatchView, DubParams, upload_body_doc
 from cosyserve.api.batch_views import batch_view, own_batch, track_url
 from cosyserve.api.batches import batch_report, batch_rules
-from cosyserve.api.deps import CurrentPrincipal, get_service, output_spec
+from cosyserve.api.deps import CurrentPrincipal, get_service, output_spec, upload_limit
 from cosyserve.api.schemas import ERRORS
-from cosyserve.api.tts import upload_limit
 from cosyserve.errors import InputError, JobStateError
 from cosyserve.frontend.subtitles import parse_subtitles
 from cosyserve.service.batches.inputs import cue_items

@@ -32,6 +32,7 @@ from cosyserve.commands.batch_files import (
 from cosyserve.commands.cli_labels import cli_labeller, label_bytes
 from cosyserve.errors import CosyServeError, InputError
 from cosyserve.exit_codes import ExitCode
+from cosyserve.limits import DEFAULT_DUB_MAX_SPEED, DEFAULT_MAX_TEXT_CHARS, SPEED_RANGE_TEXT
 from cosyserve.service.audio_formats import EXTENSIONS, encode
 from cosyserve.service.labels.labeller import Labeller
 
@@ -341,14 +342,16 @@ def _common(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--prompt-text", help="its transcript (zero-shot clone); omit for cross-lingual")
     parser.add_argument("--instruct", help="an instruction for every line, e.g. 请用四川话表达")
     parser.add_argument("--seed", type=int, default=None, help="one seed for every line (default: one each)")
-    parser.add_argument("--speed", type=float, default=None, help="0.5 to 2.0 (default 1.0)")
+    parser.add_argument("--speed", type=float, default=None, help=f"{SPEED_RANGE_TEXT} (default 1.0)")
     parser.add_argument("--volume", type=float, default=None)
     parser.add_argument("--resume", action="store_true", help="go on where an interrupted run stopped")
     parser.add_argument("--server", help="run on a cosyserve server (http://host:port) instead of here")
     parser.add_argument("--api-key", default=os.environ.get("COSYSERVE_API_KEY"), help="the server's API key")
     parser.add_argument("--max-items", type=int, default=100_000, help="refuse files with more items")
     parser.add_argument(
-        "--max-chars", type=int, default=int(os.environ.get("COSYSERVE_MAX_TEXT_CHARS", "200"))
+        "--max-chars",
+        type=int,
+        default=int(os.environ.get("COSYSERVE_MAX_TEXT_CHARS", DEFAULT_MAX_TEXT_CHARS)),
     )
     parser.add_argument("--quiet", action="store_true", help="no progress bar")
     add_model_arguments(parser)
@@ -369,7 +372,12 @@ def add_parsers(sub: argparse._SubParsersAction) -> None:
     dub.add_argument("subtitles", help="an .srt or .vtt file")
     dub.add_argument("--out", required=True, help="the track: .wav, .flac or .mp3")
     dub.add_argument("--report", help="per-cue report (.csv or .json; default <out>.report.csv)")
-    dub.add_argument("--max-speed", type=float, default=1.25, help="speed a cue up at most this much to fit")
+    dub.add_argument(
+        "--max-speed",
+        type=float,
+        default=DEFAULT_DUB_MAX_SPEED,
+        help="speed a cue up at most this much to fit",
+    )
     dub.add_argument(
         "--max-dub-track-s",
         type=float,

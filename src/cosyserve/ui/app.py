@@ -23,6 +23,7 @@ import gradio as gr
 from fastapi import FastAPI
 from fastapi.routing import APIRoute
 
+from cosyserve.limits import upload_bytes
 from cosyserve.service.access.principals import Principal
 from cosyserve.service.assembly import Service
 from cosyserve.ui import assets
@@ -211,7 +212,7 @@ def mount_ui(app: FastAPI, service: Service, path: str = "/") -> gr.Blocks:
         auth_dependency=ui_auth_dependency(bridge),
         allowed_paths=[],
         blocked_paths=[data_dir, str(settings.storage.output_dir or data_dir)],
-        max_file_size=int(settings.limits.max_upload_mb * 1e6),
+        max_file_size=upload_bytes(settings.limits.max_upload_mb),
         show_error=True,
         footer_links=[],
         run_history=False,

@@ -14,10 +14,11 @@ from typing import Any
 
 import gradio as gr
 
+from cosyserve.limits import SCRIPT_SUFFIXES, SUBTITLE_SUFFIXES
 from cosyserve.service.access.principals import Principal
 from cosyserve.service.batches.status import BatchStatus
 from cosyserve.service.logs import new_request_id
-from cosyserve.ui.batch_bridge import SCRIPT_SUFFIXES, SUBTITLE_SUFFIXES, BatchBridge
+from cosyserve.ui.batch_bridge import BatchBridge
 from cosyserve.ui.generate import as_gr_error, cache_copy
 from cosyserve.ui.studio import UiContext
 

@@ -19,10 +19,11 @@ from typing import Any
 import soundfile
 
 from cosyserve.errors import CosyServeError, InputError
-from cosyserve.frontend.audio import ACCEPTED_AUDIO_SUFFIXES, decode_audio
+from cosyserve.frontend.audio import decode_audio
 from cosyserve.frontend.denoise import denoise
 from cosyserve.frontend.prompt_check import PromptReport, load_prompt
 from cosyserve.frontend.text.describe import describe_text
+from cosyserve.limits import AUDIO_SUFFIXES
 from cosyserve.service.access import voice_rules
 from cosyserve.service.access.principals import AuthRequired, Principal
 from cosyserve.service.access.sessions import SESSION_COOKIE
@@ -38,7 +39,6 @@ from cosyserve.service.stores.voices import Voice
 from cosyserve.service.transcription import transcribe
 from cosyserve.ui.admin_bridge import AdminBridge
 
-AUDIO_SUFFIXES = frozenset(ACCEPTED_AUDIO_SUFFIXES)  # what the decoder reads: the API's list too
 DOWNLOAD_FORMATS = ("wav", "mp3", "flac", "opus")
 MODES = ("zero_shot", "cross_lingual", "instruct")
 

@@ -21,7 +21,7 @@ from typing import Any
 import gradio as gr
 
 from cosyserve.errors import Cancelled, CosyServeError, JobTimeout, ModelNotReady, QueueFull
-from cosyserve.frontend.audio import ACCEPTED_AUDIO_LIST
+from cosyserve.limits import AUDIO_SUFFIX_LIST
 from cosyserve.service.access.principals import AuthRequired, Forbidden, Principal, RateLimited
 from cosyserve.service.logs import log_failure
 from cosyserve.service.requests import MAX_SEED, SynthesisRequest, TtsOutcome
@@ -51,7 +51,7 @@ def error_message(exc: BaseException, lang: str, request_id: str | None = None) 
     if isinstance(exc, UploadRefused):
         p = exc.problem
         if p.kind == "type":
-            return text("err_bad_file", lang, suffix=p.suffix, formats=ACCEPTED_AUDIO_LIST)
+            return text("err_bad_file", lang, suffix=p.suffix, formats=AUDIO_SUFFIX_LIST)
         return text("err_big_file", lang, size=p.size_mb, limit=p.limit_mb)
     if isinstance(exc, QueueFull):
         return text("err_queue_full", lang, seconds=exc.retry_after_s)

@@ -29,6 +29,7 @@ import numpy as np
 import soundfile as sf
 
 from cosyserve.errors import Cancelled, CosyServeError, ModelNotReady, StorageError, error_code
+from cosyserve.limits import DEFAULT_DUB_MAX_SPEED
 from cosyserve.service.access.key_watch import KeyChanged, KeyRevoked
 from cosyserve.service.batches.dub_plan import CueSlot, track_seconds_of_items
 from cosyserve.service.batches.dub_track import write_track
@@ -232,7 +233,7 @@ class BatchRunner:
         with self.host.synthesizer(ctx.cancel) as synth:
             pinned = pins.pin(request.voice, synth.voice_features)  # VoiceUnavailable: this item fails
             if plan.kind == "dub":
-                max_speed = float(plan.shared.get("max_speed") or 1.25)
+                max_speed = float(plan.shared.get("max_speed") or DEFAULT_DUB_MAX_SPEED)
                 slot = CueSlot.of(item.params).slot_s
                 cue = self.run_engine(
                     lambda: synthesize_cue(synth, request, slot, max_speed, cancel, plan.voices, pinned)
