@@ -208,9 +208,6 @@ class UiBridge(AdminBridge):
         soundfile.write(target, cleaned, audio.sample_rate)
         return str(target)
 
-    def queue_wait_estimate(self, ticket: Ticket) -> float:
-        return ticket.estimated_wait_s()
-
     def mean_duration_s(self) -> float | None:
         return self.service.scheduler.stats().get("mean_duration_s")
 
