@@ -32,7 +32,7 @@ from cosyserve.commands.batch_files import (
 from cosyserve.commands.cli_labels import cli_labeller, label_bytes
 from cosyserve.errors import CosyServeError, InputError
 from cosyserve.exit_codes import ExitCode
-from cosyserve.limits import DEFAULT_DUB_MAX_SPEED, DEFAULT_MAX_TEXT_CHARS, SPEED_RANGE_TEXT
+from cosyserve.limits import DEFAULT_DUB_MAX_SPEED, SPEED_RANGE_TEXT
 from cosyserve.service.audio_formats import EXTENSIONS, encode
 from cosyserve.service.labels.labeller import Labeller
 
@@ -335,7 +335,7 @@ def _record(position: int, item: Any, note: dict[str, Any]) -> Any:
 
 
 def _common(parser: argparse.ArgumentParser) -> None:
-    from cosyserve.commands.synthesize import add_model_arguments
+    from cosyserve.commands.synthesize import add_model_arguments, add_text_limit_argument
 
     parser.add_argument("--voice", help="a saved voice (see `cosyserve voices`)")
     parser.add_argument("--prompt-wav", help="instead of --voice: a 3-30 s recording of the voice")
@@ -348,11 +348,7 @@ def _common(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--server", help="run on a cosyserve server (http://host:port) instead of here")
     parser.add_argument("--api-key", default=os.environ.get("COSYSERVE_API_KEY"), help="the server's API key")
     parser.add_argument("--max-items", type=int, default=100_000, help="refuse files with more items")
-    parser.add_argument(
-        "--max-chars",
-        type=int,
-        default=int(os.environ.get("COSYSERVE_MAX_TEXT_CHARS", DEFAULT_MAX_TEXT_CHARS)),
-    )
+    add_text_limit_argument(parser)
     parser.add_argument("--quiet", action="store_true", help="no progress bar")
     add_model_arguments(parser)
 

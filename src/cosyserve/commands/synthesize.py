@@ -25,6 +25,15 @@ def default_data_dir() -> Path:
     return base / "cosyserve"
 
 
+def add_text_limit_argument(parser: argparse.ArgumentParser) -> None:
+    """--max-chars: the longest text one synthesis carries (as the server's `max_text_chars`)."""
+    parser.add_argument(
+        "--max-chars",
+        type=int,
+        default=int(os.environ.get("COSYSERVE_MAX_TEXT_CHARS", DEFAULT_MAX_TEXT_CHARS)),
+    )
+
+
 def add_model_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument(
         "--model",
@@ -259,11 +268,7 @@ def add_parsers(sub: argparse._SubParsersAction) -> None:
         help="flow without classifier-free guidance: faster, changes the audio",
     )
     synth.add_argument("--no-cuda-graph", action="store_true", help="on a GPU: decode without CUDA graphs")
-    synth.add_argument(
-        "--max-chars",
-        type=int,
-        default=int(os.environ.get("COSYSERVE_MAX_TEXT_CHARS", DEFAULT_MAX_TEXT_CHARS)),
-    )
+    add_text_limit_argument(synth)
     synth.add_argument("--out", required=True, help="output file (.wav, .flac or .ogg)")
     synth.add_argument("--srt", help="also write sentence timestamps as SRT")
     synth.add_argument("--vtt", help="also write sentence timestamps as WebVTT")
