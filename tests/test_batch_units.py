@@ -8,10 +8,10 @@ import soundfile as sf
 
 from cosyserve.errors import InputError
 from cosyserve.frontend.subtitles import parse_subtitles
-from cosyserve.service.batch_input import BatchRules, cue_items, items_from, kind_of, read_items
-from cosyserve.service.dub_plan import CueSlot, planned_track_seconds
-from cosyserve.service.dub_timeline import audible_span, fit_speed, place
-from cosyserve.service.dub_track import write_track
+from cosyserve.service.batches.dub_plan import CueSlot, planned_track_seconds
+from cosyserve.service.batches.dub_timeline import audible_span, fit_speed, place
+from cosyserve.service.batches.dub_track import write_track
+from cosyserve.service.batches.inputs import BatchRules, cue_items, items_from, kind_of, read_items
 
 RATE = 24000
 RULES = BatchRules(max_items=5, max_text_chars=20, shared={"voice": "alice", "seed": 3})

@@ -12,7 +12,7 @@ import numpy as np
 import pytest
 import soundfile as sf
 
-import cosyserve.service.batch_archive as batch_archive
+import cosyserve.service.batches.archive as batch_archive
 from cosyserve.service.audio_formats import TRANSCODE_BLOCK, encode, transcode_file
 from cosyserve.service.stores.output_files import temp_output_path
 from cosyserve.service.stores.outputs import OutputStore

@@ -31,7 +31,7 @@ import numpy as np
 
 from cosyserve.frontend.subtitles import parse_subtitles
 from cosyserve.service.audio_formats import encode
-from cosyserve.service.batch_input import BatchRules, cue_items
+from cosyserve.service.batches.inputs import BatchRules, cue_items
 from cosyserve.service.local.batches import BatchPlan, BatchRunner
 from cosyserve.service.requests import EVERY_VOICE, OutputSpec
 from cosyserve.service.stores.batches import BatchStore

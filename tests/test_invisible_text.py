@@ -14,7 +14,7 @@ from cosyserve.frontend.text import prepare_texts
 from cosyserve.frontend.text.split import has_content, require_visible_text
 from cosyserve.frontend.tokenizer import TextTokenizer
 from cosyserve.service.backend import job_pieces
-from cosyserve.service.batch_input import BatchRules, items_from
+from cosyserve.service.batches.inputs import BatchRules, items_from
 from cosyserve.service.requests import SynthesisRequest
 
 INVISIBLE = [

@@ -17,7 +17,7 @@ from tests.test_api_jobs import wait_job
 
 from cosyserve.errors import Cancelled
 from cosyserve.service.backend import spec_record
-from cosyserve.service.batch_input import BatchRules, items_from
+from cosyserve.service.batches.inputs import BatchRules, items_from
 from cosyserve.service.requests import OutputSpec
 
 ITEMS = ["一。", "二。", "三。"]

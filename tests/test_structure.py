@@ -29,8 +29,9 @@ LAYERS: dict[str, frozenset[str]] = {
     "cli": frozenset({"commands", "bench", "parity", "modeldir", "exit_codes"}),
     "exit_codes": frozenset(),
     "errors": frozenset(),
+    "limits": frozenset(),
 }
-OPEN_TO_ALL = frozenset({PACKAGE, "errors"})  # the package root (its version) and the error types
+OPEN_TO_ALL = frozenset({PACKAGE, "errors", "limits"})  # the package root, the error types, the input limits
 # Inside ui/ only the bridge reaches the service and the frontend; the pages import the bridge, and the
 # bridge imports no page.
 UI_BRIDGE = f"{PACKAGE}.ui.bridge"

@@ -1,4 +1,4 @@
-"""One list of accepted upload formats (`frontend.audio.ACCEPTED_AUDIO_SUFFIXES`): every suffix on it
+"""One list of accepted upload formats (`cosyserve.limits.AUDIO_SUFFIXES`): every suffix on it
 decodes, and the API and the web UI refuse the same others (M4A, AAC, WebM) by name, listing it."""
 
 from __future__ import annotations
@@ -12,7 +12,8 @@ import pytest
 import soundfile
 from tests.test_audio import speech_like
 
-from cosyserve.frontend.audio import ACCEPTED_AUDIO_LIST, ACCEPTED_AUDIO_SUFFIXES, decode_audio
+from cosyserve.frontend.audio import decode_audio
+from cosyserve.limits import AUDIO_SUFFIX_LIST, AUDIO_SUFFIXES
 from cosyserve.ui.bridge import UiBridge, UploadRefused
 from cosyserve.ui.generate import error_message
 
@@ -36,11 +37,11 @@ REFUSED = (".m4a", ".aac", ".webm", ".mp4", ".wma")
 
 
 def test_every_accepted_suffix_is_tested() -> None:
-    assert set(WRITERS) == set(ACCEPTED_AUDIO_SUFFIXES)
-    assert not set(REFUSED) & set(ACCEPTED_AUDIO_SUFFIXES)
+    assert set(WRITERS) == set(AUDIO_SUFFIXES)
+    assert not set(REFUSED) & set(AUDIO_SUFFIXES)
 
 
-@pytest.mark.parametrize("suffix", ACCEPTED_AUDIO_SUFFIXES)
+@pytest.mark.parametrize("suffix", AUDIO_SUFFIXES)
 def test_every_accepted_suffix_decodes(tmp_path: Path, suffix: str) -> None:
     fmt, subtype, rate = WRITERS[suffix]
     path = tmp_path / f"prompt{suffix}"
@@ -66,8 +67,8 @@ def test_the_ui_takes_the_list_and_names_it_when_it_refuses(tmp_path: Path) -> N
         with pytest.raises(UploadRefused) as refused:
             bridge.read_upload(path)
         message = error_message(refused.value, "en")
-        assert suffix in message and ACCEPTED_AUDIO_LIST in message
-        assert ACCEPTED_AUDIO_LIST in error_message(refused.value, "zh")
+        assert suffix in message and AUDIO_SUFFIX_LIST in message
+        assert AUDIO_SUFFIX_LIST in error_message(refused.value, "zh")
 
 
 def test_the_api_refuses_the_same_by_name(start_api_server, prompt_wav_bytes) -> None:
@@ -78,7 +79,7 @@ def test_the_api_refuses_the_same_by_name(start_api_server, prompt_wav_bytes) ->
                 files = {"audio": (f"prompt{suffix}", prompt_wav_bytes, "audio/mp4")}
                 response = client.post("/v1/voices", data={"name": "bob"}, files=files)
                 assert response.status_code == 415, response.text
-                assert ACCEPTED_AUDIO_LIST in response.json()["error"]["message"]
+                assert AUDIO_SUFFIX_LIST in response.json()["error"]["message"]
             opus = io.BytesIO()
             samples, rate = soundfile.read(io.BytesIO(prompt_wav_bytes), dtype="float32")
             soundfile.write(opus, np.asarray(samples), rate, format="OGG", subtype="OPUS")

@@ -21,6 +21,7 @@ from cosyserve.api.body_budget import BodyBudget
 from cosyserve.api.cors import CorsPolicy
 from cosyserve.api.errors import install_error_handlers
 from cosyserve.api.middleware import ApiMiddleware
+from cosyserve.limits import upload_bytes
 from cosyserve.service.assembly import Service
 
 DOCS_ASSETS_URL = "/docs-assets"
@@ -83,7 +84,7 @@ def create_app(service: Service, *, manage_service: bool = True) -> FastAPI:
     app.add_middleware(  # outermost
         ApiMiddleware,
         metrics=service.metrics,
-        upload_limit_bytes=int(limits.max_upload_mb * 1e6),
+        upload_limit_bytes=upload_bytes(limits.max_upload_mb),
         body_budget=BodyBudget(int(limits.max_receiving_mb * 1e6)),
     )
 

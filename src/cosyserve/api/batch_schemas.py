@@ -7,6 +7,14 @@ from typing import Any, Literal
 from pydantic import BaseModel, ConfigDict, Field
 
 from cosyserve.api.schemas import AudioFormat, JobError, JobPartial
+from cosyserve.limits import (
+    DEFAULT_DUB_MAX_SPEED,
+    MAX_SPEED,
+    MAX_VOLUME,
+    MIN_DUB_MAX_SPEED,
+    MIN_SPEED,
+    MIN_VOLUME,
+)
 from cosyserve.service.requests import MAX_SEED
 
 TrackFormat = Literal["wav", "flac", "mp3"]
@@ -22,8 +30,8 @@ class _Shared(BaseModel):
     prompt_text: str | None = Field(None, max_length=500, description="transcript of prompt_wav")
     instruct: str | None = Field(None, max_length=500, description="an instruction for every item")
     seed: int | None = Field(None, ge=0, le=MAX_SEED)
-    speed: float | None = Field(None, ge=0.5, le=2.0)
-    volume: float | None = Field(None, ge=0.0, le=4.0)
+    speed: float | None = Field(None, ge=MIN_SPEED, le=MAX_SPEED)
+    volume: float | None = Field(None, ge=MIN_VOLUME, le=MAX_VOLUME)
 
 
 class BatchParams(_Shared):
@@ -66,7 +74,10 @@ class DubParams(_Shared):
 
     format: TrackFormat = Field("wav", description="the track's format")
     max_speed: float = Field(
-        1.25, ge=1.0, le=2.0, description="a cue longer than its slot is sped up at most this much"
+        DEFAULT_DUB_MAX_SPEED,
+        ge=MIN_DUB_MAX_SPEED,
+        le=MAX_SPEED,
+        description="a cue longer than its slot is sped up at most this much",
     )
     subtitles: str | None = Field(
         None, max_length=10_000_000, description="JSON only: the SRT or WebVTT text"

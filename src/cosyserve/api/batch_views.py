@@ -13,8 +13,8 @@ from cosyserve.api.jobs import partial_view
 from cosyserve.api.schemas import JobError
 from cosyserve.service.access.principals import Principal
 from cosyserve.service.assembly import Service
-from cosyserve.service.batch_status import batch_status
-from cosyserve.service.dub_timeline import placement
+from cosyserve.service.batches.dub_timeline import placement
+from cosyserve.service.batches.status import batch_status
 from cosyserve.service.local.voice_pins import SNAPSHOTS
 from cosyserve.service.stores.batches import BatchItem
 from cosyserve.service.stores.jobs import JobNotFound, JobRecord

@@ -17,16 +17,15 @@ from starlette.concurrency import run_in_threadpool
 from cosyserve.api.batch_inputs import Submission, read_submission
 from cosyserve.api.batch_schemas import BatchList, BatchParams, BatchView, upload_body_doc
 from cosyserve.api.batch_views import BATCH_KINDS, batch_view, own_batch
-from cosyserve.api.deps import CurrentPrincipal, current_principal, get_service, output_spec
+from cosyserve.api.deps import CurrentPrincipal, current_principal, get_service, output_spec, upload_limit
 from cosyserve.api.schemas import ERRORS
-from cosyserve.api.tts import upload_limit
 from cosyserve.errors import InputError, JobStateError
 from cosyserve.service.access.principals import Forbidden, Principal
 from cosyserve.service.assembly import Service
-from cosyserve.service.batch_archive import stream_zip
-from cosyserve.service.batch_input import BatchRules, items_from, kind_of, read_items
-from cosyserve.service.dub_plan import track_seconds_of_items
-from cosyserve.service.dub_report import dub_report, report_csv, report_document, report_json
+from cosyserve.service.batches.archive import stream_zip
+from cosyserve.service.batches.dub_plan import track_seconds_of_items
+from cosyserve.service.batches.dub_report import dub_report, report_csv, report_document, report_json
+from cosyserve.service.batches.inputs import BatchRules, items_from, kind_of, read_items
 from cosyserve.service.stores.jobs import JobNotFound, JobRecord
 
 router = APIRouter(prefix="/v1/batches", tags=["batches"])

@@ -13,6 +13,7 @@ from typing import Annotated, Any
 from fastapi import Depends, Request
 from starlette.concurrency import run_in_threadpool
 
+from cosyserve.limits import upload_bytes
 from cosyserve.service.access.principals import AuthRequired, Forbidden, Principal
 from cosyserve.service.access.sessions import SESSION_COOKIE
 from cosyserve.service.assembly import Service
@@ -22,6 +23,11 @@ from cosyserve.service.stores.voices import Voice
 
 def get_service(request: Request) -> Service:
     return request.app.state.service
+
+
+def upload_limit(request: Request) -> int:
+    """The largest upload this server takes, in bytes (`max_upload_mb`)."""
+    return upload_bytes(get_service(request).settings.limits.max_upload_mb)
 
 
 def request_id(request: Request) -> str | None:

@@ -20,12 +20,11 @@ from cosyserve.api.batch_inputs import read_submission
 from cosyserve.api.batch_schemas import BatchView, DubParams, upload_body_doc
 from cosyserve.api.batch_views import batch_view, own_batch, track_url
 from cosyserve.api.batches import batch_report, batch_rules
-from cosyserve.api.deps import CurrentPrincipal, get_service, output_spec
+from cosyserve.api.deps import CurrentPrincipal, get_service, output_spec, upload_limit
 from cosyserve.api.schemas import ERRORS
-from cosyserve.api.tts import upload_limit
 from cosyserve.errors import InputError, JobStateError
 from cosyserve.frontend.subtitles import parse_subtitles
-from cosyserve.service.batch_input import cue_items
+from cosyserve.service.batches.inputs import cue_items
 
 router = APIRouter(prefix="/v1/dub", tags=["dubbing"])
 SHARED = ("voice", "instruct", "seed", "speed", "volume", "format", "prompt_text", "max_speed")

@@ -23,14 +23,13 @@ from starlette.datastructures import FormData, UploadFile
 
 from cosyserve.api.errors import PayloadTooLarge, UnsupportedMediaType
 from cosyserve.errors import InputError
-from cosyserve.frontend.audio import ACCEPTED_AUDIO_LIST, ACCEPTED_AUDIO_SUFFIXES
+from cosyserve.limits import AUDIO_SUFFIX_LIST, AUDIO_SUFFIXES
 from cosyserve.service.transcription import transcribe
 
 Params = TypeVar("Params", bound=BaseModel)
 READ_PIECE = 64 * 1024
 MAX_FORM_FIELDS = 64
 MAX_JSON_DEPTH = 16  # the deepest request body is 3 levels; refuse what only an attack would send
-AUDIO_SUFFIXES = frozenset(ACCEPTED_AUDIO_SUFFIXES)  # what the decoder reads (`frontend.audio`)
 AUDIO_TYPES = ("audio/", "application/octet-stream", "video/ogg", "application/ogg")
 
 
@@ -170,7 +169,7 @@ async def read_upload(upload: UploadFile, max_bytes: int) -> tuple[bytes, str]:
     suffix = PurePath(upload.filename or "").suffix.lower()
     if suffix and suffix not in AUDIO_SUFFIXES:
         raise UnsupportedMediaType(
-            f"{upload.filename!r} is not an audio file this server reads: use {ACCEPTED_AUDIO_LIST}"
+            f"{upload.filename!r} is not an audio file this server reads: use {AUDIO_SUFFIX_LIST}"
         )
     content_type = (upload.content_type or "").split(";")[0].strip().lower()
     if content_type and not content_type.startswith(AUDIO_TYPES):

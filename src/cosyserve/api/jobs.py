@@ -8,10 +8,9 @@ from fastapi import APIRouter, Query, Request, Response
 from fastapi.responses import RedirectResponse
 from starlette.concurrency import run_in_threadpool
 
-from cosyserve.api.deps import CurrentPrincipal, get_service, output_spec
+from cosyserve.api.deps import CurrentPrincipal, get_service, output_spec, upload_limit
 from cosyserve.api.inputs import read_params, with_transcript
 from cosyserve.api.schemas import ERRORS, JobError, JobList, JobParams, JobPartial, JobView, body_doc
-from cosyserve.api.tts import upload_limit
 from cosyserve.errors import JobStateError
 from cosyserve.service.access.principals import Principal
 from cosyserve.service.assembly import Service

@@ -21,11 +21,11 @@ from cosyserve.api.streaming import (
     sse_response,
 )
 from cosyserve.errors import InputError
+from cosyserve.limits import MAX_SPEED, MIN_SPEED
 from cosyserve.service.requests import SynthesisRequest
 from cosyserve.service.stores.voices import VoiceNotFound
 
 router = APIRouter(prefix="/v1", tags=["openai"])
-MIN_SPEED, MAX_SPEED = 0.5, 2.0
 
 
 @router.post(

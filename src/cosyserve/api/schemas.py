@@ -6,6 +6,7 @@ from typing import Any, Literal
 
 from pydantic import AliasChoices, BaseModel, ConfigDict, Field
 
+from cosyserve.limits import MAX_SPEED, MAX_VOLUME, MIN_SPEED, MIN_VOLUME, SPEED_RANGE_TEXT
 from cosyserve.service.requests import MAX_SEED, SynthesisRequest
 
 AudioFormat = Literal["wav", "mp3", "opus", "flac", "pcm"]
@@ -30,8 +31,10 @@ class SynthesisParams(_Strict):
         None, max_length=500, description="an instruction, e.g. 请用四川话表达 or 'speak happily'"
     )
     seed: int | None = Field(None, ge=0, le=MAX_SEED, description="makes the result reproducible")
-    speed: float | None = Field(None, ge=0.5, le=2.0, description="0.5 to 2.0 (default: the voice's, or 1)")
-    volume: float = Field(1.0, ge=0.0, le=4.0, description="linear gain on the output")
+    speed: float | None = Field(
+        None, ge=MIN_SPEED, le=MAX_SPEED, description=f"{SPEED_RANGE_TEXT} (default: the voice's, or 1)"
+    )
+    volume: float = Field(1.0, ge=MIN_VOLUME, le=MAX_VOLUME, description="linear gain on the output")
     format: AudioFormat = Field("wav", description="response audio format")
     sample_rate: int | None = Field(
         None, ge=8000, le=48000, description="output rate in Hz (default 24000; mp3/opus only some rates)"
@@ -96,7 +99,9 @@ class SpeechParams(BaseModel):
     voice: str | VoiceRef = Field(description='a saved voice: its name or id (or {"id": ...})')
     instructions: str | None = Field(None, max_length=500)
     response_format: Literal["mp3", "opus", "aac", "flac", "wav", "pcm"] = "mp3"
-    speed: float = Field(1.0, ge=0.25, le=4.0, description="OpenAI's range; CosyVoice supports 0.5 to 2.0")
+    speed: float = Field(
+        1.0, ge=0.25, le=4.0, description=f"OpenAI's range; CosyVoice supports {SPEED_RANGE_TEXT}"
+    )
     stream_format: Literal["audio", "sse"] = "audio"
     seed: int | None = Field(None, ge=0, le=MAX_SEED, description="cosyserve extension")
     sample_rate: int | None = Field(None, ge=8000, le=48000, description="cosyserve extension")
@@ -108,7 +113,7 @@ class SpeechParams(BaseModel):
 
 class VoiceDefaultsBody(_Strict):
     instruct: str | None = Field(None, max_length=500)
-    speed: float | None = Field(None, ge=0.5, le=2.0)
+    speed: float | None = Field(None, ge=MIN_SPEED, le=MAX_SPEED)
     seed: int | None = Field(None, ge=0, le=MAX_SEED)
 
 
@@ -129,7 +134,7 @@ class VoiceCreateParams(_Strict):
         description="what the recording says; `prompt_text`, its name in /v1/tts, is accepted too",
     )
     instruct: str | None = Field(None, max_length=500, description="default instruction")
-    speed: float | None = Field(None, ge=0.5, le=2.0, description="default speed")
+    speed: float | None = Field(None, ge=MIN_SPEED, le=MAX_SPEED, description="default speed")
     seed: int | None = Field(None, ge=0, le=MAX_SEED, description="default seed")
     denoise: bool = Field(False, description="suppress background noise in the recording before analysis")
     lexicon: dict[str, str] | str | None = Field(

@@ -4,17 +4,13 @@ from __future__ import annotations
 
 from fastapi import APIRouter, Request, Response
 
-from cosyserve.api.deps import CurrentPrincipal, get_service, output_spec
+from cosyserve.api.deps import CurrentPrincipal, get_service, output_spec, upload_limit
 from cosyserve.api.inputs import read_params, with_transcript
 from cosyserve.api.schemas import AUDIO_CONTENT, ERRORS, TtsParams, body_doc
 from cosyserve.api.streaming import audio_response, audio_stream_response, await_ticket, open_stream
 from cosyserve.api.verify import explicit_label_opt_out
 
 router = APIRouter(prefix="/v1", tags=["speech"])
-
-
-def upload_limit(request: Request) -> int:
-    return int(get_service(request).settings.limits.max_upload_mb * 1e6)
 
 
 @router.post(

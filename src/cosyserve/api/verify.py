@@ -7,7 +7,7 @@ from typing import Annotated, Any
 from fastapi import APIRouter, File, Request, UploadFile
 from fastapi.concurrency import run_in_threadpool
 
-from cosyserve.api.deps import CurrentPrincipal, get_service
+from cosyserve.api.deps import CurrentPrincipal, get_service, upload_limit
 from cosyserve.api.inputs import read_limited
 from cosyserve.api.schemas import ERRORS
 from cosyserve.service.access.principals import Forbidden, Principal
@@ -33,7 +33,7 @@ async def verify_file(
     file: Annotated[UploadFile, File(description="the audio file")],
 ) -> dict[str, Any]:
     service = get_service(request)
-    data = await read_limited(file, int(service.settings.limits.max_upload_mb * 1e6), "the file")
+    data = await read_limited(file, upload_limit(request), "the file")
     report = await run_in_threadpool(verify, data, service.labels.secret)
     return report.to_dict()
 

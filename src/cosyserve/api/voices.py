@@ -13,7 +13,14 @@ from fastapi import APIRouter, Query, Request, Response
 from fastapi.responses import FileResponse
 from starlette.concurrency import run_in_threadpool
 
-from cosyserve.api.deps import CurrentPrincipal, get_service, output_spec, request_id, usable_voice
+from cosyserve.api.deps import (
+    CurrentPrincipal,
+    get_service,
+    output_spec,
+    request_id,
+    upload_limit,
+    usable_voice,
+)
 from cosyserve.api.inputs import parse_lexicon, read_params
 from cosyserve.api.schemas import (
     AUDIO_CONTENT,
@@ -26,7 +33,6 @@ from cosyserve.api.schemas import (
     body_doc,
 )
 from cosyserve.api.streaming import audio_response, await_ticket
-from cosyserve.api.tts import upload_limit
 from cosyserve.errors import InputError
 from cosyserve.service.access import voice_rules
 from cosyserve.service.access.principals import Principal

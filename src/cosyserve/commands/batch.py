@@ -17,7 +17,7 @@ import sys
 import threading
 import uuid
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import soundfile as sf
 
@@ -32,8 +32,12 @@ from cosyserve.commands.batch_files import (
 from cosyserve.commands.cli_labels import cli_labeller, label_bytes
 from cosyserve.errors import CosyServeError, InputError
 from cosyserve.exit_codes import ExitCode
+from cosyserve.limits import DEFAULT_DUB_MAX_SPEED, SPEED_RANGE_TEXT
 from cosyserve.service.audio_formats import EXTENSIONS, encode
 from cosyserve.service.labels.labeller import Labeller
+
+if TYPE_CHECKING:
+    from cosyserve.service.batches.items import BatchPrompt
 
 MANIFEST = "manifest.csv"
 
@@ -46,11 +50,12 @@ def cmd_batch(args: argparse.Namespace) -> int:
         from cosyserve.commands.batch_remote import remote_batch
 
         return remote_batch(args)
-    from cosyserve.service.batch_input import BatchRules, kind_of, read_items
+    from cosyserve.service.batches.inputs import BatchRules, kind_of, read_items
+    from cosyserve.service.batches.items import BatchPrompt
 
     out = Path(args.out)
-    prompt = read_prompt(args)
-    rules = BatchRules(args.max_items, args.max_chars, prompt is not None, shared_settings(args))
+    prompt = BatchPrompt(read_prompt(args), args.prompt_text)
+    rules = BatchRules(args.max_items, args.max_chars, prompt.wav is not None, shared_settings(args))
     items = read_items(read_input(args.file), kind_of(args.file), rules)
     done = _existing_rows(out, args.resume)
     from cosyserve.commands.synthesize import default_data_dir, load_synthesizer
@@ -65,9 +70,7 @@ def cmd_batch(args: argparse.Namespace) -> int:
         if file in done:
             rows.append(done[file])
         else:
-            rows.append(
-                _make_item(synth, labels, item, prompt, args.prompt_text, out, (position, stem, file))
-            )
+            rows.append(_make_item(synth, labels, item, prompt, out, (position, stem, file)))
             _write_manifest(out, rows)
         bar.update(1)
     bar.close()
@@ -97,12 +100,11 @@ def _make_item(
     synth: Any,
     labels: Labeller,
     item: Any,
-    prompt: bytes | None,
-    prompt_text: str | None,
+    prompt: BatchPrompt,
     out: Path,
     place: tuple[int, str, str],  # position, file stem, file name
 ) -> dict[str, Any]:
-    from cosyserve.service.requests import SynthesisRequest
+    from cosyserve.service.batches.items import ItemParams, item_request
     from cosyserve.service.subtitles import to_srt
 
     position, stem, file = place
@@ -113,17 +115,7 @@ def _make_item(
     )
     if item.problem is not None:
         return {**row, "error": item.problem}
-    voice = params.get("voice")
-    request = SynthesisRequest(
-        text=params["text"],
-        voice=voice,
-        prompt_wav=None if voice else prompt,
-        prompt_text=None if voice else prompt_text,
-        instruct=params.get("instruct"),
-        seed=params.get("seed"),
-        speed=params.get("speed"),
-        volume=params.get("volume", 1.0),
-    )
+    request = item_request(ItemParams.of(params), prompt)
     try:
         result = synth.run(request)
     except CosyServeError as exc:
@@ -131,7 +123,7 @@ def _make_item(
         return {**row, "error": str(exc)}
     result = labels.with_explicit(result, labels.explicit_for(synth, request, {}))
     data = encode(result.audio, params["format"], source_rate=result.sample_rate)
-    write_atomic(out / file, label_bytes(labels, data, params["format"], voice))
+    write_atomic(out / file, label_bytes(labels, data, params["format"], request.voice))
     (out / f"{stem}.srt").write_text(to_srt(result.timings), encoding="utf-8")
     seconds = f"{result.duration_s:.3f}"
     return {
@@ -145,7 +137,7 @@ def _make_item(
 
 
 def _write_manifest(out: Path, rows: list[dict[str, Any]]) -> None:
-    from cosyserve.service.batch_archive import MANIFEST_COLUMNS, rows_csv
+    from cosyserve.service.batches.archive import MANIFEST_COLUMNS, rows_csv
 
     write_atomic(out / MANIFEST, rows_csv(MANIFEST_COLUMNS, rows).encode())
 
@@ -176,11 +168,12 @@ def cmd_dub(args: argparse.Namespace) -> int:
         return remote_dub(args, track_format)
     from cosyserve.commands.synthesize import default_data_dir, load_synthesizer
     from cosyserve.frontend.subtitles import parse_subtitles
-    from cosyserve.service.batch_input import BatchRules, cue_items
+    from cosyserve.service.batches.inputs import BatchRules, cue_items
+    from cosyserve.service.batches.items import BatchPrompt
 
-    prompt = read_prompt(args)
+    prompt = BatchPrompt(read_prompt(args), args.prompt_text)
     shared = {**shared_settings(args), "format": "wav"}
-    rules = BatchRules(args.max_items, args.max_chars, prompt is not None, shared, args.max_dub_track_s)
+    rules = BatchRules(args.max_items, args.max_chars, prompt.wav is not None, shared, args.max_dub_track_s)
     items = cue_items(parse_subtitles(read_input(args.subtitles), what=args.subtitles), rules)
     out = Path(args.out)
     parts = out.with_name(out.name + ".parts")
@@ -217,25 +210,15 @@ def _cue_note(parts: Path, position: int) -> dict[str, Any]:
 
 
 def _make_cue(
-    synth: Any, item: Any, prompt: bytes | None, args: argparse.Namespace, parts: Path, position: int
+    synth: Any, item: Any, prompt: BatchPrompt, args: argparse.Namespace, parts: Path, position: int
 ) -> None:
+    from cosyserve.service.batches.items import ItemParams, item_request
     from cosyserve.service.local.dubbing import CueSlot, synthesize_cue
-    from cosyserve.service.requests import SynthesisRequest
 
     params = item.params
     note: dict[str, Any] = {"state": "failed", "error": item.problem}
     if item.problem is None:
-        voice = params.get("voice")
-        request = SynthesisRequest(
-            text=params["text"],
-            voice=voice,
-            prompt_wav=None if voice else prompt,
-            prompt_text=None if voice else args.prompt_text,
-            instruct=params.get("instruct"),
-            seed=params.get("seed"),
-            speed=params.get("speed"),
-            volume=params.get("volume", 1.0),
-        )
+        request = item_request(ItemParams.of(params), prompt)
         try:
             cue = synthesize_cue(synth, request, CueSlot.of(params).slot_s, args.max_speed, threading.Event)
         except CosyServeError as exc:
@@ -260,8 +243,8 @@ def _write_dub(
 ) -> int:
     """The track from the cues in `parts` (written to disk as it goes, then moved over `out`) and the
     report; `parts` is removed once every cue is in the track, kept for `--resume` otherwise."""
-    from cosyserve.service.dub_plan import CueSlot, track_seconds_of_items
-    from cosyserve.service.dub_report import dub_report, report_csv, report_document, report_json
+    from cosyserve.service.batches.dub_plan import CueSlot, track_seconds_of_items
+    from cosyserve.service.batches.dub_report import dub_report, report_csv, report_document, report_json
 
     notes = [_cue_note(parts, position) for position in range(1, len(items) + 1)]
     rate = 24000
@@ -306,7 +289,7 @@ def _write_track_file(
     """The track as a WAV written in pieces beside `out` (transcoded file to file for flac/mp3), labelled
     as AI-made, moved over `out` only once whole."""
     from cosyserve.service.audio_formats import IN_MEMORY_LIMIT_BYTES, transcode_file
-    from cosyserve.service.dub_track import write_track
+    from cosyserve.service.batches.dub_track import write_track
 
     out.parent.mkdir(parents=True, exist_ok=True)
     wav = out.with_name(f".{out.name}.{uuid.uuid4().hex[:8]}.wav.tmp")
@@ -352,22 +335,20 @@ def _record(position: int, item: Any, note: dict[str, Any]) -> Any:
 
 
 def _common(parser: argparse.ArgumentParser) -> None:
-    from cosyserve.commands.synthesize import add_model_arguments
+    from cosyserve.commands.synthesize import add_model_arguments, add_text_limit_argument
 
     parser.add_argument("--voice", help="a saved voice (see `cosyserve voices`)")
     parser.add_argument("--prompt-wav", help="instead of --voice: a 3-30 s recording of the voice")
     parser.add_argument("--prompt-text", help="its transcript (zero-shot clone); omit for cross-lingual")
     parser.add_argument("--instruct", help="an instruction for every line, e.g. 请用四川话表达")
     parser.add_argument("--seed", type=int, default=None, help="one seed for every line (default: one each)")
-    parser.add_argument("--speed", type=float, default=None, help="0.5 to 2.0 (default 1.0)")
+    parser.add_argument("--speed", type=float, default=None, help=f"{SPEED_RANGE_TEXT} (default 1.0)")
     parser.add_argument("--volume", type=float, default=None)
     parser.add_argument("--resume", action="store_true", help="go on where an interrupted run stopped")
     parser.add_argument("--server", help="run on a cosyserve server (http://host:port) instead of here")
     parser.add_argument("--api-key", default=os.environ.get("COSYSERVE_API_KEY"), help="the server's API key")
     parser.add_argument("--max-items", type=int, default=100_000, help="refuse files with more items")
-    parser.add_argument(
-        "--max-chars", type=int, default=int(os.environ.get("COSYSERVE_MAX_TEXT_CHARS", "200"))
-    )
+    add_text_limit_argument(parser)
     parser.add_argument("--quiet", action="store_true", help="no progress bar")
     add_model_arguments(parser)
 
@@ -387,7 +368,12 @@ def add_parsers(sub: argparse._SubParsersAction) -> None:
     dub.add_argument("subtitles", help="an .srt or .vtt file")
     dub.add_argument("--out", required=True, help="the track: .wav, .flac or .mp3")
     dub.add_argument("--report", help="per-cue report (.csv or .json; default <out>.report.csv)")
-    dub.add_argument("--max-speed", type=float, default=1.25, help="speed a cue up at most this much to fit")
+    dub.add_argument(
+        "--max-speed",
+        type=float,
+        default=DEFAULT_DUB_MAX_SPEED,
+        help="speed a cue up at most this much to fit",
+    )
     dub.add_argument(
         "--max-dub-track-s",
         type=float,

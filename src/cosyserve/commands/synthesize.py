@@ -12,6 +12,7 @@ from pathlib import Path
 import soundfile as sf
 
 from cosyserve.errors import InputError
+from cosyserve.limits import DEFAULT_MAX_TEXT_CHARS, SPEED_RANGE_TEXT
 from cosyserve.service.setting_groups import DEFAULT_CONSENT_STATEMENT
 
 STATEMENT_ENV = "COSYSERVE_VOICE_CONSENT_STATEMENT"
@@ -22,6 +23,15 @@ def default_data_dir() -> Path:
         return Path(os.environ["COSYSERVE_DATA_DIR"]).expanduser()
     base = Path(os.environ.get("XDG_DATA_HOME", Path.home() / ".local" / "share"))
     return base / "cosyserve"
+
+
+def add_text_limit_argument(parser: argparse.ArgumentParser) -> None:
+    """--max-chars: the longest text one synthesis carries (as the server's `max_text_chars`)."""
+    parser.add_argument(
+        "--max-chars",
+        type=int,
+        default=int(os.environ.get("COSYSERVE_MAX_TEXT_CHARS", DEFAULT_MAX_TEXT_CHARS)),
+    )
 
 
 def add_model_arguments(parser: argparse.ArgumentParser) -> None:
@@ -71,7 +81,7 @@ def load_synthesizer(args: argparse.Namespace):
         precision=args.precision,
         threads=args.threads,
         voices=voices,
-        max_text_chars=args.max_chars if hasattr(args, "max_chars") else 200,
+        max_text_chars=args.max_chars if hasattr(args, "max_chars") else DEFAULT_MAX_TEXT_CHARS,
         engine_options=engine_options(args),
     )
     if (model_dir.path / "cosyserve_demo.json").is_file():
@@ -243,7 +253,7 @@ def add_parsers(sub: argparse._SubParsersAction) -> None:
     synth.add_argument("--voice", help="a saved voice (see `cosyserve voices`)")
     synth.add_argument("--instruct", help="an instruction, e.g. 请用四川话表达 or 'speak happily'")
     synth.add_argument("--seed", type=int, default=None, help="make the output reproducible")
-    synth.add_argument("--speed", type=float, default=None, help="0.5 to 2.0 (default 1.0)")
+    synth.add_argument("--speed", type=float, default=None, help=f"{SPEED_RANGE_TEXT} (default 1.0)")
     synth.add_argument("--volume", type=float, default=1.0)
     synth.add_argument("--stream", action="store_true", help="generate and write in chunks as tokens arrive")
     synth.add_argument(
@@ -258,9 +268,7 @@ def add_parsers(sub: argparse._SubParsersAction) -> None:
         help="flow without classifier-free guidance: faster, changes the audio",
     )
     synth.add_argument("--no-cuda-graph", action="store_true", help="on a GPU: decode without CUDA graphs")
-    synth.add_argument(
-        "--max-chars", type=int, default=int(os.environ.get("COSYSERVE_MAX_TEXT_CHARS", "200"))
-    )
+    add_text_limit_argument(synth)
     synth.add_argument("--out", required=True, help="output file (.wav, .flac or .ogg)")
     synth.add_argument("--srt", help="also write sentence timestamps as SRT")
     synth.add_argument("--vtt", help="also write sentence timestamps as WebVTT")

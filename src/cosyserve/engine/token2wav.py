@@ -50,6 +50,7 @@ from cosyserve.engine.prompt_cache import (
 )
 from cosyserve.engine.vocoder_stream import VocoderStream, vocode_increment
 from cosyserve.errors import InputError
+from cosyserve.limits import MAX_SPEED, MIN_SPEED
 from cosyserve.model.flow import DEFAULT_N_TIMESTEPS, MAX_MEL_FRAMES, CausalFlow
 from cosyserve.model.hift import HiFTVocoder, SourceNoise
 
@@ -66,7 +67,6 @@ __all__ = [
     "Token2Wav",
 ]
 
-MIN_SPEED, MAX_SPEED = 0.5, 2.0
 # ~275 frames of the full-size flow in float32, the voice's prompt part included: a 6 s voice (0.9 GB)
 # and a few frames of the stream's own. Streaming then peaks under 1.5x the float32 weights (issue 20:
 # 1.47x measured; 1.2 GB peaked at 1.48-1.53x over three runs); every later chunk recomputes the frames

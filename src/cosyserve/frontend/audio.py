@@ -26,25 +26,6 @@ import soundfile
 from cosyserve.errors import InputError
 
 SUPPORTED_FORMATS_HINT = "use WAV, FLAC, OGG (Vorbis/Opus) or MP3"
-# The upload suffixes of what the decoder (libsndfile) reads: the one list behind the API's and the web
-# UI's upload checks. M4A/AAC and WebM would need an ffmpeg-based decoder, which cosyserve does not depend
-# on: they are refused by name before anything is decoded.
-ACCEPTED_AUDIO_SUFFIXES = (
-    ".wav",
-    ".wave",
-    ".flac",
-    ".mp3",
-    ".ogg",
-    ".oga",
-    ".opus",
-    ".aif",
-    ".aiff",
-    ".au",
-    ".snd",
-    ".caf",
-    ".w64",
-)
-ACCEPTED_AUDIO_LIST = ", ".join(suffix.lstrip(".") for suffix in ACCEPTED_AUDIO_SUFFIXES)
 
 FRAME_S = 0.02  # analysis frame for level and silence detection
 SILENCE_BELOW_PEAK_DB = 40.0  # a frame this far below the loudest frame counts as silence

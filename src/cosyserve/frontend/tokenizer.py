@@ -145,10 +145,6 @@ class TextTokenizer:
         return self._required_id(ENDOFPROMPT)
 
     @property
-    def endoftext_id(self) -> int:
-        return self._required_id(ENDOFTEXT)
-
-    @property
     def vocab_size(self) -> int:
         """Number of ids in use, special tokens included (the LLM's embedding table may be larger)."""
         return self._tokenizer.get_vocab_size(with_added_tokens=True)

@@ -14,7 +14,7 @@ from typing import Any, Protocol
 
 from cosyserve.errors import InputError, JobStateError
 from cosyserve.frontend.text.split import has_content, require_visible_text, split_long_text
-from cosyserve.service.batch_input import ItemSpec
+from cosyserve.service.batches.inputs import ItemSpec
 from cosyserve.service.requests import EnrolmentRequest, OutputSpec, StreamStart, SynthesisRequest, TtsOutcome
 from cosyserve.service.scheduling.tickets import Ticket
 from cosyserve.service.stores.jobs import JobNotFound, JobRecord, JobStore

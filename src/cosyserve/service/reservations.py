@@ -21,8 +21,8 @@ from typing import Any
 
 from cosyserve.service.access.estimate import request_estimate_s, voice_pace
 from cosyserve.service.access.quota import QuotaTracker
-from cosyserve.service.batch_input import ItemSpec
-from cosyserve.service.dub_plan import track_seconds_of_items
+from cosyserve.service.batches.dub_plan import track_seconds_of_items
+from cosyserve.service.batches.inputs import ItemSpec
 from cosyserve.service.requests import TERMINAL_STATES, OutputSpec, SynthesisRequest, VoiceScope
 from cosyserve.service.scheduling.tickets import Ticket
 from cosyserve.service.stores.jobs import JobRecord

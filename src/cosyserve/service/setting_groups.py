@@ -14,6 +14,7 @@ from pydantic import BaseModel, ConfigDict, Field, SecretStr, field_validator
 from pydantic.fields import FieldInfo
 from pydantic_settings import NoDecode
 
+from cosyserve.limits import DEFAULT_MAX_BATCH_ITEMS, DEFAULT_MAX_TEXT_CHARS, DEFAULT_MAX_UPLOAD_MB
 from cosyserve.modeldir.model_dir import DEFAULT_MODEL_ID
 
 _PREFIXED_GROUPS = ("s3", "log")  # groups whose flat names carry the group name
@@ -155,8 +156,12 @@ class QueueSettings(_Group):
 
 
 class LimitSettings(_Group):
-    max_text_chars: int = Field(200, ge=1, description="longest text one request may carry")
-    max_upload_mb: float = Field(20.0, gt=0, description="largest prompt-audio upload, in MB")
+    max_text_chars: int = Field(
+        DEFAULT_MAX_TEXT_CHARS, ge=1, description="longest text one request may carry"
+    )
+    max_upload_mb: float = Field(
+        DEFAULT_MAX_UPLOAD_MB, gt=0, description="largest prompt-audio upload, in MB"
+    )
     max_receiving_mb: float = Field(
         64.0,
         gt=0,
@@ -168,7 +173,9 @@ class LimitSettings(_Group):
         None, gt=0, description="seconds of audio per API key per day (default: unlimited)"
     )
     max_batch_items: int = Field(
-        1000, ge=1, description="most items (lines of a script, cues of a subtitle file) in one batch or dub"
+        DEFAULT_MAX_BATCH_ITEMS,
+        ge=1,
+        description="most items (lines of a script, cues of a subtitle file) in one batch or dub",
     )
     quota_reservation_ttl_s: float = Field(
         3600.0,

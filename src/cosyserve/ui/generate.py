@@ -21,8 +21,8 @@ from typing import Any
 import gradio as gr
 
 from cosyserve.errors import Cancelled, CosyServeError, JobTimeout, ModelNotReady, QueueFull
+from cosyserve.limits import AUDIO_SUFFIX_LIST
 from cosyserve.ui.bridge import (
-    ACCEPTED_AUDIO_LIST,
     DOWNLOAD_FORMATS,
     MAX_SEED,
     AuthRequired,
@@ -61,7 +61,7 @@ def error_message(exc: BaseException, lang: str, request_id: str | None = None) 
     if isinstance(exc, UploadRefused):
         p = exc.problem
         if p.kind == "type":
-            return text("err_bad_file", lang, suffix=p.suffix, formats=ACCEPTED_AUDIO_LIST)
+            return text("err_bad_file", lang, suffix=p.suffix, formats=AUDIO_SUFFIX_LIST)
         return text("err_big_file", lang, size=p.size_mb, limit=p.limit_mb)
     if isinstance(exc, QueueFull):
         return text("err_queue_full", lang, seconds=exc.retry_after_s)

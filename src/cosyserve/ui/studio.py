@@ -16,6 +16,7 @@ from typing import Any
 import gradio as gr
 
 from cosyserve.errors import InputError
+from cosyserve.limits import MAX_SPEED, MIN_SPEED
 from cosyserve.ui import assets
 from cosyserve.ui.bridge import Principal, UiBridge
 from cosyserve.ui.generate import TicketRegistry, error_message
@@ -297,7 +298,7 @@ def _controls(mode: str, tr: Translator) -> dict[str, Any]:
         dice = gr.Button(tr("dice"), elem_classes="cosy-dice", elem_id=f"{mode}-dice")
     with gr.Row():
         speed = tr.bind(
-            gr.Slider(0.5, 2.0, value=1.0, step=0.05, label=tr("speed"), elem_id=f"{mode}-speed"),
+            gr.Slider(MIN_SPEED, MAX_SPEED, value=1.0, step=0.05, label=tr("speed"), elem_id=f"{mode}-speed"),
             label="speed",
         )
         volume = tr.bind(

@@ -30,8 +30,9 @@ from cosyserve.frontend.text.pronunciation import convert_pronunciations, writte
 from cosyserve.frontend.text.split import Encoder, require_visible_text, short_text_warning, split_text
 from cosyserve.frontend.text.tags import nfc
 from cosyserve.frontend.text.typed import typed_segments
+from cosyserve.limits import DEFAULT_MAX_TEXT_CHARS
 
-DEFAULT_MAX_CHARS = 200
+DEFAULT_MAX_CHARS = DEFAULT_MAX_TEXT_CHARS  # `cosyserve.limits`
 
 
 def check_length(text: str, limit: int = DEFAULT_MAX_CHARS) -> None:

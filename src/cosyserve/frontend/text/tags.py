@@ -76,7 +76,3 @@ def strip_tags(text: str) -> str:
 def strip_control_tags(text: str) -> str:
     """`text` without `[breath]`, `<strong>`, … but with its pronunciation tokens (they are spoken)."""
     return _CONTROL_TAG_PATTERN.sub("", text)
-
-
-def has_special_tag(text: str) -> bool:
-    return SPECIAL_TAG_PATTERN.search(text) is not None

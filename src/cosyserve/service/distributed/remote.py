@@ -22,7 +22,7 @@ from typing import Any
 
 from cosyserve.errors import Cancelled, InputError, JobStateError
 from cosyserve.service.backend import AudioStream, cancellable_job, job_pieces, new_job_id, spec_record
-from cosyserve.service.batch_input import ItemSpec
+from cosyserve.service.batches.inputs import ItemSpec
 from cosyserve.service.distributed import codec
 from cosyserve.service.distributed.celery_app import (
     BATCH_TASK,

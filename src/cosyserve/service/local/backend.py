@@ -28,7 +28,7 @@ from cosyserve.service.access.limits import QuotaTracker
 from cosyserve.service.activity import enrolment_logger, synthesis_logger
 from cosyserve.service.audio_formats import StreamEncoder, encode, mime_type
 from cosyserve.service.backend import AudioStream
-from cosyserve.service.batch_input import ItemSpec
+from cosyserve.service.batches.inputs import ItemSpec
 from cosyserve.service.labels.labeller import Labeller
 from cosyserve.service.local.job_quota import JobQuota
 from cosyserve.service.local.job_runner import LocalJobs

@@ -29,9 +29,11 @@ import numpy as np
 import soundfile as sf
 
 from cosyserve.errors import Cancelled, CosyServeError, ModelNotReady, StorageError, error_code
+from cosyserve.limits import DEFAULT_DUB_MAX_SPEED
 from cosyserve.service.access.key_watch import KeyChanged, KeyRevoked
-from cosyserve.service.dub_plan import CueSlot, track_seconds_of_items
-from cosyserve.service.dub_track import write_track
+from cosyserve.service.batches.dub_plan import CueSlot, track_seconds_of_items
+from cosyserve.service.batches.dub_track import write_track
+from cosyserve.service.batches.items import BatchPrompt, ItemParams, batch_request, item_request
 from cosyserve.service.labels.labeller import OPT_OUT
 from cosyserve.service.local.dubbing import synthesize_cue
 from cosyserve.service.local.jobs import JobResult, JobRun
@@ -40,7 +42,6 @@ from cosyserve.service.local.voice_pins import SNAPSHOTS, VoicePins
 from cosyserve.service.requests import (
     OutputSpec,
     SentenceTiming,
-    SynthesisRequest,
     SynthesisResult,
     TtsOutcome,
     VoiceScope,
@@ -84,6 +85,11 @@ class BatchPlan:
     prompt_wav: bytes | None
     spec: OutputSpec  # owner and request id of every output (never a key: items are charged here)
     voices: VoiceScope  # the saved voices its caller may use
+
+    @property
+    def prompt(self) -> BatchPrompt:
+        """The uploaded recording the items without a voice of their own speak in."""
+        return BatchPrompt(self.prompt_wav, self.shared.get("prompt_text"))
 
 
 @dataclass(frozen=True)
@@ -213,7 +219,7 @@ class BatchRunner:
     def _make(
         self, ctx: WorkContext, plan: BatchPlan, run: JobRun, item: BatchItem, pins: VoicePins
     ) -> tuple[TtsOutcome, dict[str, Any]]:
-        request = item_request(plan, item)
+        request = item_request(ItemParams.of(item.params), plan.prompt)
 
         def cancel() -> threading.Event:
             return ItemCancel(ctx.cancel, run.segment_timeout_s)
@@ -227,7 +233,7 @@ class BatchRunner:
         with self.host.synthesizer(ctx.cancel) as synth:
             pinned = pins.pin(request.voice, synth.voice_features)  # VoiceUnavailable: this item fails
             if plan.kind == "dub":
-                max_speed = float(plan.shared.get("max_speed") or 1.25)
+                max_speed = float(plan.shared.get("max_speed") or DEFAULT_DUB_MAX_SPEED)
                 slot = CueSlot.of(item.params).slot_s
                 cue = self.run_engine(
                     lambda: synthesize_cue(synth, request, slot, max_speed, cancel, plan.voices, pinned)
@@ -300,11 +306,7 @@ class BatchRunner:
         ]
         # The audio is on disk, not here: the manifest's duration is the track's.
         result = SynthesisResult(audio=np.zeros(0, np.float32), sample_rate=rate, seed=0, timings=timings)
-        request = SynthesisRequest(
-            text="\n".join(str(item.params.get("text", "")) for item in items),
-            voice=plan.shared.get("voice"),
-            instruct=plan.shared.get("instruct"),
-        )
+        request = batch_request(plan.shared, (item.params for item in items))
         parameters = {"endpoint": "dub", "batch_id": plan.job_id, "request_id": plan.spec.request_id}
         manifest = build_manifest(
             request,
@@ -366,22 +368,6 @@ def _charge_s(plan: BatchPlan, item: BatchItem, outcome: TtsOutcome) -> float:
     if plan.kind == "dub":
         return float(item.params.get("share_s") or 0.0)
     return outcome.duration_s
-
-
-def item_request(plan: BatchPlan, item: BatchItem) -> SynthesisRequest:
-    """The synthesis an item asks for: its own voice, else the batch's uploaded recording."""
-    params = item.params
-    voice = params.get("voice")
-    return SynthesisRequest(
-        text=str(params.get("text") or ""),
-        voice=voice,
-        prompt_wav=None if voice else plan.prompt_wav,
-        prompt_text=None if voice else plan.shared.get("prompt_text"),
-        instruct=params.get("instruct"),
-        seed=params.get("seed"),
-        speed=params.get("speed"),
-        volume=float(params.get("volume") if params.get("volume") is not None else 1.0),
-    )
 
 
 def _saved_item(outputs: OutputStore, plan: BatchPlan, position: int) -> StoredOutput | None:

@@ -13,8 +13,8 @@ import threading
 from collections.abc import Callable
 from dataclasses import dataclass
 
-from cosyserve.service.dub_plan import CueSlot  # noqa: F401  (re-exported: where a cue goes)
-from cosyserve.service.dub_timeline import audible_span, fit_speed
+from cosyserve.service.batches.dub_plan import CueSlot  # noqa: F401  (re-exported: where a cue goes)
+from cosyserve.service.batches.dub_timeline import audible_span, fit_speed
 from cosyserve.service.local.synthesizer import Synthesizer
 from cosyserve.service.local.voice_pins import PinnedVoice
 from cosyserve.service.requests import (

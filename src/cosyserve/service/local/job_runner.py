@@ -19,7 +19,8 @@ from typing import Any
 from cosyserve.errors import Cancelled, StorageError
 from cosyserve.service.activity import both, synthesis_logger
 from cosyserve.service.backend import cancellable_job, job_pieces, new_job_id, spec_record
-from cosyserve.service.batch_input import ItemSpec
+from cosyserve.service.batches.inputs import ItemSpec
+from cosyserve.service.batches.items import batch_request
 from cosyserve.service.local.batches import BatchPlan, BatchRunner
 from cosyserve.service.local.job_quota import JobQuota
 from cosyserve.service.local.jobs import (
@@ -337,12 +338,6 @@ def _scope_of(record: JobRecord, spec: OutputSpec) -> VoiceScope:
     if spec.key is None and (record.spec or {}).get("key_id") is not None:
         return VoiceScope(owner=record.owner, everything=False)
     return spec.voice_scope
-
-
-def batch_request(shared: dict[str, Any], items: list[dict[str, Any]]) -> SynthesisRequest:
-    """A batch as one request, for the activity log: its texts, its shared voice and instruction."""
-    text = "\n".join(str(params.get("text") or "") for params in items)
-    return SynthesisRequest(text=text, voice=shared.get("voice"), instruct=shared.get("instruct"))
 
 
 def request_of(params: dict[str, Any], prompt_wav: bytes | None) -> SynthesisRequest:

@@ -31,8 +31,6 @@ from cosyserve.engine.pipeline import EngineOptions, SegmentInput, SpeechEngine
 from cosyserve.engine.speech_lm_runner import PromptPrefix
 from cosyserve.engine.token2wav import (
     DEFAULT_PROMPT_STORE_BYTES,
-    MAX_SPEED,
-    MIN_SPEED,
     FlowPrompt,
     PromptCache,
     PromptCacheStore,
@@ -43,6 +41,7 @@ from cosyserve.frontend.prompt_features import PromptFeatures, analyse_prompt
 from cosyserve.frontend.text import PreparedText, prepare_texts
 from cosyserve.frontend.text.describe import reading_report
 from cosyserve.frontend.tokenizer import TextTokenizer
+from cosyserve.limits import DEFAULT_MAX_TEXT_CHARS, MAX_SPEED, MIN_SPEED
 from cosyserve.modeldir.model_dir import ModelDir
 from cosyserve.service.local.voice_pins import PinnedVoice
 from cosyserve.service.requests import (
@@ -210,7 +209,7 @@ class Synthesizer:
         speech_tokenizer: SpeechTokenizer,
         *,
         voices: VoiceLibrary | None = None,
-        max_text_chars: int = 200,
+        max_text_chars: int = DEFAULT_MAX_TEXT_CHARS,
         lexicon: dict[str, str] | None = None,
     ) -> None:
         self.model_dir = model_dir
@@ -236,7 +235,7 @@ class Synthesizer:
         precision: str = "auto",
         threads: int | None = None,
         voices: VoiceLibrary | None = None,
-        max_text_chars: int = 200,
+        max_text_chars: int = DEFAULT_MAX_TEXT_CHARS,
         lexicon: dict[str, str] | None = None,
         engine_options: EngineOptions | None = None,
     ) -> Synthesizer:

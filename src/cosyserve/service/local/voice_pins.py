@@ -19,7 +19,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from cosyserve.frontend.prompt_features import PromptFeatures
-from cosyserve.service.batch_input import ItemSpec
+from cosyserve.service.batches.inputs import ItemSpec
 from cosyserve.service.requests import EVERY_VOICE, SynthesisRequest, VoiceDefaults, VoiceScope
 from cosyserve.service.stores.jobs import JobStore
 from cosyserve.service.stores.voices import (

@@ -18,7 +18,6 @@ imports from here (`tests/test_structure.py` checks it).
 
 from cosyserve.ui.bridge.batches import SCRIPT_SUFFIXES, SUBTITLE_SUFFIXES, BatchBridge
 from cosyserve.ui.bridge.exports import (
-    ACCEPTED_AUDIO_LIST,
     AUTH_COOKIES,
     INSTRUCT_PRESETS,
     MAX_SEED,
@@ -52,7 +51,6 @@ from cosyserve.ui.bridge.facade import DOWNLOAD_FORMATS, MODES, UiBridge
 from cosyserve.ui.bridge.uploads import UploadProblem, UploadRefused
 
 __all__ = [
-    "ACCEPTED_AUDIO_LIST",
     "AUTH_COOKIES",
     "DOWNLOAD_FORMATS",
     "INSTRUCT_PRESETS",

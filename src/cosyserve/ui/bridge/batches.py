@@ -11,17 +11,16 @@ from pathlib import Path
 
 from cosyserve.errors import InputError
 from cosyserve.frontend.subtitles import parse_subtitles
+from cosyserve.limits import SCRIPT_SUFFIXES, SUBTITLE_SUFFIXES
 from cosyserve.service.access.principals import Principal
-from cosyserve.service.batch_input import BatchRules, ItemSpec, cue_items, kind_of, read_items
-from cosyserve.service.batch_status import BatchStatus, batch_status
+from cosyserve.service.batches.inputs import BatchRules, ItemSpec, cue_items, kind_of, read_items
+from cosyserve.service.batches.status import BatchStatus, batch_status
 from cosyserve.service.requests import OutputSpec
 from cosyserve.service.stores.batches import BatchItem
 from cosyserve.service.stores.jobs import JobNotFound, JobRecord
 from cosyserve.service.stores.outputs import StoredOutput
 from cosyserve.ui.bridge.facade import UiBridge
 
-SCRIPT_SUFFIXES = (".csv", ".txt", ".jsonl", ".json")
-SUBTITLE_SUFFIXES = (".srt", ".vtt")
 BATCH_KINDS = ("batch", "dub")
 
 

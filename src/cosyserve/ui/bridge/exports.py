@@ -3,14 +3,13 @@ here once so that they import only the bridge (`tests/test_structure.py` holds t
 
 from __future__ import annotations
 
-from cosyserve.frontend.audio import ACCEPTED_AUDIO_LIST
 from cosyserve.frontend.text.presets import INSTRUCT_PRESETS
 from cosyserve.frontend.text.prompts import resolve_instruction
 from cosyserve.service.access.principals import AuthRequired, Forbidden, Principal, RateLimited
 from cosyserve.service.access.sessions import AUTH_COOKIES, SESSION_COOKIE
 from cosyserve.service.assembly import Service
 from cosyserve.service.backend import AudioStream
-from cosyserve.service.batch_status import BatchStatus
+from cosyserve.service.batches.status import BatchStatus
 from cosyserve.service.logs import log_failure, new_request_id
 from cosyserve.service.optional_parts import OptionalPart
 from cosyserve.service.requests import MAX_SEED, SynthesisRequest, TtsOutcome
@@ -22,7 +21,6 @@ from cosyserve.service.subtitles import manifest_timings, to_srt
 from cosyserve.service.text_preview import PLAIN, PRONUNCIATION, TAG, Span, TextPreview
 
 __all__ = [
-    "ACCEPTED_AUDIO_LIST",
     "AUTH_COOKIES",
     "INSTRUCT_PRESETS",
     "MAX_SEED",

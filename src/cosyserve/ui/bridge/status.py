@@ -6,6 +6,7 @@ from __future__ import annotations
 
 from typing import Any
 
+from cosyserve.limits import upload_bytes
 from cosyserve.service.assembly import Service
 
 
@@ -27,7 +28,7 @@ class StatusPart:
 
     @property
     def max_upload_bytes(self) -> int:
-        return int(self.service.settings.limits.max_upload_mb * 1e6)
+        return upload_bytes(self.service.settings.limits.max_upload_mb)
 
     @property
     def private_folders(self) -> list[str]:

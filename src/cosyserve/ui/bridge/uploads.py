@@ -10,14 +10,15 @@ from pathlib import Path
 import soundfile
 
 from cosyserve.errors import InputError
-from cosyserve.frontend.audio import ACCEPTED_AUDIO_SUFFIXES, decode_audio
+from cosyserve.frontend.audio import decode_audio
 from cosyserve.frontend.denoise import denoise
 from cosyserve.frontend.prompt_check import PromptReport, load_prompt
+from cosyserve.limits import AUDIO_SUFFIXES as ACCEPTED_AUDIO_SUFFIXES
 from cosyserve.service.assembly import Service
 from cosyserve.service.optional_parts import OptionalPart, optional_parts
 from cosyserve.service.transcription import transcribe
 
-AUDIO_SUFFIXES = frozenset(ACCEPTED_AUDIO_SUFFIXES)  # what the decoder reads: the API's list too
+AUDIO_SUFFIXES = frozenset(ACCEPTED_AUDIO_SUFFIXES)  # what the decoder reads (cosyserve.limits), as the API
 
 
 @dataclass(frozen=True)

@@ -16,8 +16,8 @@ from types import TracebackType
 import numpy as np
 import soundfile as sf
 
-from cosyserve.service.dub_plan import CueSlot
-from cosyserve.service.dub_timeline import Placement, place
+from cosyserve.service.batches.dub_plan import CueSlot
+from cosyserve.service.batches.dub_timeline import Placement, place
 
 SILENCE_BLOCK = 1 << 16  # samples of silence written at once (128 KiB)
 _SILENCE = np.zeros(SILENCE_BLOCK, dtype=np.int16)  # int16: written as is, no float conversion per sample

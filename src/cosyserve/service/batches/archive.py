@@ -20,7 +20,7 @@ import soundfile as sf
 
 from cosyserve.errors import CosyServeError
 from cosyserve.service.audio_formats import EXTENSIONS, IN_MEMORY_LIMIT_BYTES, encode, transcode_file
-from cosyserve.service.dub_report import dub_report, report_csv
+from cosyserve.service.batches.dub_report import dub_report, report_csv
 from cosyserve.service.stores.batches import BatchItem
 from cosyserve.service.stores.output_files import temp_output_path
 from cosyserve.service.stores.outputs import OutputStore, StoredOutput

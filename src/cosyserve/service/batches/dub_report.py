@@ -19,8 +19,8 @@ import json
 from collections.abc import Sequence
 from typing import Any
 
-from cosyserve.service.dub_plan import CueSlot
-from cosyserve.service.dub_timeline import placement
+from cosyserve.service.batches.dub_plan import CueSlot
+from cosyserve.service.batches.dub_timeline import placement
 from cosyserve.service.stores.batches import BatchItem
 
 REPORT_COLUMNS = (

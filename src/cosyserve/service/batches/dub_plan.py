@@ -41,7 +41,7 @@ class CueSlot:
 
     @classmethod
     def of(cls, params: Mapping[str, Any]) -> CueSlot:
-        """The slot a dub's item carries in its parameters (`batch_input.cue_items`)."""
+        """The slot a dub's item carries in its parameters (`inputs.cue_items`)."""
         return cls(float(params["start_s"]), float(params["end_s"]), float(params["limit_s"]))
 
     @property

@@ -21,8 +21,16 @@ from typing import Any
 from cosyserve.errors import InputError
 from cosyserve.frontend.subtitles import Cue
 from cosyserve.frontend.text.split import has_content, require_visible_text
+from cosyserve.limits import (
+    DEFAULT_MAX_BATCH_ITEMS,
+    DEFAULT_MAX_TEXT_CHARS,
+    MAX_SPEED,
+    MAX_VOLUME,
+    MIN_SPEED,
+    MIN_VOLUME,
+)
 from cosyserve.service.audio_formats import FORMATS
-from cosyserve.service.dub_plan import charge_shares, check_track_length
+from cosyserve.service.batches.dub_plan import charge_shares, check_track_length
 from cosyserve.service.requests import MAX_SEED
 
 ITEM_FIELDS = ("text", "voice", "instruct", "seed", "speed", "volume", "format", "name")
@@ -31,7 +39,6 @@ SHARED_FIELDS = ("voice", "instruct", "seed", "speed", "volume", "format", "prom
 KINDS = ("json", "jsonl", "csv", "txt")
 NAME_CHARS = re.compile(r"[^\w-]+")
 MAX_NAME = 48
-DEFAULT_MAX_SPEED = 1.25  # a dub's cue is sped up at most this much to fit its slot
 
 
 @dataclass(frozen=True)
@@ -55,8 +62,8 @@ class ItemSpec:
 class BatchRules:
     """The limits items are checked against."""
 
-    max_items: int = 1000
-    max_text_chars: int = 200
+    max_items: int = DEFAULT_MAX_BATCH_ITEMS
+    max_text_chars: int = DEFAULT_MAX_TEXT_CHARS
     has_prompt: bool = False  # the batch carries an uploaded recording: items need no voice
     shared: Mapping[str, Any] = field(default_factory=dict)  # shared settings (SHARED_FIELDS)
     max_track_s: float | None = None  # a dub's track at most this long (`max_dub_track_s`; None: no limit)
@@ -264,8 +271,8 @@ def _check(params: dict[str, Any], rules: BatchRules) -> None:
     if not params.get("voice") and not rules.has_prompt:
         raise InputError("no voice: give a `voice` for the item or for the whole batch")
     params["seed"] = _number(params.get("seed"), "seed", int, 0, MAX_SEED)
-    params["speed"] = _number(params.get("speed"), "speed", float, 0.5, 2.0)
-    volume = _number(params.get("volume"), "volume", float, 0.0, 4.0)
+    params["speed"] = _number(params.get("speed"), "speed", float, MIN_SPEED, MAX_SPEED)
+    volume = _number(params.get("volume"), "volume", float, MIN_VOLUME, MAX_VOLUME)
     params["volume"] = 1.0 if volume is None else volume
     fmt = str(params.get("format") or "wav").lower()
     if fmt not in FORMATS:
