@@ -31,6 +31,7 @@ from cosyserve.service.local.jobs import (
     run_pieces,
 )
 from cosyserve.service.local.model_host import ModelHost
+from cosyserve.service.local.results import Results
 from cosyserve.service.local.voice_pins import SNAPSHOTS, VoicePins, resolve_items, resolve_request
 from cosyserve.service.logs import request_context
 from cosyserve.service.requests import (
@@ -53,7 +54,7 @@ ORPHAN_SCAN = 200  # recent outputs looked through for a result an interrupted a
 
 @dataclass(frozen=True)
 class LocalJobs:
-    """Submits, resubmits and cancels this process's jobs; `finish` stores and counts one synthesis."""
+    """Submits, resubmits and cancels this process's jobs; `results` stores and counts each synthesis."""
 
     host: ModelHost
     scheduler: Scheduler
@@ -61,8 +62,7 @@ class LocalJobs:
     batches: BatchStore
     outputs: OutputStore
     quota: JobQuota
-    finish: Callable[..., TtsOutcome]
-    run_engine: Callable[[Callable[[], Any]], Any]
+    results: Results  # stores, counts and settles each synthesis; runs its engine calls
     max_text_chars: int
     segment_timeout_s: float
     lease_s: float
@@ -279,13 +279,15 @@ class LocalJobs:
                 # the voice is looked up once per attempt, by the id it was submitted with
                 pins = VoicePins(self.host.voices, snapshots, voices)
                 pinned = pins.pin(request.voice, synth.voice_features)
-                made = self.run_engine(lambda: run_pieces(ctx, synth, request, pieces, run, voices, pinned))
+                made = self.results.run_engine(
+                    lambda: run_pieces(ctx, synth, request, pieces, run, voices, pinned)
+                )
                 if made.stopped is None:
                     ctx.check_cancelled()  # lost the job while finishing the last piece: no output
                 else:
                     extra["partial"] = made.partial()
                 # the key was charged segment by segment (`run_pieces`), not again here
-                outcome = self.finish(
+                outcome = self.results.finish(
                     synth, request, made.result, dataclasses.replace(spec, key=None), encoded=False
                 )
             if outcome.output_id is None:
@@ -298,7 +300,7 @@ class LocalJobs:
         return body
 
     def _batch_body(self, plan: BatchPlan) -> Body:
-        runner = BatchRunner(self.host, self.batches, self.outputs, self.finish, self.run_engine)
+        runner = BatchRunner(self.host, self.batches, self.outputs, self.results)
         return lambda ctx, run: runner.run(ctx, plan, run)
 
     def _saved_result(self, job_id: str, owner: str | None) -> TtsOutcome | None:
