@@ -1,15 +1,18 @@
-"""What crosses the broker and the relay: requests, output specs, outcomes and errors as JSON-able dicts.
+"""The one wire format: what crosses a process (the broker, the relay, a worker's HTTP port) as JSON.
 
-Celery messages are JSON (never pickle: a broker shared by several machines must not be able to run code
-on a worker), so raw bytes travel base64-encoded. Errors travel as their class name and message and come
-back as the same class when it is one of the user-facing ones below, so an API node answers a bad voice
-name with the same 404 a single-process server gives.
+Requests, output specs, enrolments, stream starts, outcomes and errors turn into JSON-able dicts here and
+back; `to_json`/`from_json` make the bytes. Celery messages are JSON (never pickle: a broker shared by
+several machines must not be able to run code on a worker), so raw bytes travel base64-encoded. Errors
+travel as their class name and message and come back as the same class when it is one of the
+user-facing ones below, so an API node answers a bad voice name with the same 404 a single-process
+server gives; their codes come from the error table (`cosyserve.errors.ERROR_TABLE`).
 """
 
 from __future__ import annotations
 
 import base64
 import dataclasses
+import json
 from collections.abc import Callable
 from typing import Any
 
@@ -26,10 +29,15 @@ from cosyserve.errors import (
     StorageError,
     error_code,
 )
+from cosyserve.errors import NoWorkers as NoWorkers
+from cosyserve.errors import QueueUnavailable as QueueUnavailable
+from cosyserve.errors import RemoteFailure as RemoteFailure  # defined there, with the error table
+from cosyserve.errors import WorkerLost as WorkerLost
 from cosyserve.service.access.key_watch import KeyChanged, KeyRevoked
 from cosyserve.service.requests import (
     EnrolmentRequest,
     OutputSpec,
+    StreamStart,
     SynthesisRequest,
     TtsOutcome,
     VoiceDefaults,
@@ -37,29 +45,6 @@ from cosyserve.service.requests import (
 from cosyserve.service.stores.keys import ApiKey
 from cosyserve.service.stores.outputs import OutputNotFound
 from cosyserve.service.stores.voices import VoiceNotFound, VoiceUnavailable
-
-
-class RemoteFailure(CosyServeError):
-    """A worker failed with an unexpected error (its log has the traceback)."""
-
-
-class WorkerLost(CosyServeError):
-    """The worker running a request stopped answering (it crashed or was stopped); retry the request."""
-
-    retry_after_s = 1
-
-
-class QueueUnavailable(CosyServeError):
-    """The shared queue (Redis) cannot be reached."""
-
-    retry_after_s = 5
-
-
-class NoWorkers(CosyServeError):
-    """No worker is connected to the queue, so nothing can be synthesised right now."""
-
-    retry_after_s = 5
-
 
 # Errors a worker raises that come back on the API node as the same class (anything else: RemoteFailure).
 KNOWN_ERRORS: dict[str, type[CosyServeError]] = {
@@ -82,6 +67,16 @@ KNOWN_ERRORS: dict[str, type[CosyServeError]] = {
         VoiceUnavailable,
     )
 }
+
+
+def to_json(data: Any) -> bytes:
+    """`data` (a dict from this module, a number, a readiness report) as UTF-8 JSON bytes."""
+    return json.dumps(data, ensure_ascii=False, default=str).encode()
+
+
+def from_json(data: bytes | str) -> Any:
+    """ValueError when `data` is not JSON."""
+    return json.loads(data)
 
 
 def b64(data: bytes | None) -> str | None:
@@ -148,6 +143,14 @@ def decode_outcome(data: dict[str, Any]) -> TtsOutcome:
     values["warnings"] = tuple(values.get("warnings") or ())
     values["audio"] = unb64(values.get("audio"))
     return TtsOutcome(**values)
+
+
+def encode_stream_start(start: StreamStart) -> dict[str, Any]:
+    return dataclasses.asdict(start)
+
+
+def decode_stream_start(data: dict[str, Any]) -> StreamStart:
+    return StreamStart(**data)
 
 
 def encode_enrolment(enrolment: EnrolmentRequest) -> list[Any]:
