@@ -95,8 +95,8 @@ class FakeTask:
 @pytest.fixture
 def worker(redis_url, api_synthesizer, demo_model_path, tmp_path):
     from cosyserve.service.assembly import Service
-    from cosyserve.service.distributed.worker import WorkerNode
     from cosyserve.service.settings import Settings
+    from cosyserve.service.worker_node import WorkerNode
 
     settings = Settings(
         model=str(demo_model_path),

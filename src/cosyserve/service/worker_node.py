@@ -1,5 +1,9 @@
 """`cosyserve worker`: one process per accelerator that loads the model once and runs queued tasks.
 
+It lives next to `assembly.py` because it is the worker role's assembly: it builds a `Service` and wires
+its `LocalBackend` to the queue. Under `distributed/` it made that folder sit both below `assembly.py`
+(which imports `distributed/remote.py`) and above it (this module imports `assembly.py`).
+
 The worker is a `Service` in the "worker" role (the model, the local scheduler with its concurrency limit,
 the shared stores) plus a Celery consumer on a thread pool of the same size. Each task runs through the
 local scheduler exactly as a request on a single machine does, and what it produces goes to the relay:
