@@ -13,7 +13,8 @@ import pytest
 
 from cosyserve.errors import Cancelled, InputError, JobStateError, QueueFull
 from cosyserve.service import wire
-from cosyserve.service.requests import OutputSpec, SynthesisRequest, TtsOutcome, VoiceDefaults
+from cosyserve.service.outcomes import TtsOutcome
+from cosyserve.service.requests import OutputSpec, SynthesisRequest, VoiceDefaults
 from cosyserve.service.stores.jobs import JobStore
 from cosyserve.service.stores.voices import VoiceNotFound
 
@@ -300,7 +301,7 @@ def test_tts_result_and_progress_are_relayed(dispatcher) -> None:
 
 
 def test_a_stream_yields_start_then_bytes_and_returns_the_outcome(dispatcher) -> None:
-    from cosyserve.service.requests import StreamStart
+    from cosyserve.service.outcomes import StreamStart
 
     work = dispatcher.tts_work(SynthesisRequest(text="hi", voice="v"), OutputSpec(), True)
     items = work(_Context())

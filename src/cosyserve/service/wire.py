@@ -34,14 +34,8 @@ from cosyserve.errors import QueueUnavailable as QueueUnavailable
 from cosyserve.errors import RemoteFailure as RemoteFailure  # defined there, with the error table
 from cosyserve.errors import WorkerLost as WorkerLost
 from cosyserve.service.access.key_watch import KeyChanged, KeyRevoked
-from cosyserve.service.requests import (
-    EnrolmentRequest,
-    OutputSpec,
-    StreamStart,
-    SynthesisRequest,
-    TtsOutcome,
-    VoiceDefaults,
-)
+from cosyserve.service.outcomes import StreamStart, TtsOutcome
+from cosyserve.service.requests import EnrolmentRequest, OutputSpec, SynthesisRequest, VoiceDefaults
 from cosyserve.service.stores.keys import ApiKey
 from cosyserve.service.stores.outputs import OutputNotFound
 from cosyserve.service.stores.voices import VoiceNotFound, VoiceUnavailable
@@ -206,3 +200,52 @@ def decode_error(data: dict[str, Any]) -> BaseException:
     if cls in (QueueFull, OutOfMemory):  # these carry how long to wait
         return cls(message, retry_after_s=int(data.get("retry_after_s") or 1))  # type: ignore[call-arg]
     return cls(message)
+
+
+# -- what a job record keeps: read again after a restart, or by the worker that claims the job ------------
+
+
+def encode_job_request(request: SynthesisRequest, spec: OutputSpec) -> dict[str, Any]:
+    """What a job record keeps of its request (everything needed to run it again)."""
+    return {**dataclasses.asdict(request), "format": spec.format, "sample_rate": spec.sample_rate}
+
+
+def decode_job_request(params: dict[str, Any], prompt_wav: bytes | None) -> SynthesisRequest:
+    """A job's request again from its stored parameters and recording."""
+    fields = {f.name for f in dataclasses.fields(SynthesisRequest)} - {"prompt_wav", "stream"}
+    values = {key: value for key, value in params.items() if key in fields}
+    return SynthesisRequest(**values, prompt_wav=prompt_wav)
+
+
+def encode_job_spec(spec: OutputSpec) -> dict[str, Any]:
+    """What a job keeps of its `OutputSpec` (the key as its id), to run again after a restart or on a
+    worker that claims it."""
+    return {
+        "format": spec.format,
+        "sample_rate": spec.sample_rate,
+        "key_id": spec.key.id if spec.key is not None else None,
+        "request_id": spec.request_id,
+        "endpoint": spec.endpoint,
+        "extra": spec.extra,
+    }
+
+
+def decode_job_spec(
+    data: dict[str, Any] | None,
+    params: dict[str, Any] | None,
+    owner: str | None,
+    key_lookup: Callable[[int], ApiKey | None],
+) -> OutputSpec:
+    """A job's `OutputSpec` again from its record's spec, params and owner; `key_lookup(key_id)` gives its
+    key as it is now (None: revoked or deleted since)."""
+    data = data or {}
+    key_id = data.get("key_id")
+    return OutputSpec(
+        format=data.get("format") or (params or {}).get("format") or "wav",
+        sample_rate=data.get("sample_rate"),
+        owner=owner,
+        key=key_lookup(int(key_id)) if key_id is not None else None,
+        request_id=data.get("request_id"),
+        endpoint=data.get("endpoint") or "jobs",
+        extra={**(data.get("extra") or {}), "key_id": key_id},
+    )

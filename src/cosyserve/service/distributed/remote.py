@@ -21,7 +21,7 @@ from typing import Any
 
 from cosyserve.errors import Cancelled, InputError, JobStateError
 from cosyserve.service import wire
-from cosyserve.service.backend import AudioStream, cancellable_job, job_pieces, new_job_id, spec_record
+from cosyserve.service.backend import AudioStream, cancellable_job, job_pieces, new_job_id
 from cosyserve.service.batch_input import ItemSpec
 from cosyserve.service.distributed.celery_app import (
     BATCH_TASK,
@@ -33,14 +33,8 @@ from cosyserve.service.distributed.celery_app import (
 )
 from cosyserve.service.distributed.relay import Relay, RelayItem, WorkerRegistry, connect
 from cosyserve.service.local.voice_pins import SNAPSHOTS, resolve_items, resolve_request
-from cosyserve.service.requests import (
-    EnrolmentRequest,
-    OutputSpec,
-    StreamStart,
-    SynthesisRequest,
-    TtsOutcome,
-    job_parameters,
-)
+from cosyserve.service.outcomes import StreamStart, TtsOutcome
+from cosyserve.service.requests import EnrolmentRequest, OutputSpec, SynthesisRequest
 from cosyserve.service.reservations import QuotaReservations
 from cosyserve.service.scheduling.scheduler import Scheduler, Ticket, WorkContext
 from cosyserve.service.settings import Settings
@@ -239,7 +233,7 @@ class RemoteBackend:
         estimate = self.reservations.estimate(request, spec.voice_scope) if self.reservations else None
 
         def submit() -> JobRecord:
-            params = {**job_parameters(request, spec), SNAPSHOTS: snapshots}
+            params = {**wire.encode_job_request(request, spec), SNAPSHOTS: snapshots}
             jobs = self.jobs
             record = jobs.create(params, kind="tts", owner=spec.owner, job_id=job_id, reserved_s=estimate)
             try:
@@ -275,7 +269,7 @@ class RemoteBackend:
                 kind=kind,
                 owner=spec.owner,
                 job_id=job_id,
-                spec=spec_record(spec),
+                spec=wire.encode_job_spec(spec),
                 reserved_s=reserved,
                 prompt_wav=prompt_wav,
             )

@@ -38,13 +38,8 @@ from cosyserve.service.local.recovery import JobFeeder
 from cosyserve.service.local.results import Results
 from cosyserve.service.logs import request_context
 from cosyserve.service.metrics import Metrics
-from cosyserve.service.requests import (
-    EnrolmentRequest,
-    OutputSpec,
-    StreamStart,
-    SynthesisRequest,
-    TtsOutcome,
-)
+from cosyserve.service.outcomes import StreamStart, TtsOutcome
+from cosyserve.service.requests import EnrolmentRequest, OutputSpec, SynthesisRequest
 from cosyserve.service.reservations import QuotaReservations
 from cosyserve.service.scheduling.scheduler import Scheduler, Ticket, WorkContext
 from cosyserve.service.setting_groups import LimitSettings, QueueSettings

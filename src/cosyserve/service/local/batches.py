@@ -38,14 +38,8 @@ from cosyserve.service.local.jobs import JobResult, JobRun
 from cosyserve.service.local.model_host import ModelHost
 from cosyserve.service.local.results import Results
 from cosyserve.service.local.voice_pins import SNAPSHOTS, VoicePins
-from cosyserve.service.requests import (
-    OutputSpec,
-    SentenceTiming,
-    SynthesisRequest,
-    SynthesisResult,
-    TtsOutcome,
-    VoiceScope,
-)
+from cosyserve.service.outcomes import SentenceTiming, SynthesisResult, TtsOutcome
+from cosyserve.service.requests import OutputSpec, SynthesisRequest, VoiceScope
 from cosyserve.service.scheduling.tickets import WorkContext
 from cosyserve.service.stores.batches import UNFINISHED, BatchItem, BatchStore
 from cosyserve.service.stores.output_files import temp_output_path

@@ -17,8 +17,9 @@ from dataclasses import dataclass
 from typing import Any
 
 from cosyserve.errors import Cancelled, StorageError
+from cosyserve.service import wire
 from cosyserve.service.activity import both, synthesis_logger
-from cosyserve.service.backend import cancellable_job, job_pieces, new_job_id, spec_record
+from cosyserve.service.backend import cancellable_job, job_pieces, new_job_id
 from cosyserve.service.batch_input import ItemSpec
 from cosyserve.service.local.batches import BatchPlan, BatchRunner
 from cosyserve.service.local.job_quota import JobQuota
@@ -34,13 +35,12 @@ from cosyserve.service.local.model_host import ModelHost
 from cosyserve.service.local.results import Results
 from cosyserve.service.local.voice_pins import SNAPSHOTS, VoicePins, resolve_items, resolve_request
 from cosyserve.service.logs import request_context
+from cosyserve.service.outcomes import TtsOutcome
 from cosyserve.service.requests import (
     TERMINAL_STATES,
     OutputSpec,
     SynthesisRequest,
-    TtsOutcome,
     VoiceScope,
-    job_parameters,
 )
 from cosyserve.service.reservations import QuotaReservations
 from cosyserve.service.scheduling.scheduler import Scheduler, Ticket, WorkContext
@@ -84,11 +84,11 @@ class LocalJobs:
 
         def create() -> JobRecord:
             return self.jobs.create(
-                {**job_parameters(request, spec), SNAPSHOTS: snapshots},
+                {**wire.encode_job_request(request, spec), SNAPSHOTS: snapshots},
                 kind="tts",
                 owner=spec.owner,
                 job_id=job_id,
-                spec=spec_record(spec),
+                spec=wire.encode_job_spec(spec),
                 reserved_s=estimate,
                 prompt_wav=request.prompt_wav,
             )
@@ -119,7 +119,7 @@ class LocalJobs:
                 kind=kind,
                 owner=spec.owner,
                 job_id=job_id,
-                spec=spec_record(spec),
+                spec=wire.encode_job_spec(spec),
                 reserved_s=reserved,
                 prompt_wav=prompt_wav,
             )
@@ -154,11 +154,11 @@ class LocalJobs:
     def resubmit(self, record: JobRecord, *, attempt: int | None = None) -> Ticket:
         """Put a queued job back on the scheduler from its record (after a restart; on a worker, as the
         attempt it claimed); QueueFull when the queue has no room yet."""
-        spec = self._spec_of(record)
+        spec = wire.decode_job_spec(record.spec, record.params, record.owner, self.quota.key_lookup)
         voices = _scope_of(record, spec)
         prompt_wav = self.jobs.prompt_wav(record.id)
         if record.kind == "tts":
-            asked = request_of(record.params, prompt_wav)
+            asked = wire.decode_job_request(record.params, prompt_wav)
             pieces = job_pieces(asked, self.max_text_chars)
             snapshots = (record.params or {}).get(SNAPSHOTS)
             body = self._tts_body(record.id, asked, spec, pieces, voices, snapshots)
@@ -319,19 +319,6 @@ class LocalJobs:
                 )
         return None
 
-    def _spec_of(self, record: JobRecord) -> OutputSpec:
-        data = record.spec or {}
-        key_id = data.get("key_id")
-        return OutputSpec(
-            format=data.get("format") or (record.params or {}).get("format") or "wav",
-            sample_rate=data.get("sample_rate"),
-            owner=record.owner,
-            key=self.quota.key_lookup(int(key_id)) if key_id is not None else None,
-            request_id=data.get("request_id"),
-            endpoint=data.get("endpoint") or "jobs",
-            extra={**(data.get("extra") or {}), "key_id": key_id},
-        )
-
 
 def _scope_of(record: JobRecord, spec: OutputSpec) -> VoiceScope:
     """The voices a job run again may use: its key's; its owner's own and the shared ones when its key
@@ -345,13 +332,6 @@ def batch_request(shared: dict[str, Any], items: list[dict[str, Any]]) -> Synthe
     """A batch as one request, for the activity log: its texts, its shared voice and instruction."""
     text = "\n".join(str(params.get("text") or "") for params in items)
     return SynthesisRequest(text=text, voice=shared.get("voice"), instruct=shared.get("instruct"))
-
-
-def request_of(params: dict[str, Any], prompt_wav: bytes | None) -> SynthesisRequest:
-    """A job's request again from its stored parameters and recording."""
-    fields = {f.name for f in dataclasses.fields(SynthesisRequest)} - {"prompt_wav", "stream"}
-    values = {key: value for key, value in params.items() if key in fields}
-    return SynthesisRequest(**values, prompt_wav=prompt_wav)
 
 
 def _set_event() -> threading.Event:

@@ -22,7 +22,8 @@ from cosyserve.service.local.model_host import ModelHost
 from cosyserve.service.local.synthesizer import Synthesizer
 from cosyserve.service.logs import log_failure
 from cosyserve.service.metrics import Metrics
-from cosyserve.service.requests import OutputSpec, SynthesisRequest, SynthesisResult, TtsOutcome
+from cosyserve.service.outcomes import SynthesisResult, TtsOutcome
+from cosyserve.service.requests import OutputSpec, SynthesisRequest
 from cosyserve.service.reservations import QuotaReservations
 from cosyserve.service.startup_clock import StartupClock
 from cosyserve.service.stores.outputs import OutputStore, StoredOutput, build_manifest

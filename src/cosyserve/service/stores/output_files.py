@@ -21,7 +21,8 @@ import numpy as np
 
 from cosyserve.errors import InputError
 from cosyserve.errors import OutputNotFound as OutputNotFound  # defined there, with the error table
-from cosyserve.service.requests import SynthesisRequest, SynthesisResult
+from cosyserve.service.outcomes import SynthesisResult
+from cosyserve.service.requests import SynthesisRequest
 from cosyserve.service.stores.atomic_files import TEMP_SUFFIX, write_atomic  # noqa: F401  (re-exported)
 
 OUTPUT_ID = re.compile(r"output_(\d{8})_(\d{6})(?:_([1-9]\d{0,11}))?")  # 12 digits: node tag + counter
