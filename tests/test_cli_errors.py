@@ -14,8 +14,8 @@ import pytest
 from cosyserve import cli
 from cosyserve.cli import main
 from cosyserve.commands.parsing import looks_like_text
-from cosyserve.errors import InputError, MissingExtra, ModelDirError, SettingsError
-from cosyserve.exit_codes import MEANINGS, ExitCode, exit_code_for
+from cosyserve.errors import InputError, MissingExtra, ModelDirError, SettingsError, exit_code_for
+from cosyserve.exit_codes import MEANINGS, ExitCode
 from cosyserve.modeldir import download, hub_probe
 from cosyserve.modeldir.download import DownloadError
 

@@ -1,4 +1,4 @@
-"""Distributed mode, piece by piece: the wire codec, job claims and leases (SQLite and PostgreSQL), the
+"""Distributed mode, piece by piece: the wire format, job claims and leases (SQLite and PostgreSQL), the
 Redis relay and worker registry, and the API node's relay loop against a scripted worker."""
 
 from __future__ import annotations
@@ -12,12 +12,13 @@ import numpy as np
 import pytest
 
 from cosyserve.errors import Cancelled, InputError, JobStateError, QueueFull
-from cosyserve.service.distributed import codec
-from cosyserve.service.requests import OutputSpec, SynthesisRequest, TtsOutcome, VoiceDefaults
+from cosyserve.service import wire
+from cosyserve.service.outcomes import TtsOutcome
+from cosyserve.service.requests import OutputSpec, SynthesisRequest, VoiceDefaults
 from cosyserve.service.stores.jobs import JobStore
 from cosyserve.service.stores.voices import VoiceNotFound
 
-# -- codec ------------------------------------------------------------------------------------------------
+# -- wire -------------------------------------------------------------------------------------------------
 
 
 def test_request_round_trip_keeps_bytes_and_every_field() -> None:
@@ -30,12 +31,10 @@ def test_request_round_trip_keeps_bytes_and_every_field() -> None:
         speed=1.1,
         volume=0.5,
     )
-    data = codec.encode_request(request)
+    data = wire.encode_request(request)
     assert isinstance(data["prompt_wav"], str)  # JSON-safe
-    assert codec.decode_request(data) == request
-    assert (
-        codec.decode_request(codec.encode_request(SynthesisRequest(text="x", voice="v"))).prompt_wav is None
-    )
+    assert wire.decode_request(data) == request
+    assert wire.decode_request(wire.encode_request(SynthesisRequest(text="x", voice="v"))).prompt_wav is None
 
 
 def test_spec_travels_with_the_key_id_and_comes_back_with_the_key() -> None:
@@ -43,18 +42,18 @@ def test_spec_travels_with_the_key_id_and_comes_back_with_the_key() -> None:
     spec = OutputSpec(
         format="mp3", sample_rate=16000, owner="key:42", key=key, request_id="r", extra={"a": 1}
     )
-    data = codec.encode_spec(spec)
+    data = wire.encode_spec(spec)
     assert data["key_id"] == 42 and "key" not in data
     looked_up = []
-    back = codec.decode_spec(data, lambda key_id: looked_up.append(key_id) or key)
+    back = wire.decode_spec(data, lambda key_id: looked_up.append(key_id) or key)
     assert looked_up == [42] and back == spec
-    assert codec.decode_spec(data).key is None  # no lookup: not charged on this node
+    assert wire.decode_spec(data).key is None  # no lookup: not charged on this node
 
 
 def test_outcome_round_trip() -> None:
     outcome = TtsOutcome(1, 2.5, 60, "output_x", "/o/x.wav", "audio/wav", ("w",), b"RIFF\x00")
-    assert codec.decode_outcome(codec.encode_outcome(outcome)) == outcome
-    assert codec.decode_defaults(codec.encode_defaults(VoiceDefaults(speed=1.2))) == VoiceDefaults(speed=1.2)
+    assert wire.decode_outcome(wire.encode_outcome(outcome)) == outcome
+    assert wire.decode_defaults(wire.encode_defaults(VoiceDefaults(speed=1.2))) == VoiceDefaults(speed=1.2)
 
 
 @pytest.mark.parametrize(
@@ -67,14 +66,14 @@ def test_outcome_round_trip() -> None:
     ],
 )
 def test_user_facing_errors_come_back_as_the_same_class(exc: Exception) -> None:
-    back = codec.decode_error(codec.encode_error(exc))
+    back = wire.decode_error(wire.encode_error(exc))
     assert type(back) is type(exc) and str(back) == str(exc)
     assert getattr(back, "retry_after_s", None) == getattr(exc, "retry_after_s", None)
 
 
 def test_bugs_come_back_as_remote_failure_with_the_cause() -> None:
-    back = codec.decode_error(codec.encode_error(ZeroDivisionError("division by zero")))
-    assert isinstance(back, codec.RemoteFailure)
+    back = wire.decode_error(wire.encode_error(ZeroDivisionError("division by zero")))
+    assert isinstance(back, wire.RemoteFailure)
     assert "ZeroDivisionError: division by zero" in str(back)
 
 
@@ -295,14 +294,14 @@ def test_tts_result_and_progress_are_relayed(dispatcher) -> None:
     outcome = TtsOutcome(3, 1.0, 25, "o", None, "audio/wav", (), b"RIFF")
     dispatcher.relay.hold(task, "w", 5)
     dispatcher.relay.publish(task, "progress", 0.5)
-    dispatcher.relay.publish(task, "done", codec.encode_outcome(outcome))
+    dispatcher.relay.publish(task, "done", wire.encode_outcome(outcome))
     thread.join(5)
     assert box["value"] == outcome and ctx.progress == [0.5]
     assert dispatcher.relay.read(task, block_ms=10) == []  # the reader dropped the stream
 
 
 def test_a_stream_yields_start_then_bytes_and_returns_the_outcome(dispatcher) -> None:
-    from cosyserve.service.requests import StreamStart
+    from cosyserve.service.outcomes import StreamStart
 
     work = dispatcher.tts_work(SynthesisRequest(text="hi", voice="v"), OutputSpec(), True)
     items = work(_Context())
@@ -311,7 +310,7 @@ def test_a_stream_yields_start_then_bytes_and_returns_the_outcome(dispatcher) ->
     dispatcher.relay.publish(task, "chunk", b"abc")
     dispatcher.relay.publish(task, "chunk", b"def")
     dispatcher.relay.publish(
-        task, "done", codec.encode_outcome(TtsOutcome(5, 1.0, 25, None, None, "audio/wav"))
+        task, "done", wire.encode_outcome(TtsOutcome(5, 1.0, 25, None, None, "audio/wav"))
     )
     received = []
     with pytest.raises(StopIteration) as stop:
@@ -325,7 +324,7 @@ def test_a_worker_error_is_raised_on_the_api_node(dispatcher) -> None:
     work = dispatcher.tts_work(SynthesisRequest(text="hi", voice="nope"), OutputSpec(), False)
     thread, box = _run_in_thread(work, _Context())
     task = _wait_for_task(dispatcher)
-    dispatcher.relay.publish(task, "error", codec.encode_error(VoiceNotFound("no voice 'nope'")))
+    dispatcher.relay.publish(task, "error", wire.encode_error(VoiceNotFound("no voice 'nope'")))
     thread.join(5)
     assert isinstance(box["error"], VoiceNotFound)
 
@@ -337,7 +336,7 @@ def test_a_vanished_worker_is_reported_as_worker_lost(dispatcher) -> None:
     dispatcher.relay.hold(task, "w", lease_s=1.5)  # taken, then never renewed or answered
     thread.join(10)
     assert not thread.is_alive()
-    assert isinstance(box["error"], codec.WorkerLost)
+    assert isinstance(box["error"], wire.WorkerLost)
 
 
 def test_a_cancel_on_the_api_node_reaches_the_worker(dispatcher) -> None:
@@ -359,7 +358,7 @@ def test_readiness_needs_a_live_worker_and_takes_its_model_info(dispatcher) -> N
         registry.leave(worker["name"])
     state = dispatcher.readiness(False, accepting=True)
     assert state["ready"] is False and "cosyserve worker" in state["reason"]
-    with pytest.raises(codec.NoWorkers):
+    with pytest.raises(wire.NoWorkers):
         dispatcher.require_ready()
     registry.beat("gpu0", {"model": "m", "sample_rate": 24000, "model_path": "/secret"}, ttl_s=30)
     state = dispatcher.readiness(False, accepting=True)
@@ -377,14 +376,14 @@ def test_an_unreachable_queue_is_a_clear_503(tmp_path) -> None:
     remote = RemoteBackend(settings, None, jobs=None, voices=None, batches=None)  # type: ignore[arg-type]
     state = remote.readiness(False, accepting=True)
     assert state["ready"] is False and "cannot be reached" in state["reason"]
-    with pytest.raises(codec.QueueUnavailable, match="Redis"):
+    with pytest.raises(wire.QueueUnavailable, match="Redis"):
         remote.require_ready()
 
 
 def test_audio_survives_the_wire_bit_for_bit() -> None:
     audio = (np.random.default_rng(0).standard_normal(2400) * 1000).astype(np.int16).tobytes()
     outcome = TtsOutcome(0, 0.1, 3, None, None, "audio/pcm", (), audio)
-    assert codec.decode_outcome(codec.encode_outcome(outcome)).audio == audio
+    assert wire.decode_outcome(wire.encode_outcome(outcome)).audio == audio
 
 
 def test_worker_http_answers_health_ready_and_metrics() -> None:

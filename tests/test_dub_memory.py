@@ -52,7 +52,7 @@ for item in batches.items(job.id):
     saved = outputs.save(encode(speech, "wav", source_rate=rate), "wav", {"owner": None})
     batches.start(job.id, item.position, attempt)
     batches.finish(job.id, item.position, attempt, output_id=saved.id, duration_s=0.5, result={"speed": 1.0})
-runner = BatchRunner(types.SimpleNamespace(info={"sample_rate": rate}), batches, outputs, None, None)
+runner = BatchRunner(types.SimpleNamespace(info={"sample_rate": rate}), batches, outputs, None)
 plan = BatchPlan(job.id, "dub", {}, None, OutputSpec(), EVERY_VOICE)
 
 

@@ -16,7 +16,7 @@ from tests.test_api_batches import wait_batch
 from tests.test_api_jobs import wait_job
 
 from cosyserve.errors import Cancelled
-from cosyserve.service.backend import spec_record
+from cosyserve.service import wire
 from cosyserve.service.batches.inputs import BatchRules, items_from
 from cosyserve.service.requests import OutputSpec
 
@@ -95,8 +95,8 @@ class FakeTask:
 @pytest.fixture
 def worker(redis_url, api_synthesizer, demo_model_path, tmp_path):
     from cosyserve.service.assembly import Service
-    from cosyserve.service.distributed.worker import WorkerNode
     from cosyserve.service.settings import Settings
+    from cosyserve.service.worker_node import WorkerNode
 
     settings = Settings(
         model=str(demo_model_path),
@@ -125,7 +125,7 @@ def test_a_workers_sigterm_requeues_its_running_batch(
         kind="batch",
         owner=None,
         job_id=job_id,
-        spec=spec_record(OutputSpec(endpoint="batches")),
+        spec=wire.encode_job_spec(OutputSpec(endpoint="batches")),
         prompt_wav=prompt_wav_bytes,
     )
     service.batches.add(job_id, [item.as_row() for item in items])

@@ -94,7 +94,8 @@ def test_error_codes() -> None:
     assert error_code(InputError("x")) == "invalid_input"
     assert error_code(QueueFull("x", 3)) == "queue_full"
     assert error_code(ShuttingDown("x")) == "shutting_down"
-    assert error_code(JobStateError("x")) == "job_state"
+    # One error table: a job state conflict has the API's code everywhere (job records said "job_state")
+    assert error_code(JobStateError("x")) == "conflict"
     assert error_code(SettingsError("x")) == "settings"
     assert error_code(RuntimeError("x")) == "internal"
 

@@ -12,7 +12,8 @@ import soundfile
 from cosyserve.service.audio_formats import StreamEncoder, encode
 from cosyserve.service.labels import cue
 from cosyserve.service.labels.labeller import OPT_OUT, Labeller
-from cosyserve.service.requests import SentenceTiming, SynthesisRequest, SynthesisResult
+from cosyserve.service.outcomes import SentenceTiming, SynthesisResult
+from cosyserve.service.requests import SynthesisRequest
 from cosyserve.service.subtitles import to_srt, to_vtt
 
 RATE = 24000

@@ -18,7 +18,8 @@ from cosyserve.service.activity import log_activity, synthesis_logger
 from cosyserve.service.gpu import GpuReport, NvmlReader, engine_allocator
 from cosyserve.service.logs import clear_recent_logs, configure_logging, recent_logs
 from cosyserve.service.metrics import Metrics, SystemCollector
-from cosyserve.service.requests import OutputSpec, SynthesisRequest, TtsOutcome
+from cosyserve.service.outcomes import TtsOutcome
+from cosyserve.service.requests import OutputSpec, SynthesisRequest
 from cosyserve.service.scheduling.scheduler import Scheduler
 
 

@@ -14,7 +14,7 @@ from tests.conftest import API_TEXT, enrol_voice, sharing
 
 from cosyserve.engine.memory import out_of_memory_as_error
 from cosyserve.errors import OutOfMemory, error_code, is_out_of_memory
-from cosyserve.service.local import backend as backend_module
+from cosyserve.service.local import results as results_module  # where a result is encoded and stored
 from cosyserve.service.local import synthesizer as synthesizer_module
 from cosyserve.service.requests import SynthesisRequest
 
@@ -112,7 +112,7 @@ def test_host_memory_in_synthesis_and_encoding(server, prompt_wav_bytes, monkeyp
             monkeypatch.setattr(synthesizer_module, "_apply_volume", _raises(MemoryError()))
             _assert_503(client.post("/v1/tts", json={"text": API_TEXT, "voice": "alice"}))
             monkeypatch.undo()
-            monkeypatch.setattr(backend_module, "encode", _raises(MemoryError("Unable to allocate 2.1 GiB")))
+            monkeypatch.setattr(results_module, "encode", _raises(MemoryError("Unable to allocate 2.1 GiB")))
             _assert_503(client.post("/v1/tts", json={"text": API_TEXT, "voice": "alice", "format": "mp3"}))
             monkeypatch.undo()
         _assert_serving(client, prompt_wav_bytes)

@@ -172,7 +172,7 @@ def test_estimates_follow_the_voice_pace_and_the_speed() -> None:
 
 
 def test_an_api_node_reserves_and_its_worker_settles(tmp_path: Path) -> None:
-    from cosyserve.service.distributed import codec
+    from cosyserve.service import wire
     from cosyserve.service.distributed.remote import RemoteBackend
     from cosyserve.service.local.job_quota import JobQuota
     from cosyserve.service.requests import OutputSpec, SynthesisRequest
@@ -195,7 +195,7 @@ def test_an_api_node_reserves_and_its_worker_settles(tmp_path: Path) -> None:
 
     def relay(task_id, ctx):  # the worker's answer: it ends only when the test says so
         worker_done.wait(10)
-        raise codec.WorkerLost("the worker stopped")
+        raise wire.WorkerLost("the worker stopped")
         yield
 
     def send(task: str, args: list, task_id: str | None = None) -> str:
@@ -212,7 +212,7 @@ def test_an_api_node_reserves_and_its_worker_settles(tmp_path: Path) -> None:
         while not sent and waited < 1000:  # the API node's slot sends the task
             threading.Event().wait(0.01)
             waited += 1
-        on_worker = codec.decode_spec(sent[0][1], lambda _id: key)  # what the worker's backend gets
+        on_worker = wire.decode_spec(sent[0][1], lambda _id: key)  # what the worker's backend gets
         assert on_worker.reservation is not None
         QuotaReservations(tracker).settle(on_worker, 2.25)  # the worker's `_finish`
         assert (tracker.used(key), tracker.reserved(key)) == (2.25, 0.0)

@@ -231,7 +231,7 @@ def test_stream_error_after_items(make_scheduler: Any) -> None:
 
 def test_an_audio_stream_is_start_chunks_then_outcome(make_scheduler: Any) -> None:
     from cosyserve.service.backend import AudioStream
-    from cosyserve.service.requests import StreamStart, TtsOutcome
+    from cosyserve.service.outcomes import StreamStart, TtsOutcome
 
     start = StreamStart(7, "audio/pcm", 24000)
     outcome = TtsOutcome(7, 0.1, 3, None, None, "audio/pcm")

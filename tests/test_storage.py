@@ -14,7 +14,8 @@ import pytest
 
 from cosyserve import __version__
 from cosyserve.errors import InputError
-from cosyserve.service.requests import SentenceTiming, SynthesisRequest, SynthesisResult
+from cosyserve.service.outcomes import SentenceTiming, SynthesisResult
+from cosyserve.service.requests import SynthesisRequest
 from cosyserve.service.stores.output_space import RetentionWorker
 from cosyserve.service.stores.outputs import (
     STRAY_GRACE_S,

@@ -28,7 +28,7 @@ LAYERS: dict[str, frozenset[str]] = {
     "parity": frozenset({"engine", "model", "modeldir", "frontend"}),
     "cli": frozenset({"commands", "bench", "parity", "modeldir", "exit_codes"}),
     "exit_codes": frozenset(),
-    "errors": frozenset(),
+    "errors": frozenset({"exit_codes"}),  # ERROR_TABLE names each error's exit status
     "limits": frozenset(),
 }
 OPEN_TO_ALL = frozenset({PACKAGE, "errors", "limits"})  # the package root, the error types, the input limits

@@ -6,7 +6,7 @@ from __future__ import annotations
 from cosyserve.errors import InputError
 from cosyserve.frontend.text.normalize import normalize_text
 from cosyserve.frontend.text.typed import MAX_JOINED, clauses, typed_segments
-from cosyserve.service.requests import SentenceTiming
+from cosyserve.service.outcomes import SentenceTiming
 from cosyserve.service.subtitles import cues, manifest_timings, to_srt, to_vtt
 
 

@@ -10,8 +10,8 @@ from pathlib import Path
 
 from cosyserve import __version__
 from cosyserve.commands.parsing import CliParser
-from cosyserve.errors import EXTRA_OF_MODULE, CosyServeError, InputError, MissingExtra
-from cosyserve.exit_codes import ExitCode, epilog, exit_code_for
+from cosyserve.errors import EXTRA_OF_MODULE, CosyServeError, InputError, MissingExtra, exit_code_for
+from cosyserve.exit_codes import ExitCode, epilog
 
 
 def _cmd_parity(args: argparse.Namespace) -> int:

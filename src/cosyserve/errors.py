@@ -3,6 +3,9 @@
 from __future__ import annotations
 
 import sys
+from dataclasses import dataclass
+
+from cosyserve.exit_codes import ExitCode
 
 
 class CosyServeError(Exception):
@@ -86,27 +89,102 @@ class JobStateError(CosyServeError):
     """A job cannot make the requested state change (e.g. it already finished: one job, one result)."""
 
 
-_CODES: tuple[tuple[type[BaseException], str], ...] = (
-    (JobTimeout, "timeout"),
-    (Cancelled, "cancelled"),
-    (ShuttingDown, "shutting_down"),
-    (QueueFull, "queue_full"),
-    (StorageError, "storage_error"),
-    (InputError, "invalid_input"),
-)
+# -- errors of the service's parts, defined here so that every layer (and the error table) can name them
 
 
-def error_code(exc: BaseException) -> str:
-    """A short stable code for an exception, for job records, `errors_total{kind}` and API error envelopes."""
-    for cls, code in _CODES:
-        if isinstance(exc, cls):
-            return code
-    if isinstance(exc, CosyServeError):
-        name = type(exc).__name__.removesuffix("Error")
-        return "".join("_" + c.lower() if c.isupper() else c for c in name).lstrip("_")
-    if is_out_of_memory(exc):  # one that no layer turned into OutOfMemory still is no bug
-        return "out_of_memory"
-    return "internal"
+class AuthRequired(CosyServeError):
+    """No valid credentials (API key or UI session) came with a request that needs them."""
+
+
+class Forbidden(CosyServeError):
+    """The credentials are valid but not allowed to do this (role or owner)."""
+
+
+class RateLimited(CosyServeError):
+    """Too many requests for this API key; retry after `retry_after_s`."""
+
+    def __init__(self, message: str, retry_after_s: int) -> None:
+        super().__init__(message)
+        self.retry_after_s = retry_after_s
+
+
+class QuotaExceeded(RateLimited):
+    """The key's daily audio-seconds quota is used up."""
+
+
+class KeyRevoked(CosyServeError):
+    """The API key that started this work was revoked (or deleted) while it ran; the work stopped."""
+
+
+class KeyChanged(CosyServeError):
+    """The API key's role changed while its work ran and the work uses what the key may no longer use."""
+
+
+class ConsentRequired(InputError):
+    """A user key enrolled a voice without confirming the consent statement."""
+
+
+class VoiceNotFound(InputError):
+    """No voice with that id or name."""
+
+
+class VoiceFilesMissing(VoiceNotFound):
+    """The voice exists but its files are on another node only (enrolled before files were shared)."""
+
+
+class VoiceUnavailable(CosyServeError):
+    """A voice that work was accepted with is gone when the work needs it (deleted out of band): not the
+    caller's error; the work keeps what it finished."""
+
+
+class VoiceInUse(CosyServeError):
+    """A voice that queued or running work uses cannot be deleted yet."""
+
+
+class OutputNotFound(InputError):
+    """No complete output with that id (never saved, removed, or still being written)."""
+
+
+class KeyNotFound(InputError):
+    """No API key with that id or prefix."""
+
+
+class JobNotFound(InputError):
+    """No job with that id (never created, purged, or someone else's)."""
+
+
+class PayloadTooLarge(InputError):
+    """A request body or upload is larger than the server allows."""
+
+
+class UnsupportedMediaType(InputError):
+    """A body or upload of a type this endpoint does not take."""
+
+
+class SyncError(CosyServeError):
+    """The bucket can't be used or an upload failed for good (the message says which and why)."""
+
+
+class RemoteFailure(CosyServeError):
+    """A worker failed with an unexpected error (its log has the traceback)."""
+
+
+class WorkerLost(CosyServeError):
+    """The worker running a request stopped answering (it crashed or was stopped); retry the request."""
+
+    retry_after_s = 1
+
+
+class QueueUnavailable(CosyServeError):
+    """The shared queue (Redis) cannot be reached."""
+
+    retry_after_s = 5
+
+
+class NoWorkers(CosyServeError):
+    """No worker is connected to the queue, so nothing can be synthesised right now."""
+
+    retry_after_s = 5
 
 
 # How the libraries underneath say an allocation failed when they have no exception type for it:
@@ -174,3 +252,89 @@ def require_modules(needed_for: str, *modules: str) -> None:
     for module in modules:
         if importlib.util.find_spec(module) is None:
             raise MissingExtra(module, EXTRA_OF_MODULE.get(module, "distributed"), needed_for)
+
+
+# -- the error table ------------------------------------------------------------------------------------
+# Where every error gets its code, its HTTP status, the `cosyserve` command's exit status and what the web
+# UI says: the API (`api/errors.py`), the UI (`ui/generate.py`), the CLI (`exit_code_for`) and the cluster
+# (`service/wire.py`, job records, `errors_total{kind}`) all read this one table.
+
+
+@dataclass(frozen=True)
+class ErrorKind:
+    """How one kind of error reaches users."""
+
+    code: str  # short and stable: API envelopes, job and batch item records, metrics, the activity log
+    status: int  # the HTTP status of its API answer (a 500 never shows its message)
+    exit: ExitCode  # what a `cosyserve` command ends with when it stops one
+    ui_key: str | None = None  # the web UI's translated sentence (`ui/i18n.py`); None: its own message
+
+
+_USAGE, _FAILED, _UNAVAILABLE = ExitCode.USAGE, ExitCode.FAILED, ExitCode.UNAVAILABLE
+
+# (exception class, how it reaches users): the first match wins, so subclasses come first.
+ERROR_TABLE: tuple[tuple[type[BaseException], ErrorKind], ...] = (
+    (VoiceNotFound, ErrorKind("voice_not_found", 404, _USAGE)),
+    (ConsentRequired, ErrorKind("consent_required", 400, _USAGE)),
+    (OutputNotFound, ErrorKind("output_not_found", 404, _USAGE)),
+    (KeyNotFound, ErrorKind("key_not_found", 404, _USAGE)),
+    (JobNotFound, ErrorKind("job_not_found", 404, _USAGE)),
+    (PayloadTooLarge, ErrorKind("payload_too_large", 413, _USAGE)),
+    (UnsupportedMediaType, ErrorKind("unsupported_media_type", 415, _USAGE)),
+    (QuotaExceeded, ErrorKind("quota_exceeded", 429, _FAILED, "err_rate")),
+    (RateLimited, ErrorKind("rate_limited", 429, _FAILED, "err_rate")),
+    (QueueFull, ErrorKind("queue_full", 429, _FAILED, "err_queue_full")),
+    (AuthRequired, ErrorKind("auth_required", 401, _FAILED, "err_auth")),
+    (Forbidden, ErrorKind("forbidden", 403, _FAILED, "err_admin")),
+    (ModelNotReady, ErrorKind("model_not_ready", 503, _FAILED, "err_not_ready")),
+    (OutOfMemory, ErrorKind("out_of_memory", 503, _FAILED)),
+    (StorageError, ErrorKind("storage_error", 503, _FAILED)),
+    (NoWorkers, ErrorKind("no_workers", 503, _FAILED)),
+    (WorkerLost, ErrorKind("worker_lost", 503, _FAILED)),
+    (QueueUnavailable, ErrorKind("queue_unavailable", 503, _FAILED)),
+    (SyncError, ErrorKind("storage_unavailable", 503, _FAILED)),
+    (ShuttingDown, ErrorKind("shutting_down", 503, _FAILED)),
+    (JobTimeout, ErrorKind("timeout", 504, _FAILED, "err_timeout")),
+    (Cancelled, ErrorKind("cancelled", 409, _FAILED, "cancelled")),  # Interrupted too
+    (JobStateError, ErrorKind("conflict", 409, _FAILED)),
+    (InputError, ErrorKind("invalid_input", 400, _USAGE)),
+    (ModelDirError, ErrorKind("model_unavailable", 503, _UNAVAILABLE)),  # missing or damaged: download it
+    (SettingsError, ErrorKind("settings", 500, _USAGE)),
+    # work in flight that lost its footing: not the caller's request at fault
+    (KeyRevoked, ErrorKind("key_revoked", 401, _FAILED)),
+    (KeyChanged, ErrorKind("key_changed", 403, _FAILED)),
+    (VoiceUnavailable, ErrorKind("voice_unavailable", 409, _FAILED)),
+    (VoiceInUse, ErrorKind("voice_in_use", 409, _FAILED)),
+    (MissingExtra, ErrorKind("missing_extra", 500, _UNAVAILABLE)),
+    (Unavailable, ErrorKind("unavailable", 500, _UNAVAILABLE)),
+)
+_OUT_OF_MEMORY = ErrorKind("out_of_memory", 503, _FAILED)  # a raw allocation failure no layer turned
+_INTERNAL = ErrorKind("internal", 500, _FAILED)  # a bug: its details go to the log only
+
+
+def error_kind(exc: BaseException) -> ErrorKind:
+    """How `exc` reaches users: its row of the table; another of ours gets a code from its class name
+    (a 500); a raw allocation failure is still no bug; anything else is internal."""
+    for cls, kind in ERROR_TABLE:
+        if isinstance(exc, cls):
+            return kind
+    if isinstance(exc, CosyServeError):
+        name = type(exc).__name__.removesuffix("Error")
+        return ErrorKind(
+            "".join("_" + c.lower() if c.isupper() else c for c in name).lstrip("_"), 500, _FAILED
+        )
+    if is_out_of_memory(exc):
+        return _OUT_OF_MEMORY
+    return _INTERNAL
+
+
+def error_code(exc: BaseException) -> str:
+    """A short stable code for an exception, for job records, `errors_total{kind}` and API error envelopes."""
+    return error_kind(exc).code
+
+
+def exit_code_for(error: BaseException) -> ExitCode:
+    """The status a command ends with when `error` stops it."""
+    if isinstance(error, KeyboardInterrupt):
+        return ExitCode.INTERRUPTED
+    return error_kind(error).exit

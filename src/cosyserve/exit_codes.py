@@ -1,4 +1,5 @@
-"""The exit statuses of every `cosyserve` command, defined once (the README's table is this one).
+"""The exit statuses of every `cosyserve` command, defined once (the README's table is this one); which
+error ends a command with which status is a column of the error table (`errors.exit_code_for`).
 
 A script can tell what to do from the status alone: 2 means fix the command line, 3 means install or
 download something (or reach a server), 1 means the work itself failed.
@@ -7,14 +8,6 @@ download something (or reach a server), 1 means the work itself failed.
 from __future__ import annotations
 
 from enum import IntEnum
-
-from cosyserve.errors import (
-    CosyServeError,
-    InputError,
-    ModelDirError,
-    SettingsError,
-    Unavailable,
-)
 
 
 class ExitCode(IntEnum):
@@ -35,19 +28,6 @@ MEANINGS: dict[ExitCode, str] = {
     "or a server unreachable, an extra not installed): install or download it",
     ExitCode.INTERRUPTED: "interrupted (Ctrl-C)",
 }
-
-
-def exit_code_for(error: BaseException) -> ExitCode:
-    """The status a command ends with when `error` stops it."""
-    if isinstance(error, KeyboardInterrupt):
-        return ExitCode.INTERRUPTED
-    if isinstance(error, (Unavailable, ModelDirError)):  # a missing or damaged model: download it
-        return ExitCode.UNAVAILABLE
-    if isinstance(error, (InputError, SettingsError)):
-        return ExitCode.USAGE
-    if isinstance(error, CosyServeError):
-        return ExitCode.FAILED
-    return ExitCode.FAILED
 
 
 def epilog() -> str:

@@ -1,8 +1,9 @@
 """One JSON error envelope for every 4xx/5xx: `{"error": {"code", "message", "request_id"}}`.
 
-Exceptions map to statuses here and nowhere else. Failures of scheduled work were already logged and
-counted by the scheduler (`mark_counted`); everything else is logged with its reason and counted once
-here. A 500 never carries a stack trace: its message names the request id to look up in the log.
+Exceptions get their status and code from the one error table (`cosyserve.errors.ERROR_TABLE`). Failures
+of scheduled work were already logged and counted by the scheduler (`mark_counted`); everything else is
+logged with its reason and counted once here. A 500 never carries a stack trace: its message names the
+request id to look up in the log.
 """
 
 from __future__ import annotations
@@ -16,44 +17,13 @@ from fastapi.exceptions import RequestValidationError
 from fastapi.responses import JSONResponse
 from starlette.exceptions import HTTPException as StarletteHTTPException
 
-from cosyserve.errors import (
-    OUT_OF_MEMORY_RETRY_AFTER_S,
-    Cancelled,
-    CosyServeError,
-    InputError,
-    JobStateError,
-    JobTimeout,
-    ModelDirError,
-    ModelNotReady,
-    OutOfMemory,
-    QueueFull,
-    SettingsError,
-    ShuttingDown,
-    StorageError,
-    error_code,
-    is_out_of_memory,
-)
-from cosyserve.service.access.key_watch import KeyChanged, KeyRevoked
-from cosyserve.service.access.principals import AuthRequired, Forbidden, QuotaExceeded, RateLimited
-from cosyserve.service.access.voice_rules import ConsentRequired
-from cosyserve.service.distributed.codec import NoWorkers, QueueUnavailable, WorkerLost
+from cosyserve.errors import OUT_OF_MEMORY_RETRY_AFTER_S, CosyServeError, error_kind
+from cosyserve.errors import PayloadTooLarge as PayloadTooLarge  # defined there, with the error table
+from cosyserve.errors import UnsupportedMediaType as UnsupportedMediaType
 from cosyserve.service.logs import get_request_id, log_failure
-from cosyserve.service.stores.jobs import JobNotFound
-from cosyserve.service.stores.keys import KeyNotFound
-from cosyserve.service.stores.outputs import OutputNotFound
-from cosyserve.service.stores.s3sync import SyncError
-from cosyserve.service.stores.voices import VoiceInUse, VoiceNotFound, VoiceUnavailable
 
 log = logging.getLogger(__name__)
 _COUNTED = "_cosyserve_counted"
-
-
-class PayloadTooLarge(InputError):
-    """A request body or upload is larger than the server allows."""
-
-
-class UnsupportedMediaType(InputError):
-    """A body or upload of a type this endpoint does not take."""
 
 
 class BodyTooLarge(StarletteHTTPException):
@@ -76,40 +46,6 @@ def body_cap_bytes(upload_limit_bytes: int) -> int:
     return upload_limit_bytes * 4 // 3 + (1 << 20)
 
 
-# (exception class, HTTP status, code): the first match wins, so subclasses come first.
-_MAP: tuple[tuple[type[BaseException], int, str], ...] = (
-    (VoiceNotFound, 404, "voice_not_found"),
-    (ConsentRequired, 400, "consent_required"),
-    (OutputNotFound, 404, "output_not_found"),
-    (KeyNotFound, 404, "key_not_found"),
-    (JobNotFound, 404, "job_not_found"),
-    (PayloadTooLarge, 413, "payload_too_large"),
-    (UnsupportedMediaType, 415, "unsupported_media_type"),
-    (QuotaExceeded, 429, "quota_exceeded"),
-    (RateLimited, 429, "rate_limited"),
-    (QueueFull, 429, "queue_full"),
-    (AuthRequired, 401, "auth_required"),
-    (Forbidden, 403, "forbidden"),
-    (ModelNotReady, 503, "model_not_ready"),
-    (OutOfMemory, 503, "out_of_memory"),
-    (StorageError, 503, "storage_error"),
-    (NoWorkers, 503, "no_workers"),
-    (WorkerLost, 503, "worker_lost"),
-    (QueueUnavailable, 503, "queue_unavailable"),
-    (SyncError, 503, "storage_unavailable"),
-    (ShuttingDown, 503, "shutting_down"),
-    (JobTimeout, 504, "timeout"),
-    (Cancelled, 409, "cancelled"),
-    (JobStateError, 409, "conflict"),
-    (InputError, 400, "invalid_input"),
-    (ModelDirError, 503, "model_unavailable"),
-    (SettingsError, 500, "settings"),
-    # work in flight that lost its footing: not the caller's request at fault
-    (KeyRevoked, 401, "key_revoked"),
-    (KeyChanged, 403, "key_changed"),
-    (VoiceUnavailable, 409, "voice_unavailable"),
-    (VoiceInUse, 409, "voice_in_use"),
-)
 _HTTP_CODES = {
     400: "bad_request",
     401: "auth_required",
@@ -138,14 +74,9 @@ def envelope(status: int, code: str, message: str, headers: dict[str, str] | Non
 
 
 def classify(exc: BaseException) -> tuple[int, str]:
-    for cls, status, code in _MAP:
-        if isinstance(exc, cls):
-            return status, code
-    if isinstance(exc, CosyServeError):
-        return 500, error_code(exc)
-    if is_out_of_memory(exc):  # a raw allocation failure no layer below turned into OutOfMemory
-        return 503, "out_of_memory"
-    return 500, "internal"
+    """The HTTP status and code of `exc`, from the error table (`errors.ERROR_TABLE`)."""
+    kind = error_kind(exc)
+    return kind.status, kind.code
 
 
 def error_response(exc: BaseException, metrics: Any = None) -> JSONResponse:

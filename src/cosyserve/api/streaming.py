@@ -27,7 +27,7 @@ from fastapi.responses import Response, StreamingResponse
 
 from cosyserve.api.errors import classify, error_response, mark_counted
 from cosyserve.service.backend import AudioStream
-from cosyserve.service.requests import StreamStart, TtsOutcome
+from cosyserve.service.outcomes import StreamStart, TtsOutcome
 from cosyserve.service.scheduling.scheduler import Ticket
 
 T = TypeVar("T")

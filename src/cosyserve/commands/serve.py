@@ -11,8 +11,8 @@ import logging
 import typing
 from typing import Any
 
-from cosyserve.errors import ModelDirError, Unavailable
-from cosyserve.exit_codes import ExitCode, exit_code_for
+from cosyserve.errors import ModelDirError, Unavailable, exit_code_for
+from cosyserve.exit_codes import ExitCode
 
 log = logging.getLogger("cosyserve.serve")
 

@@ -17,8 +17,8 @@ log = logging.getLogger("cosyserve.worker")
 
 
 def cmd_worker(args: argparse.Namespace) -> int:
-    from cosyserve.service.distributed.worker import WorkerNode
     from cosyserve.service.logs import configure_from_settings
+    from cosyserve.service.worker_node import WorkerNode
 
     settings = load_settings(args, args.settings_dests)
     if not settings.queue.queue_url:

@@ -15,7 +15,8 @@ from typing import Any, Protocol
 from cosyserve.errors import InputError, JobStateError
 from cosyserve.frontend.text.split import has_content, require_visible_text, split_long_text
 from cosyserve.service.batches.inputs import ItemSpec
-from cosyserve.service.requests import EnrolmentRequest, OutputSpec, StreamStart, SynthesisRequest, TtsOutcome
+from cosyserve.service.outcomes import StreamStart, TtsOutcome
+from cosyserve.service.requests import EnrolmentRequest, OutputSpec, SynthesisRequest
 from cosyserve.service.scheduling.tickets import Ticket
 from cosyserve.service.stores.jobs import JobNotFound, JobRecord, JobStore
 
@@ -164,19 +165,6 @@ def cancellable_job(jobs: JobStore, job_id: str) -> JobRecord:
             f"job {job_id} already ended ({record.state}); only queued or running jobs cancel"
         )
     return record
-
-
-def spec_record(spec: OutputSpec) -> dict[str, Any]:
-    """What a job keeps of its `OutputSpec` (the key as its id), to run again after a restart or on a
-    worker that claims it."""
-    return {
-        "format": spec.format,
-        "sample_rate": spec.sample_rate,
-        "key_id": spec.key.id if spec.key is not None else None,
-        "request_id": spec.request_id,
-        "endpoint": spec.endpoint,
-        "extra": spec.extra,
-    }
 
 
 def new_job_id() -> str:

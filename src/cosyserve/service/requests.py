@@ -1,9 +1,9 @@
-"""What a synthesis request carries and what it produces: the service layer's vocabulary.
+"""What a synthesis request carries: the service layer's vocabulary for what goes in.
 
 `SynthesisRequest` (what to say, in which voice) and `OutputSpec` (how the result is delivered and to whom
-it is charged) go in; `SynthesisResult` (raw audio, timings) comes out of the synthesizer and becomes a
-`TtsOutcome` (what was stored and what the caller gets). A stream announces itself with `StreamStart`.
-A new voice is asked for with an `EnrolmentRequest`.
+it is charged) go in; `VoiceScope` says which saved voices the caller may use. A new voice is asked for
+with an `EnrolmentRequest`. What comes out is `outcomes.py`; how a request crosses a process or is kept
+with a job is `wire.py`; how long its audio will be is `access/estimate.py`.
 """
 
 from __future__ import annotations
@@ -12,9 +12,8 @@ import dataclasses
 from dataclasses import dataclass, field
 from typing import Any, Literal
 
-import numpy as np
-
 from cosyserve.service.audio_formats import SAMPLE_RATE, check_format, check_sample_rate
+from cosyserve.service.outcomes import TtsOutcome as TtsOutcome  # the web UI still imports it from here
 from cosyserve.service.stores.keys import ApiKey
 
 MAX_SEED = 2**31 - 1  # seeds are non-negative 31-bit integers everywhere (API, UI, synthesizer)
@@ -36,56 +35,6 @@ class SynthesisRequest:
     volume: float = 1.0  # linear gain on the output, clipped to [-1, 1]
     stream: bool = False  # chunks within a sentence as soon as they are ready
     denoise: bool = False  # suppress background noise in `prompt_wav` before analysing it (RNNoise)
-
-
-@dataclass(frozen=True)
-class AudioChunk:
-    """A piece of output audio, in order. Concatenating all chunks gives the whole result."""
-
-    samples: np.ndarray  # (S,) float32 mono in [-1, 1]
-    sentence_index: int  # which text segment it belongs to
-    sample_rate: int = SAMPLE_RATE
-
-
-@dataclass(frozen=True)
-class SentenceTiming:
-    """Where one synthesised segment of the text lies in the output audio."""
-
-    index: int
-    text: str
-    start_s: float
-    end_s: float
-
-
-@dataclass
-class SynthesisProgress:
-    """Reported to a progress callback after every segment (and at the start)."""
-
-    segments_done: int
-    segments_total: int
-    audio_seconds: float = 0.0
-
-    @property
-    def fraction(self) -> float:
-        return self.segments_done / self.segments_total if self.segments_total else 1.0
-
-
-@dataclass
-class SynthesisResult:
-    """A finished synthesis: audio plus everything needed to reproduce and describe it."""
-
-    audio: np.ndarray  # (S,) float32
-    sample_rate: int
-    seed: int
-    timings: list[SentenceTiming] = field(default_factory=list)
-    speech_tokens: int = 0
-    stage_seconds: dict[str, float] = field(default_factory=dict)  # e.g. {"llm": 1.2, "flow": 3.4, ...}
-    warnings: list[str] = field(default_factory=list)
-    reading: dict[str, Any] = field(default_factory=dict)  # what the model read (`reading_report`)
-
-    @property
-    def duration_s(self) -> float:
-        return len(self.audio) / self.sample_rate
 
 
 @dataclass(frozen=True)
@@ -153,35 +102,3 @@ class OutputSpec:
         fmt = check_format(self.format)
         rate = check_sample_rate(fmt, self.sample_rate, source_rate or SAMPLE_RATE)
         return dataclasses.replace(self, format=fmt, sample_rate=rate)
-
-
-@dataclass(frozen=True)
-class StreamStart:
-    """How a stream begins: the request was checked and its seed is known, so a response can start."""
-
-    seed: int
-    media_type: str
-    sample_rate: int
-    # Why results could not be saved when the stream began (a full or unwritable output directory, under
-    # min_free_mb): its audio will probably not be kept. None: nothing was known to be wrong.
-    storage_warning: str | None = None
-
-
-@dataclass(frozen=True)
-class TtsOutcome:
-    """A finished synthesis as the caller sees it: where it was stored, and the audio when not streamed."""
-
-    seed: int
-    duration_s: float
-    speech_tokens: int
-    output_id: str | None
-    output_path: str | None
-    media_type: str
-    warnings: tuple[str, ...] = ()
-    audio: bytes | None = None  # the encoded response (not for streams)
-    storage_error: str | None = None  # why the result could not be saved (None: it was, or not asked)
-
-
-def job_parameters(request: SynthesisRequest, spec: OutputSpec) -> dict[str, Any]:
-    """What a job record keeps of its request (everything needed to run it again)."""
-    return {**dataclasses.asdict(request), "format": spec.format, "sample_rate": spec.sample_rate}

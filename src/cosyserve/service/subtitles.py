@@ -11,7 +11,7 @@ from __future__ import annotations
 from collections.abc import Mapping, Sequence
 from typing import Any
 
-from cosyserve.service.requests import SentenceTiming
+from cosyserve.service.outcomes import SentenceTiming
 
 
 def _clock(seconds: float, separator: str) -> str:

@@ -20,15 +20,12 @@ from typing import Any
 
 import gradio as gr
 
-from cosyserve.errors import Cancelled, CosyServeError, JobTimeout, ModelNotReady, QueueFull
+from cosyserve.errors import Cancelled, CosyServeError, error_kind
 from cosyserve.limits import AUDIO_SUFFIX_LIST
 from cosyserve.ui.bridge import (
     DOWNLOAD_FORMATS,
     MAX_SEED,
-    AuthRequired,
-    Forbidden,
     Principal,
-    RateLimited,
     StoredOutput,
     SynthesisRequest,
     Ticket,
@@ -63,23 +60,12 @@ def error_message(exc: BaseException, lang: str, request_id: str | None = None) 
         if p.kind == "type":
             return text("err_bad_file", lang, suffix=p.suffix, formats=AUDIO_SUFFIX_LIST)
         return text("err_big_file", lang, size=p.size_mb, limit=p.limit_mb)
-    if isinstance(exc, QueueFull):
-        return text("err_queue_full", lang, seconds=exc.retry_after_s)
-    if isinstance(exc, ModelNotReady):
-        return text("err_not_ready", lang)
-    if isinstance(exc, AuthRequired):
-        return text("err_auth", lang)
-    if isinstance(exc, Forbidden):
-        return text("err_admin", lang)
-    if isinstance(exc, RateLimited):
-        return text("err_rate", lang, message=str(exc))
-    if isinstance(exc, JobTimeout):
-        return text("err_timeout", lang, message=str(exc))
-    if isinstance(exc, Cancelled):
-        return text("cancelled", lang)
-    if isinstance(exc, CosyServeError):
+    if not isinstance(exc, CosyServeError):  # a bug: the details go to the log, not the page
+        return text("err_internal", lang, request_id=request_id or "-")
+    key = error_kind(exc).ui_key  # the error table says which errors get a translated sentence
+    if key is None:
         return str(exc)
-    return text("err_internal", lang, request_id=request_id or "-")
+    return text(key, lang, seconds=getattr(exc, "retry_after_s", None), message=str(exc))
 
 
 def as_gr_error(exc: BaseException, lang: str, request_id: str | None = None) -> gr.Error:

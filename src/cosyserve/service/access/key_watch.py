@@ -13,17 +13,10 @@ from __future__ import annotations
 from collections.abc import Callable, Iterable
 from typing import Any
 
-from cosyserve.errors import CosyServeError
+from cosyserve.errors import KeyChanged as KeyChanged
+from cosyserve.errors import KeyRevoked as KeyRevoked  # defined there, with the error table
 from cosyserve.service.requests import VoiceScope
 from cosyserve.service.stores.keys import ApiKey
-
-
-class KeyRevoked(CosyServeError):
-    """The API key that started this work was revoked (or deleted) while it ran; the work stopped."""
-
-
-class KeyChanged(CosyServeError):
-    """The API key's role changed while its work ran and the work uses what the key may no longer use."""
 
 
 class KeyWatch:

@@ -4,29 +4,12 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from cosyserve.errors import CosyServeError
+from cosyserve.errors import AuthRequired as AuthRequired  # defined there, with the error table
+from cosyserve.errors import Forbidden as Forbidden
+from cosyserve.errors import QuotaExceeded as QuotaExceeded
+from cosyserve.errors import RateLimited as RateLimited
 from cosyserve.service.requests import VoiceScope
 from cosyserve.service.stores.keys import ApiKey
-
-
-class AuthRequired(CosyServeError):
-    """No valid credentials (API key or UI session) came with a request that needs them."""
-
-
-class Forbidden(CosyServeError):
-    """The credentials are valid but not allowed to do this (role or owner)."""
-
-
-class RateLimited(CosyServeError):
-    """Too many requests for this API key; retry after `retry_after_s`."""
-
-    def __init__(self, message: str, retry_after_s: int) -> None:
-        super().__init__(message)
-        self.retry_after_s = retry_after_s
-
-
-class QuotaExceeded(RateLimited):
-    """The key's daily audio-seconds quota is used up."""
 
 
 @dataclass(frozen=True)

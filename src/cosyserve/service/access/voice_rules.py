@@ -18,14 +18,10 @@ from __future__ import annotations
 import time
 from typing import Any
 
-from cosyserve.errors import InputError
+from cosyserve.errors import ConsentRequired as ConsentRequired  # defined there, with the error table
 from cosyserve.service.access.principals import Forbidden, Principal
 from cosyserve.service.setting_groups import AuthSettings
 from cosyserve.service.stores.voices import Voice
-
-
-class ConsentRequired(InputError):
-    """A user key enrolled a voice without confirming the consent statement."""
 
 
 def owns(principal: Principal, voice: Voice) -> bool:

@@ -12,10 +12,11 @@
 
 from __future__ import annotations
 
-import json
 import logging
 from dataclasses import dataclass
 from typing import Any
+
+from cosyserve.service.wire import from_json, to_json
 
 log = logging.getLogger(__name__)
 
@@ -51,7 +52,7 @@ class Relay:
 
     def publish(self, task_id: str, kind: str, data: bytes | dict[str, Any] | float = b"") -> None:
         if not isinstance(data, bytes):
-            data = json.dumps(data, ensure_ascii=False).encode()
+            data = to_json(data)
         key = _key("out", task_id)
         pipe = self.client.pipeline(transaction=False)
         pipe.xadd(key, {"k": kind, "d": data}, maxlen=MAX_STREAM_ITEMS, approximate=True)
@@ -103,7 +104,7 @@ class WorkerRegistry:
         self.client = client
 
     def beat(self, name: str, info: dict[str, Any], ttl_s: float) -> None:
-        self.client.set(_key("worker", name), json.dumps(info).encode(), px=max(1, int(ttl_s * 1000)))
+        self.client.set(_key("worker", name), to_json(info), px=max(1, int(ttl_s * 1000)))
 
     def leave(self, name: str) -> None:
         self.client.delete(_key("worker", name))
@@ -118,7 +119,7 @@ class WorkerRegistry:
             if value is None:  # expired between SCAN and MGET
                 continue
             try:
-                info = json.loads(value)
+                info = from_json(value)
             except ValueError:
                 log.warning("ignoring a malformed worker heartbeat at %s", _text(key))
                 continue

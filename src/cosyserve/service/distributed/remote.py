@@ -12,7 +12,6 @@ from __future__ import annotations
 
 import contextlib
 import dataclasses
-import json
 import logging
 import threading
 import time
@@ -21,9 +20,9 @@ from collections.abc import Callable, Generator, Iterator
 from typing import Any
 
 from cosyserve.errors import Cancelled, InputError, JobStateError
-from cosyserve.service.backend import AudioStream, cancellable_job, job_pieces, new_job_id, spec_record
+from cosyserve.service import wire
+from cosyserve.service.backend import AudioStream, cancellable_job, job_pieces, new_job_id
 from cosyserve.service.batches.inputs import ItemSpec
-from cosyserve.service.distributed import codec
 from cosyserve.service.distributed.celery_app import (
     BATCH_TASK,
     ENROL_TASK,
@@ -34,14 +33,8 @@ from cosyserve.service.distributed.celery_app import (
 )
 from cosyserve.service.distributed.relay import Relay, RelayItem, WorkerRegistry, connect
 from cosyserve.service.local.voice_pins import SNAPSHOTS, resolve_items, resolve_request
-from cosyserve.service.requests import (
-    EnrolmentRequest,
-    OutputSpec,
-    StreamStart,
-    SynthesisRequest,
-    TtsOutcome,
-    job_parameters,
-)
+from cosyserve.service.outcomes import StreamStart, TtsOutcome
+from cosyserve.service.requests import EnrolmentRequest, OutputSpec, SynthesisRequest
 from cosyserve.service.reservations import QuotaReservations
 from cosyserve.service.scheduling.scheduler import Scheduler, Ticket, WorkContext
 from cosyserve.service.settings import Settings
@@ -100,14 +93,14 @@ class RemoteBackend:
     # -- readiness ---------------------------------------------------------------------------------------
 
     def workers(self, *, fresh: bool = False) -> list[dict[str, Any]]:
-        """Live workers' heartbeat info (cached briefly); raises codec.QueueUnavailable when Redis is down."""
+        """Live workers' heartbeat info (cached briefly); raises wire.QueueUnavailable when Redis is down."""
         with self._workers_lock:
             checked_at, workers = self._workers  # an empty answer is never reused: new workers count at once
             if fresh or not workers or time.monotonic() - checked_at > WORKERS_CACHE_S:
                 try:
                     workers = self.registry.alive()
                 except Exception as exc:
-                    raise codec.QueueUnavailable(
+                    raise wire.QueueUnavailable(
                         f"the queue at {_where(self.url)} cannot be reached ({type(exc).__name__}): "
                         "check that Redis runs and queue_url points at it"
                     ) from exc
@@ -120,7 +113,7 @@ class RemoteBackend:
         try:
             workers = self.workers()
             reason = None if workers else "no worker is connected: start `cosyserve worker --queue …`"
-        except codec.QueueUnavailable as exc:
+        except wire.QueueUnavailable as exc:
             workers, reason = [], str(exc)
         if reason is None and not accepting:
             reason = "the server is shutting down"
@@ -139,7 +132,7 @@ class RemoteBackend:
 
     def require_ready(self) -> None:
         if not self.workers():
-            raise codec.NoWorkers(
+            raise wire.NoWorkers(
                 "no worker is connected to the queue: start `cosyserve worker --queue …` "
                 "(GET /ready says when one is)"
             )
@@ -185,7 +178,7 @@ class RemoteBackend:
         self, request: SynthesisRequest, spec: OutputSpec, stream: bool
     ) -> Callable[[WorkContext], Any]:
         """The work for one scheduler slot: a task on a worker, relayed (chunks too when `stream`)."""
-        args = [codec.encode_request(request), codec.encode_spec(spec), stream]
+        args = [wire.encode_request(request), wire.encode_spec(spec), stream]
 
         def work(ctx: WorkContext) -> Any:
             task_id = self._send(TTS_TASK, args)
@@ -193,7 +186,7 @@ class RemoteBackend:
             if stream:
                 return self._stream(task_id, items)
             try:
-                return codec.decode_outcome(_json(_until_done(items)))
+                return wire.decode_outcome(_json(_until_done(items)))
             finally:
                 self._drop_quietly(task_id)
 
@@ -206,17 +199,17 @@ class RemoteBackend:
         try:
             for item in items:
                 if item.kind == "start":
-                    yield StreamStart(**_json(item))
+                    yield wire.decode_stream_start(_json(item))
                 elif item.kind == "chunk":
                     yield item.data
                 elif item.kind == "done":
-                    return codec.decode_outcome(_json(item))
-            raise codec.WorkerLost("the worker's output ended early")  # pragma: no cover - _relay raises
+                    return wire.decode_outcome(_json(item))
+            raise wire.WorkerLost("the worker's output ended early")  # pragma: no cover - _relay raises
         finally:
             self._drop_quietly(task_id)
 
     def enrol_work(self, enrolment: EnrolmentRequest) -> Callable[[WorkContext], Voice]:
-        args = codec.encode_enrolment(enrolment)
+        args = wire.encode_enrolment(enrolment)
 
         def work(ctx: WorkContext) -> Voice:
             task_id = self._send(ENROL_TASK, args)
@@ -240,12 +233,12 @@ class RemoteBackend:
         estimate = self.reservations.estimate(request, spec.voice_scope) if self.reservations else None
 
         def submit() -> JobRecord:
-            params = {**job_parameters(request, spec), SNAPSHOTS: snapshots}
+            params = {**wire.encode_job_request(request, spec), SNAPSHOTS: snapshots}
             jobs = self.jobs
             record = jobs.create(params, kind="tts", owner=spec.owner, job_id=job_id, reserved_s=estimate)
             try:
-                self._send(JOB_TASK, [job_id, codec.encode_request(request), codec.encode_spec(spec)], job_id)
-            except codec.QueueUnavailable as exc:
+                self._send(JOB_TASK, [job_id, wire.encode_request(request), wire.encode_spec(spec)], job_id)
+            except wire.QueueUnavailable as exc:
                 with contextlib.suppress(JobStateError):  # nobody else knows the job yet
                     self.jobs.finish_failed(job_id, "queue_unavailable", str(exc))
                 raise
@@ -276,14 +269,14 @@ class RemoteBackend:
                 kind=kind,
                 owner=spec.owner,
                 job_id=job_id,
-                spec=spec_record(spec),
+                spec=wire.encode_job_spec(spec),
                 reserved_s=reserved,
                 prompt_wav=prompt_wav,
             )
             self.batches.add(job_id, [item.as_row() for item in items])
             try:
                 self._send(BATCH_TASK, [job_id], job_id)
-            except codec.QueueUnavailable as exc:
+            except wire.QueueUnavailable as exc:
                 with contextlib.suppress(JobStateError):  # nobody else knows the batch yet
                     self.jobs.finish_failed(job_id, "queue_unavailable", str(exc))
                 self.batches.cancel_rest(job_id, "queue_unavailable", str(exc))
@@ -317,7 +310,7 @@ class RemoteBackend:
         try:
             self.app.send_task(task, args=args, task_id=task_id, queue=QUEUE)
         except Exception as exc:
-            raise codec.QueueUnavailable(
+            raise wire.QueueUnavailable(
                 f"the queue at {_where(self.url)} refused the task ({type(exc).__name__}: {exc}): "
                 "check that Redis runs; retry in a few seconds"
             ) from exc
@@ -332,7 +325,7 @@ class RemoteBackend:
         try:
             yield from self._relay_items(task_id, ctx)
         except RedisError as exc:
-            raise codec.QueueUnavailable(
+            raise wire.QueueUnavailable(
                 f"lost the connection to the queue at {_where(self.url)} while waiting for the result "
                 f"({type(exc).__name__}): retry in a few seconds"
             ) from exc
@@ -350,7 +343,7 @@ class RemoteBackend:
                     ctx.set_progress(float(_json(item)))
                     continue
                 if item.kind == "error":
-                    raise codec.decode_error(_json(item))
+                    raise wire.decode_error(_json(item))
                 yield item
                 if item.kind == "done":
                     return
@@ -361,7 +354,7 @@ class RemoteBackend:
             if holder is not None:
                 held = True
             elif held and not self.relay.read(task_id, after, block_ms=0):
-                raise codec.WorkerLost(
+                raise wire.WorkerLost(
                     "the worker running this request stopped before it finished: retry the request"
                 )
 
@@ -386,7 +379,7 @@ def _until_done(items: Iterator[RelayItem]) -> RelayItem:
 
 
 def _json(item: RelayItem) -> Any:
-    return json.loads(item.data.decode())
+    return wire.from_json(item.data)
 
 
 def _model_info(worker: dict[str, Any]) -> dict[str, Any]:

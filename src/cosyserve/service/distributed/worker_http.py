@@ -7,11 +7,12 @@ on a daemon thread; it binds the `server.host`/`server.port` settings (127.0.0.1
 
 from __future__ import annotations
 
-import json
 import logging
 import threading
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from typing import Any
+
+from cosyserve.service.wire import to_json
 
 log = logging.getLogger(__name__)
 
@@ -48,7 +49,7 @@ def _handler(readiness: Any, metrics: Any) -> type[BaseHTTPRequestHandler]:
                 self._send(200, b'{"status":"ok"}', "application/json")
             elif path == "/ready":
                 state = readiness()
-                body = json.dumps(state, default=str).encode()
+                body = to_json(state)
                 self._send(200 if state.get("ready") else 503, body, "application/json")
             elif path == "/metrics":
                 body, content_type = metrics.render()

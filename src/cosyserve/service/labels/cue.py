@@ -12,7 +12,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from cosyserve.service.requests import SentenceTiming, SynthesisResult
+from cosyserve.service.outcomes import SentenceTiming, SynthesisResult
 
 EXPLICIT_MODES = ("off", "start", "start_and_end")
 TONE_HZ = 880.0

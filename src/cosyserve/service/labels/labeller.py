@@ -21,7 +21,8 @@ from cosyserve.service.labels.containers import TAGGERS
 from cosyserve.service.labels.errors import LabelFormatError
 from cosyserve.service.labels.implicit import ImplicitLabel, audio_hash
 from cosyserve.service.labels.notice import NoticeCache
-from cosyserve.service.requests import EVERY_VOICE, SynthesisRequest, SynthesisResult, VoiceScope
+from cosyserve.service.outcomes import SynthesisResult
+from cosyserve.service.requests import EVERY_VOICE, SynthesisRequest, VoiceScope
 
 if TYPE_CHECKING:
     from cosyserve.service.audio_formats import StreamEncoder

@@ -26,7 +26,7 @@ from cosyserve.engine.memory import out_of_memory_as_error
 from cosyserve.service.access.key_watch import KeyWatch
 from cosyserve.service.access.limits import QuotaTracker
 from cosyserve.service.activity import enrolment_logger, synthesis_logger
-from cosyserve.service.audio_formats import StreamEncoder, encode, mime_type
+from cosyserve.service.audio_formats import StreamEncoder
 from cosyserve.service.backend import AudioStream
 from cosyserve.service.batches.inputs import ItemSpec
 from cosyserve.service.labels.labeller import Labeller
@@ -35,17 +35,11 @@ from cosyserve.service.local.job_runner import LocalJobs
 from cosyserve.service.local.key_guard import KeyGuard
 from cosyserve.service.local.model_host import ModelHost
 from cosyserve.service.local.recovery import JobFeeder
-from cosyserve.service.local.synthesizer import Synthesizer
-from cosyserve.service.logs import log_failure, request_context
+from cosyserve.service.local.results import Results
+from cosyserve.service.logs import request_context
 from cosyserve.service.metrics import Metrics
-from cosyserve.service.requests import (
-    EnrolmentRequest,
-    OutputSpec,
-    StreamStart,
-    SynthesisRequest,
-    SynthesisResult,
-    TtsOutcome,
-)
+from cosyserve.service.outcomes import StreamStart, TtsOutcome
+from cosyserve.service.requests import EnrolmentRequest, OutputSpec, SynthesisRequest
 from cosyserve.service.reservations import QuotaReservations
 from cosyserve.service.scheduling.scheduler import Scheduler, Ticket, WorkContext
 from cosyserve.service.setting_groups import LimitSettings, QueueSettings
@@ -53,7 +47,7 @@ from cosyserve.service.startup_clock import StartupClock
 from cosyserve.service.stores.batches import BatchStore
 from cosyserve.service.stores.jobs import JobRecord, JobStore
 from cosyserve.service.stores.keys import ApiKey
-from cosyserve.service.stores.outputs import OutputStore, build_manifest
+from cosyserve.service.stores.outputs import OutputStore
 from cosyserve.service.stores.voices import Voice
 
 log = logging.getLogger(__name__)
@@ -119,15 +113,15 @@ class LocalBackend:
                 with request_context(spec.request_id), self.host.synthesizer(ctx.cancel) as synth:
                     guard = self._guard(ctx, spec)
                     with guard.charging_what_was_made(self.reservations.settle, spec):
-                        stream = self._run_engine(
+                        stream = self.results.run_engine(
                             lambda: synth.synthesize(
                                 request, progress=guard, cancel=ctx.cancel, voices=spec.voice_scope
                             )
                         )
                         guard.stream = stream
-                        result = self._run_engine(stream.result)
+                        result = self.results.run_engine(stream.result)
                     ctx.check_cancelled()  # cancelled during the last sentence's audio: nothing is stored
-                    return self._finish(synth, request, result, spec, encoded=True)
+                    return self.results.finish(synth, request, result, spec, encoded=True)
 
             return work
 
@@ -155,8 +149,8 @@ class LocalBackend:
         *,
         stream: bool,
     ) -> Ticket:
-        """Reserve the request's estimate, then queue its work; the reservation is settled by `_finish`,
-        or given back when the ticket ends otherwise (or the queue refuses it)."""
+        """Reserve the request's estimate, then queue its work; the reservation is settled by
+        `Results.finish`, or given back when the ticket ends otherwise (or the queue refuses it)."""
         logged = synthesis_logger("synthesis", request, spec, self.model_info.get("device"))
 
         def submit(spec: OutputSpec, on_state: Any) -> Ticket:
@@ -171,10 +165,10 @@ class LocalBackend:
         oom = out_of_memory_as_error("a streamed synthesis")  # the encoder's buffers too
         with request_context(spec.request_id), self.host.synthesizer(ctx.cancel) as synth, oom:
             guard = self._guard(ctx, spec)
-            explicit = self._run_engine(
+            explicit = self.results.run_engine(
                 lambda: self.labels.explicit_for(synth, request, spec.extra, spec.voice_scope)
             )
-            stream = self._run_engine(
+            stream = self.results.run_engine(
                 lambda: synth.synthesize(request, progress=guard, cancel=ctx.cancel, voices=spec.voice_scope)
             )
             guard.stream = stream
@@ -192,7 +186,7 @@ class LocalBackend:
             first = True
             with guard.charging_what_was_made(self.reservations.settle, spec):
                 while True:
-                    chunk = self._run_engine(lambda: next(chunks, None))
+                    chunk = self.results.run_engine(lambda: next(chunks, None))
                     if chunk is None:
                         break
                     if first and stream.first_audio_at is not None:
@@ -205,85 +199,22 @@ class LocalBackend:
             if tail:
                 yield tail
             ctx.check_cancelled()
-            return self._finish(synth, request, stream.result(), spec, encoded=False)
+            return self.results.finish(synth, request, stream.result(), spec, encoded=False)
 
     def _guard(self, ctx: WorkContext, spec: OutputSpec) -> KeyGuard:
         return KeyGuard(ctx, KeyWatch(self.key_lookup, spec.key.id if spec.key is not None else None))
 
-    def _run_engine(self, call: Callable[[], Any]) -> Any:
-        """`call()`, out of memory raised as `OutOfMemory` (which does not count against readiness)."""
-        try:
-            with out_of_memory_as_error("synthesis"):
-                return call()
-        except BaseException as exc:
-            self.host.note_result(exc)
-            raise
-
-    def _finish(
-        self,
-        synth: Synthesizer,
-        request: SynthesisRequest,
-        result: SynthesisResult,
-        spec: OutputSpec,
-        *,
-        encoded: bool,
-    ) -> TtsOutcome:
-        """Store the result with its manifest, count it, and encode the response if asked."""
-        self.host.note_result(None)
-        rate = result.sample_rate
-        produced = result  # what the engine made: metrics and the quota count it, not the cue
-        explicit = self.labels.explicit_for(synth, request, spec.extra, spec.voice_scope)
-        result = self.labels.with_explicit(result, explicit)  # the audio delivered and stored
-        with out_of_memory_as_error("encoding the audio"):
-            wav = encode(result.audio, "wav", source_rate=rate)
-        parameters = {
-            "endpoint": spec.endpoint,
-            "response_format": spec.format,
-            "response_sample_rate": spec.sample_rate,
-            "request_id": spec.request_id,
-            **spec.extra,
-        }
-        manifest = build_manifest(
-            request,
-            result,
-            format="wav",
-            sample_rate=rate,
-            model_checksum=synth.model_dir.fingerprint,
-            owner=spec.owner,
-            parameters=parameters,
-        )
-        stored, storage_error = None, None
-        try:
-            stored = self.outputs.save(wav, "wav", manifest, upload_now=self.upload_outputs)
-        except Exception as exc:  # a waiting caller still gets its audio, marked unsaved; jobs fail
-            storage_error = str(exc) or type(exc).__name__
-            log_failure("storage_error", f"saving the output failed: {exc}", exc=exc)
-            self.metrics.count_error("storage_error")
-        audio = None
-        if encoded and stored is not None and spec.format == "wav" and spec.sample_rate == rate:
-            audio = stored.path.read_bytes()  # the stored file as it is: its label and manifest too
-        elif encoded:  # labelled like the stored file (same id), or with the request id if it wasn't saved
-            with out_of_memory_as_error("encoding the audio"):
-                audio = self.labels.label_file(
-                    encode(result.audio, spec.format, source_rate=rate, sample_rate=spec.sample_rate),
-                    spec.format,
-                    stored.id if stored else (spec.request_id or "unsaved"),
-                    model=synth.model_dir.fingerprint,
-                    voice=request.voice,
-                )
-        self.metrics.observe_synthesis(produced.duration_s, produced.stage_seconds.get("total", 0.0))
-        self.startup.first_synthesis(produced.stage_seconds.get("total", 0.0), produced.duration_s)
-        self.reservations.settle(spec, produced.duration_s)  # replaces its reservation (jobs: key None)
-        return TtsOutcome(
-            seed=result.seed,
-            duration_s=result.duration_s,
-            speech_tokens=result.speech_tokens,
-            output_id=stored.id if stored else None,
-            output_path=str(stored.path) if stored else None,
-            media_type=mime_type(spec.format),
-            warnings=tuple(result.warnings),
-            audio=audio,
-            storage_error=storage_error,
+    @functools.cached_property
+    def results(self) -> Results:
+        """What every synthesis of this backend ends in: stored, counted, settled (`local.results`)."""
+        return Results(
+            host=self.host,
+            outputs=self.outputs,
+            metrics=self.metrics,
+            startup=self.startup,
+            reservations=self.reservations,
+            upload_outputs=self.upload_outputs,
+            labels=self.labels,
         )
 
     # -- jobs (`local.job_runner`) --------------------------------------------------------------------------
@@ -298,8 +229,7 @@ class LocalBackend:
             outputs=self.outputs,
             quota=JobQuota(self.quota, self.jobs, self.key_lookup),
             reservations=self.reservations,
-            finish=self._finish,
-            run_engine=self._run_engine,
+            results=self.results,
             max_text_chars=self.limits.max_text_chars,
             segment_timeout_s=self.queue.job_segment_timeout_s,
             lease_s=self.queue.job_lease_s,

@@ -38,14 +38,10 @@ from cosyserve.service.labels.labeller import OPT_OUT
 from cosyserve.service.local.dubbing import synthesize_cue
 from cosyserve.service.local.jobs import JobResult, JobRun
 from cosyserve.service.local.model_host import ModelHost
+from cosyserve.service.local.results import Results
 from cosyserve.service.local.voice_pins import SNAPSHOTS, VoicePins
-from cosyserve.service.requests import (
-    OutputSpec,
-    SentenceTiming,
-    SynthesisResult,
-    TtsOutcome,
-    VoiceScope,
-)
+from cosyserve.service.outcomes import SentenceTiming, SynthesisResult, TtsOutcome
+from cosyserve.service.requests import OutputSpec, VoiceScope
 from cosyserve.service.scheduling.tickets import WorkContext
 from cosyserve.service.stores.batches import UNFINISHED, BatchItem, BatchStore
 from cosyserve.service.stores.output_files import temp_output_path
@@ -94,13 +90,12 @@ class BatchPlan:
 
 @dataclass(frozen=True)
 class BatchRunner:
-    """Runs `BatchPlan`s; `finish` stores and counts one synthesis (`LocalBackend._finish`)."""
+    """Runs `BatchPlan`s; `results` stores and counts each item (`local.results`)."""
 
     host: ModelHost
     batches: BatchStore
     outputs: OutputStore
-    finish: Callable[..., TtsOutcome]
-    run_engine: Callable[[Callable[[], Any]], Any]
+    results: Results  # stores, counts and settles each item's synthesis; runs its engine calls
 
     def run(self, ctx: WorkContext, plan: BatchPlan, run: JobRun) -> JobResult:
         """Every unfinished item in order; then the dub's track. Stops between items when cancelled, when
@@ -235,19 +230,19 @@ class BatchRunner:
             if plan.kind == "dub":
                 max_speed = float(plan.shared.get("max_speed") or DEFAULT_DUB_MAX_SPEED)
                 slot = CueSlot.of(item.params).slot_s
-                cue = self.run_engine(
+                cue = self.results.run_engine(
                     lambda: synthesize_cue(synth, request, slot, max_speed, cancel, plan.voices, pinned)
                 )
                 request = dataclasses.replace(request, speed=cue.speed)
                 result, extra = cue.result, {"speed": cue.speed, "natural_s": round(cue.natural_s, 3)}
             else:
-                result = self.run_engine(
+                result = self.results.run_engine(
                     lambda: synth.synthesize(
                         request, cancel=cancel(), voices=plan.voices, pinned=pinned
                     ).result()
                 )
                 extra = {}
-            return self.finish(synth, request, result, spec, encoded=False), extra
+            return self.results.finish(synth, request, result, spec, encoded=False), extra
 
     def _discard(self, output_id: str) -> None:
         try:

@@ -17,13 +17,8 @@ from cosyserve.service.batches.dub_plan import CueSlot  # noqa: F401  (re-export
 from cosyserve.service.batches.dub_timeline import audible_span, fit_speed
 from cosyserve.service.local.synthesizer import Synthesizer
 from cosyserve.service.local.voice_pins import PinnedVoice
-from cosyserve.service.requests import (
-    EVERY_VOICE,
-    SentenceTiming,
-    SynthesisRequest,
-    SynthesisResult,
-    VoiceScope,
-)
+from cosyserve.service.outcomes import SentenceTiming, SynthesisResult
+from cosyserve.service.requests import EVERY_VOICE, SynthesisRequest, VoiceScope
 
 CancelFactory = Callable[[], threading.Event]  # a fresh cancel event (with its own clock) per synthesis
 

@@ -17,8 +17,9 @@ from dataclasses import dataclass
 from typing import Any
 
 from cosyserve.errors import Cancelled, StorageError
+from cosyserve.service import wire
 from cosyserve.service.activity import both, synthesis_logger
-from cosyserve.service.backend import cancellable_job, job_pieces, new_job_id, spec_record
+from cosyserve.service.backend import cancellable_job, job_pieces, new_job_id
 from cosyserve.service.batches.inputs import ItemSpec
 from cosyserve.service.batches.items import batch_request
 from cosyserve.service.local.batches import BatchPlan, BatchRunner
@@ -32,15 +33,15 @@ from cosyserve.service.local.jobs import (
     run_pieces,
 )
 from cosyserve.service.local.model_host import ModelHost
+from cosyserve.service.local.results import Results
 from cosyserve.service.local.voice_pins import SNAPSHOTS, VoicePins, resolve_items, resolve_request
 from cosyserve.service.logs import request_context
+from cosyserve.service.outcomes import TtsOutcome
 from cosyserve.service.requests import (
     TERMINAL_STATES,
     OutputSpec,
     SynthesisRequest,
-    TtsOutcome,
     VoiceScope,
-    job_parameters,
 )
 from cosyserve.service.reservations import QuotaReservations
 from cosyserve.service.scheduling.scheduler import Scheduler, Ticket, WorkContext
@@ -54,7 +55,7 @@ ORPHAN_SCAN = 200  # recent outputs looked through for a result an interrupted a
 
 @dataclass(frozen=True)
 class LocalJobs:
-    """Submits, resubmits and cancels this process's jobs; `finish` stores and counts one synthesis."""
+    """Submits, resubmits and cancels this process's jobs; `results` stores and counts each synthesis."""
 
     host: ModelHost
     scheduler: Scheduler
@@ -62,8 +63,7 @@ class LocalJobs:
     batches: BatchStore
     outputs: OutputStore
     quota: JobQuota
-    finish: Callable[..., TtsOutcome]
-    run_engine: Callable[[Callable[[], Any]], Any]
+    results: Results  # stores, counts and settles each synthesis; runs its engine calls
     max_text_chars: int
     segment_timeout_s: float
     lease_s: float
@@ -85,11 +85,11 @@ class LocalJobs:
 
         def create() -> JobRecord:
             return self.jobs.create(
-                {**job_parameters(request, spec), SNAPSHOTS: snapshots},
+                {**wire.encode_job_request(request, spec), SNAPSHOTS: snapshots},
                 kind="tts",
                 owner=spec.owner,
                 job_id=job_id,
-                spec=spec_record(spec),
+                spec=wire.encode_job_spec(spec),
                 reserved_s=estimate,
                 prompt_wav=request.prompt_wav,
             )
@@ -120,7 +120,7 @@ class LocalJobs:
                 kind=kind,
                 owner=spec.owner,
                 job_id=job_id,
-                spec=spec_record(spec),
+                spec=wire.encode_job_spec(spec),
                 reserved_s=reserved,
                 prompt_wav=prompt_wav,
             )
@@ -155,11 +155,11 @@ class LocalJobs:
     def resubmit(self, record: JobRecord, *, attempt: int | None = None) -> Ticket:
         """Put a queued job back on the scheduler from its record (after a restart; on a worker, as the
         attempt it claimed); QueueFull when the queue has no room yet."""
-        spec = self._spec_of(record)
+        spec = wire.decode_job_spec(record.spec, record.params, record.owner, self.quota.key_lookup)
         voices = _scope_of(record, spec)
         prompt_wav = self.jobs.prompt_wav(record.id)
         if record.kind == "tts":
-            asked = request_of(record.params, prompt_wav)
+            asked = wire.decode_job_request(record.params, prompt_wav)
             pieces = job_pieces(asked, self.max_text_chars)
             snapshots = (record.params or {}).get(SNAPSHOTS)
             body = self._tts_body(record.id, asked, spec, pieces, voices, snapshots)
@@ -280,13 +280,15 @@ class LocalJobs:
                 # the voice is looked up once per attempt, by the id it was submitted with
                 pins = VoicePins(self.host.voices, snapshots, voices)
                 pinned = pins.pin(request.voice, synth.voice_features)
-                made = self.run_engine(lambda: run_pieces(ctx, synth, request, pieces, run, voices, pinned))
+                made = self.results.run_engine(
+                    lambda: run_pieces(ctx, synth, request, pieces, run, voices, pinned)
+                )
                 if made.stopped is None:
                     ctx.check_cancelled()  # lost the job while finishing the last piece: no output
                 else:
                     extra["partial"] = made.partial()
                 # the key was charged segment by segment (`run_pieces`), not again here
-                outcome = self.finish(
+                outcome = self.results.finish(
                     synth, request, made.result, dataclasses.replace(spec, key=None), encoded=False
                 )
             if outcome.output_id is None:
@@ -299,7 +301,7 @@ class LocalJobs:
         return body
 
     def _batch_body(self, plan: BatchPlan) -> Body:
-        runner = BatchRunner(self.host, self.batches, self.outputs, self.finish, self.run_engine)
+        runner = BatchRunner(self.host, self.batches, self.outputs, self.results)
         return lambda ctx, run: runner.run(ctx, plan, run)
 
     def _saved_result(self, job_id: str, owner: str | None) -> TtsOutcome | None:
@@ -318,19 +320,6 @@ class LocalJobs:
                 )
         return None
 
-    def _spec_of(self, record: JobRecord) -> OutputSpec:
-        data = record.spec or {}
-        key_id = data.get("key_id")
-        return OutputSpec(
-            format=data.get("format") or (record.params or {}).get("format") or "wav",
-            sample_rate=data.get("sample_rate"),
-            owner=record.owner,
-            key=self.quota.key_lookup(int(key_id)) if key_id is not None else None,
-            request_id=data.get("request_id"),
-            endpoint=data.get("endpoint") or "jobs",
-            extra={**(data.get("extra") or {}), "key_id": key_id},
-        )
-
 
 def _scope_of(record: JobRecord, spec: OutputSpec) -> VoiceScope:
     """The voices a job run again may use: its key's; its owner's own and the shared ones when its key
@@ -340,11 +329,6 @@ def _scope_of(record: JobRecord, spec: OutputSpec) -> VoiceScope:
     return spec.voice_scope
 
 
-def request_of(params: dict[str, Any], prompt_wav: bytes | None) -> SynthesisRequest:
-    """A job's request again from its stored parameters and recording."""
-    fields = {f.name for f in dataclasses.fields(SynthesisRequest)} - {"prompt_wav", "stream"}
-    values = {key: value for key, value in params.items() if key in fields}
-    return SynthesisRequest(**values, prompt_wav=prompt_wav)
 
 
 def _set_event() -> threading.Event:

@@ -40,15 +40,8 @@ from cosyserve.service.access.key_watch import KeyChanged, KeyRevoked, KeyWatch
 from cosyserve.service.local.job_quota import JobQuota
 from cosyserve.service.local.synthesizer import Synthesizer
 from cosyserve.service.local.voice_pins import PinnedVoice
-from cosyserve.service.requests import (
-    EVERY_VOICE,
-    SentenceTiming,
-    SynthesisProgress,
-    SynthesisRequest,
-    SynthesisResult,
-    TtsOutcome,
-    VoiceScope,
-)
+from cosyserve.service.outcomes import SentenceTiming, SynthesisProgress, SynthesisResult, TtsOutcome
+from cosyserve.service.requests import EVERY_VOICE, SynthesisRequest, VoiceScope
 from cosyserve.service.scheduling.tickets import Ticket, WorkContext
 from cosyserve.service.stores.batches import BatchStore
 from cosyserve.service.stores.jobs import JobStore

@@ -8,7 +8,8 @@ from collections.abc import Callable, Iterator
 
 from cosyserve.service.access.key_watch import KeyChanged, KeyRevoked, KeyWatch
 from cosyserve.service.local.synthesizer import SynthesisStream
-from cosyserve.service.requests import OutputSpec, SynthesisProgress
+from cosyserve.service.outcomes import SynthesisProgress
+from cosyserve.service.requests import OutputSpec
 from cosyserve.service.scheduling.scheduler import WorkContext
 
 

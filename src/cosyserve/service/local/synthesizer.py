@@ -44,16 +44,8 @@ from cosyserve.frontend.tokenizer import TextTokenizer
 from cosyserve.limits import DEFAULT_MAX_TEXT_CHARS, MAX_SPEED, MIN_SPEED
 from cosyserve.modeldir.model_dir import ModelDir
 from cosyserve.service.local.voice_pins import PinnedVoice
-from cosyserve.service.requests import (
-    EVERY_VOICE,
-    MAX_SEED,
-    AudioChunk,
-    SentenceTiming,
-    SynthesisProgress,
-    SynthesisRequest,
-    SynthesisResult,
-    VoiceScope,
-)
+from cosyserve.service.outcomes import AudioChunk, SentenceTiming, SynthesisProgress, SynthesisResult
+from cosyserve.service.requests import EVERY_VOICE, MAX_SEED, SynthesisRequest, VoiceScope
 from cosyserve.service.stores.voices import Voice, VoiceLibrary
 
 ProgressCallback = Callable[[SynthesisProgress], None]

@@ -29,6 +29,7 @@ from sqlalchemy import (
 )
 
 from cosyserve.errors import Cancelled, InputError, JobStateError, error_code
+from cosyserve.errors import JobNotFound as JobNotFound  # defined there, with the error table
 from cosyserve.service.requests import TERMINAL_STATES
 from cosyserve.service.stores.db import create_tables
 from cosyserve.service.stores.job_table import (
@@ -48,10 +49,6 @@ ACTIVE_STATES: tuple[str, ...] = ("queued", "running")
 INTERRUPTED_CODE = "interrupted"
 INTERRUPTED_MESSAGE = "interrupted by a restart"
 MAX_PAGE = 500
-
-
-class JobNotFound(InputError):
-    """No job with that id (never created, purged, or someone else's)."""
 
 
 class JobStore:

@@ -26,6 +26,7 @@ import sqlalchemy as sa
 from sqlalchemy.exc import IntegrityError
 
 from cosyserve.errors import InputError
+from cosyserve.errors import KeyNotFound as KeyNotFound  # defined there, with the error table
 from cosyserve.service.stores.db import create_tables, table
 
 KEY_SCHEME = "cs_"
@@ -37,10 +38,6 @@ NAME_MAX_CHARS = 64
 MAX_KEY_ID = 2**31 - 1  # the id column is a 32-bit integer; larger ids can't exist (PostgreSQL refuses them)
 _DUMMY_HASH = hashlib.sha256(b"no such key").hexdigest()
 KEEP = object()  # `KeyStore.update`: leave this value as it is
-
-
-class KeyNotFound(InputError):
-    """No API key with that id or prefix."""
 
 
 @dataclass(frozen=True)

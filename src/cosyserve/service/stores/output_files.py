@@ -20,15 +20,13 @@ from typing import Any
 import numpy as np
 
 from cosyserve.errors import InputError
-from cosyserve.service.requests import SynthesisRequest, SynthesisResult
+from cosyserve.errors import OutputNotFound as OutputNotFound  # defined there, with the error table
+from cosyserve.service.outcomes import SynthesisResult
+from cosyserve.service.requests import SynthesisRequest
 from cosyserve.service.stores.atomic_files import TEMP_SUFFIX, write_atomic  # noqa: F401  (re-exported)
 
 OUTPUT_ID = re.compile(r"output_(\d{8})_(\d{6})(?:_([1-9]\d{0,11}))?")  # 12 digits: node tag + counter
 EXTENSION = re.compile(r"[a-z0-9]{1,8}")
-
-
-class OutputNotFound(InputError):
-    """No complete output with that id (never saved, removed, or still being written)."""
 
 
 @dataclass(frozen=True)

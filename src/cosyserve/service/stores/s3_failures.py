@@ -11,16 +11,12 @@ from pathlib import Path
 from botocore.exceptions import ClientError, HTTPClientError
 from botocore.exceptions import ConnectionError as BotoConnectionError
 
-from cosyserve.errors import CosyServeError
+from cosyserve.errors import SyncError as SyncError  # defined there, with the error table
 
 TRANSIENT_CODES = frozenset(
     {"RequestTimeout", "RequestTimeTooSkewed", "SlowDown", "Throttling", "ThrottlingException",
      "InternalError", "ServiceUnavailable", "RequestLimitExceeded", "TooManyRequests"}
 )  # fmt: skip
-
-
-class SyncError(CosyServeError):
-    """The bucket can't be used or an upload failed for good (the message says which and why)."""
 
 
 @dataclass(frozen=True)

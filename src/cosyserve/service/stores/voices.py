@@ -29,7 +29,10 @@ from typing import Any
 
 import sqlalchemy as sa
 
-from cosyserve.errors import CosyServeError, InputError
+from cosyserve.errors import VoiceFilesMissing as VoiceFilesMissing
+from cosyserve.errors import VoiceInUse as VoiceInUse
+from cosyserve.errors import VoiceNotFound as VoiceNotFound  # defined there, with the error table
+from cosyserve.errors import VoiceUnavailable as VoiceUnavailable
 from cosyserve.frontend.prompt_features import PromptFeatures
 from cosyserve.service.requests import EVERY_VOICE, VoiceDefaults, VoiceScope
 from cosyserve.service.stores.atomic_files import write_atomic
@@ -56,23 +59,6 @@ from cosyserve.service.stores.voice_schema import names_unique_per_owner, voices
 
 VOICE_ID = re.compile(r"[0-9a-f]{32}")
 ORPHAN_GRACE_S = 3600.0  # a local folder without a voice row, younger than this, may be an enrolment
-
-
-class VoiceNotFound(InputError):
-    """No voice with that id or name."""
-
-
-class VoiceFilesMissing(VoiceNotFound):
-    """The voice exists but its files are on another node only (enrolled before files were shared)."""
-
-
-class VoiceUnavailable(CosyServeError):
-    """A voice that work was accepted with is gone when the work needs it (deleted out of band): not the
-    caller's error; the work keeps what it finished."""
-
-
-class VoiceInUse(CosyServeError):
-    """A voice that queued or running work uses cannot be deleted yet."""
 
 
 @dataclass(frozen=True)

@@ -1,15 +1,18 @@
-"""What crosses the broker and the relay: requests, output specs, outcomes and errors as JSON-able dicts.
+"""The one wire format: what crosses a process (the broker, the relay, a worker's HTTP port) as JSON.
 
-Celery messages are JSON (never pickle: a broker shared by several machines must not be able to run code
-on a worker), so raw bytes travel base64-encoded. Errors travel as their class name and message and come
-back as the same class when it is one of the user-facing ones below, so an API node answers a bad voice
-name with the same 404 a single-process server gives.
+Requests, output specs, enrolments, stream starts, outcomes and errors turn into JSON-able dicts here and
+back; `to_json`/`from_json` make the bytes. Celery messages are JSON (never pickle: a broker shared by
+several machines must not be able to run code on a worker), so raw bytes travel base64-encoded. Errors
+travel as their class name and message and come back as the same class when it is one of the
+user-facing ones below, so an API node answers a bad voice name with the same 404 a single-process
+server gives; their codes come from the error table (`cosyserve.errors.ERROR_TABLE`).
 """
 
 from __future__ import annotations
 
 import base64
 import dataclasses
+import json
 from collections.abc import Callable
 from typing import Any
 
@@ -26,40 +29,16 @@ from cosyserve.errors import (
     StorageError,
     error_code,
 )
+from cosyserve.errors import NoWorkers as NoWorkers
+from cosyserve.errors import QueueUnavailable as QueueUnavailable
+from cosyserve.errors import RemoteFailure as RemoteFailure  # defined there, with the error table
+from cosyserve.errors import WorkerLost as WorkerLost
 from cosyserve.service.access.key_watch import KeyChanged, KeyRevoked
-from cosyserve.service.requests import (
-    EnrolmentRequest,
-    OutputSpec,
-    SynthesisRequest,
-    TtsOutcome,
-    VoiceDefaults,
-)
+from cosyserve.service.outcomes import StreamStart, TtsOutcome
+from cosyserve.service.requests import EnrolmentRequest, OutputSpec, SynthesisRequest, VoiceDefaults
 from cosyserve.service.stores.keys import ApiKey
 from cosyserve.service.stores.outputs import OutputNotFound
 from cosyserve.service.stores.voices import VoiceNotFound, VoiceUnavailable
-
-
-class RemoteFailure(CosyServeError):
-    """A worker failed with an unexpected error (its log has the traceback)."""
-
-
-class WorkerLost(CosyServeError):
-    """The worker running a request stopped answering (it crashed or was stopped); retry the request."""
-
-    retry_after_s = 1
-
-
-class QueueUnavailable(CosyServeError):
-    """The shared queue (Redis) cannot be reached."""
-
-    retry_after_s = 5
-
-
-class NoWorkers(CosyServeError):
-    """No worker is connected to the queue, so nothing can be synthesised right now."""
-
-    retry_after_s = 5
-
 
 # Errors a worker raises that come back on the API node as the same class (anything else: RemoteFailure).
 KNOWN_ERRORS: dict[str, type[CosyServeError]] = {
@@ -82,6 +61,16 @@ KNOWN_ERRORS: dict[str, type[CosyServeError]] = {
         VoiceUnavailable,
     )
 }
+
+
+def to_json(data: Any) -> bytes:
+    """`data` (a dict from this module, a number, a readiness report) as UTF-8 JSON bytes."""
+    return json.dumps(data, ensure_ascii=False, default=str).encode()
+
+
+def from_json(data: bytes | str) -> Any:
+    """ValueError when `data` is not JSON."""
+    return json.loads(data)
 
 
 def b64(data: bytes | None) -> str | None:
@@ -150,6 +139,14 @@ def decode_outcome(data: dict[str, Any]) -> TtsOutcome:
     return TtsOutcome(**values)
 
 
+def encode_stream_start(start: StreamStart) -> dict[str, Any]:
+    return dataclasses.asdict(start)
+
+
+def decode_stream_start(data: dict[str, Any]) -> StreamStart:
+    return StreamStart(**data)
+
+
 def encode_enrolment(enrolment: EnrolmentRequest) -> list[Any]:
     """The enrolment task's arguments: name, base64 audio, transcript, suffix, defaults, lexicon."""
     e = enrolment
@@ -203,3 +200,52 @@ def decode_error(data: dict[str, Any]) -> BaseException:
     if cls in (QueueFull, OutOfMemory):  # these carry how long to wait
         return cls(message, retry_after_s=int(data.get("retry_after_s") or 1))  # type: ignore[call-arg]
     return cls(message)
+
+
+# -- what a job record keeps: read again after a restart, or by the worker that claims the job ------------
+
+
+def encode_job_request(request: SynthesisRequest, spec: OutputSpec) -> dict[str, Any]:
+    """What a job record keeps of its request (everything needed to run it again)."""
+    return {**dataclasses.asdict(request), "format": spec.format, "sample_rate": spec.sample_rate}
+
+
+def decode_job_request(params: dict[str, Any], prompt_wav: bytes | None) -> SynthesisRequest:
+    """A job's request again from its stored parameters and recording."""
+    fields = {f.name for f in dataclasses.fields(SynthesisRequest)} - {"prompt_wav", "stream"}
+    values = {key: value for key, value in params.items() if key in fields}
+    return SynthesisRequest(**values, prompt_wav=prompt_wav)
+
+
+def encode_job_spec(spec: OutputSpec) -> dict[str, Any]:
+    """What a job keeps of its `OutputSpec` (the key as its id), to run again after a restart or on a
+    worker that claims it."""
+    return {
+        "format": spec.format,
+        "sample_rate": spec.sample_rate,
+        "key_id": spec.key.id if spec.key is not None else None,
+        "request_id": spec.request_id,
+        "endpoint": spec.endpoint,
+        "extra": spec.extra,
+    }
+
+
+def decode_job_spec(
+    data: dict[str, Any] | None,
+    params: dict[str, Any] | None,
+    owner: str | None,
+    key_lookup: Callable[[int], ApiKey | None],
+) -> OutputSpec:
+    """A job's `OutputSpec` again from its record's spec, params and owner; `key_lookup(key_id)` gives its
+    key as it is now (None: revoked or deleted since)."""
+    data = data or {}
+    key_id = data.get("key_id")
+    return OutputSpec(
+        format=data.get("format") or (params or {}).get("format") or "wav",
+        sample_rate=data.get("sample_rate"),
+        owner=owner,
+        key=key_lookup(int(key_id)) if key_id is not None else None,
+        request_id=data.get("request_id"),
+        endpoint=data.get("endpoint") or "jobs",
+        extra={**(data.get("extra") or {}), "key_id": key_id},
+    )

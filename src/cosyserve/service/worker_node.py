@@ -1,5 +1,9 @@
 """`cosyserve worker`: one process per accelerator that loads the model once and runs queued tasks.
 
+It lives next to `assembly.py` because it is the worker role's assembly: it builds a `Service` and wires
+its `LocalBackend` to the queue. Under `distributed/` it made that folder sit both below `assembly.py`
+(which imports `distributed/remote.py`) and above it (this module imports `assembly.py`).
+
 The worker is a `Service` in the "worker" role (the model, the local scheduler with its concurrency limit,
 the shared stores) plus a Celery consumer on a thread pool of the same size. Each task runs through the
 local scheduler exactly as a request on a single machine does, and what it produces goes to the relay:
@@ -17,7 +21,6 @@ another worker, or this one once restarted, goes on with it (a batch after its f
 from __future__ import annotations
 
 import contextlib
-import dataclasses
 import logging
 import os
 import socket
@@ -35,8 +38,9 @@ from cosyserve.errors import (
     ModelDirError,
     SettingsError,
 )
+from cosyserve.service import wire
 from cosyserve.service.assembly import Service
-from cosyserve.service.distributed import celery_app, codec
+from cosyserve.service.distributed import celery_app
 from cosyserve.service.distributed.relay import Relay, WorkerRegistry, connect
 from cosyserve.service.distributed.task_watch import TaskWatch
 from cosyserve.service.local.backend import LocalBackend
@@ -219,24 +223,24 @@ class WorkerNode:
         task_id = task.request.id
 
         def run(watch: TaskWatch) -> None:
-            request = codec.decode_request(request_data)
-            spec = codec.decode_spec(spec_data, self._key)
+            request = wire.decode_request(request_data)
+            spec = wire.decode_spec(spec_data, self._key)
             if not stream:
                 ticket = watch.attach(self.local.submit_tts(request, spec))
-                self.relay.publish(task_id, "done", codec.encode_outcome(ticket.result()))
+                self.relay.publish(task_id, "done", wire.encode_outcome(ticket.result()))
                 return
             audio = self.local.stream_tts(request, spec)
             watch.attach(audio.ticket)
-            self.relay.publish(task_id, "start", dataclasses.asdict(audio.open()))
+            self.relay.publish(task_id, "start", wire.encode_stream_start(audio.open()))
             for data in audio.chunks():
                 self.relay.publish(task_id, "chunk", data)
-            self.relay.publish(task_id, "done", codec.encode_outcome(audio.ticket.result()))
+            self.relay.publish(task_id, "done", wire.encode_outcome(audio.ticket.result()))
 
         self._interactive(task_id, run)
 
     def _enrol_task(self, task: Any, *args: Any) -> None:
         task_id = task.request.id
-        enrolment = codec.decode_enrolment(*args)  # a TypeError: arguments this worker cannot take
+        enrolment = wire.decode_enrolment(*args)  # a TypeError: arguments this worker cannot take
 
         def run(watch: TaskWatch) -> None:
             voice = watch.attach(self.local.submit_enrolment(enrolment)).result()
@@ -248,7 +252,7 @@ class WorkerNode:
         """Run an interactive task under a relay lease; every failure reaches the waiting API node."""
         reason = self.relay.cancel_reason(task_id)
         if reason is not None:  # cancelled (or timed out) while it waited in the queue
-            self.relay.publish(task_id, "error", codec.encode_error(Cancelled(reason)))
+            self.relay.publish(task_id, "error", wire.encode_error(Cancelled(reason)))
             return
         self.relay.hold(task_id, self.name, self.lease_s)
         try:
@@ -257,7 +261,7 @@ class WorkerNode:
         except BaseException as exc:
             if not isinstance(exc, CosyServeError):
                 log_failure("worker", f"task {task_id} failed: {exc}", exc=exc)
-            self._publish_quietly(task_id, "error", codec.encode_error(exc))
+            self._publish_quietly(task_id, "error", wire.encode_error(exc))
         finally:
             self.relay.release(task_id)
 
@@ -265,8 +269,8 @@ class WorkerNode:
         self, task: Any, job_id: str, request_data: dict[str, Any], spec_data: dict[str, Any]
     ) -> None:
         def run(attempt: int) -> Ticket:
-            request = codec.decode_request(request_data)
-            spec = codec.decode_spec(spec_data, self._key)
+            request = wire.decode_request(request_data)
+            spec = wire.decode_spec(spec_data, self._key)
             return self.local.run_claimed_job(job_id, attempt, request, spec)
 
         self._claimed(task, job_id, run)
@@ -359,7 +363,7 @@ def _task_body(node: WorkerNode, name: str, handler: Any) -> Any:
                 "worker", f"task {task.request.id} ({name}) has arguments this worker cannot take: {exc}"
             )
             node._publish_quietly(
-                task.request.id, "error", codec.encode_error(codec.RemoteFailure(f"incompatible task: {exc}"))
+                task.request.id, "error", wire.encode_error(wire.RemoteFailure(f"incompatible task: {exc}"))
             )
 
     body.__name__ = body.__qualname__ = name.replace(".", "_")
