@@ -63,6 +63,9 @@ def test_a_tts_is_served_within_about_one_unit_of_another_keys_batch(server) -> 
         # a job from B waits (one background job at a time here) with a place and an estimate
         job = b.post("/v1/jobs", json={"text": "hi there", "voice": "alice"}).json()
         assert job["state"] == "queued" and job["position"] == 0 and job["estimated_wait_s"] > 0
+        second = b.post("/v1/batches", json={"voice": "alice", "items": ["one", "two"]}).json()
+        assert second["state"] == "queued" and second["position"] == 1
+        assert second["estimated_wait_s"] > 0
 
         began = time.monotonic()
         assert a.delete(path).status_code == 202
@@ -71,3 +74,5 @@ def test_a_tts_is_served_within_about_one_unit_of_another_keys_batch(server) -> 
         assert time.monotonic() - began < max(5.0, 3 * unit)  # freed within about a unit
         final = wait_for(b, f"/v1/jobs/{job['id']}", lambda body: body["state"] in TERMINAL)
         assert final["state"] == "done"
+        done = wait_for(b, f"/v1/batches/{second['id']}", lambda body: body["state"] in TERMINAL)
+        assert done["state"] == "done" and done["position"] is None
