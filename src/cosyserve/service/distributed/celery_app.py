@@ -69,4 +69,12 @@ def queue_of(task: str) -> str:
 def task_options(name: str) -> dict[str, Any]:
     """Decorator options for each task: late acks for jobs only (see the module docstring)."""
     late = name in (JOB_TASK, BATCH_TASK)
-    return {"name": name, "bind": True, "acks_late": late, "reject_on_worker_lost": late}
+    # max_retries None: `task.retry(max_retries=None)` means the task's limit, which must be none (Celery's
+    # default of 3 ended a job whose worker died after three looks at its lease, leaving it running)
+    return {
+        "name": name,
+        "bind": True,
+        "acks_late": late,
+        "reject_on_worker_lost": late,
+        "max_retries": None,
+    }
