@@ -193,3 +193,13 @@ def test_queued_work_has_a_position_and_a_wait_and_the_error_is_measured(make_sc
         ticket.result(WAIT)
     sample = metrics.registry.get_sample_value
     assert sample("cosyserve_wait_estimate_error_seconds_count", {"work_class": "interactive"}) == 4
+
+
+def test_the_cluster_sends_background_work_to_its_own_queue() -> None:
+    from cosyserve.service.distributed import celery_app
+
+    assert celery_app.queue_of(celery_app.BATCH_TASK) == celery_app.queue_of(celery_app.JOB_TASK)
+    assert celery_app.queue_of(celery_app.JOB_TASK) == celery_app.BACKGROUND_QUEUE != celery_app.QUEUE
+    assert celery_app.queue_of(celery_app.TTS_TASK) == celery_app.queue_of(celery_app.ENROL_TASK)
+    assert celery_app.queue_of(celery_app.TTS_TASK) == celery_app.QUEUE
+    assert celery_app.task_options(celery_app.JOB_TASK)["max_retries"] is None  # retries are not capped

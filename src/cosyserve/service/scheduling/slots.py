@@ -98,6 +98,8 @@ class EngineSlots:
     def ended(self, ticket: Ticket) -> float | None:
         """Its work returned: the slot it held goes back. Returns the last unit's seconds (None: none)."""
         unit_s = self.release(ticket)
+        if ticket in self.started and self.work_class(ticket) == BACKGROUND:
+            self.times.observe_ticket_units(self.units_done.get(ticket, 0))
         self.started.discard(ticket)
         self.paused.pop(ticket, None)
         self._forget(ticket)
@@ -265,10 +267,10 @@ class EngineSlots:
     def _units_after(self, ticket: Ticket) -> int:
         if self.work_class(ticket) != BACKGROUND:
             return 0
-        return units_left(self.units_done.get(ticket, 0) + 1, ticket.progress)
+        return units_left(self.units_done.get(ticket, 0) + 1, ticket.progress, self.times.typical_units)
 
     def _fresh_units(self, ticket: Ticket) -> int:
-        return 0 if self.work_class(ticket) != BACKGROUND else units_left(0, 0.0)
+        return 0 if self.work_class(ticket) != BACKGROUND else units_left(0, 0.0, self.times.typical_units)
 
     def _forget(self, ticket: Ticket) -> None:
         self._waiter.pop(ticket, None)

@@ -19,7 +19,7 @@ from cosyserve.service.scheduling.fair_policy import CLASSES, FairPolicy, Waiter
 
 DEFAULT_UNIT_S = 10.0  # a unit's expected time before any was measured
 EWMA_WEIGHT = 0.2  # weight of the newest measurement
-UNKNOWN_UNITS = 1000  # units assumed left of background work that has not said how far it got
+DEFAULT_UNITS = 10  # units of a background ticket before one finished
 MAX_STEPS = 5000  # grants played forward at most (beyond: no estimate)
 
 
@@ -30,6 +30,8 @@ class ServiceTimes:
         self.default_s = default_s
         self._mean: dict[str, float] = {}
         self._count: dict[str, int] = {}
+        self._units = float(DEFAULT_UNITS)  # units of a background ticket (moving average)
+        self._ended = False
 
     def observe(self, work_class: str, seconds: float) -> None:
         seconds = max(0.0, seconds)
@@ -46,6 +48,15 @@ class ServiceTimes:
             return self._mean[work_class]
         measured = [self._mean[name] for name in CLASSES if name in self._mean]
         return measured[0] if measured else self.default_s
+
+    def observe_ticket_units(self, units: int) -> None:
+        """A background ticket ended after `units` units (what a typical one has)."""
+        self._units = self._units + EWMA_WEIGHT * (units - self._units) if self._ended else float(units)
+        self._ended = True
+
+    @property
+    def typical_units(self) -> float:
+        return self._units
 
     def snapshot(self) -> dict[str, dict[str, float | int]]:
         return {
@@ -71,10 +82,11 @@ class Queued:
     queued: bool
 
 
-def units_left(units_done: int, progress: float) -> int:
-    """Units a started ticket still has after the current one, from its progress."""
+def units_left(units_done: int, progress: float, typical_units: float) -> int:
+    """Units a started ticket still has after the current one: from its progress once it reported some,
+    else what a background ticket typically has (`ServiceTimes.typical_units`)."""
     if progress <= 0.0 or units_done <= 0:
-        return UNKNOWN_UNITS
+        return max(0, round(typical_units) - max(1, units_done))
     return max(0, math.ceil(units_done * (1.0 - progress) / progress) - 1)
 
 
