@@ -420,10 +420,10 @@ def test_bounded_load() -> None:
 
 
 def test_retry_after_is_the_time_the_waiting_work_takes_to_start(make_scheduler: Any) -> None:
-    """Clients turned away wait about as long as the queue takes to drain, from measured durations."""
+    """Clients turned away wait about as long as the queue takes to drain, from measured unit times."""
     scheduler = make_scheduler(concurrency=2, queue_size=4)
-    for seconds in (3.0, 5.0):  # two finished syntheses: a mean of 4 s
-        scheduler._durations.append(seconds)
+    for seconds in (4.0, 4.0):  # two finished syntheses: 4 s each
+        scheduler._slots.times.observe("interactive", seconds)
     gate = threading.Event()
     running = [scheduler.submit(blocker(gate)) for _ in range(2)]
     wait_until(lambda: all(t.state == "running" for t in running))

@@ -122,6 +122,9 @@ class BatchView(BaseModel):
     started_at: str | None = None
     finished_at: str | None = None
     position: int | None = Field(None, description="place in the queue (0: next); only while queued")
+    estimated_wait_s: float | None = Field(
+        None, description="seconds until it starts, from measured unit times; only while queued"
+    )
     estimated_time_left_s: float | None = Field(None, description="from the items done so far")
     error: JobError | None = None
     duration_s: float | None = Field(None, description="seconds of audio made (a dub: the track's length)")

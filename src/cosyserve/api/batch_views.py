@@ -55,6 +55,7 @@ def batch_view(service: Service, record: JobRecord, *, offset: int = 0, limit: i
         started_at=data["started_at"],
         finished_at=data["finished_at"],
         position=status.position,
+        estimated_wait_s=_wait_s(service, record.id) if status.position is not None else None,
         estimated_time_left_s=status.time_left_s,
         error=error,
         duration_s=record.duration_s,
@@ -112,3 +113,9 @@ def item_view(service: Service, item: BatchItem, batch_format: str = "wav") -> B
 
 def _shown(params: dict[str, Any]) -> dict[str, Any]:
     return {key: value for key, value in params.items() if key not in ("prompt_wav", SNAPSHOTS)}
+
+
+def _wait_s(service: Service, job_id: str) -> float | None:
+    """Seconds until a queued batch starts (the scheduler's estimate), None when it is not queued here."""
+    ticket = service.scheduler.get(job_id)
+    return round(ticket.estimated_wait_s(), 1) if ticket is not None else None

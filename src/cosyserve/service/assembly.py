@@ -25,6 +25,7 @@ from cosyserve.service.local.model_host import ModelHost
 from cosyserve.service.logs import log_failure
 from cosyserve.service.metrics import Metrics
 from cosyserve.service.reservations import QuotaReservations
+from cosyserve.service.scheduling.fair_policy import FairSettings
 from cosyserve.service.scheduling.scheduler import Scheduler
 from cosyserve.service.setting_groups import S3Settings
 from cosyserve.service.settings import Settings
@@ -99,7 +100,15 @@ class Service:
             concurrency = s.queue.concurrency or REMOTE_IN_FLIGHT
         else:
             concurrency = s.resolve_concurrency(self.device_type)
-        self.scheduler = Scheduler(concurrency, s.queue.queue_size, s.queue.request_timeout_s, self.metrics)
+        fair = FairSettings(s.queue.background_share, s.queue.background_slots)
+        self.scheduler = Scheduler(
+            concurrency,
+            s.queue.queue_size,
+            s.queue.request_timeout_s,
+            self.metrics,
+            fair=fair,
+            background_running=s.queue.background_running,
+        )
         self.model: ModelHost | None = None  # the model this process serves (None on an API node)
         self._drain_lock = threading.Lock()
         self._drained: dict[str, int] | None = None

@@ -60,6 +60,21 @@ class Metrics:
             buckets=_LATENCY_BUCKETS,
             registry=r,
         )
+        self.wait_estimate_error_seconds = Histogram(
+            "cosyserve_wait_estimate_error_seconds",
+            "actual wait before a start minus the wait estimated when it was queued, by class "
+            "(positive: it waited longer than said)",
+            ["work_class"],
+            buckets=(-60, -20, -5, -2, -1, -0.5, -0.1, 0.1, 0.5, 1, 2, 5, 20, 60),
+            registry=r,
+        )
+        self.wait_estimate_ratio = Histogram(
+            "cosyserve_wait_estimate_ratio",
+            "actual wait over estimated wait (waits of a second or more either way), by class",
+            ["work_class"],
+            buckets=(0.25, 0.5, 0.67, 0.8, 1.0, 1.25, 1.5, 2.0, 4.0),
+            registry=r,
+        )
         self.audio_seconds_total = Counter(
             "cosyserve_audio_seconds", "seconds of audio synthesised", registry=r
         )
@@ -98,6 +113,13 @@ class Metrics:
         self.queue_wait_seconds.observe(wait_s)
         if run_s is not None:
             self.job_duration_seconds.observe(run_s)
+
+    def observe_wait_estimate(self, work_class: str, estimated_s: float, actual_s: float) -> None:
+        """A ticket started: how far the wait it was told at submit was from the wait it had."""
+        self.wait_estimate_error_seconds.labels(work_class=work_class).observe(actual_s - estimated_s)
+        if max(actual_s, estimated_s) >= 1.0:
+            ratio = actual_s / max(estimated_s, 1e-3)
+            self.wait_estimate_ratio.labels(work_class=work_class).observe(ratio)
 
     def observe_first_chunk(self, seconds: float) -> None:
         self.first_chunk_latency_seconds.observe(seconds)

@@ -124,6 +124,25 @@ class QueueSettings(_Group):
         None, ge=1, description="syntheses run at once (default: 1 on CPU, 2 on GPU)"
     )
     queue_size: int = Field(16, ge=0, description="requests that may wait for a free slot before 429s")
+    background_share: float = Field(
+        0.1,
+        ge=0.0,
+        le=1.0,
+        description="least share of the engine's time background work (jobs, batches, dubs) gets while "
+        "interactive requests wait; interactive requests go first otherwise",
+    )
+    background_slots: int | None = Field(
+        None,
+        ge=1,
+        description="of the concurrency slots, the most background work holds at once (default: all); "
+        "fewer keeps slots free for interactive requests",
+    )
+    background_running: int = Field(
+        4,
+        ge=1,
+        description="background jobs started at once; they take turns on the engine sentence by sentence "
+        "(item by item), fairly between keys",
+    )
     request_timeout_s: float = Field(300.0, gt=0, description="a synthesis running longer than this fails")
     queue_url: str | None = Field(
         None,

@@ -77,6 +77,7 @@ class WorkerNode:
         self.local: LocalBackend = self.service.backend
         self.jobs = self.service.jobs
         self.lease_s = queue.job_lease_s
+        self._background = threading.BoundedSemaphore(self.service.scheduler.background_running)
         restore = max(1, min(10, int(queue.visibility_timeout_s // 5)))
         self.app = celery_app.make_celery(
             queue.queue_url, visibility_timeout_s=queue.visibility_timeout_s, restore_interval_s=restore
@@ -108,13 +109,15 @@ class WorkerNode:
             raise
         beat = threading.Thread(target=self._heartbeat_loop, name="cosyserve-heartbeat", daemon=True)
         beat.start()
-        concurrency = self.service.scheduler.concurrency
-        log.info("worker %s takes up to %d tasks at once from %s", self.name, concurrency, celery_app.QUEUE)
+        # Room for interactive tasks beside the background ones it runs (their units take turns)
+        concurrency = self.service.scheduler.concurrency + self.service.scheduler.background_running
+        queues = [celery_app.QUEUE, celery_app.BACKGROUND_QUEUE]
+        log.info("worker %s takes up to %d tasks at once from %s", self.name, concurrency, queues)
         celery_signals.worker_shutting_down.connect(self.on_worker_shutting_down, weak=False)
         worker = self.app.Worker(
             pool="threads",
             concurrency=concurrency,
-            queues=[celery_app.QUEUE],
+            queues=queues,
             hostname=self.hostname,
             loglevel=loglevel,
             without_gossip=True,
@@ -281,6 +284,14 @@ class WorkerNode:
 
     def _claimed(self, task: Any, job_id: str, run: Any) -> None:
         """Claim the job, run it as this attempt while renewing its lease; end its record on failure."""
+        if not self._background.acquire(blocking=False):  # its pool is for interactive tasks too
+            raise task.retry(countdown=1.0, max_retries=None)
+        try:
+            self._claimed_here(task, job_id, run)
+        finally:
+            self._background.release()
+
+    def _claimed_here(self, task: Any, job_id: str, run: Any) -> None:
         jobs = self.service.jobs
         record = jobs.claim(job_id, self.name, self.lease_s)
         if record is None:

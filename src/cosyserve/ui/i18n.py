@@ -105,7 +105,7 @@ STRINGS: dict[str, tuple[str, str]] = {
         "种子 {seed} · 时长 {duration:.2f} 秒 · 用时 {elapsed:.1f} 秒",
         "Seed {seed} · {duration:.2f} s of audio · took {elapsed:.1f} s",
     ),
-    "queued": ("排队中（前面还有 {position} 个）", "Queued ({position} ahead)"),
+    "queued": ("排队中（前面还有 {position} 个，约 {wait} 秒）", "Queued ({position} ahead, about {wait} s)"),
     "generating": ("生成中……", "Generating…"),
     "streaming": ("生成中：已生成 {seconds:.1f} 秒音频", "Generating: {seconds:.1f} s of audio so far"),
     "cancelled": ("已取消。", "Cancelled."),
@@ -167,6 +167,10 @@ STRINGS: dict[str, tuple[str, str]] = {
         "{done} / {total} sentences · {elapsed} elapsed · about {remaining} left",
     ),
     "job_queued": ("任务排队中……", "The job is queued…"),
+    "job_queued_eta": (
+        "任务排队中（前面还有 {position} 个，约 {wait} 秒后开始）……",
+        "The job is queued ({position} ahead, starts in about {wait} s)…",
+    ),
     "cancel_too_late": (
         "取消时已生成完毕：结果已保存（见历史记录）。",
         "It had finished before the cancel arrived: the result was kept (see History).",

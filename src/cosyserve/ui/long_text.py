@@ -27,10 +27,20 @@ def _clock(seconds: float) -> str:
     return f"{seconds // 60}:{seconds % 60:02d}"
 
 
-def progress_html(fraction: float, total: int, elapsed: float, lang: str, queued: bool = False) -> str:
-    """The bar and its line: sentences done / total, elapsed, estimated remaining."""
+def progress_html(
+    fraction: float,
+    total: int,
+    elapsed: float,
+    lang: str,
+    queued: bool = False,
+    place: tuple[int, float] | None = None,
+) -> str:
+    """The bar and its line: sentences done / total, elapsed, estimated remaining; while queued, its place
+    in the queue and the estimated wait (`place`: position, seconds) when known."""
     percent = max(0.0, min(1.0, fraction)) * 100
-    if queued:
+    if queued and place is not None:
+        line = text("job_queued_eta", lang, position=place[0], wait=round(place[1]))
+    elif queued:
         line = text("job_queued", lang)
     else:
         remaining = elapsed * (1 - fraction) / fraction if fraction > 0.001 else None
@@ -94,7 +104,9 @@ def run_job(
             shared = len(partial)
             audio = partial_wav(partial, cache_dir)
         running = ticket is None or ticket.state == "running" or record.state == "running"
-        bar = progress_html(fraction, total, time.monotonic() - started, lang, queued=not running)
+        position = ticket.position if ticket is not None else None
+        place = (position, bridge.queue_wait_estimate(ticket)) if ticket and position is not None else None
+        bar = progress_html(fraction, total, time.monotonic() - started, lang, not running, place)
         yield audio, gr.update(), note, gr.update(), bar, gr.update()
         time.sleep(JOB_POLL_S)
     if record.state == "cancelled":

@@ -103,7 +103,8 @@ def _follow(bridge: UiBridge, ticket: Ticket, lang: str, progress: Any) -> TtsOu
     while not ticket.wait(POLL_S):
         if ticket.state == "queued":
             position = ticket.position
-            progress(0.0, desc=text("queued", lang, position=(position or 0)))
+            wait = round(bridge.queue_wait_estimate(ticket))
+            progress(0.0, desc=text("queued", lang, position=(position or 0), wait=wait))
         elif ticket.started_at is not None:
             running = time.time() - ticket.started_at
             progress(min(0.95, running / mean), desc=text("generating", lang))

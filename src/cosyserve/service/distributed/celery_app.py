@@ -11,6 +11,11 @@ Delivery guarantees, per task:
   them. If that worker dies the API node sees its lease vanish and answers 503 "retry"; re-running an
   interactive request minutes later for a client that has gone would only waste a GPU.
 
+Two queues, one per class of work: interactive tasks (`cosyserve`) and jobs, batches and dubs
+(`cosyserve.background`). A worker takes from both, with room in its pool for interactive tasks beside at
+most `background_running` background ones (more go back to the queue for a moment, `worker.py`); its own
+scheduler then shares the engine sentence by sentence (item by item), interactive first.
+
 Messages are JSON only; results travel through the relay (`relay.py`), not a Celery result backend.
 """
 
@@ -18,7 +23,8 @@ from __future__ import annotations
 
 from typing import Any
 
-QUEUE = "cosyserve"
+QUEUE = "cosyserve"  # interactive tasks
+BACKGROUND_QUEUE = "cosyserve.background"  # jobs, batches and dubs
 TTS_TASK = "cosyserve.tts"
 JOB_TASK = "cosyserve.job"
 ENROL_TASK = "cosyserve.enrol"
@@ -55,7 +61,20 @@ def make_celery(broker_url: str, *, visibility_timeout_s: float = 600.0, restore
     return app
 
 
+def queue_of(task: str) -> str:
+    """The queue a task goes to: background work apart from interactive requests."""
+    return BACKGROUND_QUEUE if task in (JOB_TASK, BATCH_TASK) else QUEUE
+
+
 def task_options(name: str) -> dict[str, Any]:
     """Decorator options for each task: late acks for jobs only (see the module docstring)."""
     late = name in (JOB_TASK, BATCH_TASK)
-    return {"name": name, "bind": True, "acks_late": late, "reject_on_worker_lost": late}
+    # max_retries None: `task.retry(max_retries=None)` means the task's limit, which must be none (Celery's
+    # default of 3 ended a job whose worker died after three looks at its lease, leaving it running)
+    return {
+        "name": name,
+        "bind": True,
+        "acks_late": late,
+        "reject_on_worker_lost": late,
+        "max_retries": None,
+    }

@@ -27,9 +27,9 @@ from cosyserve.service.distributed.celery_app import (
     BATCH_TASK,
     ENROL_TASK,
     JOB_TASK,
-    QUEUE,
     TTS_TASK,
     make_celery,
+    queue_of,
 )
 from cosyserve.service.distributed.relay import Relay, RelayItem, WorkerRegistry, connect
 from cosyserve.service.local.voice_pins import SNAPSHOTS, resolve_items, resolve_request
@@ -308,7 +308,7 @@ class RemoteBackend:
     def _send(self, task: str, args: list[Any], task_id: str | None = None) -> str:
         task_id = task_id or uuid.uuid4().hex
         try:
-            self.app.send_task(task, args=args, task_id=task_id, queue=QUEUE)
+            self.app.send_task(task, args=args, task_id=task_id, queue=queue_of(task))
         except Exception as exc:
             raise wire.QueueUnavailable(
                 f"the queue at {_where(self.url)} refused the task ({type(exc).__name__}: {exc}): "

@@ -104,7 +104,7 @@ class BatchRunner:
         unexpected = 0
         pins = VoicePins(self.host.voices, plan.shared.get(SNAPSHOTS), plan.voices)
         while (item := self.batches.next_unfinished(plan.job_id)) is not None:
-            ctx.check_cancelled()
+            ctx.next_unit()  # each item is a unit: other work may have the engine in between
             if not run.quota.allows_id(run.key_id):
                 stopped = run.quota.exceeded(run.key_id)
                 break

@@ -248,7 +248,10 @@ class LocalJobs:
         on_state = both(recorder, logged)
         if key_id is not None:
             on_state = both(on_state, self._released_when_ended(job_id))
-        return self.scheduler.submit(work, job_id=job_id, owner=spec.owner, on_state=on_state, timeout_s=None)
+        # Background work: it gives the engine back between its units (segments, items, cues).
+        return self.scheduler.submit(
+            work, job_id=job_id, owner=spec.owner, on_state=on_state, timeout_s=None, work_class="background"
+        )
 
     def _released_when_ended(self, job_id: str) -> Callable[[Ticket, str], None]:
         """An `on_state` that gives back what the job still holds once its record ended (not when a

@@ -258,6 +258,8 @@ def run_pieces(
             if time.monotonic() - last_write[0] >= PROGRESS_WRITE_S:
                 last_write[0] = time.monotonic()
                 run.jobs.set_progress(run.job_id, fraction, attempt=run.attempt)
+            if p.segments_done > 0:
+                ctx.next_unit()  # each segment is a unit: other work may have the engine in between
 
         return progress
 

@@ -1,10 +1,14 @@
-"""A bounded queue in front of a fixed pool of worker threads: how synthesis work gets run.
+"""A bounded queue in front of a pool of worker threads and a few engine slots: how synthesis work gets run.
+
+Work is interactive (a request a client waits for) or background (jobs, batches, dubs). The engine's
+`concurrency` slots are granted one unit of work at a time by a fair policy (`slots`, `fair_policy`);
+background work gives its slot back between units (`WorkContext.next_unit`), so an interactive request
+waits about one unit at most. Positions, waits and Retry-After come from measured unit times.
 
 The engine is PyTorch, which releases the GIL in its kernels, so work runs on threads (never on the event
 loop). Work is a callable taking a `WorkContext`; with `stream=True` it returns an iterable whose items the
 worker hands to the consumer through a small per-ticket buffer (the producer blocks when the consumer falls
-behind). Every ticket ends in exactly one of done, failed or cancelled, whatever happens: a cancel, a
-timeout, a disconnected consumer or a shutdown.
+behind). Every ticket ends done, failed or cancelled, whatever happens (cancel, timeout, shutdown, …).
 
 Lock order: scheduler lock, then ticket lock. Ticket callbacks (`on_state`) run with no lock held.
 """
@@ -12,14 +16,11 @@ Lock order: scheduler lock, then ticket lock. Ticket callbacks (`on_state`) run 
 from __future__ import annotations
 
 import asyncio
-import heapq
-import itertools
 import logging
 import math
 import threading
 import time
 import uuid
-import weakref
 from collections import Counter, deque
 from collections.abc import Callable
 from typing import Any, Literal, Protocol
@@ -27,14 +28,15 @@ from typing import Any, Literal, Protocol
 from cosyserve.errors import Interrupted, JobStateError, JobTimeout, QueueFull, ShuttingDown, error_code
 from cosyserve.service.logs import log_failure
 from cosyserve.service.requests import TERMINAL_STATES
+from cosyserve.service.scheduling.deadlines import REQUEST_TIMEOUT, Deadlines
+from cosyserve.service.scheduling.fair_policy import INTERACTIVE, FairSettings, WorkClass
+from cosyserve.service.scheduling.slots import EngineSlots
 from cosyserve.service.scheduling.tickets import Ticket, TicketHooks, WorkContext
 
 __all__ = ["Scheduler", "SchedulerMetrics", "Ticket", "WorkContext"]
 
 logger = logging.getLogger(__name__)
-DEFAULT_DURATION_ESTIMATE_S = 10.0  # used for Retry-After before any work has finished
 RECENT_DURATIONS = 100
-REQUEST_TIMEOUT = "request"  # `submit(timeout_s=...)`: the scheduler's request timeout applies
 
 
 class SchedulerMetrics(Protocol):
@@ -46,9 +48,12 @@ class SchedulerMetrics(Protocol):
 
     def count_error(self, kind: str) -> None: ...
 
+    def observe_wait_estimate(self, work_class: str, estimated_s: float, actual_s: float) -> None: ...
+
 
 class Scheduler:
-    """Runs submitted work `concurrency` at a time; at most `queue_size` items wait for a free worker."""
+    """Runs submitted work on `concurrency` engine slots, granted unit by unit; at most `queue_size`
+    tickets wait for their first slot (more are refused with QueueFull and a Retry-After)."""
 
     def __init__(
         self,
@@ -59,6 +64,8 @@ class Scheduler:
         *,
         stream_buffer: int = 8,
         name: str = "cosyserve-worker",
+        fair: FairSettings | None = None,
+        background_running: int = 4,
     ) -> None:
         if concurrency < 1:
             raise ValueError(f"concurrency must be at least 1, got {concurrency}")
@@ -72,7 +79,8 @@ class Scheduler:
         self.metrics = metrics
         self.stream_buffer = stream_buffer
         self._lock = threading.Condition(threading.RLock())
-        self._queue: deque[Ticket] = deque()
+        self._slots = EngineSlots(concurrency, fair, background_running)
+        self.background_running = background_running  # background tickets started at once, at most
         self._active: dict[str, Ticket] = {}  # queued or running, by id
         self._executing: set[Ticket] = set()  # tickets whose work occupies a worker (may be finished)
         self._interrupted: set[Ticket] = set()  # executing tickets the server stopped (`cancel_running`)
@@ -80,20 +88,19 @@ class Scheduler:
         self._stopping = False
         self._durations: deque[float] = deque(maxlen=RECENT_DURATIONS)
         self._finished: Counter[str] = Counter()
-        # (deadline, tie-breaker, ticket): weak, so a finished ticket and its result are not kept until then
-        self._deadlines: list[tuple[float, int, weakref.ref[Ticket]]] = []
-        self._deadline_seq = itertools.count()
-        self._deadline_of: dict[str, tuple[float, str]] = {}  # running ticket id -> (deadline, message)
+        self._deadlines = Deadlines()
         self._hooks = TicketHooks(
             withdraw=self._withdraw,
             finished=self._ticket_finished,
             position=self.position,
             estimated_wait_s=self.estimated_wait_s,
             set_timeout=self._set_timeout,
+            next_unit=self._next_unit,
+            woken=self._woken,
         )
         self._workers = [
             threading.Thread(target=self._worker_loop, name=f"{name}-{i}", daemon=True)
-            for i in range(concurrency)
+            for i in range(self._slots.threads)
         ]
         self._watchdog = threading.Thread(target=self._watchdog_loop, name=f"{name}-watchdog", daemon=True)
         for thread in [*self._workers, self._watchdog]:
@@ -111,11 +118,15 @@ class Scheduler:
         stream: bool = False,
         on_state: Callable[[Ticket, str], None] | None = None,
         timeout_s: float | Literal["request"] | None = REQUEST_TIMEOUT,
+        work_class: WorkClass = INTERACTIVE,
+        fair_key: str | None = None,
     ) -> Ticket:
         """Queue `work`; raises QueueFull (with `retry_after_s`) or ShuttingDown instead of waiting.
 
         `timeout_s`: how long the work may run once started: the request timeout by default; None for no
-        limit until the work sets its own with `ctx.set_timeout` (jobs: one per segment).
+        limit until the work sets its own with `ctx.set_timeout` (jobs: one per segment). `work_class`:
+        "interactive" (a client waits) or "background" (calls `ctx.next_unit()` between units);
+        `fair_key`: whom it counts against when keys share the engine (default: `owner`).
 
         `work(ctx)` runs on a worker thread; with `stream=True` it returns an iterable (see `Ticket.chunks`).
         `on_state(ticket, state)` is called with "running" when the work starts (unless it never does) and
@@ -130,8 +141,8 @@ class Scheduler:
             ticket_id = job_id or uuid.uuid4().hex
             if ticket_id in self._active:
                 raise JobStateError(f"job {ticket_id} is already queued or running")
-            idle_workers = self.concurrency - len(self._executing)
-            if len(self._queue) >= self.queue_size + max(0, idle_workers):
+            waiting = len(self._slots.queued) + len(self._slots.handoff)
+            if waiting >= self.queue_size + max(0, self.concurrency - self._slots.occupied()):
                 retry = self._retry_after_locked()
                 raise QueueFull(
                     f"the queue is full ({self.queue_size} waiting, {len(self._executing)} running): "
@@ -140,16 +151,17 @@ class Scheduler:
                 )
             ticket = Ticket(self._hooks, work, ticket_id, owner, stream, self.stream_buffer, on_state)
             ticket.timeout_s = timeout_s
-            self._queue.append(ticket)
+            ticket.work_class = work_class
+            self._slots.add(ticket, work_class, fair_key if fair_key is not None else owner)
             self._active[ticket_id] = ticket
-            self._lock.notify_all()
+            self._grant_locked()
+            ticket.estimated_wait_at_submit = self._slots.estimated_wait_s(ticket)
         self._report_queue()
         return ticket
 
     def get(self, ticket_id: str) -> Ticket | None:
         """A queued or running ticket by id (finished ones are the job store's business)."""
-        with self._lock:
-            return self._active.get(ticket_id)
+        return self._active.get(ticket_id)  # a dict read: atomic
 
     def cancel(self, ticket_id: str, reason: str = "cancelled by the client") -> bool:
         ticket = self.get(ticket_id)
@@ -169,18 +181,12 @@ class Scheduler:
     def position(self, ticket: Ticket) -> int | None:
         """0 for the next ticket to start; None once it started."""
         with self._lock:
-            try:
-                return self._queue.index(ticket)
-            except ValueError:
-                return None
+            return self._slots.position(ticket)
 
     def estimated_wait_s(self, ticket: Ticket) -> float:
-        """Rough seconds until `ticket` starts, from recent durations (0 once started)."""
-        position = self.position(ticket)
-        if position is None:
-            return 0.0
+        """Seconds until `ticket` starts (0 once started), from measured unit times and the fair policy."""
         with self._lock:
-            return (position + 1) * self._mean_duration_locked() / self.concurrency
+            return self._slots.estimated_wait_s(ticket)
 
     # -- state and statistics ----------------------------------------------------------------------------
 
@@ -197,45 +203,44 @@ class Scheduler:
                 "queue_size": self.queue_size,
                 "request_timeout_s": self.request_timeout_s,
                 "accepting": self._accepting,
-                "queued": len(self._queue),
+                "queued": len(self._slots.queued) + len(self._slots.handoff),
                 "running": len(self._executing),
                 "finished": {state: self._finished[state] for state in sorted(TERMINAL_STATES)},
                 "recent_durations_s": [round(d, 3) for d in durations[-20:]],
                 "mean_duration_s": round(sum(durations) / len(durations), 3) if durations else None,
+                **self._slots.stats(),
             }
 
-    def _mean_duration_locked(self) -> float:
-        if not self._durations:
-            return min(DEFAULT_DURATION_ESTIMATE_S, self.request_timeout_s or DEFAULT_DURATION_ESTIMATE_S)
-        return sum(self._durations) / len(self._durations)
-
     def _retry_after_locked(self) -> int:
-        # A slot frees about every mean/concurrency seconds, but every client turned away competes for
-        # it: the fair wait is the time the work now waiting takes to start (measured mean durations).
-        waiting = max(1, len(self._queue))
-        return max(1, math.ceil(waiting * self._mean_duration_locked() / self.concurrency))
+        # Room in the queue comes when the work now waiting starts: the latest start the estimate sees.
+        return max(1, math.ceil(self._slots.latest_start_s()))
 
     def _report_queue(self) -> None:
         if self.metrics is not None:
             with self._lock:
-                depth, in_flight = len(self._queue), len(self._executing)
+                depth = len(self._slots.queued) + len(self._slots.handoff)
+                in_flight = len(self._executing)
             self.metrics.observe_queue(depth, in_flight)
 
     # -- the tickets' hooks -------------------------------------------------------------------------------
 
     def _withdraw(self, ticket: Ticket) -> bool:
         with self._lock:
-            queued = ticket.state == "queued" and ticket in self._queue
+            queued = ticket.state == "queued" and self._slots.withdraw(ticket)
             if queued:
-                self._queue.remove(ticket)
+                self._grant_locked()  # a slot granted to it goes to the next
         if queued:
             self._report_queue()
         return queued
 
+    def _woken(self, ticket: Ticket) -> None:
+        with self._lock:  # work waiting between units sees its cancel at once
+            self._lock.notify_all()
+
     def _ticket_finished(self, ticket: Ticket) -> None:
         with self._lock:
             self._active.pop(ticket.id, None)
-            self._deadline_of.pop(ticket.id, None)
+            self._deadlines.drop(ticket.id)
             self._finished[ticket.state] += 1
         if self.metrics is not None:
             wait_s = (ticket.started_at or ticket.finished_at or time.time()) - ticket.submitted_at
@@ -250,27 +255,43 @@ class Scheduler:
             if self.metrics is not None:
                 self.metrics.count_error(kind)  # job failures are counted here, not by the API
 
+    def _next_unit(self, ticket: Ticket) -> None:
+        """Between two units: the slot goes back, and the work waits here until it is granted the next
+        one (or is cancelled, or the scheduler stops). Its timeout's clock stops meanwhile."""
+        with self._lock:
+            if ticket not in self._slots.holding:
+                return  # not run by this scheduler's slots (called twice, or after a stop)
+            self._slots.release(ticket)
+            self._deadlines.suspend(ticket.id)
+            self._slots.pause(ticket)
+            self._grant_locked()
+            while not self._slots.granted(ticket):
+                if ticket.cancel_event.is_set() or self._stopping:
+                    break
+                self._lock.wait()
+            self._slots.resume(ticket)
+            if ticket.id in self._active and self._deadlines.resume(ticket):
+                self._lock.notify_all()  # the watchdog may need to wake earlier
+        self._report_queue()
+
+    def _grant_locked(self) -> None:
+        if self._slots.grant():
+            self._lock.notify_all()
+
     # -- workers ------------------------------------------------------------------------------------------
 
     def _worker_loop(self) -> None:
         while True:
             with self._lock:
-                while not self._queue and not self._stopping:
+                while (ticket := self._slots.take()) is None and not self._stopping:
                     self._lock.wait()
-                if not self._queue:
+                if ticket is None:
                     return
-                ticket = self._queue.popleft()
                 self._executing.add(ticket)
                 ticket.mark_running()
-                if ticket.timeout_s == REQUEST_TIMEOUT and self.request_timeout_s is not None:
-                    message = (
-                        f"the job ran longer than the {self.request_timeout_s:g} s request timeout and was "
-                        "stopped: shorten the text or raise request_timeout_s"
-                    )
-                    self._arm_locked(ticket, self.request_timeout_s, message)
-                elif isinstance(ticket.timeout_s, float | int):
-                    message = f"the job ran longer than its {ticket.timeout_s:g} s timeout and was stopped"
-                    self._arm_locked(ticket, float(ticket.timeout_s), message)
+                self._observe_wait(ticket)
+                self._deadlines.arm_start(ticket, self.request_timeout_s)
+                self._lock.notify_all()  # the watchdog may need to wake earlier
             began = time.monotonic()
             self._report_queue()
             outcome: tuple[str, Any, BaseException | None] = ("failed", None, RuntimeError("worker crashed"))
@@ -281,9 +302,11 @@ class Scheduler:
                 # Free the slot before waking the client, so it can submit again at once.
                 with self._lock:
                     self._executing.discard(ticket)
+                    self._slots.ended(ticket)
                     interrupted = ticket in self._interrupted
                     self._interrupted.discard(ticket)
                     self._durations.append(time.monotonic() - began)
+                    self._slots.grant()
                     self._lock.notify_all()
                 self._report_queue()
                 state, result, error = outcome
@@ -291,33 +314,29 @@ class Scheduler:
                     error = Interrupted(ticket.cancel_reason or "interrupted by the server")
                 ticket.finish(state, result=result, error=error)
 
+    def _observe_wait(self, ticket: Ticket) -> None:  # the estimate's error: said at submit, then had
+        observe = getattr(self.metrics, "observe_wait_estimate", None)
+        if callable(observe) and ticket.estimated_wait_at_submit is not None and ticket.started_at:
+            actual = max(0.0, ticket.started_at - ticket.submitted_at)
+            observe(ticket.work_class, ticket.estimated_wait_at_submit, actual)
+
     def _set_timeout(self, ticket: Ticket, seconds: float, message: str) -> None:
+        """`ticket` times out `seconds` from now (replacing an earlier deadline) with `message`."""
         with self._lock:
             if ticket in self._executing:
-                self._arm_locked(ticket, seconds, message)
-
-    def _arm_locked(self, ticket: Ticket, seconds: float, message: str) -> None:
-        """`ticket` times out `seconds` from now (replacing an earlier deadline) with `message`."""
-        deadline = time.monotonic() + seconds
-        self._deadline_of[ticket.id] = (deadline, message)
-        heapq.heappush(self._deadlines, (deadline, next(self._deadline_seq), weakref.ref(ticket)))
-        self._lock.notify_all()  # the watchdog may need to wake earlier
+                self._deadlines.arm(ticket, seconds, message)
+                self._lock.notify_all()  # the watchdog may need to wake earlier
 
     def _watchdog_loop(self) -> None:
         while True:
-            expired: list[tuple[Ticket, str]] = []
             with self._lock:
                 if self._stopping:
                     return
                 now = time.monotonic()
-                while self._deadlines and self._deadlines[0][0] <= now:
-                    ticket = heapq.heappop(self._deadlines)[2]()
-                    # an entry older than the ticket's current deadline was replaced (`set_timeout`)
-                    current = self._deadline_of.get(ticket.id) if ticket is not None else None
-                    if ticket is not None and current is not None and current[0] <= now:
-                        expired.append((ticket, current[1]))
+                expired = self._deadlines.expired(now)
                 if not expired:
-                    self._lock.wait(self._deadlines[0][0] - now if self._deadlines else None)
+                    next_at = self._deadlines.next_at()
+                    self._lock.wait(next_at - now if next_at is not None else None)
                     continue
             for ticket, message in expired:
                 if ticket.state == "running":
@@ -335,8 +354,7 @@ class Scheduler:
         with self._lock:
             first_call = self._accepting
             self._accepting = False
-            queued = list(self._queue)
-            self._queue.clear()
+            queued = self._slots.drain_queued()
             running_at_start = len(self._executing)
         if not first_call:
             self._join(join_s)

@@ -18,67 +18,17 @@ import threading
 import time
 from collections import deque
 from collections.abc import AsyncIterator, Callable, Iterator
-from dataclasses import dataclass
 from typing import Any
 
 from cosyserve.errors import Cancelled
 from cosyserve.service.requests import TERMINAL_STATES
+from cosyserve.service.scheduling.work_context import TicketHooks, WorkContext
+
+__all__ = ["Ticket", "TicketHooks", "WorkContext"]
 
 logger = logging.getLogger(__name__)
 ABANDONED = "the client stopped reading the stream"
 _END = object()
-
-
-class WorkContext:
-    """What running work gets: the cancel event to check between steps, and a progress reporter."""
-
-    def __init__(self, ticket: Ticket) -> None:
-        self._ticket = ticket
-
-    @property
-    def cancel(self) -> threading.Event:
-        """Set when the work should stop (client cancel, disconnect, timeout, shutdown)."""
-        return self._ticket.cancel_event
-
-    @property
-    def ticket_id(self) -> str:
-        return self._ticket.id
-
-    @property
-    def owner(self) -> str | None:
-        return self._ticket.owner
-
-    @property
-    def submitted_at(self) -> float:
-        """When the work was submitted (`time.time()`): latencies the client sees count from here."""
-        return self._ticket.submitted_at
-
-    def set_progress(self, fraction: float) -> None:
-        self._ticket.set_progress(fraction)
-
-    def set_timeout(self, seconds: float, message: str) -> None:
-        """A new deadline: JobTimeout(`message`) unless the work ends within `seconds` (jobs: per segment)."""
-        self._ticket._hooks.set_timeout(self._ticket, seconds, message)  # the scheduler keeps deadlines
-
-    def share_partial(self, value: Any) -> None:
-        """Offer what is finished so far (e.g. a long job's first pieces) to a client that shows it early."""
-        self._ticket.partial = value
-
-    def check_cancelled(self) -> None:
-        """Raise Cancelled if the work was asked to stop."""
-        if self._ticket.cancel_event.is_set():
-            raise Cancelled(self._ticket.cancel_reason or "cancelled")
-
-
-@dataclass(frozen=True)
-class TicketHooks:
-    """What a ticket may ask of the scheduler that queued it (the scheduler hands these out)."""
-
-    withdraw: Callable[[Ticket], bool]  # take it out of the queue if it still waits there; True if it did
-    finished: Callable[[Ticket], None]  # it reached its final state: count it, log a failure
-    position: Callable[[Ticket], int | None]  # 0: next to start; None: not queued
-    estimated_wait_s: Callable[[Ticket], float]
-    set_timeout: Callable[[Ticket, float, str], None]  # (ticket, seconds from now, message on expiry)
 
 
 def _resolve(future: asyncio.Future[None]) -> None:
@@ -112,6 +62,8 @@ class Ticket:
         self.finished_at: float | None = None
         self._hooks = hooks
         self.timeout_s: Any = None  # set by the scheduler: its timeout policy for this ticket
+        self.work_class = "interactive"  # set by the scheduler: "interactive" or "background"
+        self.estimated_wait_at_submit: float | None = None  # the scheduler's estimate when it was queued
         self._work: Callable[[WorkContext], Any] | None = work
         self._on_state = on_state
         self._cond = threading.Condition()
@@ -310,6 +262,7 @@ class Ticket:
             self.cancel_reason = reason
             self.cancel_event.set()
             self._notify_locked()  # wakes a producer blocked on a full buffer
+        self._hooks.woken(self)  # and work waiting for its next unit (no ticket lock held: lock order)
 
     def finish(self, state: str, *, result: Any = None, error: BaseException | None = None) -> bool:
         """Move to a final state once; later calls (a late worker after a timeout) change nothing."""
@@ -352,7 +305,7 @@ class Ticket:
         try:
             if work is None:
                 raise RuntimeError(f"job {self.id} was started twice")
-            output = work(WorkContext(self))
+            output = work(WorkContext(self, self._hooks))
             result = self._pump(output) if self.stream else output
         except BaseException as exc:  # whatever the work raises ends the ticket, never the worker
             if self.cancel_event.is_set() or isinstance(exc, Cancelled):
