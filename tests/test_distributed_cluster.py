@@ -28,7 +28,9 @@ boto3 = pytest.importorskip("boto3")
 BUCKET = "cosyserve-cluster"
 LEASE_S = 2.0
 VISIBILITY_S = 5.0
-LONG_TEXT = "今天天气很好，我们一起去公园散步吧。" * 24  # 24 pieces at 40 characters: a few seconds of work
+LONG_TEXT = "今天天气很好，我们一起去公园散步吧。" * 12  # 12 pieces at 40 characters: a few seconds of work
+BATCH_ITEMS = 10  # enough for a worker to be stopped with items done and items left
+BATCH_LINES = "\n".join(f"第{n}句，稍微长一点的一句话。" for n in range(1, BATCH_ITEMS + 1)).encode()
 PROMPT_TEXT = "希望你以后能够做的比我还好呦。"
 
 
@@ -301,7 +303,7 @@ def test_batches_and_dubs_run_on_the_workers(cluster: Cluster, voice: str) -> No
     the other, which goes on at the first unfinished item (every item made once); a cancel stops one."""
     before = set(cluster.bucket_outputs())
     plain = {"content-type": "text/plain"}
-    lines = "\n".join(f"第{n}句，稍微长一点的一句话。" for n in range(1, 21)).encode()
+    lines = BATCH_LINES
     batch = cluster.http.post("/v1/batches", content=lines, params={"voice": voice}, headers=plain).json()
     srt = "".join(f"{n}\n00:00:0{2 * n - 1},000 --> 00:00:0{2 * n},500\n第{n}句。\n\n" for n in range(1, 4))
     dub = cluster.http.post("/v1/dub", data={"voice": voice}, files={"file": ("a.srt", srt.encode())}).json()
@@ -314,7 +316,7 @@ def test_batches_and_dubs_run_on_the_workers(cluster: Cluster, voice: str) -> No
     records = cluster.wait_jobs([batch["id"], dub["id"]], timeout=300)
     assert records[batch["id"]].state == "done" and records[batch["id"]].attempt >= 2, cluster.logs()
     view = cluster.http.get(f"/v1/batches/{batch['id']}", params={"limit": 100}).json()
-    assert view["done"] == 20 and len({item["output_id"] for item in view["items"]}) == 20
+    assert view["done"] == BATCH_ITEMS and len({item["output_id"] for item in view["items"]}) == BATCH_ITEMS
     track = cluster.http.get(f"/v1/dub/{dub['id']}").json()
     assert track["state"] == "done" and track["done"] == 3, track
     new = set(cluster.bucket_outputs()) - before  # every item once, plus the dub's cues and its track
@@ -333,7 +335,7 @@ def test_batches_and_dubs_run_on_the_workers(cluster: Cluster, voice: str) -> No
     assert cluster.http.delete(f"/v1/batches/{victim['id']}").status_code == 202
     time.sleep(LEASE_S * 2)  # the worker notices and stops
     ended = cluster.http.get(f"/v1/batches/{victim['id']}", params={"limit": 100}).json()
-    assert ended["state"] == "cancelled" and ended["done"] + ended["cancelled"] == 20, ended
+    assert ended["state"] == "cancelled" and ended["done"] + ended["cancelled"] == BATCH_ITEMS, ended
     time.sleep(LEASE_S)
     assert cluster.http.get(f"/v1/batches/{victim['id']}").json()["done"] == ended["done"]
 
@@ -344,7 +346,7 @@ def test_a_worker_stopped_with_sigterm_gives_its_running_batch_back_at_once(
     """SIGTERM on a worker: its running batch goes back to the queue at once (not failed, not held until it
     ends) and the other worker goes on after its finished items."""
     plain = {"content-type": "text/plain"}
-    lines = "\n".join(f"第{n}句，稍微长一点的一句话。" for n in range(1, 21)).encode()
+    lines = BATCH_LINES
     batch = cluster.http.post("/v1/batches", content=lines, params={"voice": voice}, headers=plain).json()
     deadline = time.monotonic() + 120
     while (record := cluster.jobs.get(batch["id"])).state != "running" or record.progress < 0.2:
@@ -362,7 +364,7 @@ def test_a_worker_stopped_with_sigterm_gives_its_running_batch_back_at_once(
     record = cluster.wait_jobs([batch["id"]], timeout=300)[batch["id"]]
     assert record.state == "done" and record.attempt >= 2 and record.worker != holder, cluster.logs()
     view = cluster.http.get(f"/v1/batches/{batch['id']}", params={"limit": 100}).json()
-    assert view["done"] == 20 and view["failed"] == 0
+    assert view["done"] == BATCH_ITEMS and view["failed"] == 0
     after = {item["position"]: item["output_id"] for item in view["items"]}
     assert all(after[position] == output_id for position, output_id in done_before.items())  # not made twice
     node.start()

@@ -14,6 +14,7 @@ import io
 import itertools
 import json
 import threading
+import time
 from pathlib import Path
 
 import numpy as np
@@ -496,25 +497,36 @@ def test_cancel_before_the_ticket_exists_cancels_it(page, ui_server, monkeypatch
     """Bug 5: a Cancel that arrives while the request is still being submitted (as after an engine restart)
     used to say "Cancelled." while the result was made and saved anyway."""
     from cosyserve.ui.bridge import UiBridge
+    from cosyserve.ui.generate import Run
 
-    original = UiBridge.submit
+    original_submit, original_cancel = UiBridge.submit, Run.cancel
+    submitting, cancel_arrived, tickets = threading.Event(), threading.Event(), []
 
     def slow_submit(self, *args, **kwargs):
-        import time
+        submitting.set()
+        # The submission is slow: it ends only after the Cancel has reached the server, before the ticket
+        # exists (events instead of fixed sleeps: the same order on a fast or a busy machine).
+        assert cancel_arrived.wait(WAIT_MS / 1000), "the Cancel did not reach the server"
+        tickets.append(original_submit(self, *args, **kwargs))
+        return tickets[-1]
 
-        time.sleep(2.5)  # the submission is slow: the Cancel arrives before the ticket exists
-        return original(self, *args, **kwargs)
+    def noted_cancel(self):
+        original_cancel(self)
+        cancel_arrived.set()
 
     monkeypatch.setattr(UiBridge, "submit", slow_submit)
+    monkeypatch.setattr(Run, "cancel", noted_cancel)
     before = len(ui_server.service.outputs.list(limit=500))
     open_tab(page, "cross_lingual")
     page.uncheck("#cross_lingual-stream input")
     page.fill("#cross_lingual-text textarea", "Cancel me.")
     page.click("#cross_lingual-generate")
-    page.wait_for_timeout(800)
+    assert submitting.wait(WAIT_MS / 1000)
     page.click("#cross_lingual-cancel")
     page.wait_for_function("document.querySelector('#cross_lingual-info').innerText.includes('Cancelled')")
-    page.wait_for_timeout(6000)  # long enough for a synthesis that was not really cancelled to be saved
+    # The ticket made after the Cancel has ended: a synthesis that was not really cancelled is saved by now.
+    assert len(tickets) == 1 and tickets[0].wait(WAIT_MS / 1000)
+    assert tickets[0].state == "cancelled", tickets[0]
     assert len(ui_server.service.outputs.list(limit=500)) == before
     assert "Cancelled" in page.inner_text("#cross_lingual-info")
 
@@ -617,7 +629,7 @@ def test_cancel(page, ui_server):
     try:
         page.fill("#cross_lingual-text textarea", "Hi.")
         page.click("#cross_lingual-generate")
-        page.wait_for_timeout(1000)
+        wait_until(lambda: service.scheduler.stats()["queued"] >= 1)  # the UI's request waits in the queue
         page.click("#cross_lingual-cancel")
         page.wait_for_function(
             "document.querySelector('#cross_lingual-info').innerText.includes('Cancelled')"
@@ -627,6 +639,13 @@ def test_cancel(page, ui_server):
         release.set()
         blocker.wait(30)
     no_traceback(page)
+
+
+def wait_until(condition, timeout_s: float = WAIT_MS / 1000) -> None:
+    deadline = time.monotonic() + timeout_s
+    while not condition():
+        assert time.monotonic() < deadline, "timed out"
+        time.sleep(0.05)
 
 
 def test_admin_panel(page, ui_server):
@@ -723,19 +742,45 @@ ZH_TAB_NAMES = {
 }
 
 
+SHOWN_TAB_OR_MENU = """(name) => {
+    const shown = (el) => el !== null && el.getClientRects().length > 0
+        && getComputedStyle(el).visibility !== 'hidden';
+    const tabs = [...document.querySelectorAll('[role=tab]')];
+    if (tabs.some((b) => b.textContent.includes(name) && shown(b))) return 'tab';
+    return shown(document.querySelector('.overflow-menu button, button.overflow-menu')) ? 'menu' : null;
+}"""  # 'tab': the tab's button is in the bar; 'menu': Gradio's "More tabs" button is; null: neither yet
+
+
 def show_tab(page, tab_id: str, lang: str) -> None:
     """Open a tab by its name, through Gradio's overflow menu when the window is too narrow for all."""
     name = (ZH_TAB_NAMES if lang == "zh" else TAB_NAMES)[tab_id]
-    tab = page.get_by_role("tab", name=name).first
-    try:
-        tab.wait_for(state="visible", timeout=5000)  # the language switch re-renders the tab buttons
-        tab.click()
-    except Exception:  # a narrow window: the tab is in Gradio's "More tabs" menu
+    # Which way is open now (no fixed wait for a tab that a narrow window never shows).
+    where = page.wait_for_function(SHOWN_TAB_OR_MENU, arg=name).json_value()
+    if where == "tab":
+        page.get_by_role("tab", name=name).first.click()
+    else:  # a narrow window: the tab is in Gradio's "More tabs" menu
         page.locator(".overflow-menu button, button.overflow-menu").first.click()
         page.locator(
             ".overflow-dropdown button, .overflow-item-container button", has_text=name
         ).first.click()
-    page.wait_for_timeout(400)
+    page.locator(f"#tab-{tab_id}").wait_for(state="visible")
+    next_frames(page)
+
+
+def next_frames(page) -> None:
+    """Wait until the browser has drawn two more frames: what was just shown is laid out and painted."""
+    page.evaluate("() => new Promise(done => requestAnimationFrame(() => requestAnimationFrame(done)))")
+
+
+def wait_language(page, lang: str) -> None:
+    """Wait until the tab buttons carry `lang`'s names (in the tab bar or its overflow menu)."""
+    name = (ZH_TAB_NAMES if lang == "zh" else TAB_NAMES)["zero_shot"]
+    page.wait_for_function(
+        "(name) => [...document.querySelectorAll('[role=tab], button')]"
+        ".some(b => b.textContent.includes(name))",
+        arg=name,
+    )
+    next_frames(page)
 
 
 @pytest.mark.parametrize("viewport", [(1400, 1000), (390, 844)], ids=["desktop", "phone"])
@@ -747,7 +792,7 @@ def test_screenshots_of_every_tab(page, viewport):
     try:
         for lang, label in (("en", "English"), ("zh", "中文")):
             page.click(f"#cosy-lang label:has-text('{label}')")
-            page.wait_for_timeout(600)
+            wait_language(page, lang)
             for tab_id in TAB_IDS:
                 show_tab(page, tab_id, lang)
                 overflow = page.evaluate("document.documentElement.scrollWidth - window.innerWidth")
