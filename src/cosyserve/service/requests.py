@@ -15,6 +15,7 @@ from typing import Any, Literal
 import numpy as np
 
 from cosyserve.service.audio_formats import SAMPLE_RATE, check_format, check_sample_rate
+from cosyserve.service.quality.takes import TakeReport
 from cosyserve.service.stores.keys import ApiKey
 
 MAX_SEED = 2**31 - 1  # seeds are non-negative 31-bit integers everywhere (API, UI, synthesizer)
@@ -36,6 +37,7 @@ class SynthesisRequest:
     volume: float = 1.0  # linear gain on the output, clipped to [-1, 1]
     stream: bool = False  # chunks within a sentence as soon as they are ready
     denoise: bool = False  # suppress background noise in `prompt_wav` before analysing it (RNNoise)
+    takes: int | None = None  # made again (next seed) while a take fails its checks; None: the server's
 
 
 @dataclass(frozen=True)
@@ -82,6 +84,7 @@ class SynthesisResult:
     stage_seconds: dict[str, float] = field(default_factory=dict)  # e.g. {"llm": 1.2, "flow": 3.4, ...}
     warnings: list[str] = field(default_factory=list)
     reading: dict[str, Any] = field(default_factory=dict)  # what the model read (`reading_report`)
+    quality: TakeReport | None = None  # the kept take's scores and how many takes were made
 
     @property
     def duration_s(self) -> float:
@@ -180,6 +183,7 @@ class TtsOutcome:
     warnings: tuple[str, ...] = ()
     audio: bytes | None = None  # the encoded response (not for streams)
     storage_error: str | None = None  # why the result could not be saved (None: it was, or not asked)
+    quality: TakeReport | None = None  # the kept take's scores and how many takes were made
 
 
 def job_parameters(request: SynthesisRequest, spec: OutputSpec) -> dict[str, Any]:

@@ -15,8 +15,9 @@ from pydantic.fields import FieldInfo
 from pydantic_settings import NoDecode
 
 from cosyserve.modeldir.model_dir import DEFAULT_MODEL_ID
+from cosyserve.service.quality.settings import QualitySettings
 
-_PREFIXED_GROUPS = ("s3", "log")  # groups whose flat names carry the group name
+_PREFIXED_GROUPS = ("s3", "log", "quality")  # groups whose flat names carry the group name
 
 
 DEFAULT_CONSENT_STATEMENT = (
@@ -330,7 +331,7 @@ class LabelSettings(_Group):
     c2pa_key_file: Path | None = Field(None, description="PEM private key of c2pa_cert_file")
 
 
-GROUPS: dict[str, type[_Group]] = {
+GROUPS: dict[str, type[BaseModel]] = {
     "engine": EngineSettings,
     "server": ServerSettings,
     "queue": QueueSettings,
@@ -340,6 +341,7 @@ GROUPS: dict[str, type[_Group]] = {
     "auth": AuthSettings,
     "log": LogSettings,
     "labels": LabelSettings,
+    "quality": QualitySettings,
 }
 
 
