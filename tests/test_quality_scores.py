@@ -202,3 +202,38 @@ def test_the_report_as_headers_and_fields() -> None:
     fields = report.as_dict()
     assert fields["takes"] == 3 and fields["failed"] == ["pause"] and fields["similarity"] == 0.6123
     assert "X-Take-Error-Rate" not in headers  # no ASR, no header
+
+
+def test_where_users_see_the_scores() -> None:
+    from cosyserve.service.dub_report import report_document
+    from cosyserve.service.quality.reporting import (
+        combined_report,
+        listen_list,
+        manifest_columns,
+        needs_listen,
+        stored_fields,
+    )
+    from cosyserve.ui.take_badge import take_badge
+
+    good = TakeReport(TakeScores(similarity=0.7, pace_ratio=1.0), takes=1)
+    bad = TakeReport(TakeScores(similarity=0.3, pace_ratio=2.5, failed=("similarity", "duration")), takes=3)
+    job = combined_report([good, None, bad])
+    assert job.takes == 3 and job.scores.similarity == 0.3 and job.scores.pace_ratio == 2.5
+    assert job.scores.failed == ("similarity", "duration") and combined_report([None]) is None
+
+    columns = manifest_columns(stored_fields(bad))
+    assert columns["check"] == "listen" and columns["take_failed"] == "similarity duration"
+    assert manifest_columns(stored_fields(good))["check"] == "" and manifest_columns({}) == {}
+    assert (
+        needs_listen(stored_fields(bad)) and not needs_listen(stored_fields(good)) and not needs_listen(None)
+    )
+    rows = [
+        {"position": 1, "text": "a", "file_position": 1, **columns},
+        {"position": 2, "text": "b", "file_position": 2},
+    ]
+    assert listen_list(rows) == [{"position": 1, "text": "a", "failed": ["similarity", "duration"]}]
+    assert report_document(rows)["check_these"] == listen_list(rows)
+
+    badge = take_badge(bad, "en")
+    assert 'data-state="failed"' in badge and "3 takes" in badge and "similarity 0.30" in badge
+    assert "✓" in take_badge(good, "zh") and take_badge(None, "en") == ""

@@ -272,6 +272,7 @@ class LocalBackend:
                     voice=request.voice,
                 )
         self.metrics.observe_synthesis(produced.duration_s, produced.stage_seconds.get("total", 0.0))
+        self.metrics.observe_take(produced.quality)
         self.startup.first_synthesis(produced.stage_seconds.get("total", 0.0), produced.duration_s)
         self.reservations.settle(spec, produced.duration_s)  # replaces its reservation (jobs: key None)
         return TtsOutcome(
@@ -284,6 +285,7 @@ class LocalBackend:
             warnings=tuple(result.warnings),
             audio=audio,
             storage_error=storage_error,
+            quality=produced.quality,
         )
 
     # -- jobs (`local.job_runner`) --------------------------------------------------------------------------

@@ -37,6 +37,7 @@ from cosyserve.service.local.dubbing import synthesize_cue
 from cosyserve.service.local.jobs import JobResult, JobRun
 from cosyserve.service.local.model_host import ModelHost
 from cosyserve.service.local.voice_pins import SNAPSHOTS, VoicePins
+from cosyserve.service.quality.reporting import stored_fields
 from cosyserve.service.requests import (
     OutputSpec,
     SentenceTiming,
@@ -241,7 +242,8 @@ class BatchRunner:
                     ).result()
                 )
                 extra = {}
-            return self.finish(synth, request, result, spec, encoded=False), extra
+            outcome = self.finish(synth, request, result, spec, encoded=False)
+            return outcome, {**extra, **stored_fields(outcome.quality)}
 
     def _discard(self, output_id: str) -> None:
         try:

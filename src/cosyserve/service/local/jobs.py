@@ -40,6 +40,7 @@ from cosyserve.service.access.key_watch import KeyChanged, KeyRevoked, KeyWatch
 from cosyserve.service.local.job_quota import JobQuota
 from cosyserve.service.local.synthesizer import Synthesizer
 from cosyserve.service.local.voice_pins import PinnedVoice
+from cosyserve.service.quality.reporting import combined_report, stored_fields
 from cosyserve.service.requests import (
     EVERY_VOICE,
     SentenceTiming,
@@ -212,7 +213,11 @@ class JobStateRecorder:
                 output_path=outcome.output_path if outcome else None,
                 duration_s=outcome.duration_s if outcome else result.extra.get("audio_s"),
                 seed=outcome.seed if outcome else None,
-                extra={"warnings": list(outcome.warnings) if outcome else [], **result.extra},
+                extra={
+                    "warnings": list(outcome.warnings) if outcome else [],
+                    **stored_fields(outcome.quality if outcome else None),
+                    **result.extra,
+                },
                 attempt=self.attempt,
                 stopped=result.stopped,
             )
@@ -342,4 +347,5 @@ def merge_results(results: list[SynthesisResult]) -> SynthesisResult:
         speech_tokens=sum(r.speech_tokens for r in results),
         stage_seconds=stages,
         warnings=[w for r in results for w in r.warnings],
+        quality=combined_report([r.quality for r in results]),
     )

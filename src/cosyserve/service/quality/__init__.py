@@ -7,11 +7,19 @@ This package's root imports only the light parts (settings read it); the scorer 
 """
 
 from cosyserve.service.quality.scores import CHECKS, QualityThresholds, TakeScores
-from cosyserve.service.quality.takes import MAX_TAKES, TakePolicy, TakeReport, best_take, take_seed
+from cosyserve.service.quality.takes import (
+    MAX_TAKES,
+    TAKE_HEADERS,
+    TakePolicy,
+    TakeReport,
+    best_take,
+    take_seed,
+)
 
 __all__ = [
     "CHECKS",
     "MAX_TAKES",
+    "TAKE_HEADERS",
     "QualityThresholds",
     "TakePolicy",
     "TakeReport",

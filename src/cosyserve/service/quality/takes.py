@@ -14,6 +14,19 @@ from dataclasses import dataclass, field
 from cosyserve.service.quality.scores import QualityThresholds, TakeScores
 
 MAX_TAKES = 5
+TAKE_HEADERS = (  # every header `TakeReport.headers` may set
+    "X-Takes",
+    "X-Take-Passed",
+    "X-Take-Failed",
+    "X-Take-Similarity",
+    "X-Take-Pace",
+    "X-Take-Repetition",
+    "X-Take-Silence",
+    "X-Take-Longest-Pause",
+    "X-Take-Clipping",
+    "X-Take-Flatness",
+    "X-Take-Error-Rate",
+)
 
 
 @dataclass(frozen=True)
