@@ -237,3 +237,22 @@ def test_where_users_see_the_scores() -> None:
     badge = take_badge(bad, "en")
     assert 'data-state="failed"' in badge and "3 takes" in badge and "similarity 0.30" in badge
     assert "✓" in take_badge(good, "zh") and take_badge(None, "en") == ""
+
+
+def test_a_report_crosses_the_queue() -> None:
+    """A worker's outcome reaches an API node as JSON (`distributed.codec`) with its scores."""
+    import json
+
+    from cosyserve.service.distributed.codec import decode_outcome, encode_outcome
+    from cosyserve.service.requests import TtsOutcome
+
+    report = TakeReport(TakeScores(similarity=0.7, failed=("pause",)), takes=2)
+    outcome = TtsOutcome(1, 1.0, 25, "id", "/x.wav", "audio/wav", quality=report)
+    back = decode_outcome(json.loads(json.dumps(encode_outcome(outcome))))
+    assert back.quality == report and back.quality.headers() == report.headers()
+    assert (
+        decode_outcome(
+            json.loads(json.dumps(encode_outcome(TtsOutcome(1, 1.0, 25, None, None, "a"))))
+        ).quality
+        is None
+    )

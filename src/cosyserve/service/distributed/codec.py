@@ -27,6 +27,7 @@ from cosyserve.errors import (
     error_code,
 )
 from cosyserve.service.access.key_watch import KeyChanged, KeyRevoked
+from cosyserve.service.quality import TakeReport
 from cosyserve.service.requests import (
     EnrolmentRequest,
     OutputSpec,
@@ -147,6 +148,8 @@ def decode_outcome(data: dict[str, Any]) -> TtsOutcome:
     values = dict(data)
     values["warnings"] = tuple(values.get("warnings") or ())
     values["audio"] = unb64(values.get("audio"))
+    quality = values.get("quality")
+    values["quality"] = TakeReport.from_fields(quality) if quality else None
     return TtsOutcome(**values)
 
 

@@ -8,8 +8,9 @@ then the earliest.
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
+from typing import Any
 
 from cosyserve.service.quality.scores import QualityThresholds, TakeScores
 
@@ -69,6 +70,13 @@ class TakeReport:
 
     def as_dict(self) -> dict[str, object]:
         return {**self.scores.as_dict(), "takes": self.takes}
+
+    @classmethod
+    def from_fields(cls, data: Mapping[str, Any]) -> TakeReport:
+        """Back from `dataclasses.asdict(report)` after JSON (a worker's outcome on an API node)."""
+        scores = dict(data["scores"])
+        scores["failed"] = tuple(scores.get("failed") or ())
+        return cls(TakeScores(**scores), int(data.get("takes", 1)))
 
     def headers(self) -> dict[str, str]:
         """HTTP response headers (`X-Take-…`)."""
