@@ -45,6 +45,8 @@ def test_tts_headers_say_how_the_kept_take_scored(client) -> None:
     assert headers["x-takes"] == "2" and headers["x-take-passed"] == "false"
     assert "noise" in headers["x-take-failed"].split(",")
     assert headers["x-cosyserve-seed"] in ("4", "5") and float(headers["x-take-similarity"]) <= 1.0
+    manifest = client.get(f"/v1/outputs/{headers['x-cosyserve-output-id']}/manifest").json()
+    assert manifest["quality"]["takes"] == 2 and manifest["takes"] == 2  # scores and the request's takes
     one = client.post("/v1/tts", json={"text": TEXT, "voice": "alice", "seed": 4})
     assert one.headers["x-takes"] == "1"  # the server's default: scored, not made again
     assert client.post("/v1/tts", json={"text": "hi", "voice": "alice", "takes": 9}).status_code == 422
