@@ -151,7 +151,7 @@ def api_synthesizer(demo_model_path: Path):
 def sharing(synthesizer):
     """A synthesizer factory handing each service `synthesizer`'s networks with its own voices and limits."""
     return lambda settings, voices: synthesizer.sharing_model(
-        voices=voices, max_text_chars=settings.limits.max_text_chars
+        voices=voices, max_text_chars=settings.limits.max_text_chars, quality=settings.quality.policy()
     )
 
 

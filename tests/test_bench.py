@@ -43,7 +43,7 @@ REPORT_FIELDS = {
     "peak_rss_over_weights", "quantized_linears", "deviation", "machine",
     "flow_steps", "no_cfg", "flow_label", "flow_deviation",
     "voice_cache_bytes", "stream_prefix_peak_bytes", "max_reuse_bytes", "efficiency",
-    "dtypes", "engine_options", "concurrent", "cold_start_seconds", "lm_kernels",
+    "dtypes", "engine_options", "concurrent", "cold_start_seconds", "lm_kernels", "quality_seconds",
 }  # fmt: skip
 COLD_START_FIELDS = {"imports", "load", "place", "calibration", "preset", "first_synthesis", "ready"}
 MACHINE_FIELDS = {
@@ -148,6 +148,7 @@ def test_bench_reports_every_field() -> None:
     assert found["limits"]["memory_gb_s"] > 0 and found["limits"]["matmul_gflop_s"] > 0
     assert found["decode_gb_s"] > 0 and found["flow_gflop_s"] > 0
     assert "real-time factor" in render(report) and "machine limits" in render(report)
+    assert report["quality_seconds"] > 0 and "quality checks" in render(report)
     json.dumps(report)  # JSON-ready
 
 

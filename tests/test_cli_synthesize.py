@@ -102,3 +102,26 @@ def test_precision_and_engine_options(demo_model_path, shared_dir, tmp_path, cap
     assert sf.info(out).frames > 0
     assert _synthesize(demo_model_path, tmp_path, out, "--prompt-wav", prompt, "--precision", "float16") == 2
     assert "only supported on CUDA" in capsys.readouterr().err
+
+
+def test_takes_and_the_json_summary(demo_model_path, shared_dir, tmp_path, capsys) -> None:
+    """`--takes 2 --json`: the demo model's noise fails its checks, so both takes are made; the summary
+    names the kept take's seed and scores."""
+    import json
+
+    prompt = str(shared_dir / "audio" / "prompt_zh_24k.wav")
+    args = (
+        "--prompt-wav",
+        prompt,
+        "--prompt-text",
+        PROMPT_TRANSCRIPT,
+        "--seed",
+        "7",
+        "--takes",
+        "2",
+        "--json",
+    )
+    assert _synthesize(demo_model_path, tmp_path, tmp_path / "a.wav", *args) == 0
+    summary = json.loads(capsys.readouterr().out.strip().splitlines()[-1])
+    assert summary["seed"] in (7, 8) and summary["quality"]["takes"] == 2
+    assert summary["quality"]["passed"] is False and "noise" in summary["quality"]["failed"]

@@ -33,11 +33,18 @@ def as_key(server, key: str) -> httpx.Client:
 
 
 def wait(client, path: str, timeout: float = 120.0) -> dict:
+    """Poll until the job or batch ends, within the key's rate limit (60 a minute: a job running longer
+    than the polls it may make waits out its 429s instead of failing on them)."""
     deadline = time.monotonic() + timeout
-    while (body := client.get(path).json())["state"] not in TERMINAL:
-        assert time.monotonic() < deadline, body
-        time.sleep(0.1)
-    return body
+    while True:
+        response = client.get(path)
+        assert time.monotonic() < deadline, response.text
+        if response.status_code == 429:
+            time.sleep(float(response.headers.get("retry-after", 1)))
+            continue
+        if (body := response.json())["state"] in TERMINAL:
+            return body
+        time.sleep(0.25)
 
 
 def underestimate(monkeypatch, seconds: float) -> None:

@@ -15,7 +15,7 @@ from tests.conftest import API_TEXT, enrol_voice, sharing
 from cosyserve.engine.memory import out_of_memory_as_error
 from cosyserve.errors import OutOfMemory, error_code, is_out_of_memory
 from cosyserve.service.local import results as results_module  # where a result is encoded and stored
-from cosyserve.service.local import synthesizer as synthesizer_module
+from cosyserve.service.local import synthesis_stream as synthesis_stream_module
 from cosyserve.service.requests import SynthesisRequest
 
 ORT_ARENA = (
@@ -109,7 +109,7 @@ def test_prompt_models_on_onnxruntime(server, synth, prompt_wav_bytes, monkeypat
 def test_host_memory_in_synthesis_and_encoding(server, prompt_wav_bytes, monkeypatch) -> None:
     with server.client() as client:
         for _ in range(3):  # more than the unready threshold: out of memory is never an engine failure
-            monkeypatch.setattr(synthesizer_module, "_apply_volume", _raises(MemoryError()))
+            monkeypatch.setattr(synthesis_stream_module, "_apply_volume", _raises(MemoryError()))
             _assert_503(client.post("/v1/tts", json={"text": API_TEXT, "voice": "alice"}))
             monkeypatch.undo()
             monkeypatch.setattr(results_module, "encode", _raises(MemoryError("Unable to allocate 2.1 GiB")))

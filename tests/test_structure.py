@@ -24,7 +24,7 @@ LAYERS: dict[str, frozenset[str]] = {
     "api": frozenset({"service", "frontend"}),
     "ui": frozenset({"service", "frontend"}),  # through its bridge only: UI_BRIDGE below
     "commands": frozenset({"api", "ui", "service", "engine", "frontend", "modeldir", "exit_codes"}),
-    "bench": frozenset({"engine", "model", "modeldir"}),
+    "bench": frozenset({"engine", "model", "modeldir", "frontend", "service"}),  # service: take checks
     "parity": frozenset({"engine", "model", "modeldir", "frontend"}),
     "cli": frozenset({"commands", "bench", "parity", "modeldir", "exit_codes"}),
     "exit_codes": frozenset(),

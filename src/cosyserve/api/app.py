@@ -23,6 +23,7 @@ from cosyserve.api.errors import install_error_handlers
 from cosyserve.api.middleware import ApiMiddleware
 from cosyserve.limits import upload_bytes
 from cosyserve.service.assembly import Service
+from cosyserve.service.quality import TAKE_HEADERS
 
 DOCS_ASSETS_URL = "/docs-assets"
 EXPOSED_HEADERS = [
@@ -31,6 +32,7 @@ EXPOSED_HEADERS = [
     "X-Cosyserve-Output-Id",
     "X-Cosyserve-Duration",
     "X-Cosyserve-Sample-Rate",
+    *TAKE_HEADERS,
     "Retry-After",
 ]
 DESCRIPTION = """\

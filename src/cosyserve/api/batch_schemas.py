@@ -107,6 +107,9 @@ class BatchItemView(BaseModel):
     )
     cue: str | None = Field(None, description="dub: the cue's number or identifier in the subtitle file")
     played_s: float | None = Field(None, description="dub: seconds of its speech played in the track")
+    quality: dict[str, Any] | None = Field(
+        None, description="the kept take's scores, `takes` made and `passed` (docs/quality.md)"
+    )
 
 
 class BatchView(BaseModel):
@@ -138,6 +141,10 @@ class BatchView(BaseModel):
     params: dict[str, Any] = Field(default_factory=dict)
     partial: JobPartial | None = Field(
         None, description="it stopped early (error says why): the items kept (archive_url) and those missing"
+    )
+    check_these: list[int] = Field(
+        default_factory=list,
+        description="positions of the listed items whose every take failed its checks: listen to them",
     )
     items: list[BatchItemView] = Field(
         default_factory=list, description="a page of the items (offset, limit)"

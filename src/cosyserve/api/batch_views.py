@@ -16,6 +16,7 @@ from cosyserve.service.assembly import Service
 from cosyserve.service.batches.dub_timeline import placement
 from cosyserve.service.batches.status import batch_status
 from cosyserve.service.local.voice_pins import SNAPSHOTS
+from cosyserve.service.quality.reporting import needs_listen
 from cosyserve.service.stores.batches import BatchItem
 from cosyserve.service.stores.jobs import JobNotFound, JobRecord
 
@@ -66,6 +67,7 @@ def batch_view(service: Service, record: JobRecord, *, offset: int = 0, limit: i
         params=_shown(record.params or {}),
         partial=partial_view(record),
         items=[item_view(service, item, fmt) for item in items],
+        check_these=[item.position for item in items if needs_listen(item.result)],
     )
 
 
@@ -95,6 +97,7 @@ def item_view(service: Service, item: BatchItem, batch_format: str = "wav") -> B
         "url": url,
         "duration_s": item.duration_s,
         "seed": item.seed,
+        "quality": (item.result or {}).get("quality"),
     }
     if "start_s" in params:
         view.update(

@@ -52,6 +52,7 @@ def job_view(service: Service, record: JobRecord) -> JobView:
         seed=record.seed,
         params={key: value for key, value in (record.params or {}).items() if key != SNAPSHOTS},
         warnings=list((record.result_extra or {}).get("warnings", [])),
+        quality=(record.result_extra or {}).get("quality"),
         kind=record.kind,
         partial=partial_view(record),
     )

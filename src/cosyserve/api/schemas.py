@@ -7,6 +7,7 @@ from typing import Any, Literal
 from pydantic import AliasChoices, BaseModel, ConfigDict, Field
 
 from cosyserve.limits import MAX_SPEED, MAX_VOLUME, MIN_SPEED, MIN_VOLUME, SPEED_RANGE_TEXT
+from cosyserve.service.quality import MAX_TAKES
 from cosyserve.service.requests import MAX_SEED, SynthesisRequest
 
 AudioFormat = Literal["wav", "mp3", "opus", "flac", "pcm"]
@@ -43,6 +44,12 @@ class SynthesisParams(_Strict):
     transcribe: bool = Field(
         False, description="no prompt_text given: transcribe prompt_wav with the ASR model (zero-shot)"
     )
+    takes: int | None = Field(
+        None,
+        ge=1,
+        le=MAX_TAKES,
+        description="takes to make while one fails its checks (default: the server's)",
+    )
 
     def to_request(self, prompt_wav: bytes | None) -> SynthesisRequest:
         return SynthesisRequest(
@@ -55,6 +62,7 @@ class SynthesisParams(_Strict):
             speed=self.speed,
             volume=self.volume,
             denoise=self.denoise,
+            takes=self.takes,
         )
 
 
@@ -224,6 +232,9 @@ class JobView(BaseModel):
     seed: int | None = None
     params: dict[str, Any] = Field(default_factory=dict)
     warnings: list[str] = Field(default_factory=list)
+    quality: dict[str, Any] | None = Field(
+        None, description="the kept take's scores, `takes` made and `passed` (docs/quality.md)"
+    )
     kind: str = Field("tts", description="tts (a long text), batch or dub (see /v1/batches)")
     partial: JobPartial | None = Field(
         None, description="it stopped early (error says why): what it made (result_url) and what is missing"

@@ -179,6 +179,8 @@ def audio_response(outcome: TtsOutcome) -> Response:
         headers["X-Cosyserve-Output-Id"] = outcome.output_id
     if outcome.warnings:
         headers["X-Cosyserve-Warnings"] = str(len(outcome.warnings))
+    if outcome.quality is not None:  # the kept take's scores (`service.quality`)
+        headers.update(outcome.quality.headers())
     if outcome.storage_error:  # the audio is here, but it was not kept: no output id, no later download
         headers["X-Cosyserve-Saved"] = "false"
         headers["X-Cosyserve-Storage-Error"] = outcome.storage_error.encode("ascii", "replace").decode()

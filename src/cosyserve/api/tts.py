@@ -20,7 +20,9 @@ router = APIRouter(prefix="/v1", tags=["speech"])
         "Speak `text` in a saved `voice` or a cloned one (`prompt_wav`, with `prompt_text` for zero-shot). "
         "Send JSON (prompt audio as base64) or multipart/form-data (prompt audio as a file). With "
         "`stream=true` the audio arrives in chunks while it is generated. Headers: X-Cosyserve-Seed "
-        "(reproduce with `seed`), X-Cosyserve-Output-Id and X-Cosyserve-Duration (not when streamed)."
+        "(reproduce with `seed`), X-Cosyserve-Output-Id and X-Cosyserve-Duration (not when streamed); "
+        "the kept take's scores (X-Takes, X-Take-Passed, X-Take-Failed, X-Take-Similarity, …; not when "
+        "streamed): see docs/quality.md."
     ),
     responses={200: {"content": AUDIO_CONTENT, "description": "the audio"}, **ERRORS},
     openapi_extra=body_doc(TtsParams, "prompt_wav"),

@@ -50,6 +50,10 @@ def render(report: dict[str, Any]) -> str:
             f"this process used {100 * report.get('cpu_share', float('nan')):.0f} % of its threads' time",
         ),
     ]
+    if report.get("quality_seconds") is not None:
+        share = report["quality_seconds"] / max(report["total_seconds"], 1e-9)
+        note = f"{100 * share:.1f} % of total, after it (stand-in speaker encoder)"
+        lines.append(_row("quality checks", report["quality_seconds"], note))
     if report["first_chunk_seconds"] is not None:
         lines.append(
             _row("first audio chunk", report["first_chunk_seconds"], "latency from the request start")

@@ -24,6 +24,7 @@ import torch
 from cosyserve.bench.cold_start import ColdStart, seconds_since_process_start
 from cosyserve.bench.full_random import SCALES, build_random_models, config_for_scale, module_bytes
 from cosyserve.bench.machine import load_average, machine_info, peak_rss_bytes
+from cosyserve.bench.quality_cost import scoring_seconds
 from cosyserve.bench.roofline import MachineLimits, efficiency, measure_limits
 from cosyserve.bench.timing import StageClock, UtteranceTiming
 from cosyserve.bench.utterance import (
@@ -140,6 +141,10 @@ def run_bench(options: BenchOptions, progress: Progress | None = None) -> dict[s
             options, models, preset, inputs, timing, clock, load_seconds, weights_bytes, placement
         )
         report["flow_deviation"] = None if flow_deviation is None else flow_deviation.to_dict()
+        progress.stage("scoring the take (the quality checks)")
+        report["quality_seconds"] = scoring_seconds(
+            report["audio_out_seconds"], models.config.sample_rate, inputs.speech_tokens
+        )
         report["cold_start_seconds"] = cold.to_dict(measured_deviation=options.deviation)
         report["lm_kernels"] = current_kernels(models.llm)
         report["dtypes"] = network_dtypes(models.llm, models.flow, models.hift, placement)

@@ -4,16 +4,21 @@ from __future__ import annotations
 
 import argparse
 import getpass
+import json
 import os
 import sys
 import time
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 import soundfile as sf
 
 from cosyserve.errors import InputError
 from cosyserve.limits import DEFAULT_MAX_TEXT_CHARS, SPEED_RANGE_TEXT
 from cosyserve.service.setting_groups import DEFAULT_CONSENT_STATEMENT
+
+if TYPE_CHECKING:
+    from cosyserve.service.outcomes import SynthesisResult
 
 STATEMENT_ENV = "COSYSERVE_VOICE_CONSENT_STATEMENT"
 
@@ -161,6 +166,7 @@ def cmd_synthesize(args: argparse.Namespace) -> int:
         speed=args.speed,
         volume=args.volume,
         stream=args.stream,
+        takes=args.takes,
     )
     bar = tqdm(total=1, unit="sentence", desc="synthesizing", file=sys.stderr, disable=args.quiet)
 
@@ -189,12 +195,34 @@ def cmd_synthesize(args: argparse.Namespace) -> int:
         Path(args.srt).write_text(to_srt(result.timings), encoding="utf-8")
     if args.vtt:
         Path(args.vtt).write_text(to_vtt(result.timings), encoding="utf-8")
+    _say_what_was_written(out, result, as_json=args.json)
+    return 0
+
+
+def _say_what_was_written(out: Path, result: SynthesisResult, *, as_json: bool) -> None:
+    """One line on stdout: the file, its length, seed and real-time factor, and the kept take's scores
+    (`--json`: one JSON object with every score)."""
     rtf = result.stage_seconds.get("total", 0.0) / max(result.duration_s, 1e-9)
+    quality = result.quality
+    if as_json:
+        summary = {
+            "out": str(out),
+            "duration_s": round(result.duration_s, 3),
+            "seed": result.seed,
+            "speech_tokens": result.speech_tokens,
+            "real_time_factor": round(rtf, 3),
+            "quality": quality.as_dict() if quality is not None else None,
+        }
+        print(json.dumps(summary, ensure_ascii=False))
+        return
+    checked = ""
+    if quality is not None:
+        verdict = "passed" if quality.scores.passed else "failed " + ", ".join(quality.scores.failed)
+        checked = f", {quality.takes} take{'s' if quality.takes > 1 else ''}: {verdict}"
     print(
         f"wrote {out} ({result.duration_s:.2f} s, {result.speech_tokens} speech tokens, seed {result.seed}, "
-        f"real-time factor {rtf:.2f})"
+        f"real-time factor {rtf:.2f}{checked})"
     )
-    return 0
 
 
 def cmd_voices(args: argparse.Namespace) -> int:
@@ -273,6 +301,14 @@ def add_parsers(sub: argparse._SubParsersAction) -> None:
     synth.add_argument("--srt", help="also write sentence timestamps as SRT")
     synth.add_argument("--vtt", help="also write sentence timestamps as WebVTT")
     synth.add_argument("--quiet", action="store_true", help="no progress bar")
+    synth.add_argument(
+        "--takes",
+        type=int,
+        default=None,
+        help="make a take again with the next seed while it fails its quality checks, up to this many "
+        "(default 1: checked, not made again; docs/quality.md)",
+    )
+    synth.add_argument("--json", action="store_true", help="print the result and its scores as one JSON line")
     add_model_arguments(synth)
     synth.set_defaults(func=cmd_synthesize)
 

@@ -38,6 +38,7 @@ class SegmentStats:
     """What one segment cost; summed into the request's stage timings."""
 
     speech_tokens: int = 0
+    speech_token_ids: list[int] = field(default_factory=list)  # what the LM said (the quality checks read it)
     llm_s: float = 0.0
     acoustic_s: float = 0.0  # flow + vocoder
 
@@ -221,6 +222,7 @@ class SpeechEngine:
             llm_clock = time.perf_counter()
         stats.llm_s += time.perf_counter() - llm_clock
         stats.speech_tokens = len(generated)
+        stats.speech_token_ids = generated
         if cancel():
             raise Cancelled("the request was cancelled")
         if not generated:

@@ -23,6 +23,7 @@ from prometheus_client.core import GaugeMetricFamily
 from prometheus_client.registry import Collector
 
 from cosyserve.service.gpu import gpu_report
+from cosyserve.service.quality.metrics import TakeMetrics
 
 PREFIX = "cosyserve_"
 _LATENCY_BUCKETS = (0.05, 0.1, 0.25, 0.5, 1.0, 2.0, 5.0, 10.0, 30.0, 60.0, 120.0, 300.0)
@@ -94,6 +95,8 @@ class Metrics:
         self.model_loaded = Gauge(
             "cosyserve_model_loaded", "1 when the model is loaded and ready", registry=r
         )
+        self.takes = TakeMetrics(r)  # the take scores (`service.quality`)
+        self.observe_take = self.takes.observe
         if system:
             r.register(SystemCollector())
 

@@ -14,6 +14,7 @@ from typing import Any
 import numpy as np
 
 from cosyserve.service.audio_formats import SAMPLE_RATE
+from cosyserve.service.quality.takes import TakeReport
 
 
 @dataclass(frozen=True)
@@ -60,6 +61,7 @@ class SynthesisResult:
     stage_seconds: dict[str, float] = field(default_factory=dict)  # e.g. {"llm": 1.2, "flow": 3.4, ...}
     warnings: list[str] = field(default_factory=list)
     reading: dict[str, Any] = field(default_factory=dict)  # what the model read (`reading_report`)
+    quality: TakeReport | None = None  # the kept take's scores and how many takes were made
 
     @property
     def duration_s(self) -> float:
@@ -91,3 +93,4 @@ class TtsOutcome:
     warnings: tuple[str, ...] = ()
     audio: bytes | None = None  # the encoded response (not for streams)
     storage_error: str | None = None  # why the result could not be saved (None: it was, or not asked)
+    quality: TakeReport | None = None  # the kept take's scores and how many takes were made

@@ -13,7 +13,6 @@ from dataclasses import dataclass, field
 from typing import Any, Literal
 
 from cosyserve.service.audio_formats import SAMPLE_RATE, check_format, check_sample_rate
-from cosyserve.service.outcomes import TtsOutcome as TtsOutcome  # the web UI still imports it from here
 from cosyserve.service.stores.keys import ApiKey
 
 MAX_SEED = 2**31 - 1  # seeds are non-negative 31-bit integers everywhere (API, UI, synthesizer)
@@ -35,6 +34,7 @@ class SynthesisRequest:
     volume: float = 1.0  # linear gain on the output, clipped to [-1, 1]
     stream: bool = False  # chunks within a sentence as soon as they are ready
     denoise: bool = False  # suppress background noise in `prompt_wav` before analysing it (RNNoise)
+    takes: int | None = None  # made again (next seed) while a take fails its checks; None: the server's
 
 
 @dataclass(frozen=True)

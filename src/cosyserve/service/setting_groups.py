@@ -16,9 +16,10 @@ from pydantic_settings import NoDecode
 
 from cosyserve.limits import DEFAULT_MAX_BATCH_ITEMS, DEFAULT_MAX_TEXT_CHARS, DEFAULT_MAX_UPLOAD_MB
 from cosyserve.modeldir.model_dir import DEFAULT_MODEL_ID
+from cosyserve.service.quality.settings import QualitySettings
 from cosyserve.service.scheduling.queue_settings import QueueSettings
 
-_PREFIXED_GROUPS = ("s3", "log")  # groups whose flat names carry the group name
+_PREFIXED_GROUPS = ("s3", "log", "quality")  # groups whose flat names carry the group name
 
 
 DEFAULT_CONSENT_STATEMENT = (
@@ -312,6 +313,7 @@ GROUPS: dict[str, type[BaseModel]] = {
     "auth": AuthSettings,
     "log": LogSettings,
     "labels": LabelSettings,
+    "quality": QualitySettings,
 }
 
 

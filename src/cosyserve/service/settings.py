@@ -33,6 +33,7 @@ from pydantic.fields import FieldInfo
 from pydantic_settings import BaseSettings, PydanticBaseSettingsSource, SettingsConfigDict
 
 from cosyserve.errors import SettingsError
+from cosyserve.service.quality.settings import QualitySettings
 from cosyserve.service.setting_groups import (
     FLAT_NAMES,
     GROUPS,
@@ -124,6 +125,7 @@ class Settings(BaseSettings):
     auth: AuthSettings = Field(default_factory=AuthSettings)
     log: LogSettings = Field(default_factory=LogSettings)
     labels: LabelSettings = Field(default_factory=LabelSettings)
+    quality: QualitySettings = Field(default_factory=QualitySettings)
 
     def __init__(self, **values: Any) -> None:
         try:

@@ -35,6 +35,7 @@ from cosyserve.errors import RemoteFailure as RemoteFailure  # defined there, wi
 from cosyserve.errors import WorkerLost as WorkerLost
 from cosyserve.service.access.key_watch import KeyChanged, KeyRevoked
 from cosyserve.service.outcomes import StreamStart, TtsOutcome
+from cosyserve.service.quality import TakeReport
 from cosyserve.service.requests import EnrolmentRequest, OutputSpec, SynthesisRequest, VoiceDefaults
 from cosyserve.service.stores.keys import ApiKey
 from cosyserve.service.stores.outputs import OutputNotFound
@@ -136,6 +137,8 @@ def decode_outcome(data: dict[str, Any]) -> TtsOutcome:
     values = dict(data)
     values["warnings"] = tuple(values.get("warnings") or ())
     values["audio"] = unb64(values.get("audio"))
+    quality = values.get("quality")
+    values["quality"] = TakeReport.from_fields(quality) if quality else None
     return TtsOutcome(**values)
 
 

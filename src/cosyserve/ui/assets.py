@@ -36,6 +36,8 @@ CSS = """
 .cosy-preview .bad { color: #b42318; }
 .cosy-preview code { white-space: normal; word-break: break-all; }
 .cosy-links { display: flex; flex-wrap: wrap; gap: .3rem .9rem; }
+.cosy-take { cursor: help; border-bottom: 1px dotted currentColor; }
+.cosy-take[data-state="failed"] { color: #b45309; }
 .cosy-table table { font-size: .82rem; }
 #history-table table { table-layout: fixed; width: 100%; }
 #history-table td, #history-table th { overflow-wrap: anywhere; }

@@ -38,6 +38,7 @@ from cosyserve.ui.bridge import (
 )
 from cosyserve.ui.i18n import text
 from cosyserve.ui.preview import form_preview
+from cosyserve.ui.take_badge import take_badge
 
 POLL_S = 0.25
 STREAM_ITEM_TIMEOUT_S = 600.0
@@ -258,6 +259,8 @@ def srt_text(manifest: dict[str, Any]) -> str:
 
 def result_info(outcome: TtsOutcome, lang: str, elapsed: float) -> str:
     info = text("result_info", lang, seed=outcome.seed, duration=outcome.duration_s, elapsed=elapsed)
+    badge = take_badge(outcome.quality, lang)
+    info += f" · {badge}" if badge else ""
     warnings = "".join(f"\n- ⚠ {html.escape(w)}" for w in outcome.warnings)
     return info + (("\n" + warnings) if warnings else "")
 

@@ -3,7 +3,8 @@
 The ZIP holds every finished item as `0001_<name>.<format>` (read from the output store one file at a time,
 so memory holds one item, never the archive), its sentence timings as `0001_<name>.srt`, and
 `manifest.csv` last: one row per item with its text, voice, seed, duration, file, subtitles, state and
-error. A dub adds its track (`dub.<format>`; a long one transcoded file to file, never whole in memory)
+error, and its kept take's scores (`check` = listen: every take failed its checks, docs/quality.md).
+A dub adds its track (`dub.<format>`; a long one transcoded file to file, never whole in memory)
 and `report.csv` (`dub_report`).
 """
 
@@ -21,6 +22,8 @@ import soundfile as sf
 from cosyserve.errors import CosyServeError
 from cosyserve.service.audio_formats import EXTENSIONS, IN_MEMORY_LIMIT_BYTES, encode, transcode_file
 from cosyserve.service.batches.dub_report import dub_report, report_csv
+from cosyserve.service.quality.reporting import MANIFEST_COLUMNS as QUALITY_COLUMNS
+from cosyserve.service.quality.reporting import manifest_columns
 from cosyserve.service.stores.batches import BatchItem
 from cosyserve.service.stores.output_files import temp_output_path
 from cosyserve.service.stores.outputs import OutputStore, StoredOutput
@@ -37,6 +40,7 @@ MANIFEST_COLUMNS = (
     "subtitles",
     "state",
     "error",
+    *QUALITY_COLUMNS,
 )
 COPY_PIECE = 1 << 20
 
@@ -158,6 +162,7 @@ def manifest_row(item: BatchItem) -> dict[str, Any]:
         "subtitles": "",
         "state": item.state if item.state != "done" or item.output_id else "missing",
         "error": item.error_message or "",
+        **manifest_columns(item.result),
     }
 
 

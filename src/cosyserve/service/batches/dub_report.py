@@ -21,6 +21,8 @@ from typing import Any
 
 from cosyserve.service.batches.dub_plan import CueSlot
 from cosyserve.service.batches.dub_timeline import placement
+from cosyserve.service.quality.reporting import MANIFEST_COLUMNS as QUALITY_COLUMNS
+from cosyserve.service.quality.reporting import listen_list, manifest_columns
 from cosyserve.service.stores.batches import BatchItem
 
 REPORT_COLUMNS = (
@@ -42,6 +44,7 @@ REPORT_COLUMNS = (
     "adjustments",
     "state",
     "error",
+    *QUALITY_COLUMNS,
 )
 REORDERED_NOTE = (
     "the subtitle file's cues were not in time order: they are placed and numbered (`position`) in time "
@@ -62,6 +65,7 @@ def cue_row(item: BatchItem) -> dict[str, Any]:
         "planned_end_s": slot.end_s,
         "state": item.state,
         "error": item.error_message or "",
+        **manifest_columns(result),
     }
     if item.state != "done" or item.duration_s is None:
         return row
@@ -114,6 +118,7 @@ def report_document(
         document["track_s"] = round(track_s, 3)
     if charged_s is not None:
         document["charged_s"] = round(charged_s, 3)
+    document["check_these"] = listen_list(rows)  # cues whose every take failed its checks
     document["cues"] = rows
     return document
 

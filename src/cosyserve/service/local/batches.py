@@ -41,6 +41,7 @@ from cosyserve.service.local.model_host import ModelHost
 from cosyserve.service.local.results import Results
 from cosyserve.service.local.voice_pins import SNAPSHOTS, VoicePins
 from cosyserve.service.outcomes import SentenceTiming, SynthesisResult, TtsOutcome
+from cosyserve.service.quality.reporting import stored_fields
 from cosyserve.service.requests import OutputSpec, VoiceScope
 from cosyserve.service.scheduling.tickets import WorkContext
 from cosyserve.service.stores.batches import UNFINISHED, BatchItem, BatchStore
@@ -242,7 +243,8 @@ class BatchRunner:
                     ).result()
                 )
                 extra = {}
-            return self.results.finish(synth, request, result, spec, encoded=False), extra
+            outcome = self.results.finish(synth, request, result, spec, encoded=False)
+            return outcome, {**extra, **stored_fields(outcome.quality)}
 
     def _discard(self, output_id: str) -> None:
         try:

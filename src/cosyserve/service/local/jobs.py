@@ -41,6 +41,7 @@ from cosyserve.service.local.job_quota import JobQuota
 from cosyserve.service.local.synthesizer import Synthesizer
 from cosyserve.service.local.voice_pins import PinnedVoice
 from cosyserve.service.outcomes import SentenceTiming, SynthesisProgress, SynthesisResult, TtsOutcome
+from cosyserve.service.quality.reporting import combined_report, stored_fields
 from cosyserve.service.requests import EVERY_VOICE, SynthesisRequest, VoiceScope
 from cosyserve.service.scheduling.tickets import Ticket, WorkContext
 from cosyserve.service.stores.batches import BatchStore
@@ -205,7 +206,11 @@ class JobStateRecorder:
                 output_path=outcome.output_path if outcome else None,
                 duration_s=outcome.duration_s if outcome else result.extra.get("audio_s"),
                 seed=outcome.seed if outcome else None,
-                extra={"warnings": list(outcome.warnings) if outcome else [], **result.extra},
+                extra={
+                    "warnings": list(outcome.warnings) if outcome else [],
+                    **stored_fields(outcome.quality if outcome else None),
+                    **result.extra,
+                },
                 attempt=self.attempt,
                 stopped=result.stopped,
             )
@@ -337,4 +342,5 @@ def merge_results(results: list[SynthesisResult]) -> SynthesisResult:
         speech_tokens=sum(r.speech_tokens for r in results),
         stage_seconds=stages,
         warnings=[w for r in results for w in r.warnings],
+        quality=combined_report([r.quality for r in results]),
     )

@@ -10,6 +10,7 @@ from collections.abc import Callable
 from cosyserve.engine.device import resolve_placement
 from cosyserve.engine.pipeline import EngineOptions
 from cosyserve.service.local.synthesizer import Synthesizer
+from cosyserve.service.quality.asr import server_transcriber
 from cosyserve.service.settings import Settings
 from cosyserve.service.stores.voices import VoiceLibrary
 
@@ -36,6 +37,8 @@ def load_synthesizer(settings: Settings, voices: VoiceLibrary | None) -> Synthes
         voices=voices,
         max_text_chars=settings.limits.max_text_chars,
         engine_options=engine_options(settings),
+        quality=settings.quality.policy(),
+        transcriber=server_transcriber(engine.asr_model) if settings.quality.asr else None,
     )
 
 

@@ -71,6 +71,7 @@ class Results:
         audio = self._response_audio(synth, request, result, spec, stored) if encoded else None
         total_s = produced.stage_seconds.get("total", 0.0)
         self.metrics.observe_synthesis(produced.duration_s, total_s)
+        self.metrics.observe_take(produced.quality)
         self.startup.first_synthesis(total_s, produced.duration_s)
         self.reservations.settle(spec, produced.duration_s)  # replaces its reservation (jobs: key None)
         return TtsOutcome(
@@ -83,6 +84,7 @@ class Results:
             warnings=tuple(result.warnings),
             audio=audio,
             storage_error=storage_error,
+            quality=produced.quality,
         )
 
     def _store(

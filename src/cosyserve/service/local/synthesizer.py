@@ -13,21 +13,17 @@ host's own arrays) raises `OutOfMemory` (a 503 with Retry-After), the engine usa
 
 from __future__ import annotations
 
+import dataclasses
 import functools
 import secrets
 import threading
 import time
 from collections import OrderedDict
-from collections.abc import Callable, Iterator
-from dataclasses import dataclass
 from pathlib import Path
-
-import numpy as np
-import torch
 
 from cosyserve.engine.device import Placement, configure_cpu_threads, resolve_placement
 from cosyserve.engine.memory import out_of_memory_as_error
-from cosyserve.engine.pipeline import EngineOptions, SegmentInput, SpeechEngine
+from cosyserve.engine.pipeline import EngineOptions, SpeechEngine
 from cosyserve.engine.speech_lm_runner import PromptPrefix
 from cosyserve.engine.token2wav import (
     DEFAULT_PROMPT_STORE_BYTES,
@@ -35,158 +31,25 @@ from cosyserve.engine.token2wav import (
     PromptCache,
     PromptCacheStore,
 )
-from cosyserve.errors import Cancelled, InputError
+from cosyserve.errors import InputError
 from cosyserve.frontend.onnx_models import SpeakerEncoder, SpeechTokenizer
 from cosyserve.frontend.prompt_features import PromptFeatures, analyse_prompt
-from cosyserve.frontend.text import PreparedText, prepare_texts
-from cosyserve.frontend.text.describe import reading_report
+from cosyserve.frontend.text import prepare_texts
 from cosyserve.frontend.tokenizer import TextTokenizer
 from cosyserve.limits import DEFAULT_MAX_TEXT_CHARS, MAX_SPEED, MIN_SPEED
 from cosyserve.modeldir.model_dir import ModelDir
+from cosyserve.service.local.synthesis_stream import ProgressCallback, SynthesisPlan, SynthesisStream
 from cosyserve.service.local.voice_pins import PinnedVoice
-from cosyserve.service.outcomes import AudioChunk, SentenceTiming, SynthesisProgress, SynthesisResult
+from cosyserve.service.outcomes import SynthesisResult
+from cosyserve.service.quality import MAX_TAKES, TakePolicy
+from cosyserve.service.quality.pace import voice_seconds_per_unit
+from cosyserve.service.quality.scorer import TakeScorer, Transcriber
 from cosyserve.service.requests import EVERY_VOICE, MAX_SEED, SynthesisRequest, VoiceScope
 from cosyserve.service.stores.voices import Voice, VoiceLibrary
 
-ProgressCallback = Callable[[SynthesisProgress], None]
+__all__ = ["ProgressCallback", "SynthesisStream", "Synthesizer"]
 PREFIX_CACHE_SIZE = 32
 # Streaming caches of the flow's prompt K/V hold ~0.9 GB per 6 s voice at full size: keep only a few.
-
-
-@dataclass(frozen=True)
-class _Plan:
-    """A checked request: everything needed to generate, computed before the first sample."""
-
-    request: SynthesisRequest
-    prepared: PreparedText
-    features: PromptFeatures
-    seed: int
-    speed: float
-    voice: Voice | None
-    prompt_seconds: float
-
-
-class SynthesisStream:
-    """Audio chunks of one request, in order; `result()` after the last chunk. One consumer only."""
-
-    def __init__(
-        self,
-        synthesizer: Synthesizer,
-        plan: _Plan,
-        progress: ProgressCallback | None,
-        cancel: threading.Event | None,
-    ) -> None:
-        self._synth, self._plan = synthesizer, plan
-        self._progress, self._cancel = progress, cancel or threading.Event()
-        self.seed = plan.seed
-        self.timings: list[SentenceTiming] = []
-        self.warnings = list(plan.prepared.warnings)
-        self._chunks: list[np.ndarray] = []
-        self._stage = {"prompt": plan.prompt_seconds, "llm": 0.0, "acoustic": 0.0}
-        self._started_at: float | None = None
-        # When the first audio left the engine (time.time()): the one first-chunk measurement, read by
-        # the stage timings here and by the service's first-chunk latency metric.
-        self.first_audio_at: float | None = None
-        self._tokens = 0
-        self._iterator = self._run()
-        self._done = False
-
-    def __iter__(self) -> Iterator[AudioChunk]:
-        return self
-
-    def __next__(self) -> AudioChunk:
-        with out_of_memory_as_error("synthesis"):
-            return next(self._iterator)
-
-    def cancel(self) -> None:
-        self._cancel.set()
-
-    @property
-    def voice(self) -> Voice | None:
-        """The saved voice it speaks with (None: an uploaded recording)."""
-        return self._plan.voice
-
-    @property
-    def segment_count(self) -> int:
-        """How many segments its text was split into (progress reports one after each)."""
-        return len(self._plan.prepared.segments)
-
-    def result(self) -> SynthesisResult:
-        """The whole result; consumes whatever has not been read yet."""
-        for _ in self:
-            pass
-        with out_of_memory_as_error("synthesis"):
-            audio = np.concatenate(self._chunks) if self._chunks else np.zeros(0, np.float32)
-        stages = dict(self._stage)
-        if self.first_audio_at is not None and self._started_at is not None:
-            stages["first_chunk"] = self.first_audio_at - self._started_at
-        return SynthesisResult(
-            audio=audio,
-            sample_rate=self._synth.sample_rate,
-            seed=self.seed,
-            timings=self.timings,
-            speech_tokens=self._tokens,
-            stage_seconds=stages,
-            warnings=self.warnings,
-            reading=reading_report(self._plan.prepared, self._synth.tokenizer),
-        )
-
-    def _run(self) -> Iterator[AudioChunk]:
-        plan, synth = self._plan, self._synth
-        segments = plan.prepared.segments
-        generator = torch.Generator().manual_seed(plan.seed)
-        flow_prompt = FlowPrompt(
-            speech_token=plan.features.speech_token.long(),
-            speech_feat=plan.features.speech_feat,
-            embedding=plan.features.embedding,
-        )
-        lm_prompt_speech = (
-            plan.features.speech_token[0].tolist() if plan.prepared.use_prompt_speech_tokens else []
-        )
-        prompt_text_ids = plan.prepared.lm_prompt_ids
-        prefix = synth.cached_prefix(prompt_text_ids) if plan.voice is not None and prompt_text_ids else None
-        stream_chunks = plan.request.stream and plan.speed == 1.0
-        flow_cache = (
-            synth.cached_flow_prompt(plan.voice.id, flow_prompt) if stream_chunks and plan.voice else None
-        )
-        started = time.perf_counter()
-        self._started_at = time.time()
-        samples_so_far = 0
-        self._report(0, len(segments), 0.0)
-        for index, text_ids in enumerate(plan.prepared.segment_ids):
-            if self._cancel.is_set():
-                raise Cancelled("the request was cancelled")
-            seg = SegmentInput(
-                text_ids=text_ids,
-                prompt_text_ids=prompt_text_ids,
-                lm_prompt_speech_ids=lm_prompt_speech,
-                flow_prompt=flow_prompt,
-                lm_prefix=prefix,
-                flow_cache=flow_cache,
-            )
-            segment_start = samples_so_far
-            for audio in synth.engine.generate(
-                seg, generator=generator, stream=stream_chunks, speed=plan.speed, cancel=self._cancel.is_set
-            ):
-                audio = _apply_volume(audio, plan.request.volume)
-                if self.first_audio_at is None:
-                    self.first_audio_at = time.time()
-                self._chunks.append(audio)
-                samples_so_far += len(audio)
-                yield AudioChunk(samples=audio, sentence_index=index, sample_rate=synth.sample_rate)
-            self._stage["llm"] += seg.stats.llm_s
-            self._stage["acoustic"] += seg.stats.acoustic_s
-            self._tokens += seg.stats.speech_tokens
-            rate = synth.sample_rate
-            # The typed text of each segment is found once the first one is spoken (it is not needed sooner).
-            shown = plan.prepared.written_segments[index]
-            self.timings.append(SentenceTiming(index, shown, segment_start / rate, samples_so_far / rate))
-            self._report(index + 1, len(segments), samples_so_far / rate)
-        self._stage["total"] = time.perf_counter() - started + plan.prompt_seconds
-
-    def _report(self, done: int, total: int, seconds: float) -> None:
-        if self._progress is not None:
-            self._progress(SynthesisProgress(done, total, seconds))
 
 
 class Synthesizer:
@@ -203,6 +66,8 @@ class Synthesizer:
         voices: VoiceLibrary | None = None,
         max_text_chars: int = DEFAULT_MAX_TEXT_CHARS,
         lexicon: dict[str, str] | None = None,
+        quality: TakePolicy | None = None,
+        transcriber: Transcriber | None = None,
     ) -> None:
         self.model_dir = model_dir
         self.engine = engine
@@ -213,6 +78,12 @@ class Synthesizer:
         self.max_text_chars = max_text_chars
         self.lexicon = dict(lexicon or {})
         self.sample_rate = engine.sample_rate
+        # Every take is scored (and made again when it fails, up to `quality.takes`): `service.quality`.
+        self.quality = quality or TakePolicy()
+        self.transcriber = transcriber
+        self.scorer = None
+        if self.quality.enabled:
+            self.scorer = TakeScorer(speaker_encoder, self.quality.thresholds, transcriber)
         self._prefixes: OrderedDict[tuple[int, ...], PromptPrefix] = OrderedDict()
         # Saved voices' streaming starts within a byte budget (~0.9 GB per 6 s prompt, full size, float32).
         self._flow_caches = PromptCacheStore(DEFAULT_PROMPT_STORE_BYTES)
@@ -230,6 +101,8 @@ class Synthesizer:
         max_text_chars: int = DEFAULT_MAX_TEXT_CHARS,
         lexicon: dict[str, str] | None = None,
         engine_options: EngineOptions | None = None,
+        quality: TakePolicy | None = None,
+        transcriber: Transcriber | None = None,
     ) -> Synthesizer:
         """Load every network of `model_dir` (a ModelDir or a path) onto `device`; `engine_options` say
         how the networks run (default: the exact one-request-at-a-time path)."""
@@ -247,11 +120,16 @@ class Synthesizer:
             voices=voices,
             max_text_chars=max_text_chars,
             lexicon=lexicon,
+            quality=quality,
+            transcriber=transcriber,
         )
 
-    def sharing_model(self, *, voices: VoiceLibrary | None, max_text_chars: int) -> Synthesizer:
-        """A synthesizer on the same loaded networks and front ends with its own voice library and text
-        limit (several services in one process, e.g. test servers sharing one loaded model)."""
+    def sharing_model(
+        self, *, voices: VoiceLibrary | None, max_text_chars: int, quality: TakePolicy | None = None
+    ) -> Synthesizer:
+        """A synthesizer on the same loaded networks and front ends with its own voice library, text
+        limit and take policy (None: this one's): several services in one process, e.g. test servers
+        sharing one loaded model."""
         return Synthesizer(
             self.model_dir,
             self.engine,
@@ -261,6 +139,8 @@ class Synthesizer:
             voices=voices,
             max_text_chars=max_text_chars,
             lexicon=self.lexicon,
+            quality=quality or self.quality,
+            transcriber=self.transcriber,
         )
 
     # ---- prompts and voices ---------------------------------------------------------------------
@@ -323,7 +203,9 @@ class Synthesizer:
         """Synthesise the whole request and return it."""
         return self.synthesize(request, **kwargs).result()  # type: ignore[arg-type]
 
-    def _plan(self, request: SynthesisRequest, voices: VoiceScope, pinned: PinnedVoice | None) -> _Plan:
+    def _plan(
+        self, request: SynthesisRequest, voices: VoiceScope, pinned: PinnedVoice | None
+    ) -> SynthesisPlan:
         started = time.perf_counter()
         if (request.voice is None) == (request.prompt_wav is None):
             raise InputError("give exactly one of `voice` (a saved voice) or `prompt_wav` (a recording)")
@@ -364,16 +246,22 @@ class Synthesizer:
             raise InputError(f"speed {speed} is out of range: use {MIN_SPEED} to {MAX_SPEED}")
         if seed is None:
             seed = secrets.randbelow(MAX_SEED + 1)
-        return _Plan(request, prepared, features, seed, speed, voice, time.perf_counter() - started)
+        plan = SynthesisPlan(request, prepared, features, seed, speed, voice, time.perf_counter() - started)
+        return self._with_takes(plan, transcript)
+
+    def _with_takes(self, plan: SynthesisPlan, transcript: str | None) -> SynthesisPlan:
+        """The plan with its takes (the request's, else the policy's) and the voice's own pace."""
+        takes = plan.request.takes if plan.request.takes is not None else self.quality.takes
+        if not (1 <= takes <= MAX_TAKES):
+            raise InputError(f"takes must be from 1 to {MAX_TAKES}, got {takes}")
+        return dataclasses.replace(
+            plan,
+            takes=takes,
+            thresholds=self.quality.thresholds,
+            voice_seconds_per_unit=voice_seconds_per_unit(plan.features.num_tokens, transcript),
+        )
 
     def _library(self) -> VoiceLibrary:
         if self.voices is None:
             raise InputError("this synthesizer has no voice library configured")
         return self.voices
-
-
-def _apply_volume(audio: np.ndarray, volume: float) -> np.ndarray:
-    audio = audio.astype(np.float32, copy=False)
-    if volume != 1.0:
-        audio = audio * np.float32(volume)
-    return np.clip(audio, -1.0, 1.0)

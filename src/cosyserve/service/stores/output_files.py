@@ -130,7 +130,8 @@ def build_manifest(
     parameters: dict[str, Any] | None = None,
 ) -> dict[str, Any]:
     """The provenance of one result: every request field (an uploaded prompt as its sha256), the seed
-    actually used, extra `parameters` (sampling settings etc.), the model, timings and warnings."""
+    actually used, extra `parameters` (sampling settings etc.), the model, timings, warnings and the kept
+    take's scores (`service.quality`)."""
     fields = {}
     for field in dataclasses.fields(request):
         value = getattr(request, field.name)
@@ -151,5 +152,6 @@ def build_manifest(
         "reading": dict(result.reading),  # spoken form, LM text and token pieces of every segment
         "stage_seconds": dict(result.stage_seconds),
         "warnings": list(result.warnings),
+        "quality": result.quality.as_dict() if result.quality is not None else None,  # the kept take's scores
         "owner": owner,
     }

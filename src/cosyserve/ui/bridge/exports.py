@@ -12,7 +12,9 @@ from cosyserve.service.backend import AudioStream
 from cosyserve.service.batches.status import BatchStatus
 from cosyserve.service.logs import log_failure, new_request_id
 from cosyserve.service.optional_parts import OptionalPart
-from cosyserve.service.requests import MAX_SEED, SynthesisRequest, TtsOutcome
+from cosyserve.service.outcomes import TtsOutcome
+from cosyserve.service.quality import TakeReport
+from cosyserve.service.requests import MAX_SEED, SynthesisRequest
 from cosyserve.service.scheduling.scheduler import Ticket
 from cosyserve.service.stores.keys import ROLES
 from cosyserve.service.stores.outputs import StoredOutput
@@ -40,6 +42,7 @@ __all__ = [
     "Span",
     "StoredOutput",
     "SynthesisRequest",
+    "TakeReport",
     "TextPreview",
     "Ticket",
     "TtsOutcome",

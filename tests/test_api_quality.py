@@ -1,0 +1,71 @@
+"""The take scores where users see them, over HTTP with the demo model (its audio is noise, so its takes
+fail): /v1/tts headers, a job's and a batch's status, manifest.csv and /metrics."""
+
+from __future__ import annotations
+
+import csv
+import io
+import time
+import zipfile
+
+import pytest
+
+from conftest import enrol_voice
+
+TEXT = "今天天气很好。"
+
+
+@pytest.fixture(scope="module")
+def server(start_api_server, prompt_wav_bytes):
+    live = start_api_server(max_text_chars=40)
+    with live.client() as client:
+        enrol_voice(client, "alice", prompt_wav_bytes)
+    yield live
+    live.stop()
+
+
+def _finished(client, path: str, timeout: float = 300.0) -> dict:
+    deadline = time.monotonic() + timeout
+    while (status := client.get(path).json())["state"] in ("queued", "running"):
+        assert time.monotonic() < deadline, status
+        time.sleep(0.2)
+    return status
+
+
+@pytest.fixture
+def client(server):
+    with server.client() as http:
+        yield http
+
+
+def test_tts_headers_say_how_the_kept_take_scored(client) -> None:
+    response = client.post("/v1/tts", json={"text": TEXT, "voice": "alice", "seed": 4, "takes": 2})
+    assert response.status_code == 200, response.text
+    headers = response.headers
+    assert headers["x-takes"] == "2" and headers["x-take-passed"] == "false"
+    assert "noise" in headers["x-take-failed"].split(",")
+    assert headers["x-cosyserve-seed"] in ("4", "5") and float(headers["x-take-similarity"]) <= 1.0
+    manifest = client.get(f"/v1/outputs/{headers['x-cosyserve-output-id']}/manifest").json()
+    assert manifest["quality"]["takes"] == 2 and manifest["takes"] == 2  # scores and the request's takes
+    one = client.post("/v1/tts", json={"text": TEXT, "voice": "alice", "seed": 4})
+    assert one.headers["x-takes"] == "1"  # the server's default: scored, not made again
+    assert client.post("/v1/tts", json={"text": "hi", "voice": "alice", "takes": 9}).status_code == 422
+    metrics = client.get("/metrics").text
+    assert "cosyserve_takes_bucket" in metrics
+    assert 'cosyserve_take_failed_checks_total{check="noise"}' in metrics
+
+
+def test_job_and_batch_status_and_the_manifest(client) -> None:
+    job = client.post("/v1/jobs", json={"text": "今天天气很好。明天也很好。", "voice": "alice", "seed": 1})
+    done = _finished(client, f"/v1/jobs/{job.json()['id']}")
+    assert done["state"] == "done" and done["quality"]["takes"] == 1 and done["quality"]["passed"] is False
+
+    body = {"voice": "alice", "items": [{"text": "第一句话。", "seed": 1}]}
+    batch = _finished(client, f"/v1/batches/{client.post('/v1/batches', json=body).json()['id']}")
+    assert batch["state"] == "done" and batch["check_these"] == [1]
+    assert "noise" in batch["items"][0]["quality"]["failed"]
+    archive = client.get(batch["archive_url"])
+    with zipfile.ZipFile(io.BytesIO(archive.content)) as zipped:
+        rows = list(csv.DictReader(io.StringIO(zipped.read("manifest.csv").decode())))
+    assert rows[0]["check"] == "listen" and rows[0]["take_passed"] == "no" and rows[0]["takes"] == "1"
+    assert "noise" in rows[0]["take_failed"].split()
