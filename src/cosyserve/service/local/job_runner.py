@@ -332,8 +332,6 @@ def _scope_of(record: JobRecord, spec: OutputSpec) -> VoiceScope:
     return spec.voice_scope
 
 
-
-
 def _set_event() -> threading.Event:
     event = threading.Event()
     event.set()
