@@ -71,6 +71,34 @@ def test_static_step_equals_normal_decode_on_cpu(model: SpeechLM, request_ids) -
     assert _static_vs_normal(model, request_ids, static) <= 1e-5
 
 
+@torch.inference_mode()
+def test_a_nan_left_in_a_reused_static_step_does_not_reach_the_next_request(
+    model: SpeechLM, request_ids
+) -> None:
+    """The masked step reads the whole capacity: an earlier request's NaN keys/values past the new
+    request's length must not turn its output into NaN (weight 0 times NaN is NaN)."""
+    clean = StaticDecodeStep(model, 256)
+    poisoned = StaticDecodeStep(model, 256)
+    text, prompt_text, speech = request_ids
+    prefix_cache = KVCache.allocate(model.config.qwen2, 1 + len(prompt_text))
+    prefill(model, model.embed_voice_prefix(torch.tensor(prompt_text)), prefix_cache)
+    for prefix in (None, prefix_cache):
+        poisoned.cache.buffer.fill_(float("nan"))  # what a request that went wrong may leave
+        outputs = []
+        for static in (clean, poisoned):
+            cache = static.reset(prefix)
+            tail = [text, speech] if prefix is not None else [prompt_text, text, speech]
+            embeds = (
+                model.embed_request_suffix(torch.tensor(text), torch.tensor(speech))
+                if prefix is not None
+                else model.embed_prefix(*(torch.tensor(x) for x in tail))
+            )
+            steps = [prefill(model, embeds, cache)] + [static(token) for token in (5, 17, 900)]
+            outputs.append(torch.cat(steps))
+        assert torch.isfinite(outputs[1]).all()
+        assert torch.equal(outputs[0], outputs[1])
+
+
 def test_runner_with_static_steps_gives_the_same_tokens(model: SpeechLM, request_ids) -> None:
     plain = SpeechLMRunner(model)
     static = SpeechLMRunner(model)

@@ -63,10 +63,15 @@ class StaticDecodeStep:
         return self._graph is not None
 
     def reset(self, prefix: KVCache | None = None) -> KVCache:
-        """Start a request: the static cache, empty or holding a copy of `prefix`. Prefill into it."""
+        """Start a request: the static cache, empty or holding a copy of `prefix`. Prefill into it.
+
+        Everything past the prefix is zeroed: the masked step reads the whole capacity, and a NaN left
+        by an earlier request would otherwise reach this one's output (`KVCache.clear_from`)."""
         self.cache.length = 0
         if prefix is not None:
             prefix.copy_into(self.cache)
+        else:
+            self.cache.clear_from(0)
         return self.cache
 
     def __call__(self, token: int) -> Tensor:
