@@ -81,17 +81,15 @@ def make_inputs(
 
 @torch.inference_mode()
 def warm_up(runner: SpeechLMRunner, token2wav: Token2Wav, inputs: BenchInputs) -> None:
-    """A few positions through each network, and the CUDA graph of this length captured: first-call
-    allocations, kernel selection and graph capture are not timed."""
+    """A few positions through each network: first-call allocations and kernel selection are not timed
+    (the CUDA graphs of the LM decode step were captured when the runner was built, as at a server's
+    start)."""
     llm = runner.model
     weight = llm.speech_embedding.weight
     embeds = llm.embed_prefix(inputs.prompt_text[:2], inputs.text[:2], inputs.prompt.speech_token[0, :2])
     cache = KVCache.allocate(llm.config.qwen2, embeds.shape[1] + 1, device=weight.device, dtype=weight.dtype)
     prefill(llm, embeds, cache)
     decode_one(llm, torch.tensor([0], device=weight.device), cache)
-    if runner.static_pool is not None:
-        positions = len(inputs.prompt_text) + len(inputs.text) + inputs.prompt.num_tokens + 2
-        runner.static_pool.prebuild([positions + inputs.speech_tokens])
     short = FlowPrompt(
         inputs.prompt.speech_token[:, :2], inputs.prompt.speech_feat[:, :4], inputs.prompt.embedding
     )
