@@ -43,7 +43,7 @@ REPORT_FIELDS = {
     "peak_rss_over_weights", "quantized_linears", "deviation", "machine",
     "flow_steps", "no_cfg", "flow_label", "flow_deviation",
     "voice_cache_bytes", "stream_prefix_peak_bytes", "max_reuse_bytes", "efficiency",
-    "dtypes", "engine_options", "concurrent", "cold_start_seconds", "lm_kernels",
+    "dtypes", "engine_options", "concurrent", "cold_start_seconds", "lm_kernels", "matmul_speed",
 }  # fmt: skip
 COLD_START_FIELDS = {"imports", "load", "place", "calibration", "preset", "first_synthesis", "ready"}
 MACHINE_FIELDS = {
@@ -159,6 +159,8 @@ def test_streaming_fast_bench_reports_latency_and_deviation() -> None:
     assert 0 < report["first_chunk_seconds"] < report["total_seconds"]
     assert report["audio_out_seconds"] == pytest.approx(3.0)
     assert report["quantized_linears"] == {"llm": 14, "flow": 14}
+    # What chose the DiT's dtype: bfloat16 only where the CPU has units for it and it measured faster.
+    assert {"float32_gflops", "bfloat16_gflops", "units", "use_bfloat16"} <= set(report["matmul_speed"])
     deviation = report["deviation"]
     assert set(deviation) >= DEVIATION_FIELDS
     assert all(math.isfinite(deviation[key]) and deviation[key] >= 0 for key in DEVIATION_FIELDS)

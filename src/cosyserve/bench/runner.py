@@ -341,6 +341,7 @@ def _report(
         "weights_bytes": weights_bytes,
         "peak_rss_over_weights": peak_rss / weights_bytes,
         "quantized_linears": preset.quantized_linears,
+        "matmul_speed": preset.matmul,  # fast: float32 vs bfloat16 products here, which chose the DiT's
         "deviation": None if preset.deviation is None else preset.deviation.to_dict(),
         "flow_steps": options.flow_steps,
         "no_cfg": options.no_cfg,
