@@ -371,3 +371,20 @@ def test_stage_clock_counts_streaming_chunk_passes_as_flow() -> None:
         flow.inference()
     assert clock.flow_seconds >= 0.02
     assert "solve_span" not in vars(flow)  # unwrapped afterwards
+
+
+def test_concurrent_requests_against_the_same_in_a_row_batched_on_the_cpu() -> None:
+    """--concurrency N --batch: N at once through the engine's decode and flow batchers on the CPU, and
+    the same N one after another, for aggregate throughput and each latency against one alone."""
+    options = BenchOptions(**{**TINY, "audio_seconds": 1.0}, concurrency=2, batch=True, deviation=False)
+    report = run_bench(options)
+    assert report["engine_options"]["batch_decode"] and report["engine_options"]["max_batch"] == 2
+    concurrent = report["concurrent"]
+    assert concurrent["decode_batches"] > 0 and concurrent["flow_batches"] >= 1
+    assert len(concurrent["in_a_row_request_seconds"]) == 2
+    assert concurrent["in_a_row_seconds"] == pytest.approx(sum(concurrent["in_a_row_request_seconds"]))
+    assert concurrent["throughput_vs_in_a_row"] == pytest.approx(
+        concurrent["in_a_row_seconds"] / concurrent["wall_seconds"]
+    )
+    assert concurrent["latency_vs_alone"] > 0
+    assert "in a row" in render(report) and "x one alone" in render(report)

@@ -143,6 +143,11 @@ def _concurrent(report: dict[str, Any]) -> list[str]:
         f"{found['wall_seconds']:.2f} s ({found['realtime_multiple']:.1f} x real time), "
         f"slowest request {slowest:.2f} s"
     )
+    if found.get("in_a_row_seconds") is not None:
+        line += (
+            f"; in a row {found['in_a_row_seconds']:.2f} s: {found['throughput_vs_in_a_row']:.2f} x the "
+            f"throughput, slowest latency {found['latency_vs_alone']:.2f} x one alone"
+        )
     firsts = found["first_chunk_seconds"]
     if firsts:
         line += f", first chunks after {min(firsts):.2f}-{max(firsts):.2f} s"

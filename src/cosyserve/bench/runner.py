@@ -78,6 +78,7 @@ class BenchOptions:
     max_reuse_mb: float | None = None  # streaming: the stream's flow keys/values budget; None: engine default
     precision: str = "auto"  # as the service's: float16 on a GPU, float32 on the CPU
     concurrency: int = 1  # > 1: also run that many utterances at once (the batching path on a GPU)
+    batch: bool = False  # batch concurrent requests' LM steps and flows on any device (the CPU too)
 
 
 @dataclass
@@ -167,6 +168,15 @@ def _runners(
         flow_steps=options.flow_steps,
         guidance=not options.no_cfg,
     )
+    if options.batch and options.concurrency > 1:
+        engine_options = dataclasses.replace(
+            engine_options,
+            batch_decode=True,
+            max_batch=options.concurrency,
+            batch_flow=True,
+            max_flow_batch=options.concurrency,
+            cuda_graph=False,
+        )
     budget = {} if options.max_reuse_mb is None else {"max_reuse_bytes": int(options.max_reuse_mb * 1e6)}
     runner, token2wav = build_runners(
         models.llm, models.flow, models.hift, placement, engine_options, models.config.chunk_size, **budget
