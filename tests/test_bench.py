@@ -44,6 +44,7 @@ REPORT_FIELDS = {
     "flow_steps", "no_cfg", "flow_label", "flow_deviation",
     "voice_cache_bytes", "stream_prefix_peak_bytes", "max_reuse_bytes", "efficiency",
     "dtypes", "engine_options", "concurrent", "cold_start_seconds", "lm_kernels", "matmul_speed",
+    "waveform_deviation",
 }  # fmt: skip
 COLD_START_FIELDS = {"imports", "load", "place", "calibration", "preset", "first_synthesis", "ready"}
 MACHINE_FIELDS = {
@@ -161,6 +162,9 @@ def test_streaming_fast_bench_reports_latency_and_deviation() -> None:
     assert report["quantized_linears"] == {"llm": 14, "flow": 14}
     # What chose the DiT's dtype: bfloat16 only where the CPU has units for it and it measured faster.
     assert {"float32_gflops", "bfloat16_gflops", "units", "use_bfloat16"} <= set(report["matmul_speed"])
+    wav = report["waveform_deviation"]  # the preset's probe mel and the exact one through the vocoder
+    assert math.isfinite(wav["max_abs_wav"]) and wav["max_abs_wav"] >= wav["mean_abs_wav"] >= 0
+    assert "waveform" in render(report) and "signal to difference" in render(report)
     deviation = report["deviation"]
     assert set(deviation) >= DEVIATION_FIELDS
     assert all(math.isfinite(deviation[key]) and deviation[key] >= 0 for key in DEVIATION_FIELDS)

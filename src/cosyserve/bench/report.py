@@ -84,6 +84,12 @@ def render(report: dict[str, Any]) -> str:
         ]
     elif report["preset"] != "exact":
         lines.append("deviation from exact: not measured (--no-deviation)")
+    wav = report.get("waveform_deviation")
+    if wav is not None:
+        lines.append(
+            f"  waveform ({wav['probe']}): max |d wav| {wav['max_abs_wav']:.3g} "
+            f"(mean {wav['mean_abs_wav']:.3g}), signal to difference {wav['wav_snr_db']:.1f} dB"
+        )
     flow_deviation = report["flow_deviation"]
     if flow_deviation is not None:
         lines += [
