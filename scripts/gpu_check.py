@@ -11,6 +11,8 @@ The steps (numerics on the tiny parity model of `../shared/parity/tiny` and the 
 architecture; the service on the demo model):
 - environment: GPUs, torch, one onnxruntime distribution whose CUDA provider really loads;
 - decode_paths: CUDA-graph and batched LM log-probs against eager, in float16 and bfloat16;
+- stale_kv, graphs_at_start: `gpu_check_serving.py` (reused KV buffers left full of NaN change
+  nothing; every CUDA graph captured when the engine starts, none while serving);
 - numerics: teacher-forced CPU float32 vs GPU float32 vs GPU float16 (LM |d logp| and top-1
   agreement, flow |d mel|, the vocoder with TF32 on and off), finite values at 3000 LM positions and
   1500 mel frames;
@@ -40,6 +42,7 @@ sys.path[:0] = [str(HERE), str(REPO / "src")]
 
 import gpu_check_numerics as numerics  # noqa: E402
 import gpu_check_service as service  # noqa: E402
+import gpu_check_serving as serving  # noqa: E402
 import torch  # noqa: E402
 from gpu_check_common import CheckFailed, Context, run_json  # noqa: E402
 
@@ -64,6 +67,8 @@ def plan() -> list[Step]:
     return [
         Step("environment", environment),
         Step("decode_paths", numerics.decode_paths),
+        Step("stale_kv", serving.stale_kv),
+        Step("graphs_at_start", serving.graphs_at_start, needs_cuda=True),
         Step("numerics", numerics.teacher_forced),
         Step("vocoder_tf32", numerics.vocoder_tf32, needs_cuda=True),
         Step("finite_at_length", numerics.finite_at_length),

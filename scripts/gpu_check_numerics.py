@@ -264,7 +264,7 @@ def syncs(ctx: Context) -> dict[str, Any]:
         ("plain", SpeechLMRunner(model)),
         ("cuda_graph", SpeechLMRunner(model, use_cuda_graph=True)),
     ):
-        list(runner.generate(text[:8], prompt_text, speech, seed=0))  # warm-up (graph capture)
+        list(runner.generate(text[:8], prompt_text, speech, seed=0))  # warm-up (graphs: captured at start)
         tokens, count = _count_syncs(lambda r=runner: list(r.generate(text[:8], prompt_text, speech, seed=1)))
         found[f"lm_{name}_syncs_per_token"] = count / max(1, len(tokens))
     t2w = Token2Wav(

@@ -122,6 +122,40 @@ def test_batcher_step_equals_unbatched(model: SpeechLM, requests) -> None:
         batcher.step(members[0], 1)
 
 
+@torch.inference_mode()
+def test_a_nan_left_in_a_pool_slot_does_not_reach_the_next_member(model: SpeechLM, requests) -> None:
+    """Slots are reused: a member shorter than the longest in its batch reads positions past its
+    length, where an earlier member's values may lie. The step masks them out of the scores only, so a
+    NaN there would still reach the output (weight 0 times NaN is NaN): a slot changing hands, by a
+    member moving into it on `leave` or by `join`, must not carry them."""
+    batcher = DecodeBatcher(model, max_batch=3, window_s=WINDOW_S, capacity_step=16)
+    caches = {name: _prefilled(model, requests[i], extra=12)[0] for name, i in (("x", 2), ("y", 0), ("z", 1))}
+    caches["v"] = _prefilled(model, requests[2], extra=12)[0]
+    assert caches["y"].length > max(caches[n].length for n in "xzv")  # y is the long one
+    references = {name: cache.clone() for name, cache in caches.items()}
+    members = {name: batcher.join(caches[name]) for name in "xyz"}
+    pool = batcher._pool.buffer  # the pool the members share
+
+    def step_together(names: str, tokens: tuple[int, ...]) -> None:
+        got = _run_threads([lambda n=n: [batcher.step(members[n], t) for t in tokens] for n in names])
+        for name, rows in zip(names, got, strict=True):
+            expected = [decode_one(model, torch.tensor([t]), references[name])[0] for t in tokens]
+            assert all(torch.isfinite(row).all() for row in rows), name
+            assert max(float((g - e).abs().max()) for g, e in zip(rows, expected, strict=True)) <= 1e-5
+
+    pool[:, :, 0].fill_(float("nan"))  # x's slot: what a request that went wrong may leave
+    batcher.leave(members["x"])  # z, the last, moves into slot 0, past its length lie x's NaNs
+    assert members["z"].slot == 0
+    step_together("zy", (7, 8))
+    batcher.leave(members["z"])  # y moves into slot 0
+    pool[:, :, 1].fill_(float("nan"))  # the slot y left, now free
+    members["v"] = batcher.join(caches["v"])
+    assert members["v"].slot == 1
+    step_together("yv", (9, 10))
+    for name in "yv":
+        batcher.leave(members[name])
+
+
 def test_concurrent_generation_gives_each_request_its_solo_tokens(model: SpeechLM, requests) -> None:
     solo = SpeechLMRunner(model)
     expected = [list(solo.generate(t, p, s, seed=seed)) for t, p, s, seed in requests]

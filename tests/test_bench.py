@@ -44,6 +44,7 @@ REPORT_FIELDS = {
     "flow_steps", "no_cfg", "flow_label", "flow_deviation",
     "voice_cache_bytes", "stream_prefix_peak_bytes", "max_reuse_bytes", "efficiency",
     "dtypes", "engine_options", "concurrent", "cold_start_seconds", "lm_kernels", "quality_seconds",
+    "matmul_speed", "waveform_deviation",
 }  # fmt: skip
 COLD_START_FIELDS = {"imports", "load", "place", "calibration", "preset", "first_synthesis", "ready"}
 MACHINE_FIELDS = {
@@ -160,6 +161,11 @@ def test_streaming_fast_bench_reports_latency_and_deviation() -> None:
     assert 0 < report["first_chunk_seconds"] < report["total_seconds"]
     assert report["audio_out_seconds"] == pytest.approx(3.0)
     assert report["quantized_linears"] == {"llm": 14, "flow": 14}
+    # What chose the DiT's dtype: bfloat16 only where the CPU has units for it and it measured faster.
+    assert {"float32_gflops", "bfloat16_gflops", "units", "use_bfloat16"} <= set(report["matmul_speed"])
+    wav = report["waveform_deviation"]  # the preset's probe mel and the exact one through the vocoder
+    assert math.isfinite(wav["max_abs_wav"]) and wav["max_abs_wav"] >= wav["mean_abs_wav"] >= 0
+    assert "waveform" in render(report) and "signal to difference" in render(report)
     deviation = report["deviation"]
     assert set(deviation) >= DEVIATION_FIELDS
     assert all(math.isfinite(deviation[key]) and deviation[key] >= 0 for key in DEVIATION_FIELDS)
@@ -370,3 +376,20 @@ def test_stage_clock_counts_streaming_chunk_passes_as_flow() -> None:
         flow.inference()
     assert clock.flow_seconds >= 0.02
     assert "solve_span" not in vars(flow)  # unwrapped afterwards
+
+
+def test_concurrent_requests_against_the_same_in_a_row_batched_on_the_cpu() -> None:
+    """--concurrency N --batch: N at once through the engine's decode and flow batchers on the CPU, and
+    the same N one after another, for aggregate throughput and each latency against one alone."""
+    options = BenchOptions(**{**TINY, "audio_seconds": 1.0}, concurrency=2, batch=True, deviation=False)
+    report = run_bench(options)
+    assert report["engine_options"]["batch_decode"] and report["engine_options"]["max_batch"] == 2
+    concurrent = report["concurrent"]
+    assert concurrent["decode_batches"] > 0 and concurrent["flow_batches"] >= 1
+    assert len(concurrent["in_a_row_request_seconds"]) == 2
+    assert concurrent["in_a_row_seconds"] == pytest.approx(sum(concurrent["in_a_row_request_seconds"]))
+    assert concurrent["throughput_vs_in_a_row"] == pytest.approx(
+        concurrent["in_a_row_seconds"] / concurrent["wall_seconds"]
+    )
+    assert concurrent["latency_vs_alone"] > 0
+    assert "in a row" in render(report) and "x one alone" in render(report)

@@ -15,11 +15,13 @@ import pytest
 import torch
 
 from cosyserve.engine.cuda_graph import (
+    DEFAULT_GRAPH_POSITIONS,
     CudaGraphError,
     StaticDecodePool,
     StaticDecodeStep,
     capacity_bucket,
     capture_graph,
+    capture_plan,
 )
 from cosyserve.engine.kv_cache import KVCache
 from cosyserve.engine.speech_lm_runner import SpeechLMRunner, decode_one, prefill
@@ -71,10 +73,38 @@ def test_static_step_equals_normal_decode_on_cpu(model: SpeechLM, request_ids) -
     assert _static_vs_normal(model, request_ids, static) <= 1e-5
 
 
+@torch.inference_mode()
+def test_a_nan_left_in_a_reused_static_step_does_not_reach_the_next_request(
+    model: SpeechLM, request_ids
+) -> None:
+    """The masked step reads the whole capacity: an earlier request's NaN keys/values past the new
+    request's length must not turn its output into NaN (weight 0 times NaN is NaN)."""
+    clean = StaticDecodeStep(model, 256)
+    poisoned = StaticDecodeStep(model, 256)
+    text, prompt_text, speech = request_ids
+    prefix_cache = KVCache.allocate(model.config.qwen2, 1 + len(prompt_text))
+    prefill(model, model.embed_voice_prefix(torch.tensor(prompt_text)), prefix_cache)
+    for prefix in (None, prefix_cache):
+        poisoned.cache.buffer.fill_(float("nan"))  # what a request that went wrong may leave
+        outputs = []
+        for static in (clean, poisoned):
+            cache = static.reset(prefix)
+            tail = [text, speech] if prefix is not None else [prompt_text, text, speech]
+            embeds = (
+                model.embed_request_suffix(torch.tensor(text), torch.tensor(speech))
+                if prefix is not None
+                else model.embed_prefix(*(torch.tensor(x) for x in tail))
+            )
+            steps = [prefill(model, embeds, cache)] + [static(token) for token in (5, 17, 900)]
+            outputs.append(torch.cat(steps))
+        assert torch.isfinite(outputs[1]).all()
+        assert torch.equal(outputs[0], outputs[1])
+
+
 def test_runner_with_static_steps_gives_the_same_tokens(model: SpeechLM, request_ids) -> None:
     plain = SpeechLMRunner(model)
     static = SpeechLMRunner(model)
-    static.static_pool = StaticDecodePool(model, capture=False, max_steps=1)
+    static.static_pool = StaticDecodePool(model, [256], capture=False)
     for seed in (0, 1):
         assert list(static.generate(*request_ids, seed=seed)) == list(plain.generate(*request_ids, seed=seed))
     assert static.static_pool.built == 1  # one step, reused
@@ -89,10 +119,97 @@ def test_runner_with_static_steps_gives_the_same_tokens(model: SpeechLM, request
     assert held is not None and static.static_pool.acquire(100) is None
     assert list(static.generate(*request_ids, seed=0)) == list(plain.generate(*request_ids, seed=0))
     static.static_pool.release(held)
-    pool = StaticDecodePool(model, capture=False)
-    pool.prebuild([100, 300])
-    assert pool.built == 2 and pool.acquire(256) is not None and pool.acquire(257) is not None
-    assert pool.built == 2
+    pool = StaticDecodePool(model, [256, 512], capture=False)
+    first, second = pool.acquire(100), pool.acquire(100)  # the smallest free bucket that fits
+    assert (first.capacity, second.capacity) == (256, 512) and pool.acquire(100) is None
+    pool.release(first)
+    assert pool.acquire(257) is None and pool.acquire(600) is None and pool.built == 2
+
+
+def test_capture_plan() -> None:
+    """The buckets captured at start: every power of two up to the longest request's, the largest kept."""
+    assert DEFAULT_GRAPH_POSITIONS <= 4096
+    assert capture_plan(DEFAULT_GRAPH_POSITIONS, 32768, 8) == [256, 512, 1024, 2048, 4096]
+    assert capture_plan(300, 32768, 8) == [256, 512]
+    assert capture_plan(1, 32768, 8) == [256]
+    assert capture_plan(5000, 32768, 3) == [2048, 4096, 8192]
+    assert capture_plan(100_000, 1024, 8) == [256, 512, 1024]  # capped at the model's positions
+    assert capture_plan(50, 128, 8) == [128]  # a model with fewer positions than the smallest bucket
+    with pytest.raises(ValueError):
+        capture_plan(100, 1024, 0)
+
+
+class _EagerReplay:
+    """Stands in for a captured graph on the CPU: `replay` runs the step's forward into its output."""
+
+    def __init__(self, step: StaticDecodeStep) -> None:
+        self.step = step
+
+    def replay(self) -> None:
+        self.step._logp = self.step._forward()
+
+
+def test_every_bucket_is_captured_at_start_and_none_while_serving(
+    model: SpeechLM, request_ids, monkeypatch, caplog
+) -> None:
+    """Capturing takes the GPU for seconds: it happens when the runner is built (engine start), for
+    every planned bucket, with its time logged; requests of any length then only replay."""
+    captured: list[int] = []
+
+    def capture(step: StaticDecodeStep) -> None:
+        captured.append(step.capacity)
+        step._graph = _EagerReplay(step)  # type: ignore[assignment]
+
+    monkeypatch.setattr(StaticDecodeStep, "_capture", capture)
+    built: list[StaticDecodePool] = []
+    for_requests = StaticDecodePool.for_requests.__func__
+
+    def record(cls, *args, **kwargs):
+        pool = for_requests(cls, *args, **kwargs)
+        built.append(pool)
+        return pool
+
+    monkeypatch.setattr(StaticDecodePool, "for_requests", classmethod(record))
+    monkeypatch.setattr(SpeechLMRunner, "_device", property(lambda self: torch.device("cuda")))
+    caplog.set_level("INFO", logger="cosyserve.engine.cuda_graph")
+    runner = SpeechLMRunner(model, use_cuda_graph=True)  # the runner's device says CUDA: it captures
+    monkeypatch.undo()
+    monkeypatch.setattr(StaticDecodeStep, "_capture", capture)
+    assert runner.static_pool is built[0] and runner.static_pool.captured
+    assert captured == [256, 512, 1024, 2048, 4096] == list(runner.static_pool.capacities)
+    assert "captured 5 CUDA graphs of the LM decode step (capacities 256, 512, 1024, 2048, 4096)" in (
+        caplog.text
+    )
+    plain = SpeechLMRunner(model)
+    text, prompt_text, speech = request_ids
+    for seed, text_length in ((0, len(text)), (1, 2), (2, len(text))):
+        request = (text[:text_length], prompt_text, speech)
+        assert list(runner.generate(*request, seed=seed)) == list(plain.generate(*request, seed=seed))
+    assert len(captured) == 5  # nothing captured while serving
+
+
+def test_out_of_memory_capturing_at_start_starts_without_graphs(
+    model: SpeechLM, request_ids, monkeypatch, caplog
+) -> None:
+    """A GPU too full for the graphs' static caches still starts: eager decode steps, same tokens."""
+
+    def capture(step: StaticDecodeStep) -> None:
+        if step.capacity >= 1024:
+            raise torch.OutOfMemoryError("CUDA out of memory. Tried to allocate 20.00 MiB")
+        step._graph = _EagerReplay(step)  # type: ignore[assignment]
+
+    monkeypatch.setattr(StaticDecodeStep, "_capture", capture)
+    monkeypatch.setattr(SpeechLMRunner, "_device", property(lambda self: torch.device("cuda")))
+    runner = SpeechLMRunner(model, use_cuda_graph=True)
+    monkeypatch.undo()
+    assert runner.static_pool is None
+    assert "ran out of memory capturing the LM decode step's CUDA graphs" in caplog.text
+    expected = list(SpeechLMRunner(model).generate(*request_ids, seed=0))
+    assert list(runner.generate(*request_ids, seed=0)) == expected
+    monkeypatch.setattr(StaticDecodeStep, "_capture", lambda step: (_ for _ in ()).throw(KeyError("bug")))
+    monkeypatch.setattr(SpeechLMRunner, "_device", property(lambda self: torch.device("cuda")))
+    with pytest.raises(KeyError):  # anything else is a bug, not a full GPU
+        SpeechLMRunner(model, use_cuda_graph=True)
 
 
 def test_use_cuda_graph_is_ignored_on_cpu(model: SpeechLM) -> None:

@@ -9,10 +9,11 @@ import sys
 from pathlib import Path
 
 REPO = Path(__file__).resolve().parents[1]
-CUDA_STEPS = {"vocoder_tf32", "out_of_memory", "second_gpu"}
+CUDA_STEPS = {"vocoder_tf32", "out_of_memory", "second_gpu", "graphs_at_start"}
 PLAN = {
     "environment",
     "decode_paths",
+    "stale_kv",
     "numerics",
     "finite_at_length",
     "syncs",

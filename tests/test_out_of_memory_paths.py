@@ -35,6 +35,8 @@ ORT_BAD_ALLOC = "[ONNXRuntimeError] : 1 : FAIL : std::bad_alloc"
         RuntimeException(ORT_ARENA),
         Fail(ORT_BAD_ALLOC),
         RuntimeError("CUDA error: CUBLAS_STATUS_ALLOC_FAILED when calling `cublasCreate(handle)`"),
+        RuntimeError("cuFFT error: CUFFT_ALLOC_FAILED"),
+        RuntimeException("[ONNXRuntimeError] : 6 : RUNTIME_EXCEPTION : CUDA failure 2: out of memory"),
         RuntimeError("[enforce fail at alloc_cpu.cpp:117] DefaultCPUAllocator: can't allocate memory"),
     ],
 )

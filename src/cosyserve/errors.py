@@ -197,6 +197,8 @@ _ALLOCATION_FAILURES = (
     "cuda error: out of memory",
     "cublas_status_alloc_failed",
     "cudnn_status_alloc_failed",
+    "cufft_alloc_failed",  # torch.stft/istft on CUDA (features, the vocoder) when no plan workspace fits
+    "cusolver_status_alloc_failed",
     "can't allocate memory",
 )
 

@@ -92,6 +92,12 @@ def add_bench_parser(subparsers: Any) -> argparse.ArgumentParser:
         help="also run this many utterances at once, as concurrent requests (on a GPU through the "
         "batching path the service uses for them); default 1",
     )
+    bench.add_argument(
+        "--batch",
+        action="store_true",
+        help="with --concurrency: decode the concurrent requests' LM steps (and run their flows) in "
+        "batches on any device, the CPU too (a GPU batches them anyway)",
+    )
     bench.add_argument("--no-warmup", action="store_true", help="time the very first pass too")
     bench.add_argument(
         "--json", action="store_true", help="print the report as JSON (progress goes to stderr)"
@@ -121,6 +127,7 @@ def run_bench_command(args: argparse.Namespace) -> int:
         max_reuse_mb=args.max_reuse_mb,
         precision=args.precision,
         concurrency=args.concurrency,
+        batch=args.batch,
     )
     progress = _TerminalProgress()
     try:

@@ -88,6 +88,12 @@ def render(report: dict[str, Any]) -> str:
         ]
     elif report["preset"] != "exact":
         lines.append("deviation from exact: not measured (--no-deviation)")
+    wav = report.get("waveform_deviation")
+    if wav is not None:
+        lines.append(
+            f"  waveform ({wav['probe']}): max |d wav| {wav['max_abs_wav']:.3g} "
+            f"(mean {wav['mean_abs_wav']:.3g}), signal to difference {wav['wav_snr_db']:.1f} dB"
+        )
     flow_deviation = report["flow_deviation"]
     if flow_deviation is not None:
         lines += [
@@ -147,6 +153,11 @@ def _concurrent(report: dict[str, Any]) -> list[str]:
         f"{found['wall_seconds']:.2f} s ({found['realtime_multiple']:.1f} x real time), "
         f"slowest request {slowest:.2f} s"
     )
+    if found.get("in_a_row_seconds") is not None:
+        line += (
+            f"; in a row {found['in_a_row_seconds']:.2f} s: {found['throughput_vs_in_a_row']:.2f} x the "
+            f"throughput, slowest latency {found['latency_vs_alone']:.2f} x one alone"
+        )
     firsts = found["first_chunk_seconds"]
     if firsts:
         line += f", first chunks after {min(firsts):.2f}-{max(firsts):.2f} s"

@@ -35,6 +35,7 @@ from cosyserve.bench.utterance import (
     run_utterance,
     warm_up,
 )
+from cosyserve.bench.waveform import waveform_deviation
 from cosyserve.engine.device import Placement, configure_cpu_threads, resolve_placement
 from cosyserve.engine.flow_options import (
     check_flow_options,
@@ -79,6 +80,7 @@ class BenchOptions:
     max_reuse_mb: float | None = None  # streaming: the stream's flow keys/values budget; None: engine default
     precision: str = "auto"  # as the service's: float16 on a GPU, float32 on the CPU
     concurrency: int = 1  # > 1: also run that many utterances at once (the batching path on a GPU)
+    batch: bool = False  # batch concurrent requests' LM steps and flows on any device (the CPU too)
 
 
 @dataclass
@@ -120,7 +122,7 @@ def run_bench(options: BenchOptions, progress: Progress | None = None) -> dict[s
         )
         load_seconds = time.perf_counter() - started
         preset_started = time.perf_counter()
-        preset, flow_deviation = _apply_options(models, options, placement, progress)
+        preset, flow_deviation, wav_deviation = _apply_options(models, options, placement, progress)
         cold.place = load_seconds - cold.load  # the LM's layouts and their calibration
         cold.preset = time.perf_counter() - preset_started
         cold.calibration = calibration.measured_seconds - measured_before
@@ -145,6 +147,7 @@ def run_bench(options: BenchOptions, progress: Progress | None = None) -> dict[s
         report["quality_seconds"] = scoring_seconds(
             report["audio_out_seconds"], models.config.sample_rate, inputs.speech_tokens
         )
+        report["waveform_deviation"] = wav_deviation  # the preset's audio against the exact flow's
         report["cold_start_seconds"] = cold.to_dict(measured_deviation=options.deviation)
         report["lm_kernels"] = current_kernels(models.llm)
         report["dtypes"] = network_dtypes(models.llm, models.flow, models.hift, placement)
@@ -172,6 +175,15 @@ def _runners(
         flow_steps=options.flow_steps,
         guidance=not options.no_cfg,
     )
+    if options.batch and options.concurrency > 1:
+        engine_options = dataclasses.replace(
+            engine_options,
+            batch_decode=True,
+            max_batch=options.concurrency,
+            batch_flow=True,
+            max_flow_batch=options.concurrency,
+            cuda_graph=False,
+        )
     budget = {} if options.max_reuse_mb is None else {"max_reuse_bytes": int(options.max_reuse_mb * 1e6)}
     runner, token2wav = build_runners(
         models.llm, models.flow, models.hift, placement, engine_options, models.config.chunk_size, **budget
@@ -181,9 +193,10 @@ def _runners(
 
 def _apply_options(
     models: _Models, options: BenchOptions, placement: Placement, progress: Progress
-) -> tuple[PresetResult, Any]:
-    """The preset, and the flow options' deviation from the exact path (None when exact), measured in
-    the precision the flow runs in."""
+) -> tuple[PresetResult, Any, dict[str, Any] | None]:
+    """The preset, the flow options' deviation from the exact path (None when exact), measured in
+    the precision the flow runs in, and the preset's waveform deviation (None for exact: the preset's
+    probe mel and the exact one, each through the vocoder)."""
     if options.preset != "exact":
         progress.stage(
             f"applying preset {options.preset}"
@@ -193,13 +206,17 @@ def _apply_options(
         placement.device.type, dtype=placement.dtype, enabled=placement.autocast_enabled
     )
     flow_reference = None
-    if options.deviation and not is_exact(options.flow_steps, options.no_cfg):
-        progress.stage("measuring the exact flow on a probe input, for the flow options' deviation")
+    if options.deviation and (options.preset != "exact" or not is_exact(options.flow_steps, options.no_cfg)):
+        progress.stage("measuring the exact flow on a probe input, for the deviation from exact")
         with autocast:
             flow_reference = probe_mel(models.flow)  # before the preset: the exact path's weights
     preset = apply_preset(models, options.preset, measure=options.deviation)
-    if flow_reference is None:
-        return preset, None
+    wav_deviation = None
+    if flow_reference is not None and options.preset != "exact":
+        with autocast:
+            wav_deviation = waveform_deviation(flow_reference, probe_mel(models.flow), models.hift)
+    if flow_reference is None or is_exact(options.flow_steps, options.no_cfg):
+        return preset, None, wav_deviation
     against = "exact path (10 Euler steps with CFG" + (
         ")" if options.preset == "exact" else f"; measured with the {options.preset} preset applied)"
     )
@@ -207,7 +224,7 @@ def _apply_options(
         deviation = measure_flow_options(
             flow_reference, models.flow, options.flow_steps, options.no_cfg, against
         )
-    return preset, deviation
+    return preset, deviation, wav_deviation
 
 
 def _product_dtype(placement: Placement) -> torch.dtype:
@@ -346,6 +363,7 @@ def _report(
         "weights_bytes": weights_bytes,
         "peak_rss_over_weights": peak_rss / weights_bytes,
         "quantized_linears": preset.quantized_linears,
+        "matmul_speed": preset.matmul,  # fast: float32 vs bfloat16 products here, which chose the DiT's
         "deviation": None if preset.deviation is None else preset.deviation.to_dict(),
         "flow_steps": options.flow_steps,
         "no_cfg": options.no_cfg,

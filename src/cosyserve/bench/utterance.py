@@ -81,17 +81,15 @@ def make_inputs(
 
 @torch.inference_mode()
 def warm_up(runner: SpeechLMRunner, token2wav: Token2Wav, inputs: BenchInputs) -> None:
-    """A few positions through each network, and the CUDA graph of this length captured: first-call
-    allocations, kernel selection and graph capture are not timed."""
+    """A few positions through each network: first-call allocations and kernel selection are not timed
+    (the CUDA graphs of the LM decode step were captured when the runner was built, as at a server's
+    start)."""
     llm = runner.model
     weight = llm.speech_embedding.weight
     embeds = llm.embed_prefix(inputs.prompt_text[:2], inputs.text[:2], inputs.prompt.speech_token[0, :2])
     cache = KVCache.allocate(llm.config.qwen2, embeds.shape[1] + 1, device=weight.device, dtype=weight.dtype)
     prefill(llm, embeds, cache)
     decode_one(llm, torch.tensor([0], device=weight.device), cache)
-    if runner.static_pool is not None:
-        positions = len(inputs.prompt_text) + len(inputs.text) + inputs.prompt.num_tokens + 2
-        runner.static_pool.prebuild([positions + inputs.speech_tokens])
     short = FlowPrompt(
         inputs.prompt.speech_token[:, :2], inputs.prompt.speech_feat[:, :4], inputs.prompt.embedding
     )
@@ -231,12 +229,19 @@ def run_concurrent(
     done = [t for t in timings if t is not None]
     audio = sum(t.audio_samples for t in done) / config.sample_rate
     batcher = runner.batcher
+    in_a_row = _in_a_row(runner, token2wav, config, inputs, stream, requests, seed)
+    alone = sum(in_a_row) / len(in_a_row)
     return {
         "requests": requests,
         "wall_seconds": wall,
         "audio_seconds": audio,
         "realtime_multiple": audio / wall,
         "request_seconds": [t.total_seconds for t in done],
+        # The same requests one after another: what serving them one at a time costs.
+        "in_a_row_seconds": sum(in_a_row),
+        "in_a_row_request_seconds": in_a_row,
+        "throughput_vs_in_a_row": sum(in_a_row) / wall,  # aggregate audio/s at once vs in a row
+        "latency_vs_alone": max(t.total_seconds for t in done) / alone,  # slowest at once vs one alone
         "first_chunk_seconds": [t.first_chunk_seconds for t in done] if stream else None,
         "decode_batches": None if batcher is None else batcher.batches,
         "decode_rows_per_batch": None
@@ -244,3 +249,22 @@ def run_concurrent(
         else batcher.rows / batcher.batches,
         "flow_batches": None if token2wav.flow_batcher is None else token2wav.flow_batcher.batches,
     }
+
+
+def _in_a_row(
+    runner: SpeechLMRunner,
+    token2wav: Token2Wav,
+    config: CosyVoice3Config,
+    inputs: BenchInputs,
+    stream: bool,
+    requests: int,
+    seed: int,
+) -> list[float]:
+    """Seconds of each of `run_concurrent`'s requests (same seeds) run one after another."""
+    device = runner.model.speech_embedding.weight.device
+    return [
+        run_utterance(
+            runner, token2wav, config, inputs, stream, StageClock(device), Progress(), seed=seed + 1 + index
+        ).total_seconds
+        for index in range(requests)
+    ]

@@ -11,6 +11,8 @@ batched.
 The members' KV caches live in one pool, one slot per member: a request prefills alone (its prefix
 lengths differ), then `join` copies its cache into a free slot, and `leave` frees the slot (the last
 member moves into it, so the members always fill slots `0 .. n-1` and a step reads a plain view).
+A slot's positions past its member's length are zeroed whenever it changes hands: the step masks them
+out of the scores, but a stale NaN value times its weight 0 would still be NaN.
 
 A batch starts when every member that is keeping up has arrived, when `max_batch` steps wait, or
 `window_s` after the first arrival. A member that missed a batch (busy elsewhere: a streaming chunk,
@@ -283,6 +285,7 @@ class DecodeBatcher(Rendezvous[tuple[BatchMember, int], Tensor]):
                 assert self._pool is not None
                 buffer = self._pool.buffer
                 buffer[:, :, member.slot, :, : last.length] = buffer[:, :, last.slot, :, : last.length]
+                self._pool.clear_from(last.length, member.slot)  # the leaver's keys/values past it
                 last.slot = member.slot
                 self._members[member.slot] = last
             self._cond.notify_all()  # a round may now be complete

@@ -375,6 +375,11 @@ def _describe(timings: tuple[KernelTiming, ...]) -> str:
     return ", ".join(f"{t.kernel} {t.seconds * 1e6:.0f} us {t.gb_s:.1f} GB/s" for t in timings)
 
 
+def cpu_flags() -> list[str]:
+    """Every flag this CPU reports (Linux; empty elsewhere)."""
+    return _cpu_model_and_flags()[1]
+
+
 def _cpu_model_and_flags() -> tuple[str, list[str]]:
     """The CPU's model name and every flag it reports (Linux; the platform's processor elsewhere)."""
     model, flags = "", []

@@ -8,13 +8,16 @@ mask (`SpeechLM.decode_rows`), so its shapes never change. On the CPU the same s
 eagerly: that is what the tests compare with the normal decode step.
 
 A step serves one request at a time: the request prefills into `reset()`'s cache, then calls the step
-once per token. `StaticDecodePool` hands out steps by capacity bucket (powers of two), so a handful of
-captured graphs serve every request length.
+once per token. `StaticDecodePool` holds one step per capacity bucket (powers of two), all captured
+when the engine starts (`capture_plan`), so a handful of graphs serve every request length and no
+request ever waits for a capture.
 """
 
 from __future__ import annotations
 
+import logging
 import threading
+import time
 import warnings
 from collections.abc import Callable, Sequence
 
@@ -22,9 +25,18 @@ import torch
 from torch import Tensor
 
 from cosyserve.engine.kv_cache import KVCache
+from cosyserve.engine.memory import free_cached_memory, is_out_of_memory
 from cosyserve.model.speech_lm import SpeechLM
 
+log = logging.getLogger(__name__)
+
 MIN_CAPACITY = 256  # smallest bucket: short requests share one graph
+# The positions of the longest request the service makes: a 30 s prompt (750 speech tokens and ~200
+# transcript tokens with the system prompt), an 80-token sentence and its 20 x 80 speech tokens at most.
+# Its bucket (4096) and the smaller ones: 5 graphs, ~200 MB of static KV caches in float32 for the
+# full-size LM. Longer requests decode the normal way.
+DEFAULT_GRAPH_POSITIONS = 2 + 200 + 80 + 750 + 20 * 80
+DEFAULT_MAX_STEPS = 8
 _WARMUP_RUNS = 2  # eager runs on a side stream before capture (lazy init, kernel selection)
 _EMPTY_GRAPH = "graph is empty"  # torch's warning when a capture recorded no kernel
 
@@ -50,8 +62,6 @@ class StaticDecodeStep:
         if capture is None:
             capture = device.type == "cuda"
         if capture:
-            if device.type != "cuda":
-                raise ValueError(f"CUDA graphs need a CUDA device; the model is on {device}")
             self._capture()
 
     @property
@@ -63,10 +73,15 @@ class StaticDecodeStep:
         return self._graph is not None
 
     def reset(self, prefix: KVCache | None = None) -> KVCache:
-        """Start a request: the static cache, empty or holding a copy of `prefix`. Prefill into it."""
+        """Start a request: the static cache, empty or holding a copy of `prefix`. Prefill into it.
+
+        Everything past the prefix is zeroed: the masked step reads the whole capacity, and a NaN left
+        by an earlier request would otherwise reach this one's output (`KVCache.clear_from`)."""
         self.cache.length = 0
         if prefix is not None:
             prefix.copy_into(self.cache)
+        else:
+            self.cache.clear_from(0)
         return self.cache
 
     def __call__(self, token: int) -> Tensor:
@@ -88,8 +103,9 @@ class StaticDecodeStep:
         return self.model.decode_rows(self._token, self.cache.buffer, self._position, self.capacity)
 
     def _capture(self) -> None:
-        # Warm-up and capture write K/V at position 0 (the position buffer is 0): a request's prefill
-        # overwrites it.
+        # Warm-up and capture write K/V at position 0 (the position buffer is 0): `reset` clears it.
+        if self.device.type != "cuda":
+            raise ValueError(f"CUDA graphs need a CUDA device; the model is on {self.device}")
         with torch.inference_mode():
             self._graph, self._logp = capture_graph(self._forward, self.device)
 
@@ -138,57 +154,98 @@ def capacity_bucket(capacity: int, limit: int, minimum: int = MIN_CAPACITY) -> i
     return min(bucket, limit)
 
 
-class StaticDecodePool:
-    """Static decode steps by capacity bucket, lent to one request at a time.
+def capture_plan(longest: int, limit: int, max_steps: int, minimum: int = MIN_CAPACITY) -> list[int]:
+    """The buckets to capture at start: `minimum`, 2 x `minimum`, ... up to the bucket of `longest`
+    positions (capped at `limit`); when that makes more than `max_steps`, the largest `max_steps`
+    (a request fits any bucket at least its size, so the large ones matter most)."""
+    if max_steps < 1:
+        raise ValueError(f"max_steps must be at least 1, got {max_steps}")
+    top = capacity_bucket(max(1, longest), limit, minimum)
+    buckets = []
+    bucket = min(minimum, top)
+    while bucket < top:
+        buckets.append(bucket)
+        bucket *= 2
+    buckets.append(top)
+    return buckets[-max_steps:]
 
-    At most `max_steps` are ever built (each holds a KV cache of its capacity and, on CUDA, a graph's
-    memory); when none is free `acquire` returns None and the request decodes the normal way.
+
+class StaticDecodePool:
+    """Static decode steps, one per capacity bucket, all built (on CUDA: captured) when the pool is
+    made, i.e. at engine start after the model is loaded; lent to one request at a time.
+
+    No step is ever built or captured while serving: capturing takes the GPU for seconds and would
+    land on the first request of each length. A request gets the smallest free step that fits it, or
+    None (it then decodes the normal way): every step busy, or a request longer than the largest.
     """
 
-    def __init__(self, model: SpeechLM, *, capture: bool | None = None, max_steps: int = 8) -> None:
-        if max_steps < 1:
-            raise ValueError(f"max_steps must be at least 1, got {max_steps}")
+    def __init__(self, model: SpeechLM, capacities: Sequence[int], *, capture: bool | None = None) -> None:
+        if not capacities:
+            raise ValueError("a static decode pool needs at least one capacity")
         self.model = model
-        self.capture = capture
-        self.max_steps = max_steps
-        self._free: dict[int, list[StaticDecodeStep]] = {}
-        self._built = 0
         self._lock = threading.Lock()
-        self._capture_lock = threading.Lock()  # one capture at a time
+        started = time.perf_counter()
+        steps = [StaticDecodeStep(model, capacity, capture=capture) for capacity in sorted(set(capacities))]
+        self.build_s = time.perf_counter() - started
+        self._free: dict[int, list[StaticDecodeStep]] = {step.capacity: [step] for step in steps}
+        self.capacities = tuple(step.capacity for step in steps)
+        self.captured = all(step.captured for step in steps)
+        if self.captured:
+            log.info(
+                "captured %d CUDA graphs of the LM decode step (capacities %s) in %.2f s",
+                len(steps),
+                ", ".join(map(str, self.capacities)),
+                self.build_s,
+            )
+
+    @classmethod
+    def for_requests(
+        cls,
+        model: SpeechLM,
+        longest: int = DEFAULT_GRAPH_POSITIONS,
+        *,
+        max_steps: int = DEFAULT_MAX_STEPS,
+        capture: bool | None = None,
+    ) -> StaticDecodePool:
+        """A pool whose buckets cover requests of up to `longest` positions (`capture_plan`)."""
+        plan = capture_plan(longest, model.qwen2.rotary.max_positions, max_steps)
+        return cls(model, plan, capture=capture)
 
     @property
     def built(self) -> int:
-        return self._built
+        return len(self.capacities)
 
     def acquire(self, capacity: int) -> StaticDecodeStep | None:
-        """A free step with room for `capacity` positions, built (and captured) if needed; or None."""
-        bucket = capacity_bucket(capacity, self.model.qwen2.rotary.max_positions)
-        if bucket < capacity:
-            return None
+        """The smallest free step with room for `capacity` positions, or None."""
         with self._lock:
-            free = self._free.get(bucket)
-            if free:
-                return free.pop()
-            if self._built >= self.max_steps:
-                return None
-            self._built += 1
-        try:
-            with self._capture_lock:
-                return StaticDecodeStep(self.model, bucket, capture=self.capture)
-        except BaseException:
-            with self._lock:
-                self._built -= 1
-            raise
-
-    def prebuild(self, capacities: Sequence[int]) -> None:
-        """Build (and capture) one step per capacity now, e.g. at model load, instead of on the first
-        request that needs it."""
-        steps = [self.acquire(capacity) for capacity in capacities]
-        for step in steps:
-            if step is not None:
-                self.release(step)
+            for bucket in self.capacities:
+                free = self._free[bucket]
+                if bucket >= capacity and free:
+                    return free.pop()
+        return None
 
     def release(self, step: StaticDecodeStep) -> None:
         """Give a step back once its request has finished (or failed)."""
         with self._lock:
-            self._free.setdefault(step.capacity, []).append(step)
+            self._free[step.capacity].append(step)
+
+
+def capture_at_start(
+    model: SpeechLM, longest: int = DEFAULT_GRAPH_POSITIONS, *, max_steps: int = DEFAULT_MAX_STEPS
+) -> StaticDecodePool | None:
+    """The engine's graph pool, every bucket captured now (`StaticDecodePool.for_requests`); None when
+    the GPU runs out of memory doing so: the engine then starts without graphs (eager decode steps,
+    the same tokens, slower) instead of failing to start, and says so in the log."""
+    try:
+        return StaticDecodePool.for_requests(model, longest, max_steps=max_steps, capture=True)
+    except Exception as exc:
+        if not is_out_of_memory(exc):
+            raise
+        free_cached_memory()
+        first_line = (str(exc).strip().splitlines() or [type(exc).__name__])[0]
+        log.warning(
+            "the GPU ran out of memory capturing the LM decode step's CUDA graphs (%s): decoding runs "
+            "without them (slower); free GPU memory or lower the concurrency and restart to use them",
+            first_line[:200],
+        )
+        return None

@@ -80,14 +80,29 @@ class KVCache:
 
     def copy_into(self, dest: KVCache, row: int = 0) -> KVCache:
         """Write this one-row cache's filled positions into batch row `row` of `dest` (same layout, any
-        device); `dest.length` is set to `length`, its buffer and capacity are kept. Returns `dest`."""
+        device); `dest.length` is set to `length`, its buffer and capacity are kept. Returns `dest`.
+
+        The rest of the row is zeroed (`clear_from`): a reused buffer (a static decode step, a batch
+        pool slot) still holds the previous request's keys/values there."""
         if self.batch != 1:
             raise ValueError(f"only a one-row cache can be copied into a row, this one has {self.batch}")
         if dest.capacity < self.length:
             raise ValueError(f"destination capacity {dest.capacity} is smaller than the length {self.length}")
         dest.buffer[:, :, row, :, : self.length] = self.buffer[:, :, 0, :, : self.length]
+        dest.clear_from(self.length, row)
         dest.length = self.length
         return dest
+
+    def clear_from(self, position: int, row: int | None = None) -> None:
+        """Zero positions `[position, capacity)` of batch row `row` (every row when None).
+
+        A masked decode step (`SpeechLM.decode_rows`) reads the whole buffer: masking hides stale keys
+        from the scores, but their weight 0 times a stale value that is NaN or inf is NaN, so positions
+        a request has not written must hold finite values. Zeroing them when a buffer changes hands
+        costs one fill per request instead of a masked copy of the values in every step.
+        """
+        rows = slice(None) if row is None else row
+        self.buffer[:, :, rows, :, position:].zero_()
 
     def compact(self) -> KVCache:
         """A copy trimmed to exactly `length` positions: the form in which to store a reusable prefix."""

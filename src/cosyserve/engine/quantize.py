@@ -5,7 +5,9 @@
   int8 weights per shape, whichever this CPU runs faster (the closer one, float16, when they are
   within a margin), chosen by a short measured calibration (`lm_layout`, `calibration`); the output
   layer, whose log-probs drive sampling, is float16 or float32, never int8;
-- the DiT blocks' `nn.Linear`s: int8 (`int8.Int8Linear`: weights per output channel, activations per
+- the DiT blocks' `nn.Linear`s: bfloat16 (`matrix_units.BFloat16Linear`) where this CPU has bfloat16
+  matrix units and a measured product runs clearly faster in bfloat16 (`matrix_units.matmul_speed`,
+  cached per machine), else int8 (`int8.Int8Linear`: weights per output channel, activations per
   call, fbgemm; 7-bit activations without VNNI, `check_reduce_range`).
 Everything else stays float32: embeddings, norms, attention, the flow's input and output projections,
 the F0 predictor and the vocoder.
@@ -25,7 +27,8 @@ from torch import Tensor, nn
 
 from cosyserve.engine.int8 import Int8Linear, check_reduce_range, cpu_has_vnni, int8_available
 from cosyserve.engine.kv_cache import KVCache
-from cosyserve.engine.lm_layout import PRODUCTS, pack_speech_lm
+from cosyserve.engine.lm_layout import PRODUCTS, default_calibration, pack_speech_lm
+from cosyserve.engine.matrix_units import BFloat16Linear, MatmulSpeed, matmul_speed
 from cosyserve.engine.speech_lm_runner import decode_one, prefill
 from cosyserve.errors import InputError
 from cosyserve.model.flow import CausalFlow
@@ -53,8 +56,15 @@ PROBE_FLOW_TOKENS = 15
 _PROBE_SEED = 1234
 
 
-def quantize_linears(root: nn.Module, select: Callable[[str], bool], reduce_range: bool | None = None) -> int:
-    """Replace every `nn.Linear` under `root` whose qualified name passes `select`; return how many."""
+def quantize_linears(
+    root: nn.Module,
+    select: Callable[[str], bool],
+    reduce_range: bool | None = None,
+    make: Callable[[nn.Linear], nn.Module] | None = None,
+) -> int:
+    """Replace every `nn.Linear` under `root` whose qualified name passes `select` by `make(linear)`
+    (default: an int8 `Int8Linear`); return how many."""
+    make = make or (lambda linear: Int8Linear(linear, reduce_range))
     targets = [
         (name, module)
         for name, module in root.named_modules()
@@ -63,7 +73,7 @@ def quantize_linears(root: nn.Module, select: Callable[[str], bool], reduce_rang
     for name, linear in targets:
         parent_name, _, child = name.rpartition(".")
         parent = root.get_submodule(parent_name) if parent_name else root
-        setattr(parent, child, Int8Linear(linear, reduce_range))
+        setattr(parent, child, make(linear))
     return len(targets)
 
 
@@ -98,6 +108,7 @@ class PresetResult:
     quantized_linears: dict[str, int]  # per network
     deviation: Deviation | None  # None for exact
     lm_kernels: dict[str, str] | None = None  # fast: the LM's kernel per product (`lm_layout.PRODUCTS`)
+    matmul: dict[str, object] | None = None  # fast: the measured float32/bfloat16 speed (`MatmulSpeed`)
 
 
 def check_preset(preset: str, device: torch.device) -> None:
@@ -114,11 +125,14 @@ def check_preset(preset: str, device: torch.device) -> None:
             )
 
 
-def apply_preset(models: HasLLMAndFlow, preset: str, *, measure: bool = True) -> PresetResult:
+def apply_preset(
+    models: HasLLMAndFlow, preset: str, *, measure: bool = True, matmul: MatmulSpeed | None = None
+) -> PresetResult:
     """Convert `models.llm` and `models.flow` in place for `preset`; for `fast`, measure the deviation.
 
     The networks must be float32 on the CPU for `fast`. `measure=False` skips the probe (a few
-    seconds on the full-size model) and leaves `deviation` None.
+    seconds on the full-size model) and leaves `deviation` None. `matmul`: this machine's product
+    speeds (default: `matrix_units.matmul_speed`, cached per machine), which pick the DiT's dtype.
     """
     device = models.llm.speech_embedding.weight.device
     check_preset(preset, device)
@@ -128,18 +142,23 @@ def apply_preset(models: HasLLMAndFlow, preset: str, *, measure: bool = True) ->
     reference = _probe(models) if measure else None
     layout = pack_speech_lm(models.llm, "fast", reduce_range=reduce_range)
     layers = len(models.llm.qwen2.layers)
+    matmul = matmul or matmul_speed(default_calibration())
+    dit_bf16 = matmul.use_bfloat16
     counts = {
         # q, k, v, o, gate, up and down per layer, and the output layer when it is reduced too
         "llm": 7 * layers + (layout.kernels["llm_decoder"] in ("fp16", "int8")),
-        "flow": quantize_linears(models.flow, _dit_selected, reduce_range),
+        "flow": quantize_linears(
+            models.flow, _dit_selected, reduce_range, BFloat16Linear if dit_bf16 else None
+        ),
     }
     deviation = None
     if reference is not None:
         deviation = _deviation(reference, _probe(models))
     activations = "7-bit" if reduce_range else "8-bit"
     kernels = ", ".join(f"{name} {layout.kernels[name]}" for name in PRODUCTS)
-    label = f"fast (LM {kernels}; DiT int8 linears, {activations} dynamic activations; NOT bit-exact)"
-    return PresetResult("fast", label, counts, deviation, layout.kernels)
+    dit = "bfloat16 linears" if dit_bf16 else f"int8 linears, {activations} dynamic activations"
+    label = f"fast (LM {kernels}; DiT {dit} [{matmul.describe()}]; NOT bit-exact)"
+    return PresetResult("fast", label, counts, deviation, layout.kernels, matmul.to_dict())
 
 
 @dataclass(frozen=True)

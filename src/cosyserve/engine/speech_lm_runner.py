@@ -69,9 +69,10 @@ class SpeechLMRunner:
     Opt-in GPU paths (the default decodes each request alone, eagerly):
     `batch_decode`: a `DecodeBatcher` through which concurrent requests decode in one batched forward
     (a request that finds no free slot decodes alone). `use_cuda_graph`: on CUDA, decode steps replay a
-    captured CUDA graph over static buffers (`cuda_graph.StaticDecodePool`; ignored on the CPU, and
-    not used for requests in a batch). `static_pool` may also be set directly, e.g. an eager pool
-    (`capture=False`) to run the static-buffer step on the CPU.
+    CUDA graph over static buffers (`cuda_graph.StaticDecodePool`, every bucket captured here, when the
+    runner is built at engine start; ignored on the CPU, and not used for requests in a batch).
+    `static_pool` may also be set directly, e.g. an eager pool (`capture=False`) to run the
+    static-buffer step on the CPU.
     """
 
     def __init__(
@@ -95,9 +96,9 @@ class SpeechLMRunner:
         self.batcher = batch_decode
         self.static_pool: StaticDecodePool | None = None
         if use_cuda_graph and self._device.type == "cuda":
-            from cosyserve.engine.cuda_graph import StaticDecodePool
+            from cosyserve.engine.cuda_graph import capture_at_start
 
-            self.static_pool = StaticDecodePool(model)
+            self.static_pool = capture_at_start(model)  # now, at engine start; None if out of memory
 
     @property
     def _device(self) -> torch.device:
