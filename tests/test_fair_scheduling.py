@@ -4,7 +4,9 @@ from __future__ import annotations
 
 import threading
 import time
+from collections import deque
 from collections.abc import Iterator
+from dataclasses import dataclass
 from typing import Any
 
 import pytest
@@ -13,6 +15,7 @@ from cosyserve.errors import Cancelled
 from cosyserve.service.metrics import Metrics
 from cosyserve.service.scheduling.fair_policy import FairPolicy, FairSettings, Waiter
 from cosyserve.service.scheduling.scheduler import Scheduler, WorkContext
+from cosyserve.service.scheduling.slots import EngineSlots
 from cosyserve.service.scheduling.wait_estimates import Holder, Queued, ServiceTimes, estimate_waits
 
 WAIT = 5.0
@@ -203,3 +206,98 @@ def test_the_cluster_sends_background_work_to_its_own_queue() -> None:
     assert celery_app.queue_of(celery_app.TTS_TASK) == celery_app.queue_of(celery_app.ENROL_TASK)
     assert celery_app.queue_of(celery_app.TTS_TASK) == celery_app.QUEUE
     assert celery_app.task_options(celery_app.JOB_TASK)["max_retries"] is None  # retries are not capped
+
+
+# -- the wait estimate with what submitters say and the scheduler's caps, deterministic --------------------
+
+
+class FakeClock:
+    def __init__(self) -> None:
+        self.now = 0.0
+
+    def __call__(self) -> float:
+        return self.now
+
+
+@dataclass(eq=False)
+class FakeTicket:
+    id: str
+    progress: float = 0.0
+
+
+def engine(slots: int, unit_s: float = 0.5, **kw: Any) -> tuple[EngineSlots, FakeClock]:
+    """Engine slots on a fake clock whose background units took `unit_s`, and whose past background
+    tickets had 100 units (what a ticket of unknown size is taken to have)."""
+    clock = FakeClock()
+    books = EngineSlots(slots, clock=clock, **kw)
+    books.times.observe("background", unit_s)
+    books.times.observe_ticket_units(100)
+    return books, clock
+
+
+def start(books: EngineSlots, ticket: Any, key: str, units: int | None) -> None:
+    books.add(ticket, "background", key, units)
+    assert books.grant() == 1 and books.take() is ticket
+
+
+def next_unit(books: EngineSlots, clock: FakeClock, ticket: Any, seconds: float, progress: float) -> None:
+    clock.now += seconds
+    books.release(ticket)
+    ticket.progress = progress
+    books.pause(ticket)
+    books.grant()
+
+
+def test_a_keys_second_job_waits_the_first_jobs_units_not_a_typical_count() -> None:
+    books, clock = engine(1)
+    first, second = FakeTicket("first"), FakeTicket("second")
+    start(books, first, "A", units=8)
+    books.add(second, "background", "A", 3)  # same key: first come, first served
+    assert books.estimated_wait_s(second) == pytest.approx(8 * 0.5)
+    next_unit(books, clock, first, 0.5, progress=1 / 8)
+    assert books.granted(first) and books.estimated_wait_s(second) == pytest.approx(7 * 0.5)
+    unknown = FakeTicket("unknown")
+    books.add(unknown, "background", "A", None)  # no count given: a typical ticket's (100 units)
+    assert books.estimated_wait_s(unknown) == pytest.approx((7 + 3) * 0.5)
+    assert books.position(second) == 0 and books.position(unknown) == 1
+
+
+def test_a_job_submitted_with_its_units_is_told_their_time() -> None:
+    with Scheduler(1, 4, 30.0) as scheduler:
+        scheduler._slots.times.observe("background", 1.0)
+        scheduler._slots.times.observe_ticket_units(100)
+        gate = threading.Event()
+        first = scheduler.submit(lambda ctx: gate.wait(WAIT), owner="A", work_class="background", units=4)
+        wait_until(lambda: first.state == "running")
+        second = scheduler.submit(lambda ctx: 2, owner="A", work_class="background", units=2)
+        assert 3.5 < second.estimated_wait_s() <= 4.0  # the first job's 4 units of 1 s, not 100
+        gate.set()
+        assert second.result(WAIT) == 2
+
+
+def test_a_queued_background_ticket_waits_while_the_background_tickets_started_are_at_their_cap() -> None:
+    books, _clock = engine(2, background_running=1)
+    first, second = FakeTicket("first"), FakeTicket("second")
+    start(books, first, "A", units=4)
+    books.add(second, "background", "B", 2)
+    assert books.grant() == 0  # a slot is free, but only one background ticket may be started
+    assert books.estimated_wait_s(second) == pytest.approx(4 * 0.5)  # when the first one ended
+    uncapped, _ = engine(2, background_running=2)
+    start(uncapped, first, "A", units=4)
+    uncapped.add(second, "background", "B", 2)
+    assert uncapped.estimated_wait_s(second) == 0.0
+
+
+def test_a_queued_background_ticket_waits_for_the_background_slots() -> None:
+    books, clock = engine(2, fair=FairSettings(background_slots=1))
+    first, second, same_key = FakeTicket("first"), FakeTicket("second"), FakeTicket("same")
+    start(books, first, "A", units=4)
+    books.add(second, "background", "B", 2)
+    books.add(same_key, "background", "A", 2)
+    assert books.grant() == 0  # the background class holds its one slot
+    # B's first unit comes when A's first ends (the keys take turns); A's second job after A's first job
+    # and B's 2 units: 4 + 2 units of 0.5 s on the one background slot
+    assert books.estimated_wait_s(second) == pytest.approx(0.5)
+    assert books.estimated_wait_s(same_key) == pytest.approx(6 * 0.5)
+    next_unit(books, clock, first, 0.5, progress=0.25)
+    assert books.handoff == deque([second]) and books.estimated_wait_s(second) == 0.0

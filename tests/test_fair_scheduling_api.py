@@ -66,6 +66,9 @@ def test_a_tts_is_served_within_about_one_unit_of_another_keys_batch(server) -> 
         second = b.post("/v1/batches", json={"voice": "alice", "items": ["one", "two"]}).json()
         assert second["state"] == "queued" and second["position"] == 1
         assert second["estimated_wait_s"] > 0
+        units = server.service.scheduler._slots.units  # what the runner told the scheduler
+        scheduler = server.service.scheduler
+        assert units[scheduler.get(job["id"])] == 1 and units[scheduler.get(second["id"])] == 2
 
         began = time.monotonic()
         assert a.delete(path).status_code == 202

@@ -95,7 +95,7 @@ class LocalJobs:
             )
 
         body = self._tts_body(job_id, request, spec, pieces, spec.voice_scope, snapshots)
-        submit = lambda: self._submit(job_id, "tts", body, create, spec, request)  # noqa: E731
+        submit = lambda: self._submit(job_id, "tts", body, create, spec, request, len(pieces))  # noqa: E731
         return self.reservations.job_submitted(job_id, spec.key, estimate, submit)
 
     def submit_batch(
@@ -130,7 +130,8 @@ class LocalJobs:
         unkeyed = dataclasses.replace(spec, key=None)  # items are charged by the runner
         plan = BatchPlan(job_id, kind, dict(shared), prompt_wav, unkeyed, spec.voice_scope)
         asked = batch_request(shared, [item.params for item in items])
-        submit = lambda: self._submit(job_id, kind, self._batch_body(plan), create, spec, asked)  # noqa: E731
+        to_run = sum(1 for item in items if item.problem is None)
+        submit = lambda: self._submit(job_id, kind, self._batch_body(plan), create, spec, asked, to_run)  # noqa: E731
         return self.reservations.job_submitted(job_id, spec.key, reserved, submit)
 
     def run_claimed_job(
@@ -143,7 +144,7 @@ class LocalJobs:
         record = self.jobs.get(job_id)
         snapshots = (record.params or {}).get(SNAPSHOTS) if record is not None else None
         body = self._tts_body(job_id, request, spec, pieces, spec.voice_scope, snapshots)
-        return self._ticket(job_id, "tts", body, spec, _set_event(), request, attempt=attempt)
+        return self._ticket(job_id, "tts", body, spec, _set_event(), request, attempt, len(pieces))
 
     def run_claimed_batch(self, job_id: str, attempt: int) -> Ticket:
         """Run a batch or a dub a distributed worker claimed as `attempt`, from its record and items."""
@@ -163,12 +164,15 @@ class LocalJobs:
             pieces = job_pieces(asked, self.max_text_chars)
             snapshots = (record.params or {}).get(SNAPSHOTS)
             body = self._tts_body(record.id, asked, spec, pieces, voices, snapshots)
+            units = len(pieces)
         else:
             plan_spec = dataclasses.replace(spec, key=None)  # items are charged by the runner
             plan = BatchPlan(record.id, record.kind, dict(record.params), prompt_wav, plan_spec, voices)
             body = self._batch_body(plan)
             asked = batch_request(record.params, [item.params for item in self.batches.items(record.id)])
-        return self._ticket(record.id, record.kind, body, spec, _set_event(), asked, attempt=attempt)
+            counts = self.batches.counts(record.id)
+            units = counts.queued + counts.running  # the items a resumed batch still runs
+        return self._ticket(record.id, record.kind, body, spec, _set_event(), asked, attempt, units)
 
     def cancel_job(self, job_id: str) -> JobRecord:
         """Cancel a queued or running job (JobStateError if it already ended)."""
@@ -192,10 +196,11 @@ class LocalJobs:
         create: Callable[[], JobRecord],
         spec: OutputSpec,
         asked: SynthesisRequest,
+        units: int,
     ) -> JobRecord:
         # The ticket first: a full queue refuses the job before any record exists.
         recorded = threading.Event()
-        ticket = self._ticket(job_id, kind, body, spec, recorded, asked)
+        ticket = self._ticket(job_id, kind, body, spec, recorded, asked, units=units)
         try:
             record = create()
         except BaseException:
@@ -213,10 +218,11 @@ class LocalJobs:
         spec: OutputSpec,
         recorded: threading.Event,
         asked: SynthesisRequest,
-        *,
         attempt: int | None = None,
+        units: int | None = None,
     ) -> Ticket:
-        """`asked`: what the activity log says was asked (a batch: its texts, its shared voice)."""
+        """`asked`: what the activity log says was asked (a batch: its texts, its shared voice); `units`:
+        its pieces (a job) or the items it still runs (a batch, a dub), for the queue's wait estimates."""
         recorder = JobStateRecorder(
             self.jobs,
             self.batches,
@@ -250,7 +256,13 @@ class LocalJobs:
             on_state = both(on_state, self._released_when_ended(job_id))
         # Background work: it gives the engine back between its units (segments, items, cues).
         return self.scheduler.submit(
-            work, job_id=job_id, owner=spec.owner, on_state=on_state, timeout_s=None, work_class="background"
+            work,
+            job_id=job_id,
+            owner=spec.owner,
+            on_state=on_state,
+            timeout_s=None,
+            work_class="background",
+            units=units,
         )
 
     def _released_when_ended(self, job_id: str) -> Callable[[Ticket, str], None]:

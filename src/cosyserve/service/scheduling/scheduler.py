@@ -3,7 +3,8 @@
 Work is interactive (a request a client waits for) or background (jobs, batches, dubs). The engine's
 `concurrency` slots are granted one unit of work at a time by a fair policy (`slots`, `fair_policy`);
 background work gives its slot back between units (`WorkContext.next_unit`), so an interactive request
-waits about one unit at most. Positions, waits and Retry-After come from measured unit times.
+waits about one unit at most. Positions, waits and Retry-After come from measured unit times
+(`wait_estimates`); what it reports to the metrics and stats is kept in `reporting`.
 
 The engine is PyTorch, which releases the GIL in its kernels, so work runs on threads (never on the event
 loop). Work is a callable taking a `WorkContext`; with `stream=True` it returns an iterable whose items the
@@ -21,34 +22,19 @@ import math
 import threading
 import time
 import uuid
-from collections import Counter, deque
 from collections.abc import Callable
-from typing import Any, Literal, Protocol
+from typing import Any, Literal
 
-from cosyserve.errors import Interrupted, JobStateError, JobTimeout, QueueFull, ShuttingDown, error_code
-from cosyserve.service.logs import log_failure
-from cosyserve.service.requests import TERMINAL_STATES
+from cosyserve.errors import Interrupted, JobStateError, JobTimeout, QueueFull, ShuttingDown
 from cosyserve.service.scheduling.deadlines import REQUEST_TIMEOUT, Deadlines
 from cosyserve.service.scheduling.fair_policy import INTERACTIVE, FairSettings, WorkClass
+from cosyserve.service.scheduling.reporting import SchedulerMetrics, SchedulerReport
 from cosyserve.service.scheduling.slots import EngineSlots
 from cosyserve.service.scheduling.tickets import Ticket, TicketHooks, WorkContext
 
 __all__ = ["Scheduler", "SchedulerMetrics", "Ticket", "WorkContext"]
 
 logger = logging.getLogger(__name__)
-RECENT_DURATIONS = 100
-
-
-class SchedulerMetrics(Protocol):
-    """What the scheduler reports; `cosyserve.service.metrics.Metrics` implements it."""
-
-    def observe_queue(self, depth: int, in_flight: int) -> None: ...
-
-    def observe_job(self, state: str, run_s: float | None, wait_s: float) -> None: ...
-
-    def count_error(self, kind: str) -> None: ...
-
-    def observe_wait_estimate(self, work_class: str, estimated_s: float, actual_s: float) -> None: ...
 
 
 class Scheduler:
@@ -76,7 +62,7 @@ class Scheduler:
         self.concurrency = concurrency
         self.queue_size = queue_size
         self.request_timeout_s = request_timeout_s or None
-        self.metrics = metrics
+        self._report = SchedulerReport(metrics)
         self.stream_buffer = stream_buffer
         self._lock = threading.Condition(threading.RLock())
         self._slots = EngineSlots(concurrency, fair, background_running)
@@ -86,8 +72,6 @@ class Scheduler:
         self._interrupted: set[Ticket] = set()  # executing tickets the server stopped (`cancel_running`)
         self._accepting = True
         self._stopping = False
-        self._durations: deque[float] = deque(maxlen=RECENT_DURATIONS)
-        self._finished: Counter[str] = Counter()
         self._deadlines = Deadlines()
         self._hooks = TicketHooks(
             withdraw=self._withdraw,
@@ -120,13 +104,15 @@ class Scheduler:
         timeout_s: float | Literal["request"] | None = REQUEST_TIMEOUT,
         work_class: WorkClass = INTERACTIVE,
         fair_key: str | None = None,
+        units: int | None = None,
     ) -> Ticket:
         """Queue `work`; raises QueueFull (with `retry_after_s`) or ShuttingDown instead of waiting.
 
         `timeout_s`: how long the work may run once started: the request timeout by default; None for no
         limit until the work sets its own with `ctx.set_timeout` (jobs: one per segment). `work_class`:
         "interactive" (a client waits) or "background" (calls `ctx.next_unit()` between units);
-        `fair_key`: whom it counts against when keys share the engine (default: `owner`).
+        `fair_key`: whom it counts against when keys share the engine (default: `owner`); `units`: how
+        many units background work has (its wait estimates use it until the work reports progress).
 
         `work(ctx)` runs on a worker thread; with `stream=True` it returns an iterable (see `Ticket.chunks`).
         `on_state(ticket, state)` is called with "running" when the work starts (unless it never does) and
@@ -152,7 +138,7 @@ class Scheduler:
             ticket = Ticket(self._hooks, work, ticket_id, owner, stream, self.stream_buffer, on_state)
             ticket.timeout_s = timeout_s
             ticket.work_class = work_class
-            self._slots.add(ticket, work_class, fair_key if fair_key is not None else owner)
+            self._slots.add(ticket, work_class, fair_key if fair_key is not None else owner, units)
             self._active[ticket_id] = ticket
             self._grant_locked()
             ticket.estimated_wait_at_submit = self._slots.estimated_wait_s(ticket)
@@ -197,7 +183,6 @@ class Scheduler:
     def stats(self) -> dict[str, Any]:
         """For the admin panel and /health: queue depth, running work, settings and recent durations."""
         with self._lock:
-            durations = list(self._durations)
             return {
                 "concurrency": self.concurrency,
                 "queue_size": self.queue_size,
@@ -205,9 +190,7 @@ class Scheduler:
                 "accepting": self._accepting,
                 "queued": len(self._slots.queued) + len(self._slots.handoff),
                 "running": len(self._executing),
-                "finished": {state: self._finished[state] for state in sorted(TERMINAL_STATES)},
-                "recent_durations_s": [round(d, 3) for d in durations[-20:]],
-                "mean_duration_s": round(sum(durations) / len(durations), 3) if durations else None,
+                **self._report.stats(),
                 **self._slots.stats(),
             }
 
@@ -216,11 +199,11 @@ class Scheduler:
         return max(1, math.ceil(self._slots.latest_start_s()))
 
     def _report_queue(self) -> None:
-        if self.metrics is not None:
+        if self._report.metrics is not None:
             with self._lock:
                 depth = len(self._slots.queued) + len(self._slots.handoff)
                 in_flight = len(self._executing)
-            self.metrics.observe_queue(depth, in_flight)
+            self._report.queue(depth, in_flight)
 
     # -- the tickets' hooks -------------------------------------------------------------------------------
 
@@ -241,19 +224,8 @@ class Scheduler:
         with self._lock:
             self._active.pop(ticket.id, None)
             self._deadlines.drop(ticket.id)
-            self._finished[ticket.state] += 1
-        if self.metrics is not None:
-            wait_s = (ticket.started_at or ticket.finished_at or time.time()) - ticket.submitted_at
-            run_s = (
-                ticket.finished_at - ticket.started_at if ticket.started_at and ticket.finished_at else None
-            )
-            self.metrics.observe_job(ticket.state, run_s, max(0.0, wait_s))
-        error = ticket.error
-        if ticket.state == "failed" and error is not None:
-            kind = error_code(error)
-            log_failure(kind, str(error), job_id=ticket.id, exc=error)
-            if self.metrics is not None:
-                self.metrics.count_error(kind)  # job failures are counted here, not by the API
+            self._report.count_finished(ticket.state)
+        self._report.finished(ticket)
 
     def _next_unit(self, ticket: Ticket) -> None:
         """Between two units: the slot goes back, and the work waits here until it is granted the next
@@ -289,7 +261,7 @@ class Scheduler:
                     return
                 self._executing.add(ticket)
                 ticket.mark_running()
-                self._observe_wait(ticket)
+                self._report.started(ticket)
                 self._deadlines.arm_start(ticket, self.request_timeout_s)
                 self._lock.notify_all()  # the watchdog may need to wake earlier
             began = time.monotonic()
@@ -305,7 +277,7 @@ class Scheduler:
                     self._slots.ended(ticket)
                     interrupted = ticket in self._interrupted
                     self._interrupted.discard(ticket)
-                    self._durations.append(time.monotonic() - began)
+                    self._report.ran(time.monotonic() - began)
                     self._slots.grant()
                     self._lock.notify_all()
                 self._report_queue()
@@ -313,12 +285,6 @@ class Scheduler:
                 if interrupted and state == "cancelled":  # the server's stop, not its client's
                     error = Interrupted(ticket.cancel_reason or "interrupted by the server")
                 ticket.finish(state, result=result, error=error)
-
-    def _observe_wait(self, ticket: Ticket) -> None:  # the estimate's error: said at submit, then had
-        observe = getattr(self.metrics, "observe_wait_estimate", None)
-        if callable(observe) and ticket.estimated_wait_at_submit is not None and ticket.started_at:
-            actual = max(0.0, ticket.started_at - ticket.submitted_at)
-            observe(ticket.work_class, ticket.estimated_wait_at_submit, actual)
 
     def _set_timeout(self, ticket: Ticket, seconds: float, message: str) -> None:
         """`ticket` times out `seconds` from now (replacing an earlier deadline) with `message`."""

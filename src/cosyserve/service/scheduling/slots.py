@@ -64,13 +64,17 @@ class EngineSlots:
         self.paused: dict[Ticket, bool] = {}  # between units: True once granted the next one
         self.holding: dict[Ticket, tuple[float, float]] = {}  # -> (granted at, estimated unit seconds)
         self.units_done: dict[Ticket, int] = {}
+        self.units: dict[Ticket, int] = {}  # units a ticket has in all, as its submitter said
         self._version = 0  # bumped on every change: the wait estimates are kept until it moves
         self._estimates: tuple[int, float, dict[str, tuple[int, float]]] = (-1, 0.0, {})
 
     # -- tickets coming and going -------------------------------------------------------------------------
 
-    def add(self, ticket: Ticket, work_class: WorkClass, key: str | None) -> None:
+    def add(self, ticket: Ticket, work_class: WorkClass, key: str | None, units: int | None = None) -> None:
+        """`units`: how many units its work has (None: unknown; the estimate assumes a typical count)."""
         self._waiter[ticket] = Waiter(ticket.id, work_class, key or ANONYMOUS, next(self._seq))
+        if units is not None:
+            self.units[ticket] = max(1, units)
         self.queued.append(ticket)
         self._changed()
 
@@ -202,20 +206,23 @@ class EngineSlots:
         if version == self._version:
             elapsed = now - computed_at
             return {tid: (pos, max(0.0, eta - elapsed)) for tid, (pos, eta) in cached.items()}
+        # granted but not yet taken by a thread (handoff): holders whose first unit just began
         holders = [
             Holder(self._waiter[t], now - granted_at, self._units_after(t))
             for t, (granted_at, _estimate) in self.holding.items()
-            if t not in self.handoff
         ]
-        waiting = [Queued(self._waiter[t], 0, queued=True) for t in self.handoff]
-        waiting += [
+        waiting = [
             Queued(self._waiter[t], self._units_after(t), queued=False)
             for t, granted in self.paused.items()
             if not granted
         ]
         waiting += [Queued(self._waiter[t], self._fresh_units(t), queued=True) for t in self.queued]
-        found = estimate_waits(self.policy, self.slots, holders, waiting, self.times, now)
-        for index, ticket in enumerate(self.handoff):  # granted already: next to start
+        found = estimate_waits(
+            self.policy, self.slots, holders, waiting, self.times, now, self.background_running
+        )
+        ahead = len(self.handoff)  # granted already: next to start
+        found = {tid: (position + ahead, eta) for tid, (position, eta) in found.items()}
+        for index, ticket in enumerate(self.handoff):
             found[ticket.id] = (index, 0.0)
         self._estimates = (self._version, now, found)
         return found
@@ -267,14 +274,18 @@ class EngineSlots:
     def _units_after(self, ticket: Ticket) -> int:
         if self.work_class(ticket) != BACKGROUND:
             return 0
-        return units_left(self.units_done.get(ticket, 0) + 1, ticket.progress, self.times.typical_units)
+        done = self.units_done.get(ticket, 0)  # units it ended; the current (or next) one is not among them
+        return units_left(done, ticket.progress, self.times.typical_units, self.units.get(ticket))
 
     def _fresh_units(self, ticket: Ticket) -> int:
-        return 0 if self.work_class(ticket) != BACKGROUND else units_left(0, 0.0, self.times.typical_units)
+        if self.work_class(ticket) != BACKGROUND:
+            return 0
+        return units_left(0, 0.0, self.times.typical_units, self.units.get(ticket))
 
     def _forget(self, ticket: Ticket) -> None:
         self._waiter.pop(ticket, None)
         self.units_done.pop(ticket, None)
+        self.units.pop(ticket, None)
         active = {(w.work_class, w.key) for w in self._waiter.values()}
         self.policy.forget(active)
         self._changed()

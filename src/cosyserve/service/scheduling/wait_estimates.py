@@ -3,9 +3,12 @@
 `ServiceTimes` keeps a moving average (EWMA) of how long one unit holds an engine slot, per class.
 `estimate_waits` plays the queue forward on a copy of the fair policy: slots free when their unit's
 expected time is up, a started background ticket comes back for its next unit (as many as its progress
-says are left), and each free slot goes to whom the policy would choose. A queued ticket's ETA is the
-time it is first granted, its position the number of queued tickets granted before it. Retry-After and
-the status API read the same figures.
+says are left; a fresh one, as many as its submitter said it has), and each free slot goes to whom the
+policy would choose, with the scheduler's caps: at most `background_slots` slots held by background units
+(the policy's own check) and at most `background_running` background tickets started at once (a queued
+one starts only when a started one ended). A queued ticket's ETA is the time it is first granted, its
+position the number of queued tickets granted before it. Retry-After and the status API read the same
+figures.
 """
 
 from __future__ import annotations
@@ -15,7 +18,7 @@ import itertools
 import math
 from dataclasses import dataclass
 
-from cosyserve.service.scheduling.fair_policy import CLASSES, FairPolicy, Waiter
+from cosyserve.service.scheduling.fair_policy import BACKGROUND, CLASSES, FairPolicy, Waiter
 
 DEFAULT_UNIT_S = 10.0  # a unit's expected time before any was measured
 EWMA_WEIGHT = 0.2  # weight of the newest measurement
@@ -82,12 +85,14 @@ class Queued:
     queued: bool
 
 
-def units_left(units_done: int, progress: float, typical_units: float) -> int:
-    """Units a started ticket still has after the current one: from its progress once it reported some,
-    else what a background ticket typically has (`ServiceTimes.typical_units`)."""
+def units_left(units_done: int, progress: float, typical_units: float, units: int | None = None) -> int:
+    """Units a ticket still has after its current (or next) one, `units_done` units ended before it: from
+    its progress once it reported some (the rate it made progress at), else from `units` (what its
+    submitter said it has), else what a background ticket typically has (`ServiceTimes.typical_units`)."""
     if progress <= 0.0 or units_done <= 0:
-        return max(0, round(typical_units) - max(1, units_done))
-    return max(0, math.ceil(units_done * (1.0 - progress) / progress) - 1)
+        total = units if units is not None else round(typical_units)
+        return max(0, total - max(1, units_done))
+    return max(0, math.ceil(units_done * (1.0 - progress) / progress - 1e-9) - 1)  # 1e-9: float noise
 
 
 def estimate_waits(
@@ -97,13 +102,16 @@ def estimate_waits(
     waiting: list[Queued],
     times: ServiceTimes,
     now: float,
+    background_running: int | None = None,
 ) -> dict[str, tuple[int, float]]:
     """For each queued ticket (`Queued.queued`): (position, seconds until its first grant). Tickets the
-    play did not reach within `MAX_STEPS` are left out. `policy` is copied, never changed."""
+    play did not reach within `MAX_STEPS` are left out. `policy` is copied, never changed.
+    `background_running`: background tickets started at once, at most (None: no cap)."""
     policy = policy.copy()
     order = itertools.count()
     events: list[tuple[float, int, Holder | None]] = []  # (time a slot frees, tie-breaker, its holder)
     holding = {name: 0 for name in CLASSES}
+    started = _StartedBackground(holders, waiting, background_running)
     for holder in holders:
         unit_s = times.unit_s(holder.waiter.work_class)
         residual = max(unit_s - holder.elapsed_s, 0.1 * unit_s)
@@ -124,7 +132,9 @@ def estimate_waits(
             policy.settled(ending.waiter, unit_s, unit_s, at)
             if ending.units_after > 0:
                 pool.append(Queued(ending.waiter, ending.units_after - 1, queued=False))
-        chosen = policy.choose([q.waiter for q in pool], holding, slots, at)
+            else:
+                started.ended(ending.waiter)
+        chosen = policy.choose([q.waiter for q in pool if started.may_run(q)], holding, slots, at)
         if chosen is None:
             later = [t for t, _, h in events if h is not None and t > at]
             if later:  # the slot stays idle until the next unit ends
@@ -134,8 +144,33 @@ def estimate_waits(
         pool.remove(entry)
         if entry.queued:
             found[chosen.ticket_id] = (len(found), max(0.0, at - now))
+            started.began(chosen)
         unit_s = times.unit_s(chosen.work_class)
         policy.granted(chosen, unit_s)
         holding[chosen.work_class] += 1
         heapq.heappush(events, (at + unit_s, next(order), Holder(chosen, 0.0, entry.units_after)))
     return found
+
+
+class _StartedBackground:
+    """How many background tickets are started (holding a slot or between units) as the play goes on:
+    a fresh background ticket may start only below the cap (`EngineSlots._eligible`). The cap on threads
+    in all needs no check here: it is slots + the background cap, so it binds only when no slot is free."""
+
+    def __init__(self, holders: list[Holder], waiting: list[Queued], cap: int | None) -> None:
+        self.cap = cap
+        self.count = sum(1 for h in holders if h.waiter.work_class == BACKGROUND)
+        self.count += sum(1 for q in waiting if not q.queued and q.waiter.work_class == BACKGROUND)
+
+    def may_run(self, entry: Queued) -> bool:
+        if not entry.queued or entry.waiter.work_class != BACKGROUND or self.cap is None:
+            return True
+        return self.count < self.cap
+
+    def began(self, waiter: Waiter) -> None:
+        if waiter.work_class == BACKGROUND:
+            self.count += 1
+
+    def ended(self, waiter: Waiter) -> None:
+        if waiter.work_class == BACKGROUND:
+            self.count -= 1
