@@ -104,8 +104,15 @@ class BatchRunner:
         stopped: CosyServeError | None = None
         unexpected = 0
         pins = VoicePins(self.host.voices, plan.shared.get(SNAPSHOTS), plan.voices)
+        first = True
         while (item := self.batches.next_unfinished(plan.job_id)) is not None:
-            ctx.next_unit()  # each item is a unit: other work may have the engine in between
+            # Each item is a unit: other work may have the engine in between. The first runs in the slot
+            # the ticket started with (giving it back before any work would count an empty unit).
+            if first:
+                ctx.check_cancelled()
+            else:
+                ctx.next_unit()
+            first = False
             if not run.quota.allows_id(run.key_id):
                 stopped = run.quota.exceeded(run.key_id)
                 break
