@@ -329,9 +329,15 @@ def test_batches_and_dubs_run_on_the_workers(cluster: Cluster, voice: str) -> No
     cluster.wait_ready(workers=2)
 
     victim = cluster.http.post("/v1/batches", content=lines, params={"voice": voice}, headers=plain).json()
-    while cluster.http.get(f"/v1/batches/{victim['id']}").json()["done"] < 1:
+    other = cluster.http.post("/v1/batches", content=lines, params={"voice": voice}, headers=plain).json()
+    while min(cluster.http.get(f"/v1/batches/{b['id']}").json()["done"] for b in (victim, other)) < 1:
         assert time.monotonic() < deadline + 300, cluster.logs()
         time.sleep(0.1)
+    # Both workers run a batch: a short request still takes its turn between two items, not after them.
+    assert cluster.http.post("/v1/tts", json={"text": "好。", "voice": voice}).status_code == 200
+    states = {cluster.http.get(f"/v1/batches/{b['id']}").json()["state"] for b in (victim, other)}
+    assert states == {"running"}, states
+    assert cluster.http.delete(f"/v1/batches/{other['id']}").status_code == 202
     assert cluster.http.delete(f"/v1/batches/{victim['id']}").status_code == 202
     time.sleep(LEASE_S * 2)  # the worker notices and stops
     ended = cluster.http.get(f"/v1/batches/{victim['id']}", params={"limit": 100}).json()
