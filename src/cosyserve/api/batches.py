@@ -26,6 +26,7 @@ from cosyserve.service.batches.archive import stream_zip
 from cosyserve.service.batches.dub_plan import track_seconds_of_items
 from cosyserve.service.batches.dub_report import dub_report, report_csv, report_document, report_json
 from cosyserve.service.batches.inputs import BatchRules, items_from, kind_of, read_items
+from cosyserve.service.batches.submission import BatchSubmission
 from cosyserve.service.stores.jobs import JobNotFound, JobRecord
 
 router = APIRouter(prefix="/v1/batches", tags=["batches"])
@@ -65,9 +66,8 @@ async def create_batch(request: Request, response: Response, principal: CurrentP
     else:
         raise InputError("no items: upload the batch file as `file`, or give `items` in a JSON body")
     spec = output_spec(request, principal, "batches")
-    record = await run_in_threadpool(
-        service.backend.submit_batch, "batch", items, shared, got.prompt_wav, spec
-    )
+    batch = BatchSubmission("batch", items, shared, got.prompt_wav)
+    record = await run_in_threadpool(service.backend.submit_batch, batch, spec)
     response.headers["Location"] = f"/v1/batches/{record.id}"
     return batch_view(service, record)
 

@@ -25,6 +25,7 @@ from cosyserve.api.schemas import ERRORS
 from cosyserve.errors import InputError, JobStateError
 from cosyserve.frontend.subtitles import parse_subtitles
 from cosyserve.service.batches.inputs import cue_items
+from cosyserve.service.batches.submission import BatchSubmission
 
 router = APIRouter(prefix="/v1/dub", tags=["dubbing"])
 SHARED = ("voice", "instruct", "seed", "speed", "volume", "format", "prompt_text", "max_speed")
@@ -54,7 +55,8 @@ async def create_dub(request: Request, response: Response, principal: CurrentPri
     item_shared = {**shared, "format": "wav"}  # each cue is kept as WAV; the track has the dub's format
     items = cue_items(cues, batch_rules(service, item_shared, got.prompt_wav is not None))
     spec = output_spec(request, principal, "dub")
-    record = await run_in_threadpool(service.backend.submit_batch, "dub", items, shared, got.prompt_wav, spec)
+    batch = BatchSubmission("dub", items, shared, got.prompt_wav)
+    record = await run_in_threadpool(service.backend.submit_batch, batch, spec)
     response.headers["Location"] = f"/v1/dub/{record.id}"
     return batch_view(service, record)
 
