@@ -27,6 +27,7 @@ from cosyserve.service.batches.dub_plan import track_seconds_of_items
 from cosyserve.service.batches.dub_report import dub_report, report_csv, report_document, report_json
 from cosyserve.service.batches.inputs import BatchRules, items_from, kind_of, read_items
 from cosyserve.service.batches.submission import BatchSubmission
+from cosyserve.service.requests import WorkState
 from cosyserve.service.stores.jobs import JobNotFound, JobRecord
 
 router = APIRouter(prefix="/v1/batches", tags=["batches"])
@@ -78,12 +79,12 @@ async def create_batch(request: Request, response: Response, principal: CurrentP
 def list_batches(
     request: Request,
     principal: CurrentPrincipal,
-    state: Literal["queued", "running", "done", "failed", "cancelled"] | None = None,
+    state: WorkState | None = None,
     limit: int = Query(20, ge=1, le=100),
     offset: int = Query(0, ge=0),
 ) -> BatchList:
     service = get_service(request)
-    owner = None if principal.is_admin else (principal.owner or "")
+    owner = principal.listed_owner
     records = service.jobs.list(owner=owner, state=state, limit=limit, offset=offset, kinds=BATCH_KINDS)
     return BatchList(data=[batch_view(service, record, limit=0) for record in records])
 

@@ -207,13 +207,17 @@ def run_concurrent(
     errors: list[BaseException] = []
     barrier = threading.Barrier(requests)
 
+    def request(index: int) -> UtteranceTiming:
+        """Request `index`, on the calling thread, with its own seed (the same at once and in a row)."""
+        clock = StageClock(device)
+        return run_utterance(
+            runner, token2wav, config, inputs, stream, clock, Progress(), seed=seed + 1 + index
+        )
+
     def one(index: int) -> None:
         try:
             barrier.wait()
-            clock = StageClock(device)
-            timings[index] = run_utterance(
-                runner, token2wav, config, inputs, stream, clock, Progress(), seed=seed + 1 + index
-            )
+            timings[index] = request(index)
         except BaseException as exc:  # reported below, in the calling thread
             errors.append(exc)
 
@@ -229,7 +233,8 @@ def run_concurrent(
     done = [t for t in timings if t is not None]
     audio = sum(t.audio_samples for t in done) / config.sample_rate
     batcher = runner.batcher
-    in_a_row = _in_a_row(runner, token2wav, config, inputs, stream, requests, seed)
+    # The same requests one after another: what serving them one at a time costs.
+    in_a_row = [request(index).total_seconds for index in range(requests)]
     alone = sum(in_a_row) / len(in_a_row)
     return {
         "requests": requests,
@@ -237,7 +242,6 @@ def run_concurrent(
         "audio_seconds": audio,
         "realtime_multiple": audio / wall,
         "request_seconds": [t.total_seconds for t in done],
-        # The same requests one after another: what serving them one at a time costs.
         "in_a_row_seconds": sum(in_a_row),
         "in_a_row_request_seconds": in_a_row,
         "throughput_vs_in_a_row": sum(in_a_row) / wall,  # aggregate audio/s at once vs in a row
@@ -249,22 +253,3 @@ def run_concurrent(
         else batcher.rows / batcher.batches,
         "flow_batches": None if token2wav.flow_batcher is None else token2wav.flow_batcher.batches,
     }
-
-
-def _in_a_row(
-    runner: SpeechLMRunner,
-    token2wav: Token2Wav,
-    config: CosyVoice3Config,
-    inputs: BenchInputs,
-    stream: bool,
-    requests: int,
-    seed: int,
-) -> list[float]:
-    """Seconds of each of `run_concurrent`'s requests (same seeds) run one after another."""
-    device = runner.model.speech_embedding.weight.device
-    return [
-        run_utterance(
-            runner, token2wav, config, inputs, stream, StageClock(device), Progress(), seed=seed + 1 + index
-        ).total_seconds
-        for index in range(requests)
-    ]
