@@ -8,7 +8,7 @@ batches of subtitle cues.
 
 from __future__ import annotations
 
-from typing import Literal
+from typing import Any, Literal
 
 from fastapi import APIRouter, Query, Request, Response
 from fastapi.responses import RedirectResponse, StreamingResponse
@@ -32,6 +32,15 @@ from cosyserve.service.stores.jobs import JobNotFound, JobRecord
 
 router = APIRouter(prefix="/v1/batches", tags=["batches"])
 SHARED = ("voice", "instruct", "seed", "speed", "volume", "format", "prompt_text")
+# A dub's timing report, from /v1/batches/{id}/report and /v1/dub/{id}/report alike.
+REPORT_RESPONSES: dict[int | str, dict[str, Any]] = {
+    200: {"content": {"application/json": {}, "text/csv": {}}},
+    **ERRORS,
+}
+REPORT_CONTENT = (
+    "the file's number, planned and actual start, speech made, played and cut, speed-up, overflow; the "
+    "track's length and what it was charged"
+)
 
 
 def batch_rules(service: Service, shared: dict, has_prompt: bool) -> BatchRules:
@@ -156,9 +165,8 @@ def batch_item(batch_id: str, position: int, request: Request, principal: Curren
 
 @router.get(
     "/{batch_id}/report",
-    responses={200: {"content": {"application/json": {}, "text/csv": {}}}, **ERRORS},
-    summary="A dub's report: per cue, the file's number, planned and actual start, speech made, played "
-    "and cut, speed-up, overflow; the track's length and what it was charged",
+    responses=REPORT_RESPONSES,
+    summary=f"A dub's report: per cue, {REPORT_CONTENT}",
 )
 async def batch_report(
     batch_id: str,

@@ -19,7 +19,7 @@ from starlette.concurrency import run_in_threadpool
 from cosyserve.api.batch_inputs import read_submission
 from cosyserve.api.batch_schemas import BatchView, DubParams, upload_body_doc
 from cosyserve.api.batch_views import batch_view, own_batch, track_url
-from cosyserve.api.batches import batch_report, batch_rules
+from cosyserve.api.batches import REPORT_CONTENT, REPORT_RESPONSES, batch_report, batch_rules
 from cosyserve.api.deps import CurrentPrincipal, get_service, output_spec, upload_limit
 from cosyserve.api.schemas import ERRORS
 from cosyserve.errors import InputError, JobStateError
@@ -107,9 +107,8 @@ def dub_track(
 
 @router.get(
     "/{dub_id}/report",
-    responses={200: {"content": {"application/json": {}, "text/csv": {}}}, **ERRORS},
-    summary="Per cue: the file's number, planned and actual start, speech made, played and cut, speed-up, "
-    "overflow; the track's length and what it was charged",
+    responses=REPORT_RESPONSES,
+    summary=f"Per cue: {REPORT_CONTENT}",
 )
 async def dub_report(
     dub_id: str, request: Request, principal: CurrentPrincipal, format: Literal["json", "csv"] = "json"
