@@ -16,6 +16,7 @@ from cosyserve.service.text_preview import (
     PLAIN,
     PRONUNCIATION,
     TAG,
+    ReadingFields,
     Span,
     reading_inputs,
     sentence_total,
@@ -68,14 +69,15 @@ def test_spans_tell_pronunciations_from_tags_and_render_escaped() -> None:
     ],
 )
 def test_reading_inputs_follow_each_tab(mode, fields, expected) -> None:
-    values = {"voice": None, "transcript": None, "instruct": None, "preset": None, **fields}
-    assert reading_inputs(mode, **values) == expected
+    assert reading_inputs(ReadingFields(mode, **fields)) == expected
 
 
 def test_the_preview_shows_the_spoken_form_and_renders_as_html(service) -> None:
-    preview = text_preview(
-        service, None, "我花了12.5元去[重庆][chóng qìng]买iPhone。", mode="zero_shot", transcript="你好。"
+    text, fields = (
+        "我花了12.5元去[重庆][chóng qìng]买iPhone。",
+        ReadingFields("zero_shot", transcript="你好。"),
     )
+    preview = text_preview(service, None, text, fields)
     assert preview.mode == "zero_shot"
     assert "十二点五元" in "".join(span.text for span in preview.spoken)
     assert any(span.kind == PRONUNCIATION for span in preview.spoken)
@@ -86,17 +88,19 @@ def test_the_preview_shows_the_spoken_form_and_renders_as_html(service) -> None:
 
 def test_a_saved_voice_needs_a_principal_and_lends_its_transcript(service) -> None:
     with pytest.raises(AuthRequired):
-        text_preview(service, None, "你好。", mode="zero_shot", voice="v1")
+        text_preview(service, None, "你好。", ReadingFields("zero_shot", voice="v1"))
     principal = SimpleNamespace(voices=None)
-    assert text_preview(service, principal, "你好。", mode="zero_shot", voice="v1").mode == "zero_shot"
+    assert (
+        text_preview(service, principal, "你好。", ReadingFields("zero_shot", voice="v1")).mode == "zero_shot"
+    )
 
 
 def test_no_model_is_a_clear_input_error_and_the_ui_shows_it(service) -> None:
     idle = SimpleNamespace(model=None)
     with pytest.raises(InputError, match="needs the model loaded"):
-        text_preview(idle, None, "你好。", mode="cross_lingual")
+        text_preview(idle, None, "你好。", ReadingFields("cross_lingual"))
     bridge = SimpleNamespace(
-        text_preview=lambda principal, words, **fields: text_preview(idle, principal, words, **fields)
+        text_preview=lambda principal, words, fields: text_preview(idle, principal, words, fields)
     )
     form = SimpleNamespace(
         text="你好。", mode="cross_lingual", voice=None, transcript=None, instruct=None, preset=None

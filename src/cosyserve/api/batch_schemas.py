@@ -15,7 +15,7 @@ from cosyserve.limits import (
     MIN_SPEED,
     MIN_VOLUME,
 )
-from cosyserve.service.requests import MAX_SEED
+from cosyserve.service.requests import MAX_SEED, WorkState
 
 TrackFormat = Literal["wav", "flac", "mp3"]
 
@@ -87,7 +87,7 @@ class DubParams(_Shared):
 class BatchItemView(BaseModel):
     position: int
     name: str
-    state: Literal["queued", "running", "done", "failed", "cancelled"]
+    state: WorkState
     text: str
     voice: str | None = None
     error: JobError | None = None
@@ -115,7 +115,7 @@ class BatchItemView(BaseModel):
 class BatchView(BaseModel):
     id: str
     kind: Literal["batch", "dub"]
-    state: Literal["queued", "running", "done", "failed", "cancelled"]
+    state: WorkState
     progress: float
     total: int
     done: int

@@ -8,7 +8,7 @@ batches of subtitle cues.
 
 from __future__ import annotations
 
-from typing import Literal
+from typing import Any, Literal
 
 from fastapi import APIRouter, Query, Request, Response
 from fastapi.responses import RedirectResponse, StreamingResponse
@@ -26,10 +26,21 @@ from cosyserve.service.batches.archive import stream_zip
 from cosyserve.service.batches.dub_plan import track_seconds_of_items
 from cosyserve.service.batches.dub_report import dub_report, report_csv, report_document, report_json
 from cosyserve.service.batches.inputs import BatchRules, items_from, kind_of, read_items
+from cosyserve.service.batches.submission import BatchSubmission
+from cosyserve.service.requests import WorkState
 from cosyserve.service.stores.jobs import JobNotFound, JobRecord
 
 router = APIRouter(prefix="/v1/batches", tags=["batches"])
 SHARED = ("voice", "instruct", "seed", "speed", "volume", "format", "prompt_text")
+# A dub's timing report, from /v1/batches/{id}/report and /v1/dub/{id}/report alike.
+REPORT_RESPONSES: dict[int | str, dict[str, Any]] = {
+    200: {"content": {"application/json": {}, "text/csv": {}}},
+    **ERRORS,
+}
+REPORT_CONTENT = (
+    "the file's number, planned and actual start, speech made, played and cut, speed-up, overflow; the "
+    "track's length and what it was charged"
+)
 
 
 def batch_rules(service: Service, shared: dict, has_prompt: bool) -> BatchRules:
@@ -65,9 +76,8 @@ async def create_batch(request: Request, response: Response, principal: CurrentP
     else:
         raise InputError("no items: upload the batch file as `file`, or give `items` in a JSON body")
     spec = output_spec(request, principal, "batches")
-    record = await run_in_threadpool(
-        service.backend.submit_batch, "batch", items, shared, got.prompt_wav, spec
-    )
+    batch = BatchSubmission("batch", items, shared, got.prompt_wav)
+    record = await run_in_threadpool(service.backend.submit_batch, batch, spec)
     response.headers["Location"] = f"/v1/batches/{record.id}"
     return batch_view(service, record)
 
@@ -78,12 +88,12 @@ async def create_batch(request: Request, response: Response, principal: CurrentP
 def list_batches(
     request: Request,
     principal: CurrentPrincipal,
-    state: Literal["queued", "running", "done", "failed", "cancelled"] | None = None,
+    state: WorkState | None = None,
     limit: int = Query(20, ge=1, le=100),
     offset: int = Query(0, ge=0),
 ) -> BatchList:
     service = get_service(request)
-    owner = None if principal.is_admin else (principal.owner or "")
+    owner = principal.listed_owner
     records = service.jobs.list(owner=owner, state=state, limit=limit, offset=offset, kinds=BATCH_KINDS)
     return BatchList(data=[batch_view(service, record, limit=0) for record in records])
 
@@ -155,9 +165,8 @@ def batch_item(batch_id: str, position: int, request: Request, principal: Curren
 
 @router.get(
     "/{batch_id}/report",
-    responses={200: {"content": {"application/json": {}, "text/csv": {}}}, **ERRORS},
-    summary="A dub's report: per cue, the file's number, planned and actual start, speech made, played "
-    "and cut, speed-up, overflow; the track's length and what it was charged",
+    responses=REPORT_RESPONSES,
+    summary=f"A dub's report: per cue, {REPORT_CONTENT}",
 )
 async def batch_report(
     batch_id: str,

@@ -19,12 +19,13 @@ from starlette.concurrency import run_in_threadpool
 from cosyserve.api.batch_inputs import read_submission
 from cosyserve.api.batch_schemas import BatchView, DubParams, upload_body_doc
 from cosyserve.api.batch_views import batch_view, own_batch, track_url
-from cosyserve.api.batches import batch_report, batch_rules
+from cosyserve.api.batches import REPORT_CONTENT, REPORT_RESPONSES, batch_report, batch_rules
 from cosyserve.api.deps import CurrentPrincipal, get_service, output_spec, upload_limit
 from cosyserve.api.schemas import ERRORS
 from cosyserve.errors import InputError, JobStateError
 from cosyserve.frontend.subtitles import parse_subtitles
 from cosyserve.service.batches.inputs import cue_items
+from cosyserve.service.batches.submission import BatchSubmission
 
 router = APIRouter(prefix="/v1/dub", tags=["dubbing"])
 SHARED = ("voice", "instruct", "seed", "speed", "volume", "format", "prompt_text", "max_speed")
@@ -54,7 +55,8 @@ async def create_dub(request: Request, response: Response, principal: CurrentPri
     item_shared = {**shared, "format": "wav"}  # each cue is kept as WAV; the track has the dub's format
     items = cue_items(cues, batch_rules(service, item_shared, got.prompt_wav is not None))
     spec = output_spec(request, principal, "dub")
-    record = await run_in_threadpool(service.backend.submit_batch, "dub", items, shared, got.prompt_wav, spec)
+    batch = BatchSubmission("dub", items, shared, got.prompt_wav)
+    record = await run_in_threadpool(service.backend.submit_batch, batch, spec)
     response.headers["Location"] = f"/v1/dub/{record.id}"
     return batch_view(service, record)
 
@@ -105,9 +107,8 @@ def dub_track(
 
 @router.get(
     "/{dub_id}/report",
-    responses={200: {"content": {"application/json": {}, "text/csv": {}}}, **ERRORS},
-    summary="Per cue: the file's number, planned and actual start, speech made, played and cut, speed-up, "
-    "overflow; the track's length and what it was charged",
+    responses=REPORT_RESPONSES,
+    summary=f"Per cue: {REPORT_CONTENT}",
 )
 async def dub_report(
     dub_id: str, request: Request, principal: CurrentPrincipal, format: Literal["json", "csv"] = "json"

@@ -2,8 +2,6 @@
 
 from __future__ import annotations
 
-from typing import Literal
-
 from fastapi import APIRouter, Query, Request, Response
 from fastapi.responses import RedirectResponse
 from starlette.concurrency import run_in_threadpool
@@ -15,6 +13,7 @@ from cosyserve.errors import JobStateError
 from cosyserve.service.access.principals import Principal
 from cosyserve.service.assembly import Service
 from cosyserve.service.local.voice_pins import SNAPSHOTS
+from cosyserve.service.requests import WorkState
 from cosyserve.service.stores.jobs import JobNotFound, JobRecord
 
 router = APIRouter(prefix="/v1/jobs", tags=["jobs"])
@@ -98,12 +97,12 @@ async def create_job(request: Request, response: Response, principal: CurrentPri
 def list_jobs(
     request: Request,
     principal: CurrentPrincipal,
-    state: Literal["queued", "running", "done", "failed", "cancelled"] | None = None,
+    state: WorkState | None = None,
     limit: int = Query(50, ge=1, le=500),
     offset: int = Query(0, ge=0),
 ) -> JobList:
     service = get_service(request)
-    owner = None if principal.is_admin else (principal.owner or "")
+    owner = principal.listed_owner
     records = service.jobs.list(owner=owner, state=state, limit=limit, offset=offset)
     return JobList(data=[job_view(service, r) for r in records])
 

@@ -60,7 +60,7 @@ def list_outputs(
     request_id: str | None = Query(None, max_length=64, description="only the output of this request"),
 ) -> OutputList:
     service = get_service(request)
-    owner = None if principal.is_admin else (principal.owner or "")
+    owner = principal.listed_owner
     if request_id is not None:
         found = [
             o

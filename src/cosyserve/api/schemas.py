@@ -8,7 +8,7 @@ from pydantic import AliasChoices, BaseModel, ConfigDict, Field
 
 from cosyserve.limits import MAX_SPEED, MAX_VOLUME, MIN_SPEED, MIN_VOLUME, SPEED_RANGE_TEXT
 from cosyserve.service.quality import MAX_TAKES
-from cosyserve.service.requests import MAX_SEED, SynthesisRequest
+from cosyserve.service.requests import MAX_SEED, SynthesisRequest, WorkState
 
 AudioFormat = Literal["wav", "mp3", "opus", "flac", "pcm"]
 
@@ -218,7 +218,7 @@ class JobPartial(BaseModel):
 
 class JobView(BaseModel):
     id: str
-    state: Literal["queued", "running", "done", "failed", "cancelled"]
+    state: WorkState
     progress: float
     created_at: str
     started_at: str | None = None

@@ -129,6 +129,7 @@ def run_utterance(
         embeds = runner.model.embed_request_suffix(inputs.text, inputs.prompt.speech_token[0])
         timing.prefix_positions = lm_prefix.cache.length + embeds.shape[1]
     state = token2wav.start_stream(inputs.prompt, voice_cache) if stream else None
+    audio = _Audio(token2wav, inputs, state, timing, clock, start)
     tokens: list[int] = []
     with runner.session(timing.prefix_positions + total, lm_prefix) as session:
         logp = session.prefill(embeds)
@@ -144,51 +145,50 @@ def run_utterance(
             timing.decode_seconds += step_end - step_start
             progress.tokens(step + 1, total)
             if state is not None and len(tokens) >= token2wav.tokens_needed(state):
-                _stream_chunks(token2wav, state, tokens, timing, clock, start)
-    _finish(token2wav, inputs, state, tokens, timing, clock, start)
+                audio.stream(tokens)
+    audio.finish(tokens)
     timing.total_seconds = clock.now() - start
     timing.cpu_seconds = time.process_time() - cpu_start
     return timing
 
 
-def _stream_chunks(
-    token2wav: Token2Wav,
-    state: Any,
-    tokens: list[int],
-    timing: UtteranceTiming,
-    clock: StageClock,
-    start: float,
-) -> None:
-    with clock.timing_token2wav():
-        chunks = token2wav.stream_step(state, torch.tensor([tokens]))
-    if chunks and timing.first_chunk_seconds is None:
-        timing.first_chunk_seconds = clock.now() - start
-    timing.chunks += len(chunks)
-    if state.flow_prefix is not None:
-        timing.stream_prefix_peak_bytes = max(timing.stream_prefix_peak_bytes or 0, state.flow_prefix.nbytes)
-    timing.audio_samples += sum(int(chunk.shape[0]) for chunk in chunks)
+@dataclass
+class _Audio:
+    """The token2wav half of one utterance: audio from the tokens so far, its time on `clock`, and what
+    `timing` counts of it (chunks, samples, the first chunk's time from `start`)."""
 
+    token2wav: Token2Wav
+    inputs: BenchInputs
+    state: Any  # the stream's state (None: not streamed, one synthesis at the end)
+    timing: UtteranceTiming
+    clock: StageClock
+    start: float
 
-def _finish(
-    token2wav: Token2Wav,
-    inputs: BenchInputs,
-    state: Any,
-    tokens: list[int],
-    timing: UtteranceTiming,
-    clock: StageClock,
-    start: float,
-) -> None:
-    speech = torch.tensor([tokens])
-    with clock.timing_token2wav():
-        wav = (
-            token2wav.synthesize(speech, inputs.prompt)
-            if state is None
-            else token2wav.stream_finish(state, speech)
-        )
-    timing.audio_samples += int(wav.shape[0])
-    timing.chunks += 1
-    if state is not None and timing.first_chunk_seconds is None:  # no early chunk: the last is the first
-        timing.first_chunk_seconds = clock.now() - start
+    def stream(self, tokens: list[int]) -> None:
+        """The chunks the tokens so far complete."""
+        with self.clock.timing_token2wav():
+            chunks = self.token2wav.stream_step(self.state, torch.tensor([tokens]))
+        self._count(chunks)
+        if self.state.flow_prefix is not None:
+            peak = max(self.timing.stream_prefix_peak_bytes or 0, self.state.flow_prefix.nbytes)
+            self.timing.stream_prefix_peak_bytes = peak
+
+    def finish(self, tokens: list[int]) -> None:
+        """The rest of the audio (all of it when not streamed)."""
+        speech = torch.tensor([tokens])
+        with self.clock.timing_token2wav():
+            if self.state is None:
+                wav = self.token2wav.synthesize(speech, self.inputs.prompt)
+            else:
+                wav = self.token2wav.stream_finish(self.state, speech)
+        self._count([wav])  # streamed without an early chunk: the last is the first
+
+    def _count(self, chunks: list[torch.Tensor]) -> None:
+        timing = self.timing
+        if self.state is not None and chunks and timing.first_chunk_seconds is None:
+            timing.first_chunk_seconds = self.clock.now() - self.start
+        timing.chunks += len(chunks)
+        timing.audio_samples += sum(int(chunk.shape[0]) for chunk in chunks)
 
 
 def run_concurrent(
@@ -207,13 +207,17 @@ def run_concurrent(
     errors: list[BaseException] = []
     barrier = threading.Barrier(requests)
 
+    def request(index: int) -> UtteranceTiming:
+        """Request `index`, on the calling thread, with its own seed (the same at once and in a row)."""
+        clock = StageClock(device)
+        return run_utterance(
+            runner, token2wav, config, inputs, stream, clock, Progress(), seed=seed + 1 + index
+        )
+
     def one(index: int) -> None:
         try:
             barrier.wait()
-            clock = StageClock(device)
-            timings[index] = run_utterance(
-                runner, token2wav, config, inputs, stream, clock, Progress(), seed=seed + 1 + index
-            )
+            timings[index] = request(index)
         except BaseException as exc:  # reported below, in the calling thread
             errors.append(exc)
 
@@ -229,7 +233,8 @@ def run_concurrent(
     done = [t for t in timings if t is not None]
     audio = sum(t.audio_samples for t in done) / config.sample_rate
     batcher = runner.batcher
-    in_a_row = _in_a_row(runner, token2wav, config, inputs, stream, requests, seed)
+    # The same requests one after another: what serving them one at a time costs.
+    in_a_row = [request(index).total_seconds for index in range(requests)]
     alone = sum(in_a_row) / len(in_a_row)
     return {
         "requests": requests,
@@ -237,7 +242,6 @@ def run_concurrent(
         "audio_seconds": audio,
         "realtime_multiple": audio / wall,
         "request_seconds": [t.total_seconds for t in done],
-        # The same requests one after another: what serving them one at a time costs.
         "in_a_row_seconds": sum(in_a_row),
         "in_a_row_request_seconds": in_a_row,
         "throughput_vs_in_a_row": sum(in_a_row) / wall,  # aggregate audio/s at once vs in a row
@@ -249,22 +253,3 @@ def run_concurrent(
         else batcher.rows / batcher.batches,
         "flow_batches": None if token2wav.flow_batcher is None else token2wav.flow_batcher.batches,
     }
-
-
-def _in_a_row(
-    runner: SpeechLMRunner,
-    token2wav: Token2Wav,
-    config: CosyVoice3Config,
-    inputs: BenchInputs,
-    stream: bool,
-    requests: int,
-    seed: int,
-) -> list[float]:
-    """Seconds of each of `run_concurrent`'s requests (same seeds) run one after another."""
-    device = runner.model.speech_embedding.weight.device
-    return [
-        run_utterance(
-            runner, token2wav, config, inputs, stream, StageClock(device), Progress(), seed=seed + 1 + index
-        ).total_seconds
-        for index in range(requests)
-    ]

@@ -14,7 +14,7 @@ from typing import Any, Protocol
 
 from cosyserve.errors import InputError, JobStateError
 from cosyserve.frontend.text.split import has_content, require_visible_text, split_long_text
-from cosyserve.service.batches.inputs import ItemSpec
+from cosyserve.service.batches.submission import BatchSubmission
 from cosyserve.service.outcomes import StreamStart, TtsOutcome
 from cosyserve.service.requests import EnrolmentRequest, OutputSpec, SynthesisRequest
 from cosyserve.service.scheduling.tickets import Ticket
@@ -119,14 +119,7 @@ class Backend(Protocol):
         """Accept a (possibly long) text as a job; its record always ends done, failed or cancelled."""
         ...
 
-    def submit_batch(
-        self,
-        kind: str,
-        items: list[ItemSpec],
-        shared: dict[str, Any],
-        prompt_wav: bytes | None,
-        spec: OutputSpec,
-    ) -> JobRecord:
+    def submit_batch(self, batch: BatchSubmission, spec: OutputSpec) -> JobRecord:
         """Accept a batch ("batch") or a dub ("dub") of checked items as one job; its items end one by one."""
         ...
 

@@ -11,18 +11,12 @@ import os
 from collections.abc import Iterator
 from typing import Any
 
-from prometheus_client import (
-    CONTENT_TYPE_LATEST,
-    CollectorRegistry,
-    Counter,
-    Gauge,
-    Histogram,
-    generate_latest,
-)
+from prometheus_client import CONTENT_TYPE_LATEST, CollectorRegistry, generate_latest
 from prometheus_client.core import GaugeMetricFamily
 from prometheus_client.registry import Collector
 
 from cosyserve.service.gpu import gpu_report
+from cosyserve.service.metric_series import Series
 from cosyserve.service.quality.metrics import TakeMetrics
 
 PREFIX = "cosyserve_"
@@ -35,70 +29,52 @@ class Metrics:
 
     def __init__(self, registry: CollectorRegistry | None = None, *, system: bool = True) -> None:
         self.registry = registry or CollectorRegistry(auto_describe=True)
-        r = self.registry
-        self.requests_total = Counter(
-            "cosyserve_requests", "HTTP requests by route and status code", ["route", "status"], registry=r
+        series = Series(self.registry)
+        self.requests_total = series.counter(
+            "cosyserve_requests", "HTTP requests by route and status code", ["route", "status"]
         )
-        self.request_duration_seconds = Histogram(
-            "cosyserve_request_duration_seconds",
-            "HTTP request duration",
-            ["route"],
-            buckets=_LATENCY_BUCKETS,
-            registry=r,
+        self.request_duration_seconds = series.histogram(
+            "cosyserve_request_duration_seconds", "HTTP request duration", _LATENCY_BUCKETS, ["route"]
         )
-        self.queue_depth = Gauge("cosyserve_queue_depth", "jobs waiting for a worker", registry=r)
-        self.in_flight = Gauge("cosyserve_in_flight", "jobs running on a worker", registry=r)
-        self.jobs_total = Counter("cosyserve_jobs", "finished jobs by final state", ["state"], registry=r)
-        self.job_duration_seconds = Histogram(
-            "cosyserve_job_duration_seconds",
-            "time a job ran on a worker",
-            buckets=_LATENCY_BUCKETS,
-            registry=r,
+        self.queue_depth = series.gauge("cosyserve_queue_depth", "jobs waiting for a worker")
+        self.in_flight = series.gauge("cosyserve_in_flight", "jobs running on a worker")
+        self.jobs_total = series.counter("cosyserve_jobs", "finished jobs by final state", ["state"])
+        self.job_duration_seconds = series.histogram(
+            "cosyserve_job_duration_seconds", "time a job ran on a worker", _LATENCY_BUCKETS
         )
-        self.queue_wait_seconds = Histogram(
-            "cosyserve_queue_wait_seconds",
-            "time a job waited before it started",
-            buckets=_LATENCY_BUCKETS,
-            registry=r,
+        self.queue_wait_seconds = series.histogram(
+            "cosyserve_queue_wait_seconds", "time a job waited before it started", _LATENCY_BUCKETS
         )
-        self.wait_estimate_error_seconds = Histogram(
+        self.wait_estimate_error_seconds = series.histogram(
             "cosyserve_wait_estimate_error_seconds",
             "actual wait before a start minus the wait estimated when it was queued, by class "
             "(positive: it waited longer than said)",
+            (-60, -20, -5, -2, -1, -0.5, -0.1, 0.1, 0.5, 1, 2, 5, 20, 60),
             ["work_class"],
-            buckets=(-60, -20, -5, -2, -1, -0.5, -0.1, 0.1, 0.5, 1, 2, 5, 20, 60),
-            registry=r,
         )
-        self.wait_estimate_ratio = Histogram(
+        self.wait_estimate_ratio = series.histogram(
             "cosyserve_wait_estimate_ratio",
             "actual wait over estimated wait (waits of a second or more either way), by class",
+            (0.25, 0.5, 0.67, 0.8, 1.0, 1.25, 1.5, 2.0, 4.0),
             ["work_class"],
-            buckets=(0.25, 0.5, 0.67, 0.8, 1.0, 1.25, 1.5, 2.0, 4.0),
-            registry=r,
         )
-        self.audio_seconds_total = Counter(
-            "cosyserve_audio_seconds", "seconds of audio synthesised", registry=r
-        )
-        self.real_time_factor = Histogram(
+        self.audio_seconds_total = series.counter("cosyserve_audio_seconds", "seconds of audio synthesised")
+        self.real_time_factor = series.histogram(
             "cosyserve_real_time_factor",
             "compute seconds per second of audio (below 1: faster than real time)",
-            buckets=_RTF_BUCKETS,
-            registry=r,
+            _RTF_BUCKETS,
         )
-        self.first_chunk_latency_seconds = Histogram(
+        self.first_chunk_latency_seconds = series.histogram(
             "cosyserve_first_chunk_latency_seconds",
             "from submission to the first audio of a streamed request, taken where the engine produced it",
-            buckets=_LATENCY_BUCKETS,
-            registry=r,
+            _LATENCY_BUCKETS,
         )
-        self.errors_total = Counter("cosyserve_errors", "failures by kind (error code)", ["kind"], registry=r)
-        self.model_loaded = Gauge(
-            "cosyserve_model_loaded", "1 when the model is loaded and ready", registry=r
-        )
-        self.takes = TakeMetrics(r)  # the take scores (`service.quality`)
+        self.errors_total = series.counter("cosyserve_errors", "failures by kind (error code)", ["kind"])
+        self.model_loaded = series.gauge("cosyserve_model_loaded", "1 when the model is loaded and ready")
+        self.takes = TakeMetrics(series)  # the take scores (`service.quality`)
         self.observe_take = self.takes.observe
         if system:
-            r.register(SystemCollector())
+            self.registry.register(SystemCollector())
 
     # -- hooks --------------------------------------------------------------------------------------------
 

@@ -16,13 +16,12 @@ from __future__ import annotations
 
 import dataclasses
 import logging
-from collections.abc import Callable, Iterable
-from typing import Any
+from collections.abc import Callable
 
 from cosyserve.service.access.estimate import request_estimate_s, voice_pace
 from cosyserve.service.access.quota import QuotaTracker
 from cosyserve.service.batches.dub_plan import track_seconds_of_items
-from cosyserve.service.batches.inputs import ItemSpec
+from cosyserve.service.batches.submission import BatchSubmission
 from cosyserve.service.requests import TERMINAL_STATES, OutputSpec, SynthesisRequest, VoiceScope
 from cosyserve.service.scheduling.tickets import Ticket
 from cosyserve.service.stores.jobs import JobRecord
@@ -57,12 +56,10 @@ class QuotaReservations:
                 speed = speed or voice.defaults.speed
         return request_estimate_s(request.text, speed, pace)
 
-    def batch_estimate(
-        self, kind: str, items: Iterable[ItemSpec], shared: dict[str, Any], scope: VoiceScope
-    ) -> float:
+    def batch_estimate(self, batch: BatchSubmission, scope: VoiceScope) -> float:
         """A dub: its track's length (the last cue's end); a batch: the sum of its runnable items'."""
-        items = list(items)
-        if kind == "dub":  # the track, whatever its cues' speech: what the caller receives and is charged
+        items, shared = batch.items, batch.shared
+        if batch.kind == "dub":  # the track, whatever its cues' speech: what the caller gets and is charged
             return round(track_seconds_of_items(item.params for item in items), 2)
         total = 0.0
         for item in items:

@@ -75,13 +75,23 @@ def preview_of(description: TextDescription) -> TextPreview:
     )
 
 
-def reading_inputs(
-    mode: str, *, voice: str | None, transcript: str | None, instruct: str | None, preset: str | None
-) -> tuple[str | None, str | None]:
+@dataclass(frozen=True)
+class ReadingFields:
+    """The fields of a synthesis tab that decide how its text is read."""
+
+    mode: str  # "zero_shot", "cross_lingual" or "instruct"
+    voice: str | None = None  # a saved voice's id or name (None: an uploaded recording)
+    transcript: str | None = None  # the recording's transcript
+    instruct: str | None = None  # the instruction typed
+    preset: str | None = None  # the instruction chosen from the presets
+
+
+def reading_inputs(fields: ReadingFields) -> tuple[str | None, str | None]:
     """(prompt text, instruction) a synthesis tab's fields give the reading: a saved voice brings its own
     transcript (None), cross-lingual reads none (""), only the instruct tab has an instruction, and a
     zero-shot recording whose transcript is still missing is previewed as zero-shot anyway."""
-    prompt_text = None if voice else ((transcript or "").strip() or None)
+    mode, voice, instruct, preset = fields.mode, fields.voice, fields.instruct, fields.preset
+    prompt_text = None if voice else ((fields.transcript or "").strip() or None)
     if mode == "cross_lingual":
         prompt_text = ""
     instruction = ((instruct or "").strip() or (preset or "").strip() or None) if mode == "instruct" else ""
@@ -119,22 +129,12 @@ def describe(
 
 
 def text_preview(
-    service: Service,
-    principal: Principal | None,
-    text: str,
-    *,
-    mode: str,
-    voice: str | None = None,
-    transcript: str | None = None,
-    instruct: str | None = None,
-    preset: str | None = None,
+    service: Service, principal: Principal | None, text: str, fields: ReadingFields
 ) -> TextPreview:
-    """The preview of `text` as a synthesis tab in `mode` would send it (see `reading_inputs`)."""
-    prompt_text, instruction = reading_inputs(
-        mode, voice=voice, transcript=transcript, instruct=instruct, preset=preset
-    )
+    """The preview of `text` as a synthesis tab with these fields would send it (see `reading_inputs`)."""
+    prompt_text, instruction = reading_inputs(fields)
     description = describe(
-        service, principal, text, prompt_text=prompt_text, instruct=instruction, voice=voice
+        service, principal, text, prompt_text=prompt_text, instruct=instruction, voice=fields.voice
     )
     return preview_of(description)
 

@@ -232,13 +232,21 @@ def links_html(bridge: UiBridge, output: StoredOutput, lang: str, chosen: str = 
     """Signed download links to the output store in every format, and the subtitles (SRT) made from the
     sentence timings; `chosen` is only remembered, every format is offered."""
     del chosen
+    return download_links(bridge, output, lang, lambda fmt: (text("download", lang, fmt=fmt), f"⬇ {fmt}"))
+
+
+def download_links(
+    bridge: UiBridge, output: StoredOutput, lang: str, labels: Callable[[str], tuple[str, str]]
+) -> str:
+    """A signed link to `output` in each of DOWNLOAD_FORMATS, `labels(FORMAT)` giving its (title, text),
+    then its subtitles (SRT) as a data link when its manifest has sentence timings."""
     parts = []
     for fmt in DOWNLOAD_FORMATS:
         url = html.escape(bridge.download_url(output, fmt), quote=True)
-        title = html.escape(text("download", lang, fmt=fmt.upper()), quote=True)
+        title, shown = (html.escape(label, quote=True) for label in labels(fmt.upper()))
         parts.append(
             f'<a class="cosy-download" data-format="{fmt}" href="{url}" title="{title}" '
-            f'download="{output.id}.{fmt}">⬇ {fmt.upper()}</a>'
+            f'download="{output.id}.{fmt}">{shown}</a>'
         )
     srt = srt_text(output.manifest)
     if srt:

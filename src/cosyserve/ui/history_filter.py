@@ -7,14 +7,12 @@ the UI's mode (`parameters.ui_mode`), and otherwise the request fields.
 
 from __future__ import annotations
 
-import base64
-import html
 import time
 from dataclasses import dataclass
 from typing import Any
 
-from cosyserve.ui.bridge import DOWNLOAD_FORMATS, MODES, StoredOutput, UiBridge
-from cosyserve.ui.generate import srt_text
+from cosyserve.ui.bridge import MODES, StoredOutput, UiBridge
+from cosyserve.ui.generate import download_links
 from cosyserve.ui.i18n import text
 
 KINDS = (*MODES, "batch", "dub", "api", "preview")
@@ -106,20 +104,9 @@ def day_choices(outputs: list[StoredOutput], any_label: str) -> list:
 
 def history_links(bridge: UiBridge, output: StoredOutput, lang: str) -> str:
     """Signed download links in every format and the subtitles (SRT), labelled in `lang`."""
-    parts = []
-    for fmt in DOWNLOAD_FORMATS:
-        url = html.escape(bridge.download_url(output, fmt), quote=True)
-        label = html.escape(text("history_download", lang, fmt=fmt.upper()))
-        parts.append(
-            f'<a class="cosy-download" data-format="{fmt}" href="{url}" title="{label}" '
-            f'download="{output.id}.{fmt}">{label}</a>'
-        )
-    srt = srt_text(output.manifest)
-    if srt:
-        data = base64.b64encode(srt.encode("utf-8")).decode("ascii")
-        label = html.escape(text("subtitles", lang))
-        parts.append(
-            f'<a class="cosy-download" data-format="srt" href="data:application/x-subrip;charset=utf-8;'
-            f'base64,{data}" download="{output.id}.srt">⬇ {label}</a>'
-        )
-    return f'<div class="cosy-links">{"".join(parts)}</div>'
+
+    def labels(fmt: str) -> tuple[str, str]:
+        label = text("history_download", lang, fmt=fmt)
+        return label, label
+
+    return download_links(bridge, output, lang, labels)

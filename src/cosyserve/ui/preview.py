@@ -11,7 +11,7 @@ from collections.abc import Sequence
 from typing import Any
 
 from cosyserve.errors import CosyServeError
-from cosyserve.ui.bridge import PLAIN, PRONUNCIATION, Span, TextPreview
+from cosyserve.ui.bridge import PLAIN, PRONUNCIATION, ReadingFields, Span, TextPreview
 from cosyserve.ui.i18n import text
 
 
@@ -82,15 +82,8 @@ def form_preview(
     if not words:
         return ""
     try:
-        description = bridge.text_preview(
-            principal,
-            words,
-            mode=form.mode,
-            voice=form.voice or None,
-            transcript=form.transcript,
-            instruct=form.instruct,
-            preset=form.preset,
-        )
+        fields = ReadingFields(form.mode, form.voice or None, form.transcript, form.instruct, form.preset)
+        description = bridge.text_preview(principal, words, fields)
     except CosyServeError as exc:
         return preview_error_html(str(exc))
     return preview_html(description, lang, timings)

@@ -34,6 +34,12 @@ class Principal:
             return f"user:{self.name}"
         return None
 
+    @property
+    def listed_owner(self) -> str | None:
+        """The owner a listing (jobs, batches, outputs) is filtered by: None for an admin (everyone's), else
+        this caller's owner ("" for a caller without one)."""
+        return None if self.is_admin else (self.owner or "")
+
     def may_see(self, owner: str | None) -> bool:
         """Admins see everything; other callers only what they own."""
         return self.is_admin or (owner is not None and owner == self.owner)

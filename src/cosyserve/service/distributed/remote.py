@@ -22,7 +22,7 @@ from typing import Any
 from cosyserve.errors import Cancelled, InputError, JobStateError
 from cosyserve.service import wire
 from cosyserve.service.backend import AudioStream, cancellable_job, job_pieces, new_job_id
-from cosyserve.service.batches.inputs import ItemSpec
+from cosyserve.service.batches.submission import BatchSubmission, record_batch
 from cosyserve.service.distributed.celery_app import (
     BATCH_TASK,
     ENROL_TASK,
@@ -32,7 +32,7 @@ from cosyserve.service.distributed.celery_app import (
     queue_of,
 )
 from cosyserve.service.distributed.relay import Relay, RelayItem, WorkerRegistry, connect
-from cosyserve.service.local.voice_pins import SNAPSHOTS, resolve_items, resolve_request
+from cosyserve.service.local.voice_pins import SNAPSHOTS, resolve_batch, resolve_request
 from cosyserve.service.outcomes import StreamStart, TtsOutcome
 from cosyserve.service.requests import EnrolmentRequest, OutputSpec, SynthesisRequest
 from cosyserve.service.reservations import QuotaReservations
@@ -246,34 +246,18 @@ class RemoteBackend:
 
         return self._job_held(job_id, spec, estimate, submit)
 
-    def submit_batch(
-        self,
-        kind: str,
-        items: list[ItemSpec],
-        shared: dict[str, Any],
-        prompt_wav: bytes | None,
-        spec: OutputSpec,
-    ) -> JobRecord:
+    def submit_batch(self, batch: BatchSubmission, spec: OutputSpec) -> JobRecord:
         """Record the batch and its items, then queue it: a worker claims it and runs its items in order
         (after a worker dies, another goes on at the first unfinished item); its estimate is reserved here."""
         self.require_ready()
         spec = spec.checked()
-        items, snapshots = resolve_items(self.voices, items, spec.voice_scope)  # the voices as they are now
+        batch = resolve_batch(self.voices, batch, spec.voice_scope)  # the voices as they are now
         job_id = new_job_id()
-        held, scope = self.reservations, spec.voice_scope
-        reserved = held.batch_estimate(kind, items, shared, scope) if held else None
+        held = self.reservations
+        reserved = held.batch_estimate(batch, spec.voice_scope) if held else None
 
         def submit() -> JobRecord:
-            record = self.jobs.create(
-                {**shared, SNAPSHOTS: snapshots, "items": len(items)},
-                kind=kind,
-                owner=spec.owner,
-                job_id=job_id,
-                spec=wire.encode_job_spec(spec),
-                reserved_s=reserved,
-                prompt_wav=prompt_wav,
-            )
-            self.batches.add(job_id, [item.as_row() for item in items])
+            record = record_batch(self.jobs, self.batches, batch, job_id, spec, reserved)
             try:
                 self._send(BATCH_TASK, [job_id], job_id)
             except wire.QueueUnavailable as exc:

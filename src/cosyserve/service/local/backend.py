@@ -28,7 +28,7 @@ from cosyserve.service.access.limits import QuotaTracker
 from cosyserve.service.activity import enrolment_logger, synthesis_logger
 from cosyserve.service.audio_formats import StreamEncoder
 from cosyserve.service.backend import AudioStream
-from cosyserve.service.batches.inputs import ItemSpec
+from cosyserve.service.batches.submission import BatchSubmission
 from cosyserve.service.labels.labeller import Labeller
 from cosyserve.service.local.job_quota import JobQuota
 from cosyserve.service.local.job_runner import LocalJobs
@@ -248,17 +248,10 @@ class LocalBackend:
         self.require_ready()
         return self.job_runner.submit_job(request, spec.checked(self.model_info.get("sample_rate")))
 
-    def submit_batch(
-        self,
-        kind: str,
-        items: list[ItemSpec],
-        shared: dict[str, Any],
-        prompt_wav: bytes | None,
-        spec: OutputSpec,
-    ) -> JobRecord:
+    def submit_batch(self, batch: BatchSubmission, spec: OutputSpec) -> JobRecord:
         """Accept a batch or a dub of checked items as one job."""
         self.require_ready()
-        return self.job_runner.submit_batch(kind, items, shared, prompt_wav, spec.checked())
+        return self.job_runner.submit_batch(batch, spec.checked())
 
     def run_claimed_job(
         self, job_id: str, attempt: int, request: SynthesisRequest, spec: OutputSpec

@@ -20,8 +20,8 @@ from cosyserve.errors import Cancelled, StorageError
 from cosyserve.service import wire
 from cosyserve.service.activity import both, synthesis_logger
 from cosyserve.service.backend import cancellable_job, job_pieces, new_job_id
-from cosyserve.service.batches.inputs import ItemSpec
 from cosyserve.service.batches.items import batch_request
+from cosyserve.service.batches.submission import BatchSubmission, record_batch
 from cosyserve.service.local.batches import BatchPlan, BatchRunner
 from cosyserve.service.local.job_quota import JobQuota
 from cosyserve.service.local.jobs import (
@@ -34,7 +34,7 @@ from cosyserve.service.local.jobs import (
 )
 from cosyserve.service.local.model_host import ModelHost
 from cosyserve.service.local.results import Results
-from cosyserve.service.local.voice_pins import SNAPSHOTS, VoicePins, resolve_items, resolve_request
+from cosyserve.service.local.voice_pins import SNAPSHOTS, VoicePins, resolve_batch, resolve_request
 from cosyserve.service.logs import request_context
 from cosyserve.service.outcomes import TtsOutcome
 from cosyserve.service.requests import (
@@ -98,39 +98,18 @@ class LocalJobs:
         submit = lambda: self._submit(job_id, "tts", body, create, spec, request, len(pieces))  # noqa: E731
         return self.reservations.job_submitted(job_id, spec.key, estimate, submit)
 
-    def submit_batch(
-        self,
-        kind: str,
-        items: list[ItemSpec],
-        shared: dict[str, Any],
-        prompt_wav: bytes | None,
-        spec: OutputSpec,
-    ) -> JobRecord:
+    def submit_batch(self, batch: BatchSubmission, spec: OutputSpec) -> JobRecord:
         """Accept a batch (kind "batch") or a dub (kind "dub") of checked items; items with a problem are
         stored failed at once. QuotaExceeded when its estimate (a batch: its items'; a dub: its track's
         length) does not fit in its key's quota."""
-        items, snapshots = resolve_items(self.host.voices, items, spec.voice_scope)
-        shared = {**shared, SNAPSHOTS: snapshots}
-        job_id = new_job_id()
-        reserved = self.reservations.batch_estimate(kind, items, shared, spec.voice_scope)
-
-        def create() -> JobRecord:
-            record = self.jobs.create(
-                {**shared, "items": len(items)},
-                kind=kind,
-                owner=spec.owner,
-                job_id=job_id,
-                spec=wire.encode_job_spec(spec),
-                reserved_s=reserved,
-                prompt_wav=prompt_wav,
-            )
-            self.batches.add(job_id, [item.as_row() for item in items])
-            return record
-
+        batch = resolve_batch(self.host.voices, batch, spec.voice_scope)
+        kind, shared, job_id = batch.kind, batch.shared, new_job_id()
+        reserved = self.reservations.batch_estimate(batch, spec.voice_scope)
+        create = lambda: record_batch(self.jobs, self.batches, batch, job_id, spec, reserved)  # noqa: E731
         unkeyed = dataclasses.replace(spec, key=None)  # items are charged by the runner
-        plan = BatchPlan(job_id, kind, dict(shared), prompt_wav, unkeyed, spec.voice_scope)
-        asked = batch_request(shared, [item.params for item in items])
-        to_run = sum(1 for item in items if item.problem is None)
+        plan = BatchPlan(job_id, kind, dict(shared), batch.prompt_wav, unkeyed, spec.voice_scope)
+        asked = batch_request(shared, [item.params for item in batch.items])
+        to_run = sum(1 for item in batch.items if item.problem is None)
         submit = lambda: self._submit(job_id, kind, self._batch_body(plan), create, spec, asked, to_run)  # noqa: E731
         return self.reservations.job_submitted(job_id, spec.key, reserved, submit)
 

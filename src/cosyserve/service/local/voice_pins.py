@@ -20,6 +20,7 @@ from typing import Any
 
 from cosyserve.frontend.prompt_features import PromptFeatures
 from cosyserve.service.batches.inputs import ItemSpec
+from cosyserve.service.batches.submission import BatchSubmission
 from cosyserve.service.requests import EVERY_VOICE, SynthesisRequest, VoiceDefaults, VoiceScope
 from cosyserve.service.stores.jobs import JobStore
 from cosyserve.service.stores.voices import (
@@ -82,6 +83,13 @@ def resolve_items(
         voice = found[name]
         resolved.append(dataclasses.replace(item, problem=voice) if isinstance(voice, str) else item)
     return resolved, {ref: snapshot(voice) for ref, voice in found.items() if isinstance(voice, Voice)}
+
+
+def resolve_batch(library: VoiceLibrary, batch: BatchSubmission, scope: VoiceScope) -> BatchSubmission:
+    """`batch` with its items resolved (`resolve_items`) and its voices' snapshots kept in its shared
+    settings (under SNAPSHOTS): the voices as they are when it is submitted."""
+    items, snapshots = resolve_items(library, batch.items, scope)
+    return dataclasses.replace(batch, items=items, shared={**batch.shared, SNAPSHOTS: snapshots})
 
 
 class VoicePins:

@@ -1,9 +1,8 @@
-"""The take scores as Prometheus series (`cosyserve_take_*`), registered on the service's registry."""
+"""The take scores as Prometheus series (`cosyserve_take_*`), made by the service's `Series`."""
 
 from __future__ import annotations
 
-from prometheus_client import CollectorRegistry, Counter, Histogram
-
+from cosyserve.service.metric_series import Series
 from cosyserve.service.quality.scores import CHECKS
 from cosyserve.service.quality.takes import MAX_TAKES, TakeReport
 
@@ -16,28 +15,17 @@ class TakeMetrics:
     """Histograms of the kept takes' similarity and pace, how many takes were made, the scoring time, and
     a count of kept takes failing each check (every take of that synthesis failed)."""
 
-    def __init__(self, registry: CollectorRegistry) -> None:
-        r = registry
-        self.similarity = Histogram(
-            "cosyserve_take_similarity",
-            "speaker similarity of kept takes",
-            buckets=_SIMILARITY_BUCKETS,
-            registry=r,
+    def __init__(self, series: Series) -> None:
+        similarity, pace = "speaker similarity of kept takes", "pace of kept takes against the voice's"
+        self.similarity = series.histogram("cosyserve_take_similarity", similarity, _SIMILARITY_BUCKETS)
+        self.pace_ratio = series.histogram("cosyserve_take_pace_ratio", pace, _PACE_BUCKETS)
+        takes = tuple(range(1, MAX_TAKES + 1))
+        self.takes = series.histogram("cosyserve_takes", "takes made per synthesis", takes)
+        self.scoring_seconds = series.histogram(
+            "cosyserve_take_scoring_seconds", "time scoring a kept take", _SCORING_BUCKETS
         )
-        self.pace_ratio = Histogram(
-            "cosyserve_take_pace_ratio",
-            "pace of kept takes against the voice's",
-            buckets=_PACE_BUCKETS,
-            registry=r,
-        )
-        self.takes = Histogram(
-            "cosyserve_takes", "takes made per synthesis", buckets=tuple(range(1, MAX_TAKES + 1)), registry=r
-        )
-        self.scoring_seconds = Histogram(
-            "cosyserve_take_scoring_seconds", "time scoring a kept take", buckets=_SCORING_BUCKETS, registry=r
-        )
-        self.failed = Counter(
-            "cosyserve_take_failed_checks", "kept takes failing a check, by check", ["check"], registry=r
+        self.failed = series.counter(
+            "cosyserve_take_failed_checks", "kept takes failing a check, by check", ["check"]
         )
         for check in CHECKS:
             self.failed.labels(check=check)  # every series exists from the start (rate() over zeros)

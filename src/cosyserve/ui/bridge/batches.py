@@ -15,6 +15,7 @@ from cosyserve.limits import SCRIPT_SUFFIXES, SUBTITLE_SUFFIXES
 from cosyserve.service.access.principals import Principal
 from cosyserve.service.batches.inputs import BatchRules, ItemSpec, cue_items, kind_of, read_items
 from cosyserve.service.batches.status import BatchStatus, batch_status
+from cosyserve.service.batches.submission import BatchSubmission
 from cosyserve.service.requests import OutputSpec
 from cosyserve.service.stores.batches import BatchItem
 from cosyserve.service.stores.jobs import JobNotFound, JobRecord
@@ -66,7 +67,7 @@ class BatchBridge:
         spec = OutputSpec(
             owner=principal.owner, key=principal.key, request_id=request_id, endpoint=f"ui-{kind}"
         )
-        return service.backend.submit_batch(kind, items, shared, None, spec)
+        return service.backend.submit_batch(BatchSubmission(kind, items, shared), spec)
 
     def _read(self, path: str | Path) -> tuple[bytes, str]:
         path = Path(path)

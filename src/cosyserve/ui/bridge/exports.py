@@ -20,7 +20,7 @@ from cosyserve.service.stores.keys import ROLES
 from cosyserve.service.stores.outputs import StoredOutput
 from cosyserve.service.stores.voices import Voice
 from cosyserve.service.subtitles import manifest_timings, to_srt
-from cosyserve.service.text_preview import PLAIN, PRONUNCIATION, TAG, Span, TextPreview
+from cosyserve.service.text_preview import PLAIN, PRONUNCIATION, TAG, ReadingFields, Span, TextPreview
 
 __all__ = [
     "AUTH_COOKIES",
@@ -38,6 +38,7 @@ __all__ = [
     "OptionalPart",
     "Principal",
     "RateLimited",
+    "ReadingFields",
     "Service",
     "Span",
     "StoredOutput",

@@ -5,7 +5,7 @@ from __future__ import annotations
 from cosyserve.service import text_preview
 from cosyserve.service.access.principals import Principal
 from cosyserve.service.assembly import Service
-from cosyserve.service.text_preview import TextPreview
+from cosyserve.service.text_preview import ReadingFields, TextPreview
 
 
 class PreviewPart:
@@ -13,29 +13,10 @@ class PreviewPart:
 
     service: Service
 
-    def text_preview(
-        self,
-        principal: Principal | None,
-        text: str,
-        *,
-        mode: str,
-        voice: str | None = None,
-        transcript: str | None = None,
-        instruct: str | None = None,
-        preset: str | None = None,
-    ) -> TextPreview:
-        """How the model will read `text` from a synthesis tab in `mode` with these fields; InputError when
-        the model is not loaded yet or synthesis would refuse the text too."""
-        return text_preview.text_preview(
-            self.service,
-            principal,
-            text,
-            mode=mode,
-            voice=voice,
-            transcript=transcript,
-            instruct=instruct,
-            preset=preset,
-        )
+    def text_preview(self, principal: Principal | None, text: str, fields: ReadingFields) -> TextPreview:
+        """How the model will read `text` from a synthesis tab with these fields; InputError when the model
+        is not loaded yet or synthesis would refuse the text too."""
+        return text_preview.text_preview(self.service, principal, text, fields)
 
     def sentence_total(self, text: str) -> int:
         """How many sentences a long-text job for `text` will speak (for its progress bar)."""
