@@ -2,15 +2,17 @@
 # Install cosyserve with its test extras into .venv (torch 2.13.0: the CPU build unless an NVIDIA GPU is
 # present) and run the whole test suite.
 # The browser tests use Debian's chromium; the distributed-mode tests start their own redis-server and
-# PostgreSQL (as the postgres user). As root with apt-get available they are installed here when missing.
+# PostgreSQL (as the postgres user); the take checks' ASR test speaks English with Debian's flite. As root
+# with apt-get available they are installed here when missing.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 have_postgres() { command -v initdb >/dev/null || compgen -G "/usr/lib/postgresql/*/bin/initdb" >/dev/null; }
 if [ "$(id -u)" = 0 ] && command -v apt-get >/dev/null 2>&1 \
-   && { ! command -v chromium >/dev/null || ! command -v redis-server >/dev/null || ! have_postgres; }; then
+   && { ! command -v chromium >/dev/null || ! command -v redis-server >/dev/null || ! have_postgres \
+        || ! command -v flite >/dev/null; }; then
   apt-get update -qq
   DEBIAN_FRONTEND=noninteractive apt-get install -y -qq \
-    chromium redis-server postgresql fonts-wqy-microhei >/dev/null
+    chromium redis-server postgresql fonts-wqy-microhei flite >/dev/null
 fi
 COSYSERVE_TORCH="${COSYSERVE_TORCH:-2.13.0}" COSYSERVE_EXTRAS="test,download,distributed,denoise,labels" bash scripts/install.sh
 # Which CPU family and torch build this run is on: numerics and kernels differ between AVX2 and AVX-512.
