@@ -1,4 +1,4 @@
-"""Batched LM decoding across concurrent requests (`engine.batching`), on CPU tensors.
+"""Batched LM decoding across concurrent requests (`engine.decode_batching`), on CPU tensors.
 
 The batched forward must give every request the log-probs it gets alone, whoever else is in the batch;
 members join and leave at any step; a failure reaches every member; cancelling leaves the batch.
@@ -14,7 +14,7 @@ import numpy as np
 import pytest
 import torch
 
-from cosyserve.engine.batching import BatchError, DecodeBatcher, Rendezvous
+from cosyserve.engine.decode_batching import BatchError, DecodeBatcher, Rendezvous
 from cosyserve.engine.kv_cache import KVCache
 from cosyserve.engine.speech_lm_runner import SpeechLMRunner, decode_one, prefill
 from cosyserve.errors import Cancelled, InputError, OutOfMemory

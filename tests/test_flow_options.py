@@ -9,7 +9,7 @@ from pathlib import Path
 import pytest
 import torch
 
-from cosyserve.engine.batching import BatchError
+from cosyserve.engine.decode_batching import BatchError
 from cosyserve.engine.flow_batching import FlowBatcher, batched_flow_mels
 from cosyserve.engine.flow_options import flow_options_label, measure_flow_options, probe_mel
 from cosyserve.engine.loading import load_hift

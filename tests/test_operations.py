@@ -162,7 +162,7 @@ def test_log_file_rotates(tmp_path: Path) -> None:
 
 
 def test_output_names_in_the_chosen_time_zone_with_utc_in_the_sidecar(tmp_path: Path) -> None:
-    from cosyserve.service.stores.clock import output_timezone
+    from cosyserve.service.stores.output_timezone import output_timezone
     from cosyserve.service.stores.outputs import OutputStore
 
     instant = 1767225600.0  # 2026-01-01T00:00:00Z

@@ -19,7 +19,7 @@ from contextlib import AbstractContextManager, nullcontext
 import torch
 import torch.nn.functional as F
 
-from cosyserve.engine.batching import Rendezvous
+from cosyserve.engine.decode_batching import Rendezvous
 from cosyserve.engine.flow_stream import FlowPrompt
 from cosyserve.model.flow import DEFAULT_N_TIMESTEPS, CausalFlow
 

@@ -16,7 +16,7 @@ from typing import Any
 import numpy as np
 import torch
 
-from cosyserve.engine.batching import DecodeBatcher
+from cosyserve.engine.decode_batching import DecodeBatcher
 from cosyserve.engine.device import Placement
 from cosyserve.engine.loading import load_flow, load_hift, load_speech_lm, network_dtypes, place_networks
 from cosyserve.engine.memory import out_of_memory_as_error
@@ -61,7 +61,7 @@ class EngineOptions:
     """How the networks run. The defaults are the exact, one-request-at-a-time path.
 
     batch_decode / batch_flow: concurrent requests share LM decode steps / one-shot flow passes
-    (`engine.batching`, `engine.flow_batching`; same outputs up to float rounding). They pay off on a
+    (`engine.decode_batching`, `engine.flow_batching`; same outputs up to float rounding). They pay off on a
     GPU with more than one request at a time; on a CPU they only add waiting. cuda_graph: replay LM
     decode steps as CUDA graphs (CUDA only; requests in a decode batch do not use it).
     flow_steps < 10 and guidance=False are speed options that change the audio (see `cosyserve bench`).

@@ -23,8 +23,8 @@ from cosyserve.model.config import SamplingConfig
 from cosyserve.model.speech_lm import SpeechLM
 
 if TYPE_CHECKING:
-    from cosyserve.engine.batching import BatchMember, DecodeBatcher
     from cosyserve.engine.cuda_graph import StaticDecodePool, StaticDecodeStep
+    from cosyserve.engine.decode_batching import BatchMember, DecodeBatcher
 
 # `<|endofprompt|>` in the CosyVoice3 tokenizer. The model was trained with it in every prompt; the
 # official code refuses input without it, and so do we (it points at a front-end bug).

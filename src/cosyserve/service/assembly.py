@@ -31,11 +31,11 @@ from cosyserve.service.setting_groups import S3Settings
 from cosyserve.service.settings import Settings
 from cosyserve.service.startup_clock import StartupClock
 from cosyserve.service.stores.batches import BatchStore
-from cosyserve.service.stores.clock import output_timezone
 from cosyserve.service.stores.db import make_engine, metadata
 from cosyserve.service.stores.jobs import JobStore
 from cosyserve.service.stores.keys import ApiKey, KeyStore
 from cosyserve.service.stores.output_space import RetentionWorker
+from cosyserve.service.stores.output_timezone import output_timezone
 from cosyserve.service.stores.outputs import OutputStore
 from cosyserve.service.stores.s3sync import S3Sync
 from cosyserve.service.stores.voices import VoiceLibrary

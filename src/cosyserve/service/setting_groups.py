@@ -198,7 +198,7 @@ class StorageSettings(_Group):
     @field_validator("timezone")
     @classmethod
     def _check_timezone(cls, value: str) -> str:
-        from cosyserve.service.stores.clock import output_timezone
+        from cosyserve.service.stores.output_timezone import output_timezone
 
         output_timezone(value)  # raises ValueError naming the problem
         return value

@@ -1,11 +1,11 @@
 """The local backend: what the service runs on its own scheduler and model (a single server, a worker).
 
-One-shot and streamed syntheses, long-text jobs (`local.jobs`) and voice enrolment, each as work for the
-scheduler that borrows the synthesizer from the `ModelHost`. Every finished synthesis is stored (WAV at
-the model's rate, plus its provenance manifest) and counted (audio seconds, real-time factor, the caller's
-quota); formats other than WAV are encoded from it for the response, downloads can transcode later. A
-streamed ticket yields a `StreamStart` first (the request was checked and the seed is known: the response
-can begin), then encoded bytes as they are ready.
+One-shot and streamed syntheses, long-text jobs (`local.long_text_jobs`) and voice enrolment, each as work
+for the scheduler that borrows the synthesizer from the `ModelHost`. Every finished synthesis is stored
+(WAV at the model's rate, plus its provenance manifest) and counted (audio seconds, real-time factor, the
+caller's quota); formats other than WAV are encoded from it for the response, downloads can transcode
+later. A streamed ticket yields a `StreamStart` first (the request was checked and the seed is known: the
+response can begin), then encoded bytes as they are ready.
 
 A synthesis for an API key checks the key again after every segment (`KeyWatch`): a stream whose key was
 revoked meanwhile ends at that boundary with `key_revoked`, charged only for the segments made before.

@@ -36,7 +36,7 @@ from cosyserve.service.batches.dub_track import write_track
 from cosyserve.service.batches.items import BatchPrompt, ItemParams, batch_request, item_request
 from cosyserve.service.labels.labeller import OPT_OUT
 from cosyserve.service.local.dubbing import synthesize_cue
-from cosyserve.service.local.jobs import JobResult, JobRun
+from cosyserve.service.local.long_text_jobs import JobResult, JobRun
 from cosyserve.service.local.model_host import ModelHost
 from cosyserve.service.local.results import Results
 from cosyserve.service.local.voice_pins import SNAPSHOTS, VoicePins

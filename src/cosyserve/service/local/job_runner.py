@@ -1,11 +1,11 @@
 """Jobs on the local backend: long texts, batches and dubs submitted to the scheduler as claimed attempts.
 
-Every job is a row in the job table first and a ticket on the scheduler second; its work claims the row
-as a numbered attempt when it starts (`JobStore.claim`, the same as a distributed worker does), then runs
-a long text (`local.jobs.run_pieces`) or a batch (`local.batches.BatchRunner`). What a job needs to run
-again after a restart — its request, how its result is delivered, its uploaded recording — is kept with
-it, so `resubmit` can put it back on the scheduler from its record alone. An attempt that follows one a
-crash interrupted first looks for the result the earlier attempt saved, so nothing is produced twice.
+Every job is a row in the job table first and a ticket on the scheduler second; its work claims the row as
+a numbered attempt when it starts (`JobStore.claim`, the same as a distributed worker does), then runs a
+long text (`local.long_text_jobs.run_pieces`) or a batch (`local.batches.BatchRunner`). What a job needs
+to run again after a restart — its request, how its result is delivered, its uploaded recording — is kept
+with it, so `resubmit` can put it back on the scheduler from its record alone. An attempt that follows one
+a crash interrupted first looks for the result the earlier attempt saved, so nothing is produced twice.
 """
 
 from __future__ import annotations
@@ -24,7 +24,7 @@ from cosyserve.service.batches.items import batch_request
 from cosyserve.service.batches.submission import BatchSubmission, record_batch
 from cosyserve.service.local.batches import BatchPlan, BatchRunner
 from cosyserve.service.local.job_quota import JobQuota
-from cosyserve.service.local.jobs import (
+from cosyserve.service.local.long_text_jobs import (
     CLIENT_CANCEL,
     RECORD_WAIT_S,
     JobResult,

@@ -53,7 +53,6 @@ from cosyserve.service.stores.bucket import (
     OutputBucket,
     RemoteWalk,
 )
-from cosyserve.service.stores.clock import local_datetime
 from cosyserve.service.stores.output_files import (
     EXTENSION,
     OUTPUT_ID,
@@ -70,6 +69,7 @@ from cosyserve.service.stores.output_files import (
     write_atomic,
 )
 from cosyserve.service.stores.output_space import SizeIndex, StorageHealth
+from cosyserve.service.stores.output_timezone import local_datetime
 
 if TYPE_CHECKING:
     from cosyserve.service.labels.labeller import Labeller
