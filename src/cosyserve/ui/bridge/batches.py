@@ -11,7 +11,7 @@ from pathlib import Path
 
 from cosyserve.errors import InputError
 from cosyserve.frontend.subtitles import parse_subtitles
-from cosyserve.limits import SCRIPT_SUFFIXES, SUBTITLE_SUFFIXES
+from cosyserve.limits import SCRIPT_SUFFIXES, SUBTITLE_SUFFIXES, upload_bytes
 from cosyserve.service.access.principals import Principal
 from cosyserve.service.batches.inputs import BatchRules, ItemSpec, cue_items, kind_of, read_items
 from cosyserve.service.batches.status import BatchStatus, batch_status
@@ -77,7 +77,7 @@ class BatchBridge:
                 f"{path.name}: upload a script ({', '.join(SCRIPT_SUFFIXES)}) or subtitles (.srt, .vtt)"
             )
         limit_mb = self.service.settings.limits.max_upload_mb
-        if path.stat().st_size > limit_mb * 1e6:
+        if path.stat().st_size > upload_bytes(limit_mb):
             raise InputError(f"{path.name} is larger than the limit of {limit_mb:g} MB")
         return path.read_bytes(), suffix
 

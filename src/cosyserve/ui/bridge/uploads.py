@@ -14,6 +14,7 @@ from cosyserve.frontend.audio import decode_audio
 from cosyserve.frontend.denoise import denoise
 from cosyserve.frontend.prompt_check import PromptReport, load_prompt
 from cosyserve.limits import AUDIO_SUFFIXES as ACCEPTED_AUDIO_SUFFIXES
+from cosyserve.limits import upload_bytes
 from cosyserve.service.assembly import Service
 from cosyserve.service.optional_parts import OptionalPart, optional_parts
 from cosyserve.service.transcription import transcribe
@@ -49,9 +50,9 @@ class UploadsPart:
         if suffix not in AUDIO_SUFFIXES:
             raise UploadRefused(UploadProblem("type", suffix=suffix or "(none)"))
         limit_mb = self.service.settings.limits.max_upload_mb
-        size_mb = path.stat().st_size / 1e6
-        if size_mb > limit_mb:
-            raise UploadRefused(UploadProblem("size", size_mb=size_mb, limit_mb=limit_mb))
+        size = path.stat().st_size
+        if size > upload_bytes(limit_mb):
+            raise UploadRefused(UploadProblem("size", size_mb=size / 1e6, limit_mb=limit_mb))
         return path.read_bytes(), suffix
 
     def check_prompt(self, path: str | Path) -> PromptReport:
