@@ -211,3 +211,26 @@ def test_counter():
 def test_ui_modules_stay_small():
     for path in (Path(__file__).parents[1] / "src" / "cosyserve" / "ui").glob("*.py"):
         assert len(path.read_text(encoding="utf-8").splitlines()) <= 400, path.name
+
+
+def test_every_bridge_call_of_the_pages_exists() -> None:
+    """The pages call the bridge by name (`bridge.x`, `ctx.bridge.x`); a method moved or removed on one side
+    only would fail at the first click, so every name used must be on `UiBridge` or `BatchBridge`."""
+    import ast
+
+    from cosyserve.ui.bridge import BatchBridge, UiBridge
+
+    known = set(dir(UiBridge)) | set(dir(BatchBridge)) | {"service"}
+    ui_dir = Path(__file__).parents[1] / "src" / "cosyserve" / "ui"
+    missing = []
+    for path in sorted(ui_dir.glob("*.py")):
+        for node in ast.walk(ast.parse(path.read_text(encoding="utf-8"))):
+            if not isinstance(node, ast.Attribute):
+                continue
+            owner = node.value
+            named = (isinstance(owner, ast.Name) and owner.id == "bridge") or (
+                isinstance(owner, ast.Attribute) and owner.attr == "bridge"
+            )
+            if named and node.attr not in known:
+                missing.append(f"{path.name}:{node.lineno}: bridge.{node.attr}")
+    assert not missing, "the pages call what the bridge does not have:\n" + "\n".join(missing)

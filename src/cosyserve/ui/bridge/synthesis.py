@@ -72,6 +72,10 @@ class SynthesisPart:
     def mean_duration_s(self) -> float | None:
         return self.service.scheduler.stats().get("mean_duration_s")
 
+    def queue_wait_estimate(self, ticket: Ticket) -> float:
+        """Seconds until a queued ticket is expected to start (the scheduler's fair-queue estimate)."""
+        return ticket.estimated_wait_s()
+
     def cancel(self, ticket: Ticket) -> None:
         if not ticket.finished:
             ticket.cancel("cancelled in the web UI")
