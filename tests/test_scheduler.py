@@ -84,6 +84,18 @@ def test_queue_full_with_retry_after(make_scheduler: Any) -> None:
     assert [t.result(WAIT) for t in [running, *queued]] == ["released"] * 3
 
 
+def test_a_ticket_granted_but_not_yet_started_does_not_shrink_the_queue(make_scheduler: Any) -> None:
+    """Submitted back to back, the first ticket holds the slot before a thread has taken it: it counts as
+    running, not also as waiting, so the queue still has all its places."""
+    scheduler = make_scheduler(concurrency=1, queue_size=1)
+    gate = threading.Event()
+    accepted = [scheduler.submit(blocker(gate)) for _ in range(2)]  # no pause between them
+    with pytest.raises(QueueFull):
+        scheduler.submit(blocker(gate))
+    gate.set()
+    assert [t.result(WAIT) for t in accepted] == ["released"] * 2
+
+
 def test_zero_queue_accepts_only_when_a_worker_is_free(make_scheduler: Any) -> None:
     scheduler = make_scheduler(concurrency=1, queue_size=0)
     gate = threading.Event()

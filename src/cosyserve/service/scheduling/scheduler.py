@@ -127,7 +127,7 @@ class Scheduler:
             ticket_id = job_id or uuid.uuid4().hex
             if ticket_id in self._active:
                 raise JobStateError(f"job {ticket_id} is already queued or running")
-            waiting = len(self._slots.queued) + len(self._slots.handoff)
+            waiting = len(self._slots.queued)  # a granted ticket waiting for its thread holds a slot already
             if waiting >= self.queue_size + max(0, self.concurrency - self._slots.occupied()):
                 retry = self._retry_after_locked()
                 raise QueueFull(
