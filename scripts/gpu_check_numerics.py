@@ -16,7 +16,7 @@ import torch
 from gpu_check_common import CheckFailed, Context, max_abs
 from torch.overrides import TorchFunctionMode
 
-from cosyserve.engine.batching import DecodeBatcher
+from cosyserve.engine.decode_batching import DecodeBatcher
 from cosyserve.engine.cuda_graph import StaticDecodeStep
 from cosyserve.engine.device import Placement, float32_exact
 from cosyserve.engine.kv_cache import KVCache
