@@ -16,8 +16,8 @@ import torch
 from gpu_check_common import CheckFailed, Context, max_abs
 from torch.overrides import TorchFunctionMode
 
-from cosyserve.engine.decode_batching import DecodeBatcher
 from cosyserve.engine.cuda_graph import StaticDecodeStep
+from cosyserve.engine.decode_batching import DecodeBatcher
 from cosyserve.engine.device import Placement, float32_exact
 from cosyserve.engine.kv_cache import KVCache
 from cosyserve.engine.loading import load_flow, load_hift, load_speech_lm, place_flow

@@ -17,8 +17,8 @@ import torch
 from gpu_check_common import CheckFailed, Context, max_abs
 from gpu_check_numerics import _dtypes, _lm_request, _model_dir
 
-from cosyserve.engine.decode_batching import DecodeBatcher
 from cosyserve.engine.cuda_graph import DEFAULT_GRAPH_POSITIONS, StaticDecodeStep, capture_plan
+from cosyserve.engine.decode_batching import DecodeBatcher
 from cosyserve.engine.kv_cache import KVCache
 from cosyserve.engine.loading import load_speech_lm
 from cosyserve.engine.speech_lm_runner import SpeechLMRunner, prefill
