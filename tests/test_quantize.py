@@ -15,6 +15,7 @@ from torch import nn
 
 from cosyserve.engine.linear_kernels import PackedLinear
 from cosyserve.engine.loading import load_flow, load_speech_lm
+from cosyserve.engine.matrix_units import MatmulSpeed
 from cosyserve.engine.quantize import (
     Int8Linear,
     apply_preset,
@@ -36,6 +37,9 @@ pytestmark = pytest.mark.skipif(not int8_available(), reason="this torch build h
 class _Models:
     llm: SpeechLM
     flow: CausalFlow
+
+
+NO_BF16_UNITS = MatmulSpeed(0.0, 0.0, ())
 
 
 @pytest.fixture(autouse=True)
@@ -131,7 +135,8 @@ def test_fast_preset_converts_the_llm_and_dit_and_reports_deviation(models: _Mod
         "decoder": models.llm.llm_decoder.weight,
         "proj_out": models.flow.decoder.estimator.proj_out.weight,
     }
-    result = apply_preset(models, "fast")
+    # A CPU without bfloat16 units (on one with them the DiT goes bfloat16: tests/test_matrix_units.py).
+    result = apply_preset(models, "fast", matmul=NO_BF16_UNITS)
     # 2 Qwen2 layers x 7 linears; 2 DiT blocks x 7 (modulation, q, k, v, out, 2 feed-forward).
     assert result.quantized_linears == {"llm": 14, "flow": 14}
     # Matrices this small are not calibrated: int8 layers (q/k/v and gate/up fused), as before.

@@ -30,6 +30,7 @@ ARTIFACTS = REPO_ROOT / "test-artifacts" / "ui"
 USER, PASSWORD = "admin", "ui-test-password-1"
 MAX_CHARS = 40
 WAIT_MS = 120_000  # generous: the CI machine may be busy
+JOB_WAIT_MS = 420_000  # a whole long-text job on a busy 2-core machine
 
 
 def standin_asr(directory: Path) -> Path:
@@ -159,13 +160,13 @@ def link_href(page, container: str) -> str:
     )
 
 
-def wait_new_links(page, container: str, before: str) -> None:
+def wait_new_links(page, container: str, before: str, timeout_ms: int = WAIT_MS) -> None:
     """Wait until `container` shows download links to another output than `before`."""
     page.wait_for_function(
         f"(before) => {{ const a = document.querySelector('{container} a.cosy-download');"
         " return a !== null && a.href !== before; }",
         arg=before,
-        timeout=WAIT_MS,
+        timeout=timeout_ms,
     )
 
 
@@ -531,7 +532,7 @@ def test_cancel_before_the_ticket_exists_cancels_it(page, ui_server, monkeypatch
     assert "Cancelled" in page.inner_text("#cross_lingual-info")
 
 
-def long_text(chars: int = 1500) -> str:
+def long_text(chars: int) -> str:
     sentence = "今天天气很好，我们一起去公园散步，看看湖边的花。"
     text = (sentence * (chars // len(sentence) + 1))[: chars - 1] + "。"
     assert len(text) == chars
@@ -539,11 +540,11 @@ def long_text(chars: int = 1500) -> str:
 
 
 def test_long_text_becomes_a_job_with_progress(page, ui_server, shared_dir):
-    """A 1 500-character text: a job with a visible, advancing progress bar, the first pieces playable
+    """A 600-character text (15 times what one synthesis takes here): a job with a visible, advancing progress bar, the first pieces playable
     before the end, then the audio and an SRT link."""
     open_tab(page, "cross_lingual")
     upload_prompt(page, "cross_lingual", shared_dir / "audio" / "prompt_zh_24k.wav")
-    page.fill("#cross_lingual-text textarea", long_text())
+    page.fill("#cross_lingual-text textarea", long_text(600))
     assert "job" in page.inner_text("#cross_lingual-counter")
     before = link_href(page, "#cross_lingual-links")
     page.click("#cross_lingual-generate")
@@ -565,11 +566,11 @@ def test_long_text_becomes_a_job_with_progress(page, ui_server, shared_dir):
         arg=first,
         timeout=300_000,
     )
-    wait_new_links(page, "#cross_lingual-links", before)
-    page.wait_for_selector("#cross_lingual-links a[data-format=srt]", timeout=300_000)
+    wait_new_links(page, "#cross_lingual-links", before, timeout_ms=JOB_WAIT_MS)
+    page.wait_for_selector("#cross_lingual-links a[data-format=srt]", timeout=JOB_WAIT_MS)
     href = page.get_attribute("#cross_lingual-links a[data-format=srt]", "href")
     srt = base64.b64decode(href.split("base64,", 1)[1]).decode("utf-8")
-    assert srt.count(" --> ") >= 30, srt[:300]
+    assert srt.count(" --> ") >= 12, srt[:300]  # 25 sentences
     play_result(page, "cross_lingual")
     shot(page, "long-text-done")
     record = ui_server.service.jobs.list(limit=1)[0]
