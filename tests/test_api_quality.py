@@ -91,3 +91,28 @@ def test_a_requests_own_thresholds_over_json_multipart_and_jobs(client, prompt_w
     job = client.post("/v1/jobs", json={"text": TEXT, "voice": "alice", "seed": 1, "thresholds": lenient})
     done = _finished(client, f"/v1/jobs/{job.json()['id']}")
     assert done["state"] == "done" and "noise" not in done["quality"]["failed"]
+
+
+def test_batch_and_dub_takes_and_thresholds(client) -> None:
+    """A batch's `takes` and `thresholds` are every item's; an item's own win (JSON items); a dub's form
+    takes them as fields (thresholds as JSON text)."""
+    body = {
+        "voice": "alice",
+        "takes": 2,
+        "thresholds": {"max_flatness": 1.0},
+        "items": [{"text": "第一句话。", "seed": 1}, {"text": "第二句话。", "seed": 1, "takes": 1,
+                                                      "thresholds": {"max_flatness": 0.01}}],
+    }  # fmt: skip
+    batch = _finished(client, f"/v1/batches/{client.post('/v1/batches', json=body).json()['id']}")
+    first, second = batch["items"]
+    assert "noise" not in first["quality"]["failed"] and second["quality"]["takes"] == 1
+    assert "noise" in second["quality"]["failed"] and batch["params"]["thresholds"] == {"max_flatness": 1.0}
+    refused = client.post("/v1/batches", json={**body, "thresholds": {"max_flatness": 2}})
+    assert refused.status_code == 422 and "max_flatness" in refused.text
+    srt = "1\n00:00:00,000 --> 00:00:03,000\n你好。\n".encode()
+    form = {"voice": "alice", "seed": "1", "takes": "2", "thresholds": '{"max_flatness": 1}'}
+    files = {"file": ("a.srt", srt, "application/x-subrip")}
+    dub = client.post("/v1/dub", data=form, files=files)
+    assert dub.status_code == 202, dub.text
+    done = _finished(client, f"/v1/dub/{dub.json()['id']}")
+    assert done["state"] == "done" and "noise" not in done["items"][0]["quality"]["failed"]
