@@ -61,6 +61,7 @@ def test_the_api_schema_uses_the_same_bounds() -> None:
     params = TtsParams.model_validate({"text": "hi", "voice": "a", "thresholds": '{"max_pause_s": 3}'})
     assert params.to_request(None).thresholds == {"max_pause_s": 3.0}  # a form's JSON text
     assert TtsParams.model_validate({"text": "hi", "thresholds": {}}).to_request(None).thresholds is None
-    for wrong in ({"max_pace_ratio": 0}, {"min_similarity": -1.01}, {"loudness": 1}):
+    wrongs = ({"max_pace_ratio": 0}, {"min_similarity": -1.01}, {"loudness": 1})
+    for wrong in (*wrongs, {"min_pace_ratio": 3, "max_pace_ratio": 2}):
         with pytest.raises(ValidationError):
             TtsParams.model_validate({"text": "hi", "thresholds": wrong})

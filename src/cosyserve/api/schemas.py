@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from typing import Any, Literal
 
-from pydantic import AliasChoices, BaseModel, ConfigDict, Field, field_validator
+from pydantic import AliasChoices, BaseModel, ConfigDict, Field, field_validator, model_validator
 
 from cosyserve.api.inputs import parse_json
 from cosyserve.limits import MAX_SPEED, MAX_VOLUME, MIN_SPEED, MIN_VOLUME, SPEED_RANGE_TEXT
@@ -37,6 +37,13 @@ class Thresholds(_Strict):
     max_clipping_ratio: float | None = _threshold_field("max_clipping_ratio")
     max_flatness: float | None = _threshold_field("max_flatness")
     max_error_rate: float | None = _threshold_field("max_error_rate")
+
+    @model_validator(mode="after")
+    def _pace_is_a_range(self) -> Thresholds:
+        low, high = self.min_pace_ratio, self.max_pace_ratio
+        if low is not None and high is not None and low > high:
+            raise ValueError(f"min_pace_ratio {low:g} is above max_pace_ratio {high:g}")
+        return self
 
     def given(self) -> dict[str, float] | None:
         """The thresholds set, name -> value (None when none is)."""
