@@ -12,6 +12,7 @@ from cosyserve.service.batches.dub_plan import CueSlot, planned_track_seconds
 from cosyserve.service.batches.dub_timeline import audible_span, fit_speed, place
 from cosyserve.service.batches.dub_track import write_track
 from cosyserve.service.batches.inputs import BatchRules, cue_items, items_from, kind_of, read_items
+from cosyserve.service.batches.items import BatchPrompt, ItemParams, item_request
 
 RATE = 24000
 RULES = BatchRules(max_items=5, max_text_chars=20, shared={"voice": "alice", "seed": 3})
@@ -107,10 +108,38 @@ def test_csv_items_with_shared_settings_and_problems() -> None:
     assert items[3].name == "this_text_is_far_too_lon"  # from its text: letters, digits, _ and -
 
 
+def test_takes_and_thresholds_per_item_over_the_batchs() -> None:
+    """An item's `takes` and `thresholds` (a CSV cell holds the JSON text) win over the batch's; each
+    threshold it leaves out is the batch's; wrong ones make that item fail alone, named."""
+    shared = {"voice": "alice", "takes": 2, "thresholds": {"min_similarity": 0.6, "max_pause_s": 3.0}}
+    rules = BatchRules(10, 100, shared=shared)
+    data = (
+        b"text,takes,thresholds\n"
+        b"one.,,\n"
+        b'two.,4,"{""min_similarity"": 0.2}"\n'
+        b"three.,9,\n"
+        b'four.,,"{""loudness"": 1}"\n'
+        b"five.,,not json\n"
+    )
+    items = read_items(data, "csv", rules)
+    one, two = ItemParams.of(items[0].params), ItemParams.of(items[1].params)
+    assert (one.takes, one.thresholds) == (2, {"min_similarity": 0.6, "max_pause_s": 3.0})
+    assert (two.takes, two.thresholds) == (4, {"min_similarity": 0.2, "max_pause_s": 3.0})
+    request = item_request(two, BatchPrompt())
+    assert request.takes == 4 and request.thresholds == two.thresholds
+    problems = [item.problem for item in items]
+    assert problems[:2] == [None, None] and "takes '9' is out of range" in problems[2]
+    assert "unknown quality threshold 'loudness'" in problems[3] and "not a JSON object" in problems[4]
+    assert items[2].params["takes"] is None  # a failed item keeps only what views can show
+    bare = ItemParams.of(items_from([{"text": "hi.", "voice": "bob"}], BatchRules(10, 100)).pop().params)
+    assert (bare.takes, bare.thresholds) == (None, None)  # the server's
+
+
 def test_json_jsonl_and_text_items() -> None:
     json_items = read_items(b'{"items": ["one.", {"text": "two.", "colour": "red"}]}', "json", RULES)
     assert [i.problem for i in json_items] == [None, "unknown field 'colour': items have text, voice, "
-                                                "instruct, seed, speed, volume, format, name"]  # fmt: skip
+                                                "instruct, seed, speed, volume, format, takes, "
+                                                "thresholds, name"]  # fmt: skip
     lines = read_items(b'{"text": "a."}\nnot json\n\n"b."\n', "jsonl", RULES)
     assert [i.problem for i in lines] == [None, "line 2 is not valid JSON", None]
     text = read_items(b"first.\n\n second. \n", "txt", RULES)

@@ -61,6 +61,19 @@ def test_a_local_batch_resumes_where_it_stopped(tmp_path, prompt_args, capsys) -
     assert "\n第2课。\n" in (out / "0002_two.srt").read_text(encoding="utf-8")  # typed, not 第二课
 
 
+def test_takes_for_every_line_and_a_lines_own(tmp_path, prompt_args) -> None:
+    """`--takes 2` is every line's; a line's own `takes` and `thresholds` columns win (the demo model's
+    noise fails its checks, so a line allowed two takes makes two)."""
+    script = tmp_path / "script.csv"
+    script.write_text('text,takes,thresholds\n第一句。,,\n第二句。,1,"{""max_flatness"": 1}"\n', "utf-8")
+    out = tmp_path / "out"
+    args = ["batch", str(script), "--out", str(out), "--takes", "2", "--seed", "1", *prompt_args]
+    assert cli_main(args) == 0
+    first, second = manifest(out)
+    assert (first["takes"], second["takes"]) == ("2", "1")
+    assert "noise" in first["take_failed"] and "noise" not in second["take_failed"]
+
+
 def test_a_local_dub_leaves_the_track_and_its_report_only(tmp_path, prompt_args) -> None:
     subtitles = tmp_path / "episode.srt"
     subtitles.write_text(SRT, encoding="utf-8")

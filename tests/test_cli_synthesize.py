@@ -125,3 +125,19 @@ def test_takes_and_the_json_summary(demo_model_path, shared_dir, tmp_path, capsy
     summary = json.loads(capsys.readouterr().out.strip().splitlines()[-1])
     assert summary["seed"] in (7, 8) and summary["quality"]["takes"] == 2
     assert summary["quality"]["passed"] is False and "noise" in summary["quality"]["failed"]
+
+
+def test_thresholds_for_this_synthesis_only(demo_model_path, shared_dir, tmp_path, capsys) -> None:
+    """`--quality-max-flatness 1` judges this take by its own noise limit (the demo model's noise passes
+    it); a threshold out of range is one usage line, before the model loads."""
+    import json
+
+    prompt = str(shared_dir / "audio" / "prompt_zh_24k.wav")
+    args = ("--prompt-wav", prompt, "--prompt-text", PROMPT_TRANSCRIPT, "--seed", "7", "--json")
+    out = tmp_path / "a.wav"
+    assert _synthesize(demo_model_path, tmp_path, out, *args, "--quality-max-flatness", "1") == 0
+    summary = json.loads(capsys.readouterr().out.strip().splitlines()[-1])
+    assert "noise" not in summary["quality"]["failed"]
+    assert _synthesize(demo_model_path, tmp_path, out, *args, "--quality-min-similarity", "2") == 2
+    err = capsys.readouterr().err
+    assert "min_similarity 2.0 is out of range: use -1 to 1" in err and "Traceback" not in err

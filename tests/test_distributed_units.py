@@ -30,10 +30,15 @@ def test_request_round_trip_keeps_bytes_and_every_field() -> None:
         seed=7,
         speed=1.1,
         volume=0.5,
+        takes=3,
+        thresholds={"min_similarity": 0.6, "max_pause_s": 3.0},
     )
     data = wire.encode_request(request)
     assert isinstance(data["prompt_wav"], str)  # JSON-safe
     assert wire.decode_request(data) == request
+    assert wire.decode_request(wire.from_json(wire.to_json(data))) == request
+    kept = wire.from_json(wire.to_json(wire.encode_job_request(request, OutputSpec())))  # a job's record
+    assert wire.decode_job_request(kept, request.prompt_wav) == request
     assert wire.decode_request(wire.encode_request(SynthesisRequest(text="x", voice="v"))).prompt_wav is None
 
 

@@ -59,6 +59,8 @@ def test_outputs_saved_before_a_crash_are_adopted(start_api_server, prompt_wav_b
         outputs_after = {o["id"] for o in client.get("/v1/outputs").json()["data"]}
     again.stop()
     assert job_after["state"] == "done" and job_after["output_id"] == job["output_id"]
+    assert job["quality"] and job_after["quality"] == job["quality"]  # the take scores were kept too
     assert batch_after["state"] == "done"
+    assert [i["quality"] for i in batch_after["items"]] == [i["quality"] for i in batch["items"]]
     assert [i["output_id"] for i in batch_after["items"]] == [i["output_id"] for i in batch["items"]]
     assert outputs_after == outputs_before  # nothing was made a second time

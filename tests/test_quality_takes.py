@@ -73,3 +73,15 @@ def test_takes_out_of_range_and_scores_off(synth, prompt_wav_bytes) -> None:
         synth.synthesize(_request(prompt_wav_bytes, takes=9))
     quiet = synth.sharing_model(voices=None, max_text_chars=200, quality=TakePolicy(enabled=False))
     assert quiet.run(_request(prompt_wav_bytes, seed=1)).quality is None
+
+
+def test_a_requests_own_thresholds_judge_its_takes(synth, prompt_wav_bytes) -> None:
+    """A request's `thresholds` replace the server's for it alone: a noise limit of 1 passes the demo
+    model's noise, and the next request is judged by the server's again."""
+    lenient = synth.run(_request(prompt_wav_bytes, seed=3, thresholds={"max_flatness": 1.0}))
+    assert "noise" not in lenient.quality.scores.failed
+    assert "noise" in synth.run(_request(prompt_wav_bytes, seed=3)).quality.scores.failed
+    with pytest.raises(InputError, match="min_pace_ratio 3 is above max_pace_ratio 2"):
+        synth.synthesize(_request(prompt_wav_bytes, thresholds={"min_pace_ratio": 3.0}))
+    with pytest.raises(InputError, match="unknown quality threshold 'min_loudness'"):
+        synth.synthesize(_request(prompt_wav_bytes, thresholds={"min_loudness": 3.0}))

@@ -70,6 +70,7 @@ class FakeBridge:
 
     max_text_chars = 10
     max_job_chars = 500
+    max_takes = 5
 
     def __init__(self, transcript: str | None = "voice transcript") -> None:
         self.checked: list[str] = []
@@ -106,6 +107,31 @@ def test_build_request_says_what_is_missing():
         assert bad_seed.value.key == "err_seed"
     with pytest.raises(UiError):
         build_request(bridge, None, Form("cross_lingual", prompt="/tmp/p.wav", text="   "))
+
+
+def test_takes_from_the_form_and_the_servers_default():
+    """The Takes slider's value goes into the request (a slider sends a float); out of range is a
+    message; the slider starts at the server's `quality_takes`."""
+    import gradio as gr
+
+    from cosyserve.ui.bridge.synthesis import SynthesisPart
+    from cosyserve.ui.studio import _controls
+
+    bridge = FakeBridge()
+    form = Form("cross_lingual", voice="alice", text="hi", takes=3.0)
+    assert build_request(bridge, None, form).takes == 3
+    assert build_request(bridge, None, Form("cross_lingual", voice="alice", text="hi")).takes is None
+    for takes in (0, 6, 2.5):
+        with pytest.raises(UiError) as bad:
+            build_request(bridge, None, Form("cross_lingual", voice="alice", text="hi", takes=takes))
+        assert bad.value.key == "err_takes" and "from 1 to 5" in error_message(bad.value, "en")
+    part = SynthesisPart()
+    part.service = SimpleNamespace(settings=SimpleNamespace(quality=SimpleNamespace(takes=2)))
+    assert part.default_takes == 2 and part.max_takes == 5
+    ctx = SimpleNamespace(tr=Translator("en"), bridge=SimpleNamespace(default_takes=2, max_takes=5))
+    with gr.Blocks():
+        slider = _controls("zero_shot", ctx)["takes"]
+    assert (slider.value, slider.minimum, slider.maximum, slider.step) == (2, 1, 5, 1)
 
 
 def test_build_request_per_mode():

@@ -4,9 +4,9 @@ from __future__ import annotations
 
 from typing import Any, Literal
 
-from pydantic import BaseModel, ConfigDict, Field
+from pydantic import BaseModel, ConfigDict, Field, field_validator
 
-from cosyserve.api.schemas import AudioFormat, JobError, JobPartial
+from cosyserve.api.schemas import AudioFormat, JobError, JobPartial, Thresholds, form_thresholds
 from cosyserve.limits import (
     DEFAULT_DUB_MAX_SPEED,
     MAX_SPEED,
@@ -15,6 +15,7 @@ from cosyserve.limits import (
     MIN_SPEED,
     MIN_VOLUME,
 )
+from cosyserve.service.quality import MAX_TAKES
 from cosyserve.service.requests import MAX_SEED, WorkState
 
 TrackFormat = Literal["wav", "flac", "mp3"]
@@ -32,6 +33,25 @@ class _Shared(BaseModel):
     seed: int | None = Field(None, ge=0, le=MAX_SEED)
     speed: float | None = Field(None, ge=MIN_SPEED, le=MAX_SPEED)
     volume: float | None = Field(None, ge=MIN_VOLUME, le=MAX_VOLUME)
+    takes: int | None = Field(
+        None,
+        ge=1,
+        le=MAX_TAKES,
+        description="takes per item while one fails its checks (default: the server's)",
+    )
+    thresholds: Thresholds | None = Field(
+        None,
+        description="quality thresholds for every item (an item's own win; form and query: JSON text)",
+    )
+
+    _form_thresholds = field_validator("thresholds", mode="before")(form_thresholds)
+
+    def shared(self, names: tuple[str, ...]) -> dict[str, Any]:
+        """The settings `names` as a batch keeps them (JSON-ready: thresholds as a plain mapping)."""
+        values = {name: getattr(self, name) for name in names}
+        if "thresholds" in values:
+            values["thresholds"] = self.thresholds.given() if self.thresholds is not None else None
+        return values
 
 
 class BatchParams(_Shared):
@@ -57,7 +77,8 @@ class BatchParams(_Shared):
     items: list[dict[str, Any] | str] | None = Field(
         None,
         max_length=100_000,
-        description="JSON only: the items, each {text, voice, instruct, seed, speed, volume, format, name}",
+        description="JSON only: the items, each {text, voice, instruct, seed, speed, volume, format, takes, "
+        "thresholds, name}",
     )
 
 

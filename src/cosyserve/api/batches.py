@@ -31,7 +31,7 @@ from cosyserve.service.requests import WorkState
 from cosyserve.service.stores.jobs import JobNotFound, JobRecord
 
 router = APIRouter(prefix="/v1/batches", tags=["batches"])
-SHARED = ("voice", "instruct", "seed", "speed", "volume", "format", "prompt_text")
+SHARED = ("voice", "instruct", "seed", "speed", "volume", "format", "takes", "thresholds", "prompt_text")
 # A dub's timing report, from /v1/batches/{id}/report and /v1/dub/{id}/report alike.
 REPORT_RESPONSES: dict[int | str, dict[str, Any]] = {
     200: {"content": {"application/json": {}, "text/csv": {}}},
@@ -67,7 +67,7 @@ async def create_batch(request: Request, response: Response, principal: CurrentP
     service.access.check_quota(principal)
     got: Submission = await read_submission(request, BatchParams, upload_limit(request))
     params: BatchParams = got.params
-    shared = {key: getattr(params, key) for key in SHARED}
+    shared = params.shared(SHARED)
     rules = batch_rules(service, shared, got.prompt_wav is not None)
     if got.data is not None:
         items = read_items(got.data, kind_of(got.filename, got.content_type), rules)

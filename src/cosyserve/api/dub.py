@@ -28,7 +28,18 @@ from cosyserve.service.batches.inputs import cue_items
 from cosyserve.service.batches.submission import BatchSubmission
 
 router = APIRouter(prefix="/v1/dub", tags=["dubbing"])
-SHARED = ("voice", "instruct", "seed", "speed", "volume", "format", "prompt_text", "max_speed")
+SHARED = (
+    "voice",
+    "instruct",
+    "seed",
+    "speed",
+    "volume",
+    "format",
+    "takes",
+    "thresholds",
+    "prompt_text",
+    "max_speed",
+)
 
 
 @router.post(
@@ -51,7 +62,7 @@ async def create_dub(request: Request, response: Response, principal: CurrentPri
     if not source:
         raise InputError("no subtitles: upload the SRT or WebVTT file as `file`, or give `subtitles` in JSON")
     cues = parse_subtitles(source, what=got.filename or "the subtitle file")
-    shared = {key: getattr(params, key) for key in SHARED}
+    shared = params.shared(SHARED)
     item_shared = {**shared, "format": "wav"}  # each cue is kept as WAV; the track has the dub's format
     items = cue_items(cues, batch_rules(service, item_shared, got.prompt_wav is not None))
     spec = output_spec(request, principal, "dub")

@@ -4,10 +4,12 @@ from __future__ import annotations
 
 from typing import Any, Literal
 
-from pydantic import AliasChoices, BaseModel, ConfigDict, Field
+from pydantic import AliasChoices, BaseModel, ConfigDict, Field, field_validator, model_validator
 
+from cosyserve.api.inputs import parse_json
 from cosyserve.limits import MAX_SPEED, MAX_VOLUME, MIN_SPEED, MIN_VOLUME, SPEED_RANGE_TEXT
 from cosyserve.service.quality import MAX_TAKES
+from cosyserve.service.quality.overrides import THRESHOLD_BOUNDS
 from cosyserve.service.requests import MAX_SEED, SynthesisRequest, WorkState
 
 AudioFormat = Literal["wav", "mp3", "opus", "flac", "pcm"]
@@ -15,6 +17,45 @@ AudioFormat = Literal["wav", "mp3", "opus", "flac", "pcm"]
 
 class _Strict(BaseModel):
     model_config = ConfigDict(extra="forbid", allow_inf_nan=False)
+
+
+def _threshold_field(name: str) -> Any:
+    bounds = THRESHOLD_BOUNDS[name]
+    low = {"gt": bounds.low} if bounds.above else {"ge": bounds.low}
+    return Field(None, **low, le=bounds.high, description=f"this request's {name} (default: the server's)")
+
+
+class Thresholds(_Strict):
+    """Some quality thresholds for one request (docs/quality.md); those left out are the server's."""
+
+    min_similarity: float | None = _threshold_field("min_similarity")
+    min_pace_ratio: float | None = _threshold_field("min_pace_ratio")
+    max_pace_ratio: float | None = _threshold_field("max_pace_ratio")
+    max_repetition: float | None = _threshold_field("max_repetition")
+    max_silence_ratio: float | None = _threshold_field("max_silence_ratio")
+    max_pause_s: float | None = _threshold_field("max_pause_s")
+    max_clipping_ratio: float | None = _threshold_field("max_clipping_ratio")
+    max_flatness: float | None = _threshold_field("max_flatness")
+    max_error_rate: float | None = _threshold_field("max_error_rate")
+
+    @model_validator(mode="after")
+    def _pace_is_a_range(self) -> Thresholds:
+        low, high = self.min_pace_ratio, self.max_pace_ratio
+        if low is not None and high is not None and low > high:
+            raise ValueError(f"min_pace_ratio {low:g} is above max_pace_ratio {high:g}")
+        return self
+
+    def given(self) -> dict[str, float] | None:
+        """The thresholds set, name -> value (None when none is)."""
+        return self.model_dump(exclude_none=True) or None
+
+
+def form_thresholds(value: Any) -> Any:
+    """`thresholds` as a multipart form sends it: JSON text, parsed (validation then says what is wrong
+    with it); anything else as it is."""
+    if isinstance(value, str):
+        return parse_json(value, "thresholds")
+    return value
 
 
 class SynthesisParams(_Strict):
@@ -50,6 +91,13 @@ class SynthesisParams(_Strict):
         le=MAX_TAKES,
         description="takes to make while one fails its checks (default: the server's)",
     )
+    thresholds: Thresholds | None = Field(
+        None,
+        description='some quality thresholds for this request, e.g. {"min_similarity": 0.6} '
+        "(multipart: JSON text; default: the server's)",
+    )
+
+    _form_thresholds = field_validator("thresholds", mode="before")(form_thresholds)
 
     def to_request(self, prompt_wav: bytes | None) -> SynthesisRequest:
         return SynthesisRequest(
@@ -63,6 +111,7 @@ class SynthesisParams(_Strict):
             volume=self.volume,
             denoise=self.denoise,
             takes=self.takes,
+            thresholds=self.thresholds.given() if self.thresholds is not None else None,
         )
 
 

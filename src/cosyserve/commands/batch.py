@@ -105,6 +105,7 @@ def _make_item(
     place: tuple[int, str, str],  # position, file stem, file name
 ) -> dict[str, Any]:
     from cosyserve.service.batches.items import ItemParams, item_request
+    from cosyserve.service.quality.reporting import manifest_columns, stored_fields
     from cosyserve.service.subtitles import to_srt
 
     position, stem, file = place
@@ -133,6 +134,7 @@ def _make_item(
         "duration_s": seconds,
         "subtitles": f"{stem}.srt",
         "state": "done",
+        **manifest_columns(stored_fields(result.quality)),  # the kept take's checks, as a server's batch
     }
 
 
@@ -344,6 +346,12 @@ def _common(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--seed", type=int, default=None, help="one seed for every line (default: one each)")
     parser.add_argument("--speed", type=float, default=None, help=f"{SPEED_RANGE_TEXT} (default 1.0)")
     parser.add_argument("--volume", type=float, default=None)
+    parser.add_argument(
+        "--takes",
+        type=int,
+        default=None,
+        help="takes per line while one fails its quality checks (an item's own wins; docs/quality.md)",
+    )
     parser.add_argument("--resume", action="store_true", help="go on where an interrupted run stopped")
     parser.add_argument("--server", help="run on a cosyserve server (http://host:port) instead of here")
     parser.add_argument("--api-key", default=os.environ.get("COSYSERVE_API_KEY"), help="the server's API key")
@@ -358,7 +366,8 @@ def add_parsers(sub: argparse._SubParsersAction) -> None:
         "batch", help="speak every line of a script (CSV, JSONL, JSON or text) into a folder"
     )
     batch.add_argument("file", help=".csv with a header row (text, voice, instruct, seed, speed, volume, "
-                       "format, name), .jsonl, .json, or .txt with one text per line")  # fmt: skip
+                       "format, takes, thresholds, name), .jsonl, .json, or .txt with one text "
+                       "per line")  # fmt: skip
     batch.add_argument("--out", required=True, help="folder for 0001_<name>.wav ... and manifest.csv")
     batch.add_argument("--format", choices=("wav", "mp3", "flac", "opus"), default="wav")
     _common(batch)

@@ -19,6 +19,7 @@ def shared_settings(args: argparse.Namespace) -> dict[str, Any]:
         "seed": args.seed,
         "speed": args.speed,
         "volume": args.volume,
+        "takes": args.takes,
         "format": getattr(args, "format", None) or "wav",
         "prompt_text": args.prompt_text,
     }

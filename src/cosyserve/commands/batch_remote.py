@@ -121,6 +121,7 @@ def _submit(
             "seed": args.seed,
             "speed": args.speed,
             "volume": args.volume,
+            "takes": args.takes,
             "prompt_text": args.prompt_text,
             **extra,
         }.items()

@@ -15,6 +15,7 @@ import soundfile as sf
 
 from cosyserve.errors import InputError
 from cosyserve.limits import DEFAULT_MAX_TEXT_CHARS, SPEED_RANGE_TEXT
+from cosyserve.service.quality.overrides import THRESHOLD_NAMES, check_overrides
 from cosyserve.service.setting_groups import DEFAULT_CONSENT_STATEMENT
 
 if TYPE_CHECKING:
@@ -146,6 +147,9 @@ def cmd_synthesize(args: argparse.Namespace) -> int:
             prompt_wav = Path(args.prompt_wav).read_bytes()
         except OSError as exc:
             raise InputError(f"cannot read --prompt-wav {args.prompt_wav}: {exc.strerror}") from exc
+    thresholds = check_overrides(
+        {name: value for name in THRESHOLD_NAMES if (value := getattr(args, f"quality_{name}")) is not None}
+    )
     out = Path(args.out)
     if out.suffix.lower() not in (".wav", ".flac", ".ogg"):
         raise InputError("--out must end in .wav, .flac or .ogg")
@@ -167,6 +171,7 @@ def cmd_synthesize(args: argparse.Namespace) -> int:
         volume=args.volume,
         stream=args.stream,
         takes=args.takes,
+        thresholds=thresholds or None,
     )
     bar = tqdm(total=1, unit="sentence", desc="synthesizing", file=sys.stderr, disable=args.quiet)
 
@@ -308,6 +313,14 @@ def add_parsers(sub: argparse._SubParsersAction) -> None:
         help="make a take again with the next seed while it fails its quality checks, up to this many "
         "(default 1: checked, not made again; docs/quality.md)",
     )
+    for name in THRESHOLD_NAMES:  # the names `serve` gives the server's thresholds, here for this text only
+        synth.add_argument(
+            f"--quality-{name.replace('_', '-')}",
+            type=float,
+            default=None,
+            metavar="N",
+            help=f"this synthesis's {name} threshold (default: the server settings'; docs/quality.md)",
+        )
     synth.add_argument("--json", action="store_true", help="print the result and its scores as one JSON line")
     add_model_arguments(synth)
     synth.set_defaults(func=cmd_synthesize)

@@ -35,6 +35,8 @@ class SynthesisRequest:
     stream: bool = False  # chunks within a sentence as soon as they are ready
     denoise: bool = False  # suppress background noise in `prompt_wav` before analysing it (RNNoise)
     takes: int | None = None  # made again (next seed) while a take fails its checks; None: the server's
+    # Some quality thresholds for this request only, name -> value (`quality.overrides`); None: the server's.
+    thresholds: dict[str, float] | None = field(default=None, hash=False)
 
 
 @dataclass(frozen=True)

@@ -93,6 +93,7 @@ class Form:
     seed: str | None = None  # digits, or empty for a random one
     speed: float = 1.0
     volume: float = 1.0
+    takes: float | None = None  # 1..bridge.max_takes (a slider sends a float); None: the server's
     stream: bool = False
     denoise: bool = False  # suppress noise in the uploaded recording first
     fmt: str = "wav"  # the format recorded as chosen (every format is offered as a link anyway)
@@ -121,6 +122,11 @@ def build_request(
         if not seed_text.isdigit() or int(seed_text) > MAX_SEED:
             raise UiError("err_seed", limit=MAX_SEED)
         seed = int(seed_text)
+    takes = None
+    if form.takes is not None:
+        if float(form.takes) != int(form.takes) or not 1 <= int(form.takes) <= bridge.max_takes:
+            raise UiError("err_takes", limit=bridge.max_takes)
+        takes = int(form.takes)
     transcript = (form.transcript or "").strip() or None
     instruct = (form.instruct or "").strip() or (form.preset or "").strip() or None
     common: dict[str, Any] = {
@@ -128,6 +134,7 @@ def build_request(
         "seed": seed,
         "speed": float(form.speed),
         "volume": float(form.volume),
+        "takes": takes,
     }
     if form.mode == "instruct" and instruct is None:
         raise UiError("err_no_instruct")

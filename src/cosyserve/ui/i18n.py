@@ -96,6 +96,7 @@ STRINGS: dict[str, tuple[str, str]] = {
     "dice": ("⚄", "⚄"),
     "speed": ("语速", "Speed"),
     "volume": ("音量", "Volume"),
+    "takes": ("生成次数（不合格则换种子重做）", "Takes (made again with the next seed if a check fails)"),
     "stream": ("流式播放（边生成边播放）", "Stream (plays while it is generated)"),
     "generate": ("生成音频", "Generate"),
     "cancel": ("取消", "Cancel"),
@@ -199,6 +200,10 @@ STRINGS: dict[str, tuple[str, str]] = {
     "err_seed": (
         "种子必须是 0 到 {limit} 之间的整数。",
         "The seed must be a whole number from 0 to {limit}.",
+    ),
+    "err_takes": (
+        "生成次数必须是 1 到 {limit} 之间的整数。",
+        "Takes must be a whole number from 1 to {limit}.",
     ),
     "err_no_text": ("请输入要合成的文本。", "Type the text to speak."),
     "err_too_long": (

@@ -72,7 +72,7 @@ class UiContext:
 # The inputs of one synthesis, by name: ModePanel attributes, Form fields and the Generate callback's
 # keyword arguments all use these names, so the list is written once.
 RUN_FIELDS = ("voice", "prompt", "transcript", "preset", "instruct", "text", "seed", "speed", "volume",
-              "stream", "denoise")  # fmt: skip
+              "takes", "stream", "denoise")  # fmt: skip
 
 
 @dataclass
@@ -104,6 +104,7 @@ class ModePanel:
     dice: gr.Button
     speed: gr.Slider
     volume: gr.Slider
+    takes: gr.Slider
     stream: gr.Checkbox
     stream_box: gr.Textbox
     run_fn: Callable[..., Any] | None = None  # run(lang, request, progress, **{RUN_FIELDS: values})
@@ -130,7 +131,7 @@ def build_mode_panel(mode: str, ctx: UiContext) -> ModePanel:
             with gr.Column(scale=6, min_width=300):
                 text_box, counter = _text_box(mode, ctx)
                 results = _results(mode, tr)
-                controls = _controls(mode, tr)
+                controls = _controls(mode, ctx)
                 _help(mode, tr, text_box)
     return ModePanel(mode, tab, **source, text=text_box, counter=counter, **results, **controls)
 
@@ -285,8 +286,9 @@ def _results(mode: str, tr: Translator) -> dict[str, Any]:
     )
 
 
-def _controls(mode: str, tr: Translator) -> dict[str, Any]:
-    """Seed (with a dice), speed, volume, streaming."""
+def _controls(mode: str, ctx: UiContext) -> dict[str, Any]:
+    """Seed (with a dice), speed, volume, takes (from the server's default), streaming."""
+    tr, bridge = ctx.tr, ctx.bridge
     with gr.Row(equal_height=True):
         seed = tr.bind(
             gr.Textbox(
@@ -305,8 +307,19 @@ def _controls(mode: str, tr: Translator) -> dict[str, Any]:
             gr.Slider(0.1, 2.0, value=1.0, step=0.05, label=tr("volume"), elem_id=f"{mode}-volume"),
             label="volume",
         )
+    takes = tr.bind(
+        gr.Slider(
+            1,
+            bridge.max_takes,
+            value=bridge.default_takes,
+            step=1,
+            label=tr("takes"),
+            elem_id=f"{mode}-takes",
+        ),
+        label="takes",
+    )
     stream = tr.bind(gr.Checkbox(value=True, label=tr("stream"), elem_id=f"{mode}-stream"), label="stream")
-    return dict(seed=seed, dice=dice, speed=speed, volume=volume, stream=stream)
+    return dict(seed=seed, dice=dice, speed=speed, volume=volume, takes=takes, stream=stream)
 
 
 def _help(mode: str, tr: Translator, text_box: gr.Textbox) -> None:

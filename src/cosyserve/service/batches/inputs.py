@@ -1,7 +1,8 @@
 """What a batch is made of: items read from JSON, JSON lines, CSV (with a header row) or plain text.
 
 Each item is one text in one voice with its own optional `voice`, `instruct`, `seed`, `speed`, `volume`,
-`format` and `name` (the file's name); what an item leaves out comes from the batch's shared settings. A
+`format`, `takes`, `thresholds` (quality thresholds; JSON text in a CSV cell) and `name` (the file's name);
+what an item leaves out comes from the batch's shared settings (a threshold it leaves out too). A
 file that cannot be read as a whole (not UTF-8, not CSV, no `text` column, too many items) is refused; an
 item that cannot be spoken (no text, too long, a seed that is not a number) is kept with its reason and
 fails alone, so the others still run and every line keeps its number.
@@ -31,11 +32,34 @@ from cosyserve.limits import (
 )
 from cosyserve.service.audio_formats import FORMATS
 from cosyserve.service.batches.dub_plan import charge_shares, check_track_length
+from cosyserve.service.quality import MAX_TAKES
+from cosyserve.service.quality.overrides import check_overrides
 from cosyserve.service.requests import MAX_SEED
 
-ITEM_FIELDS = ("text", "voice", "instruct", "seed", "speed", "volume", "format", "name")
+ITEM_FIELDS = (
+    "text",
+    "voice",
+    "instruct",
+    "seed",
+    "speed",
+    "volume",
+    "format",
+    "takes",
+    "thresholds",
+    "name",
+)
 TEXT_FIELDS = ("text", "voice", "instruct", "format")
-SHARED_FIELDS = ("voice", "instruct", "seed", "speed", "volume", "format", "prompt_text")
+SHARED_FIELDS = (
+    "voice",
+    "instruct",
+    "seed",
+    "speed",
+    "volume",
+    "format",
+    "takes",
+    "thresholds",
+    "prompt_text",
+)
 KINDS = ("json", "jsonl", "csv", "txt")
 NAME_CHARS = re.compile(r"[^\w-]+")
 MAX_NAME = 48
@@ -225,7 +249,15 @@ def _item(number: int, value: Mapping[str, Any] | str, rules: BatchRules) -> Ite
                 given[key] = _as_text(given[key], key)
             except InputError as exc:
                 problem, given[key] = problem or str(exc), None
+    try:
+        given["thresholds"] = _thresholds(given.get("thresholds"))
+    except InputError as exc:
+        problem, given["thresholds"] = problem or str(exc), None
+    if given["thresholds"] is None:
+        del given["thresholds"]
     params: dict[str, Any] = {key: rules.shared.get(key) for key in SHARED_FIELDS if key != "prompt_text"}
+    if isinstance(given.get("thresholds"), Mapping) and isinstance(params.get("thresholds"), Mapping):
+        given["thresholds"] = {**params["thresholds"], **given["thresholds"]}  # the item's over the batch's
     params.update(given)
     params["text"] = str(params.get("text") or "").strip()
     name = _file_name(_as_name(value.get("name")), params["text"], number)
@@ -234,7 +266,9 @@ def _item(number: int, value: Mapping[str, Any] | str, rules: BatchRules) -> Ite
     except InputError as exc:
         problem = problem or str(exc)
     if problem is not None:  # keep only what the views and manifests can show
-        for key in ("seed", "speed", "volume"):
+        if not isinstance(params.get("thresholds"), Mapping):
+            params["thresholds"] = None
+        for key in ("seed", "speed", "volume", "takes"):
             if isinstance(params.get(key), bool) or not isinstance(params.get(key), int | float):
                 params[key] = None
         for key in ("voice", "instruct", "format"):
@@ -274,12 +308,28 @@ def _check(params: dict[str, Any], rules: BatchRules) -> None:
     params["speed"] = _number(params.get("speed"), "speed", float, MIN_SPEED, MAX_SPEED)
     volume = _number(params.get("volume"), "volume", float, MIN_VOLUME, MAX_VOLUME)
     params["volume"] = 1.0 if volume is None else volume
+    params["takes"] = _number(params.get("takes"), "takes", int, 1, MAX_TAKES)
+    params["thresholds"] = check_overrides(params.get("thresholds")) or None
     fmt = str(params.get("format") or "wav").lower()
     if fmt not in FORMATS:
         raise InputError(f"format {fmt!r} is not one of {', '.join(FORMATS)}")
     params["format"] = fmt
     for key in ("voice", "instruct"):
         params[key] = str(params[key]).strip() or None if params.get(key) is not None else None
+
+
+def _thresholds(value: Any) -> Any:
+    """An item's `thresholds`: a JSON object, or its text (a CSV cell); empty: none."""
+    if not isinstance(value, str):
+        return value
+    if not value.strip():
+        return None
+    try:
+        return json.loads(value)
+    except (ValueError, RecursionError):
+        raise InputError(
+            f'thresholds {value!r} is not a JSON object: write it as {{"min_similarity": 0.6}}'
+        ) from None
 
 
 def _number(value: Any, name: str, kind: type, low: float, high: float) -> Any:

@@ -9,7 +9,7 @@ settings filled in, a dub's cue times added); `ItemParams.of` reads the synthesi
 from __future__ import annotations
 
 from collections.abc import Iterable, Mapping
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any
 
 from cosyserve.service.requests import SynthesisRequest
@@ -26,6 +26,8 @@ class ItemParams:
     speed: float | None = None  # None: the voice's own, or 1
     volume: float = 1.0  # linear gain on the output
     format: str = "wav"  # the item's file format
+    takes: int | None = None  # None: the server's
+    thresholds: dict[str, float] | None = field(default=None, hash=False)  # None: the server's
 
     @classmethod
     def of(cls, params: Mapping[str, Any]) -> ItemParams:
@@ -39,6 +41,8 @@ class ItemParams:
             speed=params.get("speed"),
             volume=float(volume) if volume is not None else 1.0,
             format=str(params.get("format") or "wav"),
+            takes=params.get("takes"),
+            thresholds=dict(params["thresholds"]) if params.get("thresholds") else None,
         )
 
 
@@ -62,6 +66,8 @@ def item_request(params: ItemParams, prompt: BatchPrompt) -> SynthesisRequest:
         seed=params.seed,
         speed=params.speed,
         volume=params.volume,
+        takes=params.takes,
+        thresholds=params.thresholds,
     )
 
 

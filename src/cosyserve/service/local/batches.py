@@ -41,7 +41,7 @@ from cosyserve.service.local.model_host import ModelHost
 from cosyserve.service.local.results import Results
 from cosyserve.service.local.voice_pins import SNAPSHOTS, VoicePins
 from cosyserve.service.outcomes import SentenceTiming, SynthesisResult, TtsOutcome
-from cosyserve.service.quality.reporting import stored_fields
+from cosyserve.service.quality.reporting import saved_report, stored_fields
 from cosyserve.service.requests import OutputSpec, VoiceScope
 from cosyserve.service.scheduling.tickets import WorkContext
 from cosyserve.service.stores.batches import UNFINISHED, BatchItem, BatchStore
@@ -273,7 +273,11 @@ class BatchRunner:
             output_id=found.id,
             duration_s=manifest.get("duration_s"),
             seed=manifest.get("seed"),
-            result={"speed": manifest.get("speed")} if plan.kind == "dub" else None,
+            result={
+                **({"speed": manifest.get("speed")} if plan.kind == "dub" else {}),
+                **stored_fields(saved_report(manifest)),
+            }
+            or None,
         )
 
     # -- a dub's track ----------------------------------------------------------------------------------

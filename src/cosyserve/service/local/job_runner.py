@@ -37,6 +37,7 @@ from cosyserve.service.local.results import Results
 from cosyserve.service.local.voice_pins import SNAPSHOTS, VoicePins, resolve_batch, resolve_request
 from cosyserve.service.logs import request_context
 from cosyserve.service.outcomes import TtsOutcome
+from cosyserve.service.quality.reporting import saved_report
 from cosyserve.service.requests import (
     TERMINAL_STATES,
     OutputSpec,
@@ -311,6 +312,7 @@ class LocalJobs:
                     output_path=str(output.path),
                     media_type="audio/wav",
                     warnings=tuple(manifest.get("warnings") or ()),
+                    quality=saved_report(manifest),  # the job's scores, as its status showed them
                 )
         return None
 

@@ -42,6 +42,7 @@ from cosyserve.service.local.synthesis_stream import ProgressCallback, Synthesis
 from cosyserve.service.local.voice_pins import PinnedVoice
 from cosyserve.service.outcomes import SynthesisResult
 from cosyserve.service.quality import MAX_TAKES, TakePolicy
+from cosyserve.service.quality.overrides import apply_overrides
 from cosyserve.service.quality.pace import voice_seconds_per_unit
 from cosyserve.service.quality.scorer import TakeScorer, Transcriber
 from cosyserve.service.requests import EVERY_VOICE, MAX_SEED, SynthesisRequest, VoiceScope
@@ -250,14 +251,15 @@ class Synthesizer:
         return self._with_takes(plan, transcript)
 
     def _with_takes(self, plan: SynthesisPlan, transcript: str | None) -> SynthesisPlan:
-        """The plan with its takes (the request's, else the policy's) and the voice's own pace."""
+        """The plan with its takes and thresholds (the request's over the policy's) and the voice's own
+        pace."""
         takes = plan.request.takes if plan.request.takes is not None else self.quality.takes
         if not (1 <= takes <= MAX_TAKES):
             raise InputError(f"takes must be from 1 to {MAX_TAKES}, got {takes}")
         return dataclasses.replace(
             plan,
             takes=takes,
-            thresholds=self.quality.thresholds,
+            thresholds=apply_overrides(self.quality.thresholds, plan.request.thresholds),
             voice_seconds_per_unit=voice_seconds_per_unit(plan.features.num_tokens, transcript),
         )
 

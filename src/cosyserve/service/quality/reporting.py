@@ -56,6 +56,12 @@ def stored_fields(report: TakeReport | None) -> dict[str, Any]:
     return {FIELD: report.as_dict()} if report is not None else {}
 
 
+def saved_report(manifest: Mapping[str, Any]) -> TakeReport | None:
+    """The kept take's report from an output's manifest (an output adopted after a restart)."""
+    quality = manifest.get(FIELD)
+    return TakeReport.from_dict(quality) if isinstance(quality, Mapping) else None
+
+
 def manifest_columns(result: Mapping[str, Any] | None) -> dict[str, Any]:
     """An item's MANIFEST_COLUMNS from its stored result; `check` says "listen" when every take failed."""
     quality = (result or {}).get(FIELD)

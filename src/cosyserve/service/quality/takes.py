@@ -8,6 +8,7 @@ then the earliest.
 
 from __future__ import annotations
 
+import dataclasses
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
@@ -77,6 +78,14 @@ class TakeReport:
         scores = dict(data["scores"])
         scores["failed"] = tuple(scores.get("failed") or ())
         return cls(TakeScores(**scores), int(data.get("takes", 1)))
+
+    @classmethod
+    def from_dict(cls, data: Mapping[str, Any]) -> TakeReport:
+        """Back from `as_dict` (what an output's manifest keeps), its rounding aside."""
+        names = {f.name for f in dataclasses.fields(TakeScores)}
+        scores = {name: value for name, value in data.items() if name in names}
+        scores["failed"] = tuple(scores.get("failed") or ())
+        return cls(TakeScores(**scores), int(data.get("takes") or 1))
 
     def headers(self) -> dict[str, str]:
         """HTTP response headers (`X-Take-…`)."""

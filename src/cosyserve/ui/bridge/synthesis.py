@@ -11,6 +11,7 @@ from cosyserve.errors import CosyServeError
 from cosyserve.service.access.principals import Principal
 from cosyserve.service.assembly import Service
 from cosyserve.service.backend import JOB_TEXT_FACTOR, AudioStream
+from cosyserve.service.quality import MAX_TAKES
 from cosyserve.service.requests import OutputSpec, SynthesisRequest
 from cosyserve.service.scheduling.scheduler import Ticket
 from cosyserve.service.stores.jobs import JobRecord
@@ -28,6 +29,13 @@ class SynthesisPart:
     @property
     def max_job_chars(self) -> int:
         return self.max_text_chars * JOB_TEXT_FACTOR
+
+    @property
+    def default_takes(self) -> int:
+        """The server's takes per synthesis (`quality_takes`): the Takes input's starting value."""
+        return self.service.settings.quality.takes
+
+    max_takes = MAX_TAKES
 
     def submit(
         self, principal: Principal, request: SynthesisRequest, *, mode: str, request_id: str, fmt: str = "wav"
