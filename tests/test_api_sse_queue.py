@@ -44,10 +44,14 @@ def events(lines: Iterator[str]) -> Iterator[tuple[str | None, dict]]:
             name, data = None, []
 
 
-def block(server) -> tuple[threading.Event, object]:
-    """A ticket that holds an engine slot (or waits for one) until its event is set."""
+def block(server, running: bool = True) -> tuple[threading.Event, object]:
+    """A ticket that holds the engine slot (`running`: once it does; else it waits for it) until its
+    event is set."""
     release = threading.Event()
-    return release, server.service.scheduler.submit(lambda ctx: release.wait(60))
+    ticket = server.service.scheduler.submit(lambda ctx: release.wait(60))
+    if running:
+        wait_for(lambda: ticket.state == "running")
+    return release, ticket
 
 
 def wait_for(predicate, timeout: float = 30.0) -> None:
@@ -59,14 +63,16 @@ def wait_for(predicate, timeout: float = 30.0) -> None:
 
 def the_stream_ticket(server, blockers: list):
     """The one ticket that is not a blocker: the SSE request's."""
-    active = server.service.scheduler._active.values()
-    wait_for(lambda: any(t not in blockers for t in active))
-    return next(t for t in server.service.scheduler._active.values() if t not in blockers)
+    others = [t for t in list(server.service.scheduler._active.values()) if t not in blockers]
+    assert len(others) == 1 and others[0].state == "queued", (others, blockers)
+    return others[0]
 
 
 def test_a_waiting_stream_reports_its_place_as_it_moves_then_the_audio(server) -> None:
+    for _ in range(30):  # units of about 5 s measured (the enrolment alone may have been quick): an ETA
+        server.service.scheduler._slots.times.observe("interactive", 5.0)
     first, running = block(server)
-    second, waiting = block(server)
+    second, waiting = block(server, running=False)
     try:
         with server.client() as http, http.stream("POST", "/v1/audio/speech", json=SSE_BODY) as response:
             assert response.status_code == 200
@@ -118,7 +124,8 @@ def test_hanging_up_while_queued_cancels_the_ticket(server) -> None:
     try:
         before = stats()["finished"]["cancelled"]
         with server.client() as http, http.stream("POST", "/v1/audio/speech", json=SSE_BODY) as response:
-            assert next(events(response.iter_lines()))[0] == "queued"
+            read = events(response.iter_lines())  # kept: a dropped reader may close the connection
+            assert next(read)[0] == "queued"
             ticket = the_stream_ticket(server, [blocker])
         wait_for(lambda: ticket.state == "cancelled")
         assert stats()["finished"]["cancelled"] == before + 1 and stats()["queued"] == 0

@@ -40,6 +40,7 @@ T = TypeVar("T")
 log = logging.getLogger(__name__)
 POLL_S = 0.25
 QUEUED_EVERY_S = 1.0  # a waiting SSE stream repeats its place this often (the ETA counts down)
+START_GRACE_S = 0.2  # a ticket granted a free slot starts within this (a worker thread takes it at once)
 DISCONNECTED = "the client disconnected"
 
 
@@ -81,13 +82,11 @@ async def open_stream(request: Request, stream: AudioStream) -> StreamStart:
 
 
 async def open_unless_queued(request: Request, stream: AudioStream) -> None:
-    """`open_stream`, unless the ticket waits for a slot behind other work: then the response may begin
-    before the start (`sse_response` reports the ticket's place meanwhile). A ticket just granted a slot
-    (no wait left) is opened as before, so errors of a request that runs at once stay JSON errors."""
-    ticket = stream.ticket
-    if ticket.state == "queued" and ticket.estimated_wait_s() > 0:
-        return
-    await open_stream(request, stream)
+    """`open_stream`, unless the ticket is still queued after `START_GRACE_S` (it waits behind other work):
+    then the response may begin before the start (`sse_response` reports the ticket's place meanwhile).
+    A request that gets the engine at once is opened as before, so its errors stay JSON errors."""
+    if await stream.ticket.wait_started_async(START_GRACE_S):
+        await open_stream(request, stream)
 
 
 async def _queued_events(ticket: Ticket) -> AsyncIterator[bytes]:
