@@ -10,6 +10,7 @@ import pytest
 from tests.conftest import enrol_voice
 
 from cosyserve.frontend.text.split import split_long_text
+from cosyserve.service.requests import EVERY_VOICE, SynthesisRequest
 
 SENTENCE = ("今天天气很好我们一起去公园散步" * 5)[:64] + "。"  # 65 characters: one segment each
 TEXT = SENTENCE * 6  # max_text_chars 200: two pieces of three sentences, six segments
@@ -54,3 +55,16 @@ def test_a_job_counts_its_segments_as_units_and_the_next_ones_wait_for_all_of_th
     finally:
         release.set()
         blocker.wait(30)
+
+
+def test_counting_a_long_jobs_segments_is_cheap(server) -> None:
+    """The count runs at submit, on the request's thread: text preparation only, no engine."""
+    synth = server.service.model.loaded
+    jobs = server.service.backend.job_runner
+    text = SENTENCE * 150  # about 10,000 characters: the longest job text the default limits allow
+    pieces = split_long_text(text, 200)
+    request = SynthesisRequest(text=text, voice="alice")
+    began = time.perf_counter()
+    units = jobs._segment_count(request, pieces, EVERY_VOICE)
+    assert units == 150 and synth is not None
+    assert time.perf_counter() - began < 5.0
