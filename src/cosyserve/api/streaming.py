@@ -10,7 +10,8 @@ request id).
 An SSE stream whose request waits behind others begins at once (`open_unless_queued`) and sends a
 `queued` event (`{"type": "queued", "position", "ahead", "eta_s"}`, with `event: queued`) when its place
 changes and about every `QUEUED_EVERY_S` while it waits; errors from then on are its `error` event. Its
-headers then lack `X-Cosyserve-Seed` (the final event has the seed). Raw audio streams wait for the start.
+headers then lack `X-Cosyserve-Seed` and the storage warning (the final event has `seed` and `saved`). Raw
+audio streams wait for the start.
 
 A client that disconnects cancels its work: while a ticket waits or runs, the connection is checked every
 `POLL_S`; once a streaming response has started, Starlette notices the disconnect and closes our body
