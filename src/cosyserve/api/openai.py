@@ -2,7 +2,8 @@
 
 `voice` names a saved voice (OpenAI's built-in names exist only if you enrol voices under them);
 `instructions` becomes the instruct text; `speed` must be within 0.5-2.0 (OpenAI allows 0.25-4.0);
-`stream_format="sse"` sends `speech.audio.delta` / `speech.audio.done` events like OpenAI's, and an explicit
+`stream_format="sse"` sends `speech.audio.delta` / `speech.audio.done` events like OpenAI's (after `queued`
+events while it waits behind other work: `api.streaming`), and an explicit
 `stream_format="audio"` streams raw audio chunks as they are generated (without it the whole file comes at
 once, with the X-Cosyserve-Output-Id and X-Cosyserve-Duration headers).
 """
@@ -18,6 +19,7 @@ from cosyserve.api.streaming import (
     audio_stream_response,
     await_ticket,
     open_stream,
+    open_unless_queued,
     sse_response,
 )
 from cosyserve.errors import InputError
@@ -71,7 +73,7 @@ async def speech(body: SpeechParams, request: Request, principal: CurrentPrincip
     )
     if body.stream_format == "sse":
         stream = service.backend.stream_tts(synthesis, spec)
-        await open_stream(request, stream)
+        await open_unless_queued(request, stream)  # a waiting stream begins at once with `queued` events
         return sse_response(stream, len(body.input))
     if "stream_format" in body.model_fields_set:  # asked for "audio" explicitly: chunks as generated
         stream = service.backend.stream_tts(synthesis, spec)

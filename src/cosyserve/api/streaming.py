@@ -7,6 +7,12 @@ directory already could not take results as it began, and `GET /v1/outputs?reque
 its output once it ended, or nothing when it was not saved (counted as `storage_error`, logged with the
 request id).
 
+An SSE stream whose request waits behind others begins at once (`open_unless_queued`) and sends a
+`queued` event (`{"type": "queued", "position", "ahead", "eta_s"}`, with `event: queued`) when its place
+changes and about every `QUEUED_EVERY_S` while it waits; errors from then on are its `error` event. Its
+headers then lack `X-Cosyserve-Seed` and the storage warning (the final event has `seed` and `saved`). Raw
+audio streams wait for the start.
+
 A client that disconnects cancels its work: while a ticket waits or runs, the connection is checked every
 `POLL_S`; once a streaming response has started, Starlette notices the disconnect and closes our body
 generator, which cancels the stream's ticket.
@@ -34,6 +40,8 @@ T = TypeVar("T")
 
 log = logging.getLogger(__name__)
 POLL_S = 0.25
+QUEUED_EVERY_S = 1.0  # a waiting SSE stream repeats its place this often (the ETA counts down)
+START_GRACE_S = 0.2  # a ticket granted a free slot starts within this (a worker thread takes it at once)
 DISCONNECTED = "the client disconnected"
 
 
@@ -72,6 +80,30 @@ async def open_stream(request: Request, stream: AudioStream) -> StreamStart:
     """Wait until the work has checked its request and the stream has started; errors before that
     (bad input, queue timeouts, a disconnect) raise here, while an error envelope can still be sent."""
     return await _watching(request, stream.ticket, stream.open_async())
+
+
+async def open_unless_queued(request: Request, stream: AudioStream) -> None:
+    """`open_stream`, unless the ticket is still queued after `START_GRACE_S` (it waits behind other work):
+    then the response may begin before the start (`sse_response` reports the ticket's place meanwhile).
+    A request that gets the engine at once is opened as before, so its errors stay JSON errors."""
+    if await stream.ticket.wait_started_async(START_GRACE_S):
+        await open_stream(request, stream)
+
+
+async def _queued_events(ticket: Ticket) -> AsyncIterator[bytes]:
+    """`queued` events while the ticket waits for its slot: at once, when its place changes, and every
+    `QUEUED_EVERY_S` (its estimate counting down; a silent stream would look stuck)."""
+    loop = asyncio.get_running_loop()
+    sent_position, sent_at = None, 0.0
+    while ticket.state == "queued":
+        position = ticket.position
+        if position is None:  # left the queue between the two reads
+            break
+        if position != sent_position or loop.time() - sent_at >= QUEUED_EVERY_S:
+            eta = round(ticket.estimated_wait_s(), 1)
+            yield _event({"type": "queued", "position": position, "ahead": position, "eta_s": eta}, "queued")
+            sent_position, sent_at = position, loop.time()
+        await ticket.wait_started_async(POLL_S)
 
 
 class AudioStreamingResponse(StreamingResponse):
@@ -116,11 +148,16 @@ def audio_stream_response(stream: AudioStream) -> StreamingResponse:
 
 
 def sse_response(stream: AudioStream, input_chars: int) -> StreamingResponse:
-    """OpenAI's speech SSE: `speech.audio.delta` events with base64 audio, then `speech.audio.done`."""
-    ticket, start = stream.ticket, _started(stream)
+    """OpenAI's speech SSE: `speech.audio.delta` events with base64 audio, then `speech.audio.done`;
+    `queued` events first when `open_unless_queued` left the stream waiting in the queue."""
+    ticket, start = stream.ticket, stream.start
 
     async def body() -> AsyncIterator[bytes]:
         try:
+            if stream.start is None:
+                async for event in _queued_events(ticket):
+                    yield event
+                await stream.open_async()
             async for data in stream.achunks():
                 if data:
                     yield _event({"type": "speech.audio.delta", "audio": base64.b64encode(data).decode()})
@@ -144,12 +181,9 @@ def sse_response(stream: AudioStream, input_chars: int) -> StreamingResponse:
             error = json.loads(bytes(response.body))["error"]
             yield _event({"type": "error", "error": {**error, "status": status, "code": code}})
 
-    headers = {
-        "X-Cosyserve-Seed": str(start.seed),
-        "Cache-Control": "no-cache",
-        "X-Accel-Buffering": "no",
-        **_storage_headers(start),
-    }
+    headers = {"Cache-Control": "no-cache", "X-Accel-Buffering": "no"}
+    if start is not None:  # known only when the stream started before the response
+        headers.update({"X-Cosyserve-Seed": str(start.seed), **_storage_headers(start)})
     return AudioStreamingResponse(stream, body(), media_type="text/event-stream", headers=headers)
 
 
@@ -166,8 +200,10 @@ def _started(stream: AudioStream) -> StreamStart:
     return stream.start
 
 
-def _event(data: dict[str, Any]) -> bytes:
-    return f"data: {json.dumps(data, ensure_ascii=False)}\n\n".encode()
+def _event(data: dict[str, Any], name: str | None = None) -> bytes:
+    """One SSE event; `name` adds an `event:` line (for EventSource listeners)."""
+    head = f"event: {name}\n" if name else ""
+    return f"{head}data: {json.dumps(data, ensure_ascii=False)}\n\n".encode()
 
 
 def audio_response(outcome: TtsOutcome) -> Response:

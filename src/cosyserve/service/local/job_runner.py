@@ -16,7 +16,7 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
-from cosyserve.errors import Cancelled, StorageError
+from cosyserve.errors import Cancelled, CosyServeError, StorageError
 from cosyserve.service import wire
 from cosyserve.service.activity import both, synthesis_logger
 from cosyserve.service.backend import cancellable_job, job_pieces, new_job_id
@@ -96,7 +96,8 @@ class LocalJobs:
             )
 
         body = self._tts_body(job_id, request, spec, pieces, spec.voice_scope, snapshots)
-        submit = lambda: self._submit(job_id, "tts", body, create, spec, request, len(pieces))  # noqa: E731
+        units = self._segment_count(request, pieces, spec.voice_scope)
+        submit = lambda: self._submit(job_id, "tts", body, create, spec, request, units)  # noqa: E731
         return self.reservations.job_submitted(job_id, spec.key, estimate, submit)
 
     def submit_batch(self, batch: BatchSubmission, spec: OutputSpec) -> JobRecord:
@@ -124,7 +125,8 @@ class LocalJobs:
         record = self.jobs.get(job_id)
         snapshots = (record.params or {}).get(SNAPSHOTS) if record is not None else None
         body = self._tts_body(job_id, request, spec, pieces, spec.voice_scope, snapshots)
-        return self._ticket(job_id, "tts", body, spec, _set_event(), request, attempt, len(pieces))
+        units = self._segment_count(request, pieces, spec.voice_scope)
+        return self._ticket(job_id, "tts", body, spec, _set_event(), request, attempt, units)
 
     def run_claimed_batch(self, job_id: str, attempt: int) -> Ticket:
         """Run a batch or a dub a distributed worker claimed as `attempt`, from its record and items."""
@@ -144,7 +146,7 @@ class LocalJobs:
             pieces = job_pieces(asked, self.max_text_chars)
             snapshots = (record.params or {}).get(SNAPSHOTS)
             body = self._tts_body(record.id, asked, spec, pieces, voices, snapshots)
-            units = len(pieces)
+            units = self._segment_count(asked, pieces, voices)
         else:
             plan_spec = dataclasses.replace(spec, key=None)  # items are charged by the runner
             plan = BatchPlan(record.id, record.kind, dict(record.params), prompt_wav, plan_spec, voices)
@@ -165,6 +167,21 @@ class LocalJobs:
             self.reservations.release_job(job_id)
             return ended
         return self.jobs.get(job_id) or record
+
+    def _segment_count(self, request: SynthesisRequest, pieces: list[str], voices: VoiceScope) -> int:
+        """A long text's units for the queue's wait estimates: its segments (`run_pieces` gives the engine
+        back after each), split as synthesis splits them. Only the text is prepared, no audio is made; with
+        no model loaded (no tokenizer yet), or for a piece synthesis will refuse, a piece counts as one."""
+        synth = self.host.loaded
+        if synth is None:
+            return len(pieces)
+        total = 0
+        for piece in pieces:
+            try:
+                total += synth.segment_count(dataclasses.replace(request, text=piece), voices)
+            except CosyServeError:  # the work refuses it with the reason when it runs
+                total += 1
+        return total
 
     # -- the work ---------------------------------------------------------------------------------------
 
@@ -202,7 +219,7 @@ class LocalJobs:
         units: int | None = None,
     ) -> Ticket:
         """`asked`: what the activity log says was asked (a batch: its texts, its shared voice); `units`:
-        its pieces (a job) or the items it still runs (a batch, a dub), for the queue's wait estimates."""
+        its segments (a job) or the items it still runs (a batch, a dub), for the queue's wait estimates."""
         recorder = JobStateRecorder(
             self.jobs,
             self.batches,

@@ -34,7 +34,7 @@ from cosyserve.engine.token2wav import (
 from cosyserve.errors import InputError
 from cosyserve.frontend.onnx_models import SpeakerEncoder, SpeechTokenizer
 from cosyserve.frontend.prompt_features import PromptFeatures, analyse_prompt
-from cosyserve.frontend.text import prepare_texts
+from cosyserve.frontend.text import PreparedText, prepare_texts
 from cosyserve.frontend.tokenizer import TextTokenizer
 from cosyserve.limits import DEFAULT_MAX_TEXT_CHARS, MAX_SPEED, MIN_SPEED
 from cosyserve.modeldir.model_dir import ModelDir
@@ -215,30 +215,19 @@ class Synthesizer:
         if request.seed is not None and not (0 <= request.seed <= MAX_SEED):
             raise InputError(f"seed must be an integer from 0 to {MAX_SEED}")
         voice = None
-        lexicon = dict(self.lexicon)
         if request.voice is not None:
             if pinned is not None:
                 voice, features = pinned.voice, pinned.features
             else:
                 voice = self._library().get(request.voice, voices)
                 features = self.voice_features(voice)
-            transcript = request.prompt_text if request.prompt_text is not None else voice.transcript
-            instruct = request.instruct if request.instruct is not None else voice.defaults.instruct
             speed = request.speed if request.speed is not None else (voice.defaults.speed or 1.0)
             seed = request.seed if request.seed is not None else voice.defaults.seed
-            lexicon.update(voice.lexicon)
         else:
-            transcript, instruct, seed = request.prompt_text, request.instruct, request.seed
+            seed = request.seed
             speed = request.speed if request.speed is not None else 1.0
             features = None
-        prepared = prepare_texts(
-            request.text,
-            tokenizer=self.tokenizer,
-            prompt_text=transcript,
-            instruct=instruct,
-            lexicon=lexicon or None,
-            max_chars=self.max_text_chars,
-        )
+        transcript, prepared = self._prepared_text(request, voice)
         if features is None and request.prompt_wav is not None:  # last: text errors are cheaper to find
             features = self.analyse_prompt(request.prompt_wav, denoise=request.denoise)
         if features is None:
@@ -249,6 +238,33 @@ class Synthesizer:
             seed = secrets.randbelow(MAX_SEED + 1)
         plan = SynthesisPlan(request, prepared, features, seed, speed, voice, time.perf_counter() - started)
         return self._with_takes(plan, transcript)
+
+    def segment_count(self, request: SynthesisRequest, voices: VoiceScope = EVERY_VOICE) -> int:
+        """How many segments `synthesize` splits the request's text into: only the text side of its plan
+        (no prompt analysis, no engine); InputError / VoiceNotFound as `synthesize` raises them."""
+        voice = self._library().get(request.voice, voices) if request.voice is not None else None
+        return len(self._prepared_text(request, voice)[1].segments)
+
+    def _prepared_text(
+        self, request: SynthesisRequest, voice: Voice | None
+    ) -> tuple[str | None, PreparedText]:
+        """(the prompt transcript, the text prepared) as `voice` reads it (None: an uploaded recording)."""
+        lexicon = dict(self.lexicon)
+        if voice is not None:
+            transcript = request.prompt_text if request.prompt_text is not None else voice.transcript
+            instruct = request.instruct if request.instruct is not None else voice.defaults.instruct
+            lexicon.update(voice.lexicon)
+        else:
+            transcript, instruct = request.prompt_text, request.instruct
+        prepared = prepare_texts(
+            request.text,
+            tokenizer=self.tokenizer,
+            prompt_text=transcript,
+            instruct=instruct,
+            lexicon=lexicon or None,
+            max_chars=self.max_text_chars,
+        )
+        return transcript, prepared
 
     def _with_takes(self, plan: SynthesisPlan, transcript: str | None) -> SynthesisPlan:
         """The plan with its takes and thresholds (the request's over the policy's) and the voice's own

@@ -184,6 +184,10 @@ class Ticket:
     async def wait_async(self, timeout: float | None = None) -> bool:
         return await self._until(lambda: self._settled, timeout)
 
+    async def wait_started_async(self, timeout: float | None = None) -> bool:
+        """True once it left the queue: started, or finished without starting."""
+        return await self._until(lambda: self._state != "queued", timeout)
+
     async def result_async(self, timeout: float | None = None) -> Any:
         if not await self.wait_async(timeout):
             raise TimeoutError(f"job {self.id} did not finish within {timeout} s")
