@@ -542,8 +542,8 @@ def long_text(chars: int) -> str:
 
 
 def test_long_text_becomes_a_job_with_progress(page, ui_server, shared_dir):
-    """A 600-character text (15 times what one synthesis takes here): a job with a visible, advancing progress bar, the first pieces playable
-    before the end, then the audio and an SRT link."""
+    """A 600-character text (15 times what one synthesis takes here): a job with a visible, advancing
+    progress bar, the first pieces playable before the end, then the audio and an SRT link."""
     open_tab(page, "cross_lingual")
     upload_prompt(page, "cross_lingual", shared_dir / "audio" / "prompt_zh_24k.wav")
     page.fill("#cross_lingual-text textarea", long_text(600))
