@@ -152,7 +152,13 @@ def test_a_workers_sigterm_requeues_its_running_batch(
     first = service.batches.items(job_id)[0]
     assert first.state == "done" and first.output_id
 
-    again = FakeTask()  # the task, sent again, reaches a worker (here the same one, as after a restart)
+    back = FakeTask()  # sent again, it reaches this worker while it stops: back to the queue, unclaimed
+    run_task(back, box := {})
+    assert isinstance(box.get("error"), Retry) and back.retries == [{"countdown": 1.0, "max_retries": None}]
+    assert service.jobs.get(job_id).attempt == 1
+
+    worker.stopping.clear()  # the same worker started again
+    again = FakeTask()
     run_task(again, box := {})
     assert box == {} and again.retries == []
     record = service.jobs.get(job_id)

@@ -86,6 +86,9 @@ class WorkerNode:
         self.relay = Relay(self.client)
         self.registry = WorkerRegistry(self.client)
         self._stop = threading.Event()
+        # Set by a SIGTERM: Celery's consumer may still hand this worker a task (even the one it just sent
+        # back); it goes back to the queue for another worker instead of being claimed here.
+        self.stopping = threading.Event()
         self._running = 0
         self.count_lock = threading.Lock()
         self.job_watches: set[TaskWatch] = set()  # the jobs running now (guarded by count_lock)
@@ -141,6 +144,7 @@ class WorkerNode:
         """Celery's `worker_shutting_down` (SIGTERM/SIGINT, sent from its signal handler): this worker's
         running jobs go back to the queue instead of holding the shutdown until they end."""
         if sender == self.hostname:
+            self.stopping.set()
             self.interrupt_jobs("the worker is shutting down")
 
     def interrupt_jobs(self, reason: str) -> int:
@@ -284,6 +288,8 @@ class WorkerNode:
 
     def _claimed(self, task: Any, job_id: str, run: Any) -> None:
         """Claim the job, run it as this attempt while renewing its lease; end its record on failure."""
+        if self.stopping.is_set():  # not claimed by a worker on its way out
+            raise task.retry(countdown=1.0, max_retries=None)
         if not self._background.acquire(blocking=False):  # its pool is for interactive tasks too
             raise task.retry(countdown=1.0, max_retries=None)
         try:
