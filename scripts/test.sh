@@ -18,4 +18,7 @@ COSYSERVE_TORCH="${COSYSERVE_TORCH:-2.13.0}" COSYSERVE_EXTRAS="test,download,dis
 # Which CPU family and torch build this run is on: numerics and kernels differ between AVX2 and AVX-512.
 .venv/bin/python -m cosyserve.bench.machine
 .venv/bin/ruff check src tests
-.venv/bin/python -m pytest "$@"
+# Two processes, each test file whole in one of them (module fixtures, and the browser tests' order); each
+# test's torch runs one thread (tests/conftest.py), so two use both cores. COSYSERVE_TEST_WORKERS=0: one
+# process; arguments after the script's name go to pytest (`-n 0` too).
+.venv/bin/python -m pytest -n "${COSYSERVE_TEST_WORKERS:-2}" --dist loadfile --durations=15 "$@"
