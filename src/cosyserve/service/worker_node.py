@@ -7,7 +7,9 @@ its `LocalBackend` to the queue. Under `distributed/` it made that folder sit bo
 The worker is a `Service` in the "worker" role (the model, the local scheduler with its concurrency limit,
 the shared stores) plus a Celery consumer on a thread pool of the same size. Each task runs through the
 local scheduler exactly as a request on a single machine does, and what it produces goes to the relay:
-stream chunks and the final outcome for interactive tasks, the jobs table for jobs.
+stream chunks and the final outcome for interactive tasks, the jobs table for jobs. Background tasks
+(jobs, batches, dubs) come in through `worker_jobs.py`: within this worker's slots, and keys taking turns
+for the cluster's slots.
 
 While a task runs, a watcher thread renews its lease (a Redis key for interactive tasks, the job row's
 lease for jobs), passes a cancel from the relay or a lost job lease on to the ticket, and publishes
@@ -33,8 +35,6 @@ from celery import signals as celery_signals
 from cosyserve.errors import (
     Cancelled,
     CosyServeError,
-    Interrupted,
-    JobStateError,
     ModelDirError,
     SettingsError,
 )
@@ -49,6 +49,7 @@ from cosyserve.service.logs import log_failure
 from cosyserve.service.scheduling.tickets import Ticket
 from cosyserve.service.settings import Settings
 from cosyserve.service.stores.keys import ApiKey
+from cosyserve.service.worker_jobs import JobIntake
 
 log = logging.getLogger(__name__)
 
@@ -77,7 +78,6 @@ class WorkerNode:
         self.local: LocalBackend = self.service.backend
         self.jobs = self.service.jobs
         self.lease_s = queue.job_lease_s
-        self._background = threading.BoundedSemaphore(self.service.scheduler.background_running)
         restore = max(1, min(10, int(queue.visibility_timeout_s // 5)))
         self.app = celery_app.make_celery(
             queue.queue_url, visibility_timeout_s=queue.visibility_timeout_s, restore_interval_s=restore
@@ -92,6 +92,7 @@ class WorkerNode:
         self._running = 0
         self.count_lock = threading.Lock()
         self.job_watches: set[TaskWatch] = set()  # the jobs running now (guarded by count_lock)
+        self.intake = JobIntake(self, self.service.scheduler.background_running)
         self._register_tasks()
 
     # -- lifecycle ---------------------------------------------------------------------------------------
@@ -191,6 +192,7 @@ class WorkerNode:
             try:
                 if self.service.model_state == "ready":
                     self.registry.beat(self.name, self.info(), ttl_s=self.lease_s)
+                self.intake.shares.renew(self.lease_s)  # its running jobs count for their keys while it lives
             except Exception as exc:  # Redis briefly away: API nodes see no heartbeat until it is back
                 log.warning("worker heartbeat failed: %s", exc)
             self._stop.wait(interval)
@@ -263,7 +265,7 @@ class WorkerNode:
             return
         self.relay.hold(task_id, self.name, self.lease_s)
         try:
-            with self._counted(), TaskWatch(self, task_id, progress=True) as watch:
+            with self.counted(), TaskWatch(self, task_id, progress=True) as watch:
                 run(watch)
         except BaseException as exc:
             if not isinstance(exc, CosyServeError):
@@ -287,50 +289,8 @@ class WorkerNode:
         self._claimed(task, job_id, lambda attempt: self.local.run_claimed_batch(job_id, attempt))
 
     def _claimed(self, task: Any, job_id: str, run: Any) -> None:
-        """Claim the job, run it as this attempt while renewing its lease; end its record on failure."""
-        if self.stopping.is_set():  # not claimed by a worker on its way out
-            raise task.retry(countdown=1.0, max_retries=None)
-        if not self._background.acquire(blocking=False):  # its pool is for interactive tasks too
-            raise task.retry(countdown=1.0, max_retries=None)
-        try:
-            self._claimed_here(task, job_id, run)
-        finally:
-            self._background.release()
-
-    def _claimed_here(self, task: Any, job_id: str, run: Any) -> None:
-        jobs = self.service.jobs
-        record = jobs.claim(job_id, self.name, self.lease_s)
-        if record is None:
-            current = jobs.get(job_id)
-            if current is None or current.is_terminal:
-                log.info("job %s: nothing to do (%s)", job_id, current.state if current else "gone")
-                self.local.reservations.release_job(job_id)  # e.g. cancelled while it waited
-                return
-            # Another worker holds it and is alive: look again once its lease could have run out.
-            raise task.retry(countdown=max(1.0, self.lease_s), max_retries=None)
-        attempt = record.attempt
-        if attempt > 1:
-            log.warning("job %s: attempt %d (an earlier worker stopped while running it)", job_id, attempt)
-        interrupted = False
-        try:
-            reason = self.relay.cancel_reason(job_id)
-            if reason is not None:
-                raise Cancelled(reason)
-            with self._counted(), TaskWatch(self, job_id, job_attempt=attempt) as watch:
-                ticket = watch.attach(run(attempt))
-                ticket.wait()
-                interrupted = isinstance(ticket.error, Interrupted)  # its record went back to the queue
-        except BaseException as exc:  # it never reached the scheduler: end the record here
-            with contextlib.suppress(JobStateError):
-                jobs.finish_with_exception(job_id, exc, attempt=attempt)
-            current = jobs.get(job_id)
-            if current is None or current.is_terminal:  # what it still holds of its key's quota
-                self.local.reservations.release_job(job_id)
-            if not isinstance(exc, CosyServeError):
-                log_failure("worker", f"job {job_id} failed: {exc}", exc=exc)
-        if interrupted:
-            log.warning("job %s: interrupted (%s); its task is sent again", job_id, ticket.error)
-            raise task.retry(countdown=0, max_retries=None)
+        """A background task: taken within this worker's slots and its key's share, claimed, run."""
+        self.intake.claimed(task, job_id, run)
 
     # -- helpers -----------------------------------------------------------------------------------------
 
@@ -346,7 +306,8 @@ class WorkerNode:
         except Exception as exc:  # the API node will see the lease vanish and answer 503
             log.warning("could not report the end of task %s: %s", task_id, exc)
 
-    def _counted(self) -> Any:
+    def counted(self) -> Any:
+        """A `with` block during which a task counts among those running here (readiness, heartbeat)."""
         node = self
 
         class _Counter:

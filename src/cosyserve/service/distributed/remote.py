@@ -23,6 +23,7 @@ from cosyserve.errors import Cancelled, InputError, JobStateError
 from cosyserve.service import wire
 from cosyserve.service.backend import AudioStream, cancellable_job, job_pieces, new_job_id
 from cosyserve.service.batches.submission import BatchSubmission, record_batch
+from cosyserve.service.distributed.background_share import BackgroundShares
 from cosyserve.service.distributed.celery_app import (
     BATCH_TASK,
     ENROL_TASK,
@@ -36,6 +37,7 @@ from cosyserve.service.local.voice_pins import SNAPSHOTS, resolve_batch, resolve
 from cosyserve.service.outcomes import StreamStart, TtsOutcome
 from cosyserve.service.requests import EnrolmentRequest, OutputSpec, SynthesisRequest
 from cosyserve.service.reservations import QuotaReservations
+from cosyserve.service.scheduling.key_share import share_key
 from cosyserve.service.scheduling.scheduler import Scheduler, Ticket, WorkContext
 from cosyserve.service.settings import Settings
 from cosyserve.service.stores.batches import BatchStore
@@ -76,6 +78,7 @@ class RemoteBackend:
         self.client = connect(self.url)
         self.relay = Relay(self.client)
         self.registry = WorkerRegistry(self.client)
+        self.shares = BackgroundShares(self.client)  # which keys have background work waiting
         self._workers: tuple[float, list[dict[str, Any]]] = (0.0, [])
         self._workers_lock = threading.Lock()
 
@@ -237,7 +240,8 @@ class RemoteBackend:
             jobs = self.jobs
             record = jobs.create(params, kind="tts", owner=spec.owner, job_id=job_id, reserved_s=estimate)
             try:
-                self._send(JOB_TASK, [job_id, wire.encode_request(request), wire.encode_spec(spec)], job_id)
+                args = [job_id, wire.encode_request(request), wire.encode_spec(spec)]
+                self._send_background(JOB_TASK, args, job_id, spec.owner)
             except wire.QueueUnavailable as exc:
                 with contextlib.suppress(JobStateError):  # nobody else knows the job yet
                     self.jobs.finish_failed(job_id, "queue_unavailable", str(exc))
@@ -259,7 +263,7 @@ class RemoteBackend:
         def submit() -> JobRecord:
             record = record_batch(self.jobs, self.batches, batch, job_id, spec, reserved)
             try:
-                self._send(BATCH_TASK, [job_id], job_id)
+                self._send_background(BATCH_TASK, [job_id], job_id, spec.owner)
             except wire.QueueUnavailable as exc:
                 with contextlib.suppress(JobStateError):  # nobody else knows the batch yet
                     self.jobs.finish_failed(job_id, "queue_unavailable", str(exc))
@@ -283,6 +287,7 @@ class RemoteBackend:
             self.reservations.release_job(job_id)
         try:
             self.relay.request_cancel(job_id)
+            self.shares.dropped(job_id, share_key(record.owner))  # other keys need not wait for it
         except Exception as exc:  # the record is cancelled; the worker notices at its next lease renewal
             log.warning("could not flag job %s as cancelled in the queue: %s", job_id, exc)
         return record
@@ -299,6 +304,21 @@ class RemoteBackend:
                 "check that Redis runs; retry in a few seconds"
             ) from exc
         return task_id
+
+    def _send_background(self, task: str, args: list[Any], job_id: str, owner: str | None) -> None:
+        """Send a job's task, counted as waiting for its key until a worker claims it (keys take turns
+        for the cluster's background slots: `scheduling/key_share.py`)."""
+        key = share_key(owner)
+        try:
+            self.shares.queued(job_id, key)
+        except Exception as exc:  # Redis away: sending fails too, and says so
+            log.warning("job %s: not counted as waiting for its key: %s", job_id, exc)
+        try:
+            self._send(task, args, job_id)
+        except wire.QueueUnavailable:
+            with contextlib.suppress(Exception):
+                self.shares.dropped(job_id, key)
+            raise
 
     def _relay(self, task_id: str, ctx: WorkContext) -> Iterator[RelayItem]:
         """The task's relay items up to and including `done`; raises the worker's error, Cancelled when
