@@ -13,8 +13,9 @@ Delivery guarantees, per task:
 
 Two queues, one per class of work: interactive tasks (`cosyserve`) and jobs, batches and dubs
 (`cosyserve.background`). A worker takes from both, with room in its pool for interactive tasks beside at
-most `background_running` background ones (more go back to the queue for a moment, `worker.py`); its own
-scheduler then shares the engine sentence by sentence (item by item), interactive first.
+most `background_running` background ones (more go back to the queue for a moment, `worker_jobs.py`,
+as does a key's task while another key waits that runs fewer in the cluster); its own scheduler then
+shares the engine sentence by sentence (item by item), interactive first.
 
 Messages are JSON only; results travel through the relay (`relay.py`), not a Celery result backend.
 """
