@@ -158,3 +158,33 @@ def test_a_busy_keys_third_task_goes_back_while_another_key_waits_never_a_lone_k
         assert back.retries == []
     assert ran[1:] == [(third, 1), (lone, 1)]
     assert mine.snapshot() == type(view)(running={"key:a": 2}, waiting=frozenset())
+
+
+def test_the_api_node_counts_a_sent_job_as_waiting_and_forgets_one_it_could_not_send(
+    redis_url: str, tmp_path
+) -> None:
+    from cosyserve.service import wire
+    from cosyserve.service.distributed.background_share import BackgroundShares
+    from cosyserve.service.distributed.remote import RemoteBackend
+    from cosyserve.service.settings import Settings
+
+    settings = Settings(queue={"queue_url": redis_url}, storage={"data_dir": tmp_path})
+    remote = RemoteBackend(settings, None, jobs=None, voices=None, batches=None)  # type: ignore[arg-type]
+    remote.shares = BackgroundShares(remote.client, prefix=f"test-{uuid.uuid4().hex[:8]}")
+    refuse = False
+
+    def send(task: str, args: list, task_id: str | None = None) -> str:
+        if refuse:
+            raise wire.QueueUnavailable("the queue refused the task")
+        return task_id or ""
+
+    remote._send = send  # type: ignore[method-assign]
+    try:
+        remote._send_background("cosyserve.batch", ["j1"], "j1", None)
+        assert remote.shares.snapshot().waiting == {ANONYMOUS_KEY}
+        refuse = True
+        with pytest.raises(wire.QueueUnavailable):
+            remote._send_background("cosyserve.batch", ["j2"], "j2", "key:2")
+        assert remote.shares.snapshot().waiting == {ANONYMOUS_KEY}
+    finally:
+        remote.stop()
