@@ -260,3 +260,32 @@ def test_every_bridge_call_of_the_pages_exists() -> None:
             if named and node.attr not in known:
                 missing.append(f"{path.name}:{node.lineno}: bridge.{node.attr}")
     assert not missing, "the pages call what the bridge does not have:\n" + "\n".join(missing)
+
+
+def test_the_batch_tabs_takes_go_to_every_item_unless_it_sets_its_own(tmp_path):
+    """The Batch tab's Takes slider is the batch's `takes`: items without a `takes` column get it, an
+    item's own wins; out of range is refused before anything is submitted."""
+    from cosyserve.errors import InputError
+    from cosyserve.ui.bridge import BatchBridge
+
+    submitted = []
+    limits = SimpleNamespace(max_batch_items=10, max_text_chars=40, max_dub_track_s=60.0, max_upload_mb=1)
+    service = SimpleNamespace(
+        access=SimpleNamespace(check_rate=lambda principal: None, check_quota=lambda principal: None),
+        settings=SimpleNamespace(limits=limits),
+        backend=SimpleNamespace(submit_batch=lambda batch, spec: submitted.append(batch) or "record"),
+    )
+    batches = BatchBridge(SimpleNamespace(service=service, max_takes=5))
+    script = tmp_path / "lines.csv"
+    script.write_text("text,takes\n第一句。,\n第二句。,1\n", encoding="utf-8")
+    principal = SimpleNamespace(owner="user:ann", key=None)
+    common = dict(voice="alice", instruct="", fmt="wav", max_speed=1.25, request_id="r1")
+    assert batches.submit(principal, script, takes=3, **common) == "record"
+    batch = submitted[-1]
+    assert batch.shared["takes"] == 3
+    assert [item.params["takes"] for item in batch.items] == [3, 1]
+    batches.submit(principal, script, **common)  # the slider untouched: the server's default
+    assert "takes" not in submitted[-1].shared and submitted[-1].items[0].params.get("takes") is None
+    with pytest.raises(InputError, match="from 1 to 5"):
+        batches.submit(principal, script, takes=6, **common)
+    assert len(submitted) == 2

@@ -41,6 +41,7 @@ STRINGS: dict[str, tuple[str, str]] = {
     "instruct": ("指令（可选，用于每一句）", "Instruction (optional, for every line)"),
     "format": ("格式", "Format"),
     "max_speed": ("字幕配音：最多加速到", "Subtitles: speed a line up at most"),
+    "takes": ("每一项的生成次数（不合格则换种子重做）", "Takes per item (made again if a check fails)"),
     "start": ("开始", "Start"),
     "cancel": ("取消剩余", "Cancel the rest"),
     "pick": ("播放已完成的一项", "Play a finished item"),
@@ -107,10 +108,10 @@ def build_batch_tab(ctx: UiContext) -> BatchTab:
             with gr.Column(scale=6):
                 parts = _outputs(ctx)
     actions = _BatchActions(ctx, BatchBridge(ctx.bridge), parts)
-    file, voice, instruct, fmt, max_speed, start, cancel = inputs
+    file, voice, instruct, fmt, max_speed, takes, start, cancel = inputs
     start.click(
         actions.start,
-        [ctx.lang, file, voice, instruct, fmt, max_speed],
+        [ctx.lang, file, voice, instruct, fmt, max_speed, takes],
         [parts.current, *parts.view, parts.audio],
     )
     parts.timer.tick(actions.refresh, [ctx.lang, parts.current], parts.view, show_progress="hidden")
@@ -151,6 +152,18 @@ def _inputs(ctx: UiContext) -> tuple[Any, ...]:
         gr.Slider(1.0, 2.0, value=1.25, step=0.05, label=bt("max_speed", lang), elem_id="batch-max-speed"),
         label=_in("max_speed"),
     )
+    bridge = ctx.bridge
+    takes = tr.bind(  # starts at the server's default; an item's own `takes` column wins
+        gr.Slider(
+            1,
+            bridge.max_takes,
+            value=bridge.default_takes,
+            step=1,
+            label=bt("takes", lang),
+            elem_id="batch-takes",
+        ),
+        label=_in("takes"),
+    )
     with gr.Row():
         start = tr.bind(
             gr.Button(bt("start", lang), variant="primary", elem_id="batch-start"), value=_in("start")
@@ -158,7 +171,7 @@ def _inputs(ctx: UiContext) -> tuple[Any, ...]:
         cancel = tr.bind(
             gr.Button(bt("cancel", lang), variant="stop", elem_id="batch-cancel"), value=_in("cancel")
         )
-    return file, voice, instruct, fmt, max_speed, start, cancel
+    return file, voice, instruct, fmt, max_speed, takes, start, cancel
 
 
 def _outputs(ctx: UiContext) -> _Parts:
@@ -193,6 +206,7 @@ class _BatchActions:
         instruct: str,
         fmt: str,
         max_speed: float,
+        takes: float | None,
         request: gr.Request,
     ) -> list[Any]:
         if not path:
@@ -209,6 +223,7 @@ class _BatchActions:
                 instruct=instruct,
                 fmt=fmt,
                 max_speed=max_speed,
+                takes=None if takes is None else int(takes),
                 request_id=request_id,
             )
             view = self._view(lang, principal, record.id)

@@ -42,14 +42,20 @@ class BatchBridge:
         fmt: str,
         max_speed: float,
         request_id: str,
+        takes: int | None = None,
     ) -> JobRecord:
-        """A batch (a script) or a dub (a subtitle file) of the uploaded file, as `principal`."""
+        """A batch (a script) or a dub (a subtitle file) of the uploaded file, as `principal`; `takes`: per
+        item unless an item sets its own (None: the server's)."""
         service = self.service
         data, suffix = self._read(path)
         service.access.check_rate(principal)
         service.access.check_quota(principal)
         limits = service.settings.limits
         shared = {"voice": voice or None, "instruct": (instruct or "").strip() or None, "format": fmt}
+        if takes is not None:
+            if not 1 <= takes <= self.bridge.max_takes:
+                raise InputError(f"takes must be from 1 to {self.bridge.max_takes}, got {takes}")
+            shared["takes"] = takes
         if suffix in SUBTITLE_SUFFIXES:
             kind, shared = "dub", {**shared, "max_speed": max_speed}
             rules = BatchRules(
