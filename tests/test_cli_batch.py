@@ -74,6 +74,29 @@ def test_takes_for_every_line_and_a_lines_own(tmp_path, prompt_args) -> None:
     assert "noise" in first["take_failed"] and "noise" not in second["take_failed"]
 
 
+def test_thresholds_for_every_line_and_a_lines_own(tmp_path, prompt_args) -> None:
+    """`--quality-max-flatness 1` is every line's (the demo model's noise then passes the noise check); a
+    line's own `thresholds` go over it one by one; a value out of range is one line and exit 2."""
+    script = tmp_path / "script.csv"
+    script.write_text('text,thresholds\n第一句。,\n第二句。,"{""max_flatness"": 0.001}"\n', "utf-8")
+    out = tmp_path / "out"
+    args = [
+        "batch",
+        str(script),
+        "--out",
+        str(out),
+        "--seed",
+        "1",
+        "--quality-max-flatness",
+        "1",
+        *prompt_args,
+    ]
+    assert cli_main(args) == 0
+    first, second = manifest(out)
+    assert "noise" not in first["take_failed"] and "noise" in second["take_failed"]
+    assert cli_main([*args[: -len(prompt_args)], "--quality-max-silence-ratio", "7", *prompt_args]) == 2
+
+
 def test_a_local_dub_leaves_the_track_and_its_report_only(tmp_path, prompt_args) -> None:
     subtitles = tmp_path / "episode.srt"
     subtitles.write_text(SRT, encoding="utf-8")

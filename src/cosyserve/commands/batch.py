@@ -337,7 +337,11 @@ def _record(position: int, item: Any, note: dict[str, Any]) -> Any:
 
 
 def _common(parser: argparse.ArgumentParser) -> None:
-    from cosyserve.commands.synthesize import add_model_arguments, add_text_limit_argument
+    from cosyserve.commands.synthesize import (
+        add_model_arguments,
+        add_text_limit_argument,
+        add_threshold_arguments,
+    )
 
     parser.add_argument("--voice", help="a saved voice (see `cosyserve voices`)")
     parser.add_argument("--prompt-wav", help="instead of --voice: a 3-30 s recording of the voice")
@@ -352,6 +356,7 @@ def _common(parser: argparse.ArgumentParser) -> None:
         default=None,
         help="takes per line while one fails its quality checks (an item's own wins; docs/quality.md)",
     )
+    add_threshold_arguments(parser, "every line's (an item's own `thresholds` win one by one)")
     parser.add_argument("--resume", action="store_true", help="go on where an interrupted run stopped")
     parser.add_argument("--server", help="run on a cosyserve server (http://host:port) instead of here")
     parser.add_argument("--api-key", default=os.environ.get("COSYSERVE_API_KEY"), help="the server's API key")

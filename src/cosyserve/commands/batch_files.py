@@ -9,6 +9,7 @@ import sys
 from pathlib import Path
 from typing import Any
 
+from cosyserve.commands.synthesize import threshold_arguments
 from cosyserve.errors import InputError
 
 
@@ -20,6 +21,7 @@ def shared_settings(args: argparse.Namespace) -> dict[str, Any]:
         "speed": args.speed,
         "volume": args.volume,
         "takes": args.takes,
+        "thresholds": threshold_arguments(args) or None,
         "format": getattr(args, "format", None) or "wav",
         "prompt_text": args.prompt_text,
     }

@@ -21,6 +21,7 @@ from typing import Any
 import httpx
 
 from cosyserve.commands.batch_files import progress_bar, read_input, read_prompt, report_path, write_atomic
+from cosyserve.commands.synthesize import threshold_arguments
 from cosyserve.errors import CosyServeError, InputError, Unavailable
 from cosyserve.exit_codes import ExitCode
 
@@ -113,6 +114,7 @@ def _resumed(state: Path, args: argparse.Namespace) -> str | None:
 def _submit(
     client: httpx.Client, path: str, args: argparse.Namespace, file: str, extra: dict[str, Any], state: Path
 ) -> str:
+    thresholds = threshold_arguments(args)
     fields = {
         key: str(value)
         for key, value in {
@@ -122,6 +124,7 @@ def _submit(
             "speed": args.speed,
             "volume": args.volume,
             "takes": args.takes,
+            "thresholds": json.dumps(thresholds) if thresholds else None,
             "prompt_text": args.prompt_text,
             **extra,
         }.items()

@@ -137,6 +137,26 @@ def _read_text(args: argparse.Namespace) -> str:
     return args.text
 
 
+def add_threshold_arguments(parser: argparse.ArgumentParser, whose: str) -> None:
+    """`--quality-min-similarity N` …: the names `serve` gives the server's thresholds, here for one run."""
+    for name in THRESHOLD_NAMES:
+        parser.add_argument(
+            f"--quality-{name.replace('_', '-')}",
+            type=float,
+            default=None,
+            metavar="N",
+            help=f"{whose} {name} threshold (default: the server settings'; docs/quality.md)",
+        )
+
+
+def threshold_arguments(args: argparse.Namespace) -> dict[str, float]:
+    """The thresholds given by `add_threshold_arguments`' options, checked (empty: none given)."""
+    given = {
+        name: value for name in THRESHOLD_NAMES if (value := getattr(args, f"quality_{name}")) is not None
+    }
+    return check_overrides(given)
+
+
 def cmd_synthesize(args: argparse.Namespace) -> int:
     text = _read_text(args)
     if (args.voice is None) == (args.prompt_wav is None):
@@ -147,9 +167,7 @@ def cmd_synthesize(args: argparse.Namespace) -> int:
             prompt_wav = Path(args.prompt_wav).read_bytes()
         except OSError as exc:
             raise InputError(f"cannot read --prompt-wav {args.prompt_wav}: {exc.strerror}") from exc
-    thresholds = check_overrides(
-        {name: value for name in THRESHOLD_NAMES if (value := getattr(args, f"quality_{name}")) is not None}
-    )
+    thresholds = threshold_arguments(args)
     out = Path(args.out)
     if out.suffix.lower() not in (".wav", ".flac", ".ogg"):
         raise InputError("--out must end in .wav, .flac or .ogg")
@@ -313,14 +331,7 @@ def add_parsers(sub: argparse._SubParsersAction) -> None:
         help="make a take again with the next seed while it fails its quality checks, up to this many "
         "(default 1: checked, not made again; docs/quality.md)",
     )
-    for name in THRESHOLD_NAMES:  # the names `serve` gives the server's thresholds, here for this text only
-        synth.add_argument(
-            f"--quality-{name.replace('_', '-')}",
-            type=float,
-            default=None,
-            metavar="N",
-            help=f"this synthesis's {name} threshold (default: the server settings'; docs/quality.md)",
-        )
+    add_threshold_arguments(synth, "this synthesis's")
     synth.add_argument("--json", action="store_true", help="print the result and its scores as one JSON line")
     add_model_arguments(synth)
     synth.set_defaults(func=cmd_synthesize)
