@@ -25,13 +25,12 @@ from cosyserve.service.assembly import Service
 from cosyserve.service.batches.archive import stream_zip
 from cosyserve.service.batches.dub_plan import track_seconds_of_items
 from cosyserve.service.batches.dub_report import dub_report, report_csv, report_document, report_json
-from cosyserve.service.batches.inputs import BatchRules, items_from, kind_of, read_items
+from cosyserve.service.batches.inputs import SHARED_FIELDS, BatchRules, items_from, kind_of, read_items
 from cosyserve.service.batches.submission import BatchSubmission
 from cosyserve.service.requests import WorkState
 from cosyserve.service.stores.jobs import JobNotFound, JobRecord
 
 router = APIRouter(prefix="/v1/batches", tags=["batches"])
-SHARED = ("voice", "instruct", "seed", "speed", "volume", "format", "takes", "thresholds", "prompt_text")
 # A dub's timing report, from /v1/batches/{id}/report and /v1/dub/{id}/report alike.
 REPORT_RESPONSES: dict[int | str, dict[str, Any]] = {
     200: {"content": {"application/json": {}, "text/csv": {}}},
@@ -67,7 +66,7 @@ async def create_batch(request: Request, response: Response, principal: CurrentP
     service.access.check_quota(principal)
     got: Submission = await read_submission(request, BatchParams, upload_limit(request))
     params: BatchParams = got.params
-    shared = params.shared(SHARED)
+    shared = params.shared(SHARED_FIELDS)
     rules = batch_rules(service, shared, got.prompt_wav is not None)
     if got.data is not None:
         items = read_items(got.data, kind_of(got.filename, got.content_type), rules)

@@ -24,22 +24,11 @@ from cosyserve.api.deps import CurrentPrincipal, get_service, output_spec, uploa
 from cosyserve.api.schemas import ERRORS
 from cosyserve.errors import InputError, JobStateError
 from cosyserve.frontend.subtitles import parse_subtitles
-from cosyserve.service.batches.inputs import cue_items
+from cosyserve.service.batches.inputs import SHARED_FIELDS, cue_items
 from cosyserve.service.batches.submission import BatchSubmission
 
 router = APIRouter(prefix="/v1/dub", tags=["dubbing"])
-SHARED = (
-    "voice",
-    "instruct",
-    "seed",
-    "speed",
-    "volume",
-    "format",
-    "takes",
-    "thresholds",
-    "prompt_text",
-    "max_speed",
-)
+SHARED = (*SHARED_FIELDS, "max_speed")  # a batch's shared settings, and how far a cue may be sped up
 
 
 @router.post(

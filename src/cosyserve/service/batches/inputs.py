@@ -36,30 +36,10 @@ from cosyserve.service.quality import MAX_TAKES
 from cosyserve.service.quality.overrides import check_overrides
 from cosyserve.service.requests import MAX_SEED
 
-ITEM_FIELDS = (
-    "text",
-    "voice",
-    "instruct",
-    "seed",
-    "speed",
-    "volume",
-    "format",
-    "takes",
-    "thresholds",
-    "name",
-)
+SETTINGS = ("voice", "instruct", "seed", "speed", "volume", "format", "takes", "thresholds")
+ITEM_FIELDS = ("text", *SETTINGS, "name")  # what an item may set
 TEXT_FIELDS = ("text", "voice", "instruct", "format")
-SHARED_FIELDS = (
-    "voice",
-    "instruct",
-    "seed",
-    "speed",
-    "volume",
-    "format",
-    "takes",
-    "thresholds",
-    "prompt_text",
-)
+SHARED_FIELDS = (*SETTINGS, "prompt_text")  # what a batch sets for all its items
 KINDS = ("json", "jsonl", "csv", "txt")
 NAME_CHARS = re.compile(r"[^\w-]+")
 MAX_NAME = 48
