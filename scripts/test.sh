@@ -15,6 +15,9 @@ if [ "$(id -u)" = 0 ] && command -v apt-get >/dev/null 2>&1 \
     chromium redis-server postgresql fonts-wqy-microhei flite >/dev/null
 fi
 COSYSERVE_TORCH="${COSYSERVE_TORCH:-2.13.0}" COSYSERVE_EXTRAS="test,download,distributed,denoise,labels" bash scripts/install.sh
+# The similarity check's test reads the GE2E speaker-encoder weights inside resemblyzer's wheel, nothing
+# else of it: without its dependencies (librosa, numba, webrtcvad built from source).
+.venv/bin/python -m pip install --quiet --no-deps "resemblyzer==0.1.4"
 # Which CPU family and torch build this run is on: numerics and kernels differ between AVX2 and AVX-512.
 .venv/bin/python -m cosyserve.bench.machine
 .venv/bin/ruff check src tests

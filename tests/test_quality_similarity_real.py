@@ -48,7 +48,7 @@ def _require(what: str, present: bool) -> None:
 @pytest.fixture(scope="module")
 def encoder() -> GE2EEncoder:
     loaded = GE2EEncoder.load()
-    _require("resemblyzer (the test extra; only its pretrained.pt is used)", loaded is not None)
+    _require("resemblyzer (its pretrained.pt only)", loaded is not None)
     return loaded
 
 
