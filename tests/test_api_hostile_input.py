@@ -17,6 +17,7 @@ import pytest
 import soundfile as sf
 
 from server_process import ServerProcess
+from silent_flac import silent_flac
 
 pytestmark = pytest.mark.slow
 
@@ -38,7 +39,7 @@ def server(demo_model_path: Path, tmp_path_factory: pytest.TempPathFactory):
 
 
 def _flac(rate: int, channels: int, seconds: float) -> bytes:
-    """Silence as FLAC: tiny on the wire, huge once decoded (the issue's decode bomb at 192 kHz)."""
+    """Silence as FLAC through libsndfile's encoder: tiny on the wire, huge once decoded."""
     buffer = io.BytesIO()
     with sf.SoundFile(buffer, "w", rate, channels, "PCM_16", format="FLAC") as sound:
         block = np.zeros((rate * 2, channels), np.int16)
@@ -73,11 +74,19 @@ def _wav_8_channels_192k(seconds: float) -> bytes:
 @pytest.fixture(scope="module")
 def bombs() -> dict[str, bytes]:
     return {
-        "flac_192k_8ch_598s.flac": _flac(192000, 8, 598),
+        "flac_192k_8ch_598s.flac": silent_flac(192000, 8, 598),  # the issue's bomb, written in ms
         "flac_655350hz.flac": _flac(655350, 8, 10),
         "wav_claiming_4gb.wav": _wav_claiming_4gb(),
         "wav_8ch_192k.wav": _wav_8_channels_192k(5.0),
     }
+
+
+def test_the_written_bomb_is_a_flac_that_decodes_to_its_length(bombs: dict[str, bytes]) -> None:
+    """The frame-by-frame writer makes what libsndfile reads back (a short one is decoded in full)."""
+    info = sf.info(io.BytesIO(bombs["flac_192k_8ch_598s.flac"]))
+    assert (info.format, info.samplerate, info.channels, info.frames) == ("FLAC", 192000, 8, 598 * 192000)
+    audio, rate = sf.read(io.BytesIO(silent_flac(192000, 8, 1.5)), dtype="int16", always_2d=True)
+    assert rate == 192000 and audio.shape == (288000, 8) and not audio.any()
 
 
 def test_decode_bombs_are_refused_from_their_headers(server: ServerProcess, bombs: dict[str, bytes]) -> None:

@@ -8,7 +8,7 @@ import time
 import httpx
 import pytest
 import soundfile as sf
-from tests.conftest import LONG_TEXT, enrol_voice
+from tests.conftest import API_TEXT, LONG_TEXT, enrol_voice
 
 TERMINAL = {"done", "failed", "cancelled"}
 
@@ -97,9 +97,8 @@ def test_shutdown_keeps_jobs_for_the_next_start(start_api_server, prompt_wav_byt
     live = start_api_server(data_dir=tmp_path, service_kwargs={"shutdown_grace_s": 0.5})
     with live.client() as client:
         enrol_voice(client, "alice", prompt_wav_bytes)
-        ids = [
-            client.post("/v1/jobs", json={"text": LONG_TEXT, "voice": "alice"}).json()["id"] for _ in range(3)
-        ]
+        texts = [LONG_TEXT, API_TEXT, API_TEXT]  # the first is running at the stop; the others wait
+        ids = [client.post("/v1/jobs", json={"text": text, "voice": "alice"}).json()["id"] for text in texts]
     jobs = live.service.jobs
     deadline = time.monotonic() + 30
     while jobs.get(ids[0]).state != "running":

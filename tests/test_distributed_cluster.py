@@ -28,8 +28,9 @@ boto3 = pytest.importorskip("boto3")
 BUCKET = "cosyserve-cluster"
 LEASE_S = 2.0
 VISIBILITY_S = 5.0
-LONG_TEXT = "今天天气很好，我们一起去公园散步吧。" * 12  # 12 pieces at 40 characters: a few seconds of work
-BATCH_ITEMS = 10  # enough for a worker to be stopped with items done and items left
+LONG_TEXT = "今天天气很好，我们一起去公园散步吧。" * 8  # 4 pieces of at most 40 characters: seen under way
+# after one, with three left for a kill, a cancel or a revoked key to land in the middle of the job
+BATCH_ITEMS = 6  # a worker is stopped at 2 items done (progress >= 0.2) with 4 items left
 BATCH_LINES = "\n".join(f"第{n}句，稍微长一点的一句话。" for n in range(1, BATCH_ITEMS + 1)).encode()
 PROMPT_TEXT = "希望你以后能够做的比我还好呦。"
 
@@ -59,9 +60,16 @@ class Node:
         return self
 
     def stop(self, sig: int = signal.SIGTERM, timeout: float = 30.0) -> None:
+        self.send(sig)
+        self.wait(timeout)
+
+    def send(self, sig: int) -> None:
+        if self.process is not None and self.process.poll() is None:
+            self.process.send_signal(sig)
+
+    def wait(self, timeout: float) -> None:
         if self.process is None or self.process.poll() is not None:
             return
-        self.process.send_signal(sig)
         try:
             self.process.wait(timeout)
         except subprocess.TimeoutExpired:
@@ -180,8 +188,10 @@ def cluster(redis_url, postgres_url, demo_model_path, tmp_path_factory):
         running.wait_ready(workers=2)
         yield running
     finally:
+        for node in nodes.values():  # all at once: each takes a second or two to stop
+            node.send(signal.SIGTERM)
         for node in nodes.values():
-            node.stop()
+            node.wait(30.0)
         running.http.close()
         engine.dispose()
         s3_server.stop()
