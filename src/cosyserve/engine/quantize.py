@@ -214,7 +214,7 @@ def _fast_label(
     dit = "bfloat16 linears" if bfloat16["dit"] else f"int8 linears, {activations} dynamic activations"
     vocoder = "bfloat16 convolutions" if bfloat16["vocoder"] else "float32"
     forced = " (forced by COSYSERVE_BFLOAT16)" if bfloat16_override() is not None else ""
-    return f"fast (LM {lm}; DiT {dit}; vocoder {vocoder}{forced} [{matmul.describe()}]; NOT bit-exact)"
+    return f"fast{forced} (LM {lm}; DiT {dit}; vocoder {vocoder} [{matmul.describe()}]; NOT bit-exact)"
 
 
 @dataclass(frozen=True)
