@@ -14,9 +14,10 @@ import torch
 from torch import nn
 
 from cosyserve.engine.calibration import Calibration
+from cosyserve.engine.device import Placement
 from cosyserve.engine.int8 import int8_available
 from cosyserve.engine.linear_kernels import PREFILL_MIN_ROWS, PackedLinear, pack_linear
-from cosyserve.engine.loading import load_flow, load_hift, load_speech_lm
+from cosyserve.engine.loading import load_flow, load_hift, load_speech_lm, network_dtypes
 from cosyserve.engine.matrix_units import (
     INT8_MARGIN,
     MIN_SPEEDUP,
@@ -34,6 +35,8 @@ from cosyserve.errors import InputError
 from cosyserve.model.flow import CausalFlow
 from cosyserve.model.speech_lm import SpeechLM
 from cosyserve.modeldir.model_dir import ModelDir
+
+CPU = Placement(torch.device("cpu"), torch.float32)
 
 
 def _fake_gflops(float32: float, bfloat16: float):
@@ -222,6 +225,7 @@ def test_fast_preset_runs_the_vocoder_convolutions_in_bfloat16_where_chosen(tiny
     stages, kernels = len(hift.ups), len(hift.config.resblock_kernel_sizes)
     assert result.quantized_linears["vocoder"] == stages + 6 * (stages * kernels + stages)
     assert isinstance(hift.ups[0], BFloat16Conv) and isinstance(hift.resblocks[0].convs1[0], BFloat16Conv)
+    assert network_dtypes(models.llm, models.flow, hift, CPU)["vocoder_convolutions"] == "bfloat16"
     # float32 where the pitch and the output's magnitude are set
     assert hift.conv_post.weight.dtype == torch.float32 and hift.conv_pre.weight.dtype == torch.float32
     assert all(p.dtype == torch.float32 for p in hift.f0_predictor.parameters())
