@@ -44,7 +44,7 @@ REPORT_FIELDS = {
     "flow_steps", "no_cfg", "flow_label", "flow_deviation",
     "voice_cache_bytes", "stream_prefix_peak_bytes", "max_reuse_bytes", "efficiency",
     "dtypes", "engine_options", "concurrent", "cold_start_seconds", "lm_kernels", "quality_seconds",
-    "matmul_speed", "waveform_deviation",
+    "matmul_speed", "waveform_deviation", "bfloat16_parts",
 }  # fmt: skip
 COLD_START_FIELDS = {"imports", "load", "place", "calibration", "preset", "first_synthesis", "ready"}
 MACHINE_FIELDS = {
@@ -160,9 +160,14 @@ def test_streaming_fast_bench_reports_latency_and_deviation() -> None:
     assert report["stream"] and report["chunks"] >= 2
     assert 0 < report["first_chunk_seconds"] < report["total_seconds"]
     assert report["audio_out_seconds"] == pytest.approx(3.0)
-    assert report["quantized_linears"] == {"llm": 14, "flow": 14}
-    # What chose the DiT's dtype: bfloat16 only where the CPU has units for it and it measured faster.
-    assert {"float32_gflops", "bfloat16_gflops", "units", "use_bfloat16"} <= set(report["matmul_speed"])
+    linears = report["quantized_linears"]  # the vocoder's convolutions too where bfloat16 was chosen
+    assert linears["llm"] == 14 and linears["flow"] == 14 and set(linears) <= {"llm", "flow", "vocoder"}
+    # What chose the bfloat16 parts: only where the CPU has units for them and they measured faster.
+    assert {"float32_gflops", "bfloat16_gflops", "int8_gflops", "units", "use_bfloat16"} <= set(
+        report["matmul_speed"]
+    )
+    assert set(report["bfloat16_parts"]) == {"dit", "prefill", "vocoder"}
+    assert report["bfloat16_parts"]["vocoder"] == ("vocoder" in linears)
     wav = report["waveform_deviation"]  # the preset's probe mel and the exact one through the vocoder
     assert math.isfinite(wav["max_abs_wav"]) and wav["max_abs_wav"] >= wav["mean_abs_wav"] >= 0
     assert "waveform" in render(report) and "signal to difference" in render(report)

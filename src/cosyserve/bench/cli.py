@@ -37,7 +37,8 @@ def add_bench_parser(subparsers: Any) -> argparse.ArgumentParser:
         "--preset",
         choices=PRESETS,
         default="exact",
-        help="exact: float32, the parity path (default); fast: int8 LLM and DiT linears on the CPU "
+        help="exact: float32, the parity path (default); fast: int8/float16 LLM, int8 DiT linears, "
+        "bfloat16 where this CPU measures it faster (DiT, LM prefill, vocoder convolutions) "
         "(not bit-exact: its deviation from exact is measured and reported)",
     )
     bench.add_argument("--prompt-seconds", type=float, default=6.0, help="prompt length (default 6)")

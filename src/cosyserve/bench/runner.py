@@ -35,7 +35,7 @@ from cosyserve.bench.utterance import (
     run_utterance,
     warm_up,
 )
-from cosyserve.bench.waveform import waveform_deviation
+from cosyserve.bench.waveform import probe_waveform, waveform_deviation
 from cosyserve.engine.device import Placement, configure_cpu_threads, resolve_placement
 from cosyserve.engine.flow_options import (
     check_flow_options,
@@ -205,16 +205,18 @@ def _apply_options(
     autocast = torch.autocast(
         placement.device.type, dtype=placement.dtype, enabled=placement.autocast_enabled
     )
-    flow_reference = None
+    flow_reference = wav_reference = None
     if options.deviation and (options.preset != "exact" or not is_exact(options.flow_steps, options.no_cfg)):
         progress.stage("measuring the exact flow on a probe input, for the deviation from exact")
         with autocast:
             flow_reference = probe_mel(models.flow)  # before the preset: the exact path's weights
-    preset = apply_preset(models, options.preset, measure=options.deviation)
+            if options.preset != "exact":  # and the exact vocoder's audio of it
+                wav_reference = probe_waveform(models.hift, flow_reference)
+    preset = apply_preset(models, options.preset, measure=options.deviation, hift=models.hift)
     wav_deviation = None
-    if flow_reference is not None and options.preset != "exact":
+    if wav_reference is not None:
         with autocast:
-            wav_deviation = waveform_deviation(flow_reference, probe_mel(models.flow), models.hift)
+            wav_deviation = waveform_deviation(wav_reference, probe_mel(models.flow), models.hift)
     if flow_reference is None or is_exact(options.flow_steps, options.no_cfg):
         return preset, None, wav_deviation
     against = "exact path (10 Euler steps with CFG" + (
@@ -363,7 +365,8 @@ def _report(
         "weights_bytes": weights_bytes,
         "peak_rss_over_weights": peak_rss / weights_bytes,
         "quantized_linears": preset.quantized_linears,
-        "matmul_speed": preset.matmul,  # fast: float32 vs bfloat16 products here, which chose the DiT's
+        "matmul_speed": preset.matmul,  # fast: float32/bfloat16/int8 speeds here, which chose the below
+        "bfloat16_parts": preset.bfloat16,  # fast: which of the DiT, the LM's prefill and the vocoder
         "deviation": None if preset.deviation is None else preset.deviation.to_dict(),
         "flow_steps": options.flow_steps,
         "no_cfg": options.no_cfg,

@@ -1,5 +1,6 @@
 """How far a preset's audio is from the exact path's: the flow's probe mel (`flow_options.probe_mel`)
-with and without the preset, each through the same vocoder with the same fixed source noise."""
+through the exact vocoder before the preset, and through the preset's vocoder (bfloat16 convolutions
+where the fast preset chose them) after it, with the same fixed source noise."""
 
 from __future__ import annotations
 
@@ -20,10 +21,10 @@ def probe_waveform(hift: HiFTVocoder, mel: torch.Tensor) -> torch.Tensor:
     return wav[0].float().cpu()
 
 
-def waveform_deviation(reference_mel: torch.Tensor, mel: torch.Tensor, hift: HiFTVocoder) -> dict[str, Any]:
-    """max/mean |d wav| and the signal-to-difference ratio (dB) of `mel`'s audio against
-    `reference_mel`'s (the exact path's)."""
-    reference, other = probe_waveform(hift, reference_mel), probe_waveform(hift, mel)
+def waveform_deviation(reference: torch.Tensor, mel: torch.Tensor, hift: HiFTVocoder) -> dict[str, Any]:
+    """max/mean |d wav| and the signal-to-difference ratio (dB) of `mel`'s audio through `hift` against
+    `reference` (S,), the exact path's waveform (`probe_waveform` of the exact mel and vocoder)."""
+    other = probe_waveform(hift, mel)
     diff = (reference - other).abs()
     noise = float(diff.square().sum())
     signal = float(reference.square().sum())

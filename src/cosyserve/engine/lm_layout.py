@@ -21,7 +21,7 @@ from __future__ import annotations
 import os
 import threading
 import time
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -57,6 +57,7 @@ class LayoutReport:
     measure_seconds: float = 0.0  # calibration measurements in this call (0 when all were cached)
     pack_seconds: float = 0.0  # building the layouts (copies), measurements excluded
     calibration_file: str | None = None
+    prefill_bfloat16: tuple[str, ...] = ()  # products whose many-row inputs use a bfloat16 copy
 
     @property
     def kernels(self) -> dict[str, str]:
@@ -76,6 +77,7 @@ class LayoutReport:
             "measure_seconds": self.measure_seconds,
             "pack_seconds": self.pack_seconds,
             "calibration_file": self.calibration_file,
+            "prefill_bfloat16": list(self.prefill_bfloat16),
         }
 
 
@@ -100,12 +102,15 @@ def pack_speech_lm(
     *,
     kernels: Mapping[str, str] | None = None,
     reduce_range: bool | None = None,
+    prefill_bfloat16: Callable[[str], bool] | None = None,
 ) -> LayoutReport:
     """Replace the LM's decoding products (in place) by `PackedLinear`s for `preset`; CPU, float32.
 
     `kernels` forces a kernel per product name (tests, comparisons) instead of measuring; `calibration`
     defaults to this machine's cached one. Layers already packed are repacked from their float32
-    weights (exact → fast); a fast layout cannot be repacked (ValueError).
+    weights (exact → fast); a fast layout cannot be repacked (ValueError). `prefill_bfloat16(kernel)`:
+    whether a decoder-layer product in that fast kernel also keeps a bfloat16 copy for many-row inputs
+    (`linear_kernels.PREFILL_MIN_ROWS`); `llm_decoder` never does (it sees one row per prefill).
     """
     if preset not in _CANDIDATES:
         raise InputError(f"unknown preset {preset!r}: use exact or fast")
@@ -120,13 +125,20 @@ def pack_speech_lm(
     if preset == "exact" and all(c.source == "default" and c.kernel == "linear" for c in choices.values()):
         return LayoutReport(preset, {}, measure, 0.0, _path(calibration))
     kernel = {name: choice.kernel for name, choice in choices.items()}
+    bf16 = {
+        name: name != "llm_decoder"
+        and kernel[name] in FAST_KERNELS
+        and bool(prefill_bfloat16 and prefill_bfloat16(kernel[name]))
+        for name in PRODUCTS
+    }
     for layer in llm.qwen2.layers:
-        _pack_attention(layer.self_attn, kernel["qkv"], kernel["o"], reduce_range)
-        _pack_feed_forward(layer.mlp, kernel["gate_up"], kernel["down"], reduce_range)
+        _pack_attention(layer.self_attn, kernel, bf16, reduce_range)
+        _pack_feed_forward(layer.mlp, kernel, bf16, reduce_range)
     weight, bias = _weights(llm.llm_decoder)
     llm.llm_decoder = pack_linear(weight, bias, kernel["llm_decoder"], reduce_range=reduce_range)
     pack = time.perf_counter() - started - measure
-    return LayoutReport(preset, choices, measure, pack, _path(calibration))
+    prefill = tuple(name for name in PRODUCTS if bf16[name])
+    return LayoutReport(preset, choices, measure, pack, _path(calibration), prefill)
 
 
 def calibrate(config: LLMConfig, preset: str = "exact", calibration: Calibration | None = None) -> float:
@@ -214,28 +226,38 @@ def _kernel_name(module: nn.Module) -> str:
     return "linear" if isinstance(module, nn.Linear) else type(module).__name__
 
 
-def _pack_attention(attention: Attention, qkv: str, o: str, reduce_range: bool | None) -> None:
+def _pack_attention(
+    attention: Attention, kernel: Mapping[str, str], bf16: Mapping[str, bool], reduce_range: bool | None
+) -> None:
+    qkv = {"kernel": kernel["qkv"], "reduce_range": reduce_range, "prefill_bfloat16": bf16["qkv"]}
     if attention.qkv_proj is None:
         parts = (attention.q_proj, attention.k_proj, attention.v_proj)
         weights = [p.weight for p in parts]
         biases = [p.bias for p in parts]
-        attention.set_fused_qkv(pack_linear(weights, biases, qkv, reduce_range=reduce_range))
+        attention.set_fused_qkv(pack_linear(weights, biases, **qkv))
     else:
         weight, bias = _weights(attention.qkv_proj)
-        attention.qkv_proj = pack_linear(weight, bias, qkv, reduce_range=reduce_range)
+        attention.qkv_proj = pack_linear(weight, bias, **qkv)
     weight, bias = _weights(attention.o_proj)
-    attention.o_proj = pack_linear(weight, bias, o, reduce_range=reduce_range)
+    attention.o_proj = pack_linear(
+        weight, bias, kernel["o"], reduce_range=reduce_range, prefill_bfloat16=bf16["o"]
+    )
 
 
-def _pack_feed_forward(mlp: FeedForward, gate_up: str, down: str, reduce_range: bool | None) -> None:
+def _pack_feed_forward(
+    mlp: FeedForward, kernel: Mapping[str, str], bf16: Mapping[str, bool], reduce_range: bool | None
+) -> None:
+    gate_up = {"kernel": kernel["gate_up"], "reduce_range": reduce_range, "prefill_bfloat16": bf16["gate_up"]}
     if mlp.gate_up_proj is None:
         weights = [mlp.gate_proj.weight, mlp.up_proj.weight]
-        mlp.fuse_gate_up(pack_linear(weights, None, gate_up, reduce_range=reduce_range))
+        mlp.fuse_gate_up(pack_linear(weights, None, **gate_up))
     else:
         weight, bias = _weights(mlp.gate_up_proj)
-        mlp.gate_up_proj = pack_linear(weight, bias, gate_up, reduce_range=reduce_range)
+        mlp.gate_up_proj = pack_linear(weight, bias, **gate_up)
     weight, bias = _weights(mlp.down_proj)
-    mlp.down_proj = pack_linear(weight, bias, down, reduce_range=reduce_range)
+    mlp.down_proj = pack_linear(
+        weight, bias, kernel["down"], reduce_range=reduce_range, prefill_bfloat16=bf16["down"]
+    )
 
 
 def _weights(module: nn.Module) -> tuple[Tensor, Tensor | None]:

@@ -130,6 +130,7 @@ def network_dtypes(
         "flow_start_noise": _name(flow.start_noise.dtype),
         "flow_solver_state": "float32",
         "vocoder": _name(next(hift.parameters()).dtype),
+        "vocoder_convolutions": _name(next(hift.ups.parameters()).dtype),  # bfloat16: the fast preset's
         "vocoder_f0": "float64",
         "vocoder_tf32": "off" if placement.device.type == "cuda" else "n/a",
     }

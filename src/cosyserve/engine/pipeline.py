@@ -144,7 +144,7 @@ class SpeechEngine:
             pack_lm=options.preset == "exact",  # a preset packs the LM's products itself
         )
         if options.preset != "exact":  # converts the networks in place, before the runners wrap them
-            result = apply_preset(_Networks(model, flow), options.preset, measure=False)
+            result = apply_preset(_Networks(model, flow), options.preset, measure=False, hift=hift)
             log.info("compute preset: %s", result.label)
         lm, token2wav = build_runners(model, flow, hift, placement, options, model_dir.config.chunk_size)
         return cls(model_dir, lm, token2wav, placement)

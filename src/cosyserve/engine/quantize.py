@@ -1,16 +1,22 @@
 """Compute presets: `exact` (float32, the parity path) and `fast` (reduced-precision products on the CPU).
 
-`fast` changes two networks:
+`fast` changes three networks:
 - the LM's decoding products (q/k/v, o, gate/up, down per layer, and the output layer): float16 or
   int8 weights per shape, whichever this CPU runs faster (the closer one, float16, when they are
   within a margin), chosen by a short measured calibration (`lm_layout`, `calibration`); the output
-  layer, whose log-probs drive sampling, is float16 or float32, never int8;
+  layer, whose log-probs drive sampling, is float16 or float32, never int8. The decoder layers' many-row
+  inputs (the prefill) use a bfloat16 copy of the weights where that is measured faster
+  (`MatmulSpeed.prefill_in_bfloat16`);
 - the DiT blocks' `nn.Linear`s: bfloat16 (`matrix_units.BFloat16Linear`) where this CPU has bfloat16
-  matrix units and a measured product runs clearly faster in bfloat16 (`matrix_units.matmul_speed`,
-  cached per machine), else int8 (`int8.Int8Linear`: weights per output channel, activations per
-  call, fbgemm; 7-bit activations without VNNI, `check_reduce_range`).
-Everything else stays float32: embeddings, norms, attention, the flow's input and output projections,
-the F0 predictor and the vocoder.
+  matrix units and a measured product runs clearly faster in bfloat16 than in float32 and about as
+  fast as in int8 (`matrix_units.matmul_speed`, cached per machine), else int8 (`int8.Int8Linear`:
+  weights per output channel, activations per call, fbgemm; 7-bit activations without VNNI,
+  `check_reduce_range`);
+- the vocoder's upsampling and residual-block convolutions: bfloat16 (`matrix_units.BFloat16Conv`)
+  where a measured convolution runs clearly faster so; its first and last convolutions, the source
+  branch's strided convolutions, the F0 predictor and the inverse STFT stay float32.
+Everything else stays float32: embeddings, norms, attention, the flow's input and output projections.
+`COSYSERVE_BFLOAT16` (`matrix_units.bfloat16_override`) forces the bfloat16 parts, for comparisons.
 
 `apply_preset` measures the deviation on a fixed probe input before returning, so every run of the
 fast preset can report how far it is from the exact path on the very weights it runs.
@@ -28,10 +34,17 @@ from torch import Tensor, nn
 from cosyserve.engine.int8 import Int8Linear, check_reduce_range, cpu_has_vnni, int8_available
 from cosyserve.engine.kv_cache import KVCache
 from cosyserve.engine.lm_layout import PRODUCTS, default_calibration, pack_speech_lm
-from cosyserve.engine.matrix_units import BFloat16Linear, MatmulSpeed, matmul_speed
+from cosyserve.engine.matrix_units import (
+    BFloat16Conv,
+    BFloat16Linear,
+    MatmulSpeed,
+    bfloat16_override,
+    matmul_speed,
+)
 from cosyserve.engine.speech_lm_runner import decode_one, prefill
 from cosyserve.errors import InputError
 from cosyserve.model.flow import CausalFlow
+from cosyserve.model.hift import HiFTVocoder
 from cosyserve.model.speech_lm import SpeechLM
 
 __all__ = [
@@ -109,6 +122,7 @@ class PresetResult:
     deviation: Deviation | None  # None for exact
     lm_kernels: dict[str, str] | None = None  # fast: the LM's kernel per product (`lm_layout.PRODUCTS`)
     matmul: dict[str, object] | None = None  # fast: the measured float32/bfloat16 speed (`MatmulSpeed`)
+    bfloat16: dict[str, bool] | None = None  # fast: which of `matrix_units.PARTS` run in bfloat16
 
 
 def check_preset(preset: str, device: torch.device) -> None:
@@ -126,13 +140,19 @@ def check_preset(preset: str, device: torch.device) -> None:
 
 
 def apply_preset(
-    models: HasLLMAndFlow, preset: str, *, measure: bool = True, matmul: MatmulSpeed | None = None
+    models: HasLLMAndFlow,
+    preset: str,
+    *,
+    measure: bool = True,
+    matmul: MatmulSpeed | None = None,
+    hift: HiFTVocoder | None = None,
 ) -> PresetResult:
-    """Convert `models.llm` and `models.flow` in place for `preset`; for `fast`, measure the deviation.
+    """Convert `models.llm`, `models.flow` and `hift` (when given) in place for `preset`; for `fast`,
+    measure the LM's and the flow's deviation (the vocoder's is `bench.waveform`'s).
 
     The networks must be float32 on the CPU for `fast`. `measure=False` skips the probe (a few
     seconds on the full-size model) and leaves `deviation` None. `matmul`: this machine's product
-    speeds (default: `matrix_units.matmul_speed`, cached per machine), which pick the DiT's dtype.
+    speeds (default: `matrix_units.matmul_speed`, cached per machine), which pick what runs in bfloat16.
     """
     device = models.llm.speech_embedding.weight.device
     check_preset(preset, device)
@@ -140,10 +160,13 @@ def apply_preset(
         return PresetResult("exact", "exact (float32, parity path)", {}, None)
     reduce_range = check_reduce_range(None)
     reference = _probe(models) if measure else None
-    layout = pack_speech_lm(models.llm, "fast", reduce_range=reduce_range)
-    layers = len(models.llm.qwen2.layers)
     matmul = matmul or matmul_speed(default_calibration())
-    dit_bf16 = matmul.use_bfloat16
+    forced = bfloat16_override()
+    prefill_rule = matmul.prefill_in_bfloat16 if forced is None else (lambda _kernel: "prefill" in forced)
+    layout = pack_speech_lm(models.llm, "fast", reduce_range=reduce_range, prefill_bfloat16=prefill_rule)
+    dit_bf16 = matmul.use_bfloat16 if forced is None else "dit" in forced
+    vocoder_bf16 = hift is not None and (matmul.use_bfloat16_conv if forced is None else "vocoder" in forced)
+    layers = len(models.llm.qwen2.layers)
     counts = {
         # q, k, v, o, gate, up and down per layer, and the output layer when it is reduced too
         "llm": 7 * layers + (layout.kernels["llm_decoder"] in ("fp16", "int8")),
@@ -151,14 +174,47 @@ def apply_preset(
             models.flow, _dit_selected, reduce_range, BFloat16Linear if dit_bf16 else None
         ),
     }
+    if vocoder_bf16 and hift is not None:
+        counts["vocoder"] = bfloat16_vocoder(hift)
     deviation = None
     if reference is not None:
         deviation = _deviation(reference, _probe(models))
+    bfloat16 = {"dit": dit_bf16, "prefill": bool(layout.prefill_bfloat16), "vocoder": vocoder_bf16}
+    label = _fast_label(layout.kernels, layout.prefill_bfloat16, bfloat16, reduce_range, matmul)
+    return PresetResult("fast", label, counts, deviation, layout.kernels, matmul.to_dict(), bfloat16)
+
+
+def bfloat16_vocoder(hift: HiFTVocoder) -> int:
+    """Run `hift`'s upsampling and residual-block convolutions in bfloat16 (`BFloat16Conv`), in place;
+    return how many. Its first and last convolutions, the source branch's strided ones, the F0
+    predictor and the inverse STFT stay float32 (they set the pitch and the output's magnitude)."""
+    count = 0
+    for index, up in enumerate(hift.ups):
+        hift.ups[index] = BFloat16Conv(up)
+        count += 1
+    for block in [*hift.resblocks, *hift.source_resblocks]:
+        for convs in (block.convs1, block.convs2):
+            for index, conv in enumerate(convs):
+                convs[index] = BFloat16Conv(conv)
+                count += 1
+    return count
+
+
+def _fast_label(
+    kernels: dict[str, str],
+    prefill: tuple[str, ...],
+    bfloat16: dict[str, bool],
+    reduce_range: bool,
+    matmul: MatmulSpeed,
+) -> str:
+    """One line: each part's kernel or dtype, and the measured speeds that chose them."""
     activations = "7-bit" if reduce_range else "8-bit"
-    kernels = ", ".join(f"{name} {layout.kernels[name]}" for name in PRODUCTS)
-    dit = "bfloat16 linears" if dit_bf16 else f"int8 linears, {activations} dynamic activations"
-    label = f"fast (LM {kernels}; DiT {dit} [{matmul.describe()}]; NOT bit-exact)"
-    return PresetResult("fast", label, counts, deviation, layout.kernels, matmul.to_dict())
+    lm = ", ".join(f"{name} {kernels[name]}" for name in PRODUCTS)
+    lm += f"; prefill of {'/'.join(prefill)} bfloat16" if prefill else "; prefill as decoding"
+    dit = "bfloat16 linears" if bfloat16["dit"] else f"int8 linears, {activations} dynamic activations"
+    vocoder = "bfloat16 convolutions" if bfloat16["vocoder"] else "float32"
+    forced = " (forced by COSYSERVE_BFLOAT16)" if bfloat16_override() is not None else ""
+    return f"fast{forced} (LM {lm}; DiT {dit}; vocoder {vocoder} [{matmul.describe()}]; NOT bit-exact)"
 
 
 @dataclass(frozen=True)

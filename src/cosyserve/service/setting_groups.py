@@ -56,8 +56,9 @@ class EngineSettings(_Group):
     preset: Literal["exact", "fast"] = Field(
         "exact",
         description="exact: the networks as they are, in the precision setting's dtype (float32 matches the "
-        "official outputs; on a GPU auto means float16); fast: int8 LLM and DiT linears on CPU (not "
-        "bit-exact; `cosyserve bench` reports the deviation)",
+        "official outputs; on a GPU auto means float16); fast: int8/float16 LLM, int8 DiT linears, "
+        "bfloat16 where this CPU measures it faster (DiT, LM prefill, vocoder convolutions), on CPU "
+        "(not bit-exact; `cosyserve bench` reports the deviation)",
     )
     threads: int | None = Field(
         None, ge=1, description="CPU threads for the engine (default: all usable cores)"
