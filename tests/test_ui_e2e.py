@@ -245,21 +245,30 @@ def test_zero_shot_streamed(page, shared_dir):
     assert rate == 24000 and len(audio) == stats["samples"]  # the stored file is what was streamed
 
 
-def play_result(page, mode: str) -> None:
-    """Press play on the result player; the browser must load and start the stored file."""
+def play_result(page, mode: str, attempts: int = 3) -> None:
+    """Press play on the result player; the browser must load and start the stored file. A player that
+    was replaced just as it was clicked (a job's final file taking the place of its pieces) is clicked
+    again."""
+    from playwright.sync_api import TimeoutError as PlaywrightTimeout
+
     result = page.locator(f"#{mode}-result")
-    play = result.locator("button[aria-label='Play'], button[aria-label='play']").first
-    play.click()
-    page.wait_for_function(
-        """(mode) => {
-            const el = document.querySelector(`#${mode}-result`);
-            const pause = el.querySelector("button[aria-label='Pause'], button[aria-label='pause']");
-            const time = el.querySelector('#time');
-            return pause !== null || (time && time.innerText !== '0:00');
-        }""",
-        arg=mode,
-        timeout=20_000,
-    )
+    for attempt in range(attempts):
+        result.locator("button[aria-label='Play'], button[aria-label='play']").first.click()
+        try:
+            page.wait_for_function(
+                """(mode) => {
+                    const el = document.querySelector(`#${mode}-result`);
+                    const pause = el.querySelector("button[aria-label='Pause'], button[aria-label='pause']");
+                    const time = el.querySelector('#time');
+                    return pause !== null || (time && time.innerText !== '0:00');
+                }""",
+                arg=mode,
+                timeout=20_000,
+            )
+            return
+        except PlaywrightTimeout:
+            if attempt == attempts - 1:
+                raise
 
 
 def test_cross_lingual_not_streamed_mp3(page, shared_dir):
