@@ -28,6 +28,16 @@ def find_shared_dir() -> Path | None:
     return candidate if candidate.is_dir() else None
 
 
+def require_installed(what: str, present: bool) -> None:
+    """A test's outside tool or package: in CI its absence is a failure (scripts/test.sh installs it),
+    elsewhere the test is skipped."""
+    if present:
+        return
+    if os.environ.get("CI") == "true":
+        pytest.fail(f"{what} is missing: scripts/test.sh installs it")
+    pytest.skip(f"{what} is not installed")
+
+
 @pytest.fixture(scope="session")
 def shared_dir() -> Path:
     """`../shared`; in CI its absence is a failure, elsewhere the test is skipped."""

@@ -4,7 +4,6 @@ wrong one. In CI both must be installed (`scripts/test.sh` installs them); elsew
 
 from __future__ import annotations
 
-import os
 import shutil
 import subprocess
 from math import gcd
@@ -15,6 +14,7 @@ import pytest
 import soundfile as sf
 from scipy.signal import resample_poly
 
+from conftest import require_installed
 from cosyserve.service.quality.scorer import TakeInput, TakeScorer
 
 SAID = "please call stella and ask her to bring these things with her from the store"
@@ -22,18 +22,10 @@ NOT_SAID = "the weather will be cold and windy tomorrow so wear a warm coat"
 ASR_RATE = 16000  # what the pocketsphinx model was trained on
 
 
-def _require(what: str, present: bool) -> None:
-    if present:
-        return
-    if os.environ.get("CI") == "true":
-        pytest.fail(f"{what} is missing: scripts/test.sh installs it")
-    pytest.skip(f"{what} is not installed")
-
-
 @pytest.fixture(scope="module")
 def english_speech(tmp_path_factory: pytest.TempPathFactory) -> tuple[np.ndarray, int]:
     """(S,) float32 speech of SAID at flite's rate."""
-    _require("flite (apt-get install flite)", shutil.which("flite") is not None)
+    require_installed("flite (apt-get install flite)", shutil.which("flite") is not None)
     path = Path(tmp_path_factory.mktemp("flite")) / "said.wav"
     subprocess.run(["flite", "-voice", "slt", "-t", SAID, "-o", str(path)], check=True, timeout=60)
     audio, rate = sf.read(path, dtype="float32")
@@ -58,7 +50,7 @@ def test_the_error_rate_tells_the_right_text_from_a_wrong_one(english_speech) ->
     try:
         import pocketsphinx  # noqa: F401
     except ImportError:
-        _require("pocketsphinx (the test extra)", False)
+        require_installed("pocketsphinx (the test extra)", False)
     audio, rate = english_speech
     scorer = TakeScorer(None, transcriber=pocketsphinx_transcribe)
     right = scorer.score(TakeInput(audio, rate, SAID))

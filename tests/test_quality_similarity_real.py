@@ -11,7 +11,6 @@ feeds CAM++, so the scorer's embedding step is swapped for the adapter's: what r
 from __future__ import annotations
 
 import itertools
-import os
 import shutil
 import subprocess
 from pathlib import Path
@@ -21,6 +20,7 @@ import pytest
 import soundfile as sf
 import torch
 
+from conftest import require_installed
 from cosyserve.service.quality import QualityThresholds
 from cosyserve.service.quality import scorer as scorer_module
 from cosyserve.service.quality.scorer import TakeInput, TakeScorer
@@ -37,18 +37,10 @@ FLITE_VOICES = ("kal", "awb", "rms", "slt")  # four distinct speakers (awb and r
 GE2E_MIN_SIMILARITY = 0.87
 
 
-def _require(what: str, present: bool) -> None:
-    if present:
-        return
-    if os.environ.get("CI") == "true":
-        pytest.fail(f"{what} is missing: scripts/test.sh installs it")
-    pytest.skip(f"{what} is not installed")
-
-
 @pytest.fixture(scope="module")
 def encoder() -> GE2EEncoder:
     loaded = GE2EEncoder.load()
-    _require("resemblyzer (its pretrained.pt only)", loaded is not None)
+    require_installed("resemblyzer (its pretrained.pt only)", loaded is not None)
     return loaded
 
 
@@ -60,7 +52,7 @@ def _mono(path: Path) -> tuple[np.ndarray, int]:
 @pytest.fixture(scope="module")
 def clips(shared_dir: Path, tmp_path_factory: pytest.TempPathFactory) -> dict[str, tuple[np.ndarray, int]]:
     """Name -> (S,) float32 audio and its rate; a name's part before the dot is its speaker."""
-    _require("flite (apt-get install flite)", shutil.which("flite") is not None)
+    require_installed("flite (apt-get install flite)", shutil.which("flite") is not None)
     english, english_rate = _mono(shared_dir / "audio" / "prompt_b_22k.wav")
     middle = len(english) // 2
     found = {
