@@ -13,6 +13,7 @@ import pytest
 import torch
 from torch import nn
 
+from cosyserve.engine.bfloat16_dit import BFloat16Linear
 from cosyserve.engine.calibration import Calibration
 from cosyserve.engine.device import Placement
 from cosyserve.engine.int8 import int8_available
@@ -23,7 +24,6 @@ from cosyserve.engine.matrix_units import (
     MIN_SPEEDUP,
     OVERRIDE_ENV,
     BFloat16Conv,
-    BFloat16Linear,
     MatmulSpeed,
     bf16_units,
     bfloat16_override,
@@ -131,18 +131,6 @@ def test_a_cache_from_before_int8_was_measured_is_measured_again(tmp_path: Path)
     assert again.int8_gflops == 1.0
 
 
-@pytest.mark.parametrize("bias", [True, False])
-@torch.inference_mode()
-def test_bfloat16_linear_is_close_to_float(bias: bool) -> None:
-    torch.manual_seed(0)
-    linear = nn.Linear(64, 48, bias=bias)
-    x = torch.randn(5, 7, 64)
-    got = BFloat16Linear(linear)(x)
-    expected = linear(x)
-    assert got.dtype == torch.float32 and got.shape == expected.shape
-    assert float((got - expected).norm() / expected.norm()) < 1e-2
-
-
 @dataclass
 class _Models:
     llm: SpeechLM
@@ -158,7 +146,7 @@ def test_fast_preset_runs_the_dit_in_bfloat16_where_chosen(tiny_dir: Path) -> No
     block = models.flow.decoder.estimator.transformer_blocks[1]
     assert isinstance(block.attn.to_q, BFloat16Linear)
     assert not any(isinstance(m, Int8Linear) for m in models.flow.modules())
-    assert result.quantized_linears["flow"] == 14
+    assert result.quantized_linears["flow"] == 12  # six a block; the time modulation stays float32
     assert "DiT bfloat16 linears" in result.label and "8.6x" in result.label
     assert result.matmul is not None and result.matmul["use_bfloat16"] is True
     # The LM's int8 layers run their prefill in bfloat16 too (int8 was not measured faster).

@@ -203,25 +203,6 @@ def matmul_speed(calibration: Calibration, measure_speed: Callable[[], MatmulSpe
     return speed
 
 
-class BFloat16Linear(nn.Module):
-    """An `nn.Linear` whose product runs in bfloat16 (weights stored so); float32 in and out, the bias
-    added in float32. `x` `(..., in)` -> `(..., out)`."""
-
-    def __init__(self, linear: nn.Linear) -> None:
-        super().__init__()
-        self.in_features, self.out_features = linear.in_features, linear.out_features
-        self.register_buffer("weight", linear.weight.detach().to(torch.bfloat16), persistent=False)
-        bias = None if linear.bias is None else linear.bias.detach().float()
-        self.register_buffer("bias", bias, persistent=False)
-
-    def forward(self, x: Tensor) -> Tensor:
-        out = F.linear(x.to(torch.bfloat16), self.weight).to(x.dtype)
-        return out if self.bias is None else out + self.bias.to(x.dtype)
-
-    def extra_repr(self) -> str:
-        return f"in_features={self.in_features}, out_features={self.out_features}, bfloat16"
-
-
 class BFloat16Conv(nn.Module):
     """A vocoder convolution module (its padding and upsampling included) run in bfloat16: weights
     stored so, the input cast in and the output cast back. `(B, C_in, T)` -> `(B, C_out, T')`, float32."""

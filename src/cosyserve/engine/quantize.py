@@ -31,12 +31,12 @@ from typing import Protocol
 import torch
 from torch import Tensor, nn
 
+from cosyserve.engine.bfloat16_dit import bfloat16_dit
 from cosyserve.engine.int8 import Int8Linear, check_reduce_range, cpu_has_vnni, int8_available
 from cosyserve.engine.kv_cache import KVCache
 from cosyserve.engine.lm_layout import PRODUCTS, default_calibration, pack_speech_lm
 from cosyserve.engine.matrix_units import (
     BFloat16Conv,
-    BFloat16Linear,
     MatmulSpeed,
     bfloat16_override,
     matmul_speed,
@@ -170,9 +170,9 @@ def apply_preset(
     counts = {
         # q, k, v, o, gate, up and down per layer, and the output layer when it is reduced too
         "llm": 7 * layers + (layout.kernels["llm_decoder"] in ("fp16", "int8")),
-        "flow": quantize_linears(
-            models.flow, _dit_selected, reduce_range, BFloat16Linear if dit_bf16 else None
-        ),
+        "flow": bfloat16_dit(models.flow.decoder.estimator)
+        if dit_bf16
+        else quantize_linears(models.flow, _dit_selected, reduce_range),
     }
     if vocoder_bf16 and hift is not None:
         counts["vocoder"] = bfloat16_vocoder(hift)

@@ -22,6 +22,15 @@ from cosyserve.model.dit_embeddings import InputEmbedding, RotaryEmbedding, Time
 _NORM_EPS = 1e-6
 
 
+def kv_dtype(param: torch.Tensor) -> torch.dtype:
+    """The dtype keys and values come out in from a layer with this parameter: the autocast dtype when
+    autocast is on for its device, else the parameter's own."""
+    device_type = param.device.type
+    if torch.amp.is_autocast_available(device_type) and torch.is_autocast_enabled(device_type):
+        return torch.get_autocast_dtype(device_type)
+    return param.dtype
+
+
 def modulate(x: torch.Tensor, scale: torch.Tensor, shift: torch.Tensor) -> torch.Tensor:
     """layer_norm(x) * (1 + scale) + shift: x (B, T, D); scale, shift (B or 1, D).
 
@@ -81,14 +90,23 @@ class Attention(nn.Module):
         self.to_k = nn.Linear(dim, inner)
         self.to_v = nn.Linear(dim, inner)
         self.to_out = nn.ModuleList([nn.Linear(inner, dim)])  # a list so the key is `to_out.0`
+        # The dtype the projections take and the scores and their weighted sum are computed in;
+        # None: the input's. The fast preset sets bfloat16 where the CPU multiplies it natively, with
+        # projections that take it (`engine.bfloat16_dit`).
+        self.attention_dtype: torch.dtype | None = None
 
     def project(self, x: torch.Tensor, angles: torch.Tensor) -> tuple[torch.Tensor, ...]:
         """x: (B, T, D), angles: (T, Dh) -> q, k, v, each (B, H, T, Dh), positions applied."""
         batch = x.shape[0]
+        if self.attention_dtype is not None:  # once for the three projections, which take it
+            x = x.to(self.attention_dtype)
         q = apply_rotary(self.to_q(x), angles)
         k = apply_rotary(self.to_k(x), angles)
         v = self.to_v(x)
-        return tuple(t.view(batch, -1, self.heads, self.dim_head).transpose(1, 2) for t in (q, k, v))
+        dtype = self.attention_dtype or q.dtype
+        return tuple(
+            t.view(batch, -1, self.heads, self.dim_head).transpose(1, 2).to(dtype) for t in (q, k, v)
+        )
 
     def attend(
         self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, attn_mask: torch.Tensor | None
@@ -96,7 +114,8 @@ class Attention(nn.Module):
         """q: (B, H, Tq, Dh); k, v: (B, H, Tk, Dh); attn_mask: (B or 1, 1, Tq, Tk) bool, or None for all
         keys -> (B, Tq, D)."""
         out = F.scaled_dot_product_attention(q, k, v, attn_mask=attn_mask)
-        return self.to_out[0](out.transpose(1, 2).reshape(q.shape[0], -1, self.heads * self.dim_head))
+        out = out.transpose(1, 2).reshape(q.shape[0], -1, self.heads * self.dim_head)
+        return self.to_out[0](out)
 
     def forward(
         self,
@@ -277,6 +296,17 @@ class DiT(nn.Module):
         for block, mods in zip(self.transformer_blocks, time[:-1], strict=True):
             h = block(h, mods, attn_mask, zero_mask, angles)
         return self.proj_out(self.norm_out(h, time[-1])).transpose(1, 2)
+
+    def set_attention_dtype(self, dtype: torch.dtype | None) -> None:
+        """Compute every block's attention (scores, weighted sum, kept keys and values) in `dtype`;
+        None: in the dtype of the block's input."""
+        for block in self.transformer_blocks:
+            block.attn.attention_dtype = dtype
+
+    def kv_dtype(self) -> torch.dtype:
+        """The dtype keys and values come out in: the attention's, else autocast's or the weights'."""
+        first = self.transformer_blocks[0].attn.attention_dtype if len(self.transformer_blocks) else None
+        return first or kv_dtype(self.proj_out.weight)
 
     def time_conditioning(self, t: torch.Tensor) -> list[torch.Tensor]:
         """What the blocks take from the flow time alone: t (..., B) -> per block its six modulation

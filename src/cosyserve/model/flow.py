@@ -25,7 +25,8 @@ from torch import nn
 
 from cosyserve.errors import InputError
 from cosyserve.model.config import FlowConfig
-from cosyserve.model.flow_solver import DEFAULT_N_TIMESTEPS, CausalCFM, kv_dtype
+from cosyserve.model.dit import kv_dtype
+from cosyserve.model.flow_solver import DEFAULT_N_TIMESTEPS, CausalCFM
 
 __all__ = ["DEFAULT_N_TIMESTEPS", "MAX_MEL_FRAMES", "CausalFlow", "FlowInputs", "fixed_start_noise"]
 
@@ -269,9 +270,10 @@ class CausalFlow(nn.Module):
         projected inputs of the last `context_frames` of them (S x R x D a frame), in the dtype the
         pass computes in (autocast's, when on)."""
         dit = self.config.dit
+        kv_item = torch.empty((), dtype=self.decoder.estimator.kv_dtype()).element_size()
         item = torch.empty((), dtype=kv_dtype(self.spk_embed_affine_layer.weight)).element_size()
         rows = 2 if guidance else 1
-        per_frame = 2 * n_timesteps * dit.depth * rows * dit.heads * dit.dim_head * item
+        per_frame = 2 * n_timesteps * dit.depth * rows * dit.heads * dit.dim_head * kv_item
         context = n_timesteps * rows * min(frames, self.context_frames) * dit.dim * item
         return frames * per_frame + context
 

@@ -24,15 +24,6 @@ DEFAULT_N_TIMESTEPS = 10  # Euler steps the official inference uses
 TIME_DTYPE = torch.float32  # the time grid and the Euler state (see the module docstring)
 
 
-def kv_dtype(param: torch.Tensor) -> torch.dtype:
-    """The dtype keys and values come out in from a layer with this parameter: the autocast dtype when
-    autocast is on for its device, else the parameter's own."""
-    device_type = param.device.type
-    if torch.amp.is_autocast_available(device_type) and torch.is_autocast_enabled(device_type):
-        return torch.get_autocast_dtype(device_type)
-    return param.dtype
-
-
 def past_for_step(
     past_kv: Sequence[torch.Tensor], step: int, layers: int
 ) -> list[tuple[list[torch.Tensor], list[torch.Tensor]]]:
@@ -139,7 +130,7 @@ class CausalCFM(torch.nn.Module):
         if keep:
             dit = estimator.config
             shape = (n_timesteps, depth, 2, mu_in.shape[0], dit.heads, keep, dit.dim_head)
-            kv = torch.empty(shape, device=mu.device, dtype=kv_dtype(estimator.proj_out.weight))
+            kv = torch.empty(shape, device=mu.device, dtype=estimator.kv_dtype())
         contexts = []
         steps = list(self.euler_times(n_timesteps, mu.device))
         times = self._step_times(steps, mu_in.shape[0])
