@@ -16,8 +16,9 @@ from cosyserve.model.flow import CausalFlow
 class StageClock:
     """Wall time of the flow and of all token-to-audio work; the vocoder's share is the difference.
 
-    The flow is timed by wrapping its `inference*` and `solve_span` methods on the instance (whatever
-    Token2Wav calls, one-shot or streaming); Token2Wav calls are timed by the runner. CUDA is
+    The flow is timed by wrapping its `inference*` and `solve_span` methods and its decoder's `solve` on
+    the instances (whatever Token2Wav calls, one-shot, streaming or batched); Token2Wav calls are timed by
+    the runner. CUDA is
     synchronised so the times are the device's, not the launches'.
     """
 
@@ -34,15 +35,17 @@ class StageClock:
 
     @contextmanager
     def timing_flow(self, flow: CausalFlow) -> Iterator[None]:
-        # One-shot passes go through `inference*`, a stream's reusing chunk passes through `solve_span`.
+        # One-shot passes go through `inference*`, a stream's reusing chunk passes through `solve_span`,
+        # and batched requests (`engine.flow_batching`) straight through the decoder's `solve`.
         names = [name for name in dir(type(flow)) if name.startswith("inference") or name == "solve_span"]
-        for name in names:
-            setattr(flow, name, self._timed(getattr(flow, name)))
+        wrapped = [(flow, name) for name in names] + [(flow.decoder, "solve")]
+        for owner, name in wrapped:
+            setattr(owner, name, self._timed(getattr(owner, name)))
         try:
             yield
         finally:
-            for name in names:
-                delattr(flow, name)
+            for owner, name in wrapped:
+                delattr(owner, name)
 
     def _timed(self, method: Callable[..., Any]) -> Callable[..., Any]:
         def timed(*args: Any, **kwargs: Any) -> Any:
