@@ -7,7 +7,7 @@ import pytest
 import torch
 from torch import nn
 
-from cosyserve.engine.bfloat16_dit import BFloat16Linear, bfloat16_dit
+from cosyserve.engine.bfloat16_dit import BFloat16Linear, BFloat16LinearGelu, bfloat16_dit
 from cosyserve.engine.flow_stream import continue_flow
 from cosyserve.engine.loading import load_flow
 from cosyserve.model.flow import CausalFlow
@@ -92,3 +92,23 @@ def test_a_stream_keeps_bfloat16_keys_and_continues_the_bfloat16_pass(flows, tin
     assert new > 0 and torch.isfinite(mel).all()
     # The continued pass and a whole streaming pass differ only by the order of float rounding.
     assert _relative(mel, full[:, :, -new:]) < CONTINUED_RELATIVE
+
+
+@torch.inference_mode()
+def test_the_hidden_layer_with_its_gelu_is_close_fused_or_not(monkeypatch: pytest.MonkeyPatch) -> None:
+    torch.manual_seed(0)
+    linear = nn.Linear(64, 128)
+    x = torch.randn(2, 9, 64)
+    expected = torch.nn.functional.gelu(linear(x), approximate="tanh")
+    fused = BFloat16LinearGelu(linear)
+    assert fused.packed is not None or not torch.backends.mkldnn.is_available()
+    got = fused(x)
+    assert got.dtype == torch.bfloat16 and _relative(got.float(), expected) < 1e-2
+
+    def missing(*args: object) -> None:
+        raise RuntimeError("no oneDNN here")
+
+    monkeypatch.setattr(torch.ops.mkldnn, "_reorder_linear_weight", missing)
+    unfused = BFloat16LinearGelu(linear)
+    assert unfused.packed is None and "unfused GELU" in unfused.extra_repr()
+    assert _relative(unfused(x).float(), expected) < 1e-2
