@@ -3,8 +3,9 @@
 On this machine's threads, a large product (the DiT's, `SHAPE`) runs in float32, bfloat16 and int8
 (fbgemm), and a vocoder convolution (`CONV_SHAPE`) in float32 and bfloat16. The fast preset uses
 bfloat16 for
-- the DiT's linears when bfloat16 is clearly faster than float32 (`MIN_SPEEDUP`) and about as fast as
-  int8 or faster (`INT8_MARGIN`: bfloat16 is the closer of the two), else int8;
+- the DiT (its linears, attention and feed-forward hidden layer: `bfloat16_dit`) when bfloat16 is
+  clearly faster than float32 (`MIN_SPEEDUP`) and about as fast as int8 or faster (`INT8_MARGIN`:
+  bfloat16 is the closer of the two), else int8 linears;
 - the LM's prefill (many rows) in the decoder layers: where their decode kernel is int8, by the same
   rule; where it is float16 (fbgemm's float16 product runs many rows at about float32's speed), when
   bfloat16 is clearly faster than float32;

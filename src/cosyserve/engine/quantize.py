@@ -211,7 +211,11 @@ def _fast_label(
     activations = "7-bit" if reduce_range else "8-bit"
     lm = ", ".join(f"{name} {kernels[name]}" for name in PRODUCTS)
     lm += f"; prefill of {'/'.join(prefill)} bfloat16" if prefill else "; prefill as decoding"
-    dit = "bfloat16 linears" if bfloat16["dit"] else f"int8 linears, {activations} dynamic activations"
+    dit = (
+        "bfloat16 linears and attention"
+        if bfloat16["dit"]
+        else f"int8 linears, {activations} dynamic activations"
+    )
     vocoder = "bfloat16 convolutions" if bfloat16["vocoder"] else "float32"
     forced = " (forced by COSYSERVE_BFLOAT16)" if bfloat16_override() is not None else ""
     return f"fast{forced} (LM {lm}; DiT {dit}; vocoder {vocoder} [{matmul.describe()}]; NOT bit-exact)"

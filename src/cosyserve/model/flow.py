@@ -266,9 +266,10 @@ class CausalFlow(nn.Module):
         self, frames: int, n_timesteps: int = DEFAULT_N_TIMESTEPS, guidance: bool = True
     ) -> int:
         """Memory that keeping `frames` frames of a streaming pass costs: keys and values of every layer
-        at every solver step (2 x S x L x R x H x Dh a frame: 3.6 MB full-size in float32) and the
-        projected inputs of the last `context_frames` of them (S x R x D a frame), in the dtype the
-        pass computes in (autocast's, when on)."""
+        at every solver step (2 x S x L x R x H x Dh a frame: 3.6 MB full-size in float32), in the
+        attention's dtype (`DiT.kv_dtype`: bfloat16 in the fast preset's bfloat16 DiT), and the projected
+        inputs of the last `context_frames` of them (S x R x D a frame), in the dtype the pass computes
+        in (autocast's, when on)."""
         dit = self.config.dit
         kv_item = torch.empty((), dtype=self.decoder.estimator.kv_dtype()).element_size()
         item = torch.empty((), dtype=kv_dtype(self.spk_embed_affine_layer.weight)).element_size()
