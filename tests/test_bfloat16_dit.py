@@ -7,7 +7,7 @@ import pytest
 import torch
 from torch import nn
 
-from cosyserve.engine.bfloat16_dit import BFloat16Linear, BFloat16LinearGelu, bfloat16_dit
+from cosyserve.engine.bfloat16_dit import BFloat16Linear, bfloat16_dit
 from cosyserve.engine.flow_stream import continue_flow
 from cosyserve.engine.loading import load_flow
 from cosyserve.model.flow import CausalFlow
@@ -94,22 +94,29 @@ def test_a_stream_keeps_bfloat16_keys_and_continues_the_bfloat16_pass(flows, tin
     assert _relative(mel, full[:, :, -new:]) < CONTINUED_RELATIVE
 
 
+@pytest.mark.parametrize("out_dtype", [torch.float32, torch.bfloat16])
 @torch.inference_mode()
-def test_the_hidden_layer_with_its_gelu_is_close_fused_or_not(monkeypatch: pytest.MonkeyPatch) -> None:
+def test_packed_or_not_the_products_agree(monkeypatch: pytest.MonkeyPatch, out_dtype: torch.dtype) -> None:
     torch.manual_seed(0)
     linear = nn.Linear(64, 128)
     x = torch.randn(2, 9, 64)
-    expected = torch.nn.functional.gelu(linear(x), approximate="tanh")
-    fused = BFloat16LinearGelu(linear)
+    gelu = out_dtype == torch.bfloat16  # the hidden layer's GELU is for bfloat16 outputs
+    expected = torch.nn.functional.gelu(linear(x), approximate="tanh") if gelu else linear(x)
     # Packed where oneDNN multiplies bfloat16 (AVX-512 BW/VL/DQ or AVX-NE-CONVERT: every CPU that gets
-    # the bfloat16 DiT); on an AVX2-only CPU the same module runs unfused.
-    got = fused(x)
-    assert got.dtype == torch.bfloat16 and _relative(got.float(), expected) < 1e-2
+    # the bfloat16 DiT); on an AVX2-only CPU the same module runs unpacked.
+    packed = BFloat16Linear(linear, out_dtype, gelu=gelu)
+    got = packed(x)
+    assert got.dtype == out_dtype and _relative(got.float(), expected) < 1e-2
 
     def missing(*args: object) -> None:
         raise RuntimeError("no oneDNN here")
 
     monkeypatch.setattr(torch.ops.mkldnn, "_reorder_linear_weight", missing)
-    unfused = BFloat16LinearGelu(linear)
-    assert unfused.packed is None and "unfused GELU" in unfused.extra_repr()
-    assert _relative(unfused(x).float(), expected) < 1e-2
+    plain = BFloat16Linear(linear, out_dtype, gelu=gelu)
+    assert plain.packed is None and "unpacked" in plain.extra_repr()
+    assert _relative(plain(x).float(), expected) < 1e-2
+
+
+def test_gelu_is_for_bfloat16_outputs() -> None:
+    with pytest.raises(ValueError, match="GELU"):
+        BFloat16Linear(nn.Linear(4, 4), torch.float32, gelu=True)
