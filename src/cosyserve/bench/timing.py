@@ -18,8 +18,7 @@ class StageClock:
 
     The flow is timed by wrapping its `inference*` and `solve_span` methods and its decoder's `solve` on
     the instances (whatever Token2Wav calls, one-shot, streaming or batched); Token2Wav calls are timed by
-    the runner. CUDA is
-    synchronised so the times are the device's, not the launches'.
+    the runner. CUDA is synchronised so the times are the device's, not the launches'.
     """
 
     def __init__(self, device: torch.device) -> None:
