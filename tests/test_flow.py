@@ -136,3 +136,41 @@ def test_dit_fast_paths_equal_the_general_ones(flow: CausalFlow) -> None:
 
     h = estimator.input_embed(*(a.transpose(1, 2) for a in args), spks)
     assert h.is_contiguous()
+
+
+@torch.inference_mode()
+def test_passes_reuse_their_time_conditioning_until_it_would_change(
+    model_dir: ModelDir, inputs: dict[str, torch.Tensor], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """With `keep_time_conditioning`, the modulation of the solver's times is computed once for every
+    pass with the same steps and rows, and again for other rows or steps or a replaced module."""
+    from cosyserve.engine.loading import load_flow
+
+    flow = load_flow(model_dir)  # its own copy: this test changes weights
+    estimator = flow.decoder.estimator
+    calls: list[int] = []
+    original = estimator.time_conditioning
+
+    def counted(t: torch.Tensor) -> list[torch.Tensor]:
+        calls.append(t.shape[-1])
+        return original(t)
+
+    monkeypatch.setattr(estimator, "time_conditioning", counted)
+
+    def mel(**options: object) -> torch.Tensor:
+        return flow.inference(**inputs, streaming=False, finalize=True, **options)  # type: ignore[arg-type]
+
+    first = mel()
+    assert torch.equal(mel(), first) and len(calls) == 2  # off by default: every pass computes them
+    flow.decoder.keep_time_conditioning()
+    assert torch.equal(mel(), first) and torch.equal(mel(), first) and len(calls) == 3
+    mel(guidance=False)  # one row instead of two
+    mel(n_timesteps=5)
+    assert calls == [2, 2, 2, 1, 2]
+    estimator.norm_out.linear = torch.nn.Linear(*reversed(estimator.norm_out.linear.weight.shape))
+    changed = mel()
+    assert len(calls) == 6 and not torch.equal(changed, first)  # a replaced module is noticed
+    estimator.transformer_blocks[0].attn_norm.linear.bias.add_(1.0)  # in place: not noticed ...
+    assert torch.equal(mel(), changed) and len(calls) == 6
+    flow.decoder.keep_time_conditioning()  # ... until it is said
+    assert not torch.equal(mel(), changed) and len(calls) == 7

@@ -100,6 +100,7 @@ def build_runners(
 ) -> tuple[SpeechLMRunner, Token2Wav]:
     """The LM runner and token-to-audio runner over placed networks, with `options`' batching, CUDA
     graphs and flow options: what the service runs, and what `cosyserve bench` measures."""
+    flow.decoder.keep_time_conditioning()  # the weights are placed: the time modulation is fixed
     batcher = None
     if options.batch_decode:
         batcher = DecodeBatcher(llm, max_batch=options.max_batch, window_s=options.decode_window_s)

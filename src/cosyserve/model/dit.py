@@ -308,6 +308,12 @@ class DiT(nn.Module):
         first = self.transformer_blocks[0].attn.attention_dtype if len(self.transformer_blocks) else None
         return first or kv_dtype(self.proj_out.weight)
 
+    def time_conditioning_modules(self) -> tuple[tuple[int, type], ...]:
+        """The modules `time_conditioning` runs, by identity: another value once one is replaced (a
+        preset's). A weight changed in place does not change it."""
+        roots = [self.time_embed, *(block.attn_norm for block in self.transformer_blocks), self.norm_out]
+        return tuple((id(module), type(module)) for root in roots for module in root.modules())
+
     def time_conditioning(self, t: torch.Tensor) -> list[torch.Tensor]:
         """What the blocks take from the flow time alone: t (..., B) -> per block its six modulation
         vectors (..., B, 6D), then the output norm's two (..., B, 2D). Given every solver step's times
