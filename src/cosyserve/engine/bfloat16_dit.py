@@ -27,6 +27,7 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
 
+from cosyserve.engine.linear_kernels import onednn_available
 from cosyserve.model.dit import DiT
 
 __all__ = ["BFloat16Linear", "bfloat16_dit"]
@@ -80,6 +81,8 @@ class BFloat16Linear(nn.Module):
     def _packed_or_none(self) -> Tensor | None:
         """The weight packed for oneDNN, or None where that product is missing or wrong (another
         torch build, no oneDNN, a CPU it packs no bfloat16 for)."""
+        if not onednn_available():
+            return None
         try:
             packed = torch.ops.mkldnn._reorder_linear_weight(self.weight, _PACKED_ROWS)
             check = torch.randn(2, 8, self.in_features, generator=torch.Generator().manual_seed(0))

@@ -53,7 +53,8 @@ def available_kernels(candidates: tuple[str, ...] = KERNELS) -> tuple[str, ...]:
     return tuple(name for name in candidates if _AVAILABLE[name]())
 
 
-def _onednn_available() -> bool:
+def onednn_available() -> bool:
+    """Whether this torch can pack weights for oneDNN's products (`mkldnn._reorder_linear_weight`)."""
     try:
         return torch.backends.mkldnn.is_available() and hasattr(torch.ops.mkldnn, "_reorder_linear_weight")
     except (AttributeError, RuntimeError):
@@ -81,7 +82,7 @@ _AVAILABLE: dict[str, Callable[[], bool]] = {
     "linear_gemv": lambda: True,
     "transposed": lambda: True,
     "transposed_gemv": lambda: True,
-    "onednn": _onednn_available,
+    "onednn": onednn_available,
     "fp16": lambda: True,  # the fallback always runs
     "int8": _int8_available,
 }
