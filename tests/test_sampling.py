@@ -11,7 +11,7 @@ import pytest
 import torch
 from torch.overrides import TorchFunctionMode
 
-from cosyserve.engine.sampling import SpeechTokenSampler, draw_on_device
+from cosyserve.engine.sampling import SpeechTokenSampler, draw_on_device, top_k_stable
 from cosyserve.engine.speech_lm_runner import SpeechLMRunner
 from cosyserve.model.config import SamplingConfig
 from cosyserve.model.speech_lm import SpeechLM
@@ -148,3 +148,23 @@ def test_device_sampler_on_cuda_reads_one_value_per_token() -> None:
     finally:
         torch.cuda.set_sync_debug_mode("default")
     assert len([w for w in caught if "synchroniz" in str(w.message)]) == 1
+
+
+@pytest.mark.parametrize("k", [1, 5, 25, 40])
+def test_top_k_stable_is_the_head_of_the_stable_sort(k: int) -> None:
+    generator = torch.Generator().manual_seed(k)
+    # Ties across the k-th place (repeated values) and zeros (masked ids), as real log-probs give.
+    probs = torch.randint(0, 12, (300,), generator=generator).float().div(100)
+    probs[::7] = 0.0
+    values, order = top_k_stable(probs, k)
+    expected_values, expected_order = probs.sort(descending=True, stable=True)
+    assert torch.equal(values, expected_values[:k]) and torch.equal(order, expected_order[:k])
+
+
+def test_top_k_stable_falls_back_to_the_full_sort_on_nan() -> None:
+    probs = torch.tensor([0.1, float("nan"), 0.3, 0.2])
+    values, order = top_k_stable(probs, 2)
+    expected_values, expected_order = probs.sort(descending=True, stable=True)
+    assert torch.equal(order, expected_order[:2])
+    assert torch.allclose(values, expected_values[:2], equal_nan=True)
+    assert top_k_stable(probs, 0)[1].numel() == 0

@@ -33,11 +33,28 @@ from torch import Tensor
 from cosyserve.model.config import SamplingConfig
 
 
+def top_k_stable(probs: Tensor, k: int) -> tuple[Tensor, Tensor]:
+    """The first `k` values and indices of `probs.sort(descending=True, stable=True)`, `probs` `(V,)`.
+
+    Sorting all 6761 probabilities took 0.27 ms of a 23 ms fast decode step on an Intel Xeon; this
+    takes ~0.03: `topk` finds the k-th largest value, then only the values at or above it (k, or more
+    where it is tied) are sorted, in index order, so ties come out in the full sort's order.
+    """
+    k = min(k, probs.numel())
+    if k <= 0:
+        return probs[:0], torch.zeros(0, dtype=torch.long, device=probs.device)
+    kth = torch.topk(probs, k, sorted=False).values.min()
+    candidates = (probs >= kth).nonzero().squeeze(1)  # ascending indices
+    if candidates.numel() < k:  # NaN somewhere (compares false): let the full sort decide, as before
+        values, order = probs.sort(descending=True, stable=True)
+        return values[:k], order[:k]
+    values, order = probs[candidates].sort(descending=True, stable=True)
+    return values[:k], candidates[order[:k]]
+
+
 def nucleus_sample(scores: Tensor, top_p: float, top_k: int, generator: torch.Generator) -> int:
     """Draw from the smallest high-probability set (top-p, at most top-k) of `scores` `(V,)`."""
-    probs = scores.softmax(dim=0)
-    sorted_probs, order = probs.sort(descending=True, stable=True)
-    sorted_probs, order = sorted_probs[:top_k], order[:top_k]
+    sorted_probs, order = top_k_stable(scores.softmax(dim=0), top_k)
     # Mass taken before each candidate; a candidate is taken while that mass is still below top_p,
     # so the token that crosses top_p is included.
     mass_before = torch.cat([sorted_probs.new_zeros(1), torch.cumsum(sorted_probs, dim=0)[:-1]])
