@@ -41,7 +41,8 @@ from torch import Tensor, nn
 
 EXACT_KERNELS = ("linear", "linear_gemv", "transposed", "transposed_gemv", "onednn")
 NO_COPY_KERNELS = ("linear", "linear_gemv")  # use an `(out, in)` float32 source as it is
-FAST_KERNELS = ("fp16", "int8")
+FAST_KERNELS = ("fp16", "int8", "int8_vnni")
+INT8_KERNELS = ("int8", "int8_vnni")  # int8 weights, 8-bit (or 7-bit) activations
 KERNELS = EXACT_KERNELS + FAST_KERNELS
 # From this many rows a bfloat16 product beats fbgemm's float16 one on an AVX-512 BF16 EPYC (9728x896:
 # 3.3 vs 2.9 ms at 16 rows, 1.8 vs 2.3 ms at 8; one thread); one-row decoding never reaches it.
@@ -77,6 +78,12 @@ def _int8_available() -> bool:
     return int8_available()
 
 
+def _native_int8_available() -> bool:
+    from cosyserve.engine.native_int8 import native_int8_available
+
+    return native_int8_available()
+
+
 _AVAILABLE: dict[str, Callable[[], bool]] = {
     "linear": lambda: True,
     "linear_gemv": lambda: True,
@@ -85,6 +92,7 @@ _AVAILABLE: dict[str, Callable[[], bool]] = {
     "onednn": onednn_available,
     "fp16": lambda: True,  # the fallback always runs
     "int8": _int8_available,
+    "int8_vnni": _native_int8_available,
 }
 
 
@@ -186,7 +194,7 @@ def pack_linear(
     elements = out_features * in_features
     if kernel not in KERNELS:
         raise ValueError(f"unknown linear kernel {kernel!r}: one of {', '.join(KERNELS)}")
-    width = {"fp16": 2, "int8": 1}.get(kernel, 4)
+    width = {"fp16": 2, "int8": 1, "int8_vnni": 1}.get(kernel, 4)
     if prefill_bfloat16 and kernel not in FAST_KERNELS:
         raise ValueError(f"a bfloat16 prefill copy is for the fp16/int8 kernels, not {kernel!r}")
     if kernel in ("linear", "linear_gemv") and len(parts) == 1:  # the source itself, no copy
@@ -223,6 +231,10 @@ def _pack_plain(
         return forward, lambda: (packed.to_dense(), bias)
     if kernel == "fp16":
         return functools.partial(fp16_linear, weight=pack_fp16(weight, bias)), None
+    if kernel == "int8_vnni":
+        from cosyserve.engine.native_int8 import NativeInt8Linear
+
+        return NativeInt8Linear(weight, bias), None
     from cosyserve.engine.int8 import Int8Linear
 
     return Int8Linear.from_weight(weight, bias, reduce_range), None

@@ -36,6 +36,7 @@ import torch.nn.functional as F
 from torch import Tensor, nn
 
 from cosyserve.engine.calibration import Calibration, cpu_flags
+from cosyserve.engine.linear_kernels import INT8_KERNELS
 from cosyserve.errors import InputError
 
 log = logging.getLogger(__name__)
@@ -87,7 +88,7 @@ class MatmulSpeed:
 
     def prefill_in_bfloat16(self, decode_kernel: str) -> bool:
         """Whether an LM product whose one-row kernel is `decode_kernel` runs many rows in bfloat16."""
-        if decode_kernel == "int8":
+        if decode_kernel in INT8_KERNELS:
             return self.use_bfloat16
         return decode_kernel == "fp16" and self.beats_float32
 

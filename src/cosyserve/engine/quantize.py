@@ -34,6 +34,7 @@ from torch import Tensor, nn
 from cosyserve.engine.bfloat16_dit import bfloat16_dit
 from cosyserve.engine.int8 import Int8Linear, check_reduce_range, cpu_has_vnni, int8_available
 from cosyserve.engine.kv_cache import KVCache
+from cosyserve.engine.linear_kernels import FAST_KERNELS
 from cosyserve.engine.lm_layout import PRODUCTS, default_calibration, pack_speech_lm
 from cosyserve.engine.matrix_units import (
     BFloat16Conv,
@@ -169,7 +170,7 @@ def apply_preset(
     layers = len(models.llm.qwen2.layers)
     counts = {
         # q, k, v, o, gate, up and down per layer, and the output layer when it is reduced too
-        "llm": 7 * layers + (layout.kernels["llm_decoder"] in ("fp16", "int8")),
+        "llm": 7 * layers + (layout.kernels["llm_decoder"] in FAST_KERNELS),
         "flow": bfloat16_dit(models.flow.decoder.estimator)
         if dit_bf16
         else quantize_linears(models.flow, _dit_selected, reduce_range),

@@ -1,0 +1,165 @@
+"""The compiled int8 kernel for AVX-512 VNNI CPUs (`engine/native_int8.py`): it builds with the system
+compiler on any x86-64 machine, computes exactly the quantised product it documents (checked against
+the same arithmetic in torch, integer sums exact), agrees with fbgemm's int8 product, and is offered
+only where it runs. The product checks need a CPU with AVX-512 VNNI (the Intel Xeon and AMD Zen 5
+families of CI); on others they are skipped and the kernel is shown not to be offered."""
+
+from __future__ import annotations
+
+import copy
+import logging
+from pathlib import Path
+
+import pytest
+import torch
+
+from cosyserve.engine import native_int8
+from cosyserve.engine.int8 import Int8Linear
+from cosyserve.engine.linear_kernels import available_kernels, pack_linear
+from cosyserve.engine.native_int8 import (
+    NativeInt8Linear,
+    build_library,
+    cpu_supports_kernel,
+    library_path,
+    native_int8_available,
+)
+
+needs_compiler = pytest.mark.skipif(native_int8.compiler() is None, reason="needs a C compiler (gcc)")
+needs_vnni = pytest.mark.skipif(
+    not (cpu_supports_kernel() and native_int8.compiler() is not None), reason="needs AVX-512 VNNI and gcc"
+)
+
+
+@pytest.fixture
+def fresh_library():
+    """Forget the loaded kernel before and after a test that changes what loading finds."""
+    native_int8._library.cache_clear()
+    yield
+    native_int8._library.cache_clear()
+
+
+@needs_compiler
+def test_the_library_builds_once_into_the_kernel_dir(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv("COSYSERVE_KERNEL_DIR", str(tmp_path))
+    path = build_library()
+    assert path == library_path() and path.parent == tmp_path and path.stat().st_size > 0
+    built = path.stat().st_mtime_ns
+    assert build_library() == path and path.stat().st_mtime_ns == built  # found, not rebuilt
+    assert [p.name for p in tmp_path.iterdir()] == [path.name]  # no partial files left
+
+
+def test_a_failing_compiler_is_reported_and_leaves_nothing(tmp_path: Path, monkeypatch) -> None:
+    monkeypatch.setenv("CC", "false")
+    with pytest.raises(RuntimeError, match="failed"):
+        build_library(tmp_path)
+    assert list(tmp_path.iterdir()) == []
+    monkeypatch.setenv("CC", "no-such-compiler-anywhere")
+    with pytest.raises(RuntimeError, match="no C compiler"):
+        build_library(tmp_path)
+
+
+def test_a_prebuilt_library_needs_no_compiler(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    library_path(tmp_path).write_bytes(b"stand-in")
+    monkeypatch.setenv("CC", "no-such-compiler-anywhere")
+    assert build_library(tmp_path) == library_path(tmp_path)
+
+
+def test_not_offered_without_vnni_or_when_switched_off(fresh_library, monkeypatch) -> None:
+    monkeypatch.setattr(native_int8, "cpu_supports_kernel", lambda: False)
+    assert not native_int8_available() and "int8_vnni" not in available_kernels()
+    native_int8._library.cache_clear()
+    monkeypatch.setattr(native_int8, "cpu_supports_kernel", lambda: True)
+    monkeypatch.setenv("COSYSERVE_NATIVE_KERNELS", "0")
+    assert not native_int8_available()
+    with pytest.raises(RuntimeError, match="not available"):
+        NativeInt8Linear(torch.randn(4, 8), None)
+
+
+def test_a_build_that_fails_falls_back_with_a_warning(
+    fresh_library, tmp_path: Path, monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture
+) -> None:
+    monkeypatch.setattr(native_int8, "cpu_supports_kernel", lambda: True)
+    monkeypatch.setenv("COSYSERVE_KERNEL_DIR", str(tmp_path))
+    monkeypatch.setenv("CC", "false")
+    with caplog.at_level(logging.WARNING, logger="cosyserve.engine.native_int8"):
+        assert not native_int8_available()
+    assert "fbgemm's int8 product serves instead" in caplog.text
+
+
+def test_cpu_flags_are_read_from_cpuinfo(tmp_path: Path) -> None:
+    info = tmp_path / "cpuinfo"
+    info.write_text("processor : 0\nflags : fpu avx2 avx512f avx512bw avx512vl\n")
+    assert not cpu_supports_kernel(str(info))
+    info.write_text("processor : 0\nflags : fpu avx2 avx512f avx512bw avx512vl avx512_vnni\n")
+    assert cpu_supports_kernel(str(info)) == (torch.empty(0).device.type == "cpu" and _linux_x86())
+
+
+def _linux_x86() -> bool:
+    import platform
+
+    return platform.system() == "Linux" and platform.machine() in ("x86_64", "AMD64")
+
+
+SHAPES = [(37, 70, True), (48, 64, False), (5, 3, True)]  # (out, in, bias): padded to 16 and 4
+
+
+@needs_vnni
+@pytest.mark.parametrize("rows", [1, 3, 4, 5, 70])
+@pytest.mark.parametrize(("out_features", "in_features", "bias"), SHAPES)
+def test_the_kernel_computes_its_quantised_product_exactly(
+    rows: int, out_features: int, in_features: int, bias: bool
+) -> None:
+    """Padding of inputs (to 4) and outputs (to 16), row tiles of 4, calls of at most 64 rows."""
+    generator = torch.Generator().manual_seed(rows * 1000 + out_features)
+    weight = torch.randn(out_features, in_features, generator=generator)
+    layer = NativeInt8Linear(weight, torch.randn(out_features, generator=generator) if bias else None)
+    x = torch.randn(rows, in_features, generator=generator) * 3
+    got, expected = layer(x), layer.reference(x)
+    assert got.shape == (rows, out_features)
+    # Exact integer sums; only the float32 rescaling differs from the float64 reference.
+    assert float((got - expected).abs().max()) <= 2e-6 * float(expected.abs().max())
+    dense = torch.nn.functional.linear(x, weight, layer.bias)
+    assert float((got - dense).norm() / dense.norm()) < 0.02  # int8's own error, ~0.5-1 %
+
+
+@needs_vnni
+@torch.inference_mode()
+def test_the_kernel_agrees_with_fbgemm_and_keeps_the_input_shape() -> None:
+    generator = torch.Generator().manual_seed(1)
+    linear = torch.nn.Linear(896, 1152)
+    linear.weight.data = torch.randn(1152, 896, generator=generator) * 0.02
+    x = torch.randn(1, 1, 896, generator=generator)
+    ours = NativeInt8Linear(linear.weight, linear.bias)
+    theirs = Int8Linear(linear, reduce_range=False)
+    # One row: the same quantisation as fbgemm's on a VNNI CPU, so the same values to rounding.
+    assert ours(x).shape == (1, 1, 1152)
+    assert float((ours(x) - theirs(x)).norm() / theirs(x).norm()) < 1e-5
+    # Several rows: each its own activation scale (fbgemm: one for all), never further from float32.
+    rows = torch.randn(4, 896, generator=generator) * torch.tensor([[0.1], [1.0], [3.0], [10.0]])
+    dense = linear(rows)
+    assert float((ours(rows) - dense).norm()) <= float((theirs(rows) - dense).norm())
+
+
+@needs_vnni
+def test_a_row_with_nan_comes_out_nan_and_the_others_do_not() -> None:
+    layer = NativeInt8Linear(torch.randn(20, 12), None)
+    x = torch.randn(3, 12)
+    x[1, 5] = float("nan")
+    out = layer(x)
+    assert out[1].isnan().all() and out[[0, 2]].isfinite().all()
+    assert layer(torch.empty(0, 12)).shape == (0, 20)
+    with pytest.raises(ValueError, match="12 features"):
+        layer(torch.randn(2, 13))
+
+
+@needs_vnni
+def test_packed_as_the_lm_packs_it_fused_parts_and_copies_included() -> None:
+    generator = torch.Generator().manual_seed(2)
+    gate, up = (torch.randn(64, 32, generator=generator) for _ in range(2))
+    x = torch.randn(1, 1, 32, generator=generator)
+    fused = pack_linear([gate, up], None, "int8_vnni")
+    assert fused.kernel == "int8_vnni" and fused.weight_nbytes == 128 * 32
+    separate = torch.cat([pack_linear(w, None, "int8_vnni")(x) for w in (gate, up)], dim=-1)
+    torch.testing.assert_close(fused(x), separate)
+    layer = NativeInt8Linear(gate, None)
+    torch.testing.assert_close(copy.deepcopy(layer)(x), layer(x))
