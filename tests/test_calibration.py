@@ -57,6 +57,13 @@ def test_fast_pick_prefers_the_closer_kernel_within_the_margin() -> None:
     assert pick((_timing("fp16", 1.5, 3e-4), int8), "fast") == "int8"
 
 
+def test_fast_pick_takes_the_faster_of_two_equally_close_kernels() -> None:
+    """fbgemm's int8 product and the VNNI kernel quantise alike: their errors differ by rounding only."""
+    int8, vnni = _timing("int8", 1.0, 1.0e-2), _timing("int8_vnni", 0.95, 1.0000001e-2)
+    assert pick((int8, vnni), "fast") == "int8_vnni"
+    assert pick((_timing("int8", 0.95, 1.0e-2), _timing("int8_vnni", 1.0, 0.99e-2)), "fast") == "int8"
+
+
 @pytest.mark.parametrize("bias", [True, False])
 def test_measure_shape_times_every_kernel_and_reports_its_error(bias: bool) -> None:
     kernels = available_kernels(EXACT_KERNELS + FAST_KERNELS)

@@ -13,8 +13,8 @@ Same arithmetic as `int8.Int8Linear` on a VNNI CPU (weights symmetric int8 per o
 activation scale (fbgemm: one per call), which is never less precise.
 
 The library is compiled with the system C compiler (`$CC`, else `cc` or `gcc`) into
-`$COSYSERVE_KERNEL_DIR` (default: `kernels/` beside the calibration cache), named by a hash of the
-source and flags (`python -m cosyserve.engine.native_int8` builds it ahead, as the CPU Docker image
+`$COSYSERVE_KERNEL_DIR` (default: `kernels/` where `calibration/` is by default), named by a hash of
+the source and flags (`python -m cosyserve.engine.native_int8` builds it ahead, as the CPU Docker image
 does), and loaded after torch so that it shares torch's OpenMP runtime (one thread pool, not two
 spinning against each other). Where the CPU has no AVX-512 VNNI, there is neither a built library nor
 a compiler, the build fails, the loaded library disagrees with a reference product, or
@@ -53,13 +53,14 @@ MAX_ROWS = 64  # rows per call (the C file's MAX_ROWS)
 
 
 def kernel_dir(environ: dict[str, str] | None = None) -> Path:
-    """`$COSYSERVE_KERNEL_DIR`, else `kernels/` beside the calibration cache."""
-    from cosyserve.engine.calibration import default_calibration_dir
+    """`$COSYSERVE_KERNEL_DIR`, else `kernels/` beside the default calibration cache (under
+    `$COSYSERVE_HOME`, `$XDG_CACHE_HOME/cosyserve` or `~/.cache/cosyserve`)."""
+    from cosyserve.modeldir.download import default_models_root
 
     env = dict(os.environ) if environ is None else environ
     if env.get(KERNEL_DIR_ENV):
         return Path(env[KERNEL_DIR_ENV]).expanduser()
-    return default_calibration_dir(env).parent / "kernels"
+    return default_models_root(env).parent / "kernels"
 
 
 def native_int8_available() -> bool:
