@@ -177,6 +177,7 @@ def pack_linear(
     *,
     reduce_range: bool | None = None,
     prefill_bfloat16: bool = False,
+    norm: tuple[Tensor, float] | None = None,
 ) -> PackedLinear:
     """A `PackedLinear` computing `x @ weight.T + bias` with `kernel`.
 
@@ -185,6 +186,8 @@ def pack_linear(
     is copied once into the kernel's layout, and the pages of a memory-mapped source are then released
     (`release_file_pages`). reduce_range: `int8` only (None: this CPU's choice). prefill_bfloat16:
     `fp16`/`int8` only, inputs of `PREFILL_MIN_ROWS` rows or more use a bfloat16 copy of the weights.
+    norm: `(weight (in,), eps)` of an RMSNorm before the product, computed by it (`int8_vnni` only:
+    its kernel normalises each row it quantises; the bfloat16 copy's rows are normalised by torch).
     """
     parts = [weight.detach()] if isinstance(weight, Tensor) else [w.detach() for w in weight]
     biases = None if bias is None else [bias] if isinstance(bias, Tensor) else list(bias)
@@ -197,6 +200,8 @@ def pack_linear(
     width = {"fp16": 2, "int8": 1, "int8_vnni": 1}.get(kernel, 4)
     if prefill_bfloat16 and kernel not in FAST_KERNELS:
         raise ValueError(f"a bfloat16 prefill copy is for the fp16/int8 kernels, not {kernel!r}")
+    if norm is not None and kernel != "int8_vnni":
+        raise ValueError(f"an RMSNorm is computed inside int8_vnni products only, not {kernel!r}")
     if kernel in ("linear", "linear_gemv") and len(parts) == 1:  # the source itself, no copy
         forward, dense = _pack_plain(parts[0], joined_bias, kernel, reduce_range)
         return PackedLinear(kernel, in_features, out_features, forward, elements * width, dense)
@@ -207,10 +212,15 @@ def pack_linear(
         dense = functools.partial(_pair, transposed.t(), joined_bias)
     else:
         joined = parts[0].float().contiguous() if len(parts) == 1 else torch.cat(parts).float()
-        forward, dense = _pack_plain(joined, joined_bias, kernel, reduce_range)
+        forward, dense = _pack_plain(joined, joined_bias, kernel, reduce_range, norm)
         if prefill_bfloat16:
+            folded = joined if norm is None else joined * norm[0].detach().float()[None, :]
             forward = functools.partial(
-                _rows_in_bfloat16, few_rows=forward, weight=joined.to(torch.bfloat16), bias=joined_bias
+                _rows_in_bfloat16,
+                few_rows=forward,
+                weight=folded.to(torch.bfloat16),
+                bias=joined_bias,
+                norm_eps=None if norm is None else norm[1],
             )
     for part in parts:
         release_file_pages(part)
@@ -218,7 +228,11 @@ def pack_linear(
 
 
 def _pack_plain(
-    weight: Tensor, bias: Tensor | None, kernel: str, reduce_range: bool | None
+    weight: Tensor,
+    bias: Tensor | None,
+    kernel: str,
+    reduce_range: bool | None,
+    norm: tuple[Tensor, float] | None = None,
 ) -> tuple[Callable[[Tensor], Tensor], Callable[[], tuple[Tensor, Tensor | None]] | None]:
     """The forward of `kernel` over a contiguous `(out, in)` float32 weight, and how to get the float32
     weight back (None for the reduced-precision kernels)."""
@@ -234,19 +248,26 @@ def _pack_plain(
     if kernel == "int8_vnni":
         from cosyserve.engine.native_int8 import NativeInt8Linear
 
-        return NativeInt8Linear(weight, bias), None
+        return NativeInt8Linear(weight, bias, norm=norm), None
     from cosyserve.engine.int8 import Int8Linear
 
     return Int8Linear.from_weight(weight, bias, reduce_range), None
 
 
 def _rows_in_bfloat16(
-    x: Tensor, few_rows: Callable[[Tensor], Tensor], weight: Tensor, bias: Tensor | None
+    x: Tensor,
+    few_rows: Callable[[Tensor], Tensor],
+    weight: Tensor,
+    bias: Tensor | None,
+    norm_eps: float | None = None,
 ) -> Tensor:
     """`few_rows(x)` below `PREFILL_MIN_ROWS` rows, else the product with the bfloat16 `weight` `(out, in)`,
-    float32 out with the bias added in float32."""
+    float32 out with the bias added in float32; `norm_eps`: RMS-normalise the rows first (the norm's
+    weight is folded into `weight`)."""
     if x.numel() < PREFILL_MIN_ROWS * x.shape[-1]:
         return few_rows(x)
+    if norm_eps is not None:
+        x = F.rms_norm(x.float(), x.shape[-1:], None, norm_eps)
     out = F.linear(x.to(torch.bfloat16), weight).float()
     return out if bias is None else out + bias
 
