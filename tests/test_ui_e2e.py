@@ -134,6 +134,11 @@ def clear_prompt(page, mode: str) -> None:
     if clear.count():
         clear.first.click()
     page.wait_for_selector(f"#{mode}-prompt input[type=file]", state="attached")
+    # The cleared prompt's feedback comes back from the server: until it has, the last verdict still
+    # shows and the next upload's wait would read it as its own.
+    page.wait_for_function(
+        f"!/dBFS|✗/.test(document.querySelector('#{mode}-feedback').innerText)", timeout=WAIT_MS
+    )
 
 
 def upload_prompt(page, mode: str, path: Path) -> str:
