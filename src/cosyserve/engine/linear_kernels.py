@@ -41,8 +41,9 @@ from torch import Tensor, nn
 
 EXACT_KERNELS = ("linear", "linear_gemv", "transposed", "transposed_gemv", "onednn")
 NO_COPY_KERNELS = ("linear", "linear_gemv")  # use an `(out, in)` float32 source as it is
-FAST_KERNELS = ("fp16", "int8", "int8_vnni")
-INT8_KERNELS = ("int8", "int8_vnni")  # int8 weights, 8-bit (or 7-bit) activations
+FAST_KERNELS = ("fp16", "int8", "int8_vnni", "int8_avx2")
+INT8_KERNELS = ("int8", "int8_vnni", "int8_avx2")  # int8 weights, 8-bit (or 7-bit) activations
+NATIVE_INT8_KERNELS = ("int8_vnni", "int8_avx2")  # ours (`native_int8`): they can compute an RMSNorm too
 KERNELS = EXACT_KERNELS + FAST_KERNELS
 # From this many rows a bfloat16 product beats fbgemm's float16 one on an AVX-512 BF16 EPYC (9728x896:
 # 3.3 vs 2.9 ms at 16 rows, 1.8 vs 2.3 ms at 8; one thread); one-row decoding never reaches it.
@@ -78,10 +79,10 @@ def _int8_available() -> bool:
     return int8_available()
 
 
-def _native_int8_available() -> bool:
+def _native_int8_available(kernel: str) -> bool:
     from cosyserve.engine.native_int8 import native_int8_available
 
-    return native_int8_available()
+    return native_int8_available(kernel)
 
 
 _AVAILABLE: dict[str, Callable[[], bool]] = {
@@ -92,7 +93,8 @@ _AVAILABLE: dict[str, Callable[[], bool]] = {
     "onednn": onednn_available,
     "fp16": lambda: True,  # the fallback always runs
     "int8": _int8_available,
-    "int8_vnni": _native_int8_available,
+    "int8_vnni": functools.partial(_native_int8_available, "int8_vnni"),
+    "int8_avx2": functools.partial(_native_int8_available, "int8_avx2"),
 }
 
 
@@ -186,8 +188,9 @@ def pack_linear(
     is copied once into the kernel's layout, and the pages of a memory-mapped source are then released
     (`release_file_pages`). reduce_range: `int8` only (None: this CPU's choice). prefill_bfloat16:
     `fp16`/`int8` only, inputs of `PREFILL_MIN_ROWS` rows or more use a bfloat16 copy of the weights.
-    norm: `(weight (in,), eps)` of an RMSNorm before the product, computed by it (`int8_vnni` only:
-    its kernel normalises each row it quantises; the bfloat16 copy's rows are normalised by torch).
+    norm: `(weight (in,), eps)` of an RMSNorm before the product, computed by it (`int8_vnni` and
+    `int8_avx2` only: their kernel normalises each row it quantises; the bfloat16 copy's rows are
+    normalised by torch).
     """
     parts = [weight.detach()] if isinstance(weight, Tensor) else [w.detach() for w in weight]
     biases = None if bias is None else [bias] if isinstance(bias, Tensor) else list(bias)
@@ -197,11 +200,11 @@ def pack_linear(
     elements = out_features * in_features
     if kernel not in KERNELS:
         raise ValueError(f"unknown linear kernel {kernel!r}: one of {', '.join(KERNELS)}")
-    width = {"fp16": 2, "int8": 1, "int8_vnni": 1}.get(kernel, 4)
+    width = 2 if kernel == "fp16" else 1 if kernel in INT8_KERNELS else 4
     if prefill_bfloat16 and kernel not in FAST_KERNELS:
         raise ValueError(f"a bfloat16 prefill copy is for the fp16/int8 kernels, not {kernel!r}")
-    if norm is not None and kernel != "int8_vnni":
-        raise ValueError(f"an RMSNorm is computed inside int8_vnni products only, not {kernel!r}")
+    if norm is not None and kernel not in NATIVE_INT8_KERNELS:
+        raise ValueError(f"an RMSNorm is computed inside int8_vnni/int8_avx2 products only, not {kernel!r}")
     if kernel in ("linear", "linear_gemv") and len(parts) == 1:  # the source itself, no copy
         forward, dense = _pack_plain(parts[0], joined_bias, kernel, reduce_range)
         return PackedLinear(kernel, in_features, out_features, forward, elements * width, dense)
@@ -245,10 +248,10 @@ def _pack_plain(
         return forward, lambda: (packed.to_dense(), bias)
     if kernel == "fp16":
         return functools.partial(fp16_linear, weight=pack_fp16(weight, bias)), None
-    if kernel == "int8_vnni":
+    if kernel in NATIVE_INT8_KERNELS:
         from cosyserve.engine.native_int8 import NativeInt8Linear
 
-        return NativeInt8Linear(weight, bias, norm=norm), None
+        return NativeInt8Linear(weight, bias, norm=norm, kernel=kernel), None
     from cosyserve.engine.int8 import Int8Linear
 
     return Int8Linear.from_weight(weight, bias, reduce_range), None

@@ -28,7 +28,13 @@ from pathlib import Path
 from torch import Tensor, nn
 
 from cosyserve.engine.calibration import Calibration, Choice, Request, default_calibration_dir, shape_key
-from cosyserve.engine.linear_kernels import EXACT_KERNELS, FAST_KERNELS, PackedLinear, pack_linear
+from cosyserve.engine.linear_kernels import (
+    EXACT_KERNELS,
+    FAST_KERNELS,
+    NATIVE_INT8_KERNELS,
+    PackedLinear,
+    pack_linear,
+)
 from cosyserve.errors import InputError
 from cosyserve.model.config import LLMConfig
 from cosyserve.model.qwen2 import Attention, DecoderLayer, FeedForward, RMSNorm
@@ -111,8 +117,8 @@ def pack_speech_lm(
     weights (exact → fast); a fast layout cannot be repacked (ValueError). `prefill_bfloat16(kernel)`:
     whether a decoder-layer product in that fast kernel also keeps a bfloat16 copy for many-row inputs
     (`linear_kernels.PREFILL_MIN_ROWS`); `llm_decoder` never does (it sees one row per prefill). Where
-    q/k/v or gate/up run `int8_vnni`, the RMSNorm before them is computed inside the product and the
-    layer holds an Identity in its place (`_take_norm`).
+    q/k/v or gate/up run `int8_vnni` or `int8_avx2`, the RMSNorm before them is computed inside the
+    product and the layer holds an Identity in its place (`_take_norm`).
     """
     if preset not in _CANDIDATES:
         raise InputError(f"unknown preset {preset!r}: use exact or fast")
@@ -233,10 +239,10 @@ def _kernel_name(module: nn.Module) -> str:
 
 def _take_norm(layer: DecoderLayer, name: str, kernel: str) -> tuple[Tensor, float] | None:
     """The RMSNorm `name` of `layer` as `(weight, eps)` when the product after it computes it
-    (`int8_vnni`: it normalises the rows it quantises, 1.7 ms of a 22 ms step saved), and the layer
+    (our int8 kernels: they normalise the rows they quantise, 1.7 ms of a 22 ms step saved), and the layer
     then skips it (an Identity in its place); else None and the layer keeps it."""
     norm = getattr(layer, name)
-    if kernel != "int8_vnni" or not isinstance(norm, RMSNorm):
+    if kernel not in NATIVE_INT8_KERNELS or not isinstance(norm, RMSNorm):
         return None
     setattr(layer, name, nn.Identity())
     return norm.weight.detach(), norm.eps

@@ -1,4 +1,4 @@
-"""Int8 products for LM decoding in a small C kernel for AVX-512 VNNI, compiled on first use.
+"""Int8 products for LM decoding in a small C kernel for AVX-512 VNNI or AVX2, compiled on first use.
 
 Why: a decoding step reads every weight once, so int8 decoding runs at the speed its products stream
 0.36 GB of weights. This kernel lays the weights out in the order `vpdpbusd` reads them (16 outputs x 4
@@ -6,24 +6,29 @@ inputs per 64-byte load), so each thread reads one contiguous stretch, and prefe
 only, so that the small operations between products keep more of their data in L1. On an Intel Xeon
 with AMX (2 threads, the full-size LM at position ~250) a decoding step took 21.2-21.3 ms with it
 against 23.6-25.0 ms with fbgemm's int8 product (the products themselves 14.0 against 16.4 ms: 26 GB/s,
-79 % of the 33 GB/s `bench` measures), `native/int8_vnni.c`.
+79 % of the 33 GB/s `bench` measures), `native/int8_products.c`.
+
+Two kernels share the layout and the library: `int8_vnni` (`vpdpbusd`, 8-bit activations) and
+`int8_avx2` (`vpmaddubsw` + `vpmaddwd`, for CPUs without VNNI: 7-bit activations, as fbgemm's there,
+so that no pair of products saturates int16).
 
 An RMSNorm in front of a product can be computed inside it (`norm=`; the LM's two per layer, which
 cost 1.7 ms of a 21 ms step as calls of their own: 19.3-20.1 ms a step with them inside): the norm's
 weight is folded into the int8 weights, and each row's 1 / rms scales its activation scale.
 
-Same arithmetic as `int8.Int8Linear` on a VNNI CPU (weights symmetric int8 per output channel,
-8-bit activations with a zero point, exact int32 sums), except that each row of a batch gets its own
-activation scale (fbgemm: one per call), which is never less precise.
+Same arithmetic as `int8.Int8Linear` (weights symmetric int8 per output channel, 8-bit activations
+with a zero point on VNNI CPUs and 7-bit ones on others, exact int32 sums), except that each row of a
+batch gets its own activation scale (fbgemm: one per call), which is never less precise.
 
 The library is compiled with the system C compiler (`$CC`, else `cc` or `gcc`) into
 `$COSYSERVE_KERNEL_DIR` (default: `kernels/` where `calibration/` is by default), named by a hash of
 the source and flags (`python -m cosyserve.engine.native_int8` builds it ahead, as the CPU Docker image
 does), and loaded after torch so that it shares torch's OpenMP runtime (one thread pool, not two
-spinning against each other). Where the CPU has no AVX-512 VNNI, there is neither a built library nor
-a compiler, the build fails, the loaded library disagrees with a reference product, or
-`COSYSERVE_NATIVE_KERNELS=0`, the kernel is not offered (logged once) and the calibration chooses
-among the others (`linear_kernels`); where it is offered, the calibration measures it like the others.
+spinning against each other). A kernel is offered where /proc/cpuinfo lists its instructions and the
+loaded library's product agrees with a reference; where there is neither a built library nor a
+compiler, the build fails, or `COSYSERVE_NATIVE_KERNELS=0`, neither is offered (logged once) and the
+calibration chooses among the others (`linear_kernels`); where one is offered, the calibration
+measures it like the others.
 """
 
 from __future__ import annotations
@@ -42,14 +47,22 @@ from pathlib import Path
 import torch
 from torch import Tensor, nn
 
-__all__ = ["NativeInt8Linear", "kernel_dir", "native_int8_available"]
+__all__ = ["NATIVE_INT8_KERNELS", "NativeInt8Linear", "kernel_dir", "native_int8_available"]
 
 log = logging.getLogger(__name__)
 
-SOURCE = Path(__file__).with_name("native") / "int8_vnni.c"
+SOURCE = Path(__file__).with_name("native") / "int8_products.c"
 KERNEL_DIR_ENV = "COSYSERVE_KERNEL_DIR"
 SWITCH_ENV = "COSYSERVE_NATIVE_KERNELS"  # "0" turns the compiled kernels off
-REQUIRED_FLAGS = ("avx512f", "avx512bw", "avx512vl", "avx512_vnni")
+# Per kernel: the instructions it needs (/proc/cpuinfo's names), its C function, its activation levels.
+REQUIRED_FLAGS = {
+    "int8_vnni": ("avx512f", "avx512bw", "avx512vl", "avx512_vnni"),
+    "int8_avx2": ("avx2", "fma"),
+}
+NATIVE_INT8_KERNELS = tuple(REQUIRED_FLAGS)
+_FUNCTIONS = {"int8_vnni": "cosyserve_int8_linear", "int8_avx2": "cosyserve_int8_linear_avx2"}
+_LEVELS = {"int8_vnni": 255, "int8_avx2": 127}
+ABI = 3  # the C file's cosyserve_int8_abi(): bumped when a signature changes
 CFLAGS = ("-O3", "-fno-math-errno", "-fPIC", "-shared", "-fopenmp")
 COMPILE_TIMEOUT_S = 120
 BLOCK = 16  # outputs per block of the packed layout (the C file's BLOCK)
@@ -67,13 +80,27 @@ def kernel_dir(environ: dict[str, str] | None = None) -> Path:
     return default_models_root(env).parent / "kernels"
 
 
-def native_int8_available() -> bool:
-    """Whether the compiled kernel runs here (built, loaded and checked; see the module docstring)."""
-    return _library() is not None
+@functools.cache
+def native_int8_available(kernel: str = "int8_vnni") -> bool:
+    """Whether `kernel` runs here: its instructions listed, the library built and loaded, and its
+    product checked against the reference (see the module docstring)."""
+    if not cpu_supports_kernel(kernel=kernel):
+        return False
+    library = _library()
+    if library is None:
+        return False
+    try:
+        _self_check(library, kernel)
+    except RuntimeError as exc:
+        log.warning("int8 kernel %s unavailable, fbgemm's int8 product serves instead: %s", kernel, exc)
+        return False
+    return True
 
 
-def cpu_supports_kernel(cpuinfo: str = "/proc/cpuinfo") -> bool:
-    """Whether this is a Linux x86-64 CPU with the AVX-512 VNNI instructions the kernel uses."""
+def cpu_supports_kernel(cpuinfo: str = "/proc/cpuinfo", kernel: str | None = None) -> bool:
+    """Whether this is a Linux x86-64 CPU with the instructions `kernel` uses (None: either kernel)."""
+    if kernel is not None and kernel not in REQUIRED_FLAGS:
+        raise ValueError(f"unknown native int8 kernel {kernel!r}: one of {', '.join(REQUIRED_FLAGS)}")
     if platform.system() != "Linux" or platform.machine() not in ("x86_64", "AMD64"):
         return False
     try:
@@ -81,7 +108,8 @@ def cpu_supports_kernel(cpuinfo: str = "/proc/cpuinfo") -> bool:
             flags = next((line.split(":", 1)[1].split() for line in info if line.startswith("flags")), [])
     except OSError:
         return False
-    return all(flag in flags for flag in REQUIRED_FLAGS)
+    kernels = NATIVE_INT8_KERNELS if kernel is None else (kernel,)
+    return any(all(flag in flags for flag in REQUIRED_FLAGS[name]) for name in kernels)
 
 
 def compiler() -> str | None:
@@ -96,7 +124,7 @@ def library_path(directory: Path | None = None) -> Path:
     """Where the library built from this source and these flags lies (or will): named by their hash,
     so a library built elsewhere (a Docker image's build stage) is found without a compiler."""
     digest = hashlib.sha256(SOURCE.read_bytes() + " ".join(CFLAGS).encode()).hexdigest()
-    return (kernel_dir() if directory is None else directory) / f"int8_vnni-{digest[:16]}.so"
+    return (kernel_dir() if directory is None else directory) / f"int8_products-{digest[:16]}.so"
 
 
 def build_library(directory: Path | None = None) -> Path:
@@ -111,7 +139,7 @@ def build_library(directory: Path | None = None) -> Path:
         raise RuntimeError(f"no C compiler found to build {path.name} (set CC, or install gcc)")
     path.parent.mkdir(parents=True, exist_ok=True)
     # Written under another name and renamed: two processes building at once both end with a whole file.
-    handle, partial = tempfile.mkstemp(dir=path.parent, prefix=".int8_vnni-", suffix=".so")
+    handle, partial = tempfile.mkstemp(dir=path.parent, prefix=".int8_products-", suffix=".so")
     os.close(handle)
     try:
         result = subprocess.run(
@@ -133,40 +161,40 @@ def build_library(directory: Path | None = None) -> Path:
 
 @functools.lru_cache(maxsize=1)
 def _library() -> ctypes.CDLL | None:
-    """The loaded and checked kernel, or None (the reason logged once)."""
+    """The loaded library, or None (the reason logged once)."""
     if os.environ.get(SWITCH_ENV, "1") == "0":
-        log.info("int8 VNNI kernel: off (%s=0)", SWITCH_ENV)
+        log.info("compiled int8 kernels: off (%s=0)", SWITCH_ENV)
         return None
     if not cpu_supports_kernel():
         return None
     try:
         library = ctypes.CDLL(str(build_library()))
         _declare(library)
-        _self_check(library)
-    except (OSError, RuntimeError, subprocess.SubprocessError) as exc:
-        log.warning("int8 VNNI kernel unavailable, fbgemm's int8 product serves instead: %s", exc)
+    except (OSError, RuntimeError, AttributeError, subprocess.SubprocessError) as exc:
+        log.warning("compiled int8 kernels unavailable, fbgemm's int8 product serves instead: %s", exc)
         return None
     return library
 
 
 def _declare(library: ctypes.CDLL) -> None:
-    pointer, integer = ctypes.c_void_p, ctypes.c_int
-    product = library.cosyserve_int8_linear
-    product.argtypes = [pointer, integer, integer, integer, pointer, pointer, pointer, pointer, pointer]
-    product.argtypes += [integer, integer, pointer, ctypes.c_float]
-    product.restype = integer
-    if library.cosyserve_int8_abi() != 2:
+    if library.cosyserve_int8_abi() != ABI:
         raise RuntimeError("the compiled kernel has another calling convention than this module")
+    pointer, integer = ctypes.c_void_p, ctypes.c_int
+    for name in _FUNCTIONS.values():
+        product = getattr(library, name)
+        product.argtypes = [pointer, integer, integer, integer, pointer, pointer, pointer, pointer, pointer]
+        product.argtypes += [integer, integer, pointer, ctypes.c_float]
+        product.restype = integer
 
 
-def _self_check(library: ctypes.CDLL) -> None:
+def _self_check(library: ctypes.CDLL, kernel: str) -> None:
     """One product against the same quantised arithmetic in torch (exact sums, so ~1e-6 apart)."""
     generator = torch.Generator().manual_seed(0)
     weight = torch.randn(37, 70, generator=generator)
     bias = torch.randn(37, generator=generator)
     x = torch.randn(6, 70, generator=generator)
     for norm in (None, (torch.rand(70, generator=generator) + 0.5, 1e-6)):
-        layer = NativeInt8Linear(weight, bias, library=library, norm=norm)
+        layer = NativeInt8Linear(weight, bias, library=library, norm=norm, kernel=kernel)
         got, expected = layer(x), layer.reference(x)
         error = float((got - expected).abs().max()) / max(float(expected.abs().max()), 1e-12)
         if not error < 1e-5:
@@ -174,7 +202,8 @@ def _self_check(library: ctypes.CDLL) -> None:
 
 
 class NativeInt8Linear(nn.Module):
-    """`x @ weight.T + bias` with int8 weights in the VNNI layout (see the module docstring).
+    """`x @ weight.T + bias` with int8 weights in the kernels' layout (see the module docstring), by
+    `kernel` (`int8_vnni` or `int8_avx2`).
 
     weight `(out, in)`, bias `(out,)` or None; `(..., in)` float32 -> `(..., out)` float32. `norm`:
     `(norm_weight (in,), eps)` of an RMSNorm that precedes the product, computed inside it:
@@ -189,13 +218,17 @@ class NativeInt8Linear(nn.Module):
         library: ctypes.CDLL | None = None,
         *,
         norm: tuple[Tensor, float] | None = None,
+        kernel: str = "int8_vnni",
     ) -> None:
         super().__init__()
+        if kernel not in _FUNCTIONS:
+            raise ValueError(f"unknown native int8 kernel {kernel!r}: one of {', '.join(_FUNCTIONS)}")
+        self.kernel, self.levels = kernel, _LEVELS[kernel]
         # Kept only when given (the self-check, before the cache holds it): a loaded library does not
         # copy or pickle, and a module may be deep-copied.
         self._given_library = library
-        if library is None and _library() is None:
-            raise RuntimeError("the int8 VNNI kernel is not available on this machine")
+        if library is None and not native_int8_available(kernel):
+            raise RuntimeError(f"the {kernel} kernel is not available on this machine")
         weight = weight.detach().float()
         if norm is not None:
             weight = weight * norm[0].detach().float()[None, :]
@@ -224,13 +257,14 @@ class NativeInt8Linear(nn.Module):
             return out.view(*x.shape[:-1], self.out_features)
         library = self._given_library or _library()
         if library is None:
-            raise RuntimeError("the int8 VNNI kernel is not available on this machine")
+            raise RuntimeError(f"the {self.kernel} kernel is not available on this machine")
+        product = getattr(library, _FUNCTIONS[self.kernel])
         threads = torch.get_num_threads()
         scratch = torch.empty(min(flat.shape[0], MAX_ROWS) * self.padded_in, dtype=torch.uint8)
         bias = 0 if self.bias is None else self.bias.data_ptr()
         for start in range(0, flat.shape[0], MAX_ROWS):
             rows = min(MAX_ROWS, flat.shape[0] - start)
-            status = library.cosyserve_int8_linear(
+            status = product(
                 flat[start].data_ptr(),
                 rows,
                 self.in_features,
@@ -246,7 +280,7 @@ class NativeInt8Linear(nn.Module):
                 self.norm_eps,
             )
             if status != 0:
-                raise RuntimeError(f"the int8 VNNI kernel refused a {rows}x{self.in_features} input")
+                raise RuntimeError(f"the {self.kernel} kernel refused a {rows}x{self.in_features} input")
         return out.view(*x.shape[:-1], self.out_features)
 
     def dequantized_weight(self) -> Tensor:
@@ -260,11 +294,11 @@ class NativeInt8Linear(nn.Module):
         flat = x.reshape(-1, self.in_features).float()
         # float32 steps in the kernel's order, so that every rounding to a level is the kernel's
         low = flat.amin(dim=1, keepdim=True).clamp(max=0)
-        step = (flat.amax(dim=1, keepdim=True).clamp(min=0) - low) / 255
+        step = (flat.amax(dim=1, keepdim=True).clamp(min=0) - low) / self.levels
         step = torch.where(step > 0, step, torch.ones_like(step))
         inverse = 1 / step
-        zero = torch.round(-low * inverse).clamp(0, 255)
-        levels = (torch.round(flat * inverse) + zero).clamp(0, 255)
+        zero = torch.round(-low * inverse).clamp(0, self.levels)
+        levels = (torch.round(flat * inverse) + zero).clamp(0, self.levels)
         weight = torch.round(self.dequantized_weight().double() / self.scale.double()[:, None])
         sums = (levels - zero).double() @ weight.t()
         out = sums * step.double() * self.scale.double()
@@ -274,7 +308,7 @@ class NativeInt8Linear(nn.Module):
         return out.float().view(*x.shape[:-1], self.out_features)
 
     def extra_repr(self) -> str:
-        return f"in_features={self.in_features}, out_features={self.out_features}, int8 (VNNI kernel)"
+        return f"in_features={self.in_features}, out_features={self.out_features}, int8 ({self.kernel})"
 
 
 def main(argv: list[str] | None = None) -> int:
