@@ -86,8 +86,10 @@ AVX2 static int row_stats_256(const float *x, int k, float *lo, float *hi, float
     return all_finite;
 }
 
-/* Quantize one row to 0..levels; returns 0 when a value is not finite (then the row's output is NaN). */
-static int quantize_row(const float *x, int k, int k_padded, float norm_eps, int levels, row_stats_fn stats,
+/* Quantize one row to 0..levels; returns 0 when a value is not finite (then the row's output is NaN).
+ * Inlined into each instruction set's wrapper below, so that its rounding compiles to one instruction
+ * (compiled for plain x86-64 it would call libm's nearbyintf for every value). */
+static inline __attribute__((always_inline)) int quantize_row(const float *x, int k, int k_padded, float norm_eps, int levels, row_stats_fn stats,
                         uint8_t *q, float *scale, int32_t *zero) {
     float lo, hi, squares;
     if (!stats(x, k, &lo, &hi, &squares)) { /* the row comes out NaN: nothing to quantise */
@@ -110,6 +112,19 @@ static int quantize_row(const float *x, int k, int k_padded, float norm_eps, int
     *scale = norm_eps >= 0.f ? s / sqrtf(squares / (float)k + norm_eps) : s;
     *zero = z;
     return 1;
+}
+
+typedef int (*quantize_fn)(const float *x, int k, int k_padded, float norm_eps, uint8_t *q, float *scale,
+                           int32_t *zero);
+
+VNNI static int quantize_row_512(const float *x, int k, int k_padded, float norm_eps, uint8_t *q, float *scale,
+                                 int32_t *zero) { /* 8-bit activations */
+    return quantize_row(x, k, k_padded, norm_eps, 255, row_stats_512, q, scale, zero);
+}
+
+AVX2 static int quantize_row_256(const float *x, int k, int k_padded, float norm_eps, uint8_t *q, float *scale,
+                                 int32_t *zero) { /* 7-bit activations: vpmaddubsw's int16 pairs do not saturate */
+    return quantize_row(x, k, k_padded, norm_eps, 127, row_stats_256, q, scale, zero);
 }
 
 typedef void (*block_fn)(const uint8_t *xq, int k_padded, int rows, const int8_t *w, const float *x_scale,
@@ -202,14 +217,14 @@ AVX2 static void block_product_256(const uint8_t *xq, int k_padded, int rows, co
  * arguments it cannot take. */
 static int int8_linear(const float *x, int rows, int k, int k_padded, const int8_t *w, const float *w_scale,
                        const int32_t *w_sum, const float *bias, float *y, int n, int threads, uint8_t *scratch,
-                       float norm_eps, int levels, row_stats_fn stats, block_fn block_product) {
+                       float norm_eps, quantize_fn quantize, block_fn block_product) {
     if (rows < 1 || rows > MAX_ROWS || k < 1 || k_padded < k || k_padded % 4 || n < 1 || threads < 1) return -1;
     float x_scale[MAX_ROWS];
     int32_t x_zero[MAX_ROWS];
     int x_finite[MAX_ROWS];
     for (int r = 0; r < rows; r++)
-        x_finite[r] = quantize_row(x + (size_t)r * k, k, k_padded, norm_eps, levels, stats,
-                                   scratch + (size_t)r * k_padded, &x_scale[r], &x_zero[r]);
+        x_finite[r] = quantize(x + (size_t)r * k, k, k_padded, norm_eps, scratch + (size_t)r * k_padded,
+                               &x_scale[r], &x_zero[r]);
     int blocks = (n + BLOCK - 1) / BLOCK;
     /* Static schedule: each thread walks one contiguous stretch of blocks, i.e. of memory. */
 #pragma omp parallel for num_threads(threads) schedule(static)
@@ -228,14 +243,14 @@ static int int8_linear(const float *x, int rows, int k, int k_padded, const int8
 int cosyserve_int8_linear(const float *x, int rows, int k, int k_padded, const int8_t *w, const float *w_scale,
                           const int32_t *w_sum, const float *bias, float *y, int n, int threads, uint8_t *scratch,
                           float norm_eps) {
-    return int8_linear(x, rows, k, k_padded, w, w_scale, w_sum, bias, y, n, threads, scratch, norm_eps, 255,
-                       row_stats_512, block_product_512);
+    return int8_linear(x, rows, k, k_padded, w, w_scale, w_sum, bias, y, n, threads, scratch, norm_eps,
+                       quantize_row_512, block_product_512);
 }
 
 /* 7-bit activations (0..127), AVX2. */
 int cosyserve_int8_linear_avx2(const float *x, int rows, int k, int k_padded, const int8_t *w, const float *w_scale,
                                const int32_t *w_sum, const float *bias, float *y, int n, int threads,
                                uint8_t *scratch, float norm_eps) {
-    return int8_linear(x, rows, k, k_padded, w, w_scale, w_sum, bias, y, n, threads, scratch, norm_eps, 127,
-                       row_stats_256, block_product_256);
+    return int8_linear(x, rows, k, k_padded, w, w_scale, w_sum, bias, y, n, threads, scratch, norm_eps,
+                       quantize_row_256, block_product_256);
 }
