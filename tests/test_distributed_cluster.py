@@ -32,8 +32,9 @@ LONG_TEXT = "今天天气很好，我们一起去公园散步吧。" * 8  # 4 pi
 # after one, with three left for a kill, a cancel or a revoked key to land in the middle of the job
 BATCH_ITEMS = 6  # a worker is stopped at 2 items done (progress >= 0.2) with 4 items left
 BATCH_LINES = "\n".join(f"第{n}句，稍微长一点的一句话。" for n in range(1, BATCH_ITEMS + 1)).encode()
-# Batches that must still run after a short request took its turn; cancelled then, so their length is free.
-BUSY_ITEMS = 24
+# Batches that must still run after a short request took its turn; cancelled then, so their length is free
+# (24 items were once all done on one worker before the restarted one had finished its first).
+BUSY_ITEMS = 100
 BUSY_LINES = "\n".join(f"第{n}句，稍微长一点的一句话。" for n in range(1, BUSY_ITEMS + 1)).encode()
 PROMPT_TEXT = "希望你以后能够做的比我还好呦。"
 
