@@ -122,8 +122,9 @@ VNNI static int quantize_row_512(const float *x, int k, int k_padded, float norm
     return quantize_row(x, k, k_padded, norm_eps, 255, row_stats_512, q, scale, zero);
 }
 
+/* 7-bit activations: vpmaddubsw's int16 pairs do not saturate */
 AVX2 static int quantize_row_256(const float *x, int k, int k_padded, float norm_eps, uint8_t *q, float *scale,
-                                 int32_t *zero) { /* 7-bit activations: vpmaddubsw's int16 pairs do not saturate */
+                                 int32_t *zero) {
     return quantize_row(x, k, k_padded, norm_eps, 127, row_stats_256, q, scale, zero);
 }
 
@@ -202,7 +203,8 @@ AVX2 static void block_product_256(const uint8_t *xq, int k_padded, int rows, co
     for (int r = 0; r < rows; r++) {
         for (int half = 0; half < 2; half++) {
             __m256i acc = half ? high[r] : low[r];
-            __m256i zero_sum = _mm256_mullo_epi32(_mm256_set1_epi32(x_zero[r]), _mm256_loadu_si256((const __m256i *)(sum + 8 * half)));
+            __m256i weight_sum = _mm256_loadu_si256((const __m256i *)(sum + 8 * half));
+            __m256i zero_sum = _mm256_mullo_epi32(_mm256_set1_epi32(x_zero[r]), weight_sum);
             __m256 row_scale = _mm256_mul_ps(_mm256_loadu_ps(scale + 8 * half), _mm256_set1_ps(x_scale[r]));
             __m256 v = _mm256_fmadd_ps(_mm256_cvtepi32_ps(_mm256_sub_epi32(acc, zero_sum)), row_scale,
                                        _mm256_loadu_ps(offset + 8 * half));
