@@ -89,8 +89,9 @@ AVX2 static int row_stats_256(const float *x, int k, float *lo, float *hi, float
 /* Quantize one row to 0..levels; returns 0 when a value is not finite (then the row's output is NaN).
  * Inlined into each instruction set's wrapper below, so that its rounding compiles to one instruction
  * (compiled for plain x86-64 it would call libm's nearbyintf for every value). */
-static inline __attribute__((always_inline)) int quantize_row(const float *x, int k, int k_padded, float norm_eps, int levels, row_stats_fn stats,
-                        uint8_t *q, float *scale, int32_t *zero) {
+static inline __attribute__((always_inline)) int quantize_row(const float *x, int k, int k_padded, float norm_eps,
+                                                              int levels, row_stats_fn stats, uint8_t *q,
+                                                              float *scale, int32_t *zero) {
     float lo, hi, squares;
     if (!stats(x, k, &lo, &hi, &squares)) { /* the row comes out NaN: nothing to quantise */
         memset(q, 0, (size_t)k_padded);
