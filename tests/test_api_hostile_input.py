@@ -6,6 +6,7 @@ from __future__ import annotations
 import base64
 import io
 import json
+import socket
 import struct
 import time
 from concurrent.futures import ThreadPoolExecutor
@@ -132,3 +133,37 @@ def test_a_flood_of_large_bodies_leaves_memory_near_its_baseline(server: ServerP
         settled = server.memory_mb()
     assert statuses and all(400 <= status < 500 for status in statuses), sorted(set(statuses))
     assert settled - baseline <= SETTLED_WITHIN_MB, (baseline, settled)
+
+
+HTTPX_IDLE_S = 5.0  # how long httpx (and so the OpenAI SDK) keeps an idle connection to reuse it
+
+
+def _health_on(sock: socket.socket, port: int) -> int:
+    """GET /health on an open connection; the status, once the whole response (by its length) is read."""
+    sock.sendall(f"GET /health HTTP/1.1\r\nHost: 127.0.0.1:{port}\r\n\r\n".encode())
+    received = b""
+    while b"\r\n\r\n" not in received:
+        received += sock.recv(65536) or pytest.fail(f"the server closed the connection: {received!r}")
+    head, _, body = received.partition(b"\r\n\r\n")
+    fields = dict(line.split(b":", 1) for line in head.split(b"\r\n")[1:])
+    length = int({name.lower(): value for name, value in fields.items()}[b"content-length"])
+    while len(body) < length:
+        body += sock.recv(65536) or pytest.fail("the server closed the connection mid-body")
+    return int(head.split(b" ", 2)[1])
+
+
+def test_an_idle_connection_outlives_the_clients_own_idle_limit(server: ServerProcess) -> None:
+    """The server keeps an idle connection longer than clients do: with uvicorn's 5 s, equal to httpx's,
+    a client sometimes sent its next request on a connection the server was just closing (the flood above
+    once got a disconnect instead of an answer that way)."""
+    with socket.create_connection(("127.0.0.1", server.port), timeout=10) as sock:
+        assert _health_on(sock, server.port) == 200
+        time.sleep(HTTPX_IDLE_S + 1.0)
+        sock.setblocking(False)
+        try:
+            closed = sock.recv(1, socket.MSG_PEEK) == b""
+        except BlockingIOError:  # nothing to read: still open
+            closed = False
+        assert not closed, "the server closed an idle connection a client would still reuse"
+        sock.setblocking(True)
+        assert _health_on(sock, server.port) == 200

@@ -113,6 +113,9 @@ def cmd_serve(args: argparse.Namespace) -> int:
         access_log=False,  # our middleware logs each request with its id
         lifespan="on",
         timeout_graceful_shutdown=int(service.shutdown_grace_s) + 1,
+        # uvicorn's 5 s equals httpx's own idle limit: a client then sometimes sends its next request on a
+        # connection the server is just closing, and gets a disconnect instead of an answer.
+        timeout_keep_alive=settings.server.keep_alive_s,
         server_header=False,
     )
     log.info("cosyserve on http://%s:%d (API docs at /docs)", settings.server.host, settings.server.port)

@@ -87,6 +87,14 @@ class ServerSettings(_Group):
         description="keep serving (health, UI, admin restart) when the model can't be loaded at start, "
         "instead of exiting with the reason",
     )
+    keep_alive_s: int = Field(
+        75,
+        ge=1,
+        le=3600,
+        description="seconds an idle HTTP connection is kept open; longer than what clients and proxies keep "
+        "one (httpx 5 s, nginx upstreams and cloud load balancers 60 s), so none reuses a connection the "
+        "server is closing",
+    )
     cors_origins: Annotated[list[str], NoDecode] = Field(
         default_factory=list,
         description="origins (scheme://host[:port]) whose pages may call the API and the web UI with the "
