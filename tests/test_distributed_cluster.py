@@ -88,6 +88,7 @@ class Cluster:
     def __init__(self, nodes: dict[str, Node], api_url: str, jobs: JobStore, s3_client) -> None:
         self.nodes, self.api_url, self.jobs, self.s3 = nodes, api_url, jobs, s3_client
         self.worker_urls: dict[str, str] = {}
+        self.queue_url = ""
         self.http = httpx.Client(base_url=api_url, timeout=120.0)
 
     def wait_ready(self, workers: int, timeout: float = 180.0) -> dict:
@@ -120,6 +121,16 @@ class Cluster:
     def bucket_outputs(self) -> list[str]:
         listing = self.s3.list_objects_v2(Bucket=BUCKET)
         return sorted(o["Key"] for o in listing.get("Contents", []) if o["Key"].endswith(".json"))
+
+    def lose_delivered_messages(self) -> None:
+        """Drop every message a worker took and has not acknowledged (kombu's record of them)."""
+        import redis
+
+        client = redis.Redis.from_url(self.queue_url)
+        try:
+            client.delete("unacked", "unacked_index")
+        finally:
+            client.close()
 
     def logs(self) -> str:
         return "\n".join(f"--- {name}\n{node.log_tail()}" for name, node in self.nodes.items())
@@ -187,6 +198,7 @@ def cluster(redis_url, postgres_url, demo_model_path, tmp_path_factory):
         node.start()
     engine = make_engine(postgres_url)
     running = Cluster(nodes, f"http://127.0.0.1:{port}", JobStore(engine), s3)
+    running.queue_url = queue
     running.worker_urls = {name: f"http://127.0.0.1:{p}" for name, p in worker_ports.items()}
     try:
         running.wait_ready(workers=2)
@@ -327,6 +339,9 @@ def test_batches_and_dubs_run_on_the_workers(cluster: Cluster, voice: str) -> No
         time.sleep(0.1)
     holder = record.worker
     cluster.nodes[holder].stop(signal.SIGKILL)
+    # Its late-acked message is lost too (Redis restarted without persistence; kombu once dropped it):
+    # another worker goes on with the batch all the same, from the jobs table (`lost_jobs.py`).
+    cluster.lose_delivered_messages()
     records = cluster.wait_jobs([batch["id"], dub["id"]], timeout=300)
     assert records[batch["id"]].state == "done" and records[batch["id"]].attempt >= 2, cluster.logs()
     view = cluster.http.get(f"/v1/batches/{batch['id']}", params={"limit": 100}).json()
@@ -349,16 +364,22 @@ def test_batches_and_dubs_run_on_the_workers(cluster: Cluster, voice: str) -> No
         assert time.monotonic() < deadline + 300, cluster.logs()
         time.sleep(0.1)
     # Both workers run a batch: a short request still takes its turn between two items, not after them.
+    asked = time.monotonic()
     assert cluster.http.post("/v1/tts", json={"text": "好。", "voice": voice}).status_code == 200
-    states = {cluster.http.get(f"/v1/batches/{b['id']}").json()["state"] for b in (victim, other)}
-    assert states == {"running"}, states
-    assert cluster.http.delete(f"/v1/batches/{other['id']}").status_code == 202
-    assert cluster.http.delete(f"/v1/batches/{victim['id']}").status_code == 202
+    tts_s = time.monotonic() - asked
+    views = {b["id"]: cluster.http.get(f"/v1/batches/{b['id']}").json() for b in (victim, other)}
+    # It answered while a batch still ran (a batch of 100 items outlasts it many times over). Both are
+    # usually still running; once, on a loaded CI machine, one had ended: what each did is in the message.
+    summary = [{k: view.get(k) for k in ("state", "done", "failed", "cancelled")} for view in views.values()]
+    running = [batch_id for batch_id, view in views.items() if view["state"] == "running"]
+    assert running, (summary, tts_s)
+    for batch_id in running:  # a running batch's cancel stops it at the next item; the rest end cancelled
+        assert cluster.http.delete(f"/v1/batches/{batch_id}").status_code == 202
     time.sleep(LEASE_S * 2)  # the worker notices and stops
-    ended = cluster.http.get(f"/v1/batches/{victim['id']}", params={"limit": 100}).json()
+    ended = cluster.http.get(f"/v1/batches/{running[0]}", params={"limit": 100}).json()
     assert ended["state"] == "cancelled" and ended["done"] + ended["cancelled"] == BUSY_ITEMS, ended
     time.sleep(LEASE_S)
-    assert cluster.http.get(f"/v1/batches/{victim['id']}").json()["done"] == ended["done"]
+    assert cluster.http.get(f"/v1/batches/{running[0]}").json()["done"] == ended["done"]
 
 
 def test_a_worker_stopped_with_sigterm_gives_its_running_batch_back_at_once(

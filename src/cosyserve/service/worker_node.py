@@ -41,13 +41,16 @@ from cosyserve.errors import (
 from cosyserve.service import wire
 from cosyserve.service.assembly import Service
 from cosyserve.service.distributed import celery_app
+from cosyserve.service.distributed.lost_jobs import LostJobSweep
 from cosyserve.service.distributed.relay import Relay, WorkerRegistry, connect
 from cosyserve.service.distributed.task_watch import TaskWatch
 from cosyserve.service.local.backend import LocalBackend
 from cosyserve.service.local.load_failure import load_failure_message
 from cosyserve.service.logs import log_failure
+from cosyserve.service.scheduling.key_share import share_key
 from cosyserve.service.scheduling.tickets import Ticket
 from cosyserve.service.settings import Settings
+from cosyserve.service.stores.job_table import JobRecord
 from cosyserve.service.stores.keys import ApiKey
 from cosyserve.service.worker_jobs import JobIntake
 
@@ -93,6 +96,14 @@ class WorkerNode:
         self.count_lock = threading.Lock()
         self.job_watches: set[TaskWatch] = set()  # the jobs running now (guarded by count_lock)
         self.intake = JobIntake(self, self.service.scheduler.background_running)
+        self.lost_jobs = LostJobSweep(
+            self.jobs,
+            self.client,
+            self._send_again,
+            lease_s=self.lease_s,
+            visibility_timeout_s=queue.visibility_timeout_s,
+            released=self.local.reservations.release_job,
+        )
         self._register_tasks()
 
     # -- lifecycle ---------------------------------------------------------------------------------------
@@ -195,6 +206,11 @@ class WorkerNode:
                 self.intake.shares.renew(self.lease_s)  # its running jobs count for their keys while it lives
             except Exception as exc:  # Redis briefly away: API nodes see no heartbeat until it is back
                 log.warning("worker heartbeat failed: %s", exc)
+            try:
+                if self.service.model_state == "ready" and not self.stopping.is_set():
+                    self.lost_jobs.maybe_sweep()
+            except Exception as exc:  # the database or Redis briefly away: the next beat looks again
+                log.warning("looking for jobs whose worker stopped failed: %s", exc)
             self._stop.wait(interval)
 
     def _leave(self) -> None:
@@ -287,6 +303,13 @@ class WorkerNode:
     def _batch_task(self, task: Any, job_id: str) -> None:
         """A batch or a dub: everything it needs is in the shared database (its row and items)."""
         self._claimed(task, job_id, lambda attempt: self.local.run_claimed_batch(job_id, attempt))
+
+    def _send_again(self, record: JobRecord) -> None:
+        """A batch's or a dub's task, sent again for a job whose worker stopped (`lost_jobs.py`)."""
+        with contextlib.suppress(Exception):  # best effort, as every share update
+            self.intake.shares.queued(record.id, share_key(record.owner))
+        task = celery_app.BATCH_TASK
+        self.app.send_task(task, args=[record.id], task_id=record.id, queue=celery_app.queue_of(task))
 
     def _claimed(self, task: Any, job_id: str, run: Any) -> None:
         """A background task: taken within this worker's slots and its key's share, claimed, run."""

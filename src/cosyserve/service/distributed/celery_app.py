@@ -7,6 +7,7 @@ Delivery guarantees, per task:
   worker that dies mid-job leaves the message unacknowledged and Redis hands it to another worker after
   `visibility_timeout_s`. The jobs table's claim/lease/attempt (see `stores/jobs.py`) makes the
   redelivered copy wait while the first worker is alive and makes sure only one attempt records a result.
+  Should the message be lost, the workers find the job from its expired lease (`lost_jobs.py`).
 - `cosyserve.tts` and `cosyserve.enrol` (a client is waiting on the line): acknowledged when a worker takes
   them. If that worker dies the API node sees its lease vanish and answers 503 "retry"; re-running an
   interactive request minutes later for a client that has gone would only waste a GPU.

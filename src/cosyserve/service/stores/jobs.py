@@ -217,6 +217,13 @@ class JobStore:
             )
         return self.get(job_id) if result.rowcount == 1 else None
 
+    def lease_expired(self, before: datetime, limit: int = 100) -> list[JobRecord]:
+        """Running jobs whose lease ran out before `before` (their worker stopped renewing it)."""
+        expired = (jobs_table.c.state == "running") & (jobs_table.c.lease_until < before)
+        query = select(jobs_table).where(expired).order_by(jobs_table.c.lease_until).limit(limit)
+        with self.engine.connect() as conn:
+            return [record_from_row(row) for row in conn.execute(query).mappings()]
+
     def renew(self, job_id: str, attempt: int, lease_s: float) -> bool:
         """Extend a running job's lease; False when this attempt lost it (cancelled, finished, taken)."""
         if not is_job_id(job_id):
