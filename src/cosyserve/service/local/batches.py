@@ -126,6 +126,8 @@ class BatchRunner:
             fraction = counts.finished / max(1, counts.total)
             ctx.set_progress(fraction)
             run.jobs.set_progress(plan.job_id, fraction, attempt=run.attempt)
+        if stopped is None:  # a cancel from another node ends the items first: no item left is no success
+            ctx.check_cancelled()
         counts = self.batches.counts(plan.job_id)
         extra = {"items": counts.total, "done": counts.done, "failed": counts.failed}
         if counts.done == 0:
