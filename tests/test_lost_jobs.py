@@ -10,7 +10,7 @@ from pathlib import Path
 
 import pytest
 
-from cosyserve.service.distributed.lost_jobs import RESTORE_SWEEP_S, LostJobSweep
+from cosyserve.service.distributed.lost_jobs import LostJobSweep
 from cosyserve.service.distributed.relay import connect
 from cosyserve.service.stores.db import make_engine
 from cosyserve.service.stores.job_table import JobRecord, utc_now
@@ -64,7 +64,7 @@ def _running(jobs: JobStore, kind: str, worker: str = "wA") -> str:
 def test_a_batch_whose_worker_stopped_is_sent_again_once_per_attempt(setup) -> None:
     jobs, sweep, clock, sent, _ = setup
     batch, dub = _running(jobs, "batch"), _running(jobs, "dub")
-    sweep.clock.now = utc_now() + timedelta(seconds=LEASE_S * 1.5)  # lease out, but not a lease ago
+    clock.now = utc_now() + timedelta(seconds=LEASE_S * 1.5)  # lease out, but not a lease ago
     assert sweep.sweep().resent == [] and sent == []
     clock.advance(LEASE_S)
     assert sorted(sweep.sweep().resent) == sorted([batch, dub])
@@ -86,7 +86,7 @@ def test_a_long_text_job_ends_worker_lost_only_after_kombu_would_have_redelivere
     lease_until = jobs.get(job).lease_until
     clock.now = lease_until + timedelta(seconds=VISIBILITY_S)  # kombu's copy may still come
     assert sweep.sweep().failed == [] and jobs.get(job).state == "running"
-    clock.now = lease_until + timedelta(seconds=VISIBILITY_S + RESTORE_SWEEP_S + LEASE_S + 1)
+    clock.now = lease_until + timedelta(seconds=VISIBILITY_S + sweep.restore_interval_s + LEASE_S + 1)
     assert sweep.sweep().failed == [job]
     record = jobs.get(job)
     assert record.state == "failed" and record.error_code == "worker_lost"

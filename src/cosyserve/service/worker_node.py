@@ -102,6 +102,7 @@ class WorkerNode:
             self._send_again,
             lease_s=self.lease_s,
             visibility_timeout_s=queue.visibility_timeout_s,
+            restore_interval_s=restore,
             released=self.local.reservations.release_job,
         )
         self._register_tasks()
@@ -306,10 +307,10 @@ class WorkerNode:
 
     def _send_again(self, record: JobRecord) -> None:
         """A batch's or a dub's task, sent again for a job whose worker stopped (`lost_jobs.py`)."""
-        with contextlib.suppress(Exception):  # best effort, as every share update
-            self.intake.shares.queued(record.id, share_key(record.owner))
         task = celery_app.BATCH_TASK
-        self.app.send_task(task, args=[record.id], task_id=record.id, queue=celery_app.queue_of(task))
+        queue = celery_app.queue_of(task)
+        send = lambda: self.app.send_task(task, args=[record.id], task_id=record.id, queue=queue)  # noqa: E731
+        self.intake.shares.send_counted(record.id, share_key(record.owner), send)
 
     def _claimed(self, task: Any, job_id: str, run: Any) -> None:
         """A background task: taken within this worker's slots and its key's share, claimed, run."""

@@ -18,13 +18,17 @@ as "no information" (a job then starts first come, first served), never as a rea
 
 from __future__ import annotations
 
+import contextlib
+import logging
 import threading
 from collections import Counter
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
 from cosyserve.service.distributed.relay import PREFIX
+
+log = logging.getLogger(__name__)
 
 WAITING_TTL_S = 120.0  # a queued task's entry lasts this long unless a worker sees the task again
 SETS_TTL_S = 24 * 3600  # both sets vanish from a cluster that stopped using them
@@ -55,6 +59,20 @@ class BackgroundShares:
     def queued(self, job_id: str, key: str) -> None:
         """The job's task is (again) in the queue: it counts as waiting for `waiting_ttl_s`."""
         self._add(self.waiting_key, {_member(job_id, key): self._now() + self.waiting_ttl_s})
+
+    def send_counted(self, job_id: str, key: str, send: Callable[[], object]) -> None:
+        """`send()` the job's task, counted as waiting for `key` (best effort: Redis away, the send fails
+        too and says so); a send that fails uncounts it and raises."""
+        try:
+            self.queued(job_id, key)
+        except Exception as exc:
+            log.warning("job %s: not counted as waiting for its key: %s", job_id, exc)
+        try:
+            send()
+        except Exception:
+            with contextlib.suppress(Exception):
+                self.dropped(job_id, key)
+            raise
 
     def still_queued(self, job_id: str, key: str) -> None:
         """Its task was seen in the queue again: renew its entry if it has one (a claimed or cancelled

@@ -31,7 +31,6 @@ from cosyserve.service.stores.jobs import JobStore
 
 log = logging.getLogger(__name__)
 
-RESTORE_SWEEP_S = 10.0  # kombu's restore sweep runs at most this often (`celery_app.make_celery`)
 WORKER_LOST = "worker_lost"
 
 
@@ -52,6 +51,7 @@ class LostJobSweep:
         *,
         lease_s: float,
         visibility_timeout_s: float,
+        restore_interval_s: float = 10.0,
         released: Callable[[str], None] = lambda job_id: None,
         clock: Callable[[], datetime] = utc_now,
         prefix: str = PREFIX,
@@ -62,6 +62,7 @@ class LostJobSweep:
         self.released = released  # gives back what a failed job held (its quota reservation)
         self.lease_s = lease_s
         self.visibility_timeout_s = visibility_timeout_s
+        self.restore_interval_s = restore_interval_s  # how often kombu looks for unacknowledged messages
         self.clock = clock
         self.turn_key = f"{prefix}:lost-jobs:turn"
         self.sent_prefix = f"{prefix}:lost-jobs:sent"
@@ -76,7 +77,7 @@ class LostJobSweep:
     def sweep(self) -> SweepResult:
         now = self.clock()
         result = SweepResult()
-        give_up = now - timedelta(seconds=self.visibility_timeout_s + RESTORE_SWEEP_S + self.lease_s)
+        give_up = now - timedelta(seconds=self.visibility_timeout_s + self.restore_interval_s + self.lease_s)
         for record in self.jobs.lease_expired(now - timedelta(seconds=self.lease_s)):
             if record.kind == "tts":
                 if record.lease_until is not None and record.lease_until < give_up:

@@ -308,17 +308,7 @@ class RemoteBackend:
     def _send_background(self, task: str, args: list[Any], job_id: str, owner: str | None) -> None:
         """Send a job's task, counted as waiting for its key until a worker claims it (keys take turns
         for the cluster's background slots: `scheduling/key_share.py`)."""
-        key = share_key(owner)
-        try:
-            self.shares.queued(job_id, key)
-        except Exception as exc:  # Redis away: sending fails too, and says so
-            log.warning("job %s: not counted as waiting for its key: %s", job_id, exc)
-        try:
-            self._send(task, args, job_id)
-        except wire.QueueUnavailable:
-            with contextlib.suppress(Exception):
-                self.shares.dropped(job_id, key)
-            raise
+        self.shares.send_counted(job_id, share_key(owner), lambda: self._send(task, args, job_id))
 
     def _relay(self, task_id: str, ctx: WorkContext) -> Iterator[RelayItem]:
         """The task's relay items up to and including `done`; raises the worker's error, Cancelled when
