@@ -12,6 +12,8 @@ exact (float32, the same values up to float rounding):
 - `transposed`: a contiguous `(in, out)` copy, `addmm` (MKL's gemm)
 - `transposed_gemv`: the same copy, one-row products through gemv
 - `onednn`: oneDNN's blocked layout for one-row products (`mkldnn._reorder_linear_weight`)
+- `gemv_avx2`: the stored layout, up to 16 rows through our AVX2 kernel (`native_f32`), more through
+  `F.linear`; no copy
 (MKL takes other code paths on other CPU vendors: which of gemm and gemv streams a layout fastest is
 measured, not assumed.)
 fast (reduced-precision weights, float32 activations and accumulation):
@@ -39,11 +41,12 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
 
-EXACT_KERNELS = ("linear", "linear_gemv", "transposed", "transposed_gemv", "onednn")
-NO_COPY_KERNELS = ("linear", "linear_gemv")  # use an `(out, in)` float32 source as it is
+EXACT_KERNELS = ("linear", "linear_gemv", "transposed", "transposed_gemv", "onednn", "gemv_avx2")
+NO_COPY_KERNELS = ("linear", "linear_gemv", "gemv_avx2")  # use an `(out, in)` float32 source as it is
 FAST_KERNELS = ("fp16", "int8", "int8_vnni", "int8_avx2")
 INT8_KERNELS = ("int8", "int8_vnni", "int8_avx2")  # int8 weights, 8-bit (or 7-bit) activations
-NATIVE_INT8_KERNELS = ("int8_vnni", "int8_avx2")  # ours (`native_int8`): they can compute an RMSNorm too
+NATIVE_INT8_KERNELS = ("int8_vnni", "int8_avx2")  # ours (`native_int8`)
+NORM_KERNELS = (*NATIVE_INT8_KERNELS, "gemv_avx2")  # ours: they can compute an RMSNorm before the product
 KERNELS = EXACT_KERNELS + FAST_KERNELS
 # From this many rows a bfloat16 product beats fbgemm's float16 one on an AVX-512 BF16 EPYC (9728x896:
 # 3.3 vs 2.9 ms at 16 rows, 1.8 vs 2.3 ms at 8; one thread); one-row decoding never reaches it.
@@ -85,12 +88,19 @@ def _native_int8_available(kernel: str) -> bool:
     return native_int8_available(kernel)
 
 
+def _native_f32_available() -> bool:
+    from cosyserve.engine.native_f32 import native_f32_available
+
+    return native_f32_available()
+
+
 _AVAILABLE: dict[str, Callable[[], bool]] = {
     "linear": lambda: True,
     "linear_gemv": lambda: True,
     "transposed": lambda: True,
     "transposed_gemv": lambda: True,
     "onednn": onednn_available,
+    "gemv_avx2": _native_f32_available,
     "fp16": lambda: True,  # the fallback always runs
     "int8": _int8_available,
     "int8_vnni": functools.partial(_native_int8_available, "int8_vnni"),
@@ -151,11 +161,13 @@ class PackedLinear(nn.Module):
         forward: Callable[[Tensor], Tensor],
         nbytes: int,
         dense: Callable[[], tuple[Tensor, Tensor | None]] | None = None,
+        norm: tuple[Tensor, float] | None = None,
     ) -> None:
         super().__init__()
         self.kernel, self.in_features, self.out_features = kernel, in_features, out_features
         self._forward = forward
         self._dense = dense
+        self.norm = norm  # (weight, eps) of the RMSNorm this computes before its product, or None
         self.weight_nbytes = nbytes  # bytes one product reads (for the roofline report)
 
     def forward(self, x: Tensor) -> Tensor:
@@ -188,9 +200,9 @@ def pack_linear(
     is copied once into the kernel's layout, and the pages of a memory-mapped source are then released
     (`release_file_pages`). reduce_range: `int8` only (None: this CPU's choice). prefill_bfloat16:
     `fp16`/`int8` only, inputs of `PREFILL_MIN_ROWS` rows or more use a bfloat16 copy of the weights.
-    norm: `(weight (in,), eps)` of an RMSNorm before the product, computed by it (`int8_vnni` and
-    `int8_avx2` only: their kernel normalises each row it quantises; the bfloat16 copy's rows are
-    normalised by torch).
+    norm: `(weight (in,), eps)` of an RMSNorm before the product, computed by it (`NORM_KERNELS` only:
+    the int8 ones normalise each row they quantise, `gemv_avx2` each row it multiplies; longer inputs
+    and the bfloat16 copy's rows are normalised by torch).
     """
     parts = [weight.detach()] if isinstance(weight, Tensor) else [w.detach() for w in weight]
     biases = None if bias is None else [bias] if isinstance(bias, Tensor) else list(bias)
@@ -203,11 +215,15 @@ def pack_linear(
     width = 2 if kernel == "fp16" else 1 if kernel in INT8_KERNELS else 4
     if prefill_bfloat16 and kernel not in FAST_KERNELS:
         raise ValueError(f"a bfloat16 prefill copy is for the fp16/int8 kernels, not {kernel!r}")
-    if norm is not None and kernel not in NATIVE_INT8_KERNELS:
-        raise ValueError(f"an RMSNorm is computed inside int8_vnni/int8_avx2 products only, not {kernel!r}")
-    if kernel in ("linear", "linear_gemv") and len(parts) == 1:  # the source itself, no copy
-        forward, dense = _pack_plain(parts[0], joined_bias, kernel, reduce_range)
-        return PackedLinear(kernel, in_features, out_features, forward, elements * width, dense)
+    if norm is not None and kernel not in NORM_KERNELS:
+        raise ValueError(
+            f"an RMSNorm is computed inside {', '.join(NORM_KERNELS)} products only, not {kernel!r}"
+        )
+    if norm is not None:
+        norm = (norm[0].detach().float().contiguous(), float(norm[1]))
+    if kernel in NO_COPY_KERNELS and len(parts) == 1 and _usable_as_is(parts[0], kernel):  # no copy
+        forward, dense = _pack_plain(parts[0], joined_bias, kernel, reduce_range, norm)
+        return PackedLinear(kernel, in_features, out_features, forward, elements * width, dense, norm)
     if kernel in ("transposed", "transposed_gemv"):  # one copy, straight into the (in, out) layout
         transposed = torch.cat([part.t() for part in parts], dim=1).float().contiguous()
         gemv = kernel == "transposed_gemv"
@@ -227,7 +243,7 @@ def pack_linear(
             )
     for part in parts:
         release_file_pages(part)
-    return PackedLinear(kernel, in_features, out_features, forward, elements * width, dense)
+    return PackedLinear(kernel, in_features, out_features, forward, elements * width, dense, norm)
 
 
 def _pack_plain(
@@ -242,6 +258,13 @@ def _pack_plain(
     if kernel in ("linear", "linear_gemv"):
         forward = functools.partial(_linear, weight=weight, bias=bias, gemv=kernel == "linear_gemv")
         return forward, functools.partial(_pair, weight, bias)
+    if kernel == "gemv_avx2":
+        from cosyserve.engine.native_f32 import f32_linear, native_f32_available
+
+        if not native_f32_available():
+            raise RuntimeError("the gemv_avx2 kernel is not available on this machine")
+        forward = functools.partial(f32_linear, weight=weight, bias=bias, norm=norm)
+        return forward, functools.partial(_pair, weight, bias)
     if kernel == "onednn":
         packed = torch.ops.mkldnn._reorder_linear_weight(weight, 1)
         forward = functools.partial(_onednn, packed=packed, bias=bias)
@@ -255,6 +278,12 @@ def _pack_plain(
     from cosyserve.engine.int8 import Int8Linear
 
     return Int8Linear.from_weight(weight, bias, reduce_range), None
+
+
+def _usable_as_is(weight: Tensor, kernel: str) -> bool:
+    """Whether `kernel` computes with `weight` itself: MKL takes any float32 strides, our kernel a
+    contiguous float32 matrix only (else it gets a contiguous copy)."""
+    return kernel != "gemv_avx2" or (weight.dtype == torch.float32 and weight.is_contiguous())
 
 
 def _rows_in_bfloat16(

@@ -31,8 +31,9 @@ from cosyserve.engine.calibration import Calibration, Choice, Request, default_c
 from cosyserve.engine.linear_kernels import (
     EXACT_KERNELS,
     FAST_KERNELS,
-    NATIVE_INT8_KERNELS,
+    NORM_KERNELS,
     PackedLinear,
+    available_kernels,
     pack_linear,
 )
 from cosyserve.errors import InputError
@@ -117,7 +118,7 @@ def pack_speech_lm(
     weights (exact → fast); a fast layout cannot be repacked (ValueError). `prefill_bfloat16(kernel)`:
     whether a decoder-layer product in that fast kernel also keeps a bfloat16 copy for many-row inputs
     (`linear_kernels.PREFILL_MIN_ROWS`); `llm_decoder` never does (it sees one row per prefill). Where
-    q/k/v or gate/up run `int8_vnni` or `int8_avx2`, the RMSNorm before them is computed inside the
+    q/k/v or gate/up run one of `NORM_KERNELS` (ours), the RMSNorm before them is computed inside the
     product and the layer holds an Identity in its place (`_take_norm`).
     """
     if preset not in _CANDIDATES:
@@ -140,10 +141,10 @@ def pack_speech_lm(
         for name in PRODUCTS
     }
     for layer in llm.qwen2.layers:
-        _pack_attention(
-            layer.self_attn, kernel, bf16, reduce_range, _take_norm(layer, "input_layernorm", kernel["qkv"])
-        )
-        norm = _take_norm(layer, "post_attention_layernorm", kernel["gate_up"])
+        qkv = layer.self_attn.qkv_proj
+        norm = _take_norm(layer, "input_layernorm", kernel["qkv"], qkv)
+        _pack_attention(layer.self_attn, kernel, bf16, reduce_range, norm)
+        norm = _take_norm(layer, "post_attention_layernorm", kernel["gate_up"], layer.mlp.gate_up_proj)
         _pack_feed_forward(layer.mlp, kernel, bf16, reduce_range, norm)
     weight, bias = _weights(llm.llm_decoder)
     llm.llm_decoder = pack_linear(weight, bias, kernel["llm_decoder"], reduce_range=reduce_range)
@@ -237,15 +238,29 @@ def _kernel_name(module: nn.Module) -> str:
     return "linear" if isinstance(module, nn.Linear) else type(module).__name__
 
 
-def _take_norm(layer: DecoderLayer, name: str, kernel: str) -> tuple[Tensor, float] | None:
-    """The RMSNorm `name` of `layer` as `(weight, eps)` when the product after it computes it
-    (our int8 kernels: they normalise the rows they quantise, 1.7 ms of a 22 ms step saved), and the layer
-    then skips it (an Identity in its place); else None and the layer keeps it."""
+def _take_norm(
+    layer: DecoderLayer, name: str, kernel: str, product: nn.Module
+) -> tuple[Tensor, float] | None:
+    """The RMSNorm `name` of `layer` as `(weight, eps)` when the product after it computes it (our
+    kernels, `NORM_KERNELS`: 1.7 ms of a 22 ms int8 step saved, ~2.5 ms of an exact one), and the layer
+    then skips it (an Identity in its place); else None and the layer keeps it. A norm the product
+    held before (`product`, being repacked) moves to the new product, or back into the layer."""
     norm = getattr(layer, name)
-    if kernel not in NATIVE_INT8_KERNELS or not isinstance(norm, RMSNorm):
+    held = product.norm if isinstance(product, PackedLinear) else None
+    if isinstance(norm, RMSNorm):
+        weight, eps = norm.weight.detach(), norm.eps
+    elif held is not None:
+        weight, eps = held
+    else:
+        return None
+    if kernel not in NORM_KERNELS:
+        if not isinstance(norm, RMSNorm):  # the old product computed it: the layer does again
+            restored = RMSNorm(weight.shape[0], eps).to(weight.device)
+            restored.weight.data = weight.clone()
+            setattr(layer, name, restored)
         return None
     setattr(layer, name, nn.Identity())
-    return norm.weight.detach(), norm.eps
+    return weight, eps
 
 
 def _pack_attention(
@@ -313,6 +328,9 @@ def _env_kernel() -> str:
     value = os.environ[KERNEL_ENV]
     if value not in EXACT_KERNELS:
         raise InputError(f"{KERNEL_ENV}={value!r}: use auto or one of {', '.join(EXACT_KERNELS)}")
+    if value not in available_kernels(EXACT_KERNELS):
+        usable = ", ".join(available_kernels(EXACT_KERNELS))
+        raise InputError(f"{KERNEL_ENV}={value!r}: not available on this machine; use auto or {usable}")
     return value
 
 

@@ -21,6 +21,7 @@ from torch import nn
 
 from cosyserve.engine.device import Placement
 from cosyserve.engine.lm_layout import pack_speech_lm
+from cosyserve.engine.native_attention import use_native_attention
 from cosyserve.model.checkpoint import load_into, read_state_dict
 from cosyserve.model.flow import CausalFlow
 from cosyserve.model.hift import HiFTVocoder
@@ -74,8 +75,12 @@ def cast_dit_products(flow: CausalFlow, dtype: torch.dtype) -> int:
 def place_speech_lm(model: SpeechLM, placement: Placement, *, pack: bool = True) -> SpeechLM:
     """The LM on the placement's device and dtype. On the CPU in float32 its decoding products are
     then held in the layouts this machine reads fastest (`lm_layout.pack_speech_lm`, exact: the same
-    log-probs to float rounding); `pack=False` leaves them (e.g. when a fast preset repacks them next)."""
+    log-probs to float rounding); `pack=False` leaves them (e.g. when a fast preset repacks them next).
+    There, too, each decoding step's attention runs compiled where it can (`native_attention`, the
+    same values to float rounding)."""
     model = model.to(device=placement.device, dtype=placement.dtype)
+    if placement.device.type == "cpu" and placement.dtype == torch.float32 and use_native_attention(model):
+        log.info("LM attention for one new position: compiled (native_attention)")
     if pack and placement.device.type == "cpu" and placement.dtype == torch.float32:
         report = pack_speech_lm(model, "exact")
         if report.choices:

@@ -20,7 +20,9 @@ Same arithmetic as `int8.Int8Linear` (weights symmetric int8 per output channel,
 with a zero point on VNNI CPUs and 7-bit ones on others, exact int32 sums), except that each row of a
 batch gets its own activation scale (fbgemm: one per call), which is never less precise.
 
-The library is compiled with the system C compiler (`$CC`, else `cc` or `gcc`) into
+The same library holds the float32 one-row product of `native_f32` (`native/f32_products.c`) and
+the one-position attention of `native_attention` (`native/attention.c`): one build, one load, one
+switch. It is compiled with the system C compiler (`$CC`, else `cc` or `gcc`) into
 `$COSYSERVE_KERNEL_DIR` (default: `kernels/` where `calibration/` is by default), named by a hash of
 the source and flags (`python -m cosyserve.engine.native_int8` builds it ahead, as the CPU Docker image
 does), and loaded after torch so that it shares torch's OpenMP runtime (one thread pool, not two
@@ -42,6 +44,7 @@ import platform
 import shutil
 import subprocess
 import tempfile
+from collections.abc import Callable
 from pathlib import Path
 
 import torch
@@ -51,18 +54,22 @@ __all__ = ["NATIVE_INT8_KERNELS", "NativeInt8Linear", "kernel_dir", "native_int8
 
 log = logging.getLogger(__name__)
 
-SOURCE = Path(__file__).with_name("native") / "int8_products.c"
+SOURCES = tuple(
+    Path(__file__).with_name("native") / name for name in ("int8_products.c", "f32_products.c", "attention.c")
+)
 KERNEL_DIR_ENV = "COSYSERVE_KERNEL_DIR"
 SWITCH_ENV = "COSYSERVE_NATIVE_KERNELS"  # "0" turns the compiled kernels off
-# Per kernel: the instructions it needs (/proc/cpuinfo's names), its C function, its activation levels.
+# Per kernel in the library: the instructions it needs (/proc/cpuinfo's names); then the int8 ones' C
+# functions and activation levels.
 REQUIRED_FLAGS = {
     "int8_vnni": ("avx512f", "avx512bw", "avx512vl", "avx512_vnni"),
     "int8_avx2": ("avx2", "fma"),
+    "gemv_avx2": ("avx2", "fma"),  # native_f32
 }
-NATIVE_INT8_KERNELS = tuple(REQUIRED_FLAGS)
+NATIVE_INT8_KERNELS = ("int8_vnni", "int8_avx2")
 _FUNCTIONS = {"int8_vnni": "cosyserve_int8_linear", "int8_avx2": "cosyserve_int8_linear_avx2"}
 _LEVELS = {"int8_vnni": 255, "int8_avx2": 127}
-ABI = 3  # the C file's cosyserve_int8_abi(): bumped when a signature changes
+ABI = 4  # the C file's cosyserve_int8_abi(): bumped when a signature changes
 CFLAGS = ("-O3", "-fno-math-errno", "-fPIC", "-shared", "-fopenmp")
 COMPILE_TIMEOUT_S = 120
 BLOCK = 16  # outputs per block of the packed layout (the C file's BLOCK)
@@ -80,13 +87,31 @@ def kernel_dir(environ: dict[str, str] | None = None) -> Path:
     return default_models_root(env).parent / "kernels"
 
 
-@functools.cache
+_AVAILABILITY: list[functools._lru_cache_wrapper] = []  # each kernel's cached "does it run here"
+
+
+def availability(check: Callable[..., bool]) -> functools._lru_cache_wrapper:
+    """`functools.cache` for a kernel's availability check, forgotten with the library by
+    `forget_loading` (tests that switch the kernels off and on again)."""
+    cached = functools.cache(check)
+    _AVAILABILITY.append(cached)
+    return cached
+
+
+def forget_loading() -> None:
+    """Forget the loaded library and every availability answer: the next call looks again."""
+    native_library.cache_clear()
+    for cached in _AVAILABILITY:
+        cached.cache_clear()
+
+
+@availability
 def native_int8_available(kernel: str = "int8_vnni") -> bool:
     """Whether `kernel` runs here: its instructions listed, the library built and loaded, and its
     product checked against the reference (see the module docstring)."""
     if not cpu_supports_kernel(kernel=kernel):
         return False
-    library = _library()
+    library = native_library()
     if library is None:
         return False
     try:
@@ -98,9 +123,10 @@ def native_int8_available(kernel: str = "int8_vnni") -> bool:
 
 
 def cpu_supports_kernel(cpuinfo: str = "/proc/cpuinfo", kernel: str | None = None) -> bool:
-    """Whether this is a Linux x86-64 CPU with the instructions `kernel` uses (None: either kernel)."""
+    """Whether this is a Linux x86-64 CPU with the instructions `kernel` uses (None: any kernel of the
+    library)."""
     if kernel is not None and kernel not in REQUIRED_FLAGS:
-        raise ValueError(f"unknown native int8 kernel {kernel!r}: one of {', '.join(REQUIRED_FLAGS)}")
+        raise ValueError(f"unknown native kernel {kernel!r}: one of {', '.join(REQUIRED_FLAGS)}")
     if platform.system() != "Linux" or platform.machine() not in ("x86_64", "AMD64"):
         return False
     try:
@@ -108,7 +134,7 @@ def cpu_supports_kernel(cpuinfo: str = "/proc/cpuinfo", kernel: str | None = Non
             flags = next((line.split(":", 1)[1].split() for line in info if line.startswith("flags")), [])
     except OSError:
         return False
-    kernels = NATIVE_INT8_KERNELS if kernel is None else (kernel,)
+    kernels = tuple(REQUIRED_FLAGS) if kernel is None else (kernel,)
     return any(all(flag in flags for flag in REQUIRED_FLAGS[name]) for name in kernels)
 
 
@@ -123,8 +149,9 @@ def compiler() -> str | None:
 def library_path(directory: Path | None = None) -> Path:
     """Where the library built from this source and these flags lies (or will): named by their hash,
     so a library built elsewhere (a Docker image's build stage) is found without a compiler."""
-    digest = hashlib.sha256(SOURCE.read_bytes() + " ".join(CFLAGS).encode()).hexdigest()
-    return (kernel_dir() if directory is None else directory) / f"int8_products-{digest[:16]}.so"
+    digest = hashlib.sha256(b"".join(source.read_bytes() for source in SOURCES) + " ".join(CFLAGS).encode())
+    digest = digest.hexdigest()
+    return (kernel_dir() if directory is None else directory) / f"products-{digest[:16]}.so"
 
 
 def build_library(directory: Path | None = None) -> Path:
@@ -139,11 +166,11 @@ def build_library(directory: Path | None = None) -> Path:
         raise RuntimeError(f"no C compiler found to build {path.name} (set CC, or install gcc)")
     path.parent.mkdir(parents=True, exist_ok=True)
     # Written under another name and renamed: two processes building at once both end with a whole file.
-    handle, partial = tempfile.mkstemp(dir=path.parent, prefix=".int8_products-", suffix=".so")
+    handle, partial = tempfile.mkstemp(dir=path.parent, prefix=".products-", suffix=".so")
     os.close(handle)
     try:
         result = subprocess.run(
-            [cc, *CFLAGS, "-o", partial, str(SOURCE)],
+            [cc, *CFLAGS, "-o", partial, *map(str, SOURCES)],
             capture_output=True,
             text=True,
             timeout=COMPILE_TIMEOUT_S,
@@ -160,7 +187,7 @@ def build_library(directory: Path | None = None) -> Path:
 
 
 @functools.lru_cache(maxsize=1)
-def _library() -> ctypes.CDLL | None:
+def native_library() -> ctypes.CDLL | None:
     """The loaded library, or None (the reason logged once)."""
     if os.environ.get(SWITCH_ENV, "1") == "0":
         log.info("compiled int8 kernels: off (%s=0)", SWITCH_ENV)
@@ -185,6 +212,37 @@ def _declare(library: ctypes.CDLL) -> None:
         product.argtypes = [pointer, integer, integer, integer, pointer, pointer, pointer, pointer, pointer]
         product.argtypes += [integer, integer, pointer, ctypes.c_float]
         product.restype = integer
+    float_product = library.cosyserve_f32_linear_avx2
+    float_product.argtypes = [pointer, integer, integer, pointer, pointer, pointer, integer, integer]
+    float_product.argtypes += [pointer, ctypes.c_float, pointer]
+    float_product.restype = integer
+    attention = library.cosyserve_attend_new_position
+    longer = ctypes.c_long
+    attention.argtypes = [
+        pointer,
+        longer,
+        pointer,
+        longer,
+        pointer,
+        longer,
+        integer,
+        integer,
+        integer,
+        integer,
+    ]
+    attention.argtypes += [
+        pointer,
+        pointer,
+        pointer,
+        pointer,
+        longer,
+        longer,
+        integer,
+        pointer,
+        pointer,
+        integer,
+    ]
+    attention.restype = integer
 
 
 def _self_check(library: ctypes.CDLL, kernel: str) -> None:
@@ -255,7 +313,7 @@ class NativeInt8Linear(nn.Module):
         out = torch.empty(flat.shape[0], self.out_features)
         if flat.shape[0] == 0:
             return out.view(*x.shape[:-1], self.out_features)
-        library = self._given_library or _library()
+        library = self._given_library or native_library()
         if library is None:
             raise RuntimeError(f"the {self.kernel} kernel is not available on this machine")
         product = getattr(library, _FUNCTIONS[self.kernel])

@@ -108,6 +108,11 @@ class Attention(nn.Module):
         # Optionally one module computing q, k and v together, `(..., hidden)` -> `(..., q + k + v)`
         # (see `fuse_qkv`); then the three projections above are gone.
         self.qkv_proj: nn.Module | None = None
+        # A faster path for one new position (set by the engine, e.g. a compiled kernel): called as
+        # `one_position(q, k, v, cos, signed_sin, kv, start)` with the projections `(B, 1, width)` before
+        # rotation; it writes the rotated key and the value at `start` and returns the attention output
+        # `(B, 1, heads * head_dim)`, or None to leave the step to the torch path below.
+        self.one_position: Callable[..., Tensor | None] | None = None
 
     def fuse_qkv(self, make: Callable[[nn.Linear], nn.Module]) -> None:
         """Replace q_proj, k_proj and v_proj with `make(one Linear holding all three)`.
@@ -152,6 +157,10 @@ class Attention(nn.Module):
         """
         batch, length, _ = x.shape
         q, k, v = self._project(x)
+        if length == 1 and self.one_position is not None:
+            out = self.one_position(q, k, v, cos, signed_sin, kv, start)
+            if out is not None:
+                return self.o_proj(out)
         q = q.view(batch, length, self.num_heads, self.head_dim).transpose(1, 2)
         k = k.view(batch, length, self.num_kv_heads, self.head_dim).transpose(1, 2)
         v = v.view(batch, length, self.num_kv_heads, self.head_dim).transpose(1, 2)
