@@ -130,7 +130,7 @@ def _linux_x86() -> bool:
     return platform.system() == "Linux" and platform.machine() in ("x86_64", "AMD64")
 
 
-SHAPES = [(37, 70, True), (48, 64, False), (5, 3, True)]  # (out, in, bias): padded to 16 and 4
+SHAPES = [(37, 70, True), (48, 64, False), (5, 3, True), (150, 40, True)]  # (out, in, bias): padded to 16, 4
 
 
 @pytest.mark.parametrize("kernel", KERNELS_HERE)
@@ -185,6 +185,7 @@ def test_a_row_with_nan_comes_out_nan_and_the_others_do_not(kernel: str) -> None
     x[1, 5] = float("nan")
     out = layer(x)
     assert out[1].isnan().all() and out[[0, 2]].isfinite().all()
+    assert layer(x[1:2]).isnan().all() and layer(x[:1]).isfinite().all()  # one row: decoding's path
     assert layer(torch.empty(0, 12)).shape == (0, 20)
     with pytest.raises(ValueError, match="12 features"):
         layer(torch.randn(2, 13))

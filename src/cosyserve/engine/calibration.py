@@ -15,7 +15,8 @@ products and reported.
 The cache file (`<cache root>/calibration/linear-<key>.json`) is keyed by everything that changes which
 kernel wins: CPU model and flags, torch version and build, intra-op threads, and the instruction caps
 torch's libraries honour (`ATEN_CPU_CAPABILITY`, `MKL_ENABLE_INSTRUCTIONS`, `ONEDNN_MAX_CPU_ISA`,
-`FBGEMM_ENABLE_INSTRUCTIONS`). A different key is a different file; an unreadable file is measured
+`FBGEMM_ENABLE_INSTRUCTIONS`), and the sources of our compiled kernels (`native_int8.source_digest`). A
+different key is a different file; an unreadable file is measured
 again and replaced.
 """
 
@@ -39,6 +40,7 @@ from torch import Tensor
 
 from cosyserve.engine.linear_kernels import NO_COPY_KERNELS, available_kernels, pack_linear
 from cosyserve.engine.memory import trim_heap
+from cosyserve.engine.native_int8 import source_digest
 
 log = logging.getLogger(__name__)
 
@@ -120,6 +122,7 @@ def machine_key() -> dict[str, object]:
         "torch_capability": torch.backends.cpu.get_cpu_capability(),
         "threads": torch.get_num_threads(),
         "caps": {name: os.environ.get(name, "") for name in CAP_VARIABLES},
+        "native_kernels": source_digest(),  # our compiled kernels: a changed source is measured again
     }
 
 

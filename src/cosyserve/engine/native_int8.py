@@ -149,9 +149,14 @@ def compiler() -> str | None:
 def library_path(directory: Path | None = None) -> Path:
     """Where the library built from this source and these flags lies (or will): named by their hash,
     so a library built elsewhere (a Docker image's build stage) is found without a compiler."""
+    return (kernel_dir() if directory is None else directory) / f"products-{source_digest()}.so"
+
+
+@functools.cache
+def source_digest() -> str:
+    """16 hex digits naming the kernels' sources and flags (the library's name; the calibration's key)."""
     digest = hashlib.sha256(b"".join(source.read_bytes() for source in SOURCES) + " ".join(CFLAGS).encode())
-    digest = digest.hexdigest()
-    return (kernel_dir() if directory is None else directory) / f"products-{digest[:16]}.so"
+    return digest.hexdigest()[:16]
 
 
 def build_library(directory: Path | None = None) -> Path:
