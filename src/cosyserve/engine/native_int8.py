@@ -312,39 +312,47 @@ class NativeInt8Linear(nn.Module):
         self.register_buffer("bias", bias, persistent=False)
 
     def forward(self, x: Tensor) -> Tensor:
-        if x.shape[-1] != self.in_features:
-            raise ValueError(f"expected inputs of {self.in_features} features, got {tuple(x.shape)}")
-        flat = x.reshape(-1, self.in_features).float().contiguous()
-        out = torch.empty(flat.shape[0], self.out_features)
-        if flat.shape[0] == 0:
-            return out.view(*x.shape[:-1], self.out_features)
+        # Kept lean: a decoding step makes ~100 of these calls, and tensor indexing or a copy here
+        # costs as much as a small product's kernel (5 us each).
+        in_features, out_features = self.in_features, self.out_features
+        if x.shape[-1] != in_features:
+            raise ValueError(f"expected inputs of {in_features} features, got {tuple(x.shape)}")
+        flat = x.reshape(-1, in_features)
+        if flat.dtype != torch.float32 or not flat.is_contiguous():
+            flat = flat.float().contiguous()
+        rows = flat.shape[0]
+        out = torch.empty(rows, out_features)
+        if rows == 0:
+            return out.view(*x.shape[:-1], out_features)
         library = self._given_library or native_library()
         if library is None:
             raise RuntimeError(f"the {self.kernel} kernel is not available on this machine")
         product = getattr(library, _FUNCTIONS[self.kernel])
         threads = torch.get_num_threads()
-        scratch = torch.empty(min(flat.shape[0], MAX_ROWS) * self.padded_in, dtype=torch.uint8)
+        scratch = torch.empty(min(rows, MAX_ROWS) * self.padded_in, dtype=torch.uint8)
         bias = 0 if self.bias is None else self.bias.data_ptr()
-        for start in range(0, flat.shape[0], MAX_ROWS):
-            rows = min(MAX_ROWS, flat.shape[0] - start)
+        packed, scale, weight_sum = self.packed.data_ptr(), self.scale.data_ptr(), self.weight_sum.data_ptr()
+        x_at, out_at, scratch_at = flat.data_ptr(), out.data_ptr(), scratch.data_ptr()
+        for start in range(0, rows, MAX_ROWS):  # float32: 4 bytes a value
+            count = min(MAX_ROWS, rows - start)
             status = product(
-                flat[start].data_ptr(),
-                rows,
-                self.in_features,
+                x_at + 4 * start * in_features,
+                count,
+                in_features,
                 self.padded_in,
-                self.packed.data_ptr(),
-                self.scale.data_ptr(),
-                self.weight_sum.data_ptr(),
+                packed,
+                scale,
+                weight_sum,
                 bias,
-                out[start].data_ptr(),
-                self.out_features,
+                out_at + 4 * start * out_features,
+                out_features,
                 threads,
-                scratch.data_ptr(),
+                scratch_at,
                 self.norm_eps,
             )
             if status != 0:
-                raise RuntimeError(f"the {self.kernel} kernel refused a {rows}x{self.in_features} input")
-        return out.view(*x.shape[:-1], self.out_features)
+                raise RuntimeError(f"the {self.kernel} kernel refused a {count}x{in_features} input")
+        return out.view(*x.shape[:-1], out_features)
 
     def dequantized_weight(self) -> Tensor:
         """The `(out, in)` float32 weight this computes with (int8 values times their scales)."""
