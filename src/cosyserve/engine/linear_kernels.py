@@ -259,12 +259,11 @@ def _pack_plain(
         forward = functools.partial(_linear, weight=weight, bias=bias, gemv=kernel == "linear_gemv")
         return forward, functools.partial(_pair, weight, bias)
     if kernel == "gemv_avx2":
-        from cosyserve.engine.native_f32 import f32_linear, native_f32_available
+        from cosyserve.engine.native_f32 import F32Linear, native_f32_available
 
         if not native_f32_available():
             raise RuntimeError("the gemv_avx2 kernel is not available on this machine")
-        forward = functools.partial(f32_linear, weight=weight, bias=bias, norm=norm)
-        return forward, functools.partial(_pair, weight, bias)
+        return F32Linear(weight, bias, norm), functools.partial(_pair, weight, bias)
     if kernel == "onednn":
         packed = torch.ops.mkldnn._reorder_linear_weight(weight, 1)
         forward = functools.partial(_onednn, packed=packed, bias=bias)

@@ -29,7 +29,7 @@ from torch import Tensor
 
 from cosyserve.engine.native_int8 import availability, cpu_supports_kernel, native_library
 
-__all__ = ["KERNEL", "MAX_ROWS", "f32_linear", "native_f32_available"]
+__all__ = ["KERNEL", "MAX_ROWS", "F32Linear", "f32_linear", "native_f32_available"]
 
 log = logging.getLogger(__name__)
 
@@ -54,46 +54,55 @@ def native_f32_available() -> bool:
 def f32_linear(
     x: Tensor, weight: Tensor, bias: Tensor | None, norm: tuple[Tensor, float] | None = None
 ) -> Tensor:
-    """`x @ weight.T + bias`: `(..., in)` float32 -> `(..., out)` float32, `weight` `(out, in)`.
+    """`x @ weight.T + bias`: `(..., in)` float32 -> `(..., out)` float32, `weight` `(out, in)`, once
+    (a layer that calls it every step holds an `F32Linear`).
 
     norm: `(weight (in,), eps)` of an RMSNorm before the product, computed by it: `rms_norm(x) @
     weight.T + bias` (the LM's two per layer, which cost ~25 us a call as torch calls of their own).
     Up to `MAX_ROWS` rows through the kernel; longer inputs, other dtypes and a non-contiguous weight
     through torch (the same values to float rounding)."""
-    in_features = weight.shape[-1]
-    rows = x.numel() // in_features if in_features else 0
-    if not (0 < rows <= MAX_ROWS and _kernel_takes(x, weight, bias, norm)):
-        if norm is not None:
-            x = F.rms_norm(x, (in_features,), norm[0], norm[1])
-        return F.linear(x, weight, bias)
-    library = native_library()
-    if library is None:
-        raise RuntimeError(f"the {KERNEL} kernel is not available on this machine")
-    flat = x.reshape(rows, in_features).contiguous()
-    out = torch.empty(rows, weight.shape[0])
-    scratch = None if norm is None else torch.empty(rows, in_features)
-    status = library.cosyserve_f32_linear_avx2(
-        flat.data_ptr(),
-        rows,
-        in_features,
-        weight.data_ptr(),
-        0 if bias is None else bias.data_ptr(),
-        out.data_ptr(),
-        weight.shape[0],
-        torch.get_num_threads(),
-        0 if norm is None else norm[0].data_ptr(),
-        0.0 if norm is None else norm[1],
-        0 if scratch is None else scratch.data_ptr(),
-    )
-    if status != 0:
-        raise RuntimeError(f"the {KERNEL} kernel refused a {rows}x{in_features} input")
-    return out.view(*x.shape[:-1], weight.shape[0])
+    return F32Linear(weight, bias, norm)(x)
 
 
-def _kernel_takes(x: Tensor, weight: Tensor, bias: Tensor | None, norm: tuple[Tensor, float] | None) -> bool:
-    """float32 throughout, and the kernel's memory layout: contiguous weight, bias and norm weight."""
-    given = [t for t in (weight, bias, None if norm is None else norm[0]) if t is not None]
-    return x.dtype == torch.float32 and all(t.dtype == torch.float32 and t.is_contiguous() for t in given)
+class F32Linear:
+    """`f32_linear` with its weight, bias and norm fixed: whether the kernel can read them is decided
+    once, here, and a call checks only its input (a decoding step makes ~100 calls)."""
+
+    def __init__(self, weight: Tensor, bias: Tensor | None, norm: tuple[Tensor, float] | None = None) -> None:
+        self.weight, self.bias, self.norm = weight, bias, norm
+        given = [t for t in (weight, bias, None if norm is None else norm[0]) if t is not None]
+        self.kernel_reads_weights = all(t.dtype == torch.float32 and t.is_contiguous() for t in given)
+
+    def __call__(self, x: Tensor) -> Tensor:
+        weight, bias, norm = self.weight, self.bias, self.norm
+        in_features = weight.shape[-1]
+        rows = x.numel() // in_features if in_features else 0
+        if not (0 < rows <= MAX_ROWS and x.dtype == torch.float32 and self.kernel_reads_weights):
+            if norm is not None:
+                x = F.rms_norm(x, (in_features,), norm[0], norm[1])
+            return F.linear(x, weight, bias)
+        library = native_library()
+        if library is None:
+            raise RuntimeError(f"the {KERNEL} kernel is not available on this machine")
+        flat = x.reshape(rows, in_features).contiguous()
+        out = torch.empty(rows, weight.shape[0])
+        scratch = None if norm is None else torch.empty(rows, in_features)
+        status = library.cosyserve_f32_linear_avx2(
+            flat.data_ptr(),
+            rows,
+            in_features,
+            weight.data_ptr(),
+            0 if bias is None else bias.data_ptr(),
+            out.data_ptr(),
+            weight.shape[0],
+            torch.get_num_threads(),
+            0 if norm is None else norm[0].data_ptr(),
+            0.0 if norm is None else norm[1],
+            0 if scratch is None else scratch.data_ptr(),
+        )
+        if status != 0:
+            raise RuntimeError(f"the {KERNEL} kernel refused a {rows}x{in_features} input")
+        return out.view(*x.shape[:-1], weight.shape[0])
 
 
 def _self_check() -> None:
