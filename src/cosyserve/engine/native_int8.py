@@ -20,17 +20,17 @@ Same arithmetic as `int8.Int8Linear` (weights symmetric int8 per output channel,
 with a zero point on VNNI CPUs and 7-bit ones on others, exact int32 sums), except that each row of a
 batch gets its own activation scale (fbgemm: one per call), which is never less precise.
 
-The same library holds the float32 one-row product of `native_f32` (`native/f32_products.c`) and
-the one-position attention of `native_attention` (`native/attention.c`): one build, one load, one
-switch. It is compiled with the system C compiler (`$CC`, else `cc` or `gcc`) into
-`$COSYSERVE_KERNEL_DIR` (default: `kernels/` where `calibration/` is by default), named by a hash of
-the source and flags (`python -m cosyserve.engine.native_int8` builds it ahead, as the CPU Docker image
-does), and loaded after torch so that it shares torch's OpenMP runtime (one thread pool, not two
-spinning against each other). A kernel is offered where /proc/cpuinfo lists its instructions and the
-loaded library's product agrees with a reference; where there is neither a built library nor a
-compiler, the build fails, or `COSYSERVE_NATIVE_KERNELS=0`, neither is offered (logged once) and the
-calibration chooses among the others (`linear_kernels`); where one is offered, the calibration
-measures it like the others.
+The same library holds the float32 one-row product of `native_f32` (`native/f32_products.c`), the
+one-position attention of `native_attention` (`native/attention.c`) and the decoding step through
+every layer of `native_step` (`native/decode_step.c`): one build, one load, one switch. It is compiled with the system C compiler
+(`$CC`, else `cc` or `gcc`) into `$COSYSERVE_KERNEL_DIR` (default: `kernels/` where `calibration/` is by
+default), named by a hash of the sources and flags (`python -m cosyserve.engine.native_int8` builds it
+ahead, as the CPU Docker image does), and loaded after torch so that it shares torch's OpenMP runtime
+(one thread pool, not two spinning against each other). A kernel is offered where /proc/cpuinfo lists
+its instructions and the loaded library's product agrees with a reference; where there is neither a
+built library nor a compiler, the build fails, or `COSYSERVE_NATIVE_KERNELS=0`, neither is offered
+(logged once) and the calibration chooses among the others (`linear_kernels`); where one is offered, the
+calibration measures it like the others.
 """
 
 from __future__ import annotations
@@ -55,8 +55,10 @@ __all__ = ["NATIVE_INT8_KERNELS", "NativeInt8Linear", "kernel_dir", "native_int8
 log = logging.getLogger(__name__)
 
 SOURCES = tuple(
-    Path(__file__).with_name("native") / name for name in ("int8_products.c", "f32_products.c", "attention.c")
+    Path(__file__).with_name("native") / name
+    for name in ("int8_products.c", "f32_products.c", "attention.c", "decode_step.c")
 )
+HEADERS = (Path(__file__).with_name("native") / "vector_exp.h",)  # included by the sources
 KERNEL_DIR_ENV = "COSYSERVE_KERNEL_DIR"
 SWITCH_ENV = "COSYSERVE_NATIVE_KERNELS"  # "0" turns the compiled kernels off
 # Per kernel in the library: the instructions it needs (/proc/cpuinfo's names); then the int8 ones' C
@@ -69,7 +71,7 @@ REQUIRED_FLAGS = {
 NATIVE_INT8_KERNELS = ("int8_vnni", "int8_avx2")
 _FUNCTIONS = {"int8_vnni": "cosyserve_int8_linear", "int8_avx2": "cosyserve_int8_linear_avx2"}
 _LEVELS = {"int8_vnni": 255, "int8_avx2": 127}
-ABI = 4  # the C file's cosyserve_int8_abi(): bumped when a signature changes
+ABI = 6  # the C file's cosyserve_int8_abi(): bumped when a signature changes
 CFLAGS = ("-O3", "-fno-math-errno", "-fPIC", "-shared", "-fopenmp")
 COMPILE_TIMEOUT_S = 120
 BLOCK = 16  # outputs per block of the packed layout (the C file's BLOCK)
@@ -155,7 +157,8 @@ def library_path(directory: Path | None = None) -> Path:
 @functools.cache
 def source_digest() -> str:
     """16 hex digits naming the kernels' sources and flags (the library's name; the calibration's key)."""
-    digest = hashlib.sha256(b"".join(source.read_bytes() for source in SOURCES) + " ".join(CFLAGS).encode())
+    files = b"".join(source.read_bytes() for source in (*SOURCES, *HEADERS))
+    digest = hashlib.sha256(files + " ".join(CFLAGS).encode())
     return digest.hexdigest()[:16]
 
 
@@ -248,6 +251,10 @@ def _declare(library: ctypes.CDLL) -> None:
         integer,
     ]
     attention.restype = integer
+    step = library.cosyserve_decode_layers
+    step.argtypes = [pointer, integer, pointer, integer, integer, integer, integer, integer, pointer]
+    step.argtypes += [longer, longer, longer, pointer, pointer, integer, pointer, pointer, integer]
+    step.restype = integer
 
 
 def _self_check(library: ctypes.CDLL, kernel: str) -> None:

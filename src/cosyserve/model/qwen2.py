@@ -288,6 +288,11 @@ class Qwen2Model(nn.Module):
         self.layers = nn.ModuleList(DecoderLayer(config) for _ in range(config.num_hidden_layers))
         self.norm = RMSNorm(config.hidden_size, config.rms_norm_eps)
         self.rotary = RotaryTable(config.head_dim, config.rope_theta, config.max_position_embeddings)
+        # A faster path for one new position of one sequence through every layer (set by the engine, e.g.
+        # a compiled step): called as `decode_step(embeds, kv, start, cos, signed_sin)`; it writes each
+        # layer's key and value at `start` and returns the last layer's output `(1, 1, hidden)` before
+        # the final norm, or None to leave the step to the layers below.
+        self.decode_step: Callable[..., Tensor | None] | None = None
 
     def forward(
         self, embeds: Tensor, kv: Tensor, start: int, *, hidden_states: list[Tensor] | None = None
@@ -305,6 +310,10 @@ class Qwen2Model(nn.Module):
             )
         cos, signed_sin = self.rotary(start, length)
         cos, signed_sin = cos.to(embeds.dtype), signed_sin.to(embeds.dtype)
+        if length == 1 and hidden_states is None and self.decode_step is not None:
+            out = self.decode_step(embeds, kv, start, cos, signed_sin)
+            if out is not None:
+                return self.norm(out)
         mask = None
         if start > 0 and length > 1:
             # Continuing after a cached prefix: causal with the query block offset by `start`.

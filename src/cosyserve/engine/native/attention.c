@@ -21,6 +21,8 @@
 #include <math.h>
 #include <stddef.h>
 
+#include "vector_exp.h"
+
 #define AVX2 __attribute__((target("avx2,fma")))
 #define MAX_HEAD_DIM 256 /* a multiple of 8 */
 
@@ -61,29 +63,6 @@ AVX2 static inline float score1(const float *query, const float *key, int d) {
     return lane_tree_sum(acc);
 }
 
-/* exp(x) for x <= 0 (scores minus their maximum), within 2 ulp of expf: x = n ln2 + r, |r| <= ln2 / 2,
- * exp(r) by its degree-6 Taylor polynomial, times 2^n. Below -87.3 it returns 0 (expf: subnormals or 0);
- * NaN stays NaN. */
-AVX2 static inline __m256 exp_nonpositive(__m256 x) {
-    const __m256 lowest = _mm256_set1_ps(-87.3f);
-    __m256 underflow = _mm256_cmp_ps(x, lowest, _CMP_LT_OQ);
-    x = _mm256_max_ps(lowest, x); /* NaN (second operand) passes through */
-    __m256 n = _mm256_round_ps(_mm256_mul_ps(x, _mm256_set1_ps(1.44269504088896341f)),
-                               _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC);
-    __m256 r = _mm256_fnmadd_ps(n, _mm256_set1_ps(0.693359375f), x); /* ln2 in two parts: exact first step */
-    r = _mm256_fnmadd_ps(n, _mm256_set1_ps(-2.12194440e-4f), r);
-    __m256 poly = _mm256_set1_ps(1.f / 720.f);
-    poly = _mm256_fmadd_ps(poly, r, _mm256_set1_ps(1.f / 120.f));
-    poly = _mm256_fmadd_ps(poly, r, _mm256_set1_ps(1.f / 24.f));
-    poly = _mm256_fmadd_ps(poly, r, _mm256_set1_ps(1.f / 6.f));
-    poly = _mm256_fmadd_ps(poly, r, _mm256_set1_ps(0.5f));
-    poly = _mm256_fmadd_ps(poly, r, _mm256_set1_ps(1.f));
-    poly = _mm256_fmadd_ps(poly, r, _mm256_set1_ps(1.f));
-    __m256i power = _mm256_slli_epi32(_mm256_add_epi32(_mm256_cvtps_epi32(n), _mm256_set1_epi32(127)), 23);
-    __m256 result = _mm256_mul_ps(poly, _mm256_castsi256_ps(power));
-    return _mm256_andnot_ps(underflow, result);
-}
-
 /* out (d) = sum_t p[t] * values[t] over `count` values `d` apart, 64 outputs (8 registers) a pass. */
 AVX2 static void weighted_sum(const float *p, const float *values, int count, int d, float *out) {
     for (int i = 0; i < d; i += 64) {
@@ -106,7 +85,7 @@ AVX2 static void softmax(float *p, int count) {
     __m256 shift = _mm256_set1_ps(top), sums = _mm256_setzero_ps();
     int t = 0;
     for (; t + 8 <= count; t += 8) {
-        __m256 e = exp_nonpositive(_mm256_sub_ps(_mm256_loadu_ps(p + t), shift));
+        __m256 e = exp8(_mm256_sub_ps(_mm256_loadu_ps(p + t), shift));
         _mm256_storeu_ps(p + t, e);
         sums = _mm256_add_ps(sums, e);
     }
@@ -114,7 +93,7 @@ AVX2 static void softmax(float *p, int count) {
     if (t < count) { /* the tail through the same exp: pad with -inf, which gives 0 */
         float tail[8];
         for (int j = 0; j < 8; j++) tail[j] = t + j < count ? p[t + j] - top : -INFINITY;
-        __m256 e = exp_nonpositive(_mm256_loadu_ps(tail));
+        __m256 e = exp8(_mm256_loadu_ps(tail));
         _mm256_storeu_ps(tail, e);
         for (int j = 0; t + j < count; j++) total += p[t + j] = tail[j];
     }

@@ -1,0 +1,171 @@
+"""The compiled decoding step (every decoder layer in one call): the layer-by-layer way's hidden states
+and cache to float rounding over many steps with each of our kernels, the official log-probs in the
+exact preset, inputs it does not take going layer by layer, the layouts it needs (and the kernel
+choice that gives them), a deep copy that does not share it, and the switch that turns it off."""
+
+from __future__ import annotations
+
+import copy
+from pathlib import Path
+
+import numpy as np
+import pytest
+import torch
+
+from cosyserve.engine import native_int8
+from cosyserve.engine.calibration import Choice
+from cosyserve.engine.lm_layout import PRODUCTS, _for_compiled_step, pack_speech_lm
+from cosyserve.engine.native_int8 import native_int8_available
+from cosyserve.engine.native_step import (
+    CompiledDecodeStep,
+    compiled_step_available,
+    use_compiled_step,
+)
+from cosyserve.model.speech_lm import SpeechLM
+from cosyserve.modeldir.model_dir import ModelDir
+from cosyserve.parity.llm import LOGP_TOLERANCE, teacher_forced_logp
+
+pytestmark = pytest.mark.skipif(
+    not (native_int8.cpu_supports_kernel(kernel="gemv_avx2") and native_int8.compiler() is not None),
+    reason="needs avx2 and fma, and gcc",
+)
+
+_LAYER_PRODUCTS = [name for name in PRODUCTS if name != "llm_decoder"]
+
+
+def _tiny_llm(tiny_dir: Path) -> SpeechLM:
+    model_dir = ModelDir.open(tiny_dir / "model", require_onnx=False)
+    return SpeechLM.from_checkpoint(model_dir.file("llm.pt"), model_dir.config.llm)
+
+
+def _packed(tiny_dir: Path, kernel: str, preset: str) -> SpeechLM:
+    llm = _tiny_llm(tiny_dir)
+    report = pack_speech_lm(
+        llm, preset, kernels={**dict.fromkeys(_LAYER_PRODUCTS, kernel), "llm_decoder": "linear"}
+    )
+    assert report.compiled_step and "compiled step" in report.label()
+    assert isinstance(llm.qwen2.decode_step, CompiledDecodeStep)
+    return llm
+
+
+_KERNELS = [
+    pytest.param("gemv_avx2", "exact", id="gemv_avx2"),
+    pytest.param("int8_avx2", "fast", id="int8_avx2"),
+    pytest.param(
+        "int8_vnni",
+        "fast",
+        id="int8_vnni",
+        marks=pytest.mark.skipif(not native_int8_available("int8_vnni"), reason="needs avx512_vnni"),
+    ),
+]
+
+
+@pytest.mark.parametrize(("kernel", "preset"), _KERNELS)
+@torch.inference_mode()
+def test_many_steps_equal_the_layers_one_by_one(tiny_dir: Path, kernel: str, preset: str) -> None:
+    llm = _packed(tiny_dir, kernel, preset)
+    model, step = llm.qwen2, llm.qwen2.decode_step
+    config = model.config
+    generator = torch.Generator().manual_seed(0)
+    capacity, prefix = 90, 25
+    cache = torch.zeros(len(model.layers), 2, 1, config.num_key_value_heads, capacity, config.head_dim)
+    model(torch.randn(1, prefix, config.hidden_size, generator=generator), cache, 0)  # the prefill: layers
+    compiled_cache = cache.clone()
+    for start in range(prefix, capacity):
+        x = torch.randn(1, 1, config.hidden_size, generator=generator)
+        model.decode_step = None
+        expected = model(x, cache, start)
+        model.decode_step = step
+        assert step(x, compiled_cache.clone(), start, *model.rotary(start, 1)) is not None
+        got = model(x, compiled_cache, start)
+        assert float((got - expected).abs().max() / expected.abs().max()) < 1e-5, start
+        assert float((compiled_cache - cache).abs().max() / cache.abs().max()) < 1e-5, start
+        compiled_cache.copy_(cache)  # each step from the same cache: errors do not add up across steps
+
+
+@torch.inference_mode()
+def test_the_exact_preset_with_it_keeps_the_official_log_probs(tiny_dir: Path) -> None:
+    llm = _packed(tiny_dir, "gemv_avx2", "exact")
+    golden = np.load(tiny_dir / "llm.npz")
+    lm_input = torch.from_numpy(golden["lm_input"])[None]
+    logp = teacher_forced_logp(llm, lm_input, torch.from_numpy(golden["forced_tokens"]).long())
+    assert np.abs(logp.numpy() - golden["logp"]).max() <= LOGP_TOLERANCE
+
+
+@torch.inference_mode()
+def test_inputs_it_does_not_take_go_layer_by_layer(tiny_dir: Path) -> None:
+    llm = _packed(tiny_dir, "gemv_avx2", "exact")
+    model, step = llm.qwen2, llm.qwen2.decode_step
+    config = model.config
+    shape = (len(model.layers), 2, 1, config.num_key_value_heads, 12, config.head_dim)
+    cache, x = torch.randn(shape), torch.randn(1, 1, config.hidden_size)
+    cos, signed_sin = model.rotary(3, 1)
+    assert step(x, cache, 3, cos, signed_sin) is not None
+    two_rows = torch.randn((*shape[:2], 2, *shape[3:]))
+    assert step(x.expand(2, 1, -1), two_rows, 3, cos, signed_sin) is None  # one sequence only
+    assert step(x, cache, 12, cos, signed_sin) is None  # past the capacity
+    assert step(x.double(), cache.double(), 3, cos.double(), signed_sin.double()) is None
+    strided = cache.transpose(4, 5).contiguous().transpose(4, 5)
+    assert step(x, strided, 3, cos, signed_sin) is None
+    # The model then runs its layers: the same values either way.
+    model.decode_step = None
+    expected = model(x, strided.clone(), 3)
+    model.decode_step = step
+    torch.testing.assert_close(model(x, strided, 3), expected)
+    # Hidden states asked for: the layers, which can hand them out.
+    hidden: list[torch.Tensor] = []
+    model(x, cache, 4, hidden_states=hidden)
+    assert len(hidden) == len(model.layers) + 1
+
+
+def test_it_needs_every_layer_product_in_our_kernels_with_the_norms_inside(tiny_dir: Path) -> None:
+    llm = _tiny_llm(tiny_dir)
+    mixed = {**dict.fromkeys(_LAYER_PRODUCTS, "gemv_avx2"), "o": "linear", "llm_decoder": "linear"}
+    report = pack_speech_lm(llm, "exact", kernels=mixed)
+    assert not report.compiled_step and llm.qwen2.decode_step is None
+    with pytest.raises(ValueError, match="runs linear"):
+        CompiledDecodeStep(llm.qwen2)
+    # Repacked into kernels it takes: set; repacked out of them: cleared (it points at the products).
+    pack_speech_lm(llm, "exact", kernels=dict.fromkeys(PRODUCTS, "gemv_avx2"))
+    assert llm.qwen2.decode_step is not None
+    pack_speech_lm(llm, "fast", kernels=dict.fromkeys(PRODUCTS, "fp16"))
+    assert llm.qwen2.decode_step is None and not use_compiled_step(llm.qwen2)
+
+
+def _choice(kernel: str, source: str = "measured") -> Choice:
+    return Choice("8x8", "fast", kernel, source)
+
+
+def test_the_other_layer_products_follow_a_chosen_kernel_of_ours() -> None:
+    chosen = {"qkv": "int8_avx2", "o": "int8", "gate_up": "int8_avx2", "down": "fp16", "llm_decoder": "fp16"}
+    choices = _for_compiled_step({name: _choice(kernel) for name, kernel in chosen.items()}, {})
+    assert {name: c.kernel for name, c in choices.items()} == {
+        **dict.fromkeys(_LAYER_PRODUCTS, "int8_avx2"),
+        "llm_decoder": "fp16",  # after the step, in torch
+    }
+    assert choices["o"].source == choices["down"].source == "compiled step"
+    assert choices["qkv"].source == "measured"
+    # A forced kernel stays; none of ours chosen: nothing changes.
+    forced = {"o": "int8"}
+    kept = _for_compiled_step({name: _choice(kernel) for name, kernel in chosen.items()}, forced)
+    assert kept["o"].kernel == "int8" and kept["down"].kernel == "int8_avx2"
+    theirs = {name: _choice("fp16") for name in PRODUCTS}
+    assert _for_compiled_step(theirs, {}) == theirs
+
+
+def test_a_deep_copy_decodes_layer_by_layer(tiny_dir: Path) -> None:
+    llm = _packed(tiny_dir, "gemv_avx2", "exact")
+    copied = copy.deepcopy(llm)
+    assert copied.qwen2.decode_step is None and llm.qwen2.decode_step is not None
+
+
+def test_switched_off_it_is_not_set(tiny_dir: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    llm = _tiny_llm(tiny_dir)
+    native_int8.forget_loading()
+    monkeypatch.setenv("COSYSERVE_NATIVE_KERNELS", "0")
+    try:
+        assert not compiled_step_available() and not use_compiled_step(llm.qwen2)
+        assert llm.qwen2.decode_step is None
+    finally:
+        monkeypatch.delenv("COSYSERVE_NATIVE_KERNELS")
+        native_int8.forget_loading()
