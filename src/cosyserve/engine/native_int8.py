@@ -21,8 +21,9 @@ with a zero point on VNNI CPUs and 7-bit ones on others, exact int32 sums), exce
 batch gets its own activation scale (fbgemm: one per call), which is never less precise.
 
 The same library holds the float32 one-row product of `native_f32` (`native/f32_products.c`), the
-one-position attention of `native_attention` (`native/attention.c`) and the decoding step through
-every layer of `native_step` (`native/decode_step.c`): one build, one load, one switch. It is compiled with the system C compiler
+one-position attention of `native_attention` (`native/attention.c`), the decoding step through every
+layer of `native_step` (`native/decode_step.c`) and the DiT's GELU of `native_activation`
+(`native/activations.c`): one build, one load, one switch. It is compiled with the system C compiler
 (`$CC`, else `cc` or `gcc`) into `$COSYSERVE_KERNEL_DIR` (default: `kernels/` where `calibration/` is by
 default), named by a hash of the sources and flags (`python -m cosyserve.engine.native_int8` builds it
 ahead, as the CPU Docker image does), and loaded after torch so that it shares torch's OpenMP runtime
@@ -56,7 +57,7 @@ log = logging.getLogger(__name__)
 
 SOURCES = tuple(
     Path(__file__).with_name("native") / name
-    for name in ("int8_products.c", "f32_products.c", "attention.c", "decode_step.c")
+    for name in ("int8_products.c", "f32_products.c", "attention.c", "decode_step.c", "activations.c")
 )
 HEADERS = (Path(__file__).with_name("native") / "vector_exp.h",)  # included by the sources
 KERNEL_DIR_ENV = "COSYSERVE_KERNEL_DIR"
@@ -255,6 +256,9 @@ def _declare(library: ctypes.CDLL) -> None:
     step.argtypes = [pointer, integer, pointer, integer, integer, integer, integer, integer, pointer]
     step.argtypes += [longer, longer, longer, pointer, pointer, integer, pointer, pointer, integer]
     step.restype = integer
+    gelu = library.cosyserve_gelu_tanh
+    gelu.argtypes = [pointer, pointer, longer, integer]
+    gelu.restype = integer
 
 
 def _self_check(library: ctypes.CDLL, kernel: str) -> None:
