@@ -16,17 +16,13 @@ the compiled GELU serves the exact and int8 flows.
 
 from __future__ import annotations
 
-import logging
-
 import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
 
-from cosyserve.engine.native_int8 import availability, cpu_supports_kernel, native_library
+from cosyserve.engine.native_int8 import availability, avx2_kernel_runs, native_library
 
 __all__ = ["CompiledGelu", "native_gelu_available", "use_compiled_gelu"]
-
-log = logging.getLogger(__name__)
 
 _CHECK_TOLERANCE = 1e-6  # absolute, on values of magnitude up to ~10: torch's and ours differ by ulps
 
@@ -34,14 +30,7 @@ _CHECK_TOLERANCE = 1e-6  # absolute, on values of magnitude up to ~10: torch's a
 @availability
 def native_gelu_available() -> bool:
     """Whether the compiled GELU runs here (see the module docstring)."""
-    if not cpu_supports_kernel(kernel="gemv_avx2") or native_library() is None:  # the same instructions
-        return False
-    try:
-        _self_check()
-    except RuntimeError as exc:
-        log.warning("compiled GELU unavailable, torch's serves instead: %s", exc)
-        return False
-    return True
+    return avx2_kernel_runs("compiled GELU", _self_check, "torch's serves")
 
 
 def use_compiled_gelu(model: nn.Module) -> int:

@@ -19,18 +19,14 @@ the torch way.
 
 from __future__ import annotations
 
-import logging
-
 import torch
 from torch import Tensor, nn
 
-from cosyserve.engine.native_int8 import availability, cpu_supports_kernel, native_library
+from cosyserve.engine.native_int8 import availability, avx2_kernel_runs, native_library
 from cosyserve.model.config import Qwen2Config
 from cosyserve.model.qwen2 import Attention, RotaryTable
 
 __all__ = ["NewPositionAttention", "native_attention_available", "use_native_attention"]
-
-log = logging.getLogger(__name__)
 
 _CHECK_TOLERANCE = 1e-5  # relative to the largest value; float rounding is ~1e-7
 
@@ -38,14 +34,7 @@ _CHECK_TOLERANCE = 1e-5  # relative to the largest value; float rounding is ~1e-
 @availability
 def native_attention_available() -> bool:
     """Whether the compiled attention runs here (see the module docstring)."""
-    if not cpu_supports_kernel(kernel="gemv_avx2") or native_library() is None:  # the same instructions
-        return False
-    try:
-        _self_check()
-    except RuntimeError as exc:
-        log.warning("compiled attention unavailable, torch's serves instead: %s", exc)
-        return False
-    return True
+    return avx2_kernel_runs("compiled attention", _self_check, "torch's serves")
 
 
 def use_native_attention(model: nn.Module) -> int:

@@ -21,17 +21,13 @@ MKL's and oneDNN's kernels per shape and keeps it where it streams fastest.
 
 from __future__ import annotations
 
-import logging
-
 import torch
 import torch.nn.functional as F
 from torch import Tensor
 
-from cosyserve.engine.native_int8 import availability, cpu_supports_kernel, native_library
+from cosyserve.engine.native_int8 import availability, avx2_kernel_runs, native_library
 
 __all__ = ["KERNEL", "MAX_ROWS", "F32Linear", "f32_linear", "native_f32_available"]
-
-log = logging.getLogger(__name__)
 
 KERNEL = "gemv_avx2"
 MAX_ROWS = 16  # the C file's MAX_ROWS: longer inputs are matrix products, for F.linear
@@ -41,14 +37,7 @@ _CHECK_TOLERANCE = 1e-5  # relative to the output's largest value; float roundin
 @availability
 def native_f32_available() -> bool:
     """Whether `gemv_avx2` runs here (see the module docstring)."""
-    if not cpu_supports_kernel(kernel=KERNEL) or native_library() is None:
-        return False
-    try:
-        _self_check()
-    except RuntimeError as exc:
-        log.warning("float32 kernel %s unavailable, MKL's and oneDNN's serve instead: %s", KERNEL, exc)
-        return False
-    return True
+    return avx2_kernel_runs(f"float32 kernel {KERNEL}", _self_check, "MKL's and oneDNN's serve")
 
 
 def f32_linear(

@@ -101,6 +101,20 @@ def availability(check: Callable[..., bool]) -> functools._lru_cache_wrapper:
     return cached
 
 
+def avx2_kernel_runs(name: str, self_check: Callable[[], None], instead: str) -> bool:
+    """Whether the AVX2 kernel `name` runs here: avx2 and fma listed, the library built and loaded, and
+    `self_check()` passing (a RuntimeError or ValueError it raises is logged, saying that `instead`
+    serves). Wrap the caller in `availability` so that this runs once."""
+    if not cpu_supports_kernel(kernel="gemv_avx2") or native_library() is None:
+        return False
+    try:
+        self_check()
+    except (RuntimeError, ValueError) as exc:
+        log.warning("%s unavailable, %s instead: %s", name, instead, exc)
+        return False
+    return True
+
+
 def forget_loading() -> None:
     """Forget the loaded library and every availability answer: the next call looks again."""
     native_library.cache_clear()

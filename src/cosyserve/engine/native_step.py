@@ -28,7 +28,7 @@ from torch import Tensor
 from cosyserve.engine.linear_kernels import PackedLinear, pack_linear
 from cosyserve.engine.native_attention import native_attention_available
 from cosyserve.engine.native_f32 import F32Linear
-from cosyserve.engine.native_int8 import NativeInt8Linear, availability, native_library
+from cosyserve.engine.native_int8 import NativeInt8Linear, availability, avx2_kernel_runs, native_library
 from cosyserve.model.config import Qwen2Config
 from cosyserve.model.qwen2 import Qwen2Model
 
@@ -71,12 +71,7 @@ def compiled_step_available() -> bool:
     check, and a check of its own at load (a small model's steps both ways)."""
     if not native_attention_available():
         return False
-    try:
-        _self_check()
-    except (RuntimeError, ValueError) as exc:
-        log.warning("compiled decoding step unavailable, layers decode one by one: %s", exc)
-        return False
-    return True
+    return avx2_kernel_runs("compiled decoding step", _self_check, "the layers decode one by one")
 
 
 def use_compiled_step(model: Qwen2Model) -> bool:
