@@ -6,6 +6,7 @@ choice that gives them), a deep copy that does not share it, and the switch that
 from __future__ import annotations
 
 import copy
+import threading
 from pathlib import Path
 
 import numpy as np
@@ -116,6 +117,32 @@ def test_inputs_it_does_not_take_go_layer_by_layer(tiny_dir: Path) -> None:
     hidden: list[torch.Tensor] = []
     model(x, cache, 4, hidden_states=hidden)
     assert len(hidden) == len(model.layers) + 1
+
+
+@torch.inference_mode()
+def test_two_requests_decoding_at_once_get_what_each_gets_alone(tiny_dir: Path) -> None:
+    # The service may decode two requests on one model from two threads: no scratch is shared.
+    llm = _packed(tiny_dir, "int8_avx2", "fast")
+    golden = np.load(tiny_dir / "llm.npz")
+    forced = torch.from_numpy(golden["forced_tokens"]).long()
+    lm_inputs = [torch.from_numpy(golden["lm_input"])[None], torch.randn(1, 9, llm.hidden_size)]
+    alone = [teacher_forced_logp(llm, lm_input, forced) for lm_input in lm_inputs]
+    results: list[list[torch.Tensor]] = [[], []]
+
+    def decode(index: int) -> None:
+        with torch.inference_mode():
+            for _ in range(3):
+                results[index].append(teacher_forced_logp(llm, lm_inputs[index], forced))
+
+    threads = [threading.Thread(target=decode, args=(index,)) for index in (0, 1)]
+    for thread in threads:
+        thread.start()
+    for thread in threads:
+        thread.join()
+    for index in (0, 1):
+        assert len(results[index]) == 3
+        for logp in results[index]:
+            torch.testing.assert_close(logp, alone[index], rtol=0, atol=0)
 
 
 def test_it_needs_every_layer_product_in_our_kernels_with_the_norms_inside(tiny_dir: Path) -> None:
