@@ -135,10 +135,14 @@ typedef void (*block_fn)(const uint8_t *xq, int k_padded, int rows, const int8_t
                          const int32_t *x_zero, const int *x_finite, const float *w_scale, const int32_t *w_sum,
                          const float *bias, float *y, int n, int first);
 
-/* One block of 16 outputs for up to ROW_TILE rows. */
-VNNI static void block_product_512(const uint8_t *xq, int k_padded, int rows, const int8_t *w, const float *x_scale,
-                               const int32_t *x_zero, const int *x_finite, const float *w_scale,
-                               const int32_t *w_sum, const float *bias, float *y, int n, int first) {
+/* One block of 16 outputs for up to ROW_TILE rows; inlined with a constant count for whole tiles (see
+ * `block_rows_256`). */
+VNNI static inline __attribute__((always_inline)) void block_rows_512(const uint8_t *xq, int k_padded, int rows,
+                                                                      const int8_t *w, const float *x_scale,
+                                                                      const int32_t *x_zero, const int *x_finite,
+                                                                      const float *w_scale, const int32_t *w_sum,
+                                                                      const float *bias, float *y, int n,
+                                                                      int first) {
     __m512i even[ROW_TILE], odd[ROW_TILE];
     for (int r = 0; r < ROW_TILE; r++) even[r] = odd[r] = _mm512_setzero_si512();
     const int32_t *groups = (const int32_t *)xq; /* 4 uint8 inputs per int32 */
@@ -177,6 +181,15 @@ VNNI static void block_product_512(const uint8_t *xq, int k_padded, int rows, co
     }
 }
 
+VNNI static void block_product_512(const uint8_t *xq, int k_padded, int rows, const int8_t *w, const float *x_scale,
+                                   const int32_t *x_zero, const int *x_finite, const float *w_scale,
+                                   const int32_t *w_sum, const float *bias, float *y, int n, int first) {
+    if (rows == ROW_TILE)
+        block_rows_512(xq, k_padded, ROW_TILE, w, x_scale, x_zero, x_finite, w_scale, w_sum, bias, y, n, first);
+    else
+        block_rows_512(xq, k_padded, rows, w, x_scale, x_zero, x_finite, w_scale, w_sum, bias, y, n, first);
+}
+
 /* Row r's 16 outputs of the block at `first` from its int32 sums in two halves of 8: zero point,
  * scales and bias applied; NaN for a row that was not finite. */
 AVX2 static void store_block_256(__m256i low, __m256i high, int r, const float *x_scale, const int32_t *x_zero,
@@ -201,10 +214,15 @@ AVX2 static void store_block_256(__m256i low, __m256i high, int r, const float *
     memcpy(y + (size_t)r * n + first, out, (size_t)valid * sizeof(float));
 }
 
-/* One block of 16 outputs for up to ROW_TILE rows, in two halves of 8. */
-AVX2 static void block_product_256(const uint8_t *xq, int k_padded, int rows, const int8_t *w, const float *x_scale,
-                                   const int32_t *x_zero, const int *x_finite, const float *w_scale,
-                                   const int32_t *w_sum, const float *bias, float *y, int n, int first) {
+/* One block of 16 outputs for up to ROW_TILE rows, in two halves of 8. Inlined into the wrapper below
+ * with a constant count for whole tiles, so that the loops over rows unroll and the accumulators stay
+ * in registers (with a variable count the compiler branched on it at every group of inputs). */
+AVX2 static inline __attribute__((always_inline)) void block_rows_256(const uint8_t *xq, int k_padded, int rows,
+                                                                      const int8_t *w, const float *x_scale,
+                                                                      const int32_t *x_zero, const int *x_finite,
+                                                                      const float *w_scale, const int32_t *w_sum,
+                                                                      const float *bias, float *y, int n,
+                                                                      int first) {
     __m256i low[ROW_TILE], high[ROW_TILE];
     for (int r = 0; r < ROW_TILE; r++) low[r] = high[r] = _mm256_setzero_si256();
     const __m256i ones = _mm256_set1_epi16(1);
@@ -222,6 +240,15 @@ AVX2 static void block_product_256(const uint8_t *xq, int k_padded, int rows, co
     }
     for (int r = 0; r < rows; r++)
         store_block_256(low[r], high[r], r, x_scale, x_zero, x_finite, w_scale, w_sum, bias, y, n, first);
+}
+
+AVX2 static void block_product_256(const uint8_t *xq, int k_padded, int rows, const int8_t *w, const float *x_scale,
+                                   const int32_t *x_zero, const int *x_finite, const float *w_scale,
+                                   const int32_t *w_sum, const float *bias, float *y, int n, int first) {
+    if (rows == ROW_TILE)
+        block_rows_256(xq, k_padded, ROW_TILE, w, x_scale, x_zero, x_finite, w_scale, w_sum, bias, y, n, first);
+    else
+        block_rows_256(xq, k_padded, rows, w, x_scale, x_zero, x_finite, w_scale, w_sum, bias, y, n, first);
 }
 
 /* One row, up to STREAMS neighbouring blocks (`count`) read side by side: on the AVX2-only AMD EPYC
