@@ -22,6 +22,7 @@ from cosyserve.engine.native_step import (
     compiled_step_available,
     use_compiled_step,
 )
+from cosyserve.engine.speech_lm_runner import SpeechLMRunner
 from cosyserve.model.speech_lm import SpeechLM
 from cosyserve.modeldir.model_dir import ModelDir
 from cosyserve.parity.llm import LOGP_TOLERANCE, teacher_forced_logp
@@ -143,6 +144,26 @@ def test_two_requests_decoding_at_once_get_what_each_gets_alone(tiny_dir: Path) 
         assert len(results[index]) == 3
         for logp in results[index]:
             torch.testing.assert_close(logp, alone[index], rtol=0, atol=0)
+
+
+def test_a_request_on_a_saved_voice_draws_the_same_tokens_with_it(tiny_dir: Path) -> None:
+    # The service's path: a voice's prepared LM prefix, then a seeded request decoding after it.
+    llm = _packed(tiny_dir, "gemv_avx2", "exact")
+    runner = SpeechLMRunner(llm)
+    prefix = runner.prepare_prefix([11, 12, 13, 151646])  # <|endofprompt|> closes the prompt
+    request = {"text_ids": [21, 22, 23, 24, 25], "prompt_speech_ids": [1, 2, 3], "prefix": prefix, "seed": 3}
+    step, taken = llm.qwen2.decode_step, []
+
+    def counted(*args: object) -> torch.Tensor | None:
+        out = step(*args)
+        taken.append(out is not None)
+        return out
+
+    llm.qwen2.decode_step = counted
+    with_step = list(runner.generate(**request))
+    assert len(with_step) > 5 and len(taken) >= len(with_step) - 1 and all(taken)
+    llm.qwen2.decode_step = None
+    assert list(runner.generate(**request)) == with_step
 
 
 def test_it_needs_every_layer_product_in_our_kernels_with_the_norms_inside(tiny_dir: Path) -> None:
