@@ -134,6 +134,27 @@ SHAPES = [(37, 70, True), (48, 64, False), (5, 3, True), (150, 40, True)]  # (ou
 
 
 @pytest.mark.parametrize("kernel", KERNELS_HERE)
+@pytest.mark.parametrize(("out_features", "in_features"), [(37, 70), (48, 64), (5, 3), (896, 4864)])
+@pytest.mark.parametrize("with_norm", [False, True])
+def test_the_weights_are_packed_as_torch_packs_them(
+    kernel: str, out_features: int, in_features: int, with_norm: bool
+) -> None:
+    """The C packing (one pass a row) against torch's arithmetic bit for bit: scales, rounding to
+    nearest even (ties included), the clamp, padding, the layout and the row sums."""
+    generator = torch.Generator().manual_seed(out_features)
+    weight = torch.randn(out_features, in_features, generator=generator)
+    weight[0, :3] = torch.tensor([2.5, -0.5, 127.0])  # scale 1: two ties to round to even (without a norm)
+    weight[-1] = 0.0  # a zero row: the smallest scale
+    norm_weight = torch.rand(in_features, generator=generator) + 0.5 if with_norm else None
+    layer = NativeInt8Linear(
+        weight, None, norm=None if norm_weight is None else (norm_weight, 1e-6), kernel=kernel
+    )
+    packed, scale, weight_sum = NativeInt8Linear.pack_reference(weight, norm_weight)
+    assert torch.equal(layer.packed, packed)
+    assert torch.equal(layer.scale, scale) and torch.equal(layer.weight_sum, weight_sum)
+
+
+@pytest.mark.parametrize("kernel", KERNELS_HERE)
 @pytest.mark.parametrize("rows", [1, 3, 4, 5, 70])
 @pytest.mark.parametrize(("out_features", "in_features", "bias"), SHAPES)
 @pytest.mark.parametrize("with_norm", [False, True])

@@ -270,6 +270,9 @@ def _declare(library: ctypes.CDLL) -> None:
     step.argtypes = [pointer, integer, pointer, integer, integer, integer, integer, integer, pointer]
     step.argtypes += [longer, longer, longer, pointer, pointer, integer, pointer, pointer, integer]
     step.restype = integer
+    pack = library.cosyserve_int8_pack
+    pack.argtypes = [pointer, integer, integer, integer, pointer, pointer, pointer, pointer, integer]
+    pack.restype = integer
     gelu = library.cosyserve_gelu_tanh
     gelu.argtypes = [pointer, pointer, longer, integer]
     gelu.restype = integer
@@ -317,22 +320,33 @@ class NativeInt8Linear(nn.Module):
         self._given_library = library
         if library is None and not native_int8_available(kernel):
             raise RuntimeError(f"the {kernel} kernel is not available on this machine")
-        weight = weight.detach().float()
-        if norm is not None:
-            weight = weight * norm[0].detach().float()[None, :]
+        weight = weight.detach().float().contiguous()
+        norm_weight = None if norm is None else norm[0].detach().float().contiguous()
         self.norm_eps = -1.0 if norm is None else float(norm[1])  # < 0: no norm (the C file's norm_eps)
         self.out_features, self.in_features = weight.shape
+        if norm_weight is not None and norm_weight.shape != (self.in_features,):
+            raise ValueError(f"a norm of {tuple(norm_weight.shape)} weights before {self.in_features} inputs")
         self.padded_in = -(-self.in_features // 4) * 4
-        scale = (weight.abs().amax(dim=1) / 127.0).clamp(min=1e-12)
-        quantized = torch.round(weight / scale[:, None]).clamp(-127, 127).to(torch.int8)
         padded_out = -(-self.out_features // BLOCK) * BLOCK
-        padded = torch.zeros(padded_out, self.padded_in, dtype=torch.int8)
-        padded[: self.out_features, : self.in_features] = quantized
-        # (blocks, 16, groups, 4) -> (blocks, groups, 16, 4): one 64-byte load per block and group.
-        layout = padded.view(padded_out // BLOCK, BLOCK, self.padded_in // 4, 4).permute(0, 2, 1, 3)
-        self.register_buffer("packed", layout.contiguous().view(-1), persistent=False)
-        self.register_buffer("scale", scale.contiguous(), persistent=False)
-        self.register_buffer("weight_sum", quantized.sum(dim=1, dtype=torch.int32), persistent=False)
+        packed = torch.zeros(padded_out * self.padded_in, dtype=torch.int8)
+        scale = torch.empty(self.out_features)
+        weight_sum = torch.empty(self.out_features, dtype=torch.int32)
+        status = (library or native_library()).cosyserve_int8_pack(  # `pack_reference` in torch
+            weight.data_ptr(),
+            self.out_features,
+            self.in_features,
+            self.padded_in,
+            None if norm_weight is None else norm_weight.data_ptr(),
+            packed.data_ptr(),
+            scale.data_ptr(),
+            weight_sum.data_ptr(),
+            torch.get_num_threads(),
+        )
+        if status != 0:
+            raise RuntimeError(f"the {kernel} kernel could not pack a {tuple(weight.shape)} weight")
+        self.register_buffer("packed", packed, persistent=False)
+        self.register_buffer("scale", scale, persistent=False)
+        self.register_buffer("weight_sum", weight_sum, persistent=False)
         bias = None if bias is None else bias.detach().float().contiguous()
         self.register_buffer("bias", bias, persistent=False)
 
@@ -378,6 +392,22 @@ class NativeInt8Linear(nn.Module):
             if status != 0:
                 raise RuntimeError(f"the {self.kernel} kernel refused a {count}x{in_features} input")
         return out.view(*x.shape[:-1], out_features)
+
+    @staticmethod
+    def pack_reference(weight: Tensor, norm_weight: Tensor | None = None) -> tuple[Tensor, Tensor, Tensor]:
+        """What the C file's `cosyserve_int8_pack` computes, in torch (tests): the packed layout, the
+        scales and the row sums of `weight` `(out, in)` (times `norm_weight` per input)."""
+        weight = weight.float() if norm_weight is None else weight.float() * norm_weight.float()[None, :]
+        out_features, in_features = weight.shape
+        padded_in = -(-in_features // 4) * 4
+        scale = (weight.abs().amax(dim=1) / 127.0).clamp(min=1e-12)
+        quantized = torch.round(weight / scale[:, None]).clamp(-127, 127).to(torch.int8)
+        padded_out = -(-out_features // BLOCK) * BLOCK
+        padded = torch.zeros(padded_out, padded_in, dtype=torch.int8)
+        padded[:out_features, :in_features] = quantized
+        # (blocks, 16, groups, 4) -> (blocks, groups, 16, 4): one 64-byte load per block and group.
+        layout = padded.view(padded_out // BLOCK, BLOCK, padded_in // 4, 4).permute(0, 2, 1, 3)
+        return layout.contiguous().view(-1), scale, quantized.sum(dim=1, dtype=torch.int32)
 
     def dequantized_weight(self) -> Tensor:
         """The `(out, in)` float32 weight this computes with (int8 values times their scales)."""

@@ -31,6 +31,7 @@
 #include <math.h>
 #include <stddef.h>
 #include <stdint.h>
+#include <stdlib.h>
 #include <string.h>
 
 #define VNNI __attribute__((target("avx512f,avx512bw,avx512vl,avx512vnni")))
@@ -317,6 +318,50 @@ static int int8_linear(const float *x, int rows, int k, int k_padded, const int8
         }
     }
     return 0;
+}
+
+/* Quantise the float32 weight w (n, k), times norm_weight (k,) per input when given, into the layout
+ * above (`packed`: ceil(n / 16) * 16 * k_padded bytes, zeroed by the caller), with torch's arithmetic
+ * (cosyserve.engine.native_int8 checked it bit for bit): per output channel scale = max |w| / 127, at
+ * least 1e-12; q = w / scale rounded to nearest even, clamped to +-127; w_sum = the sum of a row's q.
+ * One pass a row instead of ten torch passes over the whole matrix (4 s for the LM's 0.36 B weights on
+ * an AVX2 EPYC, 2 threads). Returns 0, or -1 for arguments it cannot take. */
+AVX2 int cosyserve_int8_pack(const float *w, int n, int k, int k_padded, const float *norm_weight, int8_t *packed,
+                             float *scale, int32_t *w_sum, int threads) {
+    if (n < 1 || k < 1 || k_padded < k || k_padded % 4 || threads < 1) return -1;
+    int failed = 0;
+#pragma omp parallel num_threads(threads)
+    {
+        float *row = malloc((size_t)k * sizeof(float));
+        if (!row) {
+#pragma omp atomic write
+            failed = 1;
+        }
+#pragma omp for schedule(static)
+        for (int j = 0; j < n; j++) {
+            if (!row) continue;
+            const float *source = w + (size_t)j * k;
+            float largest = 0.f;
+            for (int i = 0; i < k; i++) {
+                row[i] = norm_weight ? source[i] * norm_weight[i] : source[i];
+                float magnitude = fabsf(row[i]);
+                largest = magnitude > largest ? magnitude : largest;
+            }
+            float s = largest / 127.f;
+            s = s < 1e-12f ? 1e-12f : s;
+            int32_t total = 0;
+            int8_t *block = packed + (size_t)(j / BLOCK) * BLOCK * k_padded + (size_t)(j % BLOCK) * 4;
+            for (int i = 0; i < k; i++) {
+                float q = nearbyintf(row[i] / s);
+                q = q < -127.f ? -127.f : (q > 127.f ? 127.f : q);
+                block[(size_t)(i / 4) * BLOCK * 4 + i % 4] = (int8_t)q;
+                total += (int32_t)q;
+            }
+            scale[j] = s, w_sum[j] = total;
+        }
+        free(row);
+    }
+    return failed ? -1 : 0;
 }
 
 /* 8-bit activations (0..255), AVX-512 VNNI. */
