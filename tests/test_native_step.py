@@ -18,6 +18,7 @@ from cosyserve.engine.calibration import Choice
 from cosyserve.engine.lm_layout import PRODUCTS, _for_compiled_step, pack_speech_lm
 from cosyserve.engine.native_int8 import native_int8_available
 from cosyserve.engine.native_step import (
+    MAX_ROWS,
     CompiledDecodeStep,
     compiled_step_available,
     use_compiled_step,
@@ -78,11 +79,49 @@ def test_many_steps_equal_the_layers_one_by_one(tiny_dir: Path, kernel: str, pre
         model.decode_step = None
         expected = model(x, cache, start)
         model.decode_step = step
-        assert step(x, compiled_cache.clone(), start, *model.rotary(start, 1)) is not None
+        assert step(x, compiled_cache.clone(), [start]) is not None
         got = model(x, compiled_cache, start)
         assert float((got - expected).abs().max() / expected.abs().max()) < 1e-5, start
         assert float((compiled_cache - cache).abs().max() / cache.abs().max()) < 1e-5, start
         compiled_cache.copy_(cache)  # each step from the same cache: errors do not add up across steps
+
+
+@pytest.mark.parametrize(("kernel", "preset"), _KERNELS[:2])
+@torch.inference_mode()
+def test_a_batch_of_sequences_at_their_own_positions_equals_forward_rows(
+    tiny_dir: Path, kernel: str, preset: str
+) -> None:
+    # Batched decoding (`decode_batching`): each row at its own position, over its own keys only.
+    llm = _packed(tiny_dir, kernel, preset)
+    model, step = llm.qwen2, llm.qwen2.decode_step
+    config = model.config
+    generator = torch.Generator().manual_seed(1)
+    rows, capacity = 5, 40
+    shape = (len(model.layers), 2, rows, config.num_key_value_heads, capacity, config.head_dim)
+    cache = torch.randn(shape, generator=generator)
+    cache[:, :, 1, :, 20:] = 1e6  # past row 1's position: masked out (torch) or never read (compiled)
+    compiled_cache = cache.clone()
+    positions = torch.tensor([7, 19, 0, 33, 19])
+    x = torch.randn(rows, 1, config.hidden_size, generator=generator)
+    model.decode_step = None
+    expected = model.forward_rows(x, cache, positions, capacity)
+    model.decode_step = step
+    assert step(x, compiled_cache.clone(), positions.tolist()) is not None
+    got = model.forward_rows(x, compiled_cache, positions, capacity)
+    assert float((got - expected).abs().max() / expected.abs().max()) < 1e-5
+    assert float((compiled_cache - cache).abs().max()) < 1e-5 * float(cache.abs().max())
+    # The compiled step never reads past a row's position: even a NaN there stays out (the torch way
+    # needs such slots zeroed: 0 x NaN is NaN).
+    poisoned = compiled_cache.clone()
+    poisoned[:, :, 1, :, 20:] = float("nan")
+    torch.testing.assert_close(
+        step(x, poisoned, positions.tolist()), step(x, compiled_cache.clone(), positions.tolist())
+    )
+    # A row alone gets what it gets in the batch.
+    alone = compiled_cache[:, :, 3:4].clone()
+    torch.testing.assert_close(
+        step(x[3:4], alone, [33]), step(x, compiled_cache.clone(), positions.tolist())[3:4]
+    )
 
 
 @torch.inference_mode()
@@ -101,14 +140,15 @@ def test_inputs_it_does_not_take_go_layer_by_layer(tiny_dir: Path) -> None:
     config = model.config
     shape = (len(model.layers), 2, 1, config.num_key_value_heads, 12, config.head_dim)
     cache, x = torch.randn(shape), torch.randn(1, 1, config.hidden_size)
-    cos, signed_sin = model.rotary(3, 1)
-    assert step(x, cache, 3, cos, signed_sin) is not None
-    two_rows = torch.randn((*shape[:2], 2, *shape[3:]))
-    assert step(x.expand(2, 1, -1), two_rows, 3, cos, signed_sin) is None  # one sequence only
-    assert step(x, cache, 12, cos, signed_sin) is None  # past the capacity
-    assert step(x.double(), cache.double(), 3, cos.double(), signed_sin.double()) is None
+    assert step(x, cache, [3]) is not None
+    many = MAX_ROWS + 1
+    rows = torch.randn((*shape[:2], many, *shape[3:]))
+    assert step(x.expand(many, 1, -1), rows, [3] * many) is None  # more rows than a step takes
+    assert step(x, cache, [12]) is None  # past the capacity
+    assert step(x, cache, [3, 4]) is None  # positions for rows the cache does not hold
+    assert step(x.double(), cache.double(), [3]) is None
     strided = cache.transpose(4, 5).contiguous().transpose(4, 5)
-    assert step(x, strided, 3, cos, signed_sin) is None
+    assert step(x, strided, [3]) is None
     # The model then runs its layers: the same values either way.
     model.decode_step = None
     expected = model(x, strided.clone(), 3)

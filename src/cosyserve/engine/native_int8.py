@@ -267,8 +267,8 @@ def _declare(library: ctypes.CDLL) -> None:
     ]
     attention.restype = integer
     step = library.cosyserve_decode_layers
-    step.argtypes = [pointer, integer, pointer, integer, integer, integer, integer, integer, pointer]
-    step.argtypes += [longer, longer, longer, pointer, pointer, integer, pointer, pointer, integer]
+    step.argtypes = [pointer, integer, pointer, integer, integer, integer, integer, integer, integer, pointer]
+    step.argtypes += [longer, longer, longer, longer, pointer, pointer, pointer, pointer, pointer, integer]
     step.restype = integer
     pack = library.cosyserve_int8_pack
     pack.argtypes = [pointer, integer, integer, integer, pointer, pointer, pointer, pointer, integer]

@@ -20,6 +20,7 @@ from __future__ import annotations
 import ctypes
 import functools
 import logging
+from collections.abc import Sequence
 from typing import Any
 
 import torch
@@ -37,6 +38,7 @@ __all__ = ["STEP_KERNELS", "CompiledDecodeStep", "compiled_step_available", "use
 log = logging.getLogger(__name__)
 
 STEP_KERNELS = {"int8_vnni": 1, "int8_avx2": 2, "gemv_avx2": 3}  # decode_step.c's kinds
+MAX_ROWS = 16  # sequences a step takes (decode_step.c's MAX_ROWS); larger batches decode layer by layer
 
 
 class _Product(ctypes.Structure):
@@ -89,11 +91,12 @@ def use_compiled_step(model: Qwen2Model) -> bool:
 
 
 class CompiledDecodeStep:
-    """`Qwen2Model.decode_step`: runs `embeds` `(1, 1, hidden)` at position `start` through every
-    decoder layer, writing each layer's key and value into `kv` `(layers, 2, 1, kv_heads, capacity,
-    head_dim)`, and returns the last layer's output `(1, 1, hidden)` before the final norm; None for
-    inputs it does not take (the caller then runs the layers itself). `cos`, `signed_sin`: `(1,
-    head_dim)` at `start`.
+    """`Qwen2Model.decode_step`: runs `embeds` `(B, 1, hidden)`, row b at position `positions[b]`,
+    through every decoder layer, writing each layer's key and value of row b into `kv` `(layers, 2, B,
+    kv_heads, capacity, head_dim)` at that position (row b attends to its keys up to it), and returns
+    the last layer's output `(B, 1, hidden)` before the final norm; None for inputs it does not take
+    (more than `MAX_ROWS` rows, other dtypes or devices, a position past the cache: the caller then
+    runs the layers itself).
 
     Raises ValueError when `model`'s layers do not qualify (not every product one of ours, a norm
     outside its product, q/k/v or gate/up not fused)."""
@@ -114,32 +117,33 @@ class CompiledDecodeStep:
         self._held: list[Tensor] = []  # every tensor a pointer below reads: alive as long as this
         described = [self._describe_layer(index, layer) for index, layer in enumerate(model.layers)]
         self._table = (_Layer * self.layers)(*described)
+        self._rotary = model.rotary  # its tables, read at each row's position (rebuilt tables too)
         widest = max(self.hidden, self.inner)
         self._quantized_bytes = -(-widest // 4) * 4
         q_width, kv_width = self.heads * self.head_dim, self.kv_heads * self.head_dim
-        self._fixed_work = 2 * q_width + 2 * kv_width + self.hidden + 3 * self.inner + widest
+        self._work_per_row = 2 * q_width + 2 * kv_width + self.hidden + 3 * self.inner + widest
 
     def __deepcopy__(self, memo: dict[int, Any]) -> None:
         # A copied model holds copies of the weights this table points at: it decodes layer by layer.
         return None
 
-    def __call__(
-        self, embeds: Tensor, kv: Tensor, start: int, cos: Tensor, signed_sin: Tensor
-    ) -> Tensor | None:
-        if not self._takes(embeds, kv, start, cos, signed_sin):
+    def __call__(self, embeds: Tensor, kv: Tensor, positions: Sequence[int]) -> Tensor | None:
+        if not self._takes(embeds, kv, positions):
             return None
         library = native_library()
         if library is None:
             return None
-        x = embeds.reshape(self.hidden).clone()
+        rows = len(positions)
+        x = embeds.reshape(rows, self.hidden).clone()
         # Scratch per call, never shared: two requests may decode on one model from two threads.
-        work = torch.empty(self._fixed_work + self.heads * (start + 1))
-        quantized = torch.empty(self._quantized_bytes, dtype=torch.uint8)
+        work = torch.empty(rows * self._work_per_row + self.heads * (max(positions) + 1))
+        quantized = torch.empty(rows * self._quantized_bytes, dtype=torch.uint8)
         strides = kv.stride()
         status = library.cosyserve_decode_layers(
             self._table,
             self.layers,
             x.data_ptr(),
+            rows,
             self.hidden,
             self.heads,
             self.kv_heads,
@@ -148,10 +152,11 @@ class CompiledDecodeStep:
             kv.data_ptr(),
             strides[0],
             strides[1],
+            strides[2],
             strides[3],
-            cos.data_ptr(),
-            signed_sin.data_ptr(),
-            start,
+            self._rotary.cos.data_ptr(),
+            self._rotary.signed_sin.data_ptr(),
+            (ctypes.c_int64 * rows)(*positions),
             work.data_ptr(),
             quantized.data_ptr(),
             torch.get_num_threads(),
@@ -159,25 +164,26 @@ class CompiledDecodeStep:
         if status != 0:  # the cache is intact up to the failing layer; the caller recomputes all of it
             log.warning("compiled decoding step refused layer %d; decoding layer by layer", status - 1)
             return None
-        return x.view(1, 1, self.hidden)
+        return x.view(rows, 1, self.hidden)
 
-    def _takes(self, embeds: Tensor, kv: Tensor, start: int, cos: Tensor, signed_sin: Tensor) -> bool:
-        d = self.head_dim
-        if (
-            embeds.shape != (1, 1, self.hidden)
-            or embeds.dtype != torch.float32
-            or embeds.device.type != "cpu"
-        ):
+    def _takes(self, embeds: Tensor, kv: Tensor, positions: Sequence[int]) -> bool:
+        """float32 CPU tensors in the layouts the kernels read, positions within the cache and the
+        rotary tables (few, straight-line checks: this runs every step)."""
+        d, rows = self.head_dim, len(positions)
+        if not 0 < rows <= MAX_ROWS or embeds.shape != (rows, 1, self.hidden):
+            return False
+        if embeds.dtype != torch.float32 or embeds.device.type != "cpu":
             return False
         if kv.dtype != torch.float32 or kv.device.type != "cpu" or kv.stride()[4:] != (d, 1):
             return False
         layers, two, batch, kv_heads, capacity, width = kv.shape
-        if (layers, two, batch, kv_heads, width) != (self.layers, 2, 1, self.kv_heads, d):
+        if (layers, two, batch, kv_heads, width) != (self.layers, 2, rows, self.kv_heads, d):
             return False
-        if not 0 <= start < capacity:
+        tables = (self._rotary.cos, self._rotary.signed_sin)
+        if any(t.dtype != torch.float32 or t.device.type != "cpu" or not t.is_contiguous() for t in tables):
             return False
-        tables = (cos, signed_sin)
-        return all(t.shape == (1, d) and t.dtype == torch.float32 and t.is_contiguous() for t in tables)
+        limit = min(capacity, self._rotary.cos.shape[0])
+        return all(0 <= position < limit for position in positions)
 
     def _describe_layer(self, index: int, layer: torch.nn.Module) -> _Layer:
         attention, mlp = layer.self_attn, layer.mlp
@@ -288,7 +294,7 @@ def _self_check() -> None:
             expected = model(x, caches[0], start)
             model.decode_step = step
             got = model(x, caches[1], start)
-            if step(x, caches[1].clone(), start, *model.rotary(start, 1)) is None:
+            if step(x, caches[1].clone(), [start]) is None:
                 raise RuntimeError("the compiled step refused its own check's inputs")
             error = float((got - expected).abs().max() / expected.abs().max())
             cache_error = float((caches[1] - caches[0]).abs().max() / caches[0].abs().max())

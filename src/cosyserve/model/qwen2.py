@@ -288,10 +288,11 @@ class Qwen2Model(nn.Module):
         self.layers = nn.ModuleList(DecoderLayer(config) for _ in range(config.num_hidden_layers))
         self.norm = RMSNorm(config.hidden_size, config.rms_norm_eps)
         self.rotary = RotaryTable(config.head_dim, config.rope_theta, config.max_position_embeddings)
-        # A faster path for one new position of one sequence through every layer (set by the engine, e.g.
-        # a compiled step): called as `decode_step(embeds, kv, start, cos, signed_sin)`; it writes each
-        # layer's key and value at `start` and returns the last layer's output `(1, 1, hidden)` before
-        # the final norm, or None to leave the step to the layers below.
+        # A faster path for one new position per sequence through every layer (set by the engine, e.g. a
+        # compiled step): called as `decode_step(embeds (B, 1, hidden), kv, positions)`, row b at
+        # `positions[b]` (a list of ints); it writes each layer's keys and values there and returns the
+        # last layer's output `(B, 1, hidden)` before the final norm, or None to leave the step to the
+        # layers below.
         self.decode_step: Callable[..., Tensor | None] | None = None
 
     def forward(
@@ -311,7 +312,7 @@ class Qwen2Model(nn.Module):
         cos, signed_sin = self.rotary(start, length)
         cos, signed_sin = cos.to(embeds.dtype), signed_sin.to(embeds.dtype)
         if length == 1 and hidden_states is None and self.decode_step is not None:
-            out = self.decode_step(embeds, kv, start, cos, signed_sin)
+            out = self.decode_step(embeds, kv, [start] * embeds.shape[0])
             if out is not None:
                 return self.norm(out)
         mask = None
@@ -341,6 +342,11 @@ class Qwen2Model(nn.Module):
                 f"{keys} visible keys exceed the model's {self.rotary.max_positions} positions or the "
                 f"cache capacity {kv.shape[4]}"
             )
+        if self.decode_step is not None and positions.device.type == "cpu":  # reading them: no device wait
+            rows = positions.tolist()
+            out = self.decode_step(embeds, kv, rows) if rows and max(rows) < keys else None
+            if out is not None:
+                return self.norm(out)
         cos = self.rotary.cos.index_select(0, positions)[:, None, None].to(embeds.dtype)
         signed_sin = self.rotary.signed_sin.index_select(0, positions)[:, None, None].to(embeds.dtype)
         mask = (torch.arange(keys, device=embeds.device)[None, :] <= positions[:, None])[:, None, None]

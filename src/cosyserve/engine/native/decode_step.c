@@ -1,5 +1,6 @@
-/* One LM decoding step through every decoder layer in one call, on AVX2 (cosyserve.engine.native_step
- * calls this; cosyserve.engine.native_int8 builds it into the same library as the other kernels).
+/* One LM decoding step through every decoder layer in one call, on AVX2, for one sequence or a batch of
+ * them each at its own position (cosyserve.engine.native_step calls this; cosyserve.engine.native_int8
+ * builds it into the same library as the other kernels).
  *
  * A decoding step of the 24-layer LM makes ~100 one-row products and, between them, ~15 small torch
  * calls a layer (splits, the residual adds, SiLU, the product of gate and up, the attention's call):
@@ -42,6 +43,7 @@ int cosyserve_attend_new_position(const float *q, long q_stride, const float *k,
                                   long head_stride, int position, float *out, float *scores, int threads);
 
 enum { INT8_VNNI = 1, INT8_AVX2 = 2, GEMV_AVX2 = 3 };
+#define MAX_ROWS 16 /* rows a step takes: the float32 product's limit (f32_products.c) */
 
 /* One product of a layer (cosyserve.engine.native_step's `_Product` mirrors this). */
 typedef struct {
@@ -62,17 +64,18 @@ typedef struct {
     Product qkv, o, gate_up, down;
 } Layer;
 
-static int run_product(const Product *p, const float *x, float *y, uint8_t *quantized, float *normed,
+static int run_product(const Product *p, const float *x, int rows, float *y, uint8_t *quantized, float *normed,
                        int threads) {
     switch (p->kind) {
     case INT8_VNNI:
-        return cosyserve_int8_linear(x, 1, p->in_features, p->padded_in, p->weight, p->scale, p->weight_sum,
+        return cosyserve_int8_linear(x, rows, p->in_features, p->padded_in, p->weight, p->scale, p->weight_sum,
                                      p->bias, y, p->out_features, threads, quantized, p->norm_eps);
     case INT8_AVX2:
-        return cosyserve_int8_linear_avx2(x, 1, p->in_features, p->padded_in, p->weight, p->scale, p->weight_sum,
-                                          p->bias, y, p->out_features, threads, quantized, p->norm_eps);
+        return cosyserve_int8_linear_avx2(x, rows, p->in_features, p->padded_in, p->weight, p->scale,
+                                          p->weight_sum, p->bias, y, p->out_features, threads, quantized,
+                                          p->norm_eps);
     case GEMV_AVX2:
-        return cosyserve_f32_linear_avx2(x, 1, p->in_features, p->weight, p->bias, y, p->out_features, threads,
+        return cosyserve_f32_linear_avx2(x, rows, p->in_features, p->weight, p->bias, y, p->out_features, threads,
                                          p->norm_eps >= 0.f ? p->norm_weight : NULL, p->norm_eps, normed);
     default:
         return -1;
@@ -100,37 +103,50 @@ static void add_into(float *x, const float *y, int n) {
     for (int i = 0; i < n; i++) x[i] += y[i];
 }
 
-/* x (hidden,) in place through `count` layers at `position`, one sequence (B = 1).
+/* x (rows, hidden) in place through `count` layers, row r at its own position positions[r] (one new
+ * position per sequence: B = rows, T = 1; at most MAX_ROWS rows).
  *
- * cache: the LM's (layers, 2, 1, kv_heads, capacity, d) float32 cache, layer l's keys at
- * cache + l * layer_stride, its values half_stride after, head g's position t at + g * head_stride + t * d.
- * cos, signed_sin (d,) at `position`. work: floats for the intermediate vectors, at least
- * (heads + 2 kv_heads) d + heads d + hidden + 3 inner + max(hidden, inner) + heads (position + 1);
- * quantized: bytes for one quantised row, at least the largest padded_in. Returns 0, the failing
- * layer's index + 1 when a kernel refuses its arguments, or -1 for arguments this cannot take. */
-AVX2 int cosyserve_decode_layers(const Layer *layers, int count, float *x, int hidden, int heads, int kv_heads,
-                                 int d, int inner, float *cache, long layer_stride, long half_stride,
-                                 long head_stride, const float *cos, const float *signed_sin, int position,
-                                 float *work, uint8_t *quantized, int threads) {
-    if (count < 1 || hidden < 1 || heads < 1 || kv_heads < 1 || inner < 1 || position < 0 || threads < 1) return -1;
-    int q_width = heads * d, kv_width = kv_heads * d;
-    float *qkv = work, *attended = qkv + q_width + 2 * kv_width, *update = attended + q_width;
-    float *gu = update + hidden, *h = gu + 2 * inner, *normed = h + inner;
-    float *scores = normed + (hidden > inner ? hidden : inner);
+ * cache: the LM's (layers, 2, rows, kv_heads, capacity, d) float32 cache, layer l's keys of row r at
+ * cache + l * layer_stride + r * batch_stride, its values half_stride after, head g's position t at
+ * + g * head_stride + t * d. cos_table, signed_sin_table: (positions, d) rotary tables, read at each
+ * row's position. work: floats for the intermediate vectors, at least rows ((heads + 2 kv_heads) d +
+ * heads d + hidden + 3 inner + max(hidden, inner)) + heads (largest position + 1); quantized: bytes for
+ * the quantised rows, at least rows times the largest padded_in. Returns 0, the failing layer's index + 1
+ * when a kernel refuses its arguments, or -1 for arguments this cannot take. */
+AVX2 int cosyserve_decode_layers(const Layer *layers, int count, float *x, int rows, int hidden, int heads,
+                                 int kv_heads, int d, int inner, float *cache, long layer_stride, long half_stride,
+                                 long batch_stride, long head_stride, const float *cos_table,
+                                 const float *signed_sin_table, const int64_t *positions, float *work,
+                                 uint8_t *quantized, int threads) {
+    if (count < 1 || rows < 1 || rows > MAX_ROWS || hidden < 1 || heads < 1 || kv_heads < 1 || inner < 1 ||
+        threads < 1)
+        return -1;
+    for (int r = 0; r < rows; r++)
+        if (positions[r] < 0 || positions[r] > INT32_MAX) return -1;
+    int q_width = heads * d, kv_width = kv_heads * d, qkv_width = q_width + 2 * kv_width;
+    int widest = hidden > inner ? hidden : inner;
+    float *qkv = work, *attended = qkv + rows * qkv_width, *update = attended + rows * q_width;
+    float *gu = update + rows * hidden, *h = gu + rows * 2 * inner, *normed = h + rows * inner;
+    float *scores = normed + rows * widest;
     for (int l = 0; l < count; l++) {
         const Layer *layer = layers + l;
-        float *keys = cache + l * layer_stride;
-        if (run_product(&layer->qkv, x, qkv, quantized, normed, threads)) return l + 1;
-        if (cosyserve_attend_new_position(qkv, 0, qkv + q_width, 0, qkv + q_width + kv_width, 0, 1, heads, kv_heads,
-                                          d, cos, signed_sin, keys, keys + half_stride, 0, head_stride, position,
-                                          attended, scores, threads))
-            return l + 1;
-        if (run_product(&layer->o, attended, update, quantized, normed, threads)) return l + 1;
-        add_into(x, update, hidden);
-        if (run_product(&layer->gate_up, x, gu, quantized, normed, threads)) return l + 1;
-        silu_times_up(gu, inner, h);
-        if (run_product(&layer->down, h, update, quantized, normed, threads)) return l + 1;
-        add_into(x, update, hidden);
+        if (run_product(&layer->qkv, x, rows, qkv, quantized, normed, threads)) return l + 1;
+        for (int r = 0; r < rows; r++) { /* each row over its own keys, up to its own position */
+            const float *q = qkv + r * qkv_width;
+            float *keys = cache + l * layer_stride + r * batch_stride;
+            int position = (int)positions[r];
+            if (cosyserve_attend_new_position(q, 0, q + q_width, 0, q + q_width + kv_width, 0, 1, heads, kv_heads, d,
+                                              cos_table + (long)position * d, signed_sin_table + (long)position * d,
+                                              keys, keys + half_stride, 0, head_stride, position,
+                                              attended + r * q_width, scores, threads))
+                return l + 1;
+        }
+        if (run_product(&layer->o, attended, rows, update, quantized, normed, threads)) return l + 1;
+        add_into(x, update, rows * hidden);
+        if (run_product(&layer->gate_up, x, rows, gu, quantized, normed, threads)) return l + 1;
+        for (int r = 0; r < rows; r++) silu_times_up(gu + r * 2 * inner, inner, h + r * inner);
+        if (run_product(&layer->down, h, rows, update, quantized, normed, threads)) return l + 1;
+        add_into(x, update, rows * hidden);
     }
     return 0;
 }
