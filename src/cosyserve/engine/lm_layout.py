@@ -66,7 +66,7 @@ class LayoutReport:
     pack_seconds: float = 0.0  # building the layouts (copies), measurements excluded
     calibration_file: str | None = None
     prefill_bfloat16: tuple[str, ...] = ()  # products whose many-row inputs use a bfloat16 copy
-    compiled_step: bool = False  # one-sequence decoding steps run all layers in one call (`native_step`)
+    compiled_step: bool = False  # decoding steps run all layers in one call (`native_step`)
 
     @property
     def kernels(self) -> dict[str, str]:

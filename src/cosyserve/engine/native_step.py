@@ -7,12 +7,14 @@ int8 products) that was ~7.7 ms of a 23.7 ms step. `native/decode_step.c` runs a
 one call with the same kernels, the small steps in C (see its header).
 
 The hook is `Qwen2Model.decode_step`, set by `use_compiled_step` where every decoder layer's four
-products run our kernels (`int8_vnni`, `int8_avx2` or `gemv_avx2`, `lm_layout.NATIVE_STEP_KERNELS`) with
-the two RMSNorms inside the q/k/v and gate/up products, on the CPU in float32; `lm_layout.pack_speech_lm`
-sets or clears it after every packing. It takes one sequence at one new position (B = 1, T = 1, a
-contiguous float32 cache); anything else goes the layer-by-layer way. The same values as that way to
-float rounding: the products and the attention are the same functions; SiLU's exponential is a
-polynomial within 2 ulp of expf (tests: hidden states within 1e-5 of the largest, over 60 steps).
+products run our kernels (`int8_vnni`, `int8_avx2` or `gemv_avx2`: `STEP_KERNELS`) with the two
+RMSNorms inside the q/k/v and gate/up products, on the CPU in float32; `lm_layout.pack_speech_lm` sets
+or clears it after every packing. It takes one new position per sequence for up to `MAX_ROWS`
+sequences, each at its own position (`Qwen2Model.forward` with T = 1, and `forward_rows`, the step of
+`decode_batching`), in a float32 CPU cache whose last two dimensions are contiguous; anything else
+goes the layer-by-layer way. The same values as that way to float rounding: the products and the
+attention are the same functions; SiLU's exponential is a polynomial within 2 ulp of expf (tests:
+hidden states within 1e-5 of the largest, over 65 steps and a batch of five positions).
 """
 
 from __future__ import annotations
