@@ -184,6 +184,11 @@ def test_members_join_and_leave_mid_run(model: SpeechLM, requests) -> None:
             sizes.append(batcher.active)
             if len(tokens) == 5:
                 first_tokens.set()
+                # Hold on until another request has joined: on a loaded machine the rest of this one's
+                # tokens could otherwise all come before the others have even prefilled.
+                deadline = time.monotonic() + 30
+                while batcher.active < 2 and time.monotonic() < deadline:
+                    time.sleep(0.001)
         return tokens
 
     def later(index: int):
