@@ -220,6 +220,23 @@ def test_it_needs_every_layer_product_in_our_kernels_with_the_norms_inside(tiny_
     assert llm.qwen2.decode_step is None and not use_compiled_step(llm.qwen2)
 
 
+@torch.inference_mode()
+def test_products_with_a_bfloat16_prefill_copy_take_it_too(tiny_dir: Path) -> None:
+    llm = _tiny_llm(tiny_dir)
+    kernels = {**dict.fromkeys(_LAYER_PRODUCTS, "int8_avx2"), "llm_decoder": "linear"}
+    report = pack_speech_lm(llm, "fast", kernels=kernels, prefill_bfloat16=lambda _kernel: True)
+    assert report.compiled_step and report.prefill_bfloat16
+    model, step = llm.qwen2, llm.qwen2.decode_step
+    config = model.config
+    cache = torch.randn(len(model.layers), 2, 1, config.num_key_value_heads, 12, config.head_dim)
+    x = torch.randn(1, 1, config.hidden_size)
+    model.decode_step = None
+    expected = model(x, cache.clone(), 3)
+    model.decode_step = step
+    assert step(x, cache.clone(), [3]) is not None
+    assert float((model(x, cache, 3) - expected).abs().max() / expected.abs().max()) < 1e-5
+
+
 def _choice(kernel: str, source: str = "measured") -> Choice:
     return Choice("8x8", "fast", kernel, source)
 

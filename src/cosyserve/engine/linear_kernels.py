@@ -173,6 +173,14 @@ class PackedLinear(nn.Module):
     def forward(self, x: Tensor) -> Tensor:
         return self._forward(x)
 
+    def few_rows_product(self) -> Callable[[Tensor], Tensor]:
+        """What computes inputs of fewer than `PREFILL_MIN_ROWS` rows (decoding): the kernel's own
+        product, also where a bfloat16 copy serves the longer ones."""
+        forward = self._forward
+        if isinstance(forward, functools.partial) and forward.func is _rows_in_bfloat16:
+            return forward.keywords["few_rows"]
+        return forward
+
     def dense_weight(self) -> tuple[Tensor, Tensor | None]:
         """The float32 `(out, in)` weight and `(out,)` bias or None this computes with: exact kernels
         only (a view where the layout allows, else a copy)."""

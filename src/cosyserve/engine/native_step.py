@@ -20,7 +20,6 @@ hidden states within 1e-5 of the largest, over 65 steps and a batch of five posi
 from __future__ import annotations
 
 import ctypes
-import functools
 import logging
 from collections.abc import Sequence
 from typing import Any
@@ -220,9 +219,7 @@ class CompiledDecodeStep:
             raise ValueError(f"a product runs {kernel}, not one of {', '.join(STEP_KERNELS)}")
         if (module.norm is not None) != with_norm:
             raise ValueError("a norm is not where the compiled step computes it")
-        forward = module._forward
-        if isinstance(forward, functools.partial):  # a bfloat16 copy for the prefill's rows
-            forward = forward.keywords["few_rows"]
+        forward = module.few_rows_product()
         kind = STEP_KERNELS[module.kernel]
         if isinstance(forward, NativeInt8Linear):
             tensors = (forward.packed, forward.scale, forward.weight_sum, forward.bias)
