@@ -21,6 +21,7 @@ import torch.nn.functional as F
 from torch import Tensor, nn
 
 from cosyserve.engine.native_int8 import availability, avx2_kernel_runs, native_library
+from cosyserve.engine.quantize import replace_modules
 
 __all__ = ["CompiledGelu", "native_gelu_available", "use_compiled_gelu"]
 
@@ -38,16 +39,11 @@ def use_compiled_gelu(model: nn.Module) -> int:
     return how many (0 where it does not run here)."""
     if not native_gelu_available():
         return 0
-    targets = [
-        name
-        for name, module in model.named_modules()
-        if isinstance(module, nn.GELU) and module.approximate == "tanh"
-    ]
-    for name in targets:
-        parent_name, _, child = name.rpartition(".")
-        parent = model.get_submodule(parent_name) if parent_name else model
-        setattr(parent, child, CompiledGelu())
-    return len(targets)
+    return replace_modules(
+        model,
+        lambda _name, module: isinstance(module, nn.GELU) and module.approximate == "tanh",
+        lambda _gelu: CompiledGelu(),
+    )
 
 
 class CompiledGelu(nn.Module):

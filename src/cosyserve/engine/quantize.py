@@ -79,15 +79,19 @@ def quantize_linears(
     """Replace every `nn.Linear` under `root` whose qualified name passes `select` by `make(linear)`
     (default: an int8 `Int8Linear`); return how many."""
     make = make or (lambda linear: Int8Linear(linear, reduce_range))
-    targets = [
-        (name, module)
-        for name, module in root.named_modules()
-        if isinstance(module, nn.Linear) and select(name)
-    ]
-    for name, linear in targets:
+    return replace_modules(root, lambda name, module: isinstance(module, nn.Linear) and select(name), make)
+
+
+def replace_modules(
+    root: nn.Module, select: Callable[[str, nn.Module], bool], make: Callable[[nn.Module], nn.Module]
+) -> int:
+    """Replace every module under `root` for which `select(qualified name, module)` holds by
+    `make(module)`; return how many."""
+    targets = [(name, module) for name, module in root.named_modules() if name and select(name, module)]
+    for name, module in targets:
         parent_name, _, child = name.rpartition(".")
         parent = root.get_submodule(parent_name) if parent_name else root
-        setattr(parent, child, make(linear))
+        setattr(parent, child, make(module))
     return len(targets)
 
 
