@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import os
+import sys
 from pathlib import Path
 from typing import TYPE_CHECKING
 
@@ -26,6 +27,17 @@ os.environ.setdefault("OMP_NUM_THREADS", "1")
 def find_shared_dir() -> Path | None:
     candidate = Path(os.environ.get("COSYSERVE_SHARED", REPO_ROOT.parent / "shared"))
     return candidate if candidate.is_dir() else None
+
+
+@pytest.fixture(autouse=True)
+def _one_torch_thread():
+    """Every test leaves torch at one intra-op thread. torch's thread count is process-wide: one test
+    that loaded an engine with 2 threads once made every later file in its worker run 2 spinning
+    OpenMP threads beside the other worker's, 10-15x slower (test_streaming_reuse: 137 s against 10)."""
+    yield
+    torch = sys.modules.get("torch")  # not imported: nothing can have changed it
+    if torch is not None and torch.get_num_threads() != 1:
+        torch.set_num_threads(1)
 
 
 def require_installed(what: str, present: bool) -> None:
@@ -155,7 +167,7 @@ def api_synthesizer(demo_model_path: Path):
     from cosyserve.service.logs import configure_logging
 
     configure_logging("INFO")  # the ring buffer behind GET /admin/logs
-    return Synthesizer.load(demo_model_path, device="cpu", threads=2)
+    return Synthesizer.load(demo_model_path, device="cpu")
 
 
 def sharing(synthesizer):

@@ -32,7 +32,7 @@ class ServerProcess:
         self.url = f"http://127.0.0.1:{self.port}"
         self.args = [
             sys.executable, "-m", "cosyserve.cli", "serve", "--model", str(model), "--device", "cpu",
-            "--port", str(self.port), "--data-dir", str(data_dir), "--threads", "2", *flags,
+            "--port", str(self.port), "--data-dir", str(data_dir), "--threads", "1", *flags,
         ]  # fmt: skip
         self.log = data_dir.parent / f"server-{self.port}.log"
         self.process: subprocess.Popen[bytes] | None = None

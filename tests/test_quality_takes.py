@@ -20,7 +20,7 @@ TEXT = "今天天气很好。"
 
 @pytest.fixture(scope="module")
 def synth(demo_model_path: Path) -> Synthesizer:
-    return Synthesizer.load(demo_model_path, device="cpu", threads=2)
+    return Synthesizer.load(demo_model_path, device="cpu")
 
 
 def _request(prompt_wav_bytes: bytes, **kwargs) -> SynthesisRequest:

@@ -556,11 +556,11 @@ def long_text(chars: int) -> str:
 
 
 def test_long_text_becomes_a_job_with_progress(page, ui_server, shared_dir):
-    """A 600-character text (15 times what one synthesis takes here): a job with a visible, advancing
-    progress bar, the first pieces playable before the end, then the audio and an SRT link."""
+    """A 240-character text (6 times what one synthesis takes here, 10 sentences): a job with a visible,
+    advancing progress bar, the first pieces playable before the end, then the audio and an SRT link."""
     open_tab(page, "cross_lingual")
     upload_prompt(page, "cross_lingual", shared_dir / "audio" / "prompt_zh_24k.wav")
-    page.fill("#cross_lingual-text textarea", long_text(600))
+    page.fill("#cross_lingual-text textarea", long_text(240))
     assert "job" in page.inner_text("#cross_lingual-counter")
     before = link_href(page, "#cross_lingual-links")
     page.click("#cross_lingual-generate")
@@ -586,7 +586,7 @@ def test_long_text_becomes_a_job_with_progress(page, ui_server, shared_dir):
     page.wait_for_selector("#cross_lingual-links a[data-format=srt]", timeout=JOB_WAIT_MS)
     href = page.get_attribute("#cross_lingual-links a[data-format=srt]", "href")
     srt = base64.b64decode(href.split("base64,", 1)[1]).decode("utf-8")
-    assert srt.count(" --> ") >= 12, srt[:300]  # 25 sentences
+    assert srt.count(" --> ") >= 5, srt[:300]  # 10 sentences
     play_result(page, "cross_lingual")
     shot(page, "long-text-done")
     record = ui_server.service.jobs.list(limit=1)[0]
