@@ -13,6 +13,7 @@ from tests.conftest import API_TEXT, enrol_voice, sharing
 from cosyserve.errors import ModelNotReady
 from cosyserve.service.local.model_host import ModelHost
 from cosyserve.service.metrics import Metrics
+from cosyserve.service.scheduling.scheduler import Scheduler, WorkContext
 from cosyserve.service.startup_clock import StartupClock
 
 
@@ -87,6 +88,51 @@ def test_restart_asks_running_work_to_stop_and_never_loads_a_second_copy(setting
     _wait(lambda: host.state == "ready")
     holder.join()
     assert asked == ["the engine is restarting"] and len(loads) == 2
+
+
+def test_a_restart_lets_a_job_finish_while_a_request_waits_for_the_new_model(settings_factory) -> None:
+    """One slot: a long-text job holds the old model across its segments and gives the slot back
+    between them; a request queued behind it must not keep the slot while it waits for the reloading
+    model, or the job (and so the reload) waits for it until the grace period runs out (30 s then; the
+    request was cancelled, the job run again)."""
+    asked: list[str] = []
+    host, loads = _host(settings_factory, release_wait_s=20.0, cancel_running=asked.append)
+    host.start()
+    _wait(lambda: host.state == "ready")
+    scheduler = Scheduler(1, 8, 30.0)
+    first_segment_done, go_on = threading.Event(), threading.Event()
+    used: dict[str, object] = {}
+
+    def job(ctx: WorkContext) -> int:
+        with host.synthesizer(work=ctx) as synth:
+            used["job"] = synth
+            for segment in range(3):
+                if segment:
+                    ctx.next_unit()
+                if segment == 1:
+                    first_segment_done.set()
+                    go_on.wait(10)
+        return 3
+
+    def request(ctx: WorkContext) -> str:
+        with host.synthesizer(work=ctx) as synth:
+            used["request"] = synth
+        return "spoken"
+
+    try:
+        background = scheduler.submit(job, owner="key:A", work_class="background", timeout_s=None)
+        assert first_segment_done.wait(10)
+        interactive = scheduler.submit(request, owner="key:B")
+        _wait(lambda: scheduler.position(interactive) == 0)
+        assert host.restart() == "restarting"  # waits for the job to let go of the old model
+        started = time.monotonic()
+        go_on.set()  # the job gives its slot back before segment 2: the request gets it (fair) and waits
+        assert background.result(timeout=10) == 3 and interactive.result(timeout=10) == "spoken"
+        assert time.monotonic() - started < 5  # not the grace period
+    finally:
+        scheduler.shutdown(grace_s=0.5)
+    assert asked == [] and len(loads) == 2
+    assert used["request"] is not used["job"]  # the request ran on the reloaded model
 
 
 def test_restart_fails_clearly_when_work_never_lets_go(settings_factory) -> None:

@@ -110,7 +110,7 @@ class LocalBackend:
 
         def work_for(spec: OutputSpec) -> Callable[[WorkContext], TtsOutcome]:
             def work(ctx: WorkContext) -> TtsOutcome:
-                with request_context(spec.request_id), self.host.synthesizer(ctx.cancel) as synth:
+                with request_context(spec.request_id), self.host.synthesizer(work=ctx) as synth:
                     guard = self._guard(ctx, spec)
                     with guard.charging_what_was_made(self.reservations.settle, spec):
                         stream = self.results.run_engine(
@@ -163,7 +163,7 @@ class LocalBackend:
     ) -> Generator[StreamStart | bytes, None, TtsOutcome]:
         """What `AudioStream` reads: the start, then encoded chunks; returns the outcome."""
         oom = out_of_memory_as_error("a streamed synthesis")  # the encoder's buffers too
-        with request_context(spec.request_id), self.host.synthesizer(ctx.cancel) as synth, oom:
+        with request_context(spec.request_id), self.host.synthesizer(work=ctx) as synth, oom:
             guard = self._guard(ctx, spec)
             explicit = self.results.run_engine(
                 lambda: self.labels.explicit_for(synth, request, spec.extra, spec.voice_scope)
@@ -276,7 +276,7 @@ class LocalBackend:
         e = enrolment
 
         def work(ctx: WorkContext) -> Voice:
-            with request_context(request_id), self.host.synthesizer(ctx.cancel) as synth:
+            with request_context(request_id), self.host.synthesizer(work=ctx) as synth:
                 return synth.add_voice(
                     e.name,
                     e.audio,

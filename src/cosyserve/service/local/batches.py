@@ -235,7 +235,7 @@ class BatchRunner:
         )
         if plan.kind == "dub":  # a cue before each line would shift it off its slot in the track
             spec.extra[OPT_OUT] = False
-        with self.host.synthesizer(ctx.cancel) as synth:
+        with self.host.synthesizer(work=ctx) as synth:
             pinned = pins.pin(request.voice, synth.voice_features)  # VoiceUnavailable: this item fails
             if plan.kind == "dub":
                 max_speed = float(plan.shared.get("max_speed") or DEFAULT_DUB_MAX_SPEED)

@@ -288,7 +288,7 @@ class LocalJobs:
             saved = self._saved_result(job_id, spec.owner) if run.attempt > 1 else None
             if saved is not None:
                 return JobResult(saved, extra)
-            with self.host.synthesizer(ctx.cancel) as synth:
+            with self.host.synthesizer(work=ctx) as synth:
                 # the voice is looked up once per attempt, by the id it was submitted with
                 pins = VoicePins(self.host.voices, snapshots, voices)
                 pinned = pins.pin(request.voice, synth.voice_features)

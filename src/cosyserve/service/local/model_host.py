@@ -22,6 +22,7 @@ from cosyserve.service.local.loading import SynthesizerFactory
 from cosyserve.service.local.synthesizer import Synthesizer
 from cosyserve.service.logs import log_failure
 from cosyserve.service.metrics import Metrics
+from cosyserve.service.scheduling.work_context import WorkContext
 from cosyserve.service.settings import Settings
 from cosyserve.service.startup_clock import StartupClock
 from cosyserve.service.stores.voices import VoiceLibrary
@@ -215,23 +216,48 @@ class ModelHost:
     # -- lending -------------------------------------------------------------------------------------------
 
     @contextlib.contextmanager
-    def synthesizer(self, cancel: threading.Event | None = None) -> Iterator[Synthesizer]:
-        """The loaded synthesizer for one piece of work; waits while the model reloads."""
+    def synthesizer(
+        self, cancel: threading.Event | None = None, *, work: WorkContext | None = None
+    ) -> Iterator[Synthesizer]:
+        """The loaded synthesizer for one piece of work; waits while the model reloads.
+
+        `work`: the borrower's context (its cancel event, unless `cancel` is given). While the model
+        reloads it waits without its engine slot: the reload waits for work still holding the old model,
+        and that work may need the slot to finish (a long-text job between segments); otherwise each
+        would wait for the other until the restart's grace period ran out.
+        """
+        if cancel is None and work is not None:
+            cancel = work.cancel
         deadline = time.monotonic() + MODEL_WAIT_S
-        with self._lock:
-            while self._synth is None:
-                if self._state in ("failed", "stopped"):
-                    raise ModelNotReady(f"the model is not available ({self._state}): {self._error or ''}")
-                if cancel is not None and cancel.is_set():
-                    raise Cancelled("cancelled while waiting for the model")
-                if time.monotonic() > deadline:
-                    raise ModelNotReady("the model did not finish reloading in time")
-                self._lock.wait(0.2)
-            synth = self._synth
-            self._users += 1
+        while True:
+            with self._lock:
+                if self._synth is not None:
+                    synth = self._synth
+                    self._users += 1
+                    break
+                if work is None:
+                    self._wait_for_model_locked(cancel, deadline)
+                    continue
+            work.without_slot(lambda: self._wait_for_model(cancel, deadline))
         try:
             yield synth
         finally:
             with self._lock:
                 self._users -= 1
                 self._lock.notify_all()
+
+    def _wait_for_model(self, cancel: threading.Event | None, deadline: float) -> None:
+        """Until a model is loaded; ModelNotReady when the load failed or took too long, Cancelled."""
+        with self._lock:
+            while self._synth is None:
+                self._wait_for_model_locked(cancel, deadline)
+
+    def _wait_for_model_locked(self, cancel: threading.Event | None, deadline: float) -> None:
+        """One wait of at most 0.2 s for a model (the lock held), after checking why it may be pointless."""
+        if self._state in ("failed", "stopped"):
+            raise ModelNotReady(f"the model is not available ({self._state}): {self._error or ''}")
+        if cancel is not None and cancel.is_set():
+            raise Cancelled("cancelled while waiting for the model")
+        if time.monotonic() > deadline:
+            raise ModelNotReady("the model did not finish reloading in time")
+        self._lock.wait(0.2)

@@ -80,6 +80,7 @@ class Scheduler:
             estimated_wait_s=self.estimated_wait_s,
             set_timeout=self._set_timeout,
             next_unit=self._next_unit,
+            without_slot=self._without_slot,
             woken=self._woken,
         )
         self._workers = [
@@ -235,16 +236,38 @@ class Scheduler:
                 return  # not run by this scheduler's slots (called twice, or after a stop)
             self._slots.release(ticket)
             self._deadlines.suspend(ticket.id)
-            self._slots.pause(ticket)
-            self._grant_locked()
-            while not self._slots.granted(ticket):
-                if ticket.cancel_event.is_set() or self._stopping:
-                    break
-                self._lock.wait()
-            self._slots.resume(ticket)
-            if ticket.id in self._active and self._deadlines.resume(ticket):
-                self._lock.notify_all()  # the watchdog may need to wake earlier
+            self._wait_for_slot_locked(ticket)
         self._report_queue()
+
+    def _without_slot(self, ticket: Ticket, waiting: Callable[[], None]) -> None:
+        """The slot goes back while `waiting()` runs (outside the lock; the ticket is neither queued nor
+        paused meanwhile, so no slot is granted to it), then as `_next_unit`. If `waiting()` raises, the
+        ticket takes no slot again: its work is ending."""
+        with self._lock:
+            holding = ticket in self._slots.holding
+            if holding:
+                self._slots.release(ticket)
+                self._deadlines.suspend(ticket.id)
+                self._grant_locked()
+        self._report_queue()
+        waiting()
+        if not holding:
+            return
+        with self._lock:
+            self._wait_for_slot_locked(ticket)
+        self._report_queue()
+
+    def _wait_for_slot_locked(self, ticket: Ticket) -> None:
+        """Paused until the ticket is granted a slot (or is cancelled, or the scheduler stops)."""
+        self._slots.pause(ticket)
+        self._grant_locked()
+        while not self._slots.granted(ticket):
+            if ticket.cancel_event.is_set() or self._stopping:
+                break
+            self._lock.wait()
+        self._slots.resume(ticket)
+        if ticket.id in self._active and self._deadlines.resume(ticket):
+            self._lock.notify_all()  # the watchdog may need to wake earlier
 
     def _grant_locked(self) -> None:
         if self._slots.grant():

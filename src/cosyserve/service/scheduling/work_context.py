@@ -37,6 +37,8 @@ class TicketHooks:
     estimated_wait_s: Callable[[Any], float]
     set_timeout: Callable[[Any, float, str], None]  # (ticket, seconds from now, message on expiry)
     next_unit: Callable[[Any], None] = lambda ticket: None  # give the slot back, wait for the next
+    # give the slot back while waiting(), then wait for the next slot
+    without_slot: Callable[[Any, Callable[[], None]], None] = lambda ticket, waiting: waiting()
     woken: Callable[[Any], None] = lambda ticket: None  # its cancel event was set: stop waiting
 
 
@@ -89,4 +91,13 @@ class WorkContext:
         (at once, also while waiting) if the work was asked to stop."""
         self.check_cancelled()
         self._hooks.next_unit(self._ticket)
+        self.check_cancelled()
+
+    def without_slot(self, waiting: Callable[[], None]) -> None:
+        """Give the engine slot back while `waiting()` blocks on something other than the engine (the
+        model reloading), then wait for a slot again as between units: work that needs the engine to
+        finish (and let go of the old model) gets it meanwhile. An error from `waiting()` propagates with
+        no slot taken again; Cancelled (also while waiting for the slot) if the work was asked to stop."""
+        self.check_cancelled()
+        self._hooks.without_slot(self._ticket, waiting)
         self.check_cancelled()
