@@ -69,16 +69,30 @@ def test_an_engine_restart_requeues_the_running_batch(server, api_synthesizer, m
         wait_for(lambda: client.get("/ready").status_code == 200)
 
 
-def test_an_engine_restart_requeues_a_running_long_text_job(server, api_synthesizer, monkeypatch) -> None:
+def test_an_engine_restart_requeues_a_running_long_text_job(
+    server, api_synthesizer, prompt_wav_bytes, monkeypatch
+) -> None:
+    """Run again from its start, the job's key is charged for the audio it got, not also for the first
+    segment the interrupted attempt made and threw away."""
+    _, key = server.service.keys.create("restarted", "user", quota=600.0)
+    _, admin_key = server.service.keys.create("restarter", "admin")
     hold = HoldOneSegment(api_synthesizer.engine, hold_at=2)
-    monkeypatch.setattr(api_synthesizer.engine, "generate", hold)
-    with server.client() as client:
-        job_id = client.post("/v1/jobs", json={"text": LONG_TEXT, "voice": "alice", "seed": 3}).json()["id"]
+    with server.client(headers={"Authorization": f"Bearer {key}"}) as client:
+        enrol_voice(client, "bea", prompt_wav_bytes)
+        monkeypatch.setattr(api_synthesizer.engine, "generate", hold)
+        job_id = client.post("/v1/jobs", json={"text": LONG_TEXT, "voice": "bea", "seed": 3}).json()["id"]
         assert hold.holding.wait(60)
-        assert client.post("/admin/engine/restart").status_code == 202
+        first_attempt_charged = server.service.jobs.get(job_id).charged_s
+        assert first_attempt_charged > 0  # the first segment, made before the hold
+        with server.client(headers={"Authorization": f"Bearer {admin_key}"}) as admin:
+            assert admin.post("/admin/engine/restart").status_code == 202
         final = wait_job(client, job_id, timeout=300)
         assert final["state"] == "done" and final["error"] is None and final["output_id"], final
         assert server.service.jobs.get(job_id).attempt == 2
+        made = client.get(f"/v1/outputs/{final['output_id']}/manifest").json()["duration_s"]
+        wait_for(lambda: client.get("/v1/me").json()["quota"]["reserved_s"] == 0)
+        used = client.get("/v1/me").json()["quota"]["used_s"]
+    assert used == pytest.approx(made, abs=0.05), (used, made, first_attempt_charged)
 
 
 class FakeTask:

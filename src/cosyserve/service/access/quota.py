@@ -208,6 +208,23 @@ class QuotaTracker:
 
         self._write(write)
 
+    def refund_part(self, reservation_id: str, key: ApiKey | int, seconds: float) -> None:
+        """`settle_part` undone: audio counted for a job was discarded (an interrupted attempt that its
+        rerun makes again). Today's count shrinks by `seconds` (never below zero: what an attempt counted
+        on an earlier day stays counted there) and the job's reservation, if it still holds one, grows by
+        as much, in one transaction."""
+        _check_seconds(seconds)
+        key_id, now = _key_id(key), self._clock()
+        used = self.table.c.seconds
+
+        def write(conn: sa.Connection) -> None:
+            grow = self.reservations.update().where(self.reservations.c.id == reservation_id)
+            conn.execute(grow.values(seconds=self.reservations.c.seconds + seconds))
+            shrink = self.table.update().where(*self._where(key_id, _day(now)))
+            conn.execute(shrink.values(seconds=sa.case((used > seconds, used - seconds), else_=0.0)))
+
+        self._write(write)
+
     def release(self, reservation_id: str | None) -> None:
         """Give the reservation's seconds back (failed, cancelled); a no-op when it is already gone."""
         if reservation_id is None:

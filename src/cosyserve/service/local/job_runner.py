@@ -11,6 +11,7 @@ a crash interrupted first looks for the result the earlier attempt saved, so not
 from __future__ import annotations
 
 import dataclasses
+import logging
 import threading
 from collections.abc import Callable
 from dataclasses import dataclass
@@ -52,6 +53,8 @@ from cosyserve.service.stores.outputs import OutputStore
 
 Body = Callable[[WorkContext, JobRun], JobResult]
 ORPHAN_SCAN = 200  # recent outputs looked through for a result an interrupted attempt saved
+
+log = logging.getLogger(__name__)
 
 
 @dataclass(frozen=True)
@@ -285,9 +288,19 @@ class LocalJobs:
     ) -> Body:
         def body(ctx: WorkContext, run: JobRun) -> JobResult:
             extra: dict[str, Any] = {"format": spec.format, "pieces": len(pieces)}
-            saved = self._saved_result(job_id, spec.owner) if run.attempt > 1 else None
-            if saved is not None:
-                return JobResult(saved, extra)
+            if run.attempt > 1:
+                saved = self._saved_result(job_id, spec.owner)
+                if saved is not None:
+                    return JobResult(saved, extra)
+                refunded = run.quota.refund_discarded(run.key_id, job_id)  # this attempt starts over
+                if refunded:
+                    log.info(
+                        "job %s starts over (attempt %d): the %.1f s of audio its earlier attempts "
+                        "made are discarded and no longer charged",
+                        job_id,
+                        run.attempt,
+                        refunded,
+                    )
             with self.host.synthesizer(work=ctx) as synth:
                 # the voice is looked up once per attempt, by the id it was submitted with
                 pins = VoicePins(self.host.voices, snapshots, voices)

@@ -173,6 +173,16 @@ class JobStore:
                 .values(charged_s=func.coalesce(jobs_table.c.charged_s, 0.0) + float(seconds))
             )
 
+    def take_charged(self, job_id: str) -> float:
+        """The audio seconds charged to the job so far, set back to zero (its audio was discarded)."""
+        if not is_job_id(job_id):
+            return 0.0
+        with self.engine.begin() as conn:
+            where = jobs_table.c.id == job_id
+            charged = conn.execute(select(jobs_table.c.charged_s).where(where)).scalar()
+            conn.execute(update(jobs_table).where(where).values(charged_s=0.0))
+        return float(charged or 0.0)
+
     def reserved_s(self, owner: str, *, excluding: str | None = None) -> float:
         """Audio seconds `owner`'s queued and running jobs set aside and have not been charged yet."""
         query = select(jobs_table.c.reserved_s, jobs_table.c.charged_s).where(
