@@ -91,6 +91,23 @@ def test_job_errors(client) -> None:
     assert error["code"] == "voice_not_found" and "nobody" in error["message"]
 
 
+@pytest.mark.parametrize(
+    ("body", "says"),
+    [
+        ({"text": "你好。"}, "exactly one of `voice`"),
+        ({"text": "你好。", "voice": "alice", "prompt_wav": "aGVsbG8=", "prompt_text": "x"}, "exactly one of"),
+        ({"text": "你好。", "prompt_wav": "aGVsbG8=", "prompt_text": "x"}, "could not be decoded"),
+    ],
+)
+def test_a_job_is_refused_at_submit_for_what_tts_refuses(client, body, says) -> None:
+    """Refused with the 400 `/v1/tts` gives, and nothing recorded; it used to be accepted, then fail."""
+    before = len(client.get("/v1/jobs").json()["data"])
+    for path in ("/v1/jobs", "/v1/tts"):
+        answer = client.post(path, json=body)
+        assert answer.status_code == 400 and says in answer.json()["error"]["message"], (path, answer.text)
+    assert len(client.get("/v1/jobs").json()["data"]) == before
+
+
 def test_shutdown_keeps_jobs_for_the_next_start(start_api_server, prompt_wav_bytes, tmp_path) -> None:
     """SIGTERM semantics: running work gets the grace period, then stops; no accepted job is lost: what
     did not finish stays queued (the running one as a later attempt) and the next start runs it."""

@@ -13,6 +13,7 @@ from collections.abc import AsyncIterator, Iterator
 from typing import Any, Protocol
 
 from cosyserve.errors import InputError, JobStateError
+from cosyserve.frontend.prompt_check import load_prompt
 from cosyserve.frontend.text.split import has_content, require_visible_text, split_long_text
 from cosyserve.service.batches.submission import BatchSubmission
 from cosyserve.service.outcomes import StreamStart, TtsOutcome
@@ -130,6 +131,17 @@ class Backend(Protocol):
     def submit_enrolment(self, enrolment: EnrolmentRequest, *, request_id: str | None = None) -> Ticket:
         """Analyse and store a new voice; its ticket's result is the `Voice`."""
         ...
+
+
+def admitted_job_pieces(request: SynthesisRequest, max_chars: int) -> list[str]:
+    """`job_pieces` at submit, after every check `/v1/tts` would refuse the request for without the model
+    (InputError): no voice or recording (or both), a value out of range, a recording that cannot be
+    decoded or used. So the job is refused then, rather than failing once it runs."""
+    request.check_fields()
+    pieces = job_pieces(request, max_chars)
+    if request.prompt_wav is not None:
+        load_prompt(request.prompt_wav)  # last: decoding is the costliest check
+    return pieces
 
 
 def job_pieces(request: SynthesisRequest, max_chars: int) -> list[str]:

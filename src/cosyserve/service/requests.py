@@ -12,6 +12,8 @@ import dataclasses
 from dataclasses import dataclass, field
 from typing import Any, Literal
 
+from cosyserve.errors import InputError
+from cosyserve.limits import MAX_SPEED, MIN_SPEED
 from cosyserve.service.audio_formats import SAMPLE_RATE, check_format, check_sample_rate
 from cosyserve.service.stores.keys import ApiKey
 
@@ -37,6 +39,18 @@ class SynthesisRequest:
     takes: int | None = None  # made again (next seed) while a take fails its checks; None: the server's
     # Some quality thresholds for this request only, name -> value (`quality.overrides`); None: the server's.
     thresholds: dict[str, float] | None = field(default=None, hash=False)
+
+    def check_fields(self) -> None:
+        """InputError for what is wrong whatever the model and the voice say: the checks a job is refused
+        at submit for, as `/v1/tts` refuses them (a voice's default speed is checked once it is read)."""
+        if (self.voice is None) == (self.prompt_wav is None):
+            raise InputError("give exactly one of `voice` (a saved voice) or `prompt_wav` (a recording)")
+        if not (0.0 <= self.volume <= 4.0):
+            raise InputError(f"volume {self.volume} is out of range: use 0 to 4 (1 = unchanged)")
+        if self.seed is not None and not (0 <= self.seed <= MAX_SEED):
+            raise InputError(f"seed must be an integer from 0 to {MAX_SEED}")
+        if self.speed is not None and not (MIN_SPEED <= self.speed <= MAX_SPEED):
+            raise InputError(f"speed {self.speed} is out of range: use {MIN_SPEED} to {MAX_SPEED}")
 
 
 @dataclass(frozen=True)

@@ -21,7 +21,7 @@ from typing import Any
 
 from cosyserve.errors import Cancelled, InputError, JobStateError
 from cosyserve.service import wire
-from cosyserve.service.backend import AudioStream, cancellable_job, job_pieces, new_job_id
+from cosyserve.service.backend import AudioStream, admitted_job_pieces, cancellable_job, new_job_id
 from cosyserve.service.batches.submission import BatchSubmission, record_batch
 from cosyserve.service.distributed.background_share import BackgroundShares
 from cosyserve.service.distributed.celery_app import (
@@ -230,7 +230,7 @@ class RemoteBackend:
         """Record the job (its estimate reserved here), then queue it; if the queue refuses it it fails."""
         self.require_ready()
         spec = spec.checked(self.model_info.get("sample_rate"))
-        job_pieces(request, self.max_text_chars)  # fails early on a text that is too long
+        admitted_job_pieces(request, self.max_text_chars)  # refused now, not failed on a worker
         snapshots = resolve_request(self.voices, request, spec.voice_scope)  # the voice as it is now
         job_id = new_job_id()
         estimate = self.reservations.estimate(request, spec.voice_scope) if self.reservations else None

@@ -20,7 +20,7 @@ from typing import Any
 from cosyserve.errors import Cancelled, CosyServeError, StorageError
 from cosyserve.service import wire
 from cosyserve.service.activity import both, synthesis_logger
-from cosyserve.service.backend import cancellable_job, job_pieces, new_job_id
+from cosyserve.service.backend import admitted_job_pieces, cancellable_job, job_pieces, new_job_id
 from cosyserve.service.batches.items import batch_request
 from cosyserve.service.batches.submission import BatchSubmission, record_batch
 from cosyserve.service.local.batches import BatchPlan, BatchRunner
@@ -81,7 +81,7 @@ class LocalJobs:
     def submit_job(self, request: SynthesisRequest, spec: OutputSpec) -> JobRecord:
         """Accept a (possibly long) text as a job; its record always ends done, failed or cancelled.
         QuotaExceeded when its whole estimate does not fit in its key's quota."""
-        pieces = job_pieces(request, self.max_text_chars)  # fails early on a text that can't be a job
+        pieces = admitted_job_pieces(request, self.max_text_chars)  # refused now, not failed when run
         snapshots = resolve_request(self.host.voices, request, spec.voice_scope)
         job_id = new_job_id()
         spec = dataclasses.replace(spec, extra={**spec.extra, "job_id": job_id})

@@ -208,12 +208,7 @@ class Synthesizer:
         self, request: SynthesisRequest, voices: VoiceScope, pinned: PinnedVoice | None
     ) -> SynthesisPlan:
         started = time.perf_counter()
-        if (request.voice is None) == (request.prompt_wav is None):
-            raise InputError("give exactly one of `voice` (a saved voice) or `prompt_wav` (a recording)")
-        if not (0.0 <= request.volume <= 4.0):
-            raise InputError(f"volume {request.volume} is out of range: use 0 to 4 (1 = unchanged)")
-        if request.seed is not None and not (0 <= request.seed <= MAX_SEED):
-            raise InputError(f"seed must be an integer from 0 to {MAX_SEED}")
+        request.check_fields()
         voice = None
         if request.voice is not None:
             if pinned is not None:
