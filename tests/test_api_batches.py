@@ -109,6 +109,10 @@ def test_cancel_stops_the_rest(client, server) -> None:
     assert final["state"] == "cancelled" and final["error"]["code"] == "cancelled"
     assert 2 <= final["done"] < 30 and final["done"] + final["cancelled"] == 30
     assert {i["error"]["code"] for i in final["items"] if i["state"] == "cancelled"} == {"cancelled"}
+    partial = final["partial"]  # what is missing, as a cancelled job says it
+    assert partial is not None and partial["segments_done"] == final["done"], final
+    missing = [i["position"] for i in final["items"] if i["state"] != "done"]
+    assert partial["missing"] == missing and partial["segments_total"] == 30
     time.sleep(1.0)  # nothing runs after the cancel
     assert client.get(f"/v1/batches/{batch['id']}").json()["done"] == final["done"]
     assert server.service.scheduler.stats()["running"] == 0

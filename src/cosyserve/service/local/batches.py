@@ -36,7 +36,7 @@ from cosyserve.service.batches.dub_track import write_track
 from cosyserve.service.batches.items import BatchPrompt, ItemParams, batch_request, item_request
 from cosyserve.service.labels.labeller import OPT_OUT
 from cosyserve.service.local.dubbing import synthesize_cue
-from cosyserve.service.local.long_text_jobs import JobResult, JobRun
+from cosyserve.service.local.long_text_jobs import JobResult, JobRun, stop_reason
 from cosyserve.service.local.model_host import ModelHost
 from cosyserve.service.local.results import Results
 from cosyserve.service.local.voice_pins import SNAPSHOTS, VoicePins
@@ -108,19 +108,24 @@ class BatchRunner:
         while (item := self.batches.next_unfinished(plan.job_id)) is not None:
             # Each item is a unit: other work may have the engine in between. The first runs in the slot
             # the ticket started with (giving it back before any work would count an empty unit).
-            if first:
-                ctx.check_cancelled()
-            else:
-                ctx.next_unit()
-            first = False
-            if not run.quota.allows_id(run.key_id):
-                stopped = run.quota.exceeded(run.key_id)
-                break
             try:
+                if first:
+                    ctx.check_cancelled()
+                else:
+                    ctx.next_unit()
+                first = False
+                if not run.quota.allows_id(run.key_id):
+                    stopped = run.quota.exceeded(run.key_id)
+                    break
                 run.check_key(pins.voices())
                 unexpected = self._item(ctx, plan, run, item, unexpected, pins)
             except (KeyRevoked, KeyChanged) as exc:
                 stopped = exc
+                break
+            except Cancelled as exc:  # a client's cancel keeps what finished and says what is missing
+                stopped = stop_reason(exc, ctx, run)
+                if stopped is None:  # a shutdown, a timeout, a lost attempt: not a stop that keeps work
+                    raise
                 break
             counts = self.batches.counts(plan.job_id)
             fraction = counts.finished / max(1, counts.total)
