@@ -95,7 +95,10 @@ def test_job_errors(client) -> None:
     ("body", "says"),
     [
         ({"text": "你好。"}, "exactly one of `voice`"),
-        ({"text": "你好。", "voice": "alice", "prompt_wav": "aGVsbG8=", "prompt_text": "x"}, "exactly one of"),
+        (
+            {"text": "你好。", "voice": "alice", "prompt_wav": "aGVsbG8=", "prompt_text": "x"},
+            "exactly one of",
+        ),
         ({"text": "你好。", "prompt_wav": "aGVsbG8=", "prompt_text": "x"}, "could not be decoded"),
     ],
 )
