@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import csv
 import io
+import threading
 import zipfile
 from pathlib import Path
 
@@ -137,10 +138,53 @@ def test_an_srt_becomes_a_track_and_a_report(page, tmp_path) -> None:
     assert len(report.strip().splitlines()) == 7
 
 
+def test_a_reloaded_page_finds_its_batches_again(page, ui_server) -> None:
+    """The page follows one batch; after a reload "Your batches" lists them all, picking one shows its
+    progress, items and downloads, and a batch still running is followed again as soon as the tab opens."""
+    service = ui_server.service
+    release = threading.Event()
+    blocker = service.scheduler.submit(lambda ctx: release.wait(60))  # the new batch waits behind it
+    try:
+        with ui_server.client() as client:
+            submitted = client.post("/v1/batches", json={"voice": "alice", "items": ["一。", "二。", "三。"]})
+        assert submitted.status_code == 202, submitted.text
+        waiting = submitted.json()["id"]
+        again = page.context.new_page()
+        again.goto(ui_server.url + "/")
+        again.get_by_role("tab", name="Batch").click()
+        again.wait_for_function(  # the running one, without a click
+            "id => { const el = document.querySelector('#batch-progress .cosy-batch');"
+            " return el && el.dataset.batch === id && el.dataset.state === 'queued'; }",
+            arg=waiting,
+        )
+        release.set()
+        again.wait_for_function(
+            "() => document.querySelector('#batch-progress .cosy-batch').dataset.state === 'done'"
+        )
+        again.click("#batch-recent input")
+        options = again.get_by_role("option")
+        labels = [options.nth(n).inner_text() for n in range(options.count())]
+        assert len(labels) == 3, labels  # this test's, the dub's and the script's, newest first
+        assert "3 items · done" in labels[0] and "subtitles · 6 items · done" in labels[1], labels
+        assert "script · 10 items · done" in labels[2], labels
+        options.nth(2).click()
+        again.wait_for_function(
+            "() => document.querySelector('#batch-progress').innerText.includes('10 / 10')"
+        )
+        assert "line10" in again.inner_text("#batch-table")
+        again.wait_for_selector("#batch-zip")
+        assert again.locator("#batch-track").count() == 0  # the script's links, not the dub's
+        again.screenshot(path=str(ARTIFACTS / "03-reloaded.png"), full_page=True)
+        again.close()
+    finally:
+        release.set()
+        blocker.wait(30)
+
+
 def test_the_tab_speaks_chinese(page) -> None:
     page.click("#cosy-lang label:has-text('中文')")
     page.wait_for_function("document.querySelector('#batch-start').innerText.includes('开始')")
     page.get_by_role("tab", name="批量与配音").wait_for()
     page.wait_for_function("document.querySelector('#batch-progress').innerText.includes('已处理')")
     assert "完成" in page.inner_text("#batch-table")
-    page.screenshot(path=str(ARTIFACTS / "03-zh.png"), full_page=True)
+    page.screenshot(path=str(ARTIFACTS / "04-zh.png"), full_page=True)

@@ -163,9 +163,50 @@ def test_a_user_key_manages_its_own_voices_in_the_ui(team, shared_dir):
     assert all(v.id != own.id for v in team.service.voices.list())
 
 
+def test_your_batches_are_your_own(team):
+    """The Batch tab's "Your batches" and the batch it opens, for a, b and the admin at once: each lists
+    only its own (the admin too: everyone's are the API's), and a's batch id opened by b is not found."""
+    from types import SimpleNamespace
+
+    import gradio as gr
+
+    from cosyserve.ui.batch_tab import _BatchActions
+    from cosyserve.ui.bridge import BatchBridge, UiBridge
+
+    made = {}
+    for who in ("a", "b"):
+        response = httpx.post(
+            f"{team.url}/v1/batches",
+            headers={"X-API-Key": team.keys[who]},
+            json={"voice": team.voice_ids["alice"], "items": [f"{who}的一句。"]},
+            timeout=60,
+        )
+        assert response.status_code == 202, response.text
+        made[who] = response.json()["id"]
+    bridge = UiBridge(team.service)
+    actions = _BatchActions(
+        SimpleNamespace(bridge=bridge, cache_dir="/nonexistent"), BatchBridge(bridge), None
+    )
+
+    def as_(who: str) -> SimpleNamespace:
+        return SimpleNamespace(headers={"X-API-Key": team.keys[who]}, cookies={})
+
+    for who in ("a", "b", "admin"):
+        *_, listed = actions.reopen("en", None, as_(who))
+        ids = [value for _, value in listed["choices"]]
+        assert ids == ([made[who]] if who in made else []), (who, ids)
+    current, progress, *_ = actions.open("en", made["a"], as_("a"))
+    assert current == made["a"] and made["a"] in progress
+    with pytest.raises(gr.Error, match="no batch"):
+        actions.open("en", made["a"], as_("b"))
+    with pytest.raises(gr.Error, match="no batch"):
+        actions.reopen("en", made["a"], as_("b"))
+
+
 def test_the_page_config_names_no_voice(team):
     """The config every visitor's page loads (also after a restart, when voices already exist as the page
-    is built) lists no voice and no transcript: each caller's voices come with its own load event."""
+    is built) lists no voice and no transcript: each caller's voices come with its own load event.
+    (The file's last test: its second app stops the shared service as its client closes.)"""
     from fastapi.testclient import TestClient
 
     from cosyserve.api.app import create_app

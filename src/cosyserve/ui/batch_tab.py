@@ -3,7 +3,9 @@ watch it run — a live progress bar and a table of every item — then play any
 the ZIP (a script) or the track and its timing report (subtitles).
 
 The tab follows one batch at a time, polling its status once a second while it runs (`gr.Timer`); the
-batch itself is a job on the server, so it goes on if the page is closed, and survives a restart.
+batch itself is a job on the server, so it goes on if the page is closed, and survives a restart. "Your
+batches" lists the user's recent ones, so a reloaded page finds its way back to any of them (the newest
+is opened when the tab opens if it is still running).
 """
 
 from __future__ import annotations
@@ -62,6 +64,13 @@ STRINGS: dict[str, tuple[str, str]] = {
     "zip": ("下载 ZIP", "Download ZIP"),
     "track": ("下载配音", "Download the track"),
     "report": ("时间轴报告 (CSV)", "Timing report (CSV)"),
+    "recent": (
+        "我的批量任务（选择一项查看进度、试听和下载）",
+        "Your batches (pick one for its progress, items and downloads)",
+    ),
+    "recent_item": ("{when} · {kind} · {items} 项 · {state}", "{when} · {kind} · {items} items · {state}"),
+    "kind_batch": ("脚本", "script"),
+    "kind_dub": ("字幕配音", "subtitles"),
 }
 
 
@@ -92,10 +101,11 @@ class _Parts:
     audio: gr.Audio
     timer: gr.Timer
     current: gr.State
+    recent: gr.Dropdown
 
     @property
     def view(self) -> list[Any]:
-        return [self.progress, self.links, self.table, self.pick, self.timer]
+        return [self.progress, self.links, self.table, self.pick, self.timer, self.recent]
 
 
 def build_batch_tab(ctx: UiContext) -> BatchTab:
@@ -117,7 +127,11 @@ def build_batch_tab(ctx: UiContext) -> BatchTab:
     parts.timer.tick(actions.refresh, [ctx.lang, parts.current], parts.view, show_progress="hidden")
     cancel.click(actions.cancel, [ctx.lang, parts.current], parts.view)
     parts.pick.change(actions.play, [ctx.lang, parts.current, parts.pick], [parts.audio])
+    parts.recent.input(actions.open, [ctx.lang, parts.recent], [parts.current, *parts.view, parts.audio])
     tab.select(actions.voices, [ctx.lang, voice], [voice])
+    tab.select(
+        actions.reopen, [ctx.lang, parts.current], [parts.current, *parts.view], show_progress="hidden"
+    )
     ctx.lang.change(actions.refresh, [ctx.lang, parts.current], parts.view, show_progress="hidden")
     return BatchTab(tab, voice)
 
@@ -176,6 +190,10 @@ def _inputs(ctx: UiContext) -> tuple[Any, ...]:
 
 def _outputs(ctx: UiContext) -> _Parts:
     tr, lang = ctx.tr, ctx.tr.lang
+    recent = tr.bind(  # the caller's own, filled when the tab opens
+        gr.Dropdown(choices=[], value=None, label=bt("recent", lang), elem_id="batch-recent"),
+        label=_in("recent"),
+    )
     progress = gr.HTML("", elem_id="batch-progress")
     links = gr.HTML("", elem_id="batch-links")
     table = gr.Dataframe(interactive=False, wrap=True, elem_id="batch-table")
@@ -186,7 +204,8 @@ def _outputs(ctx: UiContext) -> _Parts:
         gr.Audio(type="filepath", interactive=False, label=bt("audio", lang), elem_id="batch-audio"),
         label=_in("audio"),
     )
-    return _Parts(progress, links, table, pick, audio, gr.Timer(POLL_S, active=False), gr.State(None))
+    timer = gr.Timer(POLL_S, active=False)
+    return _Parts(progress, links, table, pick, audio, timer, gr.State(None), recent)
 
 
 class _BatchActions:
@@ -234,9 +253,34 @@ class _BatchActions:
 
     def refresh(self, lang: str, batch_id: str | None, request: gr.Request) -> list[Any]:
         if not batch_id:
-            return [gr.update(), gr.update(), gr.update(), gr.update(), gr.Timer(active=False)]
+            return [gr.update(), gr.update(), gr.update(), gr.update(), gr.Timer(active=False), gr.update()]
         try:
             return self._view(lang, self._principal(request), batch_id)
+        except Exception as exc:
+            raise as_gr_error(exc, lang) from None
+
+    def open(self, lang: str, batch_id: str | None, request: gr.Request) -> list[Any]:
+        """The batch picked in "Your batches": its view, followed while it runs; nothing of it played yet."""
+        if not batch_id:
+            return [None, *self.refresh(lang, None, request), None]
+        try:
+            view = self._view(lang, self._principal(request), batch_id)
+        except Exception as exc:
+            raise as_gr_error(exc, lang) from None
+        return [batch_id, *view, None]
+
+    def reopen(self, lang: str, batch_id: str | None, request: gr.Request) -> list[Any]:
+        """The tab opened: the list brought up to date, and the newest batch followed if the page follows
+        none (after a reload) and it is still running."""
+        try:
+            principal = self._principal(request)
+            if not batch_id:
+                newest = self.batches.recent(principal, limit=1)
+                batch_id = newest[0].id if newest and not newest[0].is_terminal else None
+            if batch_id:
+                return [batch_id, *self._view(lang, principal, batch_id)]
+            empty = [gr.update(), gr.update(), gr.update(), gr.update(), gr.Timer(active=False)]
+            return [None, *empty, self._recent(lang, principal, None)]
         except Exception as exc:
             raise as_gr_error(exc, lang) from None
 
@@ -292,7 +336,29 @@ class _BatchActions:
             gr.update(value={"headers": headers, "data": rows}, headers=headers),
             gr.update(choices=finished),
             gr.Timer(active=not status.record.is_terminal),
+            self._recent(lang, principal, batch_id),
         ]
+
+    def _recent(self, lang: str, principal: Principal, batch_id: str | None) -> Any:
+        """ "Your batches", `batch_id` chosen: each labelled by when, what, how many items and its state."""
+        choices = [
+            (
+                bt(
+                    "recent_item",
+                    lang,
+                    when=record.created_at.astimezone().strftime("%m-%d %H:%M"),
+                    kind=bt(f"kind_{record.kind}", lang),
+                    items=(record.params or {}).get("items", "?"),
+                    state=bt(f"state_{record.state}", lang),
+                ),
+                record.id,
+            )
+            for record in self.batches.recent(principal)
+        ]
+        ids = {value for _, value in choices}
+        if batch_id and batch_id not in ids:  # older than the list: still the one shown
+            choices.insert(0, (batch_id, batch_id))
+        return gr.update(choices=choices, value=batch_id)
 
     def _links(self, status: BatchStatus, lang: str) -> str:
         record, parts = status.record, []

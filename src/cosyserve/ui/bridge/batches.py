@@ -23,6 +23,7 @@ from cosyserve.service.stores.outputs import StoredOutput
 from cosyserve.ui.bridge.facade import UiBridge
 
 BATCH_KINDS = ("batch", "dub")
+RECENT_BATCHES = 20  # how many of a user's batches the tab lists
 
 
 class BatchBridge:
@@ -92,6 +93,11 @@ class BatchBridge:
         if record is None or record.kind not in BATCH_KINDS or not principal.may_see(record.owner):
             raise JobNotFound(f"no batch {batch_id!r}")
         return record
+
+    def recent(self, principal: Principal, limit: int = RECENT_BATCHES) -> list[JobRecord]:
+        """`principal`'s own batches and dubs, newest first (an admin's own too: the API lists everyone's)."""
+        owner = principal.owner if principal.owner is not None else principal.listed_owner
+        return self.service.jobs.list(owner=owner, limit=limit, kinds=BATCH_KINDS)
 
     def status(self, principal: Principal, batch_id: str) -> BatchStatus:
         record = self.record(principal, batch_id)
