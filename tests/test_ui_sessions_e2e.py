@@ -12,12 +12,13 @@ import threading
 import pytest
 
 from browser import chromium
-from conftest import LiveServer
+from conftest import REPO_ROOT, LiveServer
 
 pytestmark = pytest.mark.slow
 
 USER, PASSWORD = "admin", "sessions-e2e-password"
 WAIT_MS = 60_000
+ARTIFACTS = REPO_ROOT / "test-artifacts" / "ui-sessions"
 
 
 def no_model(_settings, _voices):
@@ -131,6 +132,51 @@ def test_one_browser_switches_identities(context, ui_server):
     assert context.cookies() == []
     assert page.request.get(base + "/v1/me").status == 401
     page.close()
+
+
+def notice(page, says: str) -> str:
+    """Waits until the session bar at the top of the page says `says`, and returns the bar's text."""
+    page.wait_for_function(
+        "says => (document.querySelector('#cosy-session-notice') || {}).innerText?.includes(says)", arg=says
+    )
+    return page.inner_text("#cosy-session-notice")
+
+
+def test_a_page_says_when_its_browser_is_someone_else_now_or_signed_out(context, ui_server):
+    """Two tabs of one browser: the second signs in as dave, and the first (carol's page) says so when it
+    comes back into view, header included; then dave's key is revoked, and dave's page says the sign-in
+    ended as soon as one of its calls is refused (its status poll), with a link back to the login."""
+    base, service = ui_server.url, ui_server.service
+    _, carol = service.keys.create("carol", role="user")
+    dave_record, dave = service.keys.create("dave", role="user")
+    first, second = context.new_page(), context.new_page()
+    sign_in(first, base, key=carol)
+    shown_user(first, "carol")
+    assert first.locator("#cosy-session-notice").count() == 0
+    sign_in(second, base, key=dave)
+    shown_user(second, "dave")
+
+    first.evaluate("window.dispatchEvent(new Event('focus'))")  # as when the user comes back to the tab
+    assert "now signed in as dave" in notice(first, "dave")
+    shown_user(first, "dave")
+    ARTIFACTS.mkdir(parents=True, exist_ok=True)
+    first.screenshot(path=str(ARTIFACTS / "someone-else-now.png"))
+    assert second.locator("#cosy-session-notice").count() == 0  # dave's own page is dave's
+
+    service.keys.revoke(dave_record.id)
+    assert "sign-in has ended" in notice(second, "Sign in again")  # within a status poll (3 s)
+    assert "Not signed in" in second.inner_text("#cosy-user")
+    second.screenshot(path=str(ARTIFACTS / "signed-out.png"))
+    link = second.locator("#cosy-session-notice a")
+    assert link.get_attribute("href").startswith("/login?next=")
+    link.click()
+    second.locator("#login-submit").wait_for()
+    sign_in(second, base, key=carol)  # carol again: the first page is carol's once more
+    first.evaluate("window.dispatchEvent(new Event('focus'))")
+    first.wait_for_function("!document.querySelector('#cosy-session-notice')")
+    shown_user(first, "carol")
+    first.close()
+    second.close()
 
 
 @pytest.fixture(scope="module")

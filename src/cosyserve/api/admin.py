@@ -138,6 +138,7 @@ def whoami(request: Request, principal: CurrentPrincipal) -> dict[str, Any]:
         "role": principal.role,
         "name": principal.name,
         "key_prefix": principal.key.prefix if principal.key else None,
+        "owner": principal.owner,  # what your jobs and outputs record as theirs (the web UI's session watch)
         "quota": quota,
         "auth_enabled": service.access.auth_enabled(),
     }

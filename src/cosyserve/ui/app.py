@@ -31,7 +31,7 @@ from cosyserve.ui.generate import TicketRegistry
 from cosyserve.ui.history_tab import HistoryTab, build_history_tab
 from cosyserve.ui.i18n import LANG_CHOICES, Translator, pick_lang, text
 from cosyserve.ui.library_tab import build_library_tab, refresh_values
-from cosyserve.ui.login import LOGOUT_PATH, install_login_routes, ui_auth_dependency
+from cosyserve.ui.login import LOGIN_PATH, LOGOUT_PATH, install_login_routes, ui_auth_dependency
 from cosyserve.ui.studio import UiContext, build_mode_panel
 from cosyserve.ui.studio_events import wire_panel
 
@@ -48,7 +48,28 @@ def user_html(principal: Principal | None, lang: str, auth_enabled: bool) -> str
         return f"<span>{html.escape(text('anonymous', lang))}</span>"
     name = html.escape(principal.name or principal.kind)
     logout = f'<a href="{LOGOUT_PATH}" id="cosy-logout">{text("logout", lang)}</a>'
-    return f"<span>{text('signed_in', lang, name=name)}</span> · {logout}"
+    return (
+        f"<span{session_watch_attrs(principal, lang)}>{text('signed_in', lang, name=name)}</span> · {logout}"
+    )
+
+
+def session_watch_attrs(principal: Principal, lang: str) -> str:
+    """The attributes by which the page's session watch (`assets.SESSION_WATCH`) knows whom the page was
+    made for (`data-who`: the owner `/v1/me` reports) and what to say, in the page's language, when the
+    browser's sign-in has ended or is now someone else's."""
+    if principal.owner is None:
+        return ""
+    values = {
+        "who": principal.owner,
+        "login": LOGIN_PATH,
+        "ended": text("session_ended", lang),
+        "sign-in": text("session_sign_in", lang),
+        "switched": text("session_switched", lang, name="{name}"),
+        "reload": text("session_reload", lang),
+        "signed-in": text("signed_in", lang, name="{name}"),
+        "signed-out": text("signed_out", lang),
+    }
+    return "".join(f' data-{key}="{html.escape(value, quote=True)}"' for key, value in values.items())
 
 
 def model_status(bridge: UiBridge, lang: str) -> tuple[str, str, bool]:

@@ -5,6 +5,9 @@ The stream player: a streamed synthesis updates a hidden textbox with `run:rate|
 chunks it has not played yet (16-bit little-endian mono PCM) and schedules them back to back on a Web
 Audio context, so sound starts with the first chunk. `|END` closes a run, `|CANCEL` stops it.
 `cosyStream.stats[run]` records chunks, samples and timings (the browser test reads it).
+
+The session watch (`cosySession`): a page keeps working with whatever sign-in its browser now has, so
+when that has ended or become another identity's, a bar at the top says so (sign in again, or reload).
 """
 
 from __future__ import annotations
@@ -50,6 +53,9 @@ CSS = """
 .cosy-parts { font-size: .85rem; opacity: .9; } .cosy-parts ul { margin: .1rem 0 0; }
 .cosy-parts code { white-space: normal; overflow-wrap: anywhere; }
 .cosy-logs textarea { font-family: ui-monospace, Menlo, monospace; font-size: .8rem; }
+#cosy-session-notice { position: sticky; top: 0; z-index: 1000; background: #fef3f2; color: #7a271a;
+  border-bottom: 2px solid #f04438; padding: .7rem 1rem; font-weight: 600; text-align: center; }
+#cosy-session-notice a { margin-left: .5rem; color: #b42318; text-decoration: underline; }
 """
 
 _PLAYER = """
@@ -122,9 +128,73 @@ window.cosyStream = (() => {
 """
 
 
+SESSION_WATCH = """
+window.cosySession = (() => {
+  // Whom the page was made for is in #cosy-user's data-who; the browser's cookie may since have ended
+  // (logout, expiry, a revoked key) or belong to someone else (a login in another tab). Asked of /v1/me
+  // every 15 s, when the tab comes back into view, and at once when any call of the page gets a 401.
+  const st = { busy: false, notice: null, seen: null, label: null };
+  const plainFetch = window.fetch.bind(window);
+  const shown = () => document.querySelector('#cosy-user [data-who]');
+  function say(message, linkText, action) {
+    if (!st.notice) {
+      st.notice = document.createElement('div');
+      st.notice.id = 'cosy-session-notice';
+      st.notice.setAttribute('role', 'alert');
+      document.body.prepend(st.notice);
+    }
+    const link = document.createElement('a');
+    link.textContent = linkText;
+    link.href = action.href || '#';
+    if (action.reload) link.addEventListener('click', (e) => { e.preventDefault(); location.reload(); });
+    st.notice.replaceChildren(document.createTextNode(message + ' '), link);
+  }
+  function clear(el) {
+    if (st.notice) { st.notice.remove(); st.notice = null; }
+    if (st.label !== null) el.textContent = st.label;
+    st.seen = null;
+    st.label = null;
+  }
+  async function check() {
+    const el = shown();
+    if (!el || st.busy) return;
+    st.busy = true;
+    try {
+      const answer = await plainFetch('/v1/me', { credentials: 'same-origin', cache: 'no-store' });
+      const d = el.dataset;
+      if (st.label === null) st.label = el.textContent;
+      if (answer.status === 401) {
+        st.seen = 'ended';
+        el.textContent = d.signedOut;
+        const back = d.login + '?next=' + encodeURIComponent(location.pathname + location.search);
+        say(d.ended, d.signIn, { href: back });
+      } else if (answer.ok) {
+        const me = await answer.json();
+        if (me.owner === d.who) { if (st.seen) clear(el); return; }
+        const name = me.name || me.kind || '?';
+        st.seen = me.owner;
+        el.textContent = d.signedIn.replaceAll('{name}', name);
+        say(d.switched.replaceAll('{name}', name), d.reload, { reload: true });
+      }
+    } catch (e) { /* offline or the server restarting: the next check tells */ }
+    finally { st.busy = false; }
+  }
+  window.fetch = async (...args) => {
+    const answer = await plainFetch(...args);
+    if (answer.status === 401) setTimeout(check, 0);
+    return answer;
+  };
+  setInterval(check, 15000);
+  window.addEventListener('focus', check);
+  document.addEventListener('visibilitychange', () => { if (!document.hidden) check(); });
+  return { check, state: st };
+})();
+"""
+
+
 def head_html() -> str:
-    """The `<script>` put into the page's head."""
-    return f"<script>{_PLAYER}</script>"
+    """The `<script>`s put into the page's head: the stream player and the session watch."""
+    return f"<script>{_PLAYER}</script><script>{SESSION_WATCH}</script>"
 
 
 def counter_js(limit: int, job_limit: int | None = None) -> str:

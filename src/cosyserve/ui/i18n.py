@@ -11,6 +11,7 @@ from collections.abc import Callable
 from typing import Any
 
 from cosyserve.ui.i18n_admin import ADMIN_STRINGS
+from cosyserve.ui.i18n_session import SESSION_STRINGS
 
 LANGS = ("zh", "en")
 DEFAULT_LANG = "zh"
@@ -341,6 +342,7 @@ STRINGS: dict[str, tuple[str, str]] = {
 }
 
 STRINGS.update(ADMIN_STRINGS)  # the admin tab's keys, quotas and enrolments (kept in their own module)
+STRINGS.update(SESSION_STRINGS)  # the session watch's bar
 
 
 def text(key: str, lang: str, **values: Any) -> str:

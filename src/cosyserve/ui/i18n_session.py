@@ -1,0 +1,21 @@
+"""Chinese and English strings of the session watch: the bar a page shows when its browser's sign-in has
+ended or is now another identity's (`ui/assets.py`, `ui/app.py`); merged into `i18n.STRINGS`."""
+
+from __future__ import annotations
+
+SESSION_STRINGS: dict[str, tuple[str, str]] = {
+    "signed_out": ("未登录", "Not signed in"),
+    "session_ended": (
+        "登录已结束（已退出登录、已过期，或密钥已被吊销）：重新登录之前，本页的操作都不会生效。",
+        "Your sign-in has ended (logged out, expired, or the key was revoked): nothing on this page works "
+        "until you sign in again.",
+    ),
+    "session_sign_in": ("重新登录", "Sign in again"),
+    "session_switched": (
+        "此浏览器已在另一个标签页登录为 {name}：本页现在以 {name} 的身份操作，"
+        "但页面上的音色和记录仍是之前身份的。",
+        "This browser is now signed in as {name} (in another tab): this page now acts as {name}, but the "
+        "voices and history it shows are still the earlier identity's.",
+    ),
+    "session_reload": ("重新加载本页", "Reload this page"),
+}
