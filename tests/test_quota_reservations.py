@@ -171,7 +171,7 @@ def test_estimates_follow_the_voice_pace_and_the_speed() -> None:
 # -- a cluster: the API node reserves in the shared database, the worker settles ---------------------------
 
 
-def test_an_api_node_reserves_and_its_worker_settles(tmp_path: Path) -> None:
+def test_an_api_node_reserves_and_its_worker_settles(tmp_path: Path, prompt_wav_bytes: bytes) -> None:
     from cosyserve.service import wire
     from cosyserve.service.distributed.remote import RemoteBackend
     from cosyserve.service.local.job_quota import JobQuota
@@ -220,7 +220,8 @@ def test_an_api_node_reserves_and_its_worker_settles(tmp_path: Path) -> None:
         ticket.wait(10)  # the API node's end gives back nothing more: the worker settled
         assert (tracker.used(key), tracker.reserved(key)) == (2.25, 0.0)
 
-        job = node.submit_job(SynthesisRequest(text="第一句话说得很长很长。" * 2), OutputSpec(key=key))
+        job_request = SynthesisRequest(text="第一句话说得很长很长。" * 2, prompt_wav=prompt_wav_bytes)
+        job = node.submit_job(job_request, OutputSpec(key=key))  # (a job needs its voice at submit)
         assert tracker.reserved(key) == pytest.approx(6.5)  # under the job's id, in the shared database
         JobQuota(tracker, jobs, lambda _id: key).charge(key.id, job.id, 2.0)  # a worker's first segment
         assert (tracker.used(key), tracker.reserved(key)) == (4.25, pytest.approx(4.5))

@@ -32,6 +32,7 @@ from cosyserve.errors import Cancelled, InputError, JobStateError, error_code
 from cosyserve.errors import JobNotFound as JobNotFound  # defined there, with the error table
 from cosyserve.service.requests import TERMINAL_STATES
 from cosyserve.service.stores.db import create_tables
+from cosyserve.service.stores.job_charges import ACTIVE_STATES, JobCharges
 from cosyserve.service.stores.job_table import (
     JobRecord,
     add_missing_columns,
@@ -45,14 +46,14 @@ from cosyserve.service.stores.job_table import (
     utc_now,
 )
 
-ACTIVE_STATES: tuple[str, ...] = ("queued", "running")
 INTERRUPTED_CODE = "interrupted"
 INTERRUPTED_MESSAGE = "interrupted by a restart"
 MAX_PAGE = 500
 
 
-class JobStore:
-    """Create, read and move jobs through queued → running → done | failed | cancelled."""
+class JobStore(JobCharges):
+    """Create, read and move jobs through queued → running → done | failed | cancelled (and count what
+    each is charged: `JobCharges`)."""
 
     def __init__(self, engine: Engine) -> None:
         self.engine = engine
@@ -161,40 +162,6 @@ class JobStore:
                 .values(progress=fraction)
             )
         return result.rowcount == 1
-
-    def charge(self, job_id: str, seconds: float) -> None:
-        """Count `seconds` of audio charged to the job's key (what it still holds of its reservation)."""
-        if not is_job_id(job_id):
-            return
-        with self.engine.begin() as conn:
-            conn.execute(
-                update(jobs_table)
-                .where(jobs_table.c.id == job_id)
-                .values(charged_s=func.coalesce(jobs_table.c.charged_s, 0.0) + float(seconds))
-            )
-
-    def take_charged(self, job_id: str) -> float:
-        """The audio seconds charged to the job so far, set back to zero (its audio was discarded)."""
-        if not is_job_id(job_id):
-            return 0.0
-        with self.engine.begin() as conn:
-            where = jobs_table.c.id == job_id
-            charged = conn.execute(select(jobs_table.c.charged_s).where(where)).scalar()
-            conn.execute(update(jobs_table).where(where).values(charged_s=0.0))
-        return float(charged or 0.0)
-
-    def reserved_s(self, owner: str, *, excluding: str | None = None) -> float:
-        """Audio seconds `owner`'s queued and running jobs set aside and have not been charged yet."""
-        query = select(jobs_table.c.reserved_s, jobs_table.c.charged_s).where(
-            jobs_table.c.owner == fit_to_column(owner, jobs_table.c.owner),
-            jobs_table.c.state.in_(ACTIVE_STATES),
-            jobs_table.c.reserved_s.is_not(None),
-        )
-        if excluding is not None:
-            query = query.where(jobs_table.c.id != excluding)
-        with self.engine.connect() as conn:
-            rows = conn.execute(query).all()
-        return sum(max(0.0, float(reserved) - float(charged or 0.0)) for reserved, charged in rows)
 
     # -- claims (workers, and a single server's own jobs) -------------------------------------------------
 
