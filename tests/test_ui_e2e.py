@@ -548,6 +548,46 @@ def test_cancel_before_the_ticket_exists_cancels_it(page, ui_server, monkeypatch
     assert "Cancelled" in page.inner_text("#cross_lingual-info")
 
 
+def test_cancel_while_the_click_waits_in_the_pages_queue(page, ui_server, monkeypatch):
+    """A Cancel pressed while the Generate click still waits in the page's queue (every synthesis slot of
+    the page busy: its handler has not started) used to be lost, and the synthesis ran once the click's
+    turn came. Now the page names the click by a token, and the click ends cancelled as it starts."""
+    from cosyserve.ui.bridge import UiBridge
+    from cosyserve.ui.generate import TicketRegistry
+
+    original_begin, original_cancel = TicketRegistry.begin, TicketRegistry.cancel
+    waiting, cancel_arrived, runs, submitted = threading.Event(), threading.Event(), [], []
+
+    def late_begin(self, session, click=""):
+        waiting.set()
+        # The handler starts only after the Cancel has reached the server, as for a click that waited.
+        assert cancel_arrived.wait(WAIT_MS / 1000), "the Cancel did not reach the server"
+        runs.append(original_begin(self, session, click))
+        return runs[-1]
+
+    def noted_cancel(self, session, click=""):
+        count = original_cancel(self, session, click)
+        cancel_arrived.set()
+        return count
+
+    monkeypatch.setattr(TicketRegistry, "begin", late_begin)
+    monkeypatch.setattr(TicketRegistry, "cancel", noted_cancel)
+    monkeypatch.setattr(UiBridge, "submit", lambda *args, **kwargs: submitted.append(args))
+    open_tab(page, "cross_lingual")
+    page.uncheck("#cross_lingual-stream input")
+    page.fill("#cross_lingual-text textarea", "Cancel me while I wait.")
+    page.click("#cross_lingual-generate")
+    assert waiting.wait(WAIT_MS / 1000)
+    page.click("#cross_lingual-cancel")
+    page.wait_for_function("document.querySelector('#cross_lingual-info').innerText.includes('Cancelled')")
+    assert len(runs) == 1 and runs[0].click and runs[0].cancelled, runs
+    assert submitted == []  # nothing was synthesised
+    monkeypatch.undo()  # the next click of the tab is a new one, not cancelled
+    page.fill("#cross_lingual-text textarea", "Hi.")
+    page.click("#cross_lingual-generate")
+    page.wait_for_function("document.querySelector('#cross_lingual-info').innerText.includes('Seed')")
+
+
 def long_text(chars: int) -> str:
     sentence = "今天天气很好，我们一起去公园散步，看看湖边的花。"
     text = (sentence * (chars // len(sentence) + 1))[: chars - 1] + "。"

@@ -289,3 +289,25 @@ def test_the_batch_tabs_takes_go_to_every_item_unless_it_sets_its_own(tmp_path):
     with pytest.raises(InputError, match="from 1 to 5"):
         batches.submit(principal, script, takes=6, **common)
     assert len(submitted) == 2
+
+
+def test_a_click_cancelled_before_it_started_is_cancelled_as_it_starts() -> None:
+    """The Cancel button sends the token of the page's last Generate click: if no run has it yet (the click
+    still waits in the page's queue), it is cancelled as it begins; other clicks and sessions are not."""
+    from cosyserve.ui import generate
+    from cosyserve.ui.generate import TicketRegistry
+
+    registry = TicketRegistry()
+    running = registry.begin("s1", "first")
+    assert registry.cancel("s1", "second") == 1  # the running one stops, and "second" is remembered
+    assert running.cancelled
+    registry.end("s1", running)
+    assert registry.begin("s1", "second").cancelled
+    assert not registry.begin("s1", "second").cancelled  # once
+    assert not registry.begin("s1", "third").cancelled
+    registry.cancel("s1", "fourth")
+    assert not registry.begin("s2", "fourth").cancelled  # another browser's click of the same token
+    for n in range(generate.MAX_CANCELLED_CLICKS + 1):
+        registry.cancel("s3", f"old{n}")
+    assert not registry.begin("s3", "old0").cancelled  # the oldest forgotten: memory stays bounded
+    assert registry.begin("s3", "old1").cancelled

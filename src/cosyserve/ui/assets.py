@@ -211,7 +211,26 @@ def counter_js(limit: int, job_limit: int | None = None) -> str:
 DICE_JS = "() => String(Math.floor(Math.random() * 2147483647))"
 FEED_JS = "(value) => { if (window.cosyStream) window.cosyStream.feed(value); }"
 UNLOCK_JS = "() => { if (window.cosyStream) window.cosyStream.unlock(); }"
-STOP_JS = "(...args) => { if (window.cosyStream) window.cosyStream.stop(); return args; }"
+
+
+def click_js(mode: str, inputs: int) -> str:
+    """A JS function for a Generate click of `mode` whose last of `inputs` inputs is its token: a new
+    random one, remembered for the Cancel button (which may be pressed while the click still waits in the
+    page's queue, before its handler has registered it). The function also gets the outputs' values after
+    the inputs; only the inputs go on to the server."""
+    return (
+        "(...args) => { const token = crypto.getRandomValues(new Uint32Array(4)).join('-'); "
+        f"(window.cosyClicks = window.cosyClicks || {{}})[{json.dumps(mode)}] = token; "
+        f"const inputs = args.slice(0, {inputs}); inputs[{inputs - 1}] = token; return inputs; }}"
+    )
+
+
+def cancel_js(mode: str) -> str:
+    """A JS function for `mode`'s Cancel: stops the stream player and sends the last click's token."""
+    return (
+        "() => { if (window.cosyStream) window.cosyStream.stop(); "
+        f"return [(window.cosyClicks || {{}})[{json.dumps(mode)}] || '']; }}"
+    )
 
 
 def refocus_js(elem_id: str) -> str:

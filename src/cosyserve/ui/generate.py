@@ -13,6 +13,7 @@ import shutil
 import threading
 import unicodedata
 import uuid
+from collections import OrderedDict
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -41,6 +42,7 @@ from cosyserve.ui.preview import form_preview
 from cosyserve.ui.take_badge import take_badge
 
 POLL_S = 0.25
+MAX_CANCELLED_CLICKS = 4096  # tokens of clicks cancelled before they started, oldest forgotten first
 STREAM_ITEM_TIMEOUT_S = 600.0
 
 
@@ -166,7 +168,8 @@ class Run:
     """One Generate click, registered before anything is submitted, so that a Cancel arriving before
     the ticket exists is not lost (it cancels the ticket as soon as it is attached)."""
 
-    def __init__(self) -> None:
+    def __init__(self, click: str = "") -> None:
+        self.click = click  # the page's token of the click ("": none)
         self.cancelled = False
         self._stops: list[Callable[[], None]] = []
         self._lock = threading.Lock()
@@ -191,16 +194,22 @@ class Run:
 
 
 class TicketRegistry:
-    """Running UI work by browser session, so the Cancel button can stop it."""
+    """Running UI work by browser session, so the Cancel button can stop it; and the Generate clicks
+    cancelled while they still waited in the page's queue (by the token the page gave each click), so
+    that such a click ends as cancelled as soon as its handler starts, without submitting anything."""
 
     def __init__(self) -> None:
         self._lock = threading.Lock()
         self._runs: dict[str, set[Run]] = {}
+        self._cancelled_clicks: OrderedDict[tuple[str, str], None] = OrderedDict()
 
-    def begin(self, session: str) -> Run:
-        run = Run()
+    def begin(self, session: str, click: str = "") -> Run:
+        run = Run(click)
         with self._lock:
             self._runs.setdefault(session, set()).add(run)
+            if click and (session, click) in self._cancelled_clicks:
+                del self._cancelled_clicks[(session, click)]
+                run.cancelled = True
         return run
 
     def end(self, session: str, run: Run) -> None:
@@ -217,9 +226,15 @@ class TicketRegistry:
         run.attach(lambda: ticket.finished or ticket.cancel("cancelled in the web UI"))
         return run
 
-    def cancel(self, session: str) -> int:
+    def cancel(self, session: str, click: str = "") -> int:
+        """Cancel the session's running work; `click`, when no run has it yet, is cancelled as it starts.
+        (A token of a click that has already ended is kept too, harmlessly: tokens are never reused.)"""
         with self._lock:
             runs = list(self._runs.get(session, ()))
+            if click and all(run.click != click for run in runs):
+                self._cancelled_clicks[(session, click)] = None
+                while len(self._cancelled_clicks) > MAX_CANCELLED_CLICKS:
+                    self._cancelled_clicks.popitem(last=False)
         for run in runs:
             run.cancel()
         return len(runs)

@@ -107,6 +107,7 @@ class ModePanel:
     takes: gr.Slider
     stream: gr.Checkbox
     stream_box: gr.Textbox
+    click: gr.Textbox
     run_fn: Callable[..., Any] | None = None  # run(lang, request, progress, **{RUN_FIELDS: values})
     run_event: Any = None  # the Generate click, for chaining
 
@@ -273,7 +274,9 @@ def _results(mode: str, tr: Translator) -> dict[str, Any]:
     ):
         preview = gr.HTML("", elem_id=f"{mode}-preview")
     stream_box = gr.Textbox("", visible="hidden", elem_id=f"{mode}-stream-box")
+    click = gr.Textbox("", visible="hidden", elem_id=f"{mode}-click")  # each Generate click's token
     return dict(
+        click=click,
         generate=generate,
         cancel=cancel,
         preview_button=preview_button,

@@ -140,28 +140,31 @@ def _wire_text_and_run(panel: ModePanel, ctx: UiContext) -> None:
         chosen: str,
         request: gr.Request,
         progress: gr.Progress = gr.Progress(),  # noqa: B008 - Gradio finds its tracker by this default
+        click: str = "",
         **values: Any,
     ) -> Any:
-        yield from run_synthesis(
-            bridge, registry, Form(mode, **values), chosen, request, progress, ctx.cache_dir
-        )
+        form = Form(mode, **values)
+        yield from run_synthesis(bridge, registry, form, chosen, request, progress, ctx.cache_dir, click)
 
-    def cancel(request: gr.Request) -> None:
+    def cancel(click: str, request: gr.Request) -> None:
         # Only the running handler writes the outcome (cancelled, or finished before the cancel arrived):
-        # a message from here could arrive after it and overwrite it.
-        registry.cancel(getattr(request, "session_hash", None) or "")
+        # a message from here could arrive after it and overwrite it. `click`: the page's last Generate
+        # click, which may still wait in the page's queue (it is then cancelled as it starts).
+        registry.cancel(getattr(request, "session_hash", None) or "", click)
 
+    run_inputs = {**panel.run_inputs, "click": panel.click}  # the token last: the page's script sets it
     panel.run_fn = run
     panel.generate.click(None, None, None, js=assets.UNLOCK_JS)
     panel.run_event = panel.generate.click(
         run,
         [lang],
         panel.run_outputs,
-        inputs_kwargs=panel.run_inputs,
+        js=assets.click_js(mode, 1 + len(run_inputs)),
+        inputs_kwargs=run_inputs,
         concurrency_limit=ctx.concurrency_limit,
         concurrency_id="synthesis",
         show_progress="full",
         show_progress_on=[panel.result],  # one status (and at most one "Error" badge), on the player
     )
     panel.stream_box.change(None, [panel.stream_box], None, js=assets.FEED_JS)
-    panel.cancel.click(cancel, None, None, js=assets.STOP_JS, queue=False)
+    panel.cancel.click(cancel, [panel.click], None, js=assets.cancel_js(mode), queue=False)

@@ -37,11 +37,13 @@ def run_synthesis(
     request: Any,
     progress: Any,
     cache_dir: str | None = None,
+    click: str = "",
 ) -> Iterator[Update]:
-    """Yield (result audio, links, info, stream box, progress, preview) updates for one Generate click."""
+    """Yield (result audio, links, info, stream box, progress, preview) updates for one Generate click
+    (`click`: its token, which a Cancel pressed while it waited in the page's queue names)."""
     request_id = new_request_id()
     session = getattr(request, "session_hash", None) or request_id
-    run = registry.begin(session)  # before anything else: a Cancel from now on is not lost
+    run = registry.begin(session, click)  # before anything else: a Cancel from now on is not lost
     try:
         yield from _run(
             bridge, run, form, lang, request, progress, cache_dir or tempfile.gettempdir(), request_id
