@@ -633,6 +633,31 @@ def test_long_text_becomes_a_job_with_progress(page, ui_server, shared_dir):
     assert record.state == "done" and record.output_id
 
 
+def test_a_cancelled_long_text_offers_what_it_made(page, ui_server):
+    """Cancel once the first pieces play: the job stops, and the page offers what was made (the player and
+    every download link) and says which part is missing; it used to say only "Cancelled."."""
+    open_tab(page, "cross_lingual")
+    page.fill("#cross_lingual-text textarea", long_text(200))
+    before = link_href(page, "#cross_lingual-links")
+    page.click("#cross_lingual-generate")
+    page.wait_for_selector("#cross_lingual-result audio, #cross_lingual-result [data-testid='download-link']")
+    page.click("#cross_lingual-cancel")
+    page.wait_for_function(
+        "document.querySelector('#cross_lingual-info').innerText.includes('What was made is kept')",
+        timeout=JOB_WAIT_MS,
+    )
+    info = page.inner_text("#cross_lingual-info")
+    assert info.startswith("Cancelled.") and "missing from part" in info, info
+    wait_new_links(page, "#cross_lingual-links", before, timeout_ms=JOB_WAIT_MS)
+    record = ui_server.service.jobs.list(limit=1)[0]
+    partial = record.result_extra["partial"]
+    assert record.state == "cancelled" and record.output_id, record
+    assert f"{partial['segments_done']} of {partial['segments_total']} parts" in info, (info, partial)
+    assert record.output_id in link_href(page, "#cross_lingual-links")
+    assert page.inner_text("#cross_lingual-progress") == ""  # no bar left standing
+    shot(page, "long-text-cancelled")
+
+
 def test_errors_are_readable(page, ui_server, shared_dir, tmp_path):
     open_tab(page, "cross_lingual")
     clear_prompt(page, "cross_lingual")

@@ -11,6 +11,7 @@ from collections.abc import Callable
 from typing import Any
 
 from cosyserve.ui.i18n_admin import ADMIN_STRINGS
+from cosyserve.ui.i18n_jobs import JOB_STRINGS
 from cosyserve.ui.i18n_session import SESSION_STRINGS
 
 LANGS = ("zh", "en")
@@ -160,23 +161,6 @@ STRINGS: dict[str, tuple[str, str]] = {
     "part_list": ("、", ", "),
     "part_then": (" 然后 ", " then "),
     "instruct_mapped": ("将使用训练时的指令：「{wording}」", "The trained wording is used: “{wording}”"),
-    "long_text_job": (
-        "文本有 {count} 个字符，超过单次上限 {limit}：作为后台任务分段生成。",
-        "The text has {count} characters, over the limit of {limit} for one request: it is made as a job.",
-    ),
-    "job_progress": (
-        "已完成 {done} / {total} 句 · 已用 {elapsed} · 预计剩余 {remaining}",
-        "{done} / {total} sentences · {elapsed} elapsed · about {remaining} left",
-    ),
-    "job_queued": ("任务排队中……", "The job is queued…"),
-    "job_queued_eta": (
-        "任务排队中（前面还有 {position} 个，约 {wait} 秒后开始）……",
-        "The job is queued ({position} ahead, starts in about {wait} s)…",
-    ),
-    "cancel_too_late": (
-        "取消时已生成完毕：结果已保存（见历史记录）。",
-        "It had finished before the cancel arrived: the result was kept (see History).",
-    ),
     "mode_preview": ("试听", "preview"),
     "subtitles": ("字幕 SRT", "Subtitles SRT"),
     "err_job_too_long": (
@@ -343,6 +327,7 @@ STRINGS: dict[str, tuple[str, str]] = {
 
 STRINGS.update(ADMIN_STRINGS)  # the admin tab's keys, quotas and enrolments (kept in their own module)
 STRINGS.update(SESSION_STRINGS)  # the session watch's bar
+STRINGS.update(JOB_STRINGS)  # a long text made as a job
 
 
 def text(key: str, lang: str, **values: Any) -> str:

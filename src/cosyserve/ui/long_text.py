@@ -15,7 +15,7 @@ import numpy as np
 import soundfile
 
 from cosyserve.errors import CosyServeError
-from cosyserve.ui.bridge import Principal, SynthesisRequest, TtsOutcome, UiBridge
+from cosyserve.ui.bridge import JobRecord, Principal, SynthesisRequest, TtsOutcome, UiBridge
 from cosyserve.ui.generate import Form, Run, Update, as_gr_error, finished
 from cosyserve.ui.i18n import text
 
@@ -109,10 +109,10 @@ def run_job(
         bar = progress_html(fraction, total, time.monotonic() - started, lang, not running, place)
         yield audio, gr.update(), note, gr.update(), bar, gr.update()
         time.sleep(JOB_POLL_S)
-    if record.state == "cancelled":
-        yield gr.update(), "", text("cancelled", lang), gr.update(), "", ""
-        return
-    if record.state != "done":
+    if record.state != "done" and not record.output_id:  # stopped before any part was made
+        if record.state == "cancelled":
+            yield gr.update(), "", text("cancelled", lang), gr.update(), "", ""
+            return
         raise as_gr_error(CosyServeError(record.error_message or record.state), lang, request_id)
     outcome = TtsOutcome(
         seed=record.seed or 0,
@@ -124,6 +124,31 @@ def run_job(
         warnings=tuple((record.result_extra or {}).get("warnings", [])),
     )
     elapsed = time.monotonic() - started
+    if record.state != "done":  # stopped midway (a cancel, the quota, a revoked key): what it made
+        done = finished(bridge, principal, form, outcome, lang, elapsed, cache_dir, False)
+        yield done[0], done[1], stopped_note(record, lang) + "\n\n" + str(done[2]), done[3], "", done[5]
+        return
     done = finished(bridge, principal, form, outcome, lang, elapsed, cache_dir, run.cancelled)
     bar = progress_html(1.0, total, time.monotonic() - started, lang)
     yield done[0], done[1], note + "\n\n" + str(done[2]), done[3], bar, done[5]
+
+
+def stopped_note(record: JobRecord, lang: str) -> str:
+    """Why a job that kept a partial result stopped, and which part of it is there."""
+    why = (
+        text("cancelled", lang)
+        if record.state == "cancelled"
+        else f"⚠ {record.error_message or record.state}"
+    )
+    partial = (record.result_extra or {}).get("partial") or {}
+    if not partial:
+        return why
+    kept = text(
+        "job_kept_partial",
+        lang,
+        done=partial.get("segments_done", 0),
+        total=partial.get("segments_total", 0),
+        seconds=float(partial.get("audio_s") or record.duration_s or 0.0),
+        missing=int(partial.get("missing_from", 0)) + 1,
+    )
+    return f"{why} {kept}"

@@ -16,6 +16,7 @@ from cosyserve.service.outcomes import TtsOutcome
 from cosyserve.service.quality import TakeReport
 from cosyserve.service.requests import MAX_SEED, SynthesisRequest
 from cosyserve.service.scheduling.scheduler import Ticket
+from cosyserve.service.stores.job_table import JobRecord
 from cosyserve.service.stores.keys import ROLES
 from cosyserve.service.stores.outputs import StoredOutput
 from cosyserve.service.stores.voices import Voice
@@ -35,6 +36,7 @@ __all__ = [
     "AuthRequired",
     "BatchStatus",
     "Forbidden",
+    "JobRecord",
     "OptionalPart",
     "Principal",
     "RateLimited",
