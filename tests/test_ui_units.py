@@ -311,3 +311,30 @@ def test_a_click_cancelled_before_it_started_is_cancelled_as_it_starts() -> None
         registry.cancel("s3", f"old{n}")
     assert not registry.begin("s3", "old0").cancelled  # the oldest forgotten: memory stays bounded
     assert registry.begin("s3", "old1").cancelled
+
+
+def test_a_voice_deleted_since_the_list_was_shown_is_named_as_such() -> None:
+    """A saved voice picked from a list that is out of date (deleted in another tab or by an admin): one
+    sentence that says so and what to do, not the API's "no voice 'v_…': GET /v1/voices" advice; a voice
+    whose files are missing keeps its own explanation."""
+    from cosyserve.errors import VoiceFilesMissing, VoiceNotFound
+
+    bridge = FakeBridge()
+
+    def gone(principal, id_or_name):
+        raise VoiceNotFound(f"no voice {id_or_name!r}: list voices with GET /v1/voices")
+
+    bridge.voice = gone
+    with pytest.raises(UiError) as refused:
+        build_request(bridge, None, Form("cross_lingual", voice="v_123", text="hi"))
+    message = error_message(refused.value, "en")
+    assert "no longer exists" in message and "pick another voice" in message
+    assert "v_123" not in message and "/v1/" not in message
+    assert "已不存在" in error_message(refused.value, "zh")
+
+    def elsewhere(principal, id_or_name):
+        raise VoiceFilesMissing("voice 'x' has its files on another node only")
+
+    bridge.voice = elsewhere
+    with pytest.raises(VoiceFilesMissing):
+        build_request(bridge, None, Form("cross_lingual", voice="x", text="hi"))

@@ -33,6 +33,7 @@ from cosyserve.ui.bridge import (
     TtsOutcome,
     UiBridge,
     UploadRefused,
+    VoiceNotFound,
     log_failure,
     manifest_timings,
     to_srt,
@@ -141,7 +142,12 @@ def build_request(
     if form.mode == "instruct" and instruct is None:
         raise UiError("err_no_instruct")
     if form.voice:
-        voice = bridge.voice(principal, form.voice)
+        try:
+            voice = bridge.voice(principal, form.voice)
+        except VoiceNotFound as exc:  # deleted since the list was shown (here, in another tab, by an admin)
+            if type(exc) is not VoiceNotFound:
+                raise
+            raise UiError("err_voice_gone") from None
         if form.mode == "zero_shot":
             if not voice.transcript:
                 raise UiError("err_no_transcript")

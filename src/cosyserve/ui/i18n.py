@@ -173,6 +173,10 @@ STRINGS: dict[str, tuple[str, str]] = {
         "没有参考音频：请上传或录制 3–30 秒的声音，或选择一个已保存的音色。",
         "No voice prompt: upload or record 3-30 s of a voice, or pick a saved voice.",
     ),
+    "err_voice_gone": (
+        "所选音色已不存在（可能已被删除）：请在列表中重新选择一个音色。",
+        "The selected voice no longer exists (it may have been deleted): pick another voice from the list.",
+    ),
     "err_no_transcript": (
         "3秒极速复刻需要参考音频的文本：请填写录音里说的话（或改用跨语种复刻）。",
         "Zero-shot cloning needs the prompt's transcript: type what the recording says "

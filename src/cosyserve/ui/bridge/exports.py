@@ -3,6 +3,7 @@ here once so that they import only the bridge (`tests/test_structure.py` holds t
 
 from __future__ import annotations
 
+from cosyserve.errors import VoiceNotFound
 from cosyserve.frontend.text.presets import INSTRUCT_PRESETS
 from cosyserve.frontend.text.prompts import resolve_instruction
 from cosyserve.service.access.principals import AuthRequired, Forbidden, Principal, RateLimited
@@ -50,6 +51,7 @@ __all__ = [
     "Ticket",
     "TtsOutcome",
     "Voice",
+    "VoiceNotFound",
     "log_failure",
     "manifest_timings",
     "new_request_id",
