@@ -709,9 +709,13 @@ def test_cancel(page, ui_server):
     service = ui_server.service
     blocker = service.scheduler.submit(lambda ctx: release.wait(60))  # the UI's job waits behind it
     try:
+        page.check("#cross_lingual-stream input")  # (the default) a stream says its place in the queue too
         page.fill("#cross_lingual-text textarea", "Hi.")
         page.click("#cross_lingual-generate")
         wait_until(lambda: service.scheduler.stats()["queued"] >= 1)  # the UI's request waits in the queue
+        page.wait_for_function(
+            "document.querySelector('#cross_lingual-info').innerText.includes('Queued (0 ahead, about')"
+        )
         page.click("#cross_lingual-cancel")
         page.wait_for_function(
             "document.querySelector('#cross_lingual-info').innerText.includes('Cancelled')"

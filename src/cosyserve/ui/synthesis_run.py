@@ -100,13 +100,17 @@ def _run(
     )
 
 
+def _queued_line(bridge: UiBridge, ticket: Ticket, lang: str) -> str:
+    """"Queued (N ahead, about W s)" for a ticket waiting in the service's queue."""
+    wait = round(bridge.queue_wait_estimate(ticket))
+    return text("queued", lang, position=ticket.position or 0, wait=wait)
+
+
 def _follow(bridge: UiBridge, ticket: Ticket, lang: str, progress: Any) -> TtsOutcome:
     mean = bridge.mean_duration_s() or 5.0
     while not ticket.wait(POLL_S):
         if ticket.state == "queued":
-            position = ticket.position
-            wait = round(bridge.queue_wait_estimate(ticket))
-            progress(0.0, desc=text("queued", lang, position=(position or 0), wait=wait))
+            progress(0.0, desc=_queued_line(bridge, ticket, lang))
         elif ticket.started_at is not None:
             running = time.time() - ticket.started_at
             progress(min(0.95, running / mean), desc=text("generating", lang))
@@ -118,6 +122,15 @@ def _follow_stream(bridge: UiBridge, stream: AudioStream, lang: str, progress: A
     run = uuid.uuid4().hex[:12]
     mean = bridge.mean_duration_s() or 5.0
     samples = 0
+    shown = ""
+    while stream.ticket.state == "queued":  # its place in the queue, on the player and the info line
+        line = _queued_line(bridge, stream.ticket, lang)
+        progress(0.0, desc=line)
+        if line != shown:
+            shown = line
+            yield gr.update(), gr.update(), line, gr.update(), gr.update(), gr.update()
+        if stream.ticket.wait(POLL_S):
+            break
     progress(0.0, desc=text("generating", lang))
     rate = stream.open(timeout=STREAM_ITEM_TIMEOUT_S).sample_rate
     box = f"{run}:{rate}"
