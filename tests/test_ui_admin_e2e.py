@@ -161,8 +161,17 @@ def test_create_a_key_with_a_quota_then_change_it_and_revoke_it(page, ui_server)
     wait_text(page, "#admin-keys-message", "Choose a key first")
     assert service.keys.get(key.id).active
     choose_key(page, f"{key.id} · team-laptop")
+    page.click("#admin-key-revoke")  # a question first: Keep it leaves the key as it was
+    wait_text(page, "#admin-keys-message", "Revoke key team-laptop")
+    shot(page, "key-revoke-question")
+    page.click("#admin-key-keep")
+    page.locator("#admin-key-confirm-row").wait_for(state="hidden")
+    assert service.keys.get(key.id).active
     page.click("#admin-key-revoke")
+    wait_text(page, "#admin-keys-message", "can't be undone")
+    page.click("#admin-key-confirm-revoke")
     wait_text(page, "#admin-keys-message", "is revoked")
+    page.locator("#admin-key-confirm-row").wait_for(state="hidden")
     assert not service.keys.get(key.id).active
     row = next(line for line in page.inner_text("#admin-keys").splitlines() if "team-laptop" in line)
     assert "revoked" in row, row

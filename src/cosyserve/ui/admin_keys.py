@@ -97,6 +97,17 @@ def _change_row(tr: Any) -> tuple[Any, Any, Any, Any]:
     return pick, new_quota, set_quota, revoke
 
 
+def _revoke_confirm_row(tr: Any) -> tuple[Any, Any, Any]:
+    """Shown by Revoke: the question is in the section's message; a revoke happens only from here."""
+    with gr.Row(visible=False, elem_id="admin-key-confirm-row") as row:
+        confirm = tr.bind(
+            gr.Button(tr("key_revoke_confirm"), variant="stop", elem_id="admin-key-confirm-revoke"),
+            value="key_revoke_confirm",
+        )
+        keep = tr.bind(gr.Button(tr("key_keep"), elem_id="admin-key-keep"), value="key_keep")
+    return row, confirm, keep
+
+
 def build_keys_section(ctx: UiContext) -> KeysSection:
     tr, bridge = ctx.tr, ctx.bridge
     _heading(tr, "keys_title")
@@ -104,6 +115,7 @@ def build_keys_section(ctx: UiContext) -> KeysSection:
     name, role, quota, create = _create_row(tr)
     created = gr.Markdown("", elem_id="admin-key-created")
     pick, new_quota, set_quota, revoke = _change_row(tr)
+    confirm_row, confirm_revoke, keep = _revoke_confirm_row(tr)
     message = gr.Markdown("", elem_id="admin-keys-message")
     _heading(tr, "enrolments_title")
     enrolments = gr.Markdown("", elem_id="admin-enrolments", elem_classes="cosy-table")
@@ -138,13 +150,24 @@ def build_keys_section(ctx: UiContext) -> KeysSection:
         except Exception as exc:
             return refused(exc, lang, 6)
 
+    def ask_revoke(lang: str, picked: Any, request: gr.Request) -> tuple[Any, ...]:
+        try:
+            key_id = _key_id(picked)
+            views = bridge.keys(bridge.principal_of(request))
+            view = next((v for v in views if str(v["id"]) == key_id and v["active"]), None)
+            if view is None:  # revoked or deleted meanwhile (by another admin, or the API)
+                raise UiError("key_pick_first")
+            return gr.update(visible=True), text("key_revoke_question", lang, name=view["name"], id=key_id)
+        except Exception as exc:
+            return (gr.update(visible=False), *refused(exc, lang, 0))
+
     def do_revoke(lang: str, picked: Any, request: gr.Request) -> tuple[Any, ...]:
         try:
             view = bridge.revoke_key(bridge.principal_of(request), _key_id(picked))
             done = text("key_revoked_msg", lang, name=view["name"], id=view["id"])
-            return listing(lang, request, said=done)
+            return (*listing(lang, request, said=done), gr.update(visible=False))
         except Exception as exc:
-            return refused(exc, lang, 4)
+            return (*refused(exc, lang, 4), gr.update(visible=False))
 
     def do_set_quota(lang: str, picked: Any, value: float | None, request: gr.Request) -> tuple[Any, ...]:
         try:
@@ -160,6 +183,9 @@ def build_keys_section(ctx: UiContext) -> KeysSection:
     section = KeysSection(table, pick, created, enrolments, message, do_refresh)
     lang = ctx.lang
     create.click(do_create, [lang, name, role, quota], [name, quota, *section.outputs])
-    revoke.click(do_revoke, [lang, pick], section.outputs)
+    revoke.click(ask_revoke, [lang, pick], [confirm_row, message])
+    confirm_revoke.click(do_revoke, [lang, pick], [*section.outputs, confirm_row])
+    keep.click(lambda: (gr.update(visible=False), ""), None, [confirm_row, message])
+    pick.change(lambda: gr.update(visible=False), None, [confirm_row])  # the question was of another key
     set_quota.click(do_set_quota, [lang, pick, new_quota], section.outputs)
     return section

@@ -30,6 +30,14 @@ ADMIN_STRINGS: dict[str, tuple[str, str]] = {
     ),
     "key_pick": ("密钥", "Key"),
     "key_revoke": ("吊销", "Revoke"),
+    "key_revoke_question": (
+        "吊销密钥 {name}（ID {id}）？用它的请求、任务和批量会停止，"
+        "用它登录的浏览器会被登出；此操作不能撤销。",
+        "Revoke key {name} (id {id})? Its requests, jobs and batches stop, browsers signed in with it are "
+        "signed out, and this can't be undone.",
+    ),
+    "key_revoke_confirm": ("确认吊销", "Yes, revoke it"),
+    "key_keep": ("保留", "Keep it"),
     "key_revoked_msg": (
         "密钥 {name}（ID {id}）已吊销，其正在运行的任务也会停止。",
         "Key {name} (id {id}) is revoked; its running work stops too.",

@@ -101,7 +101,7 @@ def _run(
 
 
 def _queued_line(bridge: UiBridge, ticket: Ticket, lang: str) -> str:
-    """"Queued (N ahead, about W s)" for a ticket waiting in the service's queue."""
+    """ "Queued (N ahead, about W s)" for a ticket waiting in the service's queue."""
     wait = round(bridge.queue_wait_estimate(ticket))
     return text("queued", lang, position=ticket.position or 0, wait=wait)
 
