@@ -322,6 +322,14 @@ def test_an_admin_lists_and_deletes_anyones_entry(browser, server, seeded):
         assert "鲍勃" not in table_text(page)  # its own entries first (none)
         everyone.check()
         wait_table(page, "t.includes(arg)", "鲍勃的秘密")
+        headers = page.locator("#history-table [role=columnheader], #history-table th").all_inner_texts()
+        assert any("Owner" in header for header in headers), headers  # whose each entry is
+        bob_row = page.evaluate(
+            "() => [...document.querySelectorAll('#history-table tr, #history-table [role=row]')]"
+            ".map((r) => r.innerText)"
+            ".find((r) => r.includes('鲍勃的秘密'))"
+        )
+        assert "bob" in bob_row, bob_row
         page.fill("#history-search input, #history-search textarea", "鲍勃")
         page.press("#history-search input, #history-search textarea", "Enter")
         wait_table(page, "!t.includes(arg)", "批量旁白")

@@ -42,9 +42,17 @@ __all__ = ["HistoryTab", "build_history_tab", "history_links", "history_rows", "
 
 
 def history_rows(
-    ctx: UiContext, principal: Principal, outputs: list[StoredOutput], lang: str
+    ctx: UiContext,
+    principal: Principal,
+    outputs: list[StoredOutput],
+    lang: str,
+    owners: dict[str, str] | None = None,
 ) -> dict[str, Any]:
+    """The table's rows; `owners` (an admin's "Everyone's entries": owner → the key's name) adds whose
+    each entry is, after its voice."""
     headers = text("history_cols", lang).split("|")
+    if owners is not None:
+        headers.insert(4, text("history_owner", lang))
     voices = {voice.id: voice.name for voice in ctx.bridge.voices(principal)}
     rows = []
     for output in outputs:
@@ -52,18 +60,26 @@ def history_rows(
         mode = output_mode(m)
         created = time.strftime("%m-%d %H:%M:%S", time.localtime(output.created_at))
         voice = voices.get(m.get("voice") or "", m.get("voice")) or text("uploaded", lang)
-        rows.append(
-            [
-                created,
-                text(f"mode_{mode}", lang),
-                (m.get("text") or "")[:60],
-                voice,
-                m.get("seed"),
-                m.get("duration_s"),
-                output.id.removeprefix(ID_PREFIX),
-            ]
-        )
+        row = [
+            created,
+            text(f"mode_{mode}", lang),
+            (m.get("text") or "")[:60],
+            voice,
+            m.get("seed"),
+            m.get("duration_s"),
+            output.id.removeprefix(ID_PREFIX),
+        ]
+        if owners is not None:
+            row.insert(4, _owner_name(m.get("owner"), owners, lang))
+        rows.append(row)
     return {"headers": headers, "data": rows}
+
+
+def _owner_name(owner: str | None, owners: dict[str, str], lang: str) -> str:
+    """A key's name for `key:<id>`, the user name for `user:<name>`, "(none)" for no owner."""
+    if not owner:
+        return text("owner_nobody", lang)
+    return owners.get(owner) or owner.removeprefix("user:")
 
 
 @dataclass
@@ -257,7 +273,10 @@ class _HistoryActions:
         except Exception as exc:
             raise as_gr_error(exc, lang) from None
         shown = wanted.apply(outputs, HISTORY_LIMIT)
-        rows = history_rows(self.ctx, principal, shown, lang)
+        owners = None
+        if everyone and principal.is_admin:  # whose each entry is
+            owners = {f"key:{view['id']}": str(view["name"]) for view in self.bridge.keys(principal)}
+        rows = history_rows(self.ctx, principal, shown, lang, owners)
         choices = [(f"{row[0]} · {row[2]}", ID_PREFIX + row[-1]) for row in rows["data"]]
         first = choices[0][1] if choices else None
         status = "" if shown else text("history_no_match" if wanted.active else "history_empty", lang)

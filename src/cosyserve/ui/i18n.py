@@ -256,6 +256,7 @@ STRINGS: dict[str, tuple[str, str]] = {
     "refresh": ("刷新", "Refresh"),
     "select_first": ("请先选择一个音色。", "Choose a voice first."),
     # history
+    "history_owner": ("所有者", "Owner"),
     "history_cols": (
         "时间|模式|文本|音色|种子|时长（秒）|编号",
         "Time|Mode|Text|Voice|Seed|Seconds|Id",
