@@ -330,6 +330,14 @@ def test_an_admin_lists_and_deletes_anyones_entry(browser, server, seeded):
             ".find((r) => r.includes('鲍勃的秘密'))"
         )
         assert "bob" in bob_row, bob_row
+        fits = page.evaluate(  # the id column, last, still inside the table
+            "(() => { const t = document.querySelector('#history-table');"
+            " const cells = t.querySelectorAll('[role=columnheader], th');"
+            " const last = cells[cells.length - 1];"
+            " return last.innerText.includes('Id')"
+            " && last.getBoundingClientRect().right <= t.getBoundingClientRect().right + 1; })()"
+        )
+        assert fits, headers
         page.fill("#history-search input, #history-search textarea", "鲍勃")
         page.press("#history-search input, #history-search textarea", "Enter")
         wait_table(page, "!t.includes(arg)", "批量旁白")

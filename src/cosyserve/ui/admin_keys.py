@@ -108,6 +108,23 @@ def _revoke_confirm_row(tr: Any) -> tuple[Any, Any, Any]:
     return row, confirm, keep
 
 
+def _revoke_question(bridge: Any) -> Callable[..., tuple[Any, ...]]:
+    """Revoke's handler: the confirmation row and the question naming the key, or why there is none."""
+
+    def ask_revoke(lang: str, picked: Any, request: gr.Request) -> tuple[Any, ...]:
+        try:
+            key_id = _key_id(picked)
+            views = bridge.keys(bridge.principal_of(request))
+            view = next((v for v in views if str(v["id"]) == key_id and v["active"]), None)
+            if view is None:  # revoked or deleted meanwhile (by another admin, or the API)
+                raise UiError("key_pick_first")
+            return gr.update(visible=True), text("key_revoke_question", lang, name=view["name"], id=key_id)
+        except Exception as exc:
+            return (gr.update(visible=False), *refused(exc, lang, 0))
+
+    return ask_revoke
+
+
 def build_keys_section(ctx: UiContext) -> KeysSection:
     tr, bridge = ctx.tr, ctx.bridge
     _heading(tr, "keys_title")
@@ -150,17 +167,6 @@ def build_keys_section(ctx: UiContext) -> KeysSection:
         except Exception as exc:
             return refused(exc, lang, 6)
 
-    def ask_revoke(lang: str, picked: Any, request: gr.Request) -> tuple[Any, ...]:
-        try:
-            key_id = _key_id(picked)
-            views = bridge.keys(bridge.principal_of(request))
-            view = next((v for v in views if str(v["id"]) == key_id and v["active"]), None)
-            if view is None:  # revoked or deleted meanwhile (by another admin, or the API)
-                raise UiError("key_pick_first")
-            return gr.update(visible=True), text("key_revoke_question", lang, name=view["name"], id=key_id)
-        except Exception as exc:
-            return (gr.update(visible=False), *refused(exc, lang, 0))
-
     def do_revoke(lang: str, picked: Any, request: gr.Request) -> tuple[Any, ...]:
         try:
             view = bridge.revoke_key(bridge.principal_of(request), _key_id(picked))
@@ -183,7 +189,7 @@ def build_keys_section(ctx: UiContext) -> KeysSection:
     section = KeysSection(table, pick, created, enrolments, message, do_refresh)
     lang = ctx.lang
     create.click(do_create, [lang, name, role, quota], [name, quota, *section.outputs])
-    revoke.click(ask_revoke, [lang, pick], [confirm_row, message])
+    revoke.click(_revoke_question(bridge), [lang, pick], [confirm_row, message])
     confirm_revoke.click(do_revoke, [lang, pick], [*section.outputs, confirm_row])
     keep.click(lambda: (gr.update(visible=False), ""), None, [confirm_row, message])
     pick.change(lambda: gr.update(visible=False), None, [confirm_row])  # the question was of another key

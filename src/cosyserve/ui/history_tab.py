@@ -10,14 +10,13 @@ the API's rule (a user its own, an admin any: admins may list everyone's entries
 from __future__ import annotations
 
 import hashlib
-import time
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
 import gradio as gr
 
-from cosyserve.ui.bridge import INSTRUCT_PRESETS, MODES, Principal, StoredOutput
+from cosyserve.ui.bridge import INSTRUCT_PRESETS, MODES, Principal
 from cosyserve.ui.generate import as_gr_error, cache_copy
 from cosyserve.ui.history_filter import (
     ANY,
@@ -29,57 +28,16 @@ from cosyserve.ui.history_filter import (
     output_mode,
     voice_choices,
 )
+from cosyserve.ui.history_table import COLUMN_WIDTHS, ID_PREFIX, OWNER_COLUMN_WIDTHS, history_rows
 from cosyserve.ui.i18n import text
 from cosyserve.ui.studio import ModePanel, UiContext
 
 HISTORY_LIMIT = 100  # rows shown
 SEARCH_LIMIT = 1000  # newest results searched and filtered (the output store's largest page)
-ID_PREFIX = "output_"  # left out of the table's id column, which stays narrow
 PRESET_IDS = frozenset(preset.id for preset in INSTRUCT_PRESETS)
 
 
 __all__ = ["HistoryTab", "build_history_tab", "history_links", "history_rows", "output_mode"]
-
-
-def history_rows(
-    ctx: UiContext,
-    principal: Principal,
-    outputs: list[StoredOutput],
-    lang: str,
-    owners: dict[str, str] | None = None,
-) -> dict[str, Any]:
-    """The table's rows; `owners` (an admin's "Everyone's entries": owner → the key's name) adds whose
-    each entry is, after its voice."""
-    headers = text("history_cols", lang).split("|")
-    if owners is not None:
-        headers.insert(4, text("history_owner", lang))
-    voices = {voice.id: voice.name for voice in ctx.bridge.voices(principal)}
-    rows = []
-    for output in outputs:
-        m = output.manifest
-        mode = output_mode(m)
-        created = time.strftime("%m-%d %H:%M:%S", time.localtime(output.created_at))
-        voice = voices.get(m.get("voice") or "", m.get("voice")) or text("uploaded", lang)
-        row = [
-            created,
-            text(f"mode_{mode}", lang),
-            (m.get("text") or "")[:60],
-            voice,
-            m.get("seed"),
-            m.get("duration_s"),
-            output.id.removeprefix(ID_PREFIX),
-        ]
-        if owners is not None:
-            row.insert(4, _owner_name(m.get("owner"), owners, lang))
-        rows.append(row)
-    return {"headers": headers, "data": rows}
-
-
-def _owner_name(owner: str | None, owners: dict[str, str], lang: str) -> str:
-    """A key's name for `key:<id>`, the user name for `user:<name>`, "(none)" for no owner."""
-    if not owner:
-        return text("owner_nobody", lang)
-    return owners.get(owner) or owner.removeprefix("user:")
 
 
 @dataclass
@@ -135,7 +93,7 @@ def build_history_tab(ctx: UiContext, panels: list[ModePanel], tabs: gr.Tabs) ->
             interactive=False,
             wrap=True,
             elem_id="history-table",
-            column_widths=["13%", "10%", "27%", "14%", "11%", "8%", "17%"],
+            column_widths=COLUMN_WIDTHS,
         )
         with gr.Row(equal_height=False):
             with gr.Column(scale=5):
@@ -284,8 +242,9 @@ class _HistoryActions:
         any_label = text("history_any", lang)
         voices = voice_choices(outputs, names, any_label, text("uploaded", lang))
         days = day_choices(outputs, any_label)
+        widths = COLUMN_WIDTHS if owners is None else OWNER_COLUMN_WIDTHS
         return [
-            rows,
+            gr.update(value=rows, column_widths=widths),
             gr.update(choices=choices, value=first),
             status,
             gr.update(choices=voices, value=_kept(wanted.voice, voices), label=text("history_voice", lang)),
