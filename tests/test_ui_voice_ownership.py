@@ -163,6 +163,30 @@ def test_a_user_key_manages_its_own_voices_in_the_ui(team, shared_dir):
     assert all(v.id != own.id for v in team.service.voices.list())
 
 
+def test_rename_and_delete_show_only_for_a_voice_one_may_change(team):
+    """Picking a voice in the library: a shared voice that is not the user's own hides Rename and Delete
+    (they could only be refused); the owner and admins keep them."""
+    from types import SimpleNamespace
+
+    from cosyserve.ui.bridge import UiBridge
+    from cosyserve.ui.library_tab import _LibraryActions
+
+    actions = _LibraryActions(SimpleNamespace(bridge=UiBridge(team.service)), [])
+    carol, alice = team.voice_ids["carol"], team.voice_ids["alice"]
+
+    def shown(who: str, voice_id: str) -> list[bool]:
+        request = SimpleNamespace(headers={"X-API-Key": team.keys[who]}, cookies={})
+        updates = actions.manageable(voice_id, request)
+        return [update["visible"] for update in updates]
+
+    assert shown("b", alice) == [False, False, False, False]  # shared with b, not b's
+    assert shown("a", carol) == [True, False, True, True]  # its own (the delete confirmation stays hidden)
+    assert shown("a", alice) == [False, False, False, False]
+    assert shown("admin", alice) == [True, False, True, True]
+    assert shown("admin", carol) == [True, False, True, True]
+    assert shown("b", carol) == [True, False, True, True]  # not b's to see: pressing says "no voice"
+
+
 def test_your_batches_are_your_own(team):
     """The Batch tab's "Your batches" and the batch it opens, for a, b and the admin at once: each lists
     only its own (the admin too: everyone's are the API's), and a's batch id opened by b is not found."""

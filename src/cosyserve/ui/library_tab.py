@@ -269,6 +269,8 @@ def _wire(
     v.confirm.click(
         actions.delete, [lang, v.pick], [v.status, v.confirm, *outputs], api_name="voice_delete", **on_status
     )
+    # a voice shared with this user, not its own: no Rename or Delete to press only to be refused
+    v.pick.change(actions.manageable, [v.pick], [v.delete, v.confirm, v.new_name, v.rename])
     v.use.click(
         actions.use,
         [lang, v.pick],
@@ -364,6 +366,17 @@ class _LibraryActions:
             gr.update(visible=False),
             *refresh_values(self.ctx, lang, principal),
         ]
+
+    def manageable(self, voice_id: str | None, request: gr.Request) -> list[Any]:
+        shown = True  # nothing picked: the buttons say "pick a voice first" when pressed
+        if voice_id:
+            try:
+                principal = self.bridge.principal_of(request)
+                shown = self.bridge.may_change_voice(principal, self.bridge.voice(principal, voice_id))
+            except Exception:  # gone, or signed out: the buttons answer why when pressed
+                shown = True
+        hidden = gr.update(visible=False)
+        return [gr.update(visible=shown), hidden, gr.update(visible=shown), gr.update(visible=shown)]
 
     def use(self, lang: str, voice_id: str | None, request: gr.Request) -> list[Any]:
         if not voice_id:

@@ -36,6 +36,11 @@ class VoicesPart:
         return self.service.voices.get(id_or_name, principal.voices)
 
     @staticmethod
+    def may_change_voice(principal: Principal, voice: Voice) -> bool:
+        """Whether `principal` may rename or delete the voice (its owner, or an admin)."""
+        return principal.is_admin or voice_rules.owns(principal, voice)
+
+    @staticmethod
     def may_read_private(principal: Principal, voice: Voice) -> bool:
         """Whether `principal` may hear the voice's recording and read its transcript."""
         return voice_rules.may_read_private(principal, voice)
