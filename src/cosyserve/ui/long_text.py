@@ -113,6 +113,8 @@ def run_job(
         if record.state == "cancelled":
             yield gr.update(), "", text("cancelled", lang), gr.update(), "", ""
             return
+        why = f"⚠ {record.error_message or record.state}"
+        yield gr.update(), "", why, gr.update(), "", gr.update()  # no bar left standing under the error
         raise as_gr_error(CosyServeError(record.error_message or record.state), lang, request_id)
     outcome = TtsOutcome(
         seed=record.seed or 0,
