@@ -338,3 +338,28 @@ def test_a_voice_deleted_since_the_list_was_shown_is_named_as_such() -> None:
     bridge.voice = elsewhere
     with pytest.raises(VoiceFilesMissing):
         build_request(bridge, None, Form("cross_lingual", voice="x", text="hi"))
+
+
+def test_a_long_text_job_that_failed_before_any_part_clears_its_bar_and_says_why() -> None:
+    import gradio as gr
+
+    from cosyserve.ui.generate import Run
+    from cosyserve.ui.long_text import run_job
+
+    record = SimpleNamespace(
+        is_terminal=True, state="failed", output_id=None, error_message="the API key was revoked"
+    )
+    bridge = SimpleNamespace(
+        max_text_chars=10,
+        sentence_total=lambda text: 3,
+        submit_job=lambda *args, **kwargs: "job_1",
+        job=lambda job_id: (record, None),
+        cancel_job=lambda job_id: None,
+    )
+    request = SimpleNamespace(text="一句。" * 8)
+    updates = []
+    with pytest.raises(gr.Error, match="revoked"):
+        for update in run_job(bridge, Run(), None, request, Form("cross_lingual"), "en", "/tmp", "r1"):
+            updates.append(update)
+    _audio, _links, info, _stream, bar, _preview = updates[-1]
+    assert bar == "" and "revoked" in info
