@@ -80,6 +80,33 @@ def test_enrol_needs_usable_audio(client) -> None:
     assert client.get("/v1/voices/dave").status_code == 404
 
 
+@pytest.mark.parametrize(
+    ("lexicon", "says"),
+    [
+        ({"": "x"}, "is empty or holds brackets"),
+        ({"[x]": "y"}, "is empty or holds brackets"),
+        ({"重庆": ""}, "has no pronunciation"),
+        ({"重庆": "[chóng]"}, "重庆"),  # one syllable for two characters
+    ],
+)
+def test_a_lexicon_that_would_not_compile_is_refused_when_saved(
+    client, prompt_wav_bytes, lexicon, says
+) -> None:
+    """A voice saved with such an entry refused every synthesis afterwards (its shared users' too, who can
+    neither see nor fix it): the entry is refused at PATCH and at enrolment instead, naming it."""
+    name = f"lex{abs(hash(json.dumps(lexicon))) % 10_000}"
+    enrol_voice(client, name, prompt_wav_bytes)
+    refused = client.patch(f"/v1/voices/{name}", json={"lexicon": lexicon})
+    assert refused.status_code == 400 and says in refused.json()["error"]["message"], refused.text
+    assert client.get(f"/v1/voices/{name}").json()["lexicon"] == {}
+    spoken = client.post("/v1/tts", json={"text": "重庆你好。", "voice": name})
+    assert spoken.status_code == 200, spoken.text
+    files = {"audio": ("p.wav", prompt_wav_bytes, "audio/wav")}
+    data = {"name": f"{name}b", "transcript": "你好。", "lexicon": json.dumps(lexicon, ensure_ascii=False)}
+    assert client.post("/v1/voices", data=data, files=files).status_code == 400
+    client.delete(f"/v1/voices/{name}")
+
+
 def test_update_preview_delete(client, prompt_wav_bytes) -> None:
     voice = enrol_voice(client, "erin", prompt_wav_bytes)
     patched = client.patch(

@@ -1,6 +1,6 @@
 """A text of only invisible characters (zero-width spaces and joiners, byte-order marks, word joiners,
-direction marks) is an empty text on every path that takes one: a request, a job, a batch item, OpenAI's
-speech endpoint. Refused with a 400 that names the problem, never synthesised."""
+direction marks, control characters) is an empty text on every path that takes one: a request, a job, a
+batch item, OpenAI's speech endpoint. Refused with a 400 that names the problem, never synthesised."""
 
 from __future__ import annotations
 
@@ -22,6 +22,8 @@ INVISIBLE = [
     "\u200b\u200c\u200d\ufeff\u2060",  # with the non-joiner, joiner, byte-order mark, word joiner
     " \u200b\n\u200e\u200f ",  # between blanks, with the direction marks
     "\u00ad\u2061\u180e",  # soft hyphen, function application, Mongolian vowel separator
+    "\u0000",  # NUL: it was read as "." and charged
+    "\u0001\u007f\u0000 ",  # other control characters
 ]
 
 

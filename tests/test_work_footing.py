@@ -177,7 +177,7 @@ def test_a_revoked_keys_stream_ends_with_key_revoked_and_is_not_charged_after(
     admin_key = roomy.service.keys.create("ops", "admin")[1]
     with as_key(roomy, admin_key) as admin:
         enrol_voice(admin, "alice", prompt_wav_bytes)
-    paused, go = pause(key.id, 1)  # its first segment passed the check (and is charged)
+    paused, go = pause(key.id, 2)  # the start's check, then its first segment's (it is charged)
     events: list[dict] = []
     body = {
         "model": "tts-1",
@@ -208,6 +208,63 @@ def test_a_revoked_keys_stream_ends_with_key_revoked_and_is_not_charged_after(
     received_s = len(pcm) / 2 / roomy.service.backend.model_info["sample_rate"]  # 16-bit PCM
     used = roomy.service.access.quota.used(key.id)
     assert 0 < used < received_s - 0.01  # the first segment; the one made after the revoke is not charged
+
+
+def settled(server, key_id: int, timeout: float = 60.0) -> float:
+    """The key's usage once none of its work holds a reservation any more."""
+    quota, deadline = server.service.access.quota, time.monotonic() + timeout
+    while quota.reserved(key_id) > 0 or server.service.scheduler.stats()["running"]:
+        assert time.monotonic() < deadline, "the key's work did not end"
+        time.sleep(0.05)
+    return quota.used(key_id)
+
+
+def test_a_stream_left_early_is_charged_for_the_audio_it_was_sent(server) -> None:
+    """Hanging up on a stream (or cancelling it) made all of its audio free, so a client could read every
+    stream but its last chunk at no cost. Now it is charged for what it was sent; a whole one as before."""
+    key, secret = server.service.keys.create("hang-up", "user")
+    body = {"text": "第一句话。第二句话。第三句话。第四句话。", "voice": "alice", "stream": True,
+            "format": "pcm", "seed": 7}  # fmt: skip
+    rate = server.service.backend.model_info["sample_rate"]
+    with as_key(server, secret) as user:
+        whole = user.post("/v1/tts", json=body)
+        assert whole.status_code == 200, whole.text
+        whole_s = len(whole.content) / 2 / rate
+        assert settled(server, key.id) == pytest.approx(whole_s, abs=0.05)
+        with user.stream("POST", "/v1/tts", json=body) as response:
+            received = next(response.iter_bytes())  # the first chunk, then the client hangs up
+    left_early = settled(server, key.id) - whole_s
+    assert len(received) / 2 / rate - 0.01 <= left_early < whole_s, (left_early, whole_s)
+
+
+def test_a_revoked_keys_waiting_request_gets_no_engine_time_and_no_audio(server) -> None:
+    """Requests of a key revoked while they waited in the queue used to run once their turn came (a stream
+    sent its whole audio before its error); now each ends with 401 key_revoked as it starts."""
+    key, secret = server.service.keys.create("revoked-waiting", "user")
+    release, answers = threading.Event(), []
+    blocker = server.service.scheduler.submit(lambda ctx: release.wait(60))
+    body = {"text": "第一句话。第二句话。", "voice": "alice", "stream": True, "format": "pcm"}
+
+    def ask() -> None:
+        with as_key(server, secret) as user:
+            answers.append(user.post("/v1/tts", json=body))
+
+    asking = threading.Thread(target=ask)
+    try:
+        asking.start()
+        deadline = time.monotonic() + 60
+        while server.service.scheduler.stats()["queued"] < 1:
+            assert time.monotonic() < deadline
+            time.sleep(0.02)
+        with as_key(server, server.admin_key) as admin:
+            assert admin.post(f"/admin/keys/{key.id}/revoke").status_code == 200
+    finally:
+        release.set()
+        blocker.wait(30)
+        asking.join(60)
+    (answer,) = answers
+    assert answer.status_code == 401 and answer.json()["error"]["code"] == "key_revoked", answer.text
+    assert settled(server, key.id) == 0.0
 
 
 def test_a_revoked_keys_batch_stops_between_items(server, pause) -> None:

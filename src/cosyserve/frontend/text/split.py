@@ -52,9 +52,10 @@ def is_only_punctuation(text: str) -> bool:
 
 
 def _is_invisible(char: str) -> bool:
-    """Whitespace, or a format character (Unicode category Cf): zero-width space, non-joiner and joiner,
-    byte-order mark, word joiner, direction marks, soft hyphen, invisible operators."""
-    return char.isspace() or unicodedata.category(char) == "Cf"
+    """Whitespace, a format character (Unicode category Cf: zero-width space, non-joiner and joiner,
+    byte-order mark, word joiner, direction marks, soft hyphen, invisible operators) or a control
+    character (Cc: NUL and the other C0/C1 codes)."""
+    return char.isspace() or unicodedata.category(char) in ("Cf", "Cc")
 
 
 def require_visible_text(text: str) -> None:
@@ -65,7 +66,7 @@ def require_visible_text(text: str) -> None:
     if text.strip():
         raise InputError(
             "the text is empty: it holds only invisible characters (zero-width spaces or joiners, byte-order "
-            "marks, direction marks): give the words to speak"
+            "marks, direction marks, control characters): give the words to speak"
         )
     raise InputError("the text is empty: give the words to speak")
 

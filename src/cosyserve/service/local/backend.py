@@ -32,7 +32,7 @@ from cosyserve.service.batches.submission import BatchSubmission
 from cosyserve.service.labels.labeller import Labeller
 from cosyserve.service.local.job_quota import JobQuota
 from cosyserve.service.local.job_runner import LocalJobs
-from cosyserve.service.local.key_guard import KeyGuard
+from cosyserve.service.local.key_guard import KeyGuard, SentAudio
 from cosyserve.service.local.model_host import ModelHost
 from cosyserve.service.local.recovery import JobFeeder
 from cosyserve.service.local.results import Results
@@ -110,8 +110,9 @@ class LocalBackend:
 
         def work_for(spec: OutputSpec) -> Callable[[WorkContext], TtsOutcome]:
             def work(ctx: WorkContext) -> TtsOutcome:
+                guard = self._guard(ctx, spec)
+                guard.check_at_start()
                 with request_context(spec.request_id), self.host.synthesizer(work=ctx) as synth:
-                    guard = self._guard(ctx, spec)
                     with guard.charging_what_was_made(self.reservations.settle, spec):
                         stream = self.results.run_engine(
                             lambda: synth.synthesize(
@@ -161,10 +162,12 @@ class LocalBackend:
     def _stream_items(
         self, ctx: WorkContext, request: SynthesisRequest, spec: OutputSpec
     ) -> Generator[StreamStart | bytes, None, TtsOutcome]:
-        """What `AudioStream` reads: the start, then encoded chunks; returns the outcome."""
+        """What `AudioStream` reads: the start, then encoded chunks; returns the outcome. A stream the client
+        leaves early (a cancel, a hang-up) is charged for the audio it was sent (`SentAudio`)."""
+        guard = self._guard(ctx, spec)
+        guard.check_at_start()
         oom = out_of_memory_as_error("a streamed synthesis")  # the encoder's buffers too
         with request_context(spec.request_id), self.host.synthesizer(work=ctx) as synth, oom:
-            guard = self._guard(ctx, spec)
             explicit = self.results.run_engine(
                 lambda: self.labels.explicit_for(synth, request, spec.extra, spec.voice_scope)
             )
@@ -184,21 +187,25 @@ class LocalBackend:
                 yield head
             chunks = iter(stream)
             first = True
-            with guard.charging_what_was_made(self.reservations.settle, spec):
-                while True:
-                    chunk = self.results.run_engine(lambda: next(chunks, None))
-                    if chunk is None:
-                        break
-                    if first and stream.first_audio_at is not None:
-                        first = False
-                        self.metrics.observe_first_chunk(stream.first_audio_at - ctx.submitted_at)
-                    data = encoder.encode(chunk.samples)
-                    if data:
-                        yield data
-            tail = encoder.finish()
-            if tail:
-                yield tail
-            ctx.check_cancelled()
+            sent = SentAudio(synth.sample_rate)
+            settle = self.reservations.settle
+            with sent.charged_if_left(settle, spec):
+                with guard.charging_what_was_made(settle, spec):
+                    while True:
+                        chunk = self.results.run_engine(lambda: next(chunks, None))
+                        if chunk is None:
+                            break
+                        if first and stream.first_audio_at is not None:
+                            first = False
+                            self.metrics.observe_first_chunk(stream.first_audio_at - ctx.submitted_at)
+                        data = encoder.encode(chunk.samples)
+                        sent.samples += len(chunk.samples)  # handed over (an encoder may hold a little)
+                        if data:
+                            yield data
+                tail = encoder.finish()
+                if tail:
+                    yield tail
+                ctx.check_cancelled()
             return self.results.finish(synth, request, stream.result(), spec, encoded=False)
 
     def _guard(self, ctx: WorkContext, spec: OutputSpec) -> KeyGuard:

@@ -6,6 +6,7 @@ from __future__ import annotations
 import contextlib
 from collections.abc import Callable, Iterator
 
+from cosyserve.errors import Cancelled
 from cosyserve.service.access.key_watch import KeyChanged, KeyRevoked, KeyWatch
 from cosyserve.service.local.synthesizer import SynthesisStream
 from cosyserve.service.outcomes import SynthesisProgress
@@ -29,6 +30,11 @@ class KeyGuard:
             self.watch.check([voice] if voice is not None else [])
             self.cleared_s = progress.audio_seconds
 
+    def check_at_start(self) -> None:
+        """KeyRevoked for a key revoked while the work waited in the queue: it gets no engine time and
+        sends nothing (the checks after each segment catch a revoke during the work)."""
+        self.watch.check()
+
     @contextlib.contextmanager
     def charging_what_was_made(
         self, settle: Callable[[OutputSpec, float], None], spec: OutputSpec
@@ -40,4 +46,25 @@ class KeyGuard:
         except (KeyRevoked, KeyChanged):
             if spec.key is not None and self.cleared_s > 0:
                 settle(spec, self.cleared_s)
+            raise
+
+
+class SentAudio:
+    """The audio a stream has handed to its client so far, charged if the client leaves before the end: a
+    hang-up or a cancel must not make what was already sent free (a stream that ends normally is settled
+    with its whole length by `Results.finish`; one stopped for its key by `charging_what_was_made`)."""
+
+    def __init__(self, sample_rate: int) -> None:
+        self.sample_rate = sample_rate
+        self.samples = 0  # counted once a chunk has been yielded to the reader
+
+    @contextlib.contextmanager
+    def charged_if_left(
+        self, settle: Callable[[OutputSpec, float], None], spec: OutputSpec
+    ) -> Iterator[None]:
+        try:
+            yield
+        except (Cancelled, GeneratorExit):
+            if spec.key is not None and self.samples > 0:
+                settle(spec, self.samples / self.sample_rate)
             raise

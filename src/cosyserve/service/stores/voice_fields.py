@@ -8,6 +8,7 @@ import re
 from typing import Any
 
 from cosyserve.errors import InputError
+from cosyserve.frontend.text.lexicon import Lexicon
 from cosyserve.service.requests import VoiceScope
 
 NAME_PATTERN = re.compile(r"^[\w\-. \u3000-\u9fff]{1,64}$")
@@ -38,6 +39,9 @@ def check_transcript(transcript: str | None) -> str | None:
 
 
 def lexicon_json(lexicon: dict[str, str]) -> str:
+    """The lexicon as stored, once every entry compiles (InputError naming the first that does not): a
+    voice saved with a bad entry would refuse every synthesis, its shared users' included."""
+    Lexicon(lexicon)
     text = json.dumps(lexicon, ensure_ascii=False)  # NUL comes out escaped; lone surrogates would not
     if UNSTORABLE.search(text):
         raise InputError("a lexicon entry contains a lone surrogate (not valid Unicode text); remove it")
