@@ -278,3 +278,17 @@ def test_a_model_that_is_neither_directory_nor_id(
     assert main(argv) == ExitCode.UNAVAILABLE
     line = _one_error_line(capsys.readouterr().err, "synthesize")
     assert "does not exist" in line and "or demo" in line
+
+
+def test_a_worker_whose_queue_does_not_answer_stops_with_one_line(
+    fresh_home: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """It used to run on, its consumer logging a refused connection every few seconds (as if alive)."""
+    from cosyserve.commands.worker import redact_url
+
+    url = f"redis://:s3cret@127.0.0.1:{_closed_port()}/0"
+    argv = ["worker", "--queue", url, "--model", "demo", "--data-dir", str(fresh_home / "d")]
+    assert main(argv) == ExitCode.UNAVAILABLE
+    line = _one_error_line(capsys.readouterr().err, "worker")
+    assert "does not answer" in line and "start Redis there" in line and "s3cret" not in line, line
+    assert redact_url("redis://127.0.0.1:6379/0") == "redis://127.0.0.1:6379/0"

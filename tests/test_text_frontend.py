@@ -247,7 +247,7 @@ def test_length_limit(tokenizer: TextTokenizer) -> None:
     check_length("字" * 200)
     with pytest.raises(
         InputError,
-        match="text is 201 characters, the limit is 200: split it or raise COSYSERVE_MAX_TEXT_CHARS",
+        match=r"text is 201 characters, the limit is 200: split it, send a longer text as a job \(POST",
     ):
         check_length("字" * 201)
     with pytest.raises(InputError, match="text is 201 characters"):

@@ -37,6 +37,8 @@ def add_text_limit_argument(parser: argparse.ArgumentParser) -> None:
         "--max-chars",
         type=int,
         default=int(os.environ.get("COSYSERVE_MAX_TEXT_CHARS", DEFAULT_MAX_TEXT_CHARS)),
+        help="the longest text one synthesis takes, in characters [env COSYSERVE_MAX_TEXT_CHARS] "
+        f"(default: {DEFAULT_MAX_TEXT_CHARS})",
     )
 
 

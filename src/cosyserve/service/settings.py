@@ -181,7 +181,8 @@ class Settings(BaseSettings):
         if not self.server.insecure:
             raise SettingsError(
                 f"refusing to listen on {self.server.host}, which other machines can reach, with no "
-                "authentication: create an API key (`cosyserve keys create`), set ui_username and "
+                "authentication: create an admin API key (`cosyserve keys create NAME --role admin`; any key "
+                "turns authentication on, on 127.0.0.1 too), set ui_username and "
                 "ui_password, listen on 127.0.0.1, or pass --insecure to serve it open anyway"
             )
         return [f"--insecure: serving {self.server.host}:{self.server.port} with no authentication"]

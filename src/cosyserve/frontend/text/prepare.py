@@ -40,7 +40,9 @@ def check_length(text: str, limit: int = DEFAULT_MAX_CHARS) -> None:
     count = len(nfc(text).strip())
     if count > limit:
         raise InputError(
-            f"text is {count} characters, the limit is {limit}: split it or raise COSYSERVE_MAX_TEXT_CHARS"
+            f"text is {count} characters, the limit is {limit}: split it, send a longer text as a job "
+            "(POST /v1/jobs; the web UI does so by itself), or raise the limit (`--max-chars` of the "
+            "command, `--max-text-chars` or COSYSERVE_MAX_TEXT_CHARS of a server)"
         )
 
 
