@@ -10,6 +10,7 @@ its n-th passing key check (the start of a job counts one, then every finished s
 from __future__ import annotations
 
 import base64
+import contextlib
 import io
 import json
 import threading
@@ -208,6 +209,42 @@ def test_a_revoked_keys_stream_ends_with_key_revoked_and_is_not_charged_after(
     received_s = len(pcm) / 2 / roomy.service.backend.model_info["sample_rate"]  # 16-bit PCM
     used = roomy.service.access.quota.used(key.id)
     assert 0 < used < received_s - 0.01  # the first segment; the one made after the revoke is not charged
+
+
+def test_a_raw_stream_cut_off_by_a_revoke_is_logged_as_key_revoked(
+    start_api_server, pause, prompt_wav_bytes, caplog
+) -> None:
+    """Starlette wraps an error raised once the response began ("Caught handled exception, but response
+    already started"): it was logged and counted as an internal error (500), which would page someone."""
+    caplog.set_level("INFO", logger="cosyserve.failures")
+    roomy = start_api_server(max_text_chars=200, api_keys_required=True, rate_limit_per_minute=0)
+    key, secret = roomy.service.keys.create("revoked-raw", "user")
+    admin_key = roomy.service.keys.create("ops", "admin")[1]
+    with as_key(roomy, admin_key) as admin:
+        enrol_voice(admin, "alice", prompt_wav_bytes)
+    paused, go = pause(key.id, 2)  # the start's check, then its first segment's (of two)
+    body = {"text": LONG_TEXT, "voice": "alice", "stream": True, "format": "pcm"}
+    received: list[bytes] = []
+
+    def listen() -> None:
+        cut_off = contextlib.suppress(httpx.HTTPError)  # a raw stream can only be cut off
+        with as_key(roomy, secret) as user, cut_off, user.stream("POST", "/v1/tts", json=body) as response:
+            received.extend(response.iter_bytes())
+
+    listener = threading.Thread(target=listen)
+    listener.start()
+    try:
+        assert paused.wait(60)
+        with as_key(roomy, admin_key) as admin:
+            assert admin.post(f"/admin/keys/{key.id}/revoke").status_code == 200
+    finally:
+        go.set()
+        listener.join(60)
+        roomy.stop()
+    assert received  # the first segment's audio came before the cut
+    failures = [r.getMessage() for r in caplog.records if r.name == "cosyserve.failures"]
+    assert any("key_revoked" in line for line in failures), failures
+    assert not any("already started" in line or "internal" in line for line in failures), failures
 
 
 def settled(server, key_id: int, timeout: float = 60.0) -> float:

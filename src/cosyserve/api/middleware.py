@@ -105,8 +105,8 @@ class ApiMiddleware:
         except Exception as exc:
             if not status:
                 await error_response(exc, self.metrics)(scope, receive, send_with_id)
-            else:
-                error_response(exc, self.metrics)  # logs and counts; the body is cut off
+            else:  # logs and counts it as what it is; the body is cut off
+                error_response(started_response_error(exc), self.metrics)
         finally:
             if held:
                 await self._release(held)
@@ -203,3 +203,13 @@ def route_label(route: Any) -> str:
     if isinstance(route, Mount):
         return (route.path or "") + "/*"
     return getattr(route, "path", None) or "unmatched"
+
+
+def started_response_error(exc: Exception) -> BaseException:
+    """The error that cut a response off once it had begun: Starlette wraps an error it has a handler for
+    (e.g. a stream's `key_revoked`) in a RuntimeError "Caught handled exception, but response already
+    started", which would be logged and counted as an internal error (500) instead."""
+    cause = exc.__cause__
+    if isinstance(exc, RuntimeError) and cause is not None and "response already started" in str(exc):
+        return cause
+    return exc
