@@ -292,3 +292,11 @@ def test_a_worker_whose_queue_does_not_answer_stops_with_one_line(
     line = _one_error_line(capsys.readouterr().err, "worker")
     assert "does not answer" in line and "start Redis there" in line and "s3cret" not in line, line
     assert redact_url("redis://127.0.0.1:6379/0") == "redis://127.0.0.1:6379/0"
+
+
+def test_a_server_address_without_its_scheme_is_a_usage_error(capsys: pytest.CaptureFixture[str]) -> None:
+    """It was tried as given and ended "the server could not be reached" with exit status 3."""
+    for command in ("batch", "dub"):
+        argv = [command, "in.csv", "--voice", "me", "--out", "o", "--server", "127.0.0.1:7860"]
+        err = _usage_error(argv, capsys)
+        assert "give it with its scheme, e.g. http://127.0.0.1:7860" in err, err

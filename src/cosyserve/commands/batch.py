@@ -18,6 +18,7 @@ import threading
 import uuid
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
+from urllib.parse import urlsplit
 
 import soundfile as sf
 
@@ -358,7 +359,9 @@ def _common(parser: argparse.ArgumentParser) -> None:
     )
     add_threshold_arguments(parser, "every line's (an item's own `thresholds` win one by one)")
     parser.add_argument("--resume", action="store_true", help="go on where an interrupted run stopped")
-    parser.add_argument("--server", help="run on a cosyserve server (http://host:port) instead of here")
+    parser.add_argument(
+        "--server", type=server_url, help="run on a cosyserve server (http://host:port) instead of here"
+    )
     parser.add_argument("--api-key", default=os.environ.get("COSYSERVE_API_KEY"), help="the server's API key")
     parser.add_argument("--max-items", type=int, default=100_000, help="refuse files with more items")
     add_text_limit_argument(parser)
@@ -397,3 +400,13 @@ def add_parsers(sub: argparse._SubParsersAction) -> None:
     )
     _common(dub)
     dub.set_defaults(func=cmd_dub)
+
+
+def server_url(value: str) -> str:
+    """--server's value: an http(s) URL (a bare host:port is a usage error naming the fix, not a server
+    that "could not be reached")."""
+    if urlsplit(value).scheme not in ("http", "https"):
+        raise argparse.ArgumentTypeError(
+            f"{value!r} is not a server URL: give it with its scheme, e.g. http://{value.split('://')[-1]}"
+        )
+    return value.rstrip("/")
