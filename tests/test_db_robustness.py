@@ -190,7 +190,7 @@ def test_voice_lookups_that_cannot_match_are_not_found(
 
 def test_voice_text_that_cannot_be_stored_is_refused(engine: sa.Engine, tmp_path: Path) -> None:
     library = VoiceLibrary(tmp_path / "voices", engine, sa.MetaData(), model_checksum="m")
-    voice = library.add("alice", b"RIFF" + bytes(64), tiny_features, lexicon={"x": "y"})
+    voice = library.add("alice", b"RIFF" + bytes(64), tiny_features, lexicon={"x": "EH1 K S"})
     for transcript in ("hello\x00", "lone \ud800 surrogate"):
         with pytest.raises(InputError, match="NUL character or a lone surrogate"):
             library.update(voice.id, transcript=transcript)
@@ -198,9 +198,9 @@ def test_voice_text_that_cannot_be_stored_is_refused(engine: sa.Engine, tmp_path
         library.update(voice.id, lexicon={"word": "\udfff"})
     with pytest.raises(InputError, match="lone surrogate"):
         library.add("bob", b"RIFF" + bytes(64), tiny_features, lexicon={"\ud800": "x"})
-    library.update(voice.id, lexicon={"nul\x00": "kept as an escape"}, transcript="fine")
+    library.update(voice.id, lexicon={"nul\x00": "N AH1 L"}, transcript="fine")  # NUL kept as an escape
     again = library.get("alice")
-    assert again.lexicon == {"nul\x00": "kept as an escape"} and again.transcript == "fine"
+    assert again.lexicon == {"nul\x00": "N AH1 L"} and again.transcript == "fine"
     assert [v.name for v in library.list()] == ["alice"]
 
 

@@ -101,8 +101,8 @@ def test_a_voice_enrolled_on_one_node_is_used_updated_and_deleted_from_another(
         node_b.get("al\x00ice")  # PostgreSQL refuses NUL in text: not found, not a database error
     with pytest.raises(InputError, match="NUL"):
         node_b.update("alice", transcript="a\x00b")
-    node_a.update("alice", name="alice2", lexicon={"x": "y"})
-    assert node_b.get(enrolled.id).name == "alice2" and node_b.get("alice2").lexicon == {"x": "y"}
+    node_a.update("alice", name="alice2", lexicon={"x": "EH1 K S"})
+    assert node_b.get(enrolled.id).name == "alice2" and node_b.get("alice2").lexicon == {"x": "EH1 K S"}
     with pytest.raises(InputError, match="already have a voice named"):
         node_b.add("alice2", AUDIO, analyse)
 

@@ -18,7 +18,6 @@ import threading
 import uuid
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
-from urllib.parse import urlsplit
 
 import soundfile as sf
 
@@ -31,6 +30,7 @@ from cosyserve.commands.batch_files import (
     write_atomic,
 )
 from cosyserve.commands.cli_labels import cli_labeller, label_bytes
+from cosyserve.commands.parsing import server_url
 from cosyserve.errors import CosyServeError, InputError
 from cosyserve.exit_codes import ExitCode
 from cosyserve.limits import DEFAULT_DUB_MAX_SPEED, SPEED_RANGE_TEXT
@@ -359,9 +359,7 @@ def _common(parser: argparse.ArgumentParser) -> None:
     )
     add_threshold_arguments(parser, "every line's (an item's own `thresholds` win one by one)")
     parser.add_argument("--resume", action="store_true", help="go on where an interrupted run stopped")
-    parser.add_argument(
-        "--server", type=server_url, help="run on a cosyserve server (http://host:port) instead of here"
-    )
+    parser.add_argument("--server", type=server_url, help="run on a cosyserve server (http://host:port)")
     parser.add_argument("--api-key", default=os.environ.get("COSYSERVE_API_KEY"), help="the server's API key")
     parser.add_argument("--max-items", type=int, default=100_000, help="refuse files with more items")
     add_text_limit_argument(parser)
@@ -400,13 +398,3 @@ def add_parsers(sub: argparse._SubParsersAction) -> None:
     )
     _common(dub)
     dub.set_defaults(func=cmd_dub)
-
-
-def server_url(value: str) -> str:
-    """--server's value: an http(s) URL (a bare host:port is a usage error naming the fix, not a server
-    that "could not be reached")."""
-    if urlsplit(value).scheme not in ("http", "https"):
-        raise argparse.ArgumentTypeError(
-            f"{value!r} is not a server URL: give it with its scheme, e.g. http://{value.split('://')[-1]}"
-        )
-    return value.rstrip("/")

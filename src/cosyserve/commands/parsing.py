@@ -13,6 +13,7 @@ import re
 import sys
 from collections.abc import Sequence
 from typing import NoReturn
+from urllib.parse import urlsplit
 
 from cosyserve.exit_codes import ExitCode
 
@@ -65,3 +66,13 @@ class CliParser(argparse.ArgumentParser):
         hint = self.dash_text_hint(message)
         prog = self._command_prog()  # `cosyserve normalize` for arguments the top level found over
         self.exit(int(ExitCode.USAGE), f"{prog}: error: {message}{hint}; see `{prog} --help`\n")
+
+
+def server_url(value: str) -> str:
+    """--server's value: an http(s) URL (a bare host:port is a usage error naming the fix, not a server
+    that "could not be reached")."""
+    if urlsplit(value).scheme not in ("http", "https"):
+        raise argparse.ArgumentTypeError(
+            f"{value!r} is not a server URL: give it with its scheme, e.g. http://{value.split('://')[-1]}"
+        )
+    return value.rstrip("/")

@@ -272,4 +272,6 @@ def explain_validation_error(exc: ValidationError) -> str:
             f"; set it with {doc.flag}, {doc.env_vars[1]} or [{loc[0]}] in {CONFIG_FILENAME}" if doc else ""
         )
         lines.append(f"invalid setting {path or 'settings'}: {message}{where}")
+    if len(lines) == 1:
+        return lines[0]  # one line as it is (the CLI joins several into one with "; ")
     return "invalid settings:\n  " + "\n  ".join(lines)

@@ -41,10 +41,10 @@ def check_transcript(transcript: str | None) -> str | None:
 def lexicon_json(lexicon: dict[str, str]) -> str:
     """The lexicon as stored, once every entry compiles (InputError naming the first that does not): a
     voice saved with a bad entry would refuse every synthesis, its shared users' included."""
-    Lexicon(lexicon)
     text = json.dumps(lexicon, ensure_ascii=False)  # NUL comes out escaped; lone surrogates would not
     if UNSTORABLE.search(text):
         raise InputError("a lexicon entry contains a lone surrogate (not valid Unicode text); remove it")
+    Lexicon(lexicon)
     return text
 
 
