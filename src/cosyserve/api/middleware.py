@@ -30,7 +30,7 @@ from cosyserve.service.logs import new_request_id, reset_request_id, set_request
 access_log = logging.getLogger("cosyserve.access")
 REQUEST_ID_HEADER = "x-request-id"
 _SAFE_ID = re.compile(r"[A-Za-z0-9._\-]{1,64}")
-_QUIET_PATHS = ("/health", "/ready", "/metrics")  # polled constantly: logged at DEBUG
+_QUIET_PATHS = ("/health", "/ready", "/metrics", "/v1/me")  # polled (/v1/me: every open page): DEBUG
 _QUIET_PREFIXES = ("/assets/", "/gradio_api/", "/static/")  # the web UI's own traffic
 BUSY_RETRY_AFTER_S = 5
 _MAX_HELD_BODY = 64 * 1024  # a bare `{"detail": ...}` error is far smaller: larger bodies pass through
