@@ -190,6 +190,10 @@ def test_items_that_cannot_run_fail_alone_with_their_reason(client) -> None:
     assert (
         "not a number" in messages[0] and "nothing to speak" in messages[1] and "out of range" in messages[2]
     )
+    before = len(client.get("/v1/batches").json()["data"])
+    unknown = client.post("/v1/batches", json={"voice": "nobody", "items": ["hi."]})  # the batch's voice
+    assert unknown.status_code == 404 and unknown.json()["error"]["code"] == "voice_not_found", unknown.text
+    assert len(client.get("/v1/batches").json()["data"]) == before  # refused at submit: nothing recorded
     no_voice = wait_batch(client, client.post("/v1/batches", json={"items": ["hi."]}).json()["id"])
     assert (no_voice["state"], no_voice["error"]["code"]) == ("failed", "items_failed")
     assert "no voice" in no_voice["items"][0]["error"]["message"]

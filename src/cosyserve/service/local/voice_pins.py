@@ -87,7 +87,12 @@ def resolve_items(
 
 def resolve_batch(library: VoiceLibrary, batch: BatchSubmission, scope: VoiceScope) -> BatchSubmission:
     """`batch` with its items resolved (`resolve_items`) and its voices' snapshots kept in its shared
-    settings (under SNAPSHOTS): the voices as they are when it is submitted."""
+    settings (under SNAPSHOTS): the voices as they are when it is submitted. A batch-level voice the
+    caller may not use, or that does not exist, is VoiceNotFound at submit (404), as for /v1/tts: every
+    item taking it would fail, so the batch is refused rather than accepted to fail."""
+    shared_voice = batch.shared.get("voice")
+    if shared_voice:
+        library.get(str(shared_voice), scope)
     items, snapshots = resolve_items(library, batch.items, scope)
     return dataclasses.replace(batch, items=items, shared={**batch.shared, SNAPSHOTS: snapshots})
 
