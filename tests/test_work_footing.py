@@ -15,6 +15,7 @@ import io
 import json
 import threading
 import time
+from collections.abc import Callable
 
 import httpx
 import pytest
@@ -168,17 +169,34 @@ def test_a_revoked_keys_job_stops_at_the_next_segment_keeping_what_was_charged(s
     assert server.service.access.quota.used(key.id) == pytest.approx(partial["audio_s"], abs=0.01)
 
 
-def test_a_revoked_keys_stream_ends_with_key_revoked_and_is_not_charged_after(
-    start_api_server, pause, prompt_wav_bytes
-) -> None:
-    roomy = start_api_server(
-        max_text_chars=200, api_keys_required=True, rate_limit_per_minute=0
-    )  # one request of two segments
-    key, secret = roomy.service.keys.create("revoked-stream", "user")
-    admin_key = roomy.service.keys.create("ops", "admin")[1]
-    with as_key(roomy, admin_key) as admin:
+@pytest.fixture
+def roomy(start_api_server, prompt_wav_bytes):
+    """A server whose one request of LONG_TEXT has two segments, with an admin key and a shared voice."""
+    live = start_api_server(max_text_chars=200, api_keys_required=True, rate_limit_per_minute=0)
+    live.admin_key = live.service.keys.create("ops", "admin")[1]
+    with as_key(live, live.admin_key) as admin:
         enrol_voice(admin, "alice", prompt_wav_bytes)
-    paused, go = pause(key.id, 2)  # the start's check, then its first segment's (it is charged)
+    yield live
+    live.stop()
+
+
+def revoked_midway(server, key_id: int, pause, listen: Callable[[], None]) -> None:
+    """`listen` (a client of the key's stream) in a thread; the key revoked after its work's first segment
+    (the start's check, then that segment's), then the work let go on."""
+    paused, go = pause(key_id, 2)
+    listener = threading.Thread(target=listen)
+    listener.start()
+    try:
+        assert paused.wait(60)
+        with as_key(server, server.admin_key) as admin:
+            assert admin.post(f"/admin/keys/{key_id}/revoke").status_code == 200
+    finally:
+        go.set()
+        listener.join(60)
+
+
+def test_a_revoked_keys_stream_ends_with_key_revoked_and_is_not_charged_after(roomy, pause) -> None:
+    key, secret = roomy.service.keys.create("revoked-stream", "user")
     events: list[dict] = []
     body = {
         "model": "tts-1",
@@ -192,17 +210,7 @@ def test_a_revoked_keys_stream_ends_with_key_revoked_and_is_not_charged_after(
         with as_key(roomy, secret) as user, user.stream("POST", "/v1/audio/speech", json=body) as response:
             events.extend(json.loads(line[6:]) for line in response.iter_lines() if line.startswith("data: "))
 
-    listener = threading.Thread(target=listen)
-    listener.start()
-    try:
-        assert paused.wait(60)
-        with as_key(roomy, admin_key) as admin:
-            assert admin.post(f"/admin/keys/{key.id}/revoke").status_code == 200
-        go.set()
-        listener.join(60)
-    finally:
-        go.set()
-        roomy.stop()
+    revoked_midway(roomy, key.id, pause, listen)
     assert events and events[-1]["type"] == "error", events[-1:]
     assert events[-1]["error"]["code"] == "key_revoked" and events[-1]["error"]["status"] == 401
     pcm = b"".join(base64.b64decode(e["audio"]) for e in events if e["type"] == "speech.audio.delta")
@@ -211,18 +219,11 @@ def test_a_revoked_keys_stream_ends_with_key_revoked_and_is_not_charged_after(
     assert 0 < used < received_s - 0.01  # the first segment; the one made after the revoke is not charged
 
 
-def test_a_raw_stream_cut_off_by_a_revoke_is_logged_as_key_revoked(
-    start_api_server, pause, prompt_wav_bytes, caplog
-) -> None:
+def test_a_raw_stream_cut_off_by_a_revoke_is_logged_as_key_revoked(roomy, pause, caplog) -> None:
     """Starlette wraps an error raised once the response began ("Caught handled exception, but response
     already started"): it was logged and counted as an internal error (500), which would page someone."""
     caplog.set_level("INFO", logger="cosyserve.failures")
-    roomy = start_api_server(max_text_chars=200, api_keys_required=True, rate_limit_per_minute=0)
     key, secret = roomy.service.keys.create("revoked-raw", "user")
-    admin_key = roomy.service.keys.create("ops", "admin")[1]
-    with as_key(roomy, admin_key) as admin:
-        enrol_voice(admin, "alice", prompt_wav_bytes)
-    paused, go = pause(key.id, 2)  # the start's check, then its first segment's (of two)
     body = {"text": LONG_TEXT, "voice": "alice", "stream": True, "format": "pcm"}
     received: list[bytes] = []
 
@@ -231,16 +232,7 @@ def test_a_raw_stream_cut_off_by_a_revoke_is_logged_as_key_revoked(
         with as_key(roomy, secret) as user, cut_off, user.stream("POST", "/v1/tts", json=body) as response:
             received.extend(response.iter_bytes())
 
-    listener = threading.Thread(target=listen)
-    listener.start()
-    try:
-        assert paused.wait(60)
-        with as_key(roomy, admin_key) as admin:
-            assert admin.post(f"/admin/keys/{key.id}/revoke").status_code == 200
-    finally:
-        go.set()
-        listener.join(60)
-        roomy.stop()
+    revoked_midway(roomy, key.id, pause, listen)
     assert received  # the first segment's audio came before the cut
     failures = [r.getMessage() for r in caplog.records if r.name == "cosyserve.failures"]
     assert any("key_revoked" in line for line in failures), failures
