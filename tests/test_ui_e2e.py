@@ -510,29 +510,36 @@ def test_voice_preview_is_listed_as_preview_and_history_fits(page):
     assert fits, "the id column is cut off"
 
 
+def held_until_the_cancel(monkeypatch, owner, name: str, cancelling) -> tuple[threading.Event, list]:
+    """`owner.name` patched to wait, once called, until `cancelling.cancel` has run (events, not sleeps:
+    the same order on a fast or a busy machine); returns (called, what the calls returned)."""
+    original, original_cancel = getattr(owner, name), cancelling.cancel
+    called, cancel_arrived, results = threading.Event(), threading.Event(), []
+
+    def held(*args, **kwargs):
+        called.set()
+        assert cancel_arrived.wait(WAIT_MS / 1000), "the Cancel did not reach the server"
+        results.append(original(*args, **kwargs))
+        return results[-1]
+
+    def noted_cancel(*args, **kwargs):
+        count = original_cancel(*args, **kwargs)
+        cancel_arrived.set()
+        return count
+
+    monkeypatch.setattr(owner, name, held)
+    monkeypatch.setattr(cancelling, "cancel", noted_cancel)
+    return called, results
+
+
 def test_cancel_before_the_ticket_exists_cancels_it(page, ui_server, monkeypatch):
     """Bug 5: a Cancel that arrives while the request is still being submitted (as after an engine restart)
     used to say "Cancelled." while the result was made and saved anyway."""
     from cosyserve.ui.bridge import UiBridge
     from cosyserve.ui.generate import Run
 
-    original_submit, original_cancel = UiBridge.submit, Run.cancel
-    submitting, cancel_arrived, tickets = threading.Event(), threading.Event(), []
-
-    def slow_submit(self, *args, **kwargs):
-        submitting.set()
-        # The submission is slow: it ends only after the Cancel has reached the server, before the ticket
-        # exists (events instead of fixed sleeps: the same order on a fast or a busy machine).
-        assert cancel_arrived.wait(WAIT_MS / 1000), "the Cancel did not reach the server"
-        tickets.append(original_submit(self, *args, **kwargs))
-        return tickets[-1]
-
-    def noted_cancel(self):
-        original_cancel(self)
-        cancel_arrived.set()
-
-    monkeypatch.setattr(UiBridge, "submit", slow_submit)
-    monkeypatch.setattr(Run, "cancel", noted_cancel)
+    # The submission is slow: it ends only after the Cancel has reached the server, before the ticket exists.
+    submitting, tickets = held_until_the_cancel(monkeypatch, UiBridge, "submit", Run)
     before = len(ui_server.service.outputs.list(limit=500))
     open_tab(page, "cross_lingual")
     page.uncheck("#cross_lingual-stream input")
@@ -555,23 +562,9 @@ def test_cancel_while_the_click_waits_in_the_pages_queue(page, ui_server, monkey
     from cosyserve.ui.bridge import UiBridge
     from cosyserve.ui.generate import TicketRegistry
 
-    original_begin, original_cancel = TicketRegistry.begin, TicketRegistry.cancel
-    waiting, cancel_arrived, runs, submitted = threading.Event(), threading.Event(), [], []
-
-    def late_begin(self, session, click=""):
-        waiting.set()
-        # The handler starts only after the Cancel has reached the server, as for a click that waited.
-        assert cancel_arrived.wait(WAIT_MS / 1000), "the Cancel did not reach the server"
-        runs.append(original_begin(self, session, click))
-        return runs[-1]
-
-    def noted_cancel(self, session, click=""):
-        count = original_cancel(self, session, click)
-        cancel_arrived.set()
-        return count
-
-    monkeypatch.setattr(TicketRegistry, "begin", late_begin)
-    monkeypatch.setattr(TicketRegistry, "cancel", noted_cancel)
+    # The handler starts only after the Cancel has reached the server, as for a click that waited.
+    waiting, runs = held_until_the_cancel(monkeypatch, TicketRegistry, "begin", TicketRegistry)
+    submitted: list = []
     monkeypatch.setattr(UiBridge, "submit", lambda *args, **kwargs: submitted.append(args))
     open_tab(page, "cross_lingual")
     page.uncheck("#cross_lingual-stream input")
