@@ -25,53 +25,10 @@ from cosyserve.ui.bridge import (
     new_request_id,
 )
 from cosyserve.ui.generate import as_gr_error, cache_copy
+from cosyserve.ui.i18n_batch import STRINGS
 from cosyserve.ui.studio import UiContext
 
 POLL_S = 1.0
-STRINGS: dict[str, tuple[str, str]] = {
-    "tab": ("批量与配音", "Batch"),
-    "about": (
-        "上传脚本（CSV 需含 text 列；TXT 每行一句；JSONL）批量生成，"
-        "或上传字幕（SRT、WebVTT）生成对齐时间轴的配音。"
-        "任务在服务器上运行：关闭页面后仍会继续，服务器重启后从中断处接着做。",
-        "Upload a script (CSV with a `text` column, TXT with one line per item, JSONL) to voice every "
-        "line, or subtitles (SRT, WebVTT) for a voice-over timed to the cues. It runs on the server: it "
-        "goes on if you close the page, and resumes after a restart.",
-    ),
-    "file": ("脚本或字幕文件", "Script or subtitle file"),
-    "voice": ("音色", "Voice"),
-    "instruct": ("指令（可选，用于每一句）", "Instruction (optional, for every line)"),
-    "format": ("格式", "Format"),
-    "max_speed": ("字幕配音：最多加速到", "Subtitles: speed a line up at most"),
-    "takes": ("每一项的生成次数（不合格则换种子重做）", "Takes per item (made again if a check fails)"),
-    "start": ("开始", "Start"),
-    "cancel": ("取消剩余", "Cancel the rest"),
-    "pick": ("播放已完成的一项", "Play a finished item"),
-    "audio": ("试听", "Listen"),
-    "cols": ("序号|名称|状态|时长（秒）|错误", "#|Name|State|Seconds|Error"),
-    "no_file": ("请先上传脚本或字幕文件。", "Upload a script or a subtitle file first."),
-    "no_voice": ("请选择一个已保存的音色。", "Pick a saved voice first."),
-    "progress": (
-        "{finished} / {total} 已处理 · {done} 完成 · {failed} 失败",
-        "{finished} / {total} finished · {done} done · {failed} failed",
-    ),
-    "left": ("约剩 {seconds:.0f} 秒", "about {seconds:.0f} s left"),
-    "state_queued": ("排队中", "queued"),
-    "state_running": ("进行中", "running"),
-    "state_done": ("完成", "done"),
-    "state_failed": ("失败", "failed"),
-    "state_cancelled": ("已取消", "cancelled"),
-    "zip": ("下载 ZIP", "Download ZIP"),
-    "track": ("下载配音", "Download the track"),
-    "report": ("时间轴报告 (CSV)", "Timing report (CSV)"),
-    "recent": (
-        "我的批量任务（选择一项查看进度、试听和下载）",
-        "Your batches (pick one for its progress, items and downloads)",
-    ),
-    "recent_item": ("{when} · {kind} · {items} 项 · {state}", "{when} · {kind} · {items} items · {state}"),
-    "kind_batch": ("脚本", "script"),
-    "kind_dub": ("字幕配音", "subtitles"),
-}
 
 
 def bt(key: str, lang: str, **values: Any) -> str:
@@ -124,7 +81,7 @@ def build_batch_tab(ctx: UiContext) -> BatchTab:
         [ctx.lang, file, voice, instruct, fmt, max_speed, takes],
         [parts.current, *parts.view, parts.audio],
     )
-    parts.timer.tick(actions.refresh, [ctx.lang, parts.current], parts.view, show_progress="hidden")
+    parts.timer.tick(actions.tick, [ctx.lang, parts.current], parts.view, show_progress="hidden")
     cancel.click(actions.cancel, [ctx.lang, parts.current], parts.view)
     parts.pick.change(actions.play, [ctx.lang, parts.current, parts.pick], [parts.audio])
     parts.recent.input(actions.open, [ctx.lang, parts.recent], [parts.current, *parts.view, parts.audio])
@@ -251,6 +208,16 @@ class _BatchActions:
         view[3] = gr.update(choices=[], value=None)  # a new batch: nothing of it to play yet
         return [record.id, *view, None]
 
+    def tick(self, lang: str, batch_id: str | None, request: gr.Request) -> list[Any]:
+        """The running batch's view, once a second; "Your batches" only when it has ended (redrawing the
+        list every second would close it under a user choosing from it)."""
+        if not batch_id:
+            return self.refresh(lang, batch_id, request)
+        try:
+            return self._view(lang, self._principal(request), batch_id, list_while_running=False)
+        except Exception as exc:
+            raise as_gr_error(exc, lang) from None
+
     def refresh(self, lang: str, batch_id: str | None, request: gr.Request) -> list[Any]:
         if not batch_id:
             return [gr.update(), gr.update(), gr.update(), gr.update(), gr.Timer(active=False), gr.update()]
@@ -313,7 +280,9 @@ class _BatchActions:
         ids = {value for _, value in choices}
         return gr.update(choices=choices, value=current if current in ids else None)
 
-    def _view(self, lang: str, principal: Principal, batch_id: str) -> list[Any]:
+    def _view(
+        self, lang: str, principal: Principal, batch_id: str, *, list_while_running: bool = True
+    ) -> list[Any]:
         status = self.batches.status(principal, batch_id)
         items = self.batches.items(batch_id)
         headers = bt("cols", lang).split("|")
@@ -336,7 +305,9 @@ class _BatchActions:
             gr.update(value={"headers": headers, "data": rows}, headers=headers),
             gr.update(choices=finished),
             gr.Timer(active=not status.record.is_terminal),
-            self._recent(lang, principal, batch_id),
+            self._recent(lang, principal, batch_id)
+            if list_while_running or status.record.is_terminal
+            else gr.update(),
         ]
 
     def _recent(self, lang: str, principal: Principal, batch_id: str | None) -> Any:
