@@ -64,11 +64,11 @@ def resolve_request(library: VoiceLibrary, request: SynthesisRequest, scope: Voi
 
 
 def resolve_items(
-    library: VoiceLibrary, items: list[ItemSpec], scope: VoiceScope
+    library: VoiceLibrary, items: list[ItemSpec], scope: VoiceScope, known: dict[str, Voice] | None = None
 ) -> tuple[list[ItemSpec], dict[str, Any]]:
     """The items (one whose voice the caller may not use, or that does not exist, is stored failed at once
-    with the reason) and the snapshots of their voices."""
-    found: dict[str, Voice | str] = {}  # by the name or id the items give: the voice, or why not
+    with the reason) and the snapshots of their voices; `known`: voices already looked up, by reference."""
+    found: dict[str, Voice | str] = dict(known or {})  # by the name or id the items give: the voice, or why
     resolved = []
     for item in items:
         name = item.params.get("voice")
@@ -91,9 +91,8 @@ def resolve_batch(library: VoiceLibrary, batch: BatchSubmission, scope: VoiceSco
     caller may not use, or that does not exist, is VoiceNotFound at submit (404), as for /v1/tts: every
     item taking it would fail, so the batch is refused rather than accepted to fail."""
     shared_voice = batch.shared.get("voice")
-    if shared_voice:
-        library.get(str(shared_voice), scope)
-    items, snapshots = resolve_items(library, batch.items, scope)
+    known = {str(shared_voice): library.get(str(shared_voice), scope)} if shared_voice else {}
+    items, snapshots = resolve_items(library, batch.items, scope, known)
     return dataclasses.replace(batch, items=items, shared={**batch.shared, SNAPSHOTS: snapshots})
 
 
