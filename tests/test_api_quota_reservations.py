@@ -178,3 +178,43 @@ def test_the_web_ui_reserves_like_the_api(server, tmp_path) -> None:
         )
     status = server.service.access.quota.check(record)
     assert status.used_s == pytest.approx(outcome.duration_s) and status.reserved_s == 0.0
+
+
+def test_requests_waiting_when_the_quota_is_lowered_below_the_usage_do_not_start(server) -> None:
+    """A request admitted under the old quota used to run (and be charged) once its turn came, however far
+    an admin had lowered the quota meanwhile; now it ends with 429 as it starts, as jobs and batch items
+    stop by the quota in force, and nothing is made or charged."""
+    record, key = server.service.keys.create("lowered", "user", quota=60.0)
+    release, answers = threading.Event(), []
+
+    def ask(path: str, body: dict) -> None:
+        with as_key(server, key) as client:
+            answers.append(client.post(path, json=body))
+
+    with as_key(server, key) as client, as_key(server, server.admin_key) as admin:
+        assert client.post("/v1/tts", json={"text": TEXT, "voice": "alice", "seed": SEED}).status_code == 200
+        used = settled(client)["used_s"]
+        blocker = server.service.scheduler.submit(lambda ctx: release.wait(60))
+        asking = [
+            threading.Thread(target=ask, args=("/v1/tts", {"text": TEXT, "voice": "alice", "stream": True})),
+            threading.Thread(target=ask, args=("/v1/audio/speech", {"input": TEXT, "voice": "alice"})),
+        ]
+        try:
+            for thread in asking:
+                thread.start()
+            deadline = time.monotonic() + 60
+            while server.service.scheduler.stats()["queued"] < 2:
+                assert time.monotonic() < deadline
+                time.sleep(0.02)
+            assert quota_of(client)["reserved_s"] > 0  # both were admitted under 60 s
+            lowered = admin.patch(f"/admin/keys/{record.id}", json={"daily_audio_seconds_quota": 1})
+            assert lowered.status_code == 200, lowered.text
+        finally:
+            release.set()
+            blocker.wait(30)
+            for thread in asking:
+                thread.join(60)
+        quota = settled(client)
+    assert [(a.status_code, a.json()["error"]["code"]) for a in answers] == [(429, "quota_exceeded")] * 2
+    assert "used up" in answers[0].json()["error"]["message"] and answers[0].headers.get("retry-after")
+    assert quota["used_s"] == pytest.approx(used) and quota["reserved_s"] == 0.0

@@ -45,13 +45,14 @@ def pause(monkeypatch):
     plans: dict[int, dict] = {}
 
     def check(self, voice_owners=()):
-        original(self, voice_owners)
+        key = original(self, voice_owners)
         plan = plans.get(self.key_id)
         if plan is not None:
             plan["count"] += 1
             if plan["count"] == plan["after"]:
                 plan["paused"].set()
                 plan["go"].wait(60)
+        return key
 
     monkeypatch.setattr(KeyWatch, "check", check)
 

@@ -16,9 +16,11 @@ from __future__ import annotations
 
 import dataclasses
 import logging
+import time
 from collections.abc import Callable
 
 from cosyserve.service.access.estimate import request_estimate_s, voice_pace
+from cosyserve.service.access.principals import QuotaExceeded
 from cosyserve.service.access.quota import QuotaTracker
 from cosyserve.service.batches.dub_plan import track_seconds_of_items
 from cosyserve.service.batches.submission import BatchSubmission
@@ -101,6 +103,20 @@ class QuotaReservations:
         except BaseException:
             self.release(spec)
             raise
+
+    def check_at_start(self, key: ApiKey) -> None:
+        """QuotaExceeded when `key`'s day is used up under its quota as it is now: a request admitted
+        earlier does not start once the quota was lowered below the usage, or earlier work used it up while
+        it waited (the rule jobs and batch items stop by: `local.job_quota`). Its reservation is given
+        back as it ends."""
+        status = self.quota.check(key)
+        if status.limit_s is not None and status.used_s >= status.limit_s:
+            raise QuotaExceeded(
+                f"the key's daily audio quota of {status.limit_s:g} s was used up ({status.used_s:.1f} s "
+                "today) while this request waited, by other work or a lowered quota: nothing was made or "
+                "charged; retry after 00:00 UTC or ask an admin for a larger quota",
+                max(1, int(status.resets_at - time.time())),
+            )
 
     def settle(self, spec: OutputSpec, seconds: float) -> None:
         """Charge `spec`'s key the real `seconds`, replacing its reservation."""

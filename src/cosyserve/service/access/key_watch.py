@@ -5,7 +5,8 @@ the next segment boundary, and nothing made after the revoke is charged.
 charges a segment, so the segment in flight when the key was revoked is never charged). A key whose role
 changed is re-checked against what the work uses: a key that became a user may no longer speak with a
 saved voice that is neither shared nor its own, and its work stops with `key_changed`; work that stays
-within the new scope goes on. A changed quota needs no stop: it is read again at every charge.
+within the new scope goes on. A changed quota is read again at every charge, and by a request as its turn
+comes (`local.key_guard`).
 """
 
 from __future__ import annotations
@@ -26,11 +27,12 @@ class KeyWatch:
         self.lookup = lookup  # the key's current row by id, revoked ones included (None: deleted)
         self.key_id = key_id
 
-    def check(self, voices: Iterable[Any] = ()) -> None:
-        """KeyRevoked when the key was revoked or deleted; KeyChanged when a saved voice the work uses
-        (anything with its `owner` and `shared`) is outside what the key may use now."""
+    def check(self, voices: Iterable[Any] = ()) -> ApiKey | None:
+        """The key's row as it is now (None for work without a key). KeyRevoked when the key was revoked or
+        deleted; KeyChanged when a saved voice the work uses (anything with its `owner` and `shared`) is
+        outside what the key may use now."""
         if self.key_id is None:
-            return
+            return None
         key = self.lookup(self.key_id)
         if key is None or key.revoked_at is not None:
             raise KeyRevoked(
@@ -43,3 +45,4 @@ class KeyWatch:
                 f"API key {key.id} became a {key.role} key while this work ran and may no longer use its "
                 "voice (another user's): the work stopped; submit it again with a voice the key may use"
             )
+        return key

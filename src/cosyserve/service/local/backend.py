@@ -209,7 +209,8 @@ class LocalBackend:
             return self.results.finish(synth, request, stream.result(), spec, encoded=False)
 
     def _guard(self, ctx: WorkContext, spec: OutputSpec) -> KeyGuard:
-        return KeyGuard(ctx, KeyWatch(self.key_lookup, spec.key.id if spec.key is not None else None))
+        watch = KeyWatch(self.key_lookup, spec.key.id if spec.key is not None else None)
+        return KeyGuard(ctx, watch, self.reservations.check_at_start)
 
     @functools.cached_property
     def results(self) -> Results:

@@ -12,14 +12,18 @@ from cosyserve.service.local.synthesizer import SynthesisStream
 from cosyserve.service.outcomes import SynthesisProgress
 from cosyserve.service.requests import OutputSpec
 from cosyserve.service.scheduling.scheduler import WorkContext
+from cosyserve.service.stores.keys import ApiKey
 
 
 class KeyGuard:
     """A synthesis' progress callback: reports progress on its ticket (the UI's progress bar) and checks
     its key after every segment (KeyRevoked / KeyChanged end it at that boundary)."""
 
-    def __init__(self, ctx: WorkContext, watch: KeyWatch) -> None:
+    def __init__(
+        self, ctx: WorkContext, watch: KeyWatch, quota_at_start: Callable[[ApiKey], None] | None = None
+    ) -> None:
         self.ctx, self.watch = ctx, watch
+        self.quota_at_start = quota_at_start  # QuotaExceeded when the key's quota is used up as work starts
         self.stream: SynthesisStream | None = None  # set once the synthesis is planned: its voice
         self.cleared_s = 0.0  # audio made before the last check that passed: what a stop still charges
 
@@ -31,9 +35,12 @@ class KeyGuard:
             self.cleared_s = progress.audio_seconds
 
     def check_at_start(self) -> None:
-        """KeyRevoked for a key revoked while the work waited in the queue: it gets no engine time and
-        sends nothing (the checks after each segment catch a revoke during the work)."""
-        self.watch.check()
+        """KeyRevoked for a key revoked while the work waited in the queue, QuotaExceeded for one whose
+        quota was used up (or lowered below its usage) meanwhile: it gets no engine time and sends nothing
+        (the checks after each segment catch a revoke during the work)."""
+        key = self.watch.check()
+        if key is not None and self.quota_at_start is not None:
+            self.quota_at_start(key)
 
     @contextlib.contextmanager
     def charging_what_was_made(
