@@ -167,8 +167,16 @@ def test_japanese_to_katakana() -> None:
     assert converted.startswith("レキシテキ セカイ")
 
 
+def test_japanese_today_is_read_as_a_greeting_only_when_it_stands_alone() -> None:
+    """pykakasi reads every 今日は as こんにちは, so the Studio's own example said "konnichiwa" twice."""
+    assert to_katakana("こんにちは、今日はいい天気ですね。") == "コンニチワ、キョウ ワ イイ テンキ デスネ。"
+    assert to_katakana("今日は、雨です。") == "キョウ ワ、アメ デス。"
+    assert to_katakana("今日は！") == "コンニチワ！"
+    assert to_katakana("今日は。元気ですか？") == "コンニチワ。ゲンキ デスカ？"
+
+
 def test_japanese_only_where_there_is_kana() -> None:
-    assert to_katakana("今日は良い天気です。我今天很高兴。") == "コンニチワ ヨイ テンキ デス。我今天很高兴。"
+    assert to_katakana("今日は良い天気です。我今天很高兴。") == "キョウ ワ ヨイ テンキ デス。我今天很高兴。"
     written = "レキシ テキ セカイ ニ オイ テ ワ、カコ ワ タンニ。"
     assert to_katakana(written) == written
     assert to_katakana("오늘 정말 반갑습니다.") == "오늘 정말 반갑습니다."

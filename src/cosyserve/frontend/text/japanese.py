@@ -4,6 +4,7 @@ Which sentences are Japanese? Those that hold a hiragana or katakana character: 
 Chinese sentence keeps its Han characters even in a text that mixes both languages. In a Japanese
 sentence everything is rewritten in katakana with pykakasi, word units separated by blanks the way the
 official example writes it (`レキシ テキ セカイ ニ ...`), and the particles は/へ/を read as ワ/エ/オ.
+今日は is the greeting (コンニチワ) only as a sentence of its own; within one it is キョウ ワ ("today").
 A sentence already written only in katakana is left exactly as typed. Korean and other scripts pass
 through. Numbers are not read in Japanese: the normaliser later spells them out in English.
 """
@@ -55,10 +56,13 @@ def _katakana_words(chunk: str) -> str:
 
             _KAKASI = pykakasi.kakasi()
         units = _KAKASI.convert(chunk.translate(_FULLWIDTH_DIGITS))
+    alone = sum(1 for unit in units if any(_is_word(char) for char in unit["orig"])) == 1
     words: list[str] = []
     for unit in units:
         original, kana = unit["orig"], unit["kana"]
-        if original in _PARTICLES:
+        if original == "今日は" and not alone:
+            kana = "キョウ ワ"  # pykakasi always reads the greeting; in a sentence it is "today" + は
+        elif original in _PARTICLES:
             kana = _PARTICLES[original]
         elif original.endswith("は") and kana.endswith("ハ"):
             kana = kana[:-1] + "ワ"  # では, には, 彼は: the topic particle
