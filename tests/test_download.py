@@ -181,6 +181,14 @@ def test_explicit_source_does_not_fall_back(remote: Path, tmp_path: Path) -> Non
     with pytest.raises(ModelDirError, match=r"modelscope \(2 attempts\): OSError: name resolution failed\. "):
         _download(tmp_path / "model", {"modelscope": broken, "huggingface": good}, source="modelscope")
     assert good.calls == 0
+    assert not (tmp_path / "model").exists()  # nothing fetched: no empty folder that reads as a broken model
+
+
+def test_a_failed_download_leaves_a_folder_it_did_not_create(tmp_path: Path) -> None:
+    (tmp_path / "mine").mkdir()
+    with pytest.raises(DownloadError):
+        _download(tmp_path / "mine", {"modelscope": BrokenHub()}, source="modelscope", attempts_per_source=1)
+    assert (tmp_path / "mine").is_dir()
 
 
 def test_unreachable_hubs_give_up_after_the_retry_budget(remote: Path, tmp_path: Path) -> None:

@@ -8,6 +8,7 @@ The fetch functions are looked up in `FETCHERS` at call time (or passed in), so 
 from __future__ import annotations
 
 import os
+import shutil
 import sys
 import time
 from collections.abc import Callable, Mapping, Sequence
@@ -207,6 +208,7 @@ def download_model(
         else:
             say(f"{model_id} is already complete in {done}")
             return done
+    created = not target.exists()
     target.mkdir(parents=True, exist_ok=True)
     table = FETCHERS if fetchers is None else fetchers
     if probe is None and fetchers is None:
@@ -245,6 +247,8 @@ def download_model(
                 continue
             say(f"{model_id} ready in {done} ({time.monotonic() - started:.0f} s)")
             return done
+    if created:
+        _remove_if_nothing_fetched(target)
     last_reason = next((reasons[-1] for reasons in reversed(failures.values()) if reasons), "no hub tried")
     if all(out_of_reach.get(hub) for hub in order):
         raise DownloadError(
@@ -289,6 +293,17 @@ def _summarise(failures: Mapping[str, list[str] | str | None]) -> str:
         attempts = f"{len(reasons)} attempt{'s' if len(reasons) != 1 else ''}"
         parts.append(f"{hub} ({attempts}): {'; '.join(dict.fromkeys(reasons))}")
     return " | ".join(parts)
+
+
+def _remove_if_nothing_fetched(directory: Path) -> None:
+    """Remove a model folder this download created when no attempt left a file in it: an empty folder
+    would read as an incomplete model (`ModelDirError`) instead of one not downloaded yet."""
+    try:
+        if any(path.is_file() or path.is_symlink() for path in directory.rglob("*")):
+            return  # partial files: kept for the next attempt to resume
+        shutil.rmtree(directory)
+    except OSError:
+        pass  # left as it is: the next download fills it
 
 
 def _bytes_under(directory: Path) -> int:
