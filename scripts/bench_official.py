@@ -4,7 +4,7 @@
 This is the "official" column of cosyserve's performance table, reproducible on your machine. It runs
 in an environment with the official requirements (torch, transformers 4.51.3, HyperPyYAML,
 x-transformers, einops, omegaconf, conformer, diffusers, lightning, hydra-core, rich, gdown,
-matplotlib, wget; lightning 2.2.4 also needs setuptools < 81 for `pkg_resources`), never in
+matplotlib, wget, scipy; lightning 2.2.4 also needs setuptools < 81 for `pkg_resources`), never in
 cosyserve's, and nothing in cosyserve imports it:
 
     python scripts/bench_official.py --official-repo ~/src/CosyVoice \\
@@ -37,7 +37,8 @@ Deviations from a real run, none of which changes the work timed:
   is unchanged.
 - torchaudio (and onnxruntime) are only imported, never used, by the modules timed here; where they
   are missing (there is no torchaudio build for every torch) a stub module is put in `sys.modules`.
-  The stub records any attribute use, and the report's `stub_uses` lists them: it must stay empty.
+  The stub records any use of its names (a call or a read from one; importing a name is not a use),
+  and the report's `stub_uses` lists them: it must stay empty.
 - One short warm-up pass through each network before timing (as `cosyserve bench` does).
 - `stream-first` skips `llm_job`'s filter of long runs of silence tokens (more than 5 in a row are
   dropped); with random weights such runs practically never occur (`tokens_to_flow` shows the count
@@ -116,13 +117,33 @@ CASES = ("nonstream", "stream-first", "stream")
 STUB_USES: list[str] = []
 
 
-class _StubModule(types.ModuleType):
-    """Importable stand-in for a package the timed code never calls; records any attribute use."""
+class _StubName:
+    """A name imported from a stub (`from onnxruntime import InferenceSession` runs at import time in
+    newer official code): importing it is harmless, calling it or reading from it is a use."""
+
+    def __init__(self, qualified: str) -> None:
+        self._qualified = qualified
+
+    def _used(self) -> RuntimeError:
+        STUB_USES.append(self._qualified)
+        return RuntimeError(f"{self._qualified} is a stub in bench_official.py and was used")
+
+    def __call__(self, *args: Any, **kwargs: Any) -> Any:
+        raise self._used()
 
     def __getattr__(self, name: str) -> Any:
-        if not name.startswith("__"):
-            STUB_USES.append(f"{self.__name__}.{name}")
-        raise AttributeError(f"{self.__name__} is a stub in bench_official.py; {name} is not available")
+        if name.startswith("__"):
+            raise AttributeError(name)
+        raise self._used()
+
+
+class _StubModule(types.ModuleType):
+    """Importable stand-in for a package the timed code never calls; records any use of its names."""
+
+    def __getattr__(self, name: str) -> Any:
+        if name.startswith("__"):
+            raise AttributeError(name)
+        return _StubName(f"{self.__name__}.{name}")
 
 
 def install_import_stubs() -> list[str]:
