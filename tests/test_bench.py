@@ -168,7 +168,7 @@ def test_streaming_fast_bench_reports_latency_and_deviation() -> None:
     assert {"float32_gflops", "bfloat16_gflops", "int8_gflops", "units", "use_bfloat16"} <= set(
         report["matmul_speed"]
     )
-    assert set(report["bfloat16_parts"]) == {"dit", "prefill", "vocoder"}
+    assert set(report["bfloat16_parts"]) == {"dit", "prefill", "vocoder", "attention"}
     assert report["bfloat16_parts"]["vocoder"] == ("vocoder" in linears)
     wav = report["waveform_deviation"]  # the preset's probe mel and the exact one through the vocoder
     assert math.isfinite(wav["max_abs_wav"]) and wav["max_abs_wav"] >= wav["mean_abs_wav"] >= 0

@@ -64,8 +64,9 @@ def test_a_cpu_without_bf16_units_is_not_measured() -> None:
 def test_bfloat16_only_when_measured_clearly_faster(float32: float, bfloat16: float, chosen: bool) -> None:
     gflops, calls = _fake_gflops(float32, bfloat16)
     conv, conv_calls = _fake_gflops(float32, bfloat16)
-    speed = measure(("amx_bf16",), gflops, int8=lambda: 0.0, conv=conv)
+    speed = measure(("amx_bf16",), gflops, int8=lambda: 0.0, conv=conv, attention=lambda: (24.0, 0.0))
     assert calls == [torch.float32, torch.bfloat16] and conv_calls == calls
+    assert speed.attention_float32_ms == 24.0 and not speed.use_bfloat16_attention
     assert speed.use_bfloat16 is chosen and speed.use_bfloat16_conv is chosen
     assert speed.to_dict()["speedup"] == pytest.approx(bfloat16 / float32)
 
@@ -118,6 +119,14 @@ def test_the_choice_is_cached_per_machine(tmp_path: Path) -> None:
     assert matmul_speed(Calibration(None), measured) and len(runs) == 3  # no directory: memory only
 
 
+def test_the_attention_timings_are_cached_with_the_rest(tmp_path: Path) -> None:
+    speed = MatmulSpeed(192.0, 416.0, ("avx512_bf16",), int8_gflops=687.0, attention_float32_ms=34.0,
+                        attention_bfloat16_ms=20.0)  # fmt: skip
+    matmul_speed(Calibration(tmp_path), lambda: speed)
+    again = matmul_speed(Calibration(tmp_path), lambda: MatmulSpeed(1.0, 1.0, ("avx512_bf16",)))
+    assert again == speed and again.use_bfloat16_attention
+
+
 def test_a_cache_from_before_int8_was_measured_is_measured_again(tmp_path: Path) -> None:
     calibration = Calibration(tmp_path)
     matmul_speed(calibration, lambda: MatmulSpeed(250.0, 2000.0, ("amx_bf16",), int8_gflops=900.0))
@@ -150,7 +159,7 @@ def test_fast_preset_runs_the_dit_in_bfloat16_where_chosen(tiny_dir: Path) -> No
     assert "DiT bfloat16 linears" in result.label and "8.6x" in result.label
     assert result.matmul is not None and result.matmul["use_bfloat16"] is True
     # The LM's int8 layers run their prefill in bfloat16 too (int8 was not measured faster).
-    assert result.bfloat16 == {"dit": True, "prefill": True, "vocoder": False}
+    assert result.bfloat16 == {"dit": True, "prefill": True, "vocoder": False, "attention": True}
     assert "prefill of qkv/o/gate_up/down bfloat16" in result.label
     deviation = result.deviation
     assert deviation is not None and math.isfinite(deviation.max_abs_mel)
@@ -208,7 +217,7 @@ def test_fast_preset_runs_the_vocoder_convolutions_in_bfloat16_where_chosen(tiny
     speed = MatmulSpeed(86.0, 196.0, ("avx512_bf16",), int8_gflops=350.0, conv_float32_gflops=40.0,
                         conv_bfloat16_gflops=80.0)  # fmt: skip
     result = apply_preset(models, "fast", measure=False, matmul=speed, hift=hift)
-    assert result.bfloat16 == {"dit": False, "prefill": False, "vocoder": True}
+    assert result.bfloat16 == {"dit": False, "prefill": False, "vocoder": True, "attention": False}
     assert "vocoder bfloat16 convolutions" in result.label and "DiT int8" in result.label
     stages, kernels = len(hift.ups), len(hift.config.resblock_kernel_sizes)
     assert result.quantized_linears["vocoder"] == stages + 6 * (stages * kernels + stages)
@@ -230,5 +239,5 @@ def test_the_override_forces_parts_whatever_was_measured(tiny_dir: Path, monkeyp
     models = _Models(load_speech_lm(model_dir), load_flow(model_dir))
     monkeypatch.setenv(OVERRIDE_ENV, "dit")
     result = apply_preset(models, "fast", measure=False, matmul=MatmulSpeed(0.0, 0.0, ()), hift=None)
-    assert result.bfloat16 == {"dit": True, "prefill": False, "vocoder": False}
+    assert result.bfloat16 == {"dit": True, "prefill": False, "vocoder": False, "attention": True}
     assert "forced by COSYSERVE_BFLOAT16" in result.label

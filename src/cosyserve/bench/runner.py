@@ -366,7 +366,7 @@ def _report(
         "peak_rss_over_weights": peak_rss / weights_bytes,
         "quantized_linears": preset.quantized_linears,
         "matmul_speed": preset.matmul,  # fast: float32/bfloat16/int8 speeds here, which chose the below
-        "bfloat16_parts": preset.bfloat16,  # fast: which of the DiT, the LM's prefill and the vocoder
+        "bfloat16_parts": preset.bfloat16,  # fast: DiT, LM prefill, vocoder, DiT attention
         "deviation": None if preset.deviation is None else preset.deviation.to_dict(),
         "flow_steps": options.flow_steps,
         "no_cfg": options.no_cfg,

@@ -9,9 +9,12 @@ bfloat16 for
 - the LM's prefill (many rows) in the decoder layers: where their decode kernel is int8, by the same
   rule; where it is float16 (fbgemm's float16 product runs many rows at about float32's speed), when
   bfloat16 is clearly faster than float32;
-- the vocoder's convolutions when a bfloat16 convolution is clearly faster than a float32 one.
+- the vocoder's convolutions when a bfloat16 convolution is clearly faster than a float32 one;
+- the DiT's attention alone, where its linears stay int8, when the compiled bfloat16 attention
+  (`native_dit_attention`) is clearly faster than the float32 one.
 An AVX-512 EPYC with avx512_bf16 and VNNI but no AMX runs the DiT product about 2.2x faster in
-bfloat16 than float32 yet 1.8x faster still in int8, so there the DiT stays int8.
+bfloat16 than float32 yet 1.8x faster still in int8, so there the DiT's linears stay int8, and its
+attention runs in bfloat16 (34 against 17-20 ms a call).
 `COSYSERVE_BFLOAT16` overrides the measured choice, for comparisons (`bfloat16_override`).
 A CPU without those flags is not measured: torch's fallback there runs bfloat16 products tens of times
 slower than float32 (an AVX2 EPYC: 0.1 vs 7.7 GFLOP/s on 2 busy threads), and timing it would take
@@ -37,6 +40,7 @@ from torch import Tensor, nn
 
 from cosyserve.engine.calibration import Calibration, cpu_flags
 from cosyserve.engine.linear_kernels import INT8_KERNELS
+from cosyserve.engine.native_dit_attention import attention_milliseconds
 from cosyserve.errors import InputError
 
 log = logging.getLogger(__name__)
@@ -48,8 +52,8 @@ INT8_MARGIN = 0.9  # bfloat16 (8 significant bits per value) is kept over int8 d
 REPEATS = 5  # each dtype keeps its best timing (3 let one busy moment on a shared machine
 # halve int8's figure and flip the DiT's choice)
 BF16_FLAGS = ("amx_bf16", "avx512_bf16")  # CPU flags of units that multiply bfloat16 natively
-CACHE_FORMAT = 2  # 2: int8 and convolution speeds too
-PARTS = ("dit", "prefill", "vocoder")  # what the fast preset may run in bfloat16
+CACHE_FORMAT = 3  # 2: int8 and convolution speeds too; 3: the DiT's attention
+PARTS = ("dit", "prefill", "vocoder", "attention")  # what the fast preset may run in bfloat16
 OVERRIDE_ENV = "COSYSERVE_BFLOAT16"  # auto (measured), none, or a comma list of PARTS forced to bfloat16
 
 
@@ -64,6 +68,8 @@ class MatmulSpeed:
     int8_gflops: float = 0.0  # the same product in int8 (fbgemm); 0: not measured (no int8 kernels)
     conv_float32_gflops: float = 0.0  # a `CONV_SHAPE` convolution; 0: not measured
     conv_bfloat16_gflops: float = 0.0
+    attention_float32_ms: float = 0.0  # one DiT attention (`native_dit_attention.MEASURE_SHAPE`); 0: not
+    attention_bfloat16_ms: float = 0.0  # measured (the compiled bfloat16 one: not available here)
 
     @property
     def speedup(self) -> float:
@@ -72,6 +78,12 @@ class MatmulSpeed:
     @property
     def conv_speedup(self) -> float:
         return self.conv_bfloat16_gflops / self.conv_float32_gflops if self.conv_float32_gflops > 0 else 0.0
+
+    @property
+    def attention_speedup(self) -> float:
+        if self.attention_bfloat16_ms <= 0:
+            return 0.0
+        return self.attention_float32_ms / self.attention_bfloat16_ms
 
     @property
     def beats_float32(self) -> bool:
@@ -85,6 +97,12 @@ class MatmulSpeed:
     @property
     def use_bfloat16_conv(self) -> bool:
         return bool(self.units) and self.conv_speedup >= MIN_SPEEDUP
+
+    @property
+    def use_bfloat16_attention(self) -> bool:
+        """The compiled bfloat16 attention for a DiT whose linears stay int8 (a bfloat16 DiT has its
+        own bfloat16 attention)."""
+        return bool(self.units) and not self.use_bfloat16 and self.attention_speedup >= MIN_SPEEDUP
 
     def prefill_in_bfloat16(self, decode_kernel: str) -> bool:
         """Whether an LM product whose one-row kernel is `decode_kernel` runs many rows in bfloat16."""
@@ -102,6 +120,11 @@ class MatmulSpeed:
                 f"; conv {self.conv_float32_gflops:.0f} vs {self.conv_bfloat16_gflops:.0f} GFLOP/s "
                 f"({self.conv_speedup:.1f}x)"
             )
+        if self.attention_bfloat16_ms > 0:
+            conv += (
+                f"; attention {self.attention_float32_ms:.0f} vs {self.attention_bfloat16_ms:.0f} ms "
+                f"({self.attention_speedup:.1f}x)"
+            )
         return (
             f"{'x'.join(map(str, self.shape))} product: float32 {self.float32_gflops:.0f} GFLOP/s, "
             f"bfloat16 {self.bfloat16_gflops:.0f} GFLOP/s ({self.speedup:.1f}x{int8}){conv}; "
@@ -115,6 +138,8 @@ class MatmulSpeed:
             "conv_speedup": self.conv_speedup,
             "use_bfloat16": self.use_bfloat16,
             "use_bfloat16_conv": self.use_bfloat16_conv,
+            "attention_speedup": self.attention_speedup,
+            "use_bfloat16_attention": self.use_bfloat16_attention,
         }
 
 
@@ -174,11 +199,13 @@ def measure(
     gflops: Callable[..., float] = matmul_gflops,
     int8: Callable[[], float] = int8_gflops,
     conv: Callable[..., float] = conv_gflops,
+    attention: Callable[[], tuple[float, float]] = attention_milliseconds,
 ) -> MatmulSpeed:
     """This machine's `MatmulSpeed`; nothing is timed where the CPU has no bfloat16 units."""
     units = bf16_units() if units is None else units
     if not units:
         return MatmulSpeed(0.0, 0.0, ())
+    attention_float32_ms, attention_bfloat16_ms = attention()
     return MatmulSpeed(
         gflops(torch.float32),
         gflops(torch.bfloat16),
@@ -186,6 +213,8 @@ def measure(
         int8_gflops=int8(),
         conv_float32_gflops=conv(torch.float32),
         conv_bfloat16_gflops=conv(torch.bfloat16),
+        attention_float32_ms=attention_float32_ms,
+        attention_bfloat16_ms=attention_bfloat16_ms,
     )
 
 
@@ -250,7 +279,7 @@ def _read(path: Path | None, key: dict[str, object]) -> MatmulSpeed | None:
         if data.get("key") != json.loads(json.dumps(key)):
             return None
         speed = data["speed"]
-        if data.get("format") != CACHE_FORMAT:  # written before int8 and convolutions were measured
+        if data.get("format") != CACHE_FORMAT:  # written before int8, convolutions or attention were measured
             return None
         return MatmulSpeed(
             float(speed["float32_gflops"]),
@@ -260,6 +289,8 @@ def _read(path: Path | None, key: dict[str, object]) -> MatmulSpeed | None:
             float(speed["int8_gflops"]),
             float(speed["conv_float32_gflops"]),
             float(speed["conv_bfloat16_gflops"]),
+            float(speed["attention_float32_ms"]),
+            float(speed["attention_bfloat16_ms"]),
         )
     except (OSError, ValueError, KeyError, TypeError, AttributeError):
         log.warning("calibration: %s is unreadable; measuring again", path)

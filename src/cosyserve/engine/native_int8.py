@@ -22,8 +22,9 @@ batch gets its own activation scale (fbgemm: one per call), which is never less 
 
 The same library holds the float32 one-row product of `native_f32` (`native/f32_products.c`), the
 one-position attention of `native_attention` (`native/attention.c`), the decoding step through every
-layer of `native_step` (`native/decode_step.c`) and the DiT's GELU of `native_activation`
-(`native/activations.c`): one build, one load, one switch. It is compiled with the system C compiler
+layer of `native_step` (`native/decode_step.c`), the DiT's GELU of `native_activation`
+(`native/activations.c`) and its bfloat16 attention of `native_dit_attention` (`native/dit_attention.c`):
+one build, one load, one switch. It is compiled with the system C compiler
 (`$CC`, else `cc` or `gcc`) into `$COSYSERVE_KERNEL_DIR` (default: `kernels/` where `calibration/` is by
 default), named by a hash of the sources and flags (`python -m cosyserve.engine.native_int8` builds it
 ahead, as the CPU Docker image does), and loaded after torch so that it shares torch's OpenMP runtime
@@ -57,7 +58,14 @@ log = logging.getLogger(__name__)
 
 SOURCES = tuple(
     Path(__file__).with_name("native") / name
-    for name in ("int8_products.c", "f32_products.c", "attention.c", "decode_step.c", "activations.c")
+    for name in (
+        "int8_products.c",
+        "f32_products.c",
+        "attention.c",
+        "decode_step.c",
+        "activations.c",
+        "dit_attention.c",
+    )
 )
 HEADERS = (Path(__file__).with_name("native") / "vector_exp.h",)  # included by the sources
 KERNEL_DIR_ENV = "COSYSERVE_KERNEL_DIR"
@@ -68,6 +76,7 @@ REQUIRED_FLAGS = {
     "int8_vnni": ("avx512f", "avx512bw", "avx512vl", "avx512_vnni"),
     "int8_avx2": ("avx2", "fma"),
     "gemv_avx2": ("avx2", "fma"),  # native_f32
+    "attention_bf16": ("avx512f", "avx512bw", "avx512vl", "avx512_bf16"),  # native_dit_attention
 }
 NATIVE_INT8_KERNELS = ("int8_vnni", "int8_avx2")
 _FUNCTIONS = {"int8_vnni": "cosyserve_int8_linear", "int8_avx2": "cosyserve_int8_linear_avx2"}
@@ -276,6 +285,10 @@ def _declare(library: ctypes.CDLL) -> None:
     gelu = library.cosyserve_gelu_tanh
     gelu.argtypes = [pointer, pointer, longer, integer]
     gelu.restype = integer
+    dit_attention = library.cosyserve_dit_attention_bf16
+    dit_attention.argtypes = [pointer, pointer, pointer, pointer, pointer, pointer]
+    dit_attention.argtypes += [integer, integer, integer, integer, integer, pointer, integer]
+    dit_attention.restype = integer
 
 
 def _self_check(library: ctypes.CDLL, kernel: str) -> None:

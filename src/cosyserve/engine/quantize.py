@@ -15,7 +15,9 @@
 - the vocoder's upsampling and residual-block convolutions: bfloat16 (`matrix_units.BFloat16Conv`)
   where a measured convolution runs clearly faster so; its first and last convolutions, the source
   branch's strided convolutions, the F0 predictor and the inverse STFT stay float32.
-Everything else stays float32: embeddings, norms, attention, the flow's input and output projections.
+The DiT's attention runs in bfloat16 with a bfloat16 DiT, and with an int8 one where the compiled
+bfloat16 attention is measured clearly faster than float32's (`native_dit_attention`, AVX-512 BF16).
+Everything else stays float32: embeddings, norms, the flow's input and output projections.
 `COSYSERVE_BFLOAT16` (`matrix_units.bfloat16_override`) forces the bfloat16 parts, for comparisons.
 
 `apply_preset` measures the deviation on a fixed probe input before returning, so every run of the
@@ -42,6 +44,7 @@ from cosyserve.engine.matrix_units import (
     bfloat16_override,
     matmul_speed,
 )
+from cosyserve.engine.native_dit_attention import use_bfloat16_attention
 from cosyserve.engine.speech_lm_runner import decode_one, prefill
 from cosyserve.errors import InputError
 from cosyserve.model.flow import CausalFlow
@@ -170,6 +173,9 @@ def apply_preset(
     prefill_rule = matmul.prefill_in_bfloat16 if forced is None else (lambda _kernel: "prefill" in forced)
     layout = pack_speech_lm(models.llm, "fast", reduce_range=reduce_range, prefill_bfloat16=prefill_rule)
     dit_bf16 = matmul.use_bfloat16 if forced is None else "dit" in forced
+    attention_bf16 = not dit_bf16 and (
+        matmul.use_bfloat16_attention if forced is None else "attention" in forced
+    )
     vocoder_bf16 = hift is not None and (matmul.use_bfloat16_conv if forced is None else "vocoder" in forced)
     layers = len(models.llm.qwen2.layers)
     counts = {
@@ -179,12 +185,19 @@ def apply_preset(
         if dit_bf16
         else quantize_linears(models.flow, _dit_selected, reduce_range),
     }
+    if attention_bf16:  # where the compiled kernel does not run here, the attention stays float32
+        attention_bf16 = use_bfloat16_attention(models.flow.decoder.estimator) > 0
     if vocoder_bf16 and hift is not None:
         counts["vocoder"] = bfloat16_vocoder(hift)
     deviation = None
     if reference is not None:
         deviation = _deviation(reference, _probe(models))
-    bfloat16 = {"dit": dit_bf16, "prefill": bool(layout.prefill_bfloat16), "vocoder": vocoder_bf16}
+    bfloat16 = {
+        "dit": dit_bf16,
+        "prefill": bool(layout.prefill_bfloat16),
+        "vocoder": vocoder_bf16,
+        "attention": dit_bf16 or attention_bf16,
+    }
     label = _fast_label(layout.kernels, layout.prefill_bfloat16, bfloat16, reduce_range, matmul)
     return PresetResult("fast", label, counts, deviation, layout.kernels, matmul.to_dict(), bfloat16)
 
@@ -220,6 +233,7 @@ def _fast_label(
         "bfloat16 linears and attention"
         if bfloat16["dit"]
         else f"int8 linears, {activations} dynamic activations"
+        + (", bfloat16 attention" if bfloat16["attention"] else "")
     )
     vocoder = "bfloat16 convolutions" if bfloat16["vocoder"] else "float32"
     forced = " (forced by COSYSERVE_BFLOAT16)" if bfloat16_override() is not None else ""

@@ -9,7 +9,7 @@ Shapes: B batch, T mel frames, C mel channels (80), D model width, H heads, Dh h
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 
 import torch
 import torch.nn.functional as F
@@ -94,6 +94,10 @@ class Attention(nn.Module):
         # None: the input's. The fast preset sets bfloat16 where the CPU multiplies it natively, with
         # projections that take it (`engine.bfloat16_dit`).
         self.attention_dtype: torch.dtype | None = None
+        # An engine's kernel for the scores and weighted sum, q, k, v -> (B, T, D) or None where it does
+        # not take them (then SDPA); the fast preset sets one on CPUs where it is measured faster
+        # (`engine.native_dit_attention`). Unmasked attention only.
+        self.kernel: Callable[[torch.Tensor, torch.Tensor, torch.Tensor], torch.Tensor | None] | None = None
 
     def project(self, x: torch.Tensor, angles: torch.Tensor) -> tuple[torch.Tensor, ...]:
         """x: (B, T, D), angles: (T, Dh) -> q, k, v, each (B, H, T, Dh), positions applied."""
@@ -113,6 +117,10 @@ class Attention(nn.Module):
     ) -> torch.Tensor:
         """q: (B, H, Tq, Dh); k, v: (B, H, Tk, Dh); attn_mask: (B or 1, 1, Tq, Tk) bool, or None for all
         keys -> (B, Tq, D)."""
+        if attn_mask is None and self.kernel is not None:
+            fused = self.kernel(q, k, v)
+            if fused is not None:
+                return self.to_out[0](fused)
         out = F.scaled_dot_product_attention(q, k, v, attn_mask=attn_mask)
         out = out.transpose(1, 2).reshape(q.shape[0], -1, self.heads * self.dim_head)
         return self.to_out[0](out)
