@@ -140,14 +140,18 @@ def test_standin_onnx_models_run(demo_dir: Path) -> None:
     assert int(tokens.min()) >= 0 and int(tokens.max()) < 6561
 
 
-def test_deterministic_per_seed_and_overwrite(demo_dir: Path, tmp_path: Path) -> None:
+def test_deterministic_per_seed_and_overwrite(demo_dir: Path, tmp_path: Path, capsys) -> None:
     again = write_demo_model(tmp_path / "again", seed=0, progress=lambda _line: None)
     assert _hashes(again) == _hashes(demo_dir)
 
     with pytest.raises(InputError, match="not empty"):
         write_demo_model(again, seed=1)
     assert cli_main(["demo-model", str(again), "--seed", "1"]) == 2  # refused, one-line error
+    capsys.readouterr()
     assert cli_main(["demo-model", str(again), "--seed", "1", "--force"]) == 0
+    printed = capsys.readouterr()
+    assert printed.out == f"{again}\n"  # the path alone, for scripts; the summary once, with the progress
+    assert printed.err.count("demo model written to") == 1 and "its audio is noise" in printed.err
     other = _hashes(again)
     assert json.loads((again / MARKER_FILE).read_text())["seed"] == 1
     for name in WEIGHT_FILES:

@@ -54,7 +54,7 @@ def _cmd_demo_model(args: argparse.Namespace) -> int:
         progress=lambda line: print(line, file=sys.stderr),
         size=args.size,
     )
-    print(f"wrote demo model (random weights: its audio is noise) to {path}")
+    print(path)  # the summary went to stderr with the progress; stdout is the path, as `download` prints
     return 0
 
 

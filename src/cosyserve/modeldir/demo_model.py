@@ -91,7 +91,10 @@ def write_demo_model(
     except BaseException:
         shutil.rmtree(staging, ignore_errors=True)
         raise
-    (progress or logger.info)(f"demo model written to {target} in {time.perf_counter() - started:.1f} s")
+    (progress or logger.info)(
+        f"demo model written to {target} in {time.perf_counter() - started:.1f} s "
+        "(random weights: its audio is noise)"
+    )
     return target.resolve()
 
 
