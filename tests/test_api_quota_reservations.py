@@ -15,6 +15,7 @@ from conftest import enrol_voice
 
 TEXT = "第一句话说得很长很长。"  # about 2.9 s reserved in alice's pace
 SEED = 4  # the demo model's 2.3 s for TEXT: within its estimate
+TERMINAL = ("done", "failed", "cancelled")
 
 
 @pytest.fixture(scope="module")
@@ -182,8 +183,8 @@ def test_the_web_ui_reserves_like_the_api(server, tmp_path) -> None:
 
 def test_requests_waiting_when_the_quota_is_lowered_below_the_usage_do_not_start(server) -> None:
     """A request admitted under the old quota used to run (and be charged) once its turn came, however far
-    an admin had lowered the quota meanwhile; now it ends with 429 as it starts, as jobs and batch items
-    stop by the quota in force, and nothing is made or charged."""
+    an admin had lowered the quota meanwhile (a job made and was charged its first segment); now each ends
+    with quota_exceeded as it starts, as batch items stop by the quota in force, nothing made or charged."""
     record, key = server.service.keys.create("lowered", "user", quota=60.0)
     release, answers = threading.Event(), []
 
@@ -206,7 +207,9 @@ def test_requests_waiting_when_the_quota_is_lowered_below_the_usage_do_not_start
             while server.service.scheduler.stats()["queued"] < 2:
                 assert time.monotonic() < deadline
                 time.sleep(0.02)
-            assert quota_of(client)["reserved_s"] > 0  # both were admitted under 60 s
+            job = client.post("/v1/jobs", json={"text": TEXT, "voice": "alice"})
+            assert job.status_code == 202, job.text
+            assert quota_of(client)["reserved_s"] > 0  # all three were admitted under 60 s
             lowered = admin.patch(f"/admin/keys/{record.id}", json={"daily_audio_seconds_quota": 1})
             assert lowered.status_code == 200, lowered.text
         finally:
@@ -214,7 +217,13 @@ def test_requests_waiting_when_the_quota_is_lowered_below_the_usage_do_not_start
             blocker.wait(30)
             for thread in asking:
                 thread.join(60)
+        job_id, deadline = job.json()["id"], time.monotonic() + 60
+        while (ended := client.get(f"/v1/jobs/{job_id}").json())["state"] not in TERMINAL:
+            assert time.monotonic() < deadline, ended
+            time.sleep(0.05)
         quota = settled(client)
+    assert ended["state"] == "failed" and ended["error"]["code"] == "quota_exceeded", ended
+    assert "while the job waited: nothing was made" in ended["error"]["message"]
     assert [(a.status_code, a.json()["error"]["code"]) for a in answers] == [(429, "quota_exceeded")] * 2
     assert "used up" in answers[0].json()["error"]["message"] and answers[0].headers.get("retry-after")
     assert quota["used_s"] == pytest.approx(used) and quota["reserved_s"] == 0.0

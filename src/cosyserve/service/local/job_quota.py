@@ -3,8 +3,10 @@ own id, in the shared reservation ledger: `access.quota`), is charged segment by
 item) against that reservation as it runs, and stops with `quota_exceeded` once its key's daily quota is
 used up, keeping what it finished. What it still holds is released when its record ends.
 
-A job whose estimate does not fit beside the key's usage and other reservations is refused at submit.
-A job is stopped only between segments: past its estimate, the overshoot is at most one segment's audio.
+A job whose estimate does not fit beside the key's usage and other reservations is refused at submit;
+one whose key's day is used up as its turn comes (an admin lowered the quota below the usage, say) fails
+before making anything. A job is stopped only between segments: past its estimate, the overshoot is at
+most one segment's audio.
 """
 
 from __future__ import annotations
@@ -57,12 +59,19 @@ class JobQuota:
         status = self.quota.check(key)
         return status.limit_s is None or status.used_s < status.limit_s
 
-    def exceeded(self, key_id: int | None) -> QuotaExceeded:
-        """The error a job stops with when its key's quota ran out."""
+    def exceeded(self, key_id: int | None, *, started: bool = True) -> QuotaExceeded:
+        """The error a job stops with when its key's quota ran out (`started`: while it ran; else before
+        it made anything: used up, or lowered below the usage, while it waited)."""
         key = self.key_lookup(key_id) if key_id is not None else None
         status = self.quota.check(key) if key is not None else None
         limit = f"{status.limit_s:g} s " if status is not None and status.limit_s else ""
         resets = int(status.resets_at - time.time()) if status is not None else 3600
+        if not started:
+            return QuotaExceeded(
+                f"the key's daily audio quota {limit}was used up while the job waited: nothing was made or "
+                "charged; submit it again after 00:00 UTC or with a larger quota",
+                max(1, resets),
+            )
         return QuotaExceeded(
             f"the key's daily audio quota {limit}ran out while the job ran: what it finished is kept and "
             "downloadable; the rest can run after 00:00 UTC or with a larger quota",

@@ -243,6 +243,8 @@ def run_pieces(
     voice as the job pinned it."""
     voices = [pinned.voice] if pinned is not None else []
     run.check_key(voices)  # revoked while it waited in the queue
+    if not run.quota.allows_id(run.key_id):  # used up, or lowered below the usage, while it waited
+        raise run.quota.exceeded(run.key_id, started=False)
     run.arm(ctx)  # checking every piece is part of the first segment's time
     last_write = [0.0]
 
