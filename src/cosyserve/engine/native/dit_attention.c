@@ -32,6 +32,8 @@
 #include <stdlib.h>
 #include <string.h>
 
+#include "vector_exp.h"
+
 #define BF16 __attribute__((target("avx512f,avx512bw,avx512vl,avx512bf16")))
 #define HEAD_DIM 64 /* the DiT's; other sizes go torch's way */
 #define PAIRS (HEAD_DIM / 2)
@@ -48,26 +50,6 @@ static inline uint16_t to_bf16(float value) {
 
 static inline uint32_t pair_bf16(float low, float high) {
     return (uint32_t)to_bf16(low) | ((uint32_t)to_bf16(high) << 16);
-}
-
-/* exp(x) on 16 floats: vector_exp.h's exp8 widened (x = n ln2 + r, degree-6 Taylor of exp(r), times
- * 2^n by scalef); 0 below -87.3, NaN stays NaN. Scores here are <= 0 (the maximum was subtracted). */
-BF16 static inline __m512 exp16(__m512 x) {
-    const __m512 lowest = _mm512_set1_ps(-87.3f);
-    __mmask16 underflow = _mm512_cmp_ps_mask(x, lowest, _CMP_LT_OQ);
-    x = _mm512_max_ps(lowest, x);
-    __m512 n = _mm512_roundscale_ps(_mm512_mul_ps(x, _mm512_set1_ps(1.44269504088896341f)),
-                                    _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC);
-    __m512 r = _mm512_fnmadd_ps(n, _mm512_set1_ps(0.693359375f), x);
-    r = _mm512_fnmadd_ps(n, _mm512_set1_ps(-2.12194440e-4f), r);
-    __m512 poly = _mm512_set1_ps(1.f / 720.f);
-    poly = _mm512_fmadd_ps(poly, r, _mm512_set1_ps(1.f / 120.f));
-    poly = _mm512_fmadd_ps(poly, r, _mm512_set1_ps(1.f / 24.f));
-    poly = _mm512_fmadd_ps(poly, r, _mm512_set1_ps(1.f / 6.f));
-    poly = _mm512_fmadd_ps(poly, r, _mm512_set1_ps(0.5f));
-    poly = _mm512_fmadd_ps(poly, r, _mm512_set1_ps(1.f));
-    poly = _mm512_fmadd_ps(poly, r, _mm512_set1_ps(1.f));
-    return _mm512_maskz_mov_ps((__mmask16)~underflow, _mm512_scalef_ps(poly, n));
 }
 
 /* One (b, h)'s keys and values laid out for vdpbf16ps: keys (blocks, PAIRS, KEYS) and values
