@@ -5,6 +5,7 @@ their subtitles account for it; only admins may skip the cue."""
 from __future__ import annotations
 
 import io
+import time
 
 import numpy as np
 import pytest
@@ -177,3 +178,48 @@ def test_the_spoken_notice_starts_every_output_in_its_voice(start_api_server, pr
         assert manifest["labels"]["explicit"] == "start (notice)"
     finally:
         live.stop()
+
+
+def test_quotas_count_the_speech_not_the_label_nor_the_takes_not_kept(
+    start_api_server, prompt_wav_bytes
+) -> None:
+    """A batch item used to be charged its audible cue too (a spoken notice made a 40-line batch cost
+    ten times its speech), and a job of several takes every take it made; now every path charges the
+    speech of the take delivered, as `/v1/tts` does."""
+    live = start_api_server(
+        api_keys_required=True, label_explicit="start", c2pa=False, rate_limit_per_minute=0
+    )
+    try:
+        record, key = live.service.keys.create("charged", "user", quota=600.0)
+        quota = live.service.access.quota
+        cue_s = cue.cue_seconds(live.service.backend.model_info["sample_rate"])
+        with live.client(headers={"Authorization": f"Bearer {key}"}) as user:
+            enrol_voice(user, "mine", prompt_wav_bytes)
+            spoken = user.post("/v1/tts", json={"text": API_TEXT, "voice": "mine", "seed": API_SEED})
+            delivered_s = float(spoken.headers["x-cosyserve-duration"])
+            assert quota.used(record.id) == pytest.approx(delivered_s - cue_s, abs=0.01)
+
+            batch = user.post("/v1/batches", json={"voice": "mine", "items": [API_TEXT]}).json()
+            finished = wait_until_ended(user, f"/v1/batches/{batch['id']}")
+            item_s = finished["items"][0]["duration_s"]
+            assert quota.used(record.id) == pytest.approx(delivered_s - cue_s + item_s - cue_s, abs=0.01)
+
+            before = quota.used(record.id)
+            job = user.post(
+                "/v1/jobs", json={"text": API_TEXT, "voice": "mine", "seed": 11, "takes": 3}
+            ).json()
+            ended = wait_until_ended(user, f"/v1/jobs/{job['id']}")
+            assert ended["state"] == "done" and ended["quality"]["takes"] >= 2, (
+                ended
+            )  # the random model fails checks
+            assert quota.used(record.id) - before == pytest.approx(ended["duration_s"] - cue_s, abs=0.01)
+    finally:
+        live.stop()
+
+
+def wait_until_ended(client, path: str, timeout_s: float = 60.0) -> dict:
+    deadline = time.monotonic() + timeout_s
+    while (body := client.get(path).json()).get("state") not in ("done", "failed", "cancelled"):
+        assert time.monotonic() < deadline, body
+        time.sleep(0.05)
+    return body

@@ -43,6 +43,11 @@ class SynthesisProgress:
     segments_done: int
     segments_total: int
     audio_seconds: float = 0.0
+    # False while one of several takes is made: which one is delivered is not known yet, so its audio is
+    # not what a caller charges. Once chosen, the kept take is reported once more (`chosen`: no new
+    # segment), kept, with its whole length.
+    kept: bool = True
+    chosen: bool = False
 
     @property
     def fraction(self) -> float:
@@ -94,3 +99,4 @@ class TtsOutcome:
     audio: bytes | None = None  # the encoded response (not for streams)
     storage_error: str | None = None  # why the result could not be saved (None: it was, or not asked)
     quality: TakeReport | None = None  # the kept take's scores and how many takes were made
+    speech_s: float | None = None  # the engine's audio without an explicit label: what a quota counts

@@ -382,7 +382,7 @@ def _charge_s(plan: BatchPlan, item: BatchItem, outcome: TtsOutcome) -> float:
     is charged its track's length, `dub_plan`)."""
     if plan.kind == "dub":
         return float(item.params.get("share_s") or 0.0)
-    return outcome.duration_s
+    return outcome.speech_s if outcome.speech_s is not None else outcome.duration_s  # not its label
 
 
 def _saved_item(outputs: OutputStore, plan: BatchPlan, position: int) -> StoredOutput | None:

@@ -32,7 +32,8 @@ class KeyGuard:
         if progress.segments_done > 0:
             voice = self.stream.voice if self.stream is not None else None
             self.watch.check([voice] if voice is not None else [])
-            self.cleared_s = progress.audio_seconds
+            if progress.kept:  # of several takes, only the delivered one is charged
+                self.cleared_s = progress.audio_seconds
 
     def check_at_start(self) -> None:
         """KeyRevoked for a key revoked while the work waited in the queue, QuotaExceeded for one whose

@@ -256,7 +256,7 @@ def run_pieces(
             fraction = (index + p.fraction) / len(pieces)
             ctx.set_progress(fraction)
             run.arm(ctx)  # the next segment's clock
-            if p.audio_seconds > charged:
+            if p.kept and p.audio_seconds > charged:  # of several takes, only the kept one
                 run.check_key(voices)  # before charging: a segment made after a revoke is never charged
                 allowed = run.quota.charge(run.key_id, run.job_id, p.audio_seconds - charged)
                 charged = p.audio_seconds
@@ -265,7 +265,7 @@ def run_pieces(
             if time.monotonic() - last_write[0] >= PROGRESS_WRITE_S:
                 last_write[0] = time.monotonic()
                 run.jobs.set_progress(run.job_id, fraction, attempt=run.attempt)
-            if p.segments_done > 0:
+            if p.segments_done > 0 and not p.chosen:
                 ctx.next_unit()  # each segment is a unit: other work may have the engine in between
 
         return progress

@@ -85,6 +85,7 @@ class Results:
             audio=audio,
             storage_error=storage_error,
             quality=produced.quality,
+            speech_s=produced.duration_s,
         )
 
     def _store(

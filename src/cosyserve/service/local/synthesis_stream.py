@@ -96,6 +96,7 @@ class SynthesisStream:
         self.warnings = list(plan.prepared.warnings)
         self._take = _Take(plan.seed)
         self._takes_made = 0
+        self._choosing = False  # making one of several takes (`SynthesisProgress.kept`)
         self._stage = {"prompt": plan.prompt_seconds, "llm": 0.0, "acoustic": 0.0, "quality": 0.0}
         self._started_at: float | None = None
         # When the first audio left the engine (time.time()): the one first-chunk measurement, read by
@@ -159,6 +160,7 @@ class SynthesisStream:
             yield from self._make_take(plan.seed)
         else:
             made: list[_Take] = []
+            self._choosing = True  # progress of these takes is not the delivered audio's
             for index in range(plan.takes):
                 for _ in self._make_take(take_seed(plan.seed, index, MAX_SEED)):
                     pass
@@ -167,7 +169,12 @@ class SynthesisStream:
                     break
             self._take = made[best_take([t.scores or TakeScores() for t in made])]
             self.seed = self._take.seed
+            self._choosing = False
             yield from self._take.chunks
+            if self._progress is not None:  # the kept take: what a job charges
+                total = len(plan.prepared.segments)
+                kept_s = sum(len(chunk.samples) for chunk in self._take.chunks) / self._synth.sample_rate
+                self._progress(SynthesisProgress(total, total, kept_s, chosen=True))
         self._stage["total"] = time.perf_counter() - started + plan.prompt_seconds
 
     def _make_take(self, seed: int) -> Iterator[AudioChunk]:
@@ -247,7 +254,7 @@ class SynthesisStream:
 
     def _report(self, done: int, total: int, seconds: float) -> None:
         if self._progress is not None:
-            self._progress(SynthesisProgress(done, total, seconds))
+            self._progress(SynthesisProgress(done, total, seconds, kept=not self._choosing))
 
 
 def _apply_volume(audio: np.ndarray, volume: float) -> np.ndarray:
