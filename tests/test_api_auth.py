@@ -223,3 +223,43 @@ def test_public_address_needs_auth(tmp_path) -> None:
     finally:
         for service in made:
             service.shutdown()
+
+
+def test_cloning_a_recording_needs_consent_as_enrolling_does(server, prompt_wav_bytes, tmp_path) -> None:
+    """A user key could clone any recording through prompt_wav without the consent that enrolling the same
+    recording demands; now every path that takes a recording asks for it, and keeps it with the output."""
+    import base64
+
+    wav = base64.b64encode(prompt_wav_bytes).decode()
+    srt = "1\n00:00:00,000 --> 00:00:02,000\n你好。\n"
+    paths = {
+        "/v1/tts": {"text": API_TEXT, "prompt_wav": wav, "seed": API_SEED},
+        "/v1/jobs": {"text": API_TEXT, "prompt_wav": wav},
+        "/v1/batches": {"prompt_wav": wav, "items": [API_TEXT]},
+        "/v1/dub": {"prompt_wav": wav, "subtitles": srt},
+    }
+    with as_key(server, server.user_key) as user, as_key(server, server.admin_key) as admin:
+        statement = user.get("/v1/voices/consent").json()["statement"]
+        for path, body in paths.items():
+            refused = user.post(path, json=body)
+            assert refused.status_code == 400, (path, refused.text)
+            error = refused.json()["error"]
+            assert error["code"] == "consent_required" and statement in error["message"], path
+            assert "consent=true beside prompt_wav" in error["message"]
+        files = {"prompt_wav": ("p.wav", prompt_wav_bytes, "audio/wav")}
+        form = user.post("/v1/tts", data={"text": API_TEXT}, files=files)  # multipart: the same rule
+        assert form.status_code == 400 and form.json()["error"]["code"] == "consent_required"
+        confirmed = user.post("/v1/tts", json={**paths["/v1/tts"], "consent": True})
+        assert confirmed.status_code == 200, confirmed.text
+        output_id = confirmed.headers["x-cosyserve-output-id"]
+        manifest = server.service.outputs.get(output_id).manifest
+        kept = manifest["parameters"]["consent"]
+        assert kept["statement"] == statement and kept["by"] == "alice-app" and kept["at"] > 0
+        for path in ("/v1/jobs", "/v1/batches", "/v1/dub"):
+            accepted = user.post(path, json={**paths[path], "consent": True})
+            assert accepted.status_code == 202, (path, accepted.text)
+            user.delete(f"{path}/{accepted.json()['id']}")  # cancelled: only the admission is tested
+        assert admin.post("/v1/tts", json=paths["/v1/tts"]).status_code == 200  # admins may, as enrolling
+        assert (
+            user.post("/v1/tts", json={"text": API_TEXT, "voice": "alice"}).status_code == 200
+        )  # a saved voice

@@ -754,9 +754,9 @@ def test_admin_panel(page, ui_server):
 
 
 def test_api_key_user(browser, ui_server, shared_dir):
-    """A user-role API key signs in too (same credentials as the API), sees no admin panel, enrols its own
-    voice only after confirming consent, sees no transcript of others' voices, and its history holds only
-    its own results."""
+    """A user-role API key signs in too (same credentials as the API), sees no admin panel, clones a
+    recording and enrols its own voice only after confirming consent, sees no transcript of others'
+    voices, and its history holds only its own results."""
     _, plaintext = ui_server.service.keys.create("ui-user", role="user")
     context = browser.new_context(viewport={"width": 1400, "height": 1000}, locale="en-US")
     context.set_default_timeout(WAIT_MS)
@@ -777,6 +777,9 @@ def test_api_key_user(browser, ui_server, shared_dir):
         upload_prompt(page, "zero_shot", shared_dir / "audio" / "prompt_zh_24k.wav")
         page.fill("#zero_shot-transcript textarea", PROMPT_TRANSCRIPT)
         page.fill("#zero_shot-text textarea", "钥匙用户。")
+        page.click("#zero_shot-generate")  # a user key cloning a recording needs the consent box
+        assert "consent" in error_toast(page, "user-key-recording-needs-consent").lower()
+        page.check("#zero_shot-consent input")
         generate(page, "zero_shot")
         open_tab(page, "history")
         page.wait_for_function("document.querySelector('#history-table').innerText.includes('钥匙用户')")

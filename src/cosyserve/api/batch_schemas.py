@@ -6,7 +6,14 @@ from typing import Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, field_validator
 
-from cosyserve.api.schemas import AudioFormat, JobError, JobPartial, Thresholds, form_thresholds
+from cosyserve.api.schemas import (
+    RECORDING_CONSENT,
+    AudioFormat,
+    JobError,
+    JobPartial,
+    Thresholds,
+    form_thresholds,
+)
 from cosyserve.limits import (
     DEFAULT_DUB_MAX_SPEED,
     MAX_SPEED,
@@ -29,6 +36,7 @@ class _Shared(BaseModel):
         None, description="instead of a voice: a 3-30 s recording (JSON: base64; multipart: the file)"
     )
     prompt_text: str | None = Field(None, max_length=500, description="transcript of prompt_wav")
+    consent: bool = Field(False, description=RECORDING_CONSENT)
     instruct: str | None = Field(None, max_length=500, description="an instruction for every item")
     seed: int | None = Field(None, ge=0, le=MAX_SEED)
     speed: float | None = Field(None, ge=MIN_SPEED, le=MAX_SPEED)

@@ -17,7 +17,14 @@ from starlette.concurrency import run_in_threadpool
 from cosyserve.api.batch_inputs import Submission, read_submission
 from cosyserve.api.batch_schemas import BatchList, BatchParams, BatchView, upload_body_doc
 from cosyserve.api.batch_views import BATCH_KINDS, batch_view, own_batch
-from cosyserve.api.deps import CurrentPrincipal, current_principal, get_service, output_spec, upload_limit
+from cosyserve.api.deps import (
+    CurrentPrincipal,
+    current_principal,
+    get_service,
+    output_spec,
+    record_recording_consent,
+    upload_limit,
+)
 from cosyserve.api.schemas import ERRORS
 from cosyserve.errors import InputError, JobStateError
 from cosyserve.service.access.principals import Forbidden, Principal
@@ -75,6 +82,9 @@ async def create_batch(request: Request, response: Response, principal: CurrentP
     else:
         raise InputError("no items: upload the batch file as `file`, or give `items` in a JSON body")
     spec = output_spec(request, principal, "batches")
+    record_recording_consent(
+        request, principal, spec, recording=got.prompt_wav is not None, consent=params.consent
+    )
     batch = BatchSubmission("batch", items, shared, got.prompt_wav)
     record = await run_in_threadpool(service.backend.submit_batch, batch, spec)
     response.headers["Location"] = f"/v1/batches/{record.id}"

@@ -14,6 +14,7 @@ from fastapi import Depends, Request
 from starlette.concurrency import run_in_threadpool
 
 from cosyserve.limits import upload_bytes
+from cosyserve.service.access import voice_rules
 from cosyserve.service.access.principals import AuthRequired, Forbidden, Principal
 from cosyserve.service.access.sessions import SESSION_COOKIE
 from cosyserve.service.assembly import Service
@@ -87,3 +88,16 @@ def output_spec(request: Request, principal: Principal, endpoint: str, **fields:
     return OutputSpec(
         owner=principal.owner, key=principal.key, request_id=request_id(request), endpoint=endpoint, **fields
     )
+
+
+def record_recording_consent(
+    request: Request, principal: Principal, spec: OutputSpec, *, recording: bool, consent: bool
+) -> None:
+    """For a request that clones a recording (`recording`): ConsentRequired where a user key did not
+    confirm the consent statement; a confirmed consent is kept in the output's manifest."""
+    if not recording:
+        return
+    auth = get_service(request).settings.auth
+    record = voice_rules.recording_consent(principal, auth, consent=consent)
+    if record is not None:
+        spec.extra["consent"] = record

@@ -20,7 +20,13 @@ from cosyserve.api.batch_inputs import read_submission
 from cosyserve.api.batch_schemas import BatchView, DubParams, upload_body_doc
 from cosyserve.api.batch_views import batch_view, own_batch, track_url
 from cosyserve.api.batches import REPORT_CONTENT, REPORT_RESPONSES, batch_report, batch_rules
-from cosyserve.api.deps import CurrentPrincipal, get_service, output_spec, upload_limit
+from cosyserve.api.deps import (
+    CurrentPrincipal,
+    get_service,
+    output_spec,
+    record_recording_consent,
+    upload_limit,
+)
 from cosyserve.api.schemas import ERRORS
 from cosyserve.errors import InputError, JobStateError
 from cosyserve.frontend.subtitles import parse_subtitles
@@ -55,6 +61,9 @@ async def create_dub(request: Request, response: Response, principal: CurrentPri
     item_shared = {**shared, "format": "wav"}  # each cue is kept as WAV; the track has the dub's format
     items = cue_items(cues, batch_rules(service, item_shared, got.prompt_wav is not None))
     spec = output_spec(request, principal, "dub")
+    record_recording_consent(
+        request, principal, spec, recording=got.prompt_wav is not None, consent=params.consent
+    )
     batch = BatchSubmission("dub", items, shared, got.prompt_wav)
     record = await run_in_threadpool(service.backend.submit_batch, batch, spec)
     response.headers["Location"] = f"/v1/dub/{record.id}"

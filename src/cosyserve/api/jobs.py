@@ -6,7 +6,13 @@ from fastapi import APIRouter, Query, Request, Response
 from fastapi.responses import RedirectResponse
 from starlette.concurrency import run_in_threadpool
 
-from cosyserve.api.deps import CurrentPrincipal, get_service, output_spec, upload_limit
+from cosyserve.api.deps import (
+    CurrentPrincipal,
+    get_service,
+    output_spec,
+    record_recording_consent,
+    upload_limit,
+)
 from cosyserve.api.inputs import read_params, with_transcript
 from cosyserve.api.schemas import ERRORS, JobError, JobList, JobParams, JobPartial, JobView, body_doc
 from cosyserve.errors import JobStateError
@@ -87,6 +93,7 @@ async def create_job(request: Request, response: Response, principal: CurrentPri
     service.access.check_quota(principal)
     params, audio, _ = await read_params(request, JobParams, "prompt_wav", upload_limit(request))
     spec = output_spec(request, principal, "jobs", format=params.format, sample_rate=params.sample_rate)
+    record_recording_consent(request, principal, spec, recording=audio is not None, consent=params.consent)
     synthesis = await with_transcript(service, params, audio)
     record = await run_in_threadpool(service.backend.submit_job, synthesis, spec)
     response.headers["Location"] = f"/v1/jobs/{record.id}"

@@ -58,6 +58,12 @@ def form_thresholds(value: Any) -> Any:
     return value
 
 
+RECORDING_CONSENT = (
+    "with prompt_wav: you confirm the server's consent statement (GET /v1/voices/consent): the person whose "
+    "voice it is agreed separately; required for user keys unless the server turned it off"
+)
+
+
 class SynthesisParams(_Strict):
     """One text in one voice. JSON: `prompt_wav` is base64 (or a data: URL); multipart: upload the file."""
 
@@ -82,6 +88,7 @@ class SynthesisParams(_Strict):
         None, ge=8000, le=48000, description="output rate in Hz (default 24000; mp3/opus only some rates)"
     )
     denoise: bool = Field(False, description="suppress background noise in prompt_wav first (RNNoise)")
+    consent: bool = Field(False, description=RECORDING_CONSENT)
     transcribe: bool = Field(
         False, description="no prompt_text given: transcribe prompt_wav with the ASR model (zero-shot)"
     )

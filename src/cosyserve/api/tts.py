@@ -4,7 +4,13 @@ from __future__ import annotations
 
 from fastapi import APIRouter, Request, Response
 
-from cosyserve.api.deps import CurrentPrincipal, get_service, output_spec, upload_limit
+from cosyserve.api.deps import (
+    CurrentPrincipal,
+    get_service,
+    output_spec,
+    record_recording_consent,
+    upload_limit,
+)
 from cosyserve.api.inputs import read_params, with_transcript
 from cosyserve.api.schemas import AUDIO_CONTENT, ERRORS, TtsParams, body_doc
 from cosyserve.api.streaming import audio_response, audio_stream_response, await_ticket, open_stream
@@ -34,6 +40,7 @@ async def tts(request: Request, principal: CurrentPrincipal) -> Response:
     spec = output_spec(request, principal, "tts", format=params.format, sample_rate=params.sample_rate)
     if not params.explicit_label:
         spec.extra.update(explicit_label_opt_out(principal))
+    record_recording_consent(request, principal, spec, recording=audio is not None, consent=params.consent)
     synthesis = await with_transcript(
         service, params, audio
     )  # a saved voice is looked up for this caller where it is used

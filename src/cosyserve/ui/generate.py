@@ -99,6 +99,7 @@ class Form:
     takes: float | None = None  # 1..bridge.max_takes (a slider sends a float); None: the server's
     stream: bool = False
     denoise: bool = False  # suppress noise in the uploaded recording first
+    consent: bool = False  # the consent statement confirmed for the recording (user keys must)
     fmt: str = "wav"  # the format recorded as chosen (every format is offered as a link anyway)
     extra: dict[str, Any] = field(default_factory=dict)
 

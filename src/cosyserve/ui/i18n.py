@@ -231,6 +231,10 @@ STRINGS: dict[str, tuple[str, str]] = {
     ),
     "consent_given": ("✓ {by}，{at}", "✓ {by}, {at}"),
     "consent_label": ("同意确认（{need}）", "Consent ({need})"),
+    "consent_recording": (
+        "录音的同意确认（{need}；已保存的音色不需要）",
+        "Consent for this recording ({need}; not for a saved voice)",
+    ),
     "consent_needed": ("必填", "required"),
     "consent_optional": ("管理员可选", "optional for admins"),
     "voice_own": ("我的", "yours"),

@@ -85,7 +85,9 @@ def run_job(
     note = text("long_text_job", lang, count=len(request.text.strip()), limit=bridge.max_text_chars)
     try:
         total = bridge.sentence_total(request.text)
-        job_id = bridge.submit_job(principal, request, mode=form.mode, request_id=request_id)
+        job_id = bridge.submit_job(
+            principal, request, mode=form.mode, request_id=request_id, consent=form.consent
+        )
     except Exception as exc:
         raise as_gr_error(exc, lang, request_id) from None
     run.attach(lambda: bridge.cancel_job(job_id))

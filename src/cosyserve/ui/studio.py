@@ -72,7 +72,7 @@ class UiContext:
 # The inputs of one synthesis, by name: ModePanel attributes, Form fields and the Generate callback's
 # keyword arguments all use these names, so the list is written once.
 RUN_FIELDS = ("voice", "prompt", "transcript", "preset", "instruct", "text", "seed", "speed", "volume",
-              "takes", "stream", "denoise")  # fmt: skip
+              "takes", "stream", "denoise", "consent")  # fmt: skip
 
 
 @dataclass
@@ -84,6 +84,7 @@ class ModePanel:
     prompt: gr.Audio
     feedback: gr.Markdown
     denoise: Any  # gr.Checkbox, or a State placeholder where RNNoise is not installed
+    consent: gr.Checkbox  # the consent statement, for a recording
     denoised: gr.Audio
     transcript: Any  # gr.Textbox, or a State placeholder in modes without one
     transcribe: Any  # gr.Button, or None where no transcription model is installed
@@ -162,6 +163,14 @@ def _source_inputs(mode: str, ctx: UiContext) -> dict[str, Any]:
         label="prompt_audio",
     )
     feedback = gr.Markdown("", elem_id=f"{mode}-feedback", elem_classes="cosy-feedback")
+    statement, required = bridge.consent_statement
+    need = "consent_needed" if required else "consent_optional"
+    consent = tr.bind(
+        gr.Checkbox(
+            False, label=statement, info=tr("consent_recording", need=tr(need)), elem_id=f"{mode}-consent"
+        ),
+        info=lambda lang: text("consent_recording", lang, need=text(need, lang)),
+    )
     parts = bridge.optional_parts()  # the switches below exist only for the parts installed here
     denoise: Any = gr.State(False)
     if parts["denoise"].installed:
@@ -185,6 +194,7 @@ def _source_inputs(mode: str, ctx: UiContext) -> dict[str, Any]:
         prompt=prompt,
         feedback=feedback,
         denoise=denoise,
+        consent=consent,
         denoised=denoised,
         **found,
     )

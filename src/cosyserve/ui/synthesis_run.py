@@ -73,10 +73,24 @@ def _run(
             return
         stream = None
         if form.stream:
-            stream = bridge.stream(principal, synthesis, mode=form.mode, request_id=request_id, fmt=form.fmt)
+            stream = bridge.stream(
+                principal,
+                synthesis,
+                mode=form.mode,
+                request_id=request_id,
+                fmt=form.fmt,
+                consent=form.consent,
+            )
             ticket = stream.ticket
         else:
-            ticket = bridge.submit(principal, synthesis, mode=form.mode, request_id=request_id, fmt=form.fmt)
+            ticket = bridge.submit(
+                principal,
+                synthesis,
+                mode=form.mode,
+                request_id=request_id,
+                fmt=form.fmt,
+                consent=form.consent,
+            )
     except Cancelled:
         yield None, "", text("cancelled", lang), gr.update(), "", ""
         return

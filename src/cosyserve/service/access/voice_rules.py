@@ -10,7 +10,8 @@ the cluster): a voice is someone's biometric data.
 - **Consent**: enrolling confirms the server's consent statement (`auth.voice_consent_statement`): that the
   person whose voice it is agreed separately. User keys must (`auth.voice_consent_required`, on by
   default); admins may. The statement, who confirmed it and when are stored with the voice and shown to
-  its owner and admins.
+  its owner and admins. A recording cloned once, without saving a voice (`prompt_wav` on /v1/tts, jobs,
+  batches and dubs; the web UI's recording), needs the same confirmation, recorded with its output.
 """
 
 from __future__ import annotations
@@ -63,13 +64,33 @@ def enrolment(
     check_sharing(principal, shared if shared else None)
     if shared is None:
         shared = principal.is_admin
-    if not consent and auth.voice_consent_required and not principal.is_admin:
-        raise ConsentRequired(
-            "enrolling a voice needs the consent of the person whose voice it is: confirm the statement "
-            "(API: consent=true, see GET /v1/voices/consent; web UI: tick the consent box): "
-            + auth.voice_consent_statement
-        )
+    _require_consent(
+        principal,
+        auth,
+        consent,
+        "enrolling a voice needs the consent of the person whose voice it is: confirm the statement "
+        "(API: consent=true, see GET /v1/voices/consent; web UI: tick the consent box): ",
+    )
     return principal.owner, bool(shared), consent_record(principal, auth) if consent else None
+
+
+def recording_consent(principal: Principal, auth: AuthSettings, *, consent: bool) -> dict[str, Any] | None:
+    """The consent record of a synthesis that clones a recording without saving a voice (kept in its
+    output's manifest), None when not given; ConsentRequired where a user key must confirm it."""
+    _require_consent(
+        principal,
+        auth,
+        consent,
+        "cloning a voice from a recording needs the consent of the person whose voice it is: confirm the "
+        "statement (API: consent=true beside prompt_wav, see GET /v1/voices/consent; web UI: tick the "
+        "consent box under the recording), or use a saved voice: ",
+    )
+    return consent_record(principal, auth) if consent else None
+
+
+def _require_consent(principal: Principal, auth: AuthSettings, consent: bool, why: str) -> None:
+    if not consent and auth.voice_consent_required and not principal.is_admin:
+        raise ConsentRequired(why + auth.voice_consent_statement)
 
 
 def consent_record(principal: Principal, auth: AuthSettings, by: str | None = None) -> dict[str, Any]:

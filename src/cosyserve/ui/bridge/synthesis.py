@@ -6,8 +6,10 @@ from __future__ import annotations
 
 import contextlib
 import dataclasses
+from typing import Any
 
 from cosyserve.errors import CosyServeError
+from cosyserve.service.access import voice_rules
 from cosyserve.service.access.principals import Principal
 from cosyserve.service.assembly import Service
 from cosyserve.service.backend import JOB_TEXT_FACTOR, AudioStream
@@ -38,35 +40,72 @@ class SynthesisPart:
     max_takes = MAX_TAKES
 
     def submit(
-        self, principal: Principal, request: SynthesisRequest, *, mode: str, request_id: str, fmt: str = "wav"
+        self,
+        principal: Principal,
+        request: SynthesisRequest,
+        *,
+        mode: str,
+        request_id: str,
+        fmt: str = "wav",
+        consent: bool = False,
     ) -> Ticket:
-        """Queue one synthesis as `principal` (QueueFull, ModelNotReady, RateLimited, InputError, ...)."""
-        return self.service.backend.submit_tts(request, self._spec(principal, "wav", mode, request_id, fmt))
+        """Queue one synthesis as `principal` (QueueFull, ModelNotReady, RateLimited, InputError, and
+        ConsentRequired for a recording whose consent a user key did not confirm: `consent`, the box)."""
+        spec = self._spec(principal, request, "wav", mode, request_id, fmt, consent)
+        return self.service.backend.submit_tts(request, spec)
 
     def stream(
-        self, principal: Principal, request: SynthesisRequest, *, mode: str, request_id: str, fmt: str = "wav"
+        self,
+        principal: Principal,
+        request: SynthesisRequest,
+        *,
+        mode: str,
+        request_id: str,
+        fmt: str = "wav",
+        consent: bool = False,
     ) -> AudioStream:
         """The same as `submit`, read while it is made (raw 16-bit PCM, which the page plays as it comes)."""
-        return self.service.backend.stream_tts(request, self._spec(principal, "pcm", mode, request_id, fmt))
+        spec = self._spec(principal, request, "pcm", mode, request_id, fmt, consent)
+        return self.service.backend.stream_tts(request, spec)
 
-    def _spec(self, principal: Principal, delivered: str, mode: str, request_id: str, fmt: str) -> OutputSpec:
+    def _spec(
+        self,
+        principal: Principal,
+        request: SynthesisRequest,
+        delivered: str,
+        mode: str,
+        request_id: str,
+        fmt: str,
+        consent: bool,
+    ) -> OutputSpec:
         access = self.service.access
         access.check_rate(principal)
         access.check_quota(principal)
+        extra: dict[str, Any] = {"ui_mode": mode, "ui_format": fmt}
+        if request.prompt_wav is not None:  # a recording cloned without saving a voice: as in the API
+            record = voice_rules.recording_consent(principal, self.service.settings.auth, consent=consent)
+            if record is not None:
+                extra["consent"] = record  # kept in the output's manifest
         return OutputSpec(
             format=delivered,
             owner=principal.owner,
             key=principal.key,
             request_id=request_id,
             endpoint="ui",
-            extra={"ui_mode": mode, "ui_format": fmt},
+            extra=extra,
         )
 
     def submit_job(
-        self, principal: Principal, request: SynthesisRequest, *, mode: str, request_id: str
+        self,
+        principal: Principal,
+        request: SynthesisRequest,
+        *,
+        mode: str,
+        request_id: str,
+        consent: bool = False,
     ) -> str:
         """A text over the interactive limit as an ordinary job (the same as POST /v1/jobs); its id."""
-        spec = self._spec(principal, "wav", mode, request_id, "wav")
+        spec = self._spec(principal, request, "wav", mode, request_id, "wav", consent)
         return self.service.backend.submit_job(request, dataclasses.replace(spec, endpoint="ui-job")).id
 
     def job(self, job_id: str) -> tuple[JobRecord | None, Ticket | None]:
