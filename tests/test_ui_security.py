@@ -351,3 +351,21 @@ def test_cors_origins_must_be_origins(tmp_path):
     for wrong in ("app.example", "https://app.example/ui", "ftp://app.example"):
         with pytest.raises(SettingsError, match="not an origin"):
             Settings(cors_origins=wrong)
+
+
+def test_every_synthesis_event_shares_one_limit_of_the_service_s_slots(tmp_path):
+    """Gradio gives a concurrency group the smallest limit of its events: the voice library's enrol and
+    preview joined "synthesis" with Gradio's default of 1, so one user's long text held every other
+    user's Generate click in the page's queue until it ended (the service's fair queue never saw them)."""
+    from cosyserve.api.app import create_app
+    from cosyserve.service.assembly import Service
+    from cosyserve.service.settings import Settings
+    from cosyserve.ui.app import mount_ui
+    from cosyserve.ui.bridge import UiBridge
+
+    settings = Settings(model="demo", device="cpu", data_dir=tmp_path / "data", concurrency=1, queue_size=16)
+    service = Service(settings, synthesizer_factory=no_model)
+    demo = mount_ui(create_app(service), service)
+    limits = [(fn.name, fn.concurrency_limit) for fn in demo.fns.values() if fn.concurrency_id == "synthesis"]
+    assert len(limits) >= 5, limits  # three Generate tabs, enrol, preview
+    assert {limit for _, limit in limits} == {UiBridge(service).event_slots} == {1 + 16 + 1}, limits

@@ -247,7 +247,8 @@ def _wire(
         actions.enrol,
         [lang, form.name, form.audio, form.transcript, form.denoise, form.consent],
         [v.status, *outputs],
-        concurrency_id="synthesis",
+        concurrency_id="synthesis",  # with the Generate clicks' limit: a group takes its smallest
+        concurrency_limit=ctx.concurrency_limit,
         api_name="voice_enrol",
         **on_status,
     )
@@ -256,6 +257,7 @@ def _wire(
         [lang, v.pick, v.preview_text],
         [v.preview_audio, v.status],
         concurrency_id="synthesis",
+        concurrency_limit=ctx.concurrency_limit,
         api_name="voice_preview",
     )
     v.rename.click(
