@@ -263,3 +263,30 @@ def test_cloning_a_recording_needs_consent_as_enrolling_does(server, prompt_wav_
         assert (
             user.post("/v1/tts", json={"text": API_TEXT, "voice": "alice"}).status_code == 200
         )  # a saved voice
+
+
+def test_admins_see_whose_voices_jobs_and_batches_they_list(server, prompt_wav_bytes) -> None:
+    """Two users' voices of one name, and their jobs and batches, used to be told apart by nothing in an
+    admin's lists but who confirmed consent; now each carries its `owner` (a user sees its own only)."""
+    files = {"audio": ("a.wav", prompt_wav_bytes, "audio/wav")}
+    with (
+        as_key(server, server.user_key) as user,
+        as_key(server, server.other_key) as other,
+        as_key(server, server.admin_key) as admin,
+    ):
+        owners = {user: user.get("/v1/me").json()["owner"], other: other.get("/v1/me").json()["owner"]}
+        twins = {}
+        for client, owner in owners.items():
+            made = client.post("/v1/voices", data={"name": "twin", "consent": "true"}, files=files)
+            assert made.status_code == 201 and made.json()["owner"] == owner, made.text
+            twins[made.json()["id"]] = owner
+        listed = {v["id"]: v["owner"] for v in admin.get("/v1/voices").json()["data"] if v["name"] == "twin"}
+        assert listed == twins
+        alice = next(v for v in user.get("/v1/voices").json()["data"] if v["name"] == "alice")
+        assert alice["owner"] is None  # a shared voice of the admin's: its owner is not the user's to see
+        job = user.post("/v1/jobs", json={"text": API_TEXT, "voice": "alice"}).json()
+        batch = other.post("/v1/batches", json={"voice": "alice", "items": [API_TEXT]}).json()
+        assert job["owner"] == owners[user] and batch["owner"] == owners[other]
+        jobs = {j["id"]: j["owner"] for j in admin.get("/v1/jobs").json()["data"]}
+        batches = {b["id"]: b["owner"] for b in admin.get("/v1/batches").json()["data"]}
+        assert jobs[job["id"]] == owners[user] and batches[batch["id"]] == owners[other]

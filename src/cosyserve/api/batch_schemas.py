@@ -144,6 +144,9 @@ class BatchItemView(BaseModel):
 class BatchView(BaseModel):
     id: str
     kind: Literal["batch", "dub"]
+    owner: str | None = Field(
+        None, description="whose batch it is (`key:<id>`, `user:<name>`): admins see all"
+    )
     state: WorkState
     progress: float
     total: int

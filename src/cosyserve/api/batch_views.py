@@ -46,6 +46,7 @@ def batch_view(service: Service, record: JobRecord, *, offset: int = 0, limit: i
     return BatchView(
         id=record.id,
         kind=record.kind,  # type: ignore[arg-type]
+        owner=record.owner,
         state=record.state,  # type: ignore[arg-type]
         progress=status.progress,
         total=counts.total,

@@ -59,6 +59,7 @@ def job_view(service: Service, record: JobRecord) -> JobView:
         warnings=list((record.result_extra or {}).get("warnings", [])),
         quality=(record.result_extra or {}).get("quality"),
         kind=record.kind,
+        owner=record.owner,
         partial=partial_view(record),
     )
 

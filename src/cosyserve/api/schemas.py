@@ -232,6 +232,9 @@ class VoiceView(BaseModel):
     report: dict[str, Any]
     shared: bool = True  # every caller may use it; False: only its owner and admins
     own: bool = False  # the caller enrolled it
+    owner: str | None = (
+        None  # whose voice it is, who enrolled it (`key:<id>`, `user:<name>`; owner and admins)
+    )
     enrolled_by: str | None = None  # who confirmed consent at enrolment (owner and admins see it)
     consent: dict[str, Any] | None = None  # the statement confirmed, by whom and when (owner and admins)
     preview_url: str
@@ -292,6 +295,7 @@ class JobView(BaseModel):
         None, description="the kept take's scores, `takes` made and `passed` (docs/quality.md)"
     )
     kind: str = Field("tts", description="tts (a long text), batch or dub (see /v1/batches)")
+    owner: str | None = Field(None, description="whose job it is (`key:<id>`, `user:<name>`): admins see all")
     partial: JobPartial | None = Field(
         None, description="it stopped early (error says why): what it made (result_url) and what is missing"
     )

@@ -100,6 +100,10 @@ STRINGS: dict[str, tuple[str, str]] = {
     "volume": ("音量", "Volume"),
     "takes": ("生成次数（不合格则换种子重做）", "Takes (made again with the next seed if a check fails)"),
     "stream": ("流式播放（边生成边播放）", "Stream (plays while it is generated)"),
+    "stream_info": (
+        "生成次数大于 1 时不流式：不合格的结果先重做再播放",
+        "Not with more than 1 take: a take that fails a check is made again before it plays",
+    ),
     "generate": ("生成音频", "Generate"),
     "cancel": ("取消", "Cancel"),
     "result": ("生成结果", "Result"),

@@ -331,7 +331,11 @@ def _controls(mode: str, ctx: UiContext) -> dict[str, Any]:
         ),
         label="takes",
     )
-    stream = tr.bind(gr.Checkbox(value=True, label=tr("stream"), elem_id=f"{mode}-stream"), label="stream")
+    stream = tr.bind(
+        gr.Checkbox(value=True, label=tr("stream"), info=tr("stream_info"), elem_id=f"{mode}-stream"),
+        label="stream",
+        info="stream_info",
+    )
     return dict(seed=seed, dice=dice, speed=speed, volume=volume, takes=takes, stream=stream)
 
 

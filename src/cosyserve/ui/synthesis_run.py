@@ -72,7 +72,7 @@ def _run(
             yield from run_job(bridge, run, principal, synthesis, form, lang, cache_dir, request_id)
             return
         stream = None
-        if form.stream:
+        if form.stream and (synthesis.takes or 1) <= 1:  # takes win: a failed take is made again unheard
             stream = bridge.stream(
                 principal,
                 synthesis,

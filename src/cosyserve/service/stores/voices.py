@@ -89,6 +89,7 @@ class Voice:
             "lexicon": self.lexicon,
             "report": self.report,
             "shared": self.shared,
+            "owner": self.owner if private else None,
             "enrolled_by": (self.consent or {}).get("by") if private else None,
             "consent": self.consent if private else None,
         }
