@@ -1,7 +1,8 @@
 """`POST /v1/audio/speech`, compatible with OpenAI's, so OpenAI SDKs work by changing the base URL.
 
 `voice` names a saved voice (OpenAI's built-in names exist only if you enrol voices under them);
-`instructions` becomes the instruct text; `speed` must be within 0.5-2.0 (OpenAI allows 0.25-4.0);
+`instructions` becomes the instruct text; `speed` must be within 0.5-2.0 (OpenAI allows 0.25-4.0; any
+other speed is one 400 that says so);
 `stream_format="sse"` sends `speech.audio.delta` / `speech.audio.done` events like OpenAI's (after `queued`
 events while it waits behind other work: `api.streaming`), and an explicit
 `stream_format="audio"` streams raw audio chunks as they are generated (without it the whole file comes at

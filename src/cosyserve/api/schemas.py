@@ -164,7 +164,8 @@ class SpeechParams(BaseModel):
     instructions: str | None = Field(None, max_length=500)
     response_format: Literal["mp3", "opus", "aac", "flac", "wav", "pcm"] = "mp3"
     speed: float = Field(
-        1.0, ge=0.25, le=4.0, description=f"OpenAI's range; CosyVoice supports {SPEED_RANGE_TEXT}"
+        1.0,
+        description=f"CosyVoice supports {SPEED_RANGE_TEXT} (beyond it, in OpenAI's 0.25-4.0 or not: 400)",
     )
     stream_format: Literal["audio", "sse"] = "audio"
     seed: int | None = Field(None, ge=0, le=MAX_SEED, description="cosyserve extension")
