@@ -152,8 +152,16 @@ def test_c2pa_manifest_through_the_server(start_api_server, prompt_wav_bytes) ->
             enrol_voice(client, "carol", prompt_wav_bytes)
             response = client.post("/v1/tts", json={"text": API_TEXT, "voice": "carol", "format": "mp3"})
             report = check(client, response.content)
+            srt = "1\n00:00:00,000 --> 00:00:01,500\n你好。\n"
+            dub = client.post("/v1/dub", json={"voice": "carol", "subtitles": srt}).json()
+            assert wait_until_ended(client, f"/v1/dub/{dub['id']}")["state"] == "done"
+            track = client.get(f"/v1/dub/{dub['id']}/track", follow_redirects=True)  # the stored WAV itself
+            assert track.status_code == 200 and track.content[:4] == b"RIFF"
+            track_report = check(client, track.content)
         assert report["status"] == "intact" and report["c2pa"]["status"] == "valid"
         assert report["c2pa"]["ai_generated"] and report["c2pa"]["generation"]["voice_id"] == "carol"
+        # A dub's track is written on disk, not in memory: it had the implicit label only.
+        assert track_report["status"] == "intact" and track_report["c2pa"]["status"] == "valid", track_report
     finally:
         live.stop()
 

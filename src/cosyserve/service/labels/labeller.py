@@ -11,6 +11,7 @@
 from __future__ import annotations
 
 import logging
+import os
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
@@ -30,6 +31,8 @@ if TYPE_CHECKING:
     from cosyserve.service.stores.output_files import StoredOutput
 
 log = logging.getLogger(__name__)
+
+C2PA_FILE_MAX_BYTES = 256 << 20  # a dub track of ~1.5 h at 24 kHz: C2PA signs whole files in memory
 
 # The OutputSpec.extra key whose False skips the explicit label (admins only, checked by the API).
 OPT_OUT = "explicit_label"
@@ -138,11 +141,13 @@ class Labeller:
         self, audio: bytes | Path, ext: str, output_id: str, record: dict[str, Any]
     ) -> bytes | Path:
         """A result being stored as `output_id`, labelled with that id (its `record`, the sidecar, says how):
-        bytes as `label_file` does; a WAV file on disk (a long dub track) in place, in blocks."""
+        bytes as `label_file` does; a WAV file on disk (a dub track) in place: the implicit label in
+        blocks, the C2PA manifest where the file is small enough to sign in memory."""
         record["labels"] = self.describe()
         if isinstance(audio, Path):
             if ext == "wav":
                 self.label_wav_file(audio, output_id)
+                self._sign_wav_file(audio, output_id, record)
             return audio
         model, voice = record.get("model_checksum"), record.get("voice")
         return self.label_file(audio, ext, output_id, model=model, voice=voice)
@@ -156,6 +161,29 @@ class Labeller:
             riff_tags.label_file(path, lambda digest: self.label_json(content_id, digest))
         except LabelFormatError as exc:
             log.warning("output %s (wav file) was not labelled: %s", content_id, exc)
+
+    def _sign_wav_file(self, path: Path, content_id: str, record: dict[str, Any]) -> None:
+        """The C2PA manifest of a WAV file on disk, replaced whole; not for one over `C2PA_FILE_MAX_BYTES`
+        (C2PA signs whole files in memory), which keeps its implicit label (logged)."""
+        if self.c2pa is None:
+            return
+        size = path.stat().st_size
+        if size > C2PA_FILE_MAX_BYTES:
+            log.info(
+                "output %s: %d MB, no C2PA manifest (over %d MB)",
+                content_id,
+                size >> 20,
+                C2PA_FILE_MAX_BYTES >> 20,
+            )
+            return
+        model, voice = record.get("model_checksum"), record.get("voice")
+        try:
+            signed = self.c2pa.sign(path.read_bytes(), "wav", content_id=content_id, model=model, voice=voice)
+            partial = path.with_name(path.name + ".c2pa")
+            partial.write_bytes(signed)
+            os.replace(partial, path)
+        except Exception as exc:  # an optional extra: the track is still stored, with its implicit label
+            log.warning("output %s (wav file): no C2PA manifest: %s", content_id, exc)
 
     def label_stored(self, data: bytes, fmt: str, output: StoredOutput) -> bytes:
         """A stored output transcoded to `fmt` (a download, an archive entry), labelled with its id."""
