@@ -363,3 +363,20 @@ def test_a_long_text_job_that_failed_before_any_part_clears_its_bar_and_says_why
             updates.append(update)
     _audio, _links, info, _stream, bar, _preview = updates[-1]
     assert bar == "" and "revoked" in info
+
+
+def test_an_upload_whose_file_is_gone_asks_for_it_again(tmp_path):
+    """Gradio's upload cache can drop a file the page still shows (it expired, or a restart cleaned it):
+    saving a voice from it said "Something went wrong on the server" with a FileNotFoundError logged."""
+    from types import SimpleNamespace
+
+    from cosyserve.ui.bridge.uploads import UploadsPart
+
+    part = SimpleNamespace(
+        service=SimpleNamespace(settings=SimpleNamespace(limits=SimpleNamespace(max_upload_mb=20)))
+    )
+    with pytest.raises(UploadRefused) as refused:
+        UploadsPart.read_upload(part, tmp_path / "gone" / "prompt.wav")
+    assert refused.value.problem.kind == "gone"
+    assert "upload or record it again" in error_message(refused.value, "en")
+    assert "重新上传" in error_message(refused.value, "zh")

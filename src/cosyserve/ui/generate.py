@@ -63,6 +63,8 @@ def error_message(exc: BaseException, lang: str, request_id: str | None = None) 
         p = exc.problem
         if p.kind == "type":
             return text("err_bad_file", lang, suffix=p.suffix, formats=AUDIO_SUFFIX_LIST)
+        if p.kind == "gone":
+            return text("err_upload_gone", lang)
         return text("err_big_file", lang, size=p.size_mb, limit=p.limit_mb)
     if not isinstance(exc, CosyServeError):  # a bug: the details go to the log, not the page
         return text("err_internal", lang, request_id=request_id or "-")

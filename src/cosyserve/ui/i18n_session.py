@@ -1,5 +1,6 @@
 """Chinese and English strings of the session watch: the bar a page shows when its browser's sign-in has
-ended or is now another identity's (`ui/assets.py`, `ui/app.py`); merged into `i18n.STRINGS`."""
+ended or is now another identity's (`ui/assets.py`, `ui/app.py`), and of an upload the page outlived;
+merged into `i18n.STRINGS`."""
 
 from __future__ import annotations
 
@@ -18,4 +19,9 @@ SESSION_STRINGS: dict[str, tuple[str, str]] = {
         "voices and history it shows are still the earlier identity's.",
     ),
     "session_reload": ("重新加载本页", "Reload this page"),
+    # an upload the page still shows, whose file the server's cache dropped (it expired, or was cleaned)
+    "err_upload_gone": (
+        "服务器上已找不到这次上传的音频（上传已过期）：请重新上传或录制。",
+        "The server no longer has this uploaded recording (the upload expired): upload or record it again.",
+    ),
 }

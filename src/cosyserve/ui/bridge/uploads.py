@@ -26,7 +26,7 @@ AUDIO_SUFFIXES = frozenset(ACCEPTED_AUDIO_SUFFIXES)  # what the decoder reads (c
 class UploadProblem:
     """Why an uploaded file was refused before decoding (the UI translates it)."""
 
-    kind: str  # "type" or "size"
+    kind: str  # "type", "size", or "gone" (the upload's file is no longer on the server)
     suffix: str = ""
     size_mb: float = 0.0
     limit_mb: float = 0.0
@@ -50,10 +50,13 @@ class UploadsPart:
         if suffix not in AUDIO_SUFFIXES:
             raise UploadRefused(UploadProblem("type", suffix=suffix or "(none)"))
         limit_mb = self.service.settings.limits.max_upload_mb
-        size = path.stat().st_size
-        if size > upload_bytes(limit_mb):
-            raise UploadRefused(UploadProblem("size", size_mb=size / 1e6, limit_mb=limit_mb))
-        return path.read_bytes(), suffix
+        try:
+            size = path.stat().st_size
+            if size > upload_bytes(limit_mb):
+                raise UploadRefused(UploadProblem("size", size_mb=size / 1e6, limit_mb=limit_mb))
+            return path.read_bytes(), suffix
+        except FileNotFoundError:  # Gradio's upload cache dropped it (expired, or cleaned by a restart)
+            raise UploadRefused(UploadProblem("gone")) from None
 
     def check_prompt(self, path: str | Path) -> PromptReport:
         """Measurements and warnings for a prompt recording; InputError when it can't be used."""
