@@ -380,3 +380,19 @@ def test_an_upload_whose_file_is_gone_asks_for_it_again(tmp_path):
     assert refused.value.problem.kind == "gone"
     assert "upload or record it again" in error_message(refused.value, "en")
     assert "重新上传" in error_message(refused.value, "zh")
+
+
+def test_a_cancelled_batch_counts_what_was_made_not_what_was_dropped():
+    """A batch cancelled after 6 of 60 items read "cancelled · 60 / 60 finished · 6 done · 0 failed"."""
+    from types import SimpleNamespace
+
+    from cosyserve.ui.batch_tab import progress_html
+
+    counts = SimpleNamespace(done=6, failed=1, cancelled=53, total=60)
+    record = SimpleNamespace(state="cancelled", id="b1", error_code=None, error_message=None)
+    shown = progress_html(SimpleNamespace(counts=counts, record=record, time_left_s=None), "en")
+    assert "7 / 60 finished · 6 done · 1 failed · 53 cancelled" in shown and 'value="7"' in shown
+    running = SimpleNamespace(done=2, failed=0, cancelled=0, total=5)
+    record = SimpleNamespace(state="running", id="b2", error_code=None, error_message=None)
+    shown = progress_html(SimpleNamespace(counts=running, record=record, time_left_s=None), "en")
+    assert "2 / 5 finished · 2 done · 0 failed" in shown and "cancelled" not in shown

@@ -355,9 +355,10 @@ class _BatchActions:
 def progress_html(status: BatchStatus, lang: str) -> str:
     """A progress bar with the counts, the state and the time left (the page reads `#batch-bar`)."""
     counts, record = status.counts, status.record
-    line = bt(
-        "progress", lang, finished=counts.finished, total=counts.total, done=counts.done, failed=counts.failed
-    )
+    made = counts.done + counts.failed  # made or tried: a cancelled item is neither
+    line = bt("progress", lang, finished=made, total=counts.total, done=counts.done, failed=counts.failed)
+    if counts.cancelled:
+        line += f" · {bt('cancelled_n', lang, n=counts.cancelled)}"
     state = bt(f"state_{record.state}", lang)
     left = f" · {bt('left', lang, seconds=status.time_left_s)}" if status.time_left_s else ""
     error = (
@@ -365,7 +366,7 @@ def progress_html(status: BatchStatus, lang: str) -> str:
     )
     return (
         f'<div class="cosy-batch" data-state="{record.state}" data-batch="{record.id}">'
-        f'<progress id="batch-bar" style="width: 60%" value="{counts.finished}" max="{max(1, counts.total)}">'
+        f'<progress id="batch-bar" style="width: 60%" value="{made}" max="{max(1, counts.total)}">'
         "</progress> "
         f"<b>{state}</b> · {line}{left}{error}</div>"
     )

@@ -29,6 +29,7 @@ STRINGS: dict[str, tuple[str, str]] = {
         "{finished} / {total} 已处理 · {done} 完成 · {failed} 失败",
         "{finished} / {total} finished · {done} done · {failed} failed",
     ),
+    "cancelled_n": ("{n} 已取消", "{n} cancelled"),
     "left": ("约剩 {seconds:.0f} 秒", "about {seconds:.0f} s left"),
     "state_queued": ("排队中", "queued"),
     "state_running": ("进行中", "running"),
