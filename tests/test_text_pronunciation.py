@@ -107,12 +107,24 @@ def test_converted_tokens_are_single_ids(tiny_dir: Path) -> None:
         ("[minute][M AY9 N]", "AY9"),
         ("[重庆][chong2]", "2 characters but 1 pinyin syllables"),
         ("[重庆][M AY0]", "CMU"),
+        # A spelling with no word before it was read out letter by letter, its tone digits as numbers.
+        (
+            "我去[chong2 qing4]玩。",
+            "write the word first, e.g. [重庆][chong2 qing4] (or as tokens: [ch][óng][q][ìng])",
+        ),
+        ("[chóng qìng]", "[重庆][chóng qìng]"),
+        ("the [M AY0 N UW1 T]", "[minute][M AY0 N UW1 T]"),
     ],
 )
 def test_unknown_phones_are_input_errors(text: str, named: str) -> None:
     with pytest.raises(InputError) as error:
         convert_pronunciations(text)
     assert named in str(error.value)
+
+
+def test_bracketed_words_that_are_not_spellings_stay_words() -> None:
+    for text in ("[hello world]", "[breath]你好", "[AY1]", "[New York]", "[de le]"):
+        assert convert_pronunciations(text) == text
 
 
 def test_spec_forms() -> None:

@@ -43,6 +43,7 @@ _UNMARK = {
     marked: (vowel, tone + 1) for vowel, marks in _TONE_MARKS.items() for tone, marked in enumerate(marks)
 }
 _PINYIN_LETTERS = set("abcdefghijklmnopqrstuvwxyzü")
+_PINYIN_ALONE = frozenset({"de", "le", "ma", "ne", "ba", "zi", "men"})  # neutral-tone syllables, no digit
 _HAN = re.compile(r"[\u3400-\u4dbf\u4e00-\u9fff\uf900-\ufaff]")
 
 HOW_TO = (
@@ -216,12 +217,35 @@ def _check_not_phone(
     next_match = re.match(r"\[([^\[\]\n]*)\]", text[end:])
     next_is_phone = next_match is not None and next_match.group() in PRONUNCIATION_TOKENS
     touches_phone = (previous_end == start and previous_was_phone) or next_is_phone
+    if _looks_like_spelling_alone(word):
+        try:
+            hint = f" (or as tokens: {''.join(spec_to_tokens(word))})"
+        except InputError:
+            hint = ""
+        example = "[minute]" if any(part in CMU_PHONES for part in word.split()) else "[重庆]"
+        raise InputError(
+            f"[{word}] is a pronunciation without its word, so its letters would be read out: write the "
+            f"word first, e.g. {example}[{word}]{hint}"
+        )
     if looks_like_phone(word) or (touches_phone and re.fullmatch(r"[\w:]+", word)):
         try:
             hint = f"did you mean {''.join(spec_to_tokens(word))}? "
         except InputError:
             hint = ""
         raise InputError(f"[{word}] is not a pronunciation token the model knows: {hint}{HOW_TO}")
+
+
+def _looks_like_spelling_alone(word: str) -> bool:
+    """Several syllables or phones in one bracket with no word before it (`[chong2 qing4]`): its letters
+    and tone digits would be read out as written."""
+    parts = word.split()
+    return (
+        len(parts) > 1
+        and any(looks_like_phone(part) for part in parts)
+        and all(
+            looks_like_phone(part) or part in CMU_PHONES or part.lower() in _PINYIN_ALONE for part in parts
+        )
+    )
 
 
 def check_syllable_count(word: str, spelling: str, tokens: list[str]) -> None:
