@@ -85,6 +85,23 @@ def test_b_lists_only_its_own_and_shared_voices(team):
     assert a_rows["carol"][1] == PROMPT_TRANSCRIPT and a_rows["carol"][2] in YOURS
     admin_rows = table_rows(ui_client(team, "admin").predict(None, api_name="/voices_refresh"))
     assert admin_rows["carol"][1] == PROMPT_TRANSCRIPT and admin_rows["alice"][1] == SHARED_TRANSCRIPT
+    assert admin_rows["carol"][2] in ("private (a)", "私有（a）")  # the owner by its key's name, not key:2
+
+
+def test_an_admin_s_voice_lists_say_whose_each_voice_is(team):
+    """Two users may each have a "narrator": the admin's voice lists named them alike."""
+    from cosyserve.service.access.principals import Principal
+    from cosyserve.ui.bridge import UiBridge
+    from cosyserve.ui.studio import voice_choices
+
+    bridge = UiBridge(team.service)
+    keys = {key.name: key for key in team.service.keys.list()}
+    admin = Principal("key", "admin", key=keys["admin"], name="admin")
+    user = Principal("key", "user", key=keys["a"], name="a")
+    labels = dict((value, label) for label, value in voice_choices(bridge, "en", admin))
+    assert labels[team.voice_ids["carol"]] == "carol · a" and labels[team.voice_ids["alice"]] == "alice"
+    labels = dict((value, label) for label, value in voice_choices(bridge, "en", user))
+    assert labels[team.voice_ids["carol"]] == "carol"  # a user's own list names nobody
 
 
 def test_b_can_neither_hear_nor_use_nor_change_as_voice(team):

@@ -24,13 +24,14 @@ def voice_rows(ctx: UiContext, lang: str, principal: Principal | None) -> dict[s
     of those it may read (`voice_rules`); empty before the page knows who is calling."""
     headers = text("voice_cols", lang).split("|")
     rows = []
+    owners = ctx.bridge.owner_names(principal) if principal is not None else {}
     for voice in ctx.bridge.voices(principal) if principal is not None else []:
         report = voice.report or {}
         created = time.strftime("%Y-%m-%d %H:%M", time.localtime(voice.created_at))
         notes = "; ".join(report.get("warnings") or []) or "✓"
         private = ctx.bridge.may_read_private(principal, voice)
         transcript = (voice.transcript or "") if private else "—"
-        access = _access(principal, voice, lang)
+        access = _access(principal, voice, lang, owners)
         consent = _consent(voice, lang) if private else "—"
         rows.append(
             [voice.name, transcript[:60], access, consent, created, report.get("duration_s", ""), notes]
@@ -46,12 +47,13 @@ def _consent(voice: Voice, lang: str) -> str:
     return text("consent_given", lang, by=voice.consent.get("by") or "?", at=at)
 
 
-def _access(principal: Principal, voice: Voice, lang: str) -> str:
+def _access(principal: Principal, voice: Voice, lang: str, owners: dict[str, str]) -> str:
     if voice.owner is not None and voice.owner == principal.owner:
         return text("voice_own_shared" if voice.shared else "voice_own", lang)
     if voice.shared:
         return text("voice_shared", lang)
-    return text("voice_private_of", lang, owner=voice.owner or "—")  # only admins see others' voices
+    owner = owners.get(voice.owner or "") or (voice.owner or "—").removeprefix("user:")
+    return text("voice_private_of", lang, owner=owner)  # only admins see others' voices
 
 
 @dataclass

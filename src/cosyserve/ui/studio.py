@@ -18,7 +18,7 @@ import gradio as gr
 from cosyserve.errors import InputError
 from cosyserve.limits import MAX_SPEED, MIN_SPEED
 from cosyserve.ui import assets
-from cosyserve.ui.bridge import Principal, UiBridge
+from cosyserve.ui.bridge import Principal, UiBridge, Voice
 from cosyserve.ui.generate import TicketRegistry, error_message
 from cosyserve.ui.i18n import Translator, text
 from cosyserve.ui.optional_parts import parts_note
@@ -29,7 +29,18 @@ def voice_choices(bridge: UiBridge, lang: str, principal: Principal | None) -> l
     """The saved-voice choices for `principal` (none before the page knows who is calling: the page's
     own config, which every visitor gets, must name nobody's voices)."""
     voices = bridge.voices(principal) if principal is not None else []
-    return [(text("no_voice", lang), "")] + [(voice.name, voice.id) for voice in voices]
+    owners = bridge.owner_names(principal) if principal is not None else {}
+    return [(text("no_voice", lang), "")] + [
+        (voice_label(voice, principal, owners), voice.id) for voice in voices
+    ]
+
+
+def voice_label(voice: Voice, principal: Principal | None, owners: dict[str, str]) -> str:
+    """A voice's name; for an admin, another owner's voice also names whose it is (two users may each
+    have a "narrator")."""
+    if principal is None or not principal.is_admin or voice.owner in (None, principal.owner):
+        return voice.name
+    return f"{voice.name} · {owners.get(voice.owner) or voice.owner.removeprefix('user:')}"
 
 
 def prompt_feedback(bridge: UiBridge, path: str | None, lang: str) -> str:
