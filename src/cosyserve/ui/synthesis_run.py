@@ -72,25 +72,17 @@ def _run(
             yield from run_job(bridge, run, principal, synthesis, form, lang, cache_dir, request_id)
             return
         stream = None
+        how: dict[str, Any] = {
+            "mode": form.mode,
+            "request_id": request_id,
+            "fmt": form.fmt,
+            "consent": form.consent,
+        }
         if form.stream and (synthesis.takes or 1) <= 1:  # takes win: a failed take is made again unheard
-            stream = bridge.stream(
-                principal,
-                synthesis,
-                mode=form.mode,
-                request_id=request_id,
-                fmt=form.fmt,
-                consent=form.consent,
-            )
+            stream = bridge.stream(principal, synthesis, **how)
             ticket = stream.ticket
         else:
-            ticket = bridge.submit(
-                principal,
-                synthesis,
-                mode=form.mode,
-                request_id=request_id,
-                fmt=form.fmt,
-                consent=form.consent,
-            )
+            ticket = bridge.submit(principal, synthesis, **how)
     except Cancelled:
         yield None, "", text("cancelled", lang), gr.update(), "", ""
         return
