@@ -8,7 +8,7 @@ from types import SimpleNamespace
 
 import pytest
 
-from cosyserve.errors import InputError, ModelNotReady, QueueFull
+from cosyserve.errors import ConsentRequired, InputError, ModelNotReady, QueueFull
 from cosyserve.service.access.principals import AuthRequired
 from cosyserve.ui.admin_tab import logs_text
 from cosyserve.ui.assets import counter_html
@@ -194,6 +194,9 @@ def test_error_messages_are_sentences_not_tracebacks():
     assert error_message(InputError("the prompt is only 1.0 s long"), "en") == "the prompt is only 1.0 s long"
     assert ".exe" in error_message(UploadRefused(UploadProblem("type", suffix=".exe")), "en")
     assert "21.0 MB" in error_message(UploadRefused(UploadProblem("size", size_mb=21, limit_mb=20)), "en")
+    consent = ConsentRequired("... (API: consent=true beside prompt_wav, see GET /v1/voices/consent) ...")
+    shown = error_message(consent, "en")
+    assert "Tick the consent box" in shown and "API" not in shown  # the page's box, not the API's field
     internal = error_message(RuntimeError("CUDA error: device-side assert"), "en", "req123")
     assert "req123" in internal and "CUDA" not in internal
 

@@ -277,7 +277,7 @@ _USAGE, _FAILED, _UNAVAILABLE = ExitCode.USAGE, ExitCode.FAILED, ExitCode.UNAVAI
 # (exception class, how it reaches users): the first match wins, so subclasses come first.
 ERROR_TABLE: tuple[tuple[type[BaseException], ErrorKind], ...] = (
     (VoiceNotFound, ErrorKind("voice_not_found", 404, _USAGE)),
-    (ConsentRequired, ErrorKind("consent_required", 400, _USAGE)),
+    (ConsentRequired, ErrorKind("consent_required", 400, _USAGE, "err_consent")),
     (OutputNotFound, ErrorKind("output_not_found", 404, _USAGE)),
     (KeyNotFound, ErrorKind("key_not_found", 404, _USAGE)),
     (JobNotFound, ErrorKind("job_not_found", 404, _USAGE)),

@@ -19,6 +19,13 @@ SESSION_STRINGS: dict[str, tuple[str, str]] = {
         "voices and history it shows are still the earlier identity's.",
     ),
     "session_reload": ("重新加载本页", "Reload this page"),
+    # a recording cloned, or a voice enrolled, without the consent box ticked (the API's message names
+    # API fields; this one the page's box)
+    "err_consent": (
+        "请先勾选同意确认（录音下方，或添加音色表单中的复选框）：被克隆声音的本人已另行同意。",
+        "Tick the consent box first (under the recording, or in the enrol form): the person whose voice "
+        "it is must have agreed separately.",
+    ),
     # an upload the page still shows, whose file the server's cache dropped (it expired, or was cleaned)
     "err_upload_gone": (
         "服务器上已找不到这次上传的音频（上传已过期）：请重新上传或录制。",
