@@ -115,6 +115,7 @@ def test_a_csv_script_runs_with_a_live_progress_bar(page, tmp_path) -> None:
     page.screenshot(path=str(ARTIFACTS / "01-batch-done.png"), full_page=True)
     table = page.inner_text("#batch-table")
     assert "line1" in table and f"line{LINES}" in table and "done" in table
+    assert "Check" in table and ("⚠ listen" in table or "✓" in table)  # each item's checks, as check_these
     page.click("#batch-pick input")
     page.get_by_role("option", name="0002 · line2").click()
     page.wait_for_selector("#batch-audio audio[src]", state="attached")

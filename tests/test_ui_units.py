@@ -399,3 +399,20 @@ def test_a_cancelled_batch_counts_what_was_made_not_what_was_dropped():
     record = SimpleNamespace(state="running", id="b2", error_code=None, error_message=None)
     shown = progress_html(SimpleNamespace(counts=running, record=record, time_left_s=None), "en")
     assert "2 / 5 finished · 2 done · 0 failed" in shown and "cancelled" not in shown
+
+
+def test_the_batch_table_says_which_items_to_listen_to():
+    """The API's `check_these` and the archive's `check` column had no counterpart on the Batch tab."""
+    from types import SimpleNamespace
+
+    from cosyserve.ui.batch_tab import _check
+
+    def item(state: str, quality: dict | None) -> SimpleNamespace:
+        return SimpleNamespace(state=state, result={"quality": quality} if quality is not None else {})
+
+    assert _check(item("done", {"passed": True}), "en") == "✓"
+    assert (
+        _check(item("done", {"passed": False, "failed": ["noise", "pace"]}), "en") == "⚠ listen: noise, pace"
+    )
+    assert _check(item("done", {"passed": False, "failed": ["noise"]}), "zh") == "⚠ 请试听：noise"
+    assert _check(item("done", None), "en") == "" and _check(item("failed", {"passed": False}), "en") == ""

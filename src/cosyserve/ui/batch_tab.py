@@ -20,6 +20,7 @@ from cosyserve.ui.bridge import (
     SCRIPT_SUFFIXES,
     SUBTITLE_SUFFIXES,
     BatchBridge,
+    BatchItem,
     BatchStatus,
     Principal,
     new_request_id,
@@ -292,6 +293,7 @@ class _BatchActions:
                 item.name,
                 bt(f"state_{item.state}", lang),
                 item.duration_s or "",
+                _check(item, lang),
                 item.error_message or "",
             ]
             for item in items
@@ -350,6 +352,16 @@ class _BatchActions:
                 f'<a class="cosy-download" id="batch-report" href="{url}" download>⬇ {bt("report", lang)}</a>'
             )
         return f'<div class="cosy-links">{"".join(parts)}</div>'
+
+
+def _check(item: BatchItem, lang: str) -> str:
+    """A finished item's checks: ✓, or ⚠ with the checks every take failed (empty: not scored)."""
+    quality = (item.result or {}).get("quality")
+    if item.state != "done" or not isinstance(quality, dict):
+        return ""
+    if quality.get("passed", True):
+        return bt("check_passed", lang)
+    return bt("check_listen", lang, failed=", ".join(quality.get("failed") or []))
 
 
 def progress_html(status: BatchStatus, lang: str) -> str:

@@ -22,7 +22,9 @@ STRINGS: dict[str, tuple[str, str]] = {
     "cancel": ("取消剩余", "Cancel the rest"),
     "pick": ("播放已完成的一项", "Play a finished item"),
     "audio": ("试听", "Listen"),
-    "cols": ("序号|名称|状态|时长（秒）|错误", "#|Name|State|Seconds|Error"),
+    "cols": ("序号|名称|状态|时长（秒）|检查|错误", "#|Name|State|Seconds|Check|Error"),
+    "check_passed": ("✓", "✓"),
+    "check_listen": ("⚠ 请试听：{failed}", "⚠ listen: {failed}"),
     "no_file": ("请先上传脚本或字幕文件。", "Upload a script or a subtitle file first."),
     "no_voice": ("请选择一个已保存的音色。", "Pick a saved voice first."),
     "progress": (

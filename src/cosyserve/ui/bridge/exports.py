@@ -17,6 +17,7 @@ from cosyserve.service.outcomes import TtsOutcome
 from cosyserve.service.quality import TakeReport
 from cosyserve.service.requests import MAX_SEED, SynthesisRequest
 from cosyserve.service.scheduling.scheduler import Ticket
+from cosyserve.service.stores.batches import BatchItem
 from cosyserve.service.stores.job_table import JobRecord
 from cosyserve.service.stores.keys import ROLES
 from cosyserve.service.stores.outputs import StoredOutput
@@ -35,6 +36,7 @@ __all__ = [
     "TAG",
     "AudioStream",
     "AuthRequired",
+    "BatchItem",
     "BatchStatus",
     "Forbidden",
     "JobRecord",
