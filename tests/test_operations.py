@@ -14,7 +14,7 @@ from types import SimpleNamespace
 
 import pytest
 
-from cosyserve.service.activity import log_activity, synthesis_logger
+from cosyserve.service.activity import enrolment_logger, log_activity, synthesis_logger
 from cosyserve.service.gpu import GpuReport, NvmlReader, engine_allocator
 from cosyserve.service.logs import clear_recent_logs, configure_logging, recent_logs
 from cosyserve.service.metrics import Metrics, SystemCollector
@@ -139,6 +139,19 @@ def test_one_activity_line_per_synthesis_with_who_how_fast_and_where(activity_lo
     assert failed["result"] == "internal" and failed["error"] == "boom"
     log_activity("login", "bad_password", who="mallory", endpoint="ui")
     assert activity()[-1]["who"] == "mallory"
+
+
+def test_an_enrolment_line_says_who_enrolled_even_without_consent(activity_log: None) -> None:
+    """An admin's enrolment without consent logged no `who` (it came only with a consent record)."""
+    scheduler = Scheduler(1, 2, 10)
+    voice = SimpleNamespace(id="v1")
+    for consent, enroller in ((False, "key:1"), (True, "ops")):
+        logger = enrolment_logger("house", "rid", "cpu", consent=consent, enroller=enroller)
+        scheduler.submit(lambda ctx: voice, on_state=logger).result(5)
+    scheduler.shutdown(1)
+    bare, confirmed = activity()
+    assert bare["event"] == "enrolment" and bare["who"] == "key:1" and bare["consent"] == "none"
+    assert confirmed["who"] == "ops" and confirmed["consent"] == "confirmed"
 
 
 def test_log_file_rotates(tmp_path: Path) -> None:

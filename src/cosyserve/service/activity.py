@@ -108,8 +108,16 @@ def synthesis_logger(
 
 
 def enrolment_logger(
-    name: str, request_id: str | None, device: str | None, *, consent: bool | None = None
+    name: str,
+    request_id: str | None,
+    device: str | None,
+    *,
+    consent: bool | None = None,
+    enroller: str | None = None,
 ) -> OnState:
+    """The `enrolment` line of one voice's enrolment: `who` enrolled it (`enroller`: who confirmed the
+    consent, else the owner tag) and whether consent was given."""
+
     def on_state(ticket: Ticket, state: str) -> None:
         if state in TERMINAL_STATES:
             voice = ticket.value
@@ -119,6 +127,7 @@ def enrolment_logger(
                 request_id=request_id,
                 voice_name=name,
                 voice=getattr(voice, "id", None),
+                who=enroller,
                 consent=None if consent is None else ("confirmed" if consent else "none"),
                 device=device,
                 **ticket_times(ticket),

@@ -300,6 +300,10 @@ class LocalBackend:
         return self.scheduler.submit(
             work,
             on_state=enrolment_logger(
-                e.name, request_id, self.model_info.get("device"), consent=bool(e.consent)
+                e.name,
+                request_id,
+                self.model_info.get("device"),
+                consent=bool(e.consent),
+                enroller=(e.consent or {}).get("by") or e.owner,
             ),
         )
