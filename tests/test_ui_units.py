@@ -416,3 +416,19 @@ def test_the_batch_table_says_which_items_to_listen_to():
     )
     assert _check(item("done", {"passed": False, "failed": ["noise"]}), "zh") == "⚠ 请试听：noise"
     assert _check(item("done", None), "en") == "" and _check(item("failed", {"passed": False}), "en") == ""
+
+
+def test_saving_a_voice_without_a_recording_asks_for_one():
+    """The enrol form said "…or pick a saved voice", which it has no picker for."""
+    from types import SimpleNamespace
+
+    import gradio as gr
+
+    from cosyserve.ui.library_tab import _LibraryActions
+
+    bridge = SimpleNamespace(principal_of=lambda request: object())
+    actions = _LibraryActions(SimpleNamespace(bridge=bridge), [])
+    with pytest.raises(gr.Error) as error:
+        actions.enrol("en", "narrator", None, "", False, True, SimpleNamespace())
+    assert "upload or record 3-30 s of the voice to save" in str(error.value.message)
+    assert "saved voice" not in str(error.value.message)

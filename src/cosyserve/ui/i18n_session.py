@@ -26,6 +26,11 @@ SESSION_STRINGS: dict[str, tuple[str, str]] = {
         "Tick the consent box first (under the recording, or in the enrol form): the person whose voice "
         "it is must have agreed separately.",
     ),
+    # the enrol form without a recording (it has no saved-voice picker, unlike the Generate tabs)
+    "err_no_recording": (
+        "没有录音：请上传或录制 3–30 秒要保存的声音。",
+        "No recording: upload or record 3-30 s of the voice to save.",
+    ),
     # an upload the page still shows, whose file the server's cache dropped (it expired, or was cleaned)
     "err_upload_gone": (
         "服务器上已找不到这次上传的音频（上传已过期）：请重新上传或录制。",

@@ -311,7 +311,7 @@ class _LibraryActions:
         try:
             principal = self.bridge.principal_of(request)
             if not path:
-                raise UiError("err_no_prompt")
+                raise UiError("err_no_recording")
             ticket = self.bridge.enrol(
                 principal, voice_name, path, said, request_id, bool(denoise), consent=bool(consent)
             )
