@@ -109,6 +109,8 @@ class QuotaReservations:
         earlier does not start once the quota was lowered below the usage, or earlier work used it up while
         it waited (the rule jobs and batch items stop by: `local.job_quota`). Its reservation is given
         back as it ends."""
+        if self.quota.limit_for(key) is None:  # unlimited: no queries on the way to the engine
+            return
         status = self.quota.check(key)
         if status.limit_s is not None and status.used_s >= status.limit_s:
             raise QuotaExceeded(
