@@ -40,12 +40,13 @@ from torch import Tensor, nn
 
 from cosyserve.engine.calibration import Calibration, cpu_flags
 from cosyserve.engine.linear_kernels import INT8_KERNELS
-from cosyserve.engine.native_dit_attention import attention_milliseconds
+from cosyserve.engine.native_dit_attention import HEAD_DIM, BFloat16Attention, bfloat16_attention_available
 from cosyserve.errors import InputError
 
 log = logging.getLogger(__name__)
 
 SHAPE = (1600, 1024, 1024)  # (rows, in, out): a DiT product over 1600 frames
+ATTENTION_SHAPE = (2, 16, 800)  # (batch, heads, frames): a guided one-shot DiT pass over 800 frames
 CONV_SHAPE = (128, 10000, 7)  # (channels in and out, frames, kernel): a vocoder resblock convolution
 MIN_SPEEDUP = 1.3  # bfloat16 must beat float32 by this much to be worth its rounding
 INT8_MARGIN = 0.9  # bfloat16 (8 significant bits per value) is kept over int8 down to this speed ratio
@@ -68,7 +69,7 @@ class MatmulSpeed:
     int8_gflops: float = 0.0  # the same product in int8 (fbgemm); 0: not measured (no int8 kernels)
     conv_float32_gflops: float = 0.0  # a `CONV_SHAPE` convolution; 0: not measured
     conv_bfloat16_gflops: float = 0.0
-    attention_float32_ms: float = 0.0  # one DiT attention (`native_dit_attention.MEASURE_SHAPE`); 0: not
+    attention_float32_ms: float = 0.0  # one DiT attention (`ATTENTION_SHAPE`); 0: not
     attention_bfloat16_ms: float = 0.0  # measured (the compiled bfloat16 one: not available here)
 
     @property
@@ -182,6 +183,26 @@ def conv_gflops(
     weight = torch.randn(channels, channels, kernel, generator=generator).to(dtype)
     seconds = _best_seconds(lambda: F.conv1d(x.to(dtype), weight).float(), repeats)
     return 2 * channels * channels * kernel * frames / seconds / 1e9
+
+
+def attention_milliseconds(repeats: int = REPEATS) -> tuple[float, float]:
+    """Best-of-`repeats` milliseconds of one `ATTENTION_SHAPE` attention: float32 SDPA (as the DiT calls
+    it, its output laid out for the next product) and the compiled bfloat16 one (`native_dit_attention`;
+    0.0: it does not run here)."""
+    batch, heads, frames = ATTENTION_SHAPE
+    generator = torch.Generator().manual_seed(0)
+    q, k, v = (
+        torch.randn(batch, frames, heads, HEAD_DIM, generator=generator).transpose(1, 2) for _ in range(3)
+    )
+
+    def float32() -> Tensor:
+        out = F.scaled_dot_product_attention(q, k, v)
+        return out.transpose(1, 2).reshape(batch, frames, heads * HEAD_DIM)
+
+    kernel = BFloat16Attention()
+    with torch.inference_mode():
+        compiled = _best_seconds(lambda: kernel(q, k, v), repeats) if bfloat16_attention_available() else 0.0
+        return _best_seconds(float32, repeats) * 1e3, compiled * 1e3
 
 
 def _best_seconds(run: Callable[[], object], repeats: int) -> float:

@@ -21,8 +21,6 @@ from __future__ import annotations
 
 import ctypes
 import logging
-import time
-from collections.abc import Callable
 
 import torch
 import torch.nn.functional as F
@@ -33,7 +31,6 @@ from cosyserve.model.dit import Attention
 
 __all__ = [
     "BFloat16Attention",
-    "attention_milliseconds",
     "bfloat16_attention_available",
     "use_bfloat16_attention",
 ]
@@ -41,7 +38,6 @@ __all__ = [
 log = logging.getLogger(__name__)
 
 HEAD_DIM = 64  # the C file's HEAD_DIM: the DiT's head size
-MEASURE_SHAPE = (2, 16, 800)  # (batch, heads, frames): a guided one-shot pass over 800 frames
 # Against the float32 attention, relative to the largest output value: bfloat16 rounding of q, k, v
 # and the probabilities gives 2e-3-9e-3 on the check's inputs (AMD EPYC Zen 4); a wrong layout or
 # softmax is off by ~1.
@@ -102,35 +98,6 @@ class BFloat16Attention:
             torch.get_num_threads(),
         )
         return out if status == 0 else None
-
-
-def attention_milliseconds(repeats: int = 5) -> tuple[float, float]:
-    """Best-of-`repeats` milliseconds of one `MEASURE_SHAPE` attention: float32 SDPA (as the DiT calls it,
-    its output laid out for the next product) and the compiled bfloat16 one (0.0: it does not run here)."""
-    batch, heads, frames = MEASURE_SHAPE
-    generator = torch.Generator().manual_seed(0)
-    q, k, v = (
-        torch.randn(batch, frames, heads, HEAD_DIM, generator=generator).transpose(1, 2) for _ in range(3)
-    )
-
-    def float32() -> Tensor:
-        out = F.scaled_dot_product_attention(q, k, v)
-        return out.transpose(1, 2).reshape(batch, frames, heads * HEAD_DIM)
-
-    kernel = BFloat16Attention()
-    compiled = _best_ms(lambda: kernel(q, k, v), repeats) if bfloat16_attention_available() else 0.0
-    return _best_ms(float32, repeats), compiled
-
-
-def _best_ms(run: Callable[[], object], repeats: int) -> float:
-    with torch.inference_mode():
-        run()  # first call: buffers, pages
-        best = float("inf")
-        for _ in range(repeats):
-            started = time.perf_counter()
-            run()
-            best = min(best, time.perf_counter() - started)
-    return best * 1e3
 
 
 def _takes(q: Tensor, k: Tensor, v: Tensor) -> bool:
