@@ -197,7 +197,6 @@ class BatchRunner:
                 error = ("storage_error", f"its audio could not be saved ({reason})")
             else:
                 self._check_before_charge(plan, run, item, outcome, pins)
-                run.quota.charge(run.key_id, plan.job_id, _charge_s(plan, item, outcome))
                 recorded = self.batches.finish(
                     plan.job_id,
                     item.position,
@@ -208,7 +207,9 @@ class BatchRunner:
                     run_s=round(time.monotonic() - started, 3),
                     result=result,
                 )
-                if not recorded:  # the batch was cancelled or taken over meanwhile: nothing refers to it
+                if recorded:  # charged once kept: an item made after a cancel is never charged
+                    run.quota.charge(run.key_id, plan.job_id, _charge_s(plan, item, outcome))
+                else:  # the batch was cancelled or taken over meanwhile: nothing refers to it
                     self._discard(outcome.output_id)
                 return 0
         self.batches.finish(plan.job_id, item.position, run.attempt, error=error)

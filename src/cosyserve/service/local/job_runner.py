@@ -223,6 +223,7 @@ class LocalJobs:
     ) -> Ticket:
         """`asked`: what the activity log says was asked (a batch: its texts, its shared voice); `units`:
         its segments (a job) or the items it still runs (a batch, a dub), for the queue's wait estimates."""
+        key_id = spec.key.id if spec.key is not None else (spec.extra.get("key_id") if spec.extra else None)
         recorder = JobStateRecorder(
             self.jobs,
             self.batches,
@@ -232,10 +233,10 @@ class LocalJobs:
             recorded,
             keep_queued=self.owns_jobs,
             requeue=self.requeue,
+            refund=lambda: self.quota.refund_discarded(key_id, job_id),
         )
         event = "job" if kind == "tts" else kind
         logged = synthesis_logger(event, asked, spec, self.host.info.get("device"), job_id)
-        key_id = spec.key.id if spec.key is not None else (spec.extra.get("key_id") if spec.extra else None)
 
         def work(ctx: WorkContext) -> JobResult:
             recorded.wait(RECORD_WAIT_S)

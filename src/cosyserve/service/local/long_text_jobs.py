@@ -156,6 +156,7 @@ class JobStateRecorder:
         attempt: int | None = None,
         keep_queued: bool = False,
         requeue: Callable[[str], object] | None = None,
+        refund: Callable[[], object] | None = None,
     ) -> None:
         self.jobs, self.batches, self.outputs = jobs, batches, outputs
         self.job_id, self.kind = job_id, kind
@@ -163,6 +164,7 @@ class JobStateRecorder:
         self.attempt = attempt  # the attempt running it (set by the work once it claimed the job)
         self.keep_queued = keep_queued  # a shutdown leaves the job for this server's next start
         self.requeue = requeue  # runs an interrupted job again (None: whoever sent it sends it again)
+        self.refund = refund  # takes back what a long text was charged, when its result is thrown away
 
     def __call__(self, ticket: Ticket, state: str) -> None:
         self.recorded.wait(RECORD_WAIT_S)
@@ -192,6 +194,7 @@ class JobStateRecorder:
             record = self.jobs.get(self.job_id)
             if self.kind != "tts" and record is not None and record.is_terminal:
                 self.batches.cancel_rest(self.job_id, code, message)
+            self._refund_if_nothing_kept()
 
     def _done(self, result: JobResult) -> None:
         outcome = result.outcome
@@ -217,7 +220,22 @@ class JobStateRecorder:
         except JobStateError:
             if outcome is not None:
                 self._discard_output(outcome.output_id)  # another attempt owns the job's result
+            self._refund_if_nothing_kept()
             raise
+
+    def _refund_if_nothing_kept(self) -> None:
+        """A long text that ended without a result keeps nothing of what it made (a cluster's API node ends
+        a cancelled record at once, and the worker's audio is thrown away): what its segments were charged
+        goes back."""
+        record = self.jobs.get(self.job_id)
+        if self.kind != "tts" or self.refund is None or record is None or record.output_id:
+            return
+        if record.state not in ("cancelled", "failed"):  # running: another attempt owns it
+            return
+        try:
+            self.refund()
+        except Exception as exc:  # the charge stays; the key's day ends anyway
+            log.warning("job %s: could not take back the charge of its discarded audio: %s", self.job_id, exc)
 
     def _discard_output(self, output_id: str | None) -> None:
         if output_id is None:
