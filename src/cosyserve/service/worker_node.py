@@ -42,6 +42,7 @@ from cosyserve.service import wire
 from cosyserve.service.assembly import Service
 from cosyserve.service.distributed import celery_app
 from cosyserve.service.distributed.lost_jobs import LostJobSweep
+from cosyserve.service.distributed.received_tasks import ReceivedTasks
 from cosyserve.service.distributed.relay import Relay, WorkerRegistry, connect
 from cosyserve.service.distributed.task_watch import TaskWatch
 from cosyserve.service.local.backend import LocalBackend
@@ -88,6 +89,7 @@ class WorkerNode:
         self.client = connect(queue.queue_url)
         self.relay = Relay(self.client)
         self.registry = WorkerRegistry(self.client)
+        self.received = ReceivedTasks(self.relay, self.name, self.lease_s)  # taken, not started yet
         self._stop = threading.Event()
         # Set by a SIGTERM: Celery's consumer may still hand this worker a task (even the one it just sent
         # back); it goes back to the queue for another worker instead of being claimed here.
@@ -130,6 +132,7 @@ class WorkerNode:
         queues = [celery_app.QUEUE, celery_app.BACKGROUND_QUEUE]
         log.info("worker %s takes up to %d tasks at once from %s", self.name, concurrency, queues)
         celery_signals.worker_shutting_down.connect(self.on_worker_shutting_down, weak=False)
+        celery_signals.task_received.connect(self.received.on_received, weak=False)
         worker = self.app.Worker(
             pool="threads",
             concurrency=concurrency,
@@ -145,6 +148,7 @@ class WorkerNode:
             worker.start()
         finally:
             celery_signals.worker_shutting_down.disconnect(self.on_worker_shutting_down)
+            celery_signals.task_received.disconnect(self.received.on_received)
             self._stop.set()
             beat.join(timeout=5.0)
             self._leave()
@@ -205,6 +209,7 @@ class WorkerNode:
                 if self.service.model_state == "ready":
                     self.registry.beat(self.name, self.info(), ttl_s=self.lease_s)
                 self.intake.shares.renew(self.lease_s)  # its running jobs count for their keys while it lives
+                self.received.renew()  # interactive tasks it took and has not started yet
             except Exception as exc:  # Redis briefly away: API nodes see no heartbeat until it is back
                 log.warning("worker heartbeat failed: %s", exc)
             try:
@@ -276,12 +281,13 @@ class WorkerNode:
 
     def _interactive(self, task_id: str, run: Any) -> None:
         """Run an interactive task under a relay lease; every failure reaches the waiting API node."""
-        reason = self.relay.cancel_reason(task_id)
-        if reason is not None:  # cancelled (or timed out) while it waited in the queue
-            self.relay.publish(task_id, "error", wire.encode_error(Cancelled(reason)))
-            return
         self.relay.hold(task_id, self.name, self.lease_s)
+        self.received.started(task_id)
         try:
+            reason = self.relay.cancel_reason(task_id)
+            if reason is not None:  # cancelled (or timed out, or given up for lost) while it waited
+                self.relay.publish(task_id, "error", wire.encode_error(Cancelled(reason)))
+                return
             with self.counted(), TaskWatch(self, task_id, progress=True) as watch:
                 run(watch)
         except BaseException as exc:

@@ -33,6 +33,7 @@ from cosyserve.service.distributed.celery_app import (
     queue_of,
 )
 from cosyserve.service.distributed.relay import Relay, RelayItem, WorkerRegistry, connect
+from cosyserve.service.distributed.task_reader import TaskReader
 from cosyserve.service.local.voice_pins import SNAPSHOTS, resolve_batch, resolve_request
 from cosyserve.service.outcomes import StreamStart, TtsOutcome
 from cosyserve.service.requests import EnrolmentRequest, OutputSpec, SynthesisRequest
@@ -47,7 +48,6 @@ from cosyserve.service.stores.voices import Voice, VoiceLibrary
 log = logging.getLogger(__name__)
 
 WORKERS_CACHE_S = 2.0  # how long the list of live workers is reused for readiness checks
-LEASE_CHECK_S = 1.0  # how often a waiting request checks that its worker still holds the task
 
 
 class RemoteBackend:
@@ -79,6 +79,7 @@ class RemoteBackend:
         self.relay = Relay(self.client)
         self.registry = WorkerRegistry(self.client)
         self.shares = BackgroundShares(self.client)  # which keys have background work waiting
+        self.reader = TaskReader(self.relay, self.workers, _where(self.url))
         self._workers: tuple[float, list[dict[str, Any]]] = (0.0, [])
         self._workers_lock = threading.Lock()
 
@@ -185,13 +186,13 @@ class RemoteBackend:
 
         def work(ctx: WorkContext) -> Any:
             task_id = self._send(TTS_TASK, args)
-            items = self._relay(task_id, ctx)
+            items = self.reader.items(task_id, ctx)
             if stream:
                 return self._stream(task_id, items)
             try:
                 return wire.decode_outcome(_json(_until_done(items)))
             finally:
-                self._drop_quietly(task_id)
+                self.reader.drop_quietly(task_id)
 
         return work
 
@@ -207,9 +208,9 @@ class RemoteBackend:
                     yield item.data
                 elif item.kind == "done":
                     return wire.decode_outcome(_json(item))
-            raise wire.WorkerLost("the worker's output ended early")  # pragma: no cover - _relay raises
+            raise wire.WorkerLost("the worker's output ended early")  # pragma: no cover - the reader raises
         finally:
-            self._drop_quietly(task_id)
+            self.reader.drop_quietly(task_id)
 
     def enrol_work(self, enrolment: EnrolmentRequest) -> Callable[[WorkContext], Voice]:
         args = wire.encode_enrolment(enrolment)
@@ -217,9 +218,9 @@ class RemoteBackend:
         def work(ctx: WorkContext) -> Voice:
             task_id = self._send(ENROL_TASK, args)
             try:
-                voice = _json(_until_done(self._relay(task_id, ctx)))
+                voice = _json(_until_done(self.reader.items(task_id, ctx)))
             finally:
-                self._drop_quietly(task_id)
+                self.reader.drop_quietly(task_id)
             return self.voices.get(voice["id"])
 
         return work
@@ -310,66 +311,12 @@ class RemoteBackend:
         for the cluster's background slots: `scheduling/key_share.py`)."""
         self.shares.send_counted(job_id, share_key(owner), lambda: self._send(task, args, job_id))
 
-    def _relay(self, task_id: str, ctx: WorkContext) -> Iterator[RelayItem]:
-        """The task's relay items up to and including `done`; raises the worker's error, Cancelled when
-        the client cancels (the worker is told), WorkerLost when its worker vanishes, QueueUnavailable
-        when Redis goes away."""
-        from redis.exceptions import RedisError
-
-        try:
-            yield from self._relay_items(task_id, ctx)
-        except RedisError as exc:
-            raise wire.QueueUnavailable(
-                f"lost the connection to the queue at {_where(self.url)} while waiting for the result "
-                f"({type(exc).__name__}): retry in a few seconds"
-            ) from exc
-
-    def _relay_items(self, task_id: str, ctx: WorkContext) -> Iterator[RelayItem]:
-        after, held, last_check = "0-0", False, 0.0
-        while True:
-            if ctx.cancel.is_set():
-                self._cancel_quietly(task_id)
-                ctx.check_cancelled()
-            items = self.relay.read(task_id, after, block_ms=250)
-            for item in items:
-                after = item.id
-                if item.kind == "progress":
-                    ctx.set_progress(float(_json(item)))
-                    continue
-                if item.kind == "error":
-                    raise wire.decode_error(_json(item))
-                yield item
-                if item.kind == "done":
-                    return
-            if items or time.monotonic() - last_check < LEASE_CHECK_S:
-                continue
-            last_check = time.monotonic()
-            holder = self.relay.holder(task_id)
-            if holder is not None:
-                held = True
-            elif held and not self.relay.read(task_id, after, block_ms=0):
-                raise wire.WorkerLost(
-                    "the worker running this request stopped before it finished: retry the request"
-                )
-
-    def _drop_quietly(self, task_id: str) -> None:
-        try:
-            self.relay.drop(task_id)
-        except Exception as exc:  # the stream expires by itself
-            log.debug("could not drop the relay stream of task %s: %s", task_id, exc)
-
-    def _cancel_quietly(self, task_id: str) -> None:
-        try:
-            self.relay.request_cancel(task_id)
-        except Exception as exc:
-            log.warning("could not pass a cancel for task %s to the workers: %s", task_id, exc)
-
 
 def _until_done(items: Iterator[RelayItem]) -> RelayItem:
     for item in items:
         if item.kind == "done":
             return item
-    raise Cancelled("the request ended without a result")  # pragma: no cover - _relay raises first
+    raise Cancelled("the request ended without a result")  # pragma: no cover - the reader raises first
 
 
 def _json(item: RelayItem) -> Any:
