@@ -89,6 +89,7 @@ class Cluster:
         self.nodes, self.api_url, self.jobs, self.s3 = nodes, api_url, jobs, s3_client
         self.worker_urls: dict[str, str] = {}
         self.queue_url = ""
+        self.base = Path()  # each node's data directory is base / its name
         self.http = httpx.Client(base_url=api_url, timeout=120.0)
 
     def wait_ready(self, workers: int, timeout: float = 180.0) -> dict:
@@ -199,6 +200,7 @@ def cluster(redis_url, postgres_url, demo_model_path, tmp_path_factory):
     engine = make_engine(postgres_url)
     running = Cluster(nodes, f"http://127.0.0.1:{port}", JobStore(engine), s3)
     running.queue_url = queue
+    running.base = base
     running.worker_urls = {name: f"http://127.0.0.1:{p}" for name, p in worker_ports.items()}
     try:
         running.wait_ready(workers=2)
@@ -243,6 +245,17 @@ def test_interactive_requests_run_on_workers_and_results_reach_the_api_node(
     output_id = outputs[0].headers["x-cosyserve-output-id"]
     stored = cluster.http.get(f"/v1/outputs/{output_id}")
     assert stored.status_code == 200 and stored.content == outputs[0].content
+
+    # Deleted through the API node, it leaves no copy on the worker that made it either.
+    def copies() -> list[Path]:
+        return [p for name in cluster.worker_urls for p in (cluster.base / name).rglob(f"{output_id}.*")]
+
+    assert copies()
+    assert cluster.http.delete(f"/v1/outputs/{output_id}").status_code == 204
+    deadline = time.monotonic() + 3 * LEASE_S + 5  # a heartbeat or two
+    while copies() and time.monotonic() < deadline:
+        time.sleep(0.2)
+    assert not copies(), copies()
     # Streaming crosses the nodes chunk by chunk.
     with cluster.http.stream(
         "POST", "/v1/tts", json={"text": "你好。", "voice": voice, "stream": True}

@@ -17,6 +17,7 @@ from typing import Any
 from cosyserve.errors import CosyServeError, SettingsError
 from cosyserve.service.access.gate import Access
 from cosyserve.service.backend import Backend
+from cosyserve.service.distributed.deleted_outputs import DeletedOutputs
 from cosyserve.service.distributed.remote import RemoteBackend
 from cosyserve.service.labels.labeller import Labeller
 from cosyserve.service.local.backend import LocalBackend
@@ -117,7 +118,7 @@ class Service:
     def _make_backend(self, factory: SynthesizerFactory | None) -> Backend:
         """The one place the role decides anything: where synthesis runs."""
         if self.role == "api":
-            return RemoteBackend(
+            remote = RemoteBackend(
                 self.settings,
                 self.scheduler,
                 jobs=self.jobs,
@@ -125,6 +126,9 @@ class Service:
                 batches=self.batches,
                 reservations=self.reservations,
             )
+            # the workers that made an output deleted here drop their copies (`deleted_outputs.py`)
+            self.outputs.on_deleted = DeletedOutputs(remote.client).note_quietly
+            return remote
         self.model = ModelHost(
             self.settings,
             self.voices,

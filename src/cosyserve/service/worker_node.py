@@ -41,6 +41,7 @@ from cosyserve.errors import (
 from cosyserve.service import wire
 from cosyserve.service.assembly import Service
 from cosyserve.service.distributed import celery_app
+from cosyserve.service.distributed.deleted_outputs import DeletedOutputs, DeletedOutputSweep
 from cosyserve.service.distributed.lost_jobs import LostJobSweep
 from cosyserve.service.distributed.received_tasks import ReceivedTasks
 from cosyserve.service.distributed.relay import Relay, WorkerRegistry, connect
@@ -90,6 +91,7 @@ class WorkerNode:
         self.relay = Relay(self.client)
         self.registry = WorkerRegistry(self.client)
         self.received = ReceivedTasks(self.relay, self.name, self.lease_s)  # taken, not started yet
+        self.deleted = DeletedOutputSweep(DeletedOutputs(self.client), self.service.outputs.drop_local)
         self._stop = threading.Event()
         # Set by a SIGTERM: Celery's consumer may still hand this worker a task (even the one it just sent
         # back); it goes back to the queue for another worker instead of being claimed here.
@@ -217,6 +219,10 @@ class WorkerNode:
                     self.lost_jobs.maybe_sweep()
             except Exception as exc:  # the database or Redis briefly away: the next beat looks again
                 log.warning("looking for jobs whose worker stopped failed: %s", exc)
+            try:
+                self.deleted.sweep()  # its copies of outputs deleted through an API node
+            except Exception as exc:  # Redis briefly away: the next beat looks again
+                log.warning("looking for outputs deleted through another node failed: %s", exc)
             self._stop.wait(interval)
 
     def _leave(self) -> None:

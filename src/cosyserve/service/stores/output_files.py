@@ -13,6 +13,7 @@ import hashlib
 import json
 import re
 import uuid
+from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -155,3 +156,32 @@ def build_manifest(
         "quality": result.quality.as_dict() if result.quality is not None else None,  # the kept take's scores
         "owner": owner,
     }
+
+
+def remove_strays(root: Path, now: float, grace_s: float, read: Callable[[str], Any]) -> list[Path]:
+    """Remove temp files, unreadable sidecars (with their audio) and audio without a sidecar in `root`,
+    if older than `grace_s`; `read(output_id)` raises OutputNotFound for a sidecar it cannot read."""
+    removed = []
+    for path in sorted(root.iterdir()):
+        name = path.name
+        if name.startswith(".output_") and name.endswith(TEMP_SUFFIX):
+            stray = True
+        elif OUTPUT_ID.fullmatch(path.stem):
+            if path.suffix == ".json":
+                try:
+                    read(path.stem)
+                    stray = False
+                except OutputNotFound:
+                    stray = True
+            else:
+                stray = not path.with_suffix(".json").exists()
+        else:
+            continue
+        try:
+            old = now - path.stat().st_mtime > grace_s
+        except FileNotFoundError:
+            continue
+        if stray and old:
+            path.unlink(missing_ok=True)
+            removed.append(path)
+    return removed

@@ -56,7 +56,6 @@ from cosyserve.service.stores.bucket import (
 from cosyserve.service.stores.output_files import (
     EXTENSION,
     OUTPUT_ID,
-    TEMP_SUFFIX,
     OutputNotFound,
     StoredOutput,
     build_manifest,  # noqa: F401  (re-exported)
@@ -64,6 +63,7 @@ from cosyserve.service.stores.output_files import (
     pair_size,
     parse_sidecar,
     remove_pair,
+    remove_strays,
     sort_key,
     to_json,
     write_atomic,
@@ -133,6 +133,8 @@ class OutputStore:
             raise InputError(f"node_tag must be a 6-digit number (100000-999999), got {node_tag}")
         self.node_tag = (node_tag or random.choice(NODE_TAGS)) if self.remote is not None else None
         self.bucket = OutputBucket(self.remote, self.root, self.url_prefix, clock) if self.remote else None
+        # told of each output deleted here, so other nodes drop their copies (a cluster's tombstones)
+        self.on_deleted: Callable[[str], object] | None = None
 
     @property
     def remote_list_ttl_s(self) -> float:
@@ -322,16 +324,33 @@ class OutputStore:
             if self.sync is not None and self.sync_deletes:
                 self.sync.enqueue_delete(output.path.name)
                 self.sync.enqueue_delete(output.sidecar_path.name)
-            return output
+        else:
+            output = self._delete_everywhere(self.bucket, output_id)
+        if self.on_deleted is not None:
+            self.on_deleted(output_id)
+        return output
+
+    def _delete_everywhere(self, bucket: OutputBucket, output_id: str) -> StoredOutput:
         try:
             output = self._get_local(output_id)
         except OutputNotFound:
-            remote = self.bucket.output(output_id)
+            remote = bucket.output(output_id)
             if remote is None:
                 raise
             output = remote
-        self.bucket.delete(output)
+        bucket.delete(output)
         return output
+
+    def drop_local(self, output_id: str) -> bool:
+        """Remove this node's copy of an output deleted through another node (the bucket's copy is gone
+        already); returns whether there was one."""
+        try:
+            output = self._get_local(check_output_id(output_id))
+        except (OutputNotFound, InputError):
+            return False
+        self._sizes.discard(output_id)
+        remove_pair(output)
+        return True
 
     def enforce_retention(self) -> RetentionReport:
         """Remove outputs older than `retention_days`, then the oldest until the total is at most
@@ -354,7 +373,7 @@ class OutputStore:
             for output in removed:
                 remove_pair(output)
             self._sizes.reset((o.id, sizes[o.id]) for o in outputs)  # resync with the directory
-            strays = self._remove_strays(now)
+            strays = remove_strays(self.root, now, STRAY_GRACE_S, self._get_local)
         if removed or strays:
             log.info("retention removed %d outputs and %d stray files", len(removed), len(strays))
         return RetentionReport(removed, sum(sizes[o.id] for o in removed), strays)
@@ -368,31 +387,3 @@ class OutputStore:
             with contextlib.suppress(OutputNotFound):
                 outputs.append(self._get_local(output_id))
         return outputs
-
-    def _remove_strays(self, now: float) -> list[Path]:
-        """Temp files, unreadable sidecars (with their audio) and audio without a sidecar, if old."""
-        removed = []
-        for path in sorted(self.root.iterdir()):
-            name = path.name
-            if name.startswith(".output_") and name.endswith(TEMP_SUFFIX):
-                stray = True
-            elif OUTPUT_ID.fullmatch(path.stem):
-                sidecar = path.with_suffix(".json")
-                if path.suffix == ".json":
-                    try:
-                        self._get_local(path.stem)
-                        stray = False
-                    except OutputNotFound:
-                        stray = True
-                else:
-                    stray = not sidecar.exists()
-            else:
-                continue
-            try:
-                old = now - path.stat().st_mtime > STRAY_GRACE_S
-            except FileNotFoundError:
-                continue
-            if stray and old:
-                path.unlink(missing_ok=True)
-                removed.append(path)
-        return removed
