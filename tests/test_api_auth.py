@@ -154,6 +154,8 @@ def test_rate_limit_per_key(server) -> None:
         assert statuses == [200, 200, 200, 429]
         limited = client.get("/v1/voices")
         assert limited.json()["error"]["code"] == "rate_limited" and int(limited.headers["retry-after"]) >= 1
+        # the message says what the header says (it said "retry in 0 s" beside Retry-After: 1)
+        assert limited.json()["error"]["message"].endswith(f"retry in {limited.headers['retry-after']} s")
 
 
 def test_daily_audio_quota(server) -> None:

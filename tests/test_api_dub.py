@@ -244,3 +244,19 @@ def test_the_web_ui_refuses_a_track_longer_than_the_limit(dubbed, tmp_path) -> N
             request_id="ui-test",
         )
     assert len(service.jobs.list(kinds=("dub",))) == before  # nothing was queued
+
+
+def test_a_cancelled_dubs_track_points_at_its_finished_cues(dubbed) -> None:
+    client = dubbed["client"]
+    cues = [(n * 3.0, n * 3.0 + 2.0, "很长的一句话，说了又说。") for n in range(40)]
+    files = {"file": ("long.srt", srt(cues).encode(), "application/x-subrip")}
+    dub = client.post("/v1/dub", data={"voice": "alice"}, files=files).json()
+    assert client.delete(f"/v1/dub/{dub['id']}").status_code == 202
+    deadline = time.monotonic() + 60
+    while client.get(f"/v1/dub/{dub['id']}").json()["state"] != "cancelled":
+        assert time.monotonic() < deadline
+        time.sleep(0.1)
+    refused = client.get(f"/v1/dub/{dub['id']}/track")
+    message = refused.json()["error"]["message"]
+    assert refused.status_code == 409 and "yet" not in message, message
+    assert f"/v1/batches/{dub['id']}/archive" in message

@@ -107,6 +107,28 @@ def test_renaming_or_deleting_a_voice_leaves_its_running_job_alone(server, pause
         assert bob.delete("/v1/voices/bobby").status_code == 204  # no longer in use
 
 
+def test_a_voice_in_use_by_someone_elses_job_is_not_named_to_its_owner(
+    server, pause, prompt_wav_bytes
+) -> None:
+    """The owner is told to wait, not to cancel a job it cannot see (its DELETE answered 404)."""
+    _key, secret = server.service.keys.create("dana-app", "user")
+    ops, ops_secret = server.service.keys.create("ops-in-use", "admin")
+    with as_key(server, secret) as dana, as_key(server, ops_secret) as admin:
+        voice = enrol_voice(dana, "dana-voice", prompt_wav_bytes)["id"]
+        paused, go = pause(ops.id, 2)
+        try:
+            job = admin.post("/v1/jobs", json={"text": TEXT, "voice": voice, "seed": 3}).json()
+            assert paused.wait(60)
+            refused = dana.delete(f"/v1/voices/{voice}")
+            message = refused.json()["error"]["message"]
+            assert refused.status_code == 409 and job["id"] not in message, message
+            assert "1 of other users'" in message and "DELETE" not in message
+            assert job["id"] in admin.delete(f"/v1/voices/{voice}").json()["error"]["message"]
+        finally:
+            go.set()
+        wait(admin, f"/v1/jobs/{job['id']}")
+
+
 def test_a_voice_deleted_out_of_band_fails_waiting_work_as_voice_unavailable(
     server, pause, prompt_wav_bytes
 ) -> None:

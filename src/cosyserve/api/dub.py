@@ -107,7 +107,12 @@ def dub_track(
     record = own_batch(service, principal, dub_id, ("dub",))
     url = track_url(service, record)
     if url is None or record.output_id is None:
-        raise JobStateError(f"dub {dub_id} is {record.state}: it has no track to download yet")
+        if not record.is_terminal:
+            raise JobStateError(f"dub {dub_id} is {record.state}: it has no track to download yet")
+        raise JobStateError(
+            f"dub {dub_id} is {record.state} and has no track: its finished cues download as "
+            f"GET /v1/batches/{dub_id}/archive"
+        )
     if format is not None:
         query = {"format": format} if format != "wav" else None
         url = service.access.signed_url(f"/v1/outputs/{record.output_id}", query)

@@ -133,7 +133,7 @@ def update_voice(
 def delete_voice(voice_id: str, request: Request, principal: CurrentPrincipal) -> Response:
     service = get_service(request)
     voice = _changeable(request, principal, voice_id)
-    refuse_if_in_use(service.jobs, voice)  # 409 voice_in_use: its jobs keep their voice until they end
+    refuse_if_in_use(service.jobs, voice, principal)  # 409 voice_in_use: its jobs keep it until they end
     service.voices.delete(voice.id)
     return Response(status_code=204)
 

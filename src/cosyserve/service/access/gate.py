@@ -148,9 +148,10 @@ class Access:
         wait = self.rate_limiter.acquire(principal.key)
         if wait > 0:
             limit = self.rate_limiter.limit_for(principal.key)
+            seconds = max(1, round(wait + 0.5))  # the message says what Retry-After says
             raise RateLimited(
-                f"rate limit of {limit:g} requests per minute reached for this key: retry in {wait:.0f} s",
-                max(1, round(wait + 0.5)),
+                f"rate limit of {limit:g} requests per minute reached for this key: retry in {seconds} s",
+                seconds,
             )
 
     def check_quota(self, principal: Principal) -> None:

@@ -19,10 +19,11 @@ from dataclasses import dataclass
 from typing import Any
 
 from cosyserve.frontend.prompt_features import PromptFeatures
+from cosyserve.service.access.principals import Principal
 from cosyserve.service.batches.inputs import ItemSpec
 from cosyserve.service.batches.submission import BatchSubmission
 from cosyserve.service.requests import EVERY_VOICE, SynthesisRequest, VoiceDefaults, VoiceScope
-from cosyserve.service.stores.jobs import JobStore
+from cosyserve.service.stores.jobs import JobRecord, JobStore
 from cosyserve.service.stores.voices import (
     Voice,
     VoiceFilesMissing,
@@ -147,23 +148,32 @@ class VoicePins:
         return [pinned.voice for pinned in self._pinned.values()]
 
 
-def refuse_if_in_use(jobs: JobStore, voice: Voice) -> None:
-    """VoiceInUse, naming the work, when queued or running work was submitted with `voice`."""
+def refuse_if_in_use(jobs: JobStore, voice: Voice, principal: Principal | None = None) -> None:
+    """VoiceInUse when queued or running work was submitted with `voice`, naming the work `principal` may
+    see and cancel (its own; an admin: all) and counting the rest."""
     using = voices_in_use(jobs, voice.id)
-    if using:
-        shown = ", ".join(using[:5]) + (f" and {len(using) - 5} more" if len(using) > 5 else "")
-        raise VoiceInUse(
-            f"voice {voice.name!r} is used by queued or running work ({shown}): wait until it ends, or "
-            "cancel it (DELETE /v1/jobs/{id}, /v1/batches/{id} or /v1/dub/{id}), then delete the voice"
-        )
+    if not using:
+        return
+    visible = [r.id for r in using if principal is None or principal.is_admin or r.owner == principal.owner]
+    others = len(using) - len(visible)
+    shown = ", ".join(visible[:5]) + (f" and {len(visible) - 5} more" if len(visible) > 5 else "")
+    parts = [f"your {shown}"] if visible else []
+    if others:
+        parts.append(f"{others} of other users' (only they or an admin can cancel those)")
+    advice = "wait until it ends" if not visible else "wait until it ends, or cancel yours"
+    cancel = " (DELETE /v1/jobs/{id}, /v1/batches/{id} or /v1/dub/{id})" if visible else ""
+    raise VoiceInUse(
+        f"voice {voice.name!r} is used by queued or running work ({'; '.join(parts)}): "
+        f"{advice}{cancel}, then delete the voice"
+    )
 
 
-def voices_in_use(jobs: JobStore, voice_id: str) -> list[str]:
-    """Ids of the queued and running jobs, batches and dubs submitted with this voice."""
+def voices_in_use(jobs: JobStore, voice_id: str) -> list[JobRecord]:
+    """The queued and running jobs, batches and dubs submitted with this voice."""
     using = []
     for state in ("queued", "running"):
         for record in jobs.list(state=state, limit=500):
             snapshots = (record.params or {}).get(SNAPSHOTS) or {}
             if any(isinstance(s, dict) and s.get("id") == voice_id for s in snapshots.values()):
-                using.append(record.id)
+                using.append(record)
     return using

@@ -80,6 +80,6 @@ class VoicesPart:
     def delete_voice(self, principal: Principal, voice_id: str) -> Voice:
         voice = self.voice(principal, voice_id)
         voice_rules.check_changeable(principal, voice)
-        refuse_if_in_use(self.service.jobs, voice)  # VoiceInUse while queued or running work uses it
+        refuse_if_in_use(self.service.jobs, voice, principal)  # VoiceInUse while work uses it
         self.service.voices.delete(voice.id)
         return voice
