@@ -432,3 +432,23 @@ def test_saving_a_voice_without_a_recording_asks_for_one():
         actions.enrol("en", "narrator", None, "", False, True, SimpleNamespace())
     assert "upload or record 3-30 s of the voice to save" in str(error.value.message)
     assert "saved voice" not in str(error.value.message)
+
+
+def test_a_cached_copy_is_fetched_by_its_owner_and_admins_alone() -> None:
+    from cosyserve.service.access.principals import Principal
+    from cosyserve.ui.file_owners import CachedFileOwners
+
+    owners = CachedFileOwners(max_folders=2)
+    carol, dave = Principal("session", "user", name="carol"), Principal("session", "user", name="dave")
+    admin, nobody = Principal("session", "admin", name="ops"), Principal("anonymous", "user")
+    folder = "cosy-" + "a" * 32
+    owners.record(folder, carol)
+    path = f"/tmp/gradio/{folder}/prompt.wav"
+    assert owners.allows(carol, path) and owners.allows(admin, path) and not owners.allows(dave, path)
+    unknown = "/tmp/gradio/cosy-" + "b" * 32 + "/x.wav"  # not made by this process: users are refused
+    assert not owners.allows(carol, unknown) and owners.allows(admin, unknown)
+    assert owners.allows(dave, "/tmp/gradio/3f2a9c/upload.wav")  # Gradio's own files: not ours to judge
+    owners.record("cosy-" + "c" * 32, nobody)  # a server without logins: everyone's
+    assert owners.allows(dave, "/tmp/gradio/cosy-" + "c" * 32 + "/x.wav")
+    owners.record("cosy-" + "d" * 32, dave)  # the oldest is forgotten past max_folders
+    assert not owners.allows(carol, path)

@@ -150,6 +150,24 @@ def test_owner_and_admin_hear_the_recording(team):
             f"{team.url}/gradio_api/file={path}", headers={"X-API-Key": team.keys[who]}, timeout=30
         )
         assert response.status_code == 200 and response.content == team.prompt, who
+        # Another signed-in user holding the copy's URL gets nothing (any signed-in user did: a team's run)
+        other = httpx.get(
+            f"{team.url}/gradio_api/file={path}", headers={"X-API-Key": team.keys["b"]}, timeout=30
+        )
+        assert other.status_code == 404 and team.prompt not in other.content, who
+
+
+def test_a_result_the_page_plays_is_its_makers_alone(team):
+    audio, *_ = ui_client(team, "a").predict(team.voice_ids["carol"], "你好。", api_name="/voice_preview")
+    path = audio["path"] if isinstance(audio, dict) else audio
+    fetched = {
+        who: httpx.get(
+            f"{team.url}/gradio_api/file={path}", headers={"X-API-Key": team.keys[who]}, timeout=30
+        )
+        for who in ("a", "b", "admin")
+    }
+    assert fetched["a"].status_code == fetched["admin"].status_code == 200
+    assert fetched["a"].content[:4] == b"RIFF" and fetched["b"].status_code == 404
 
 
 def test_a_user_key_manages_its_own_voices_in_the_ui(team, shared_dir):

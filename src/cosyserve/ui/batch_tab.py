@@ -267,10 +267,11 @@ class _BatchActions:
         if not batch_id or not position:
             return None
         try:
-            output = self.batches.item_output(self._principal(request), batch_id, int(position))
+            principal = self._principal(request)
+            output = self.batches.item_output(principal, batch_id, int(position))
         except Exception as exc:
             raise as_gr_error(exc, lang) from None
-        return cache_copy(output.path, self.ctx.cache_dir)
+        return cache_copy(output.path, self.ctx.cache_dir, principal)
 
     def voices(self, lang: str, current: str | None, request: gr.Request) -> Any:
         try:

@@ -12,7 +12,6 @@ import html
 import shutil
 import threading
 import unicodedata
-import uuid
 from collections import OrderedDict
 from collections.abc import Callable
 from dataclasses import dataclass, field
@@ -38,6 +37,7 @@ from cosyserve.ui.bridge import (
     manifest_timings,
     to_srt,
 )
+from cosyserve.ui.file_owners import owned_folder
 from cosyserve.ui.i18n import text
 from cosyserve.ui.preview import form_preview
 from cosyserve.ui.take_badge import take_badge
@@ -249,12 +249,11 @@ class TicketRegistry:
         return len(runs)
 
 
-def cache_copy(path: str | Path, cache_dir: str) -> str:
+def cache_copy(path: str | Path, cache_dir: str, principal: Principal | None) -> str:
     """A copy of a stored file in Gradio's cache (a fresh random folder), which is what the page may load:
-    the output store itself is never exposed by path."""
-    folder = Path(cache_dir) / f"cosy-{uuid.uuid4().hex}"
-    folder.mkdir(parents=True, exist_ok=True)
-    target = folder / Path(path).name
+    the output store itself is never exposed by path. Only `principal` (and admins) may fetch the copy
+    (`file_owners`)."""
+    target = owned_folder(cache_dir, principal) / Path(path).name
     shutil.copyfile(path, target)
     return str(target)
 
@@ -325,6 +324,6 @@ def finished(
     if outcome.output_id is None:  # storing failed (logged by the service): nothing to show or download
         return None, "", info, gr.update(), "", ""
     output = bridge.made_output(outcome.output_id)
-    audio = cache_copy(output.path, cache_dir)
+    audio = cache_copy(output.path, cache_dir, principal)
     preview = form_preview(bridge, principal, form, lang, output.manifest.get("sentences"))
     return audio, links_html(bridge, output, lang), info, gr.update(), "", preview

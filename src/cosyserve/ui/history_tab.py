@@ -255,11 +255,12 @@ class _HistoryActions:
         if not output_id:
             return [None, "", None, gr.update()]  # the listing says why there is none
         try:
-            output = self.bridge.output(self.bridge.principal_of(request), output_id)
+            principal = self.bridge.principal_of(request)
+            output = self.bridge.output(principal, output_id)
         except Exception as exc:
             raise as_gr_error(exc, lang) from None
         return [
-            cache_copy(output.path, self.ctx.cache_dir),
+            cache_copy(output.path, self.ctx.cache_dir, principal),
             history_links(self.bridge, output, lang),
             output.manifest,
             "",

@@ -330,14 +330,14 @@ class _LibraryActions:
                 raise UiError("select_first")
             voice = bridge.voice(principal, voice_id)
             if not (words or "").strip():  # the recording itself: its owner's and admins' only
-                return cache_copy(bridge.voice_recording(principal, voice.id), cache_dir), ""
+                return cache_copy(bridge.voice_recording(principal, voice.id), cache_dir, principal), ""
             synthesis = SynthesisRequest(text=words.strip(), voice=voice.id)
             ticket = bridge.submit(principal, synthesis, mode="preview", request_id=request_id)
             outcome = ticket.result(PREVIEW_TIMEOUT_S)
             if outcome.output_id is None:
                 return None, ""
             output = bridge.made_output(outcome.output_id)
-            return cache_copy(output.path, cache_dir), ""
+            return cache_copy(output.path, cache_dir, principal), ""
         except Exception as exc:
             raise as_gr_error(exc, lang, request_id) from None
 

@@ -14,13 +14,14 @@ from __future__ import annotations
 import asyncio
 import html
 from collections.abc import Awaitable, Callable
-from urllib.parse import quote
+from urllib.parse import quote, unquote
 
 from fastapi import FastAPI, HTTPException, Request
 from fastapi.responses import HTMLResponse, RedirectResponse, Response
 from starlette.concurrency import run_in_threadpool
 
 from cosyserve.ui.bridge import AUTH_COOKIES, SESSION_COOKIE, UiBridge
+from cosyserve.ui.file_owners import CACHE_OWNERS
 from cosyserve.ui.i18n import pick_lang
 
 LOGIN_PATH = "/login"
@@ -181,6 +182,8 @@ def ui_auth_dependency(bridge: UiBridge) -> Callable[[Request], Awaitable[str | 
     async def dependency(request: Request) -> str | None:
         principal = await run_in_threadpool(bridge.principal, request.headers, request.cookies)
         if principal is not None:
+            if "/file=" in request.url.path and not CACHE_OWNERS.allows(principal, _file_path(request)):
+                raise HTTPException(status_code=404, detail="no such file")  # another user's copy
             return principal.name or principal.kind
         wants_page = request.method == "GET" and "text/html" in request.headers.get("accept", "")
         if wants_page:
@@ -190,3 +193,8 @@ def ui_auth_dependency(bridge: UiBridge) -> Callable[[Request], Awaitable[str | 
         return None
 
     return dependency
+
+
+def _file_path(request: Request) -> str:
+    """The path a Gradio `file=` route fetches."""
+    return unquote(request.url.path.split("/file=", 1)[1])

@@ -7,7 +7,6 @@ from __future__ import annotations
 import html
 import time
 from collections.abc import Iterator
-from pathlib import Path
 from typing import Any
 
 import gradio as gr
@@ -16,6 +15,7 @@ import soundfile
 
 from cosyserve.errors import CosyServeError
 from cosyserve.ui.bridge import JobRecord, Principal, SynthesisRequest, TtsOutcome, UiBridge
+from cosyserve.ui.file_owners import owned_folder
 from cosyserve.ui.generate import Form, Run, Update, as_gr_error, finished
 from cosyserve.ui.i18n import text
 
@@ -59,13 +59,13 @@ def progress_html(
     )
 
 
-def partial_wav(results: Any, folder: str) -> str | None:
-    """The finished pieces of a running job as one WAV in Gradio's cache (what can be played so far)."""
+def partial_wav(results: Any, folder: str, principal: Principal) -> str | None:
+    """The finished pieces of a running job as one WAV in Gradio's cache (what can be played so far),
+    for `principal` alone (`file_owners`)."""
     if not results:
         return None
     audio = np.concatenate([result.audio for result in results])
-    target = Path(folder) / f"cosy-partial-{time.monotonic_ns()}.wav"
-    target.parent.mkdir(parents=True, exist_ok=True)
+    target = owned_folder(folder, principal) / "partial.wav"
     soundfile.write(target, audio, results[0].sample_rate)
     return str(target)
 
@@ -104,7 +104,7 @@ def run_job(
         audio: Any = gr.update()
         if len(partial) > shared:  # new pieces finished: play what there is so far
             shared = len(partial)
-            audio = partial_wav(partial, cache_dir)
+            audio = partial_wav(partial, cache_dir, principal)
         running = ticket is None or ticket.state == "running" or record.state == "running"
         position = ticket.position if ticket is not None else None
         place = (position, bridge.queue_wait_estimate(ticket)) if ticket and position is not None else None
