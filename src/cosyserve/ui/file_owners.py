@@ -19,7 +19,7 @@ import uuid
 from collections import OrderedDict
 from pathlib import Path
 
-from cosyserve.service.access.principals import Principal
+from cosyserve.ui.bridge import Principal
 
 FOLDER = re.compile(r"/(cosy-[0-9a-f]{32})/")
 MAX_FOLDERS = 100_000  # the oldest are forgotten first (Gradio removes their files within a day)
