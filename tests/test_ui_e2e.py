@@ -881,11 +881,17 @@ def test_screenshots_of_every_tab(page, viewport):
                 overflow = page.evaluate("document.documentElement.scrollWidth - window.innerWidth")
                 assert overflow <= 1, f"{tab_id} ({lang}, {width}px) is {overflow}px wider than the window"
                 if tab_id == "history":  # on a phone its columns wrapped one letter a line; now it scrolls
-                    narrowest = page.evaluate(
-                        "Math.min(...[...document.querySelectorAll('#history-table th')]"
-                        ".map(th => th.getBoundingClientRect().width))"
+                    # the header's cells, and the body's (a virtual list Gradio sized apart, half as wide)
+                    widths = page.evaluate(
+                        "['#history-table th', '#history-table [role=gridcell]'].map(cells =>"
+                        " [...document.querySelectorAll(cells)].map(c => c.getBoundingClientRect().width))"
                     )
+                    narrowest = min(min(cells) for cells in widths if cells)
                     assert narrowest >= 40, f"history columns of {narrowest:.0f}px at {width}px"
+                    header, body = widths
+                    if body:  # each body cell as wide as its column's header
+                        row = body[: len(header)]
+                        assert all(abs(a - b) <= 1 for a, b in zip(header, row, strict=True)), (header, row)
                 shot(page, f"tab-{tab_id}-{lang}-{width}x{height}")
     finally:
         page.click("#cosy-lang label:has-text('English')")

@@ -29,6 +29,7 @@ from cosyserve.ui.batch_tab import build_batch_tab
 from cosyserve.ui.bridge import MODES, Principal, Service, UiBridge
 from cosyserve.ui.generate import TicketRegistry
 from cosyserve.ui.history_tab import HistoryTab, build_history_tab
+from cosyserve.ui.history_table import phone_css
 from cosyserve.ui.i18n import LANG_CHOICES, Translator, pick_lang, text
 from cosyserve.ui.library_tab import build_library_tab, refresh_values
 from cosyserve.ui.login import LOGIN_PATH, LOGOUT_PATH, install_login_routes, ui_auth_dependency
@@ -234,7 +235,7 @@ def mount_ui(app: FastAPI, service: Service, path: str = "/") -> gr.Blocks:
         mcp_server=False,
         pwa=False,
         theme=theme,
-        css=assets.CSS,
+        css=assets.CSS + phone_css(),
         head=assets.head_html(),
     )
     return demo

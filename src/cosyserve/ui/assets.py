@@ -45,8 +45,6 @@ CSS = """
 #history-table table { table-layout: fixed; width: 100%; }
 #history-table td, #history-table th { overflow-wrap: anywhere; }
 @media (max-width: 640px) { #cosy-header h1 { font-size: 1.3rem; } #cosy-header p { font-size: .85rem; } }
-/* On a phone the history's columns would wrap one letter a line: the table scrolls in its box instead */
-@media (max-width: 640px) { #history-table table { min-width: 640px; } }
 .cosy-feedback .bad { color: #b42318; } .cosy-feedback .warn { color: #8a5a00; }
 .cosy-dice { max-width: 3.2rem; min-width: 3.2rem !important; align-self: end; }
 /* error toasts at the bottom: at the top (Gradio's place) they sit over the voice lists, which head

@@ -14,6 +14,26 @@ from cosyserve.ui.studio import UiContext
 ID_PREFIX = "output_"  # left out of the table's id column, which stays narrow
 COLUMN_WIDTHS = ["13%", "10%", "27%", "14%", "11%", "8%", "17%"]
 OWNER_COLUMN_WIDTHS = ["12%", "9%", "23%", "12%", "11%", "10%", "7%", "16%"]  # an Owner after the voice
+PHONE_TABLE_PX = 640  # below this window width the table keeps it and scrolls in its box
+
+
+def phone_css() -> str:
+    """On a phone the table scrolls in its box, `PHONE_TABLE_PX` wide, rather than wrap its columns one letter
+    a line. Gradio sizes the header's cells from the percentages against the table's width but the body's
+    (rows of a virtual list) against the visible box, half as wide on a phone: the body's cells get the
+    header's widths here, for both layouts (7 columns, or 8 with an admin's Owner)."""
+    rules = [f"#history-table table {{ min-width: {PHONE_TABLE_PX}px; }}"]
+    for widths, which in (
+        (COLUMN_WIDTHS, ":not(:has(> [data-col='7']))"),
+        (OWNER_COLUMN_WIDTHS, ":has(> [data-col='7'])"),
+    ):
+        for column, percent in enumerate(widths):
+            px = PHONE_TABLE_PX * float(percent.rstrip("%")) / 100
+            rules.append(
+                f"#history-table .virtual-row{which} > [data-col='{column}'] "
+                f"{{ width: {px:.2f}px !important; flex: 0 0 {px:.2f}px !important; }}"
+            )
+    return f"@media (max-width: {PHONE_TABLE_PX}px) {{\n" + "\n".join(rules) + "\n}\n"
 
 
 def history_rows(
