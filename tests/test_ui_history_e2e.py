@@ -309,6 +309,10 @@ def test_a_user_finds_plays_downloads_and_deletes_its_entry(browser, server, see
         with pytest.raises(OutputNotFound):
             server.service.outputs.get(seeded["lesson"].id)
         assert server.service.outputs.get(seeded["bob"].id).path.exists()
+        left = len(server.service.outputs.list(limit=1000))
+        page.click("#history-delete")  # none is picked after a delete: a second click deletes nothing
+        page.wait_for_function("document.body.innerText.includes('Pick an entry in the list first')")
+        assert len(server.service.outputs.list(limit=1000)) == left
     finally:
         context.close()
 

@@ -389,7 +389,7 @@ def test_a_cancelled_batch_counts_what_was_made_not_what_was_dropped():
     """A batch cancelled after 6 of 60 items read "cancelled · 60 / 60 finished · 6 done · 0 failed"."""
     from types import SimpleNamespace
 
-    from cosyserve.ui.batch_tab import progress_html
+    from cosyserve.ui.batch_rows import progress_html
 
     counts = SimpleNamespace(done=6, failed=1, cancelled=53, total=60)
     record = SimpleNamespace(state="cancelled", id="b1", error_code=None, error_message=None)
@@ -405,7 +405,7 @@ def test_the_batch_table_says_which_items_to_listen_to():
     """The API's `check_these` and the archive's `check` column had no counterpart on the Batch tab."""
     from types import SimpleNamespace
 
-    from cosyserve.ui.batch_tab import _check
+    from cosyserve.ui.batch_rows import item_check as _check
 
     def item(state: str, quality: dict | None) -> SimpleNamespace:
         return SimpleNamespace(state=state, result={"quality": quality} if quality is not None else {})
@@ -414,7 +414,9 @@ def test_the_batch_table_says_which_items_to_listen_to():
     assert (
         _check(item("done", {"passed": False, "failed": ["noise", "pace"]}), "en") == "⚠ listen: noise, pace"
     )
-    assert _check(item("done", {"passed": False, "failed": ["noise"]}), "zh") == "⚠ 请试听：noise"
+    assert (
+        _check(item("done", {"passed": False, "failed": ["noise", "pace"]}), "zh") == "⚠ 请试听：噪声、pace"
+    )
     assert _check(item("done", None), "en") == "" and _check(item("failed", {"passed": False}), "en") == ""
 
 
@@ -452,3 +454,41 @@ def test_a_cached_copy_is_fetched_by_its_owner_and_admins_alone() -> None:
     assert owners.allows(dave, "/tmp/gradio/cosy-" + "c" * 32 + "/x.wav")
     owners.record("cosy-" + "d" * 32, dave)  # the oldest is forgotten past max_folders
     assert not owners.allows(carol, path)
+
+
+def test_a_batch_items_error_reads_in_the_pages_words():
+    """Stored errors are the API's messages ("cancelled by the client", "list voices with GET
+    /v1/voices"): the Batch tab says them in the page's language."""
+    from types import SimpleNamespace
+
+    from cosyserve.ui.batch_rows import item_error
+
+    def item(code: str | None, message: str | None, voice: str | None = None) -> SimpleNamespace:
+        return SimpleNamespace(
+            error_code=code, error_message=message, params={"voice": voice} if voice else {}
+        )
+
+    assert item_error(item(None, None), "en") == ""
+    assert item_error(item("cancelled", "cancelled by the client"), "en") == "Cancelled."
+    assert item_error(item("cancelled", "cancelled by the client"), "zh") == "已取消。"
+    gone = item_error(item("voice_not_found", "no voice 'bob': list voices with GET /v1/voices", "bob"), "en")
+    assert "bob" in gone and "GET /v1/voices" not in gone and "Voice library" in gone
+    assert "音色库" in item_error(item("voice_not_found", "no voice 'bob'", "bob"), "zh")
+    quota = item_error(item("quota_exceeded", "the daily audio quota of 60 s has 0.0 s left"), "zh")
+    assert quota.startswith("请求过于频繁") and "60 s" in quota
+    assert (
+        item_error(item("invalid_input", "the text has nothing to say"), "en")
+        == "the text has nothing to say"
+    )
+
+
+def test_errors_the_ui_shows_for_a_voice_or_result_deleted_elsewhere_are_translated():
+    from cosyserve.errors import OutputNotFound, VoiceFilesMissing, VoiceNotFound
+    from cosyserve.ui.messages import error_message
+
+    assert "GET /v1/voices" not in error_message(
+        VoiceNotFound("no voice 'x': list voices with GET /v1/voices"), "en"
+    )
+    assert error_message(VoiceNotFound("no voice 'x'"), "zh").startswith("所选音色已不存在")
+    assert "刷新" in error_message(OutputNotFound("no output output_1; it may have expired"), "zh")
+    assert error_message(VoiceFilesMissing("its files are on node b"), "en") == "its files are on node b"

@@ -276,9 +276,10 @@ _USAGE, _FAILED, _UNAVAILABLE = ExitCode.USAGE, ExitCode.FAILED, ExitCode.UNAVAI
 
 # (exception class, how it reaches users): the first match wins, so subclasses come first.
 ERROR_TABLE: tuple[tuple[type[BaseException], ErrorKind], ...] = (
-    (VoiceNotFound, ErrorKind("voice_not_found", 404, _USAGE)),
+    (VoiceFilesMissing, ErrorKind("voice_not_found", 404, _USAGE)),  # its own message says where they are
+    (VoiceNotFound, ErrorKind("voice_not_found", 404, _USAGE, "err_voice_gone")),
     (ConsentRequired, ErrorKind("consent_required", 400, _USAGE, "err_consent")),
-    (OutputNotFound, ErrorKind("output_not_found", 404, _USAGE)),
+    (OutputNotFound, ErrorKind("output_not_found", 404, _USAGE, "err_output_gone")),
     (KeyNotFound, ErrorKind("key_not_found", 404, _USAGE)),
     (JobNotFound, ErrorKind("job_not_found", 404, _USAGE)),
     (PayloadTooLarge, ErrorKind("payload_too_large", 413, _USAGE)),

@@ -16,30 +16,27 @@ from typing import Any
 
 import gradio as gr
 
+from cosyserve.ui.batch_rows import bt, item_check, item_error, progress_html
 from cosyserve.ui.bridge import (
     SCRIPT_SUFFIXES,
     SUBTITLE_SUFFIXES,
     BatchBridge,
-    BatchItem,
     BatchStatus,
     Principal,
     new_request_id,
 )
 from cosyserve.ui.generate import as_gr_error, cache_copy
-from cosyserve.ui.i18n_batch import STRINGS
 from cosyserve.ui.studio import UiContext
 
 POLL_S = 1.0
 
 
-def bt(key: str, lang: str, **values: Any) -> str:
-    zh, en = STRINGS[key]
-    template = zh if lang == "zh" else en
-    return template.format(**values) if values else template
-
-
 def _in(key: str) -> Any:
     return lambda lang: bt(key, lang)
+
+
+def _columns(lang: str) -> list[str]:
+    return bt("cols", lang).split("|")
 
 
 @dataclass
@@ -154,7 +151,10 @@ def _outputs(ctx: UiContext) -> _Parts:
     )
     progress = gr.HTML("", elem_id="batch-progress")
     links = gr.HTML("", elem_id="batch-links")
-    table = gr.Dataframe(interactive=False, wrap=True, elem_id="batch-table")
+    table = tr.bind(  # headed before any batch is shown too (it read "1 | 2 | 3")
+        gr.Dataframe(headers=_columns(lang), interactive=False, wrap=True, elem_id="batch-table"),
+        headers=_columns,
+    )
     pick = tr.bind(
         gr.Dropdown(choices=[], value=None, label=bt("pick", lang), elem_id="batch-pick"), label=_in("pick")
     )
@@ -287,15 +287,15 @@ class _BatchActions:
     ) -> list[Any]:
         status = self.batches.status(principal, batch_id)
         items = self.batches.items(batch_id)
-        headers = bt("cols", lang).split("|")
+        headers = _columns(lang)
         rows = [
             [
                 item.position,
                 item.name,
                 bt(f"state_{item.state}", lang),
                 item.duration_s or "",
-                _check(item, lang),
-                item.error_message or "",
+                item_check(item, lang),
+                item_error(item, lang),
             ]
             for item in items
         ]
@@ -353,33 +353,3 @@ class _BatchActions:
                 f'<a class="cosy-download" id="batch-report" href="{url}" download>⬇ {bt("report", lang)}</a>'
             )
         return f'<div class="cosy-links">{"".join(parts)}</div>'
-
-
-def _check(item: BatchItem, lang: str) -> str:
-    """A finished item's checks: ✓, or ⚠ with the checks every take failed (empty: not scored)."""
-    quality = (item.result or {}).get("quality")
-    if item.state != "done" or not isinstance(quality, dict):
-        return ""
-    if quality.get("passed", True):
-        return bt("check_passed", lang)
-    return bt("check_listen", lang, failed=", ".join(quality.get("failed") or []))
-
-
-def progress_html(status: BatchStatus, lang: str) -> str:
-    """A progress bar with the counts, the state and the time left (the page reads `#batch-bar`)."""
-    counts, record = status.counts, status.record
-    made = counts.done + counts.failed  # made or tried: a cancelled item is neither
-    line = bt("progress", lang, finished=made, total=counts.total, done=counts.done, failed=counts.failed)
-    if counts.cancelled:
-        line += f" · {bt('cancelled_n', lang, n=counts.cancelled)}"
-    state = bt(f"state_{record.state}", lang)
-    left = f" · {bt('left', lang, seconds=status.time_left_s)}" if status.time_left_s else ""
-    error = (
-        f"<br><span class='bad'>{html.escape(record.error_message or '')}</span>" if record.error_code else ""
-    )
-    return (
-        f'<div class="cosy-batch" data-state="{record.state}" data-batch="{record.id}">'
-        f'<progress id="batch-bar" style="width: 60%" value="{made}" max="{max(1, counts.total)}">'
-        "</progress> "
-        f"<b>{state}</b> · {line}{left}{error}</div>"
-    )

@@ -20,8 +20,7 @@ from typing import Any
 
 import gradio as gr
 
-from cosyserve.errors import Cancelled, CosyServeError, error_kind
-from cosyserve.limits import AUDIO_SUFFIX_LIST
+from cosyserve.errors import Cancelled, CosyServeError
 from cosyserve.ui.bridge import (
     DOWNLOAD_FORMATS,
     MAX_SEED,
@@ -31,7 +30,6 @@ from cosyserve.ui.bridge import (
     Ticket,
     TtsOutcome,
     UiBridge,
-    UploadRefused,
     VoiceNotFound,
     log_failure,
     manifest_timings,
@@ -39,39 +37,13 @@ from cosyserve.ui.bridge import (
 )
 from cosyserve.ui.file_owners import owned_folder
 from cosyserve.ui.i18n import text
+from cosyserve.ui.messages import UiError, error_message
 from cosyserve.ui.preview import form_preview
 from cosyserve.ui.take_badge import take_badge
 
 POLL_S = 0.25
 MAX_CANCELLED_CLICKS = 4096  # tokens of clicks cancelled before they started, oldest forgotten first
 STREAM_ITEM_TIMEOUT_S = 600.0
-
-
-class UiError(Exception):
-    """A problem the UI finds itself, named by a STRINGS key (translated when shown)."""
-
-    def __init__(self, key: str, **values: Any) -> None:
-        super().__init__(key)
-        self.key, self.values = key, values
-
-
-def error_message(exc: BaseException, lang: str, request_id: str | None = None) -> str:
-    """What the user reads for `exc` (plain text)."""
-    if isinstance(exc, UiError):
-        return text(exc.key, lang, **exc.values)
-    if isinstance(exc, UploadRefused):
-        p = exc.problem
-        if p.kind == "type":
-            return text("err_bad_file", lang, suffix=p.suffix, formats=AUDIO_SUFFIX_LIST)
-        if p.kind == "gone":
-            return text("err_upload_gone", lang)
-        return text("err_big_file", lang, size=p.size_mb, limit=p.limit_mb)
-    if not isinstance(exc, CosyServeError):  # a bug: the details go to the log, not the page
-        return text("err_internal", lang, request_id=request_id or "-")
-    key = error_kind(exc).ui_key  # the error table says which errors get a translated sentence
-    if key is None:
-        return str(exc)
-    return text(key, lang, seconds=getattr(exc, "retry_after_s", None), message=str(exc))
 
 
 def as_gr_error(exc: BaseException, lang: str, request_id: str | None = None) -> gr.Error:

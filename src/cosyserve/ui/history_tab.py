@@ -16,8 +16,9 @@ from typing import Any
 
 import gradio as gr
 
+from cosyserve.errors import OutputNotFound
 from cosyserve.ui.bridge import INSTRUCT_PRESETS, MODES, Principal
-from cosyserve.ui.generate import as_gr_error, cache_copy
+from cosyserve.ui.generate import UiError, as_gr_error, cache_copy
 from cosyserve.ui.history_filter import (
     ANY,
     KINDS,
@@ -130,7 +131,8 @@ def build_history_tab(ctx: UiContext, panels: list[ModePanel], tabs: gr.Tabs) ->
     filters.search.submit(actions.listing, [lang, *filters.inputs], listing)
     for field in (filters.voice, filters.kind, filters.day, filters.everyone):
         field.input(actions.listing, [lang, *filters.inputs], listing)
-    delete.click(actions.delete, [lang, pick, *filters.inputs], listing)
+    # its error (if any) marks the status line, not the table it would blank until a refresh
+    delete.click(actions.delete, [lang, pick, *filters.inputs], listing, show_progress_on=[status])
     table.select(_select_row, [table], [pick])
     pick.change(actions.show, [lang, pick], [audio, links, params, status])
     flags = [gr.State(False) for _ in panels]
@@ -212,17 +214,20 @@ class _HistoryActions:
         everyone: bool,
         request: gr.Request,
     ) -> list[Any]:
-        """Delete the picked entry (a user its own, an admin any), then list again."""
+        """Delete the picked entry (a user its own, an admin any), then list again with none picked: a
+        second click deletes nothing (it deleted the next entry, silently)."""
         if not output_id:
-            raise gr.Error(
-                text("history_empty", lang), title=text("error_title", lang), print_exception=False
-            )
+            raise as_gr_error(UiError("history_pick_first"), lang)
+        said = text("history_deleted", lang, id=output_id.removeprefix(ID_PREFIX))
         try:
             self.bridge.delete_output(self.bridge.principal_of(request), output_id)
+        except OutputNotFound:  # deleted meanwhile (another tab) or expired: the list catches up
+            said = text("history_gone", lang)
         except Exception as exc:
             raise as_gr_error(exc, lang) from None
         updates = self.listing(lang, query, voice, kind, day, everyone, request)
-        updates[2] = text("history_deleted", lang, id=output_id.removeprefix(ID_PREFIX))
+        updates[1] = {**updates[1], "value": None}  # the pick: none
+        updates[2] = said
         return updates
 
     def _listing(self, lang: str, principal: Principal, wanted: HistoryFilter, everyone: bool) -> list[Any]:

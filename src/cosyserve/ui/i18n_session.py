@@ -36,4 +36,16 @@ SESSION_STRINGS: dict[str, tuple[str, str]] = {
         "服务器上已找不到这次上传的音频（上传已过期）：请重新上传或录制。",
         "The server no longer has this uploaded recording (the upload expired): upload or record it again.",
     ),
+    # History: Delete with no entry picked (a delete leaves none picked, so a second click deletes nothing)
+    "history_pick_first": ("请先在列表中选择一条记录。", "Pick an entry in the list first."),
+    # History: the entry to delete was already gone (deleted in another tab, or expired)
+    "history_gone": (
+        "这条记录已不存在（已被删除或已过期），列表已更新。",
+        "That entry no longer exists (deleted or expired); the list is updated.",
+    ),
+    # a history entry or result the page still lists, deleted since (in another tab) or expired
+    "err_output_gone": (
+        "这条结果已不存在（已被删除或已过期）：请点击“刷新”更新列表。",
+        "This result no longer exists (it was deleted or expired): press Refresh to update the list.",
+    ),
 }

@@ -13,6 +13,7 @@ from typing import Any
 from cosyserve.errors import CosyServeError
 from cosyserve.ui.bridge import PLAIN, PRONUNCIATION, ReadingFields, Span, TextPreview
 from cosyserve.ui.i18n import text
+from cosyserve.ui.messages import error_message
 
 
 def highlight(spans: Sequence[Span]) -> str:
@@ -84,6 +85,6 @@ def form_preview(
     try:
         fields = ReadingFields(form.mode, form.voice or None, form.transcript, form.instruct, form.preset)
         description = bridge.text_preview(principal, words, fields)
-    except CosyServeError as exc:
-        return preview_error_html(str(exc))
+    except CosyServeError as exc:  # a voice deleted meanwhile reads as in the rest of the page
+        return preview_error_html(error_message(exc, lang))
     return preview_html(description, lang, timings)

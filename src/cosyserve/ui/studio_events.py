@@ -10,7 +10,7 @@ import gradio as gr
 
 from cosyserve.ui import assets
 from cosyserve.ui.bridge import Principal, resolve_instruction
-from cosyserve.ui.generate import Form, as_gr_error
+from cosyserve.ui.generate import Form, UiError, as_gr_error
 from cosyserve.ui.i18n import text
 from cosyserve.ui.preview import form_preview
 from cosyserve.ui.studio import ModePanel, UiContext, prompt_feedback
@@ -101,10 +101,8 @@ def wire_panel(panel: ModePanel, ctx: UiContext) -> None:
         def transcribe(path: str | None, chosen: str) -> str:
             try:
                 if not path:
-                    raise as_gr_error(ValueError(text("err_no_prompt", chosen)), chosen)
+                    raise UiError("err_no_prompt")
                 return bridge.transcribe(path)
-            except gr.Error:
-                raise
             except Exception as exc:
                 raise as_gr_error(exc, chosen) from None
 

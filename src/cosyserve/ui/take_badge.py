@@ -4,6 +4,7 @@ score in its hover text (`service.quality`)."""
 from __future__ import annotations
 
 import html
+from collections.abc import Iterable
 
 from cosyserve.ui.bridge import TakeReport
 
@@ -12,6 +13,27 @@ _WORDS = {
     "failed": ("请试听：{failed}", "listen to it: {failed}"),
     "takes": ("{n} 次生成", "{n} takes"),
 }
+
+
+# the checks' names (`service.quality.scores.CHECKS`) as the page says them
+_CHECKS = {
+    "similarity": "音色相似度",
+    "duration": "时长",
+    "repetition": "重复",
+    "silence": "静音",
+    "pause": "停顿",
+    "clipping": "削波",
+    "noise": "噪声",
+    "intelligibility": "可懂度",
+}
+
+
+def check_names(failed: Iterable[str] | None, lang: str) -> str:
+    """The failed checks, named in `lang` and joined ("duration, noise"; "时长、噪声")."""
+    names = [str(name) for name in (failed or ())]
+    if lang == "zh":
+        return "、".join(_CHECKS.get(name, name) for name in names)
+    return ", ".join(names)
 
 
 def _say(key: str, lang: str, **values: object) -> str:
@@ -27,7 +49,7 @@ def take_badge(report: TakeReport | None, lang: str) -> str:
     if scores.passed:
         label = "✓ " + _say("passed", lang)
     else:
-        label = "⚠ " + _say("failed", lang, failed=", ".join(scores.failed))
+        label = "⚠ " + _say("failed", lang, failed=check_names(scores.failed, lang))
     if report.takes > 1:
         label += " · " + _say("takes", lang, n=report.takes)
     numbers = [

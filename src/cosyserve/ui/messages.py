@@ -1,0 +1,59 @@
+"""What a user reads in the web UI for an error, in the page's language: a problem the UI finds itself
+(`UiError`), one the service raised (the error table's translated sentence, else its own message), and
+one stored with a job or a batch item (its code, read back later).
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from cosyserve.errors import ERROR_TABLE, CosyServeError, error_kind
+from cosyserve.limits import AUDIO_SUFFIX_LIST
+from cosyserve.ui.bridge import UploadRefused
+from cosyserve.ui.i18n import text
+
+__all__ = ["UiError", "error_message", "stored_error_message"]
+
+# a stored error's code -> the translated sentence of its kind (first row of the table with that code)
+_UI_KEYS: dict[str, str] = {}
+for _cls, _kind in ERROR_TABLE:
+    if _kind.ui_key is not None:
+        _UI_KEYS.setdefault(_kind.code, _kind.ui_key)
+
+
+class UiError(Exception):
+    """A problem the UI finds itself, named by a STRINGS key (translated when shown)."""
+
+    def __init__(self, key: str, **values: Any) -> None:
+        super().__init__(key)
+        self.key, self.values = key, values
+
+
+def error_message(exc: BaseException, lang: str, request_id: str | None = None) -> str:
+    """What the user reads for `exc` (plain text)."""
+    if isinstance(exc, UiError):
+        return text(exc.key, lang, **exc.values)
+    if isinstance(exc, UploadRefused):
+        p = exc.problem
+        if p.kind == "type":
+            return text("err_bad_file", lang, suffix=p.suffix, formats=AUDIO_SUFFIX_LIST)
+        if p.kind == "gone":
+            return text("err_upload_gone", lang)
+        return text("err_big_file", lang, size=p.size_mb, limit=p.limit_mb)
+    if not isinstance(exc, CosyServeError):  # a bug: the details go to the log, not the page
+        return text("err_internal", lang, request_id=request_id or "-")
+    key = error_kind(exc).ui_key  # the error table says which errors get a translated sentence
+    if key is None:
+        return str(exc)
+    return text(key, lang, seconds=getattr(exc, "retry_after_s", None), message=str(exc))
+
+
+def stored_error_message(code: str | None, message: str | None, lang: str) -> str:
+    """What the user reads for an error stored with a job or a batch item (its code and the service's
+    message): the translated sentence of its kind, else the message."""
+    if not code:
+        return ""
+    key = _UI_KEYS.get(code)
+    if key is None:
+        return message or code
+    return text(key, lang, seconds=None, message=message or "")
