@@ -157,7 +157,8 @@ def refuse_if_in_use(jobs: JobStore, voice: Voice, principal: Principal | None =
     visible = [r.id for r in using if principal is None or principal.is_admin or r.owner == principal.owner]
     others = len(using) - len(visible)
     shown = ", ".join(visible[:5]) + (f" and {len(visible) - 5} more" if len(visible) > 5 else "")
-    parts = [f"your {shown}"] if visible else []
+    everyone = principal is None or principal.is_admin
+    parts = [shown if everyone else f"your {shown}"] if visible else []
     if others:
         parts.append(f"{others} of other users' (only they or an admin can cancel those)")
     advice = "wait until it ends" if not visible else "wait until it ends, or cancel yours"
