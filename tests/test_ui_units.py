@@ -492,3 +492,19 @@ def test_errors_the_ui_shows_for_a_voice_or_result_deleted_elsewhere_are_transla
     assert error_message(VoiceNotFound("no voice 'x'"), "zh").startswith("所选音色已不存在")
     assert "刷新" in error_message(OutputNotFound("no output output_1; it may have expired"), "zh")
     assert error_message(VoiceFilesMissing("its files are on node b"), "en") == "its files are on node b"
+
+
+def test_a_voice_name_the_server_refuses_is_said_in_the_pages_language():
+    from cosyserve.service.stores.voice_fields import check_name, name_taken
+    from cosyserve.ui.messages import error_message, stored_error_message
+
+    with pytest.raises(Exception) as bad:
+        check_name("x" * 100)
+    assert error_message(bad.value, "zh").startswith("音色名称须为")
+    assert error_message(name_taken("narrator"), "zh").startswith("你已有同名的音色")
+    assert "already have a voice" in error_message(name_taken("narrator"), "en")
+    # a stored `invalid_input` is not every one a voice name's: it keeps its own message
+    assert (
+        stored_error_message("invalid_input", "the text has nothing to say", "zh")
+        == "the text has nothing to say"
+    )

@@ -28,6 +28,14 @@ class InputError(CosyServeError):
     """Input that a user supplied (text, audio, parameters) cannot be used."""
 
 
+class VoiceNameInvalid(InputError):
+    """A voice name outside what names may hold."""
+
+
+class VoiceNameTaken(InputError):
+    """The caller already has a voice of that name."""
+
+
 class Cancelled(CosyServeError):
     """The work was cancelled (by its client, a disconnect or a shutdown) before it finished."""
 
@@ -300,6 +308,8 @@ ERROR_TABLE: tuple[tuple[type[BaseException], ErrorKind], ...] = (
     (JobTimeout, ErrorKind("timeout", 504, _FAILED, "err_timeout")),
     (Cancelled, ErrorKind("cancelled", 409, _FAILED, "cancelled")),  # Interrupted too
     (JobStateError, ErrorKind("conflict", 409, _FAILED)),
+    (VoiceNameInvalid, ErrorKind("invalid_input", 400, _USAGE, "err_voice_name")),
+    (VoiceNameTaken, ErrorKind("invalid_input", 400, _USAGE, "err_voice_name_taken")),
     (InputError, ErrorKind("invalid_input", 400, _USAGE)),
     (ModelDirError, ErrorKind("model_unavailable", 503, _UNAVAILABLE)),  # missing or damaged: download it
     (SettingsError, ErrorKind("settings", 500, _USAGE)),

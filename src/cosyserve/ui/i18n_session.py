@@ -36,6 +36,15 @@ SESSION_STRINGS: dict[str, tuple[str, str]] = {
         "服务器上已找不到这次上传的音频（上传已过期）：请重新上传或录制。",
         "The server no longer has this uploaded recording (the upload expired): upload or record it again.",
     ),
+    # a voice name the server cannot take, or one the user already has (enrol, rename)
+    "err_voice_name": (
+        "音色名称须为 1–64 个字母、数字、空格、“-”“_”“.”或汉字。",
+        "A voice name is 1-64 letters, digits, spaces, '-', '_', '.' or Chinese characters.",
+    ),
+    "err_voice_name_taken": (
+        "你已有同名的音色：请换一个名称，或先删除那个音色。",
+        "You already have a voice of that name: pick another name, or delete that voice first.",
+    ),
     # History: Delete with no entry picked (a delete leaves none picked, so a second click deletes nothing)
     "history_pick_first": ("请先在列表中选择一条记录。", "Pick an entry in the list first."),
     # History: the entry to delete was already gone (deleted in another tab, or expired)

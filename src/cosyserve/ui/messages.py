@@ -14,11 +14,9 @@ from cosyserve.ui.i18n import text
 
 __all__ = ["UiError", "error_message", "stored_error_message"]
 
-# a stored error's code -> the translated sentence of its kind (first row of the table with that code)
-_UI_KEYS: dict[str, str] = {}
-for _cls, _kind in ERROR_TABLE:
-    if _kind.ui_key is not None:
-        _UI_KEYS.setdefault(_kind.code, _kind.ui_key)
+# a stored error's code -> the translated sentence of its kind: the last row with that code, its most
+# general class (a subclass's sentence, as a voice name's for `invalid_input`, is not every such error's)
+_UI_KEYS: dict[str, str | None] = {kind.code: kind.ui_key for _cls, kind in ERROR_TABLE}
 
 
 class UiError(Exception):

@@ -7,7 +7,7 @@ import json
 import re
 from typing import Any
 
-from cosyserve.errors import InputError
+from cosyserve.errors import InputError, VoiceNameInvalid, VoiceNameTaken
 from cosyserve.frontend.text.lexicon import Lexicon
 from cosyserve.service.requests import VoiceScope
 
@@ -19,11 +19,11 @@ UNSTORABLE = re.compile("[\x00\ud800-\udfff]")  # NUL (PostgreSQL refuses it), l
 def check_name(name: str) -> str:
     name = (name or "").strip()
     if not NAME_PATTERN.fullmatch(name):
-        raise InputError(
+        raise VoiceNameInvalid(
             "a voice name must be 1-64 letters, digits, spaces, '-', '_', '.' or Chinese characters"
         )
     if not name.strip(". "):  # ".", "..": path-like names a file browser or a URL would misread
-        raise InputError(f"a voice name must have a letter, digit or character besides dots: {name!r}")
+        raise VoiceNameInvalid(f"a voice name must have a letter, digit or character besides dots: {name!r}")
     return name
 
 
@@ -76,4 +76,6 @@ def pick_row(id_or_name: str, rows: list[Any], scope: VoiceScope) -> Any:
 
 
 def name_taken(name: str) -> InputError:
-    return InputError(f"you already have a voice named {name!r}: pick another name or delete that one first")
+    return VoiceNameTaken(
+        f"you already have a voice named {name!r}: pick another name or delete that one first"
+    )
