@@ -93,6 +93,11 @@ def test_a_bad_line_fails_alone(client) -> None:
         assert "0003_line3.wav" not in zipped.namelist()
     assert [row["state"] for row in manifest] == ["done", "done", "failed", "done", "done"]
     assert manifest[2]["file"] == "" and "limit is 40" in manifest[2]["error"]
+    # an item's file deleted since: the manifest says it is missing (it said "done" beside no file)
+    assert client.delete(f"/v1/outputs/{batch['items'][1]['output_id']}").status_code == 204
+    with zipfile.ZipFile(io.BytesIO(client.get(batch["archive_url"]).content)) as zipped:
+        manifest = list(csv.DictReader(io.StringIO(zipped.read("manifest.csv").decode())))
+    assert [row["state"] for row in manifest] == ["done", "missing", "failed", "done", "done"]
 
 
 def test_cancel_stops_the_rest(client, server) -> None:

@@ -84,6 +84,8 @@ def stream_zip(
         for item in items:
             row = manifest_row(item)
             output = _output(outputs, item)
+            if output is None and item.state == "done":  # expired or deleted since it was made
+                row["state"] = "missing"
             if output is not None:
                 fmt = str(item.params.get("format") or "wav")
                 row["file"] = f"{item.file_stem}.{EXTENSIONS.get(fmt, fmt)}"
