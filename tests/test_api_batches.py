@@ -98,6 +98,8 @@ def test_a_bad_line_fails_alone(client) -> None:
     with zipfile.ZipFile(io.BytesIO(client.get(batch["archive_url"]).content)) as zipped:
         manifest = list(csv.DictReader(io.StringIO(zipped.read("manifest.csv").decode())))
     assert [row["state"] for row in manifest] == ["done", "missing", "failed", "done", "done"]
+    item = wait_batch(client, batch["id"])["items"][1]  # it no longer points at the deleted file
+    assert item["state"] == "done" and item["output_id"] is None and item["url"] is None, item
 
 
 def test_cancel_stops_the_rest(client, server) -> None:

@@ -61,6 +61,13 @@ def test_long_text_job_is_split_and_its_result_downloads_signed(client) -> None:
     )
     assert job["id"] in [j["id"] for j in client.get("/v1/jobs").json()["data"]]
     assert client.get("/v1/jobs", params={"state": "done"}).status_code == 200
+    # its result deleted, the job no longer offers a link that answers 404
+    assert client.delete(f"/v1/outputs/{done['output_id']}").status_code == 204
+    gone = client.get(f"/v1/jobs/{job['id']}").json()
+    assert gone["state"] == "done" and gone["result_deleted"] is True
+    assert gone["result_url"] is None and gone["output_id"] is None
+    refused = client.get(f"/v1/jobs/{job['id']}/result", follow_redirects=False)
+    assert refused.status_code == 409 and "deleted" in refused.json()["error"]["message"], refused.text
 
 
 def test_cancel_queued_and_running_jobs(client) -> None:

@@ -464,8 +464,9 @@ def test_a_batch_items_error_reads_in_the_pages_words():
     from cosyserve.ui.batch_rows import item_error
 
     def item(code: str | None, message: str | None, voice: str | None = None) -> SimpleNamespace:
+        params = {"voice": voice} if voice else {}
         return SimpleNamespace(
-            error_code=code, error_message=message, params={"voice": voice} if voice else {}
+            state="failed", output_id=None, error_code=code, error_message=message, params=params
         )
 
     assert item_error(item(None, None), "en") == ""
@@ -480,6 +481,8 @@ def test_a_batch_items_error_reads_in_the_pages_words():
         item_error(item("invalid_input", "the text has nothing to say"), "en")
         == "the text has nothing to say"
     )
+    deleted = SimpleNamespace(state="done", output_id=None, error_code=None, error_message=None, params={})
+    assert item_error(deleted, "en") == "Its audio was deleted."
 
 
 def test_errors_the_ui_shows_for_a_voice_or_result_deleted_elsewhere_are_translated():

@@ -21,6 +21,7 @@ from cosyserve.service.assembly import Service
 from cosyserve.service.local.voice_pins import SNAPSHOTS
 from cosyserve.service.requests import WorkState
 from cosyserve.service.stores.jobs import JobNotFound, JobRecord
+from cosyserve.service.stores.output_refs import DELETED
 
 router = APIRouter(prefix="/v1/jobs", tags=["jobs"])
 
@@ -53,6 +54,7 @@ def job_view(service: Service, record: JobRecord) -> JobView:
         error=error,
         output_id=record.output_id,
         result_url=result_url,
+        result_deleted=bool((record.result_extra or {}).get(DELETED)),
         duration_s=record.duration_s,
         seed=record.seed,
         params={key: value for key, value in (record.params or {}).items() if key != SNAPSHOTS},
@@ -130,6 +132,8 @@ def get_job(job_id: str, request: Request, principal: CurrentPrincipal) -> JobVi
 def job_result(job_id: str, request: Request, principal: CurrentPrincipal) -> Response:
     service = get_service(request)
     view = job_view(service, _own_job(service, principal, job_id))
+    if view.result_deleted:
+        raise JobStateError(f"job {job_id}'s result was deleted: submit the job again to make it anew")
     if view.result_url is None:
         raise JobStateError(f"job {job_id} is {view.state}: it has no result to download")
     return RedirectResponse(view.result_url, status_code=307)

@@ -288,6 +288,7 @@ class JobView(BaseModel):
     error: JobError | None = None
     output_id: str | None = None
     result_url: str | None = Field(None, description="signed download link, valid for a short time")
+    result_deleted: bool = Field(False, description="its result was deleted since (DELETE /v1/outputs/{id})")
     duration_s: float | None = None
     seed: int | None = None
     params: dict[str, Any] = Field(default_factory=dict)

@@ -35,6 +35,7 @@ from cosyserve.service.stores.batches import BatchStore
 from cosyserve.service.stores.db import make_engine, metadata
 from cosyserve.service.stores.jobs import JobStore
 from cosyserve.service.stores.keys import ApiKey, KeyStore
+from cosyserve.service.stores.output_refs import forget_output
 from cosyserve.service.stores.output_space import RetentionWorker
 from cosyserve.service.stores.output_timezone import output_timezone
 from cosyserve.service.stores.outputs import OutputStore
@@ -113,7 +114,9 @@ class Service:
         self.model: ModelHost | None = None  # the model this process serves (None on an API node)
         self._drain_lock = threading.Lock()
         self._drained: dict[str, int] | None = None
+        self._tombstones: DeletedOutputs | None = None
         self.backend: Backend = self._make_backend(synthesizer_factory)
+        self.outputs.on_deleted = self._output_deleted
 
     def _make_backend(self, factory: SynthesizerFactory | None) -> Backend:
         """The one place the role decides anything: where synthesis runs."""
@@ -127,7 +130,7 @@ class Service:
                 reservations=self.reservations,
             )
             # the workers that made an output deleted here drop their copies (`deleted_outputs.py`)
-            self.outputs.on_deleted = DeletedOutputs(remote.client).note_quietly
+            self._tombstones = DeletedOutputs(remote.client)
             return remote
         self.model = ModelHost(
             self.settings,
@@ -158,6 +161,16 @@ class Service:
             reservations=self.reservations,
             labels=self.labels,
         )
+
+    def _output_deleted(self, output_id: str) -> None:
+        """An output is gone: the jobs and batch items naming it stop pointing at it, and (an API node)
+        the worker that made it drops its copy."""
+        try:
+            forget_output(self.db, output_id)
+        except Exception as exc:  # their links then answer 404, as before
+            log.warning("could not clear the deleted output %s from its job or batch: %s", output_id, exc)
+        if self._tombstones is not None:
+            self._tombstones.note_quietly(output_id)
 
     def _key(self, key_id: int) -> ApiKey | None:
         """The key that submitted a job (None once it was revoked or deleted: nothing is charged)."""

@@ -20,6 +20,8 @@ def bt(key: str, lang: str, **values: Any) -> str:
 
 def item_error(item: BatchItem, lang: str) -> str:
     """Why an item failed or was cancelled, in the page's words (the stored message is the API's)."""
+    if item.state == "done" and not item.output_id:  # its file was deleted since (History, the API)
+        return bt("item_deleted", lang)
     if item.error_code == "voice_not_found":  # its line names a voice the batch's owner has not got
         return bt("item_no_voice", lang, voice=(item.params or {}).get("voice") or "?")
     return stored_error_message(item.error_code, item.error_message, lang)

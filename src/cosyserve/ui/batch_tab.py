@@ -300,7 +300,9 @@ class _BatchActions:
             for item in items
         ]
         finished = [
-            (f"{item.position:04d} · {item.name}", item.position) for item in items if item.state == "done"
+            (f"{item.position:04d} · {item.name}", item.position)
+            for item in items
+            if item.state == "done" and item.output_id  # not one whose file was deleted since
         ]
         return [
             progress_html(status, lang),

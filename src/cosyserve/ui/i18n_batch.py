@@ -25,6 +25,7 @@ STRINGS: dict[str, tuple[str, str]] = {
     "cols": ("序号|名称|状态|时长（秒）|检查|错误", "#|Name|State|Seconds|Check|Error"),
     "check_passed": ("✓", "✓"),
     "check_listen": ("⚠ 请试听：{failed}", "⚠ listen: {failed}"),
+    "item_deleted": ("音频已被删除。", "Its audio was deleted."),
     "item_no_voice": (
         "没有名为 {voice} 的音色：这一行要用音色库里你的音色或共享音色的名称。",
         "No voice named {voice}: a line's voice must be one of yours or a shared one in the Voice library.",

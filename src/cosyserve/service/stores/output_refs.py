@@ -1,0 +1,36 @@
+"""Jobs and batch items whose result was deleted stop pointing at it.
+
+A job's record and a batch's items keep their output's id, from which their views sign download links.
+When that output is deleted (`DELETE /v1/outputs/{id}`, the web UI's history), a job still read `done`
+with a `result_url` that answered 404, and a batch item the same. So the deletion also clears the id
+from the rows that name it: a job then reads `done` without a result and says `result_deleted`, a batch
+item `done` without a file (its ZIP's manifest says `missing`). Outputs removed by retention are not
+followed here: they expire as the README says.
+"""
+
+from __future__ import annotations
+
+from sqlalchemy import Engine, select, update
+
+from cosyserve.service.stores.batches import batch_items_table
+from cosyserve.service.stores.job_table import jobs_table
+
+DELETED = "result_deleted"  # the flag a job's `result_extra` gets
+
+
+def forget_output(engine: Engine, output_id: str) -> int:
+    """Clear `output_id` from the jobs and batch items that name it; returns how many rows changed."""
+    with engine.begin() as conn:
+        jobs = conn.execute(
+            select(jobs_table.c.id, jobs_table.c.result_extra).where(jobs_table.c.output_id == output_id)
+        ).all()
+        for job_id, extra in jobs:
+            conn.execute(
+                update(jobs_table)
+                .where(jobs_table.c.id == job_id)
+                .values(output_id=None, result_extra={**(extra or {}), DELETED: True})
+            )
+        items = conn.execute(
+            update(batch_items_table).where(batch_items_table.c.output_id == output_id).values(output_id=None)
+        )
+    return len(jobs) + int(items.rowcount)
