@@ -300,3 +300,35 @@ def test_a_server_address_without_its_scheme_is_a_usage_error(capsys: pytest.Cap
         argv = [command, "in.csv", "--voice", "me", "--out", "o", "--server", "127.0.0.1:7860"]
         err = _usage_error(argv, capsys)
         assert "give it with its scheme, e.g. http://127.0.0.1:7860" in err, err
+
+
+def test_an_output_that_cannot_be_written_is_one_line_before_any_work(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """It was a traceback from the sound-file library, after the synthesis (a team's first hour)."""
+    blocker = tmp_path / "file"
+    blocker.write_text("")
+    (tmp_path / "folder.wav").mkdir()
+    no_model = str(tmp_path / "no-model")  # never reached: the paths are checked first
+    for out in (blocker / "a.wav", tmp_path / "folder.wav"):
+        args = ["synthesize", "--model", no_model, "--text", "你好", "--prompt-wav", str(blocker)]
+        assert main([*args, "--out", str(out)]) == ExitCode.USAGE
+        line = _one_error_line(capsys.readouterr().err, "synthesize")
+        assert str(out) in line and "model" not in line, line
+
+
+def test_a_bad_text_limit_is_a_usage_error_not_a_traceback(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
+    monkeypatch.setenv("COSYSERVE_MAX_TEXT_CHARS", "abc")
+    assert main(["keys", "list", "--data-dir", str(tmp_path)]) == ExitCode.USAGE  # the settings' line
+    assert "COSYSERVE_MAX_TEXT_CHARS" in _one_error_line(capsys.readouterr().err, "keys")
+    with pytest.raises(SystemExit) as stopped:
+        main(["synthesize", "--text", "你好", "--out", "x.wav", "--voice", "v"])
+    assert stopped.value.code == ExitCode.USAGE
+    line = _one_error_line(capsys.readouterr().err, "synthesize")
+    assert "'abc'" in line and "COSYSERVE_MAX_TEXT_CHARS" in line
+    monkeypatch.delenv("COSYSERVE_MAX_TEXT_CHARS")
+    with pytest.raises(SystemExit):
+        main(["synthesize", "--text", "你好", "--out", "x.wav", "--voice", "v", "--max-chars", "-5"])
+    assert "'-5' is no text limit" in capsys.readouterr().err

@@ -13,6 +13,7 @@ from typing import TYPE_CHECKING
 
 import soundfile as sf
 
+from cosyserve.commands.output_paths import check_writable
 from cosyserve.errors import InputError
 from cosyserve.limits import DEFAULT_MAX_TEXT_CHARS, SPEED_RANGE_TEXT
 from cosyserve.service.quality.overrides import THRESHOLD_NAMES, check_overrides
@@ -32,14 +33,29 @@ def default_data_dir() -> Path:
 
 
 def add_text_limit_argument(parser: argparse.ArgumentParser) -> None:
-    """--max-chars: the longest text one synthesis carries (as the server's `max_text_chars`)."""
+    """--max-chars: the longest text one synthesis carries (as the server's `max_text_chars`). Its default
+    comes from the environment as text, so a bad value there is this option's usage error (parsed when the
+    command runs), not a traceback while the parser is built."""
     parser.add_argument(
         "--max-chars",
-        type=int,
-        default=int(os.environ.get("COSYSERVE_MAX_TEXT_CHARS", DEFAULT_MAX_TEXT_CHARS)),
+        type=_text_limit,
+        default=os.environ.get("COSYSERVE_MAX_TEXT_CHARS", str(DEFAULT_MAX_TEXT_CHARS)),
         help="the longest text one synthesis takes, in characters [env COSYSERVE_MAX_TEXT_CHARS] "
         f"(default: {DEFAULT_MAX_TEXT_CHARS})",
     )
+
+
+def _text_limit(value: str) -> int:
+    try:
+        limit = int(value)
+    except ValueError:
+        limit = 0
+    if limit < 1:
+        raise argparse.ArgumentTypeError(
+            f"{value!r} is no text limit: give a whole number of characters, at least 1 (--max-chars, or "
+            "the environment's COSYSERVE_MAX_TEXT_CHARS)"
+        )
+    return limit
 
 
 def add_model_arguments(parser: argparse.ArgumentParser) -> None:
@@ -173,6 +189,7 @@ def cmd_synthesize(args: argparse.Namespace) -> int:
     out = Path(args.out)
     if out.suffix.lower() not in (".wav", ".flac", ".ogg"):
         raise InputError("--out must end in .wav, .flac or .ogg")
+    check_writable([out, *(Path(path) for path in (args.srt, args.vtt) if path)])  # before any work
     synthesizer = load_synthesizer(args)
     from tqdm import tqdm
 
@@ -203,14 +220,16 @@ def cmd_synthesize(args: argparse.Namespace) -> int:
     labels = cli_labeller(args.data_dir or default_data_dir())
     explicit = labels.explicit_for(synthesizer, request, {})
     stream = synthesizer.synthesize(request, progress=progress)
-    out.parent.mkdir(parents=True, exist_ok=True)
-    with sf.SoundFile(out, "w", samplerate=synthesizer.sample_rate, channels=1) as sink:
-        if explicit is not None:
-            sink.write(explicit.start)
-        for chunk in stream:  # written as it arrives: with --stream, the file grows chunk by chunk
-            sink.write(chunk.samples)
-        if explicit is not None and explicit.end is not None:
-            sink.write(explicit.end)
+    try:
+        with sf.SoundFile(out, "w", samplerate=synthesizer.sample_rate, channels=1) as sink:
+            if explicit is not None:
+                sink.write(explicit.start)
+            for chunk in stream:  # written as it arrives: with --stream, the file grows chunk by chunk
+                sink.write(chunk.samples)
+            if explicit is not None and explicit.end is not None:
+                sink.write(explicit.end)
+    except sf.LibsndfileError as exc:  # the disk filled up, the folder went away
+        raise InputError(f"could not write {out} ({exc}): check the path and the free space") from exc
     result = labels.with_explicit(stream.result(), explicit)  # its timings shifted past the cue
     label_written_file(labels, out, args.voice)
     bar.close()
