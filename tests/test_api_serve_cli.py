@@ -46,6 +46,25 @@ def test_bad_flag_values_are_clear_errors(tmp_path: Path, capsys) -> None:
     assert "--concurrency" in capsys.readouterr().err
 
 
+def test_a_port_in_use_is_one_line_before_the_model_loads(tmp_path: Path, capsys) -> None:
+    with socket.socket() as taken:
+        taken.bind(("127.0.0.1", 0))
+        taken.listen()
+        port = taken.getsockname()[1]
+        args = [
+            "serve",
+            "--model",
+            str(tmp_path / "no-model"),
+            "--port",
+            str(port),
+            "--data-dir",
+            str(tmp_path),
+        ]
+        assert cli_main(args) == 2  # the missing model is never reached
+    err = [line for line in capsys.readouterr().err.splitlines() if "error" in line]
+    assert len(err) == 1 and f"127.0.0.1:{port} is already in use" in err[0] and "--port" in err[0], err
+
+
 def test_launchers_are_the_serve_command(tmp_path: Path) -> None:
     for command in (
         [sys.executable, str(REPO_ROOT / "app.py"), "--help"],

@@ -73,7 +73,7 @@ def load_settings(args: argparse.Namespace, dests: list[str]) -> Any:
 
 
 def cmd_serve(args: argparse.Namespace) -> int:
-    from cosyserve.commands.startup import print_failure, watch_first_load
+    from cosyserve.commands.startup import address_in_use, print_failure, watch_first_load
     from cosyserve.modeldir.resolve import unreachable_download
     from cosyserve.service.local.load_failure import load_failure_message
     from cosyserve.service.logs import configure_from_settings
@@ -86,6 +86,10 @@ def cmd_serve(args: argparse.Namespace) -> int:
     log.info(where_things_are(settings))
     for warning in startup_safety(settings):  # raises SettingsError for an open public address
         log.warning(warning)
+    taken = address_in_use(settings.server.host, settings.server.port)
+    if taken is not None:  # said now, before the model loads (it was uvicorn's log line, exit status 3)
+        print_failure("serve", taken)
+        return ExitCode.USAGE
     if not settings.queue.queue_url and not settings.server.keep_serving_on_load_error:
         unreachable = unreachable_download(settings.engine.model, models_root=settings.engine.models_dir)
         if unreachable is not None:  # seconds, not the half minute the web UI's imports take

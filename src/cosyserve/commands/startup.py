@@ -59,3 +59,24 @@ def where_things_are(settings: Any) -> str:
         f"time, kept {storage.retention_days:g} days); log file {settings.log.file or '(console only)'}; "
         f"GPUs: {gpus or report.absent_reason or 'none'}"
     )
+
+
+def address_in_use(host: str, port: int) -> str | None:
+    """Why the server could not listen on host:port (another program holds it), or None. Bound the way
+    uvicorn binds (SO_REUSEADDR), then let go, so the model is not loaded for a server that cannot start."""
+    import errno
+    import socket
+
+    family = socket.AF_INET6 if ":" in host else socket.AF_INET
+    with socket.socket(family, socket.SOCK_STREAM) as sock:
+        sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+        try:
+            sock.bind((host, port))
+        except OSError as exc:
+            if exc.errno != errno.EADDRINUSE:
+                return None  # another problem: uvicorn reports it
+            return (
+                f"{host}:{port} is already in use (another cosyserve, or another program, listens there): "
+                "stop it, or pass --port N"
+            )
+    return None
