@@ -133,6 +133,18 @@ def test_unknown_routes_answer_with_the_error_envelope(client):
         assert error["request_id"] == response.headers["x-request-id"]
 
 
+def test_an_api_route_called_with_another_method_is_405_not_404(client):
+    """The UI at "/" took such a request and answered "no such endpoint" (a new user's curl GET /v1/tts)."""
+    for method, path, allowed in [("GET", "/v1/tts", "POST"), ("PUT", "/v1/audio/speech", "POST"),
+                                  ("PATCH", "/v1/jobs", "GET, POST")]:  # fmt: skip
+        response = client.request(method, path)
+        assert response.status_code == 405, (method, path, response.text)
+        assert (
+            response.headers["allow"] == allowed and response.json()["error"]["code"] == "method_not_allowed"
+        )
+        assert allowed.split(",")[0] in response.json()["error"]["message"]
+
+
 def test_without_any_auth_the_page_is_open(tmp_path):
     with make_client(tmp_path) as client:
         assert client.get("/", headers=HTML).status_code == 200

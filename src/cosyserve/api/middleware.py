@@ -14,7 +14,7 @@ import re
 import time
 from typing import Any
 
-from starlette.routing import Mount
+from starlette.routing import Mount, compile_path
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
 from cosyserve.api.body_budget import BodyBudget, FreedMemoryReleaser
@@ -33,6 +33,7 @@ _SAFE_ID = re.compile(r"[A-Za-z0-9._\-]{1,64}")
 _QUIET_PATHS = ("/health", "/ready", "/metrics", "/v1/me")  # polled (/v1/me: every open page): DEBUG
 _QUIET_PREFIXES = ("/assets/", "/gradio_api/", "/static/")  # the web UI's own traffic
 BUSY_RETRY_AFTER_S = 5
+HTTP_METHODS = frozenset({"GET", "POST", "PUT", "PATCH", "DELETE", "HEAD", "OPTIONS"})
 _MAX_HELD_BODY = 64 * 1024  # a bare `{"detail": ...}` error is far smaller: larger bodies pass through
 
 
@@ -152,7 +153,8 @@ class _EnvelopeForeignErrors:
     doesn't) into the error envelope, so an unknown route looks like every other error."""
 
     def __init__(self, send: Send, scope: Scope, request_id: str) -> None:
-        self.send, self.scope, self.request_id = send, scope, request_id
+        # a copy: the mounted UI writes its own app and paths into the scope it is given
+        self.send, self.scope, self.request_id = send, dict(scope), request_id
         self.start: Message | None = None
         self.body = b""
 
@@ -187,15 +189,33 @@ class _EnvelopeForeignErrors:
         if not (isinstance(detail, dict) and set(detail) == {"detail"}):
             return None
         method, path = self.scope.get("method", "-"), self.scope.get("path", "")
-        if status == 404:
+        allowed = _api_methods(self.scope) if status == 404 else []
+        extra: list[tuple[bytes, bytes]] = []
+        if allowed:  # an API route taken by the web UI at "/" because the method was not the route's
+            status, extra = 405, [(b"allow", ", ".join(allowed).encode())]
+            code = "method_not_allowed"
+            text = f"{method} is not allowed on {path}: use {' or '.join(allowed)} (see /docs)"
+        elif status == 404:
             code, text = "not_found", f"no such endpoint: {method} {path} (see /docs)"
         else:
             code, text = "method_not_allowed", f"{method} is not allowed on {path} (see /docs)"
         payload = {"error": {"code": code, "message": text, "request_id": self.request_id}}
         encoded = json.dumps(payload).encode()
         kept = [(k, v) for k, v in start.get("headers", []) if k.lower() != b"content-length"]
-        headers = [*kept, (b"content-length", str(len(encoded)).encode())]
+        headers = [*kept, *extra, (b"content-length", str(len(encoded)).encode())]
         return {"type": "http.response.start", "status": status, "headers": headers}, encoded
+
+
+def _api_methods(scope: Scope) -> list[str]:
+    """The methods of the API operation whose path `scope` has (its method not one of them), or []. From
+    the app's OpenAPI paths: public, where its router's own route list wraps included routers."""
+    schema = getattr(scope.get("app"), "openapi", None)
+    paths = schema().get("paths", {}) if callable(schema) else {}
+    path = scope.get("path", "")
+    for template, operations in paths.items():
+        if compile_path(template)[0].fullmatch(path):
+            return sorted(method.upper() for method in operations if method.upper() in HTTP_METHODS)
+    return []
 
 
 def route_label(route: Any) -> str:
