@@ -113,6 +113,10 @@ def test_a_local_dub_leaves_the_track_and_its_report_only(tmp_path, prompt_args)
     played = float(report[1]["played_s"])
     assert played == pytest.approx(float(report[1]["speech_s"]) - float(report[1]["cut_s"]), abs=2e-3)
     assert float(report[1]["overflow_s"]) == pytest.approx(5.0 - 3.8, abs=2e-3)  # only what plays
+    # each cue's take scores, as a server's dub report has them (the columns were empty here)
+    assert all(
+        row["takes"] == "1" and row["take_passed"] in ("yes", "no") and row["similarity"] for row in report
+    )
     # nothing else beside the output: no .parts folder, no temp files
     assert sorted(p.name for p in tmp_path.iterdir()) == ["data", "episode.flac", "episode.flac.report.csv",
                                                           "episode.srt"]  # fmt: skip

@@ -10,11 +10,9 @@ from __future__ import annotations
 
 import argparse
 import csv
-import json
 import os
 import shutil
 import sys
-import threading
 import uuid
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
@@ -30,6 +28,7 @@ from cosyserve.commands.batch_files import (
     write_atomic,
 )
 from cosyserve.commands.cli_labels import cli_labeller, label_bytes
+from cosyserve.commands.local_cues import cue_note, cue_reader, cue_record, make_cue
 from cosyserve.commands.parsing import server_url
 from cosyserve.errors import CosyServeError, InputError
 from cosyserve.exit_codes import ExitCode
@@ -186,8 +185,8 @@ def cmd_dub(args: argparse.Namespace) -> int:
     synth = load_synthesizer(args)
     bar = progress_bar(len(items), "cue", args.quiet)
     for position, item in enumerate(items, start=1):
-        if _cue_note(parts, position).get("state") != "done":  # not made yet, or failed: (re)made
-            _make_cue(synth, item, prompt, args, parts, position)
+        if cue_note(parts, position).get("state") != "done":  # not made yet, or failed: (re)made
+            make_cue(synth, item, prompt, args, parts, position)
         bar.update(1)
     bar.close()
     labels = cli_labeller(args.data_dir or default_data_dir())
@@ -201,46 +200,6 @@ def _track_format(out: str) -> str:
     return suffix
 
 
-def _cue_note(parts: Path, position: int) -> dict[str, Any]:
-    """What an earlier run noted about a cue ({} when it has not run, or its audio is gone)."""
-    note_path = parts / f"cue{position:04d}.json"
-    if not note_path.exists():
-        return {}
-    note = json.loads(note_path.read_text(encoding="utf-8"))
-    if note.get("state") == "done" and not (parts / f"cue{position:04d}.wav").exists():
-        return {}
-    return note
-
-
-def _make_cue(
-    synth: Any, item: Any, prompt: BatchPrompt, args: argparse.Namespace, parts: Path, position: int
-) -> None:
-    from cosyserve.service.batches.items import ItemParams, item_request
-    from cosyserve.service.local.dubbing import CueSlot, synthesize_cue
-
-    params = item.params
-    note: dict[str, Any] = {"state": "failed", "error": item.problem}
-    if item.problem is None:
-        request = item_request(ItemParams.of(params), prompt)
-        try:
-            cue = synthesize_cue(synth, request, CueSlot.of(params).slot_s, args.max_speed, threading.Event)
-        except CosyServeError as exc:
-            print(f"cue {position}: {exc}", file=sys.stderr)
-            note["error"] = str(exc)
-        else:
-            write_atomic(
-                parts / f"cue{position:04d}.wav",
-                encode(cue.result.audio, "wav", source_rate=cue.result.sample_rate),
-            )
-            note = {
-                "state": "done",
-                "speed": cue.speed,
-                "natural_s": round(cue.natural_s, 3),
-                "duration_s": cue.result.duration_s,
-            }
-    write_atomic(parts / f"cue{position:04d}.json", json.dumps(note).encode())
-
-
 def _write_dub(
     items: list[Any], parts: Path, out: Path, track_format: str, report: str | None, labels: Labeller
 ) -> int:
@@ -249,19 +208,19 @@ def _write_dub(
     from cosyserve.service.batches.dub_plan import CueSlot, track_seconds_of_items
     from cosyserve.service.batches.dub_report import dub_report, report_csv, report_document, report_json
 
-    notes = [_cue_note(parts, position) for position in range(1, len(items) + 1)]
+    notes = [cue_note(parts, position) for position in range(1, len(items) + 1)]
     rate = 24000
     for position, note in enumerate(notes, start=1):
         if note.get("state") == "done":
             rate = sf.info(str(parts / f"cue{position:04d}.wav")).samplerate
             break
     cues = [
-        (CueSlot.of(item.params), _cue_reader(parts, position, note))
+        (CueSlot.of(item.params), cue_reader(parts, position, note))
         for position, (item, note) in enumerate(zip(items, notes, strict=True), start=1)
     ]
     track_s = track_seconds_of_items(item.params for item in items)
     _write_track_file(out, track_format, cues, track_s, rate, labels)
-    records = [_record(n, item, note) for n, (item, note) in enumerate(zip(items, notes, strict=True), 1)]
+    records = [cue_record(n, item, note) for n, (item, note) in enumerate(zip(items, notes, strict=True), 1)]
     rows = dub_report(records)
     where = report_path(out, report)
     as_json = where.suffix.lower() == ".json"
@@ -278,12 +237,6 @@ def _write_dub(
     shutil.rmtree(parts, ignore_errors=True)
     print(f"wrote {out} ({track_s:.2f} s, {len(rows)} cues) and {where}")
     return 0
-
-
-def _cue_reader(parts: Path, position: int, note: dict[str, Any]) -> Any:
-    if note.get("state") != "done":
-        return lambda: None
-    return lambda: sf.read(parts / f"cue{position:04d}.wav", dtype="float32")[0]
 
 
 def _write_track_file(
@@ -310,28 +263,6 @@ def _write_track_file(
     finally:
         wav.unlink(missing_ok=True)
         final.unlink(missing_ok=True)
-
-
-def _record(position: int, item: Any, note: dict[str, Any]) -> Any:
-    """A cue made here as the item record the report is written from."""
-    from cosyserve.service.stores.batches import BatchItem
-
-    return BatchItem(
-        batch_id="local",
-        position=position,
-        name=item.name,
-        params=item.params,
-        state=note.get("state") or "failed",
-        error_code=None,
-        error_message=note.get("error") or item.problem,
-        output_id=None,
-        duration_s=note.get("duration_s"),
-        seed=None,
-        attempt=None,
-        run_s=None,
-        result={"speed": note.get("speed"), "natural_s": note.get("natural_s")},
-        finished_at=None,
-    )
 
 
 # -- arguments -----------------------------------------------------------------------------------------
