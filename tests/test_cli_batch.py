@@ -187,3 +187,21 @@ def test_batch_and_dub_against_a_server(tmp_path, start_api_server, prompt_wav_b
     )
     assert "could not be reached" in capsys.readouterr().err
     live.stop()
+
+
+def test_an_unknown_voice_stops_a_local_batch_or_dub_before_any_item(
+    tmp_path, demo_model_path, capsys
+) -> None:
+    """Every item failed with it and a manifest was left, so the next run asked for --resume."""
+    lines = tmp_path / "lines.txt"
+    lines.write_text("第一句。\n第二句。\n", encoding="utf-8")
+    subtitles = tmp_path / "episode.srt"
+    subtitles.write_text(SRT, encoding="utf-8")
+    common = ["--model", str(demo_model_path), "--device", "cpu", "--threads", "1", "--quiet",
+              "--data-dir", str(tmp_path / "data"), "--voice", "ghost"]  # fmt: skip
+    assert cli_main(["batch", str(lines), "--out", str(tmp_path / "out"), *common]) == 2
+    assert cli_main(["dub", str(subtitles), "--out", str(tmp_path / "dub.wav"), *common]) == 2
+    errors = [line for line in capsys.readouterr().err.splitlines() if "error" in line]
+    assert len(errors) == 2 and all("ghost" in line for line in errors), errors
+    assert errors[0].startswith("cosyserve batch: error:") and errors[1].startswith("cosyserve dub: error:")
+    assert not (tmp_path / "out" / "manifest.csv").exists() and not (tmp_path / "dub.wav.parts").exists()

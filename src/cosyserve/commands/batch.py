@@ -61,6 +61,7 @@ def cmd_batch(args: argparse.Namespace) -> int:
     from cosyserve.commands.synthesize import default_data_dir, load_synthesizer
 
     synth = load_synthesizer(args)
+    _require_voice(synth, args.voice)  # before any item: the server refuses it at submit too
     labels = cli_labeller(args.data_dir or default_data_dir())
     rows: list[dict[str, Any]] = []
     bar = progress_bar(len(items), "item", args.quiet)
@@ -144,13 +145,19 @@ def _write_manifest(out: Path, rows: list[dict[str, Any]]) -> None:
     write_atomic(out / MANIFEST, rows_csv(MANIFEST_COLUMNS, rows).encode())
 
 
+def _require_voice(synth: Any, voice: str | None) -> None:
+    """VoiceNotFound for a --voice the library does not have (every item would fail with it)."""
+    if voice is not None:
+        synth.voices.get(voice)
+
+
 def _summary(rows: list[dict[str, Any]], where: str) -> int:
     failed = [row for row in rows if row.get("state") != "done"]
     done = len(rows) - len(failed)
     if failed:
         first = failed[0]
         print(
-            f"cosyserve: {done} of {len(rows)} items made in {where}; {len(failed)} failed "
+            f"cosyserve batch: error: {done} of {len(rows)} items made in {where}; {len(failed)} failed "
             f"(item {first['position']}: {first.get('error') or first.get('state')}); see {MANIFEST}",
             file=sys.stderr,
         )
@@ -181,8 +188,9 @@ def cmd_dub(args: argparse.Namespace) -> int:
     parts = out.with_name(out.name + ".parts")
     if parts.exists() and not args.resume:
         raise InputError(f"{parts} holds cues of an earlier run: pass --resume to go on, or delete it")
-    parts.mkdir(parents=True, exist_ok=True)
     synth = load_synthesizer(args)
+    _require_voice(synth, args.voice)
+    parts.mkdir(parents=True, exist_ok=True)
     bar = progress_bar(len(items), "cue", args.quiet)
     for position, item in enumerate(items, start=1):
         if cue_note(parts, position).get("state") != "done":  # not made yet, or failed: (re)made
@@ -229,7 +237,7 @@ def _write_dub(
     failed = [row for row in rows if row["state"] != "done"]
     if failed:
         print(
-            f"cosyserve: wrote {out}; {len(failed)} of {len(rows)} cues failed (see {where}); "
+            f"cosyserve dub: error: wrote {out}; {len(failed)} of {len(rows)} cues failed (see {where}); "
             f"--resume makes them again from {parts}",
             file=sys.stderr,
         )
