@@ -332,3 +332,16 @@ def test_a_bad_text_limit_is_a_usage_error_not_a_traceback(
     with pytest.raises(SystemExit):
         main(["synthesize", "--text", "你好", "--out", "x.wav", "--voice", "v", "--max-chars", "-5"])
     assert "'-5' is no text limit" in capsys.readouterr().err
+
+
+def test_an_unknown_command_points_at_a_help_that_exists(capsys: pytest.CaptureFixture[str]) -> None:
+    """It pointed at `cosyserve frobnicate --help`, which fails too."""
+    for argv, helped in (
+        (["frobnicate"], "`cosyserve --help`"),
+        (["voices", "remove", "x"], "`cosyserve voices --help`"),
+    ):
+        with pytest.raises(SystemExit) as stopped:
+            main(argv)
+        assert stopped.value.code == ExitCode.USAGE
+        err = capsys.readouterr().err
+        assert "invalid choice" in err and err.rstrip().endswith(f"see {helped}"), err

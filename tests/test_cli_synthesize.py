@@ -141,3 +141,14 @@ def test_thresholds_for_this_synthesis_only(demo_model_path, shared_dir, tmp_pat
     assert _synthesize(demo_model_path, tmp_path, out, *args, "--quality-min-similarity", "2") == 2
     err = capsys.readouterr().err
     assert "min_similarity 2.0 is out of range: use -1 to 1" in err and "Traceback" not in err
+
+
+def test_an_instruction_longer_than_the_apis_limit_is_refused(
+    demo_model_path, shared_dir, tmp_path, capsys
+) -> None:
+    """The API refused 500+ characters (422) while the CLI and batch items took them."""
+    prompt = str(shared_dir / "audio" / "prompt_zh_24k.wav")
+    status = _synthesize(
+        demo_model_path, tmp_path, tmp_path / "o.wav", "--prompt-wav", prompt, "--instruct", "快" * 600
+    )
+    assert status == 2 and "instruct is 600 characters: at most 500" in capsys.readouterr().err

@@ -64,7 +64,9 @@ class CliParser(argparse.ArgumentParser):
 
     def error(self, message: str) -> NoReturn:
         hint = self.dash_text_hint(message)
-        prog = self._command_prog()  # `cosyserve normalize` for arguments the top level found over
+        # `cosyserve normalize` for arguments the top level found over; a command that is no command's
+        # name is this parser's own error (`cosyserve frobnicate --help` would fail too)
+        prog = self.prog if "invalid choice" in message else self._command_prog()
         self.exit(int(ExitCode.USAGE), f"{prog}: error: {message}{hint}; see `{prog} --help`\n")
 
 

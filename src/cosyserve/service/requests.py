@@ -13,7 +13,7 @@ from dataclasses import dataclass, field
 from typing import Any, Literal
 
 from cosyserve.errors import InputError
-from cosyserve.limits import MAX_SPEED, MIN_SPEED
+from cosyserve.limits import MAX_INSTRUCT_CHARS, MAX_SPEED, MIN_SPEED
 from cosyserve.service.audio_formats import SAMPLE_RATE, check_format, check_sample_rate
 from cosyserve.service.stores.keys import ApiKey
 
@@ -51,6 +51,9 @@ class SynthesisRequest:
             raise InputError(f"seed must be an integer from 0 to {MAX_SEED}")
         if self.speed is not None and not (MIN_SPEED <= self.speed <= MAX_SPEED):
             raise InputError(f"speed {self.speed} is out of range: use {MIN_SPEED} to {MAX_SPEED}")
+        for name, value in (("instruct", self.instruct), ("prompt_text", self.prompt_text)):
+            if value is not None and len(value) > MAX_INSTRUCT_CHARS:  # as the API's schema has it
+                raise InputError(f"{name} is {len(value)} characters: at most {MAX_INSTRUCT_CHARS}")
 
 
 @dataclass(frozen=True)
