@@ -271,7 +271,8 @@ def test_keys_cli_create_list_revoke(store: KeyStore, capsys: pytest.CaptureFixt
     listing = run_cli(store, "keys", "list")
     assert "web" in listing and plaintext[:11] in listing and plaintext not in listing and "admin" in listing
     assert run_cli(store, "keys", "create", "bot", "--quiet").strip().startswith("cs_")
-    assert "revoked key 1" in run_cli(store, "keys", "revoke", plaintext[:11])
+    assert run_cli(store, "keys", "revoke", plaintext[:11]).strip().endswith(") revoked")
+    assert "was already revoked" in run_cli(store, "keys", "revoke", "1")  # not "revoked" once more
     rows = json.loads(run_cli(store, "keys", "list", "--json"))
     assert [r["name"] for r in rows] == ["web", "bot"] and rows[0]["revoked_at"] is not None
     assert "web" not in run_cli(store, "keys", "list", "--active")

@@ -38,6 +38,8 @@ def test_load_failure_message_is_one_short_actionable_line(error: BaseException,
     assert len(message) < MAX_MESSAGE_CHARS and "\n" not in message
     assert message.startswith(f"could not load model {MODEL}: ")
     assert expected in message and "--model demo" in message
+    already = load_failure_message("demo", error)  # not "try --model demo" to a user already on it
+    assert "--model demo" not in already and already.startswith("could not load model demo: ")
 
 
 def _serve(tmp_path: Path, *flags: str) -> subprocess.Popen[str]:

@@ -94,7 +94,7 @@ async def _form(request: Request, model: type[Params], max_bytes: int) -> Submis
             return Submission(params, prompt_wav=prompt)
         return Submission(
             params,
-            await read_limited(upload, max_bytes, "the file"),
+            await read_limited(upload, max_bytes, "the file", ": split it into smaller batches"),
             upload.filename,
             upload.content_type,
             prompt,

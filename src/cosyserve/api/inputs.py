@@ -174,18 +174,20 @@ async def read_upload(upload: UploadFile, max_bytes: int) -> tuple[bytes, str]:
     content_type = (upload.content_type or "").split(";")[0].strip().lower()
     if content_type and not content_type.startswith(AUDIO_TYPES):
         raise UnsupportedMediaType(f"the upload's content type {content_type!r} is not audio")
-    return await read_limited(upload, max_bytes, "the upload"), suffix or ".wav"
+    advice = ": send a shorter recording (cloning uses 3-30 s) or a compressed one (mp3, flac)"
+    return await read_limited(upload, max_bytes, "the upload", advice), suffix or ".wav"
 
 
-async def read_limited(upload: UploadFile, max_bytes: int, what: str) -> bytes:
+async def read_limited(upload: UploadFile, max_bytes: int, what: str, advice: str = "") -> bytes:
     """An uploaded file's bytes, read in pieces and refused (413) as soon as they pass `max_bytes`, or
-    (400) when there are none; `what` names it in the message ("the upload", "the file")."""
+    (400) when there are none; `what` names it in the message ("the upload", "the file"), `advice` (": …")
+    says what to send instead."""
     pieces: list[bytes] = []
     size = 0
     while piece := await upload.read(READ_PIECE):
         size += len(piece)
         if size > max_bytes:
-            raise PayloadTooLarge(f"{what} is larger than the limit of {max_bytes / 1e6:.1f} MB")
+            raise PayloadTooLarge(f"{what} is larger than the limit of {max_bytes / 1e6:.1f} MB{advice}")
         pieces.append(piece)
     if not size:
         raise InputError("the uploaded file is empty")

@@ -289,7 +289,7 @@ def _common(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--instruct", help="an instruction for every line, e.g. 请用四川话表达")
     parser.add_argument("--seed", type=int, default=None, help="one seed for every line (default: one each)")
     parser.add_argument("--speed", type=float, default=None, help=f"{SPEED_RANGE_TEXT} (default 1.0)")
-    parser.add_argument("--volume", type=float, default=None)
+    parser.add_argument("--volume", type=float, default=None, help="loudness, 0 to 4 (1: unchanged)")
     parser.add_argument(
         "--takes",
         type=int,
@@ -326,7 +326,7 @@ def add_parsers(sub: argparse._SubParsersAction) -> None:
         "--max-speed",
         type=float,
         default=DEFAULT_DUB_MAX_SPEED,
-        help="speed a cue up at most this much to fit",
+        help=f"speed a cue up at most this much to fit its slot (default: {DEFAULT_DUB_MAX_SPEED})",
     )
     dub.add_argument(
         "--max-dub-track-s",

@@ -79,8 +79,11 @@ def run_keys_command(args: argparse.Namespace, store: KeyStore, out: TextIO | No
             )
         return 0
     if args.keys_command == "revoke":
-        record = store.revoke(args.key)
-        print(f"revoked key {record.id} ({record.name}, {record.prefix})", file=out)
+        revoked_before = {key.id for key in store.list(include_revoked=True) if not key.active}
+        record = store.revoke(args.key)  # revoking twice keeps the first time: say so
+        earlier = record.id in revoked_before
+        done = f"was already revoked ({_when(record.revoked_at)})" if earlier else "revoked"
+        print(f"key {record.id} ({record.name}, {record.prefix}) {done}", file=out)
         return 0
     raise AssertionError(f"unhandled keys command {args.keys_command!r}")  # argparse restricts the choices
 

@@ -318,15 +318,15 @@ def cmd_voices(args: argparse.Namespace) -> int:
 
 def add_parsers(sub: argparse._SubParsersAction) -> None:
     synth = sub.add_parser("synthesize", help="speak a text in a cloned voice and write an audio file")
-    synth.add_argument("--text")
-    synth.add_argument("--text-file")
+    synth.add_argument("--text", help="what to say (or --text-file)")
+    synth.add_argument("--text-file", help="read what to say from this UTF-8 file")
     synth.add_argument("--prompt-wav", help="a 3-30 s recording of the voice to clone")
     synth.add_argument("--prompt-text", help="its transcript (zero-shot clone); omit for cross-lingual")
     synth.add_argument("--voice", help="a saved voice (see `cosyserve voices`)")
     synth.add_argument("--instruct", help="an instruction, e.g. 请用四川话表达 or 'speak happily'")
     synth.add_argument("--seed", type=int, default=None, help="make the output reproducible")
     synth.add_argument("--speed", type=float, default=None, help=f"{SPEED_RANGE_TEXT} (default 1.0)")
-    synth.add_argument("--volume", type=float, default=1.0)
+    synth.add_argument("--volume", type=float, default=1.0, help="loudness, 0 to 4 (default: 1, unchanged)")
     synth.add_argument("--stream", action="store_true", help="generate and write in chunks as tokens arrive")
     synth.add_argument(
         "--flow-steps",
@@ -361,8 +361,8 @@ def add_parsers(sub: argparse._SubParsersAction) -> None:
     vsub = voices.add_subparsers(dest="voices_command", required=True, metavar="ACTION")
     add = vsub.add_parser("add", help="enrol a voice from a recording")
     add.add_argument("name")
-    add.add_argument("--wav", required=True)
-    add.add_argument("--transcript", default=None)
+    add.add_argument("--wav", required=True, help="the recording of the voice, 3-30 s")
+    add.add_argument("--transcript", default=None, help="exactly what the recording says")
     add.add_argument(
         "--consent",
         action="store_true",

@@ -108,7 +108,7 @@ def _check_target(target: Path, overwrite: bool) -> None:
     if not overwrite:
         raise InputError(
             f"{target} already exists and is not empty; choose another directory or pass --force "
-            "(overwrite=True) to replace an earlier demo model"
+            "to replace an earlier demo model"
         )
     if not is_demo_model(target):
         raise InputError(

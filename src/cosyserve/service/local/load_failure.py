@@ -16,26 +16,26 @@ def load_failure_message(model: str, error: BaseException) -> str:
     """One line (under MAX_MESSAGE_CHARS) naming what failed, why, and what to do about it."""
     from cosyserve.modeldir.download import DownloadError, root_cause
 
+    try_demo = "" if model == "demo" else ", or try --model demo"  # not to a user already on it
     if isinstance(error, DownloadError):
         reason = error.reason
         if "Name or service not known" in reason or "gaierror" in reason:
             reason = "no network: the hubs' names can't be resolved"
         advice = (
             f"the model hubs are out of reach: run `cosyserve download {model}` where they are reachable "
-            "and pass --model DIR, or try --model demo (random weights, works offline)"
+            f"and pass --model DIR{try_demo}" + (" (random weights, works offline)" if try_demo else "")
         )
     elif isinstance(error, InputError) and "device" in str(error).lower():
         reason = str(error)
-        advice = "use --device cpu (or check the GPU with nvidia-smi), or try --model demo"
+        advice = f"use --device cpu (or check the GPU with nvidia-smi){try_demo}"
     elif isinstance(error, (ModelDirError, CheckpointError, ConfigError)):
         reason = str(error)
         advice = (
-            f"run `cosyserve download {model}` to fetch or repair it, pass another --model DIR, "
-            "or try --model demo"
+            f"run `cosyserve download {model}` to fetch or repair it, or pass another --model DIR{try_demo}"
         )
     else:
         reason = root_cause(error)
-        advice = "try --model demo to check the installation, or --device cpu"
+        advice = "try --device cpu" + (", or --model demo to check the installation" if try_demo else "")
     reason = " ".join(reason.split()).rstrip(".")
     if len(reason) > _REASON_CHARS:
         reason = reason[: _REASON_CHARS - 1].rstrip() + "…"
