@@ -326,6 +326,13 @@ def test_an_admin_lists_and_deletes_anyones_entry(browser, server, seeded):
         assert "鲍勃" not in table_text(page)  # its own entries first (none)
         everyone.check()
         wait_table(page, "t.includes(arg)", "鲍勃的秘密")
+        lines = page.evaluate(  # its label on one line (it was cut to "Everyone'" and "entries")
+            "(() => { const el = [...document.querySelectorAll('#history-everyone *')]"
+            ".find(e => e.childElementCount === 0 && e.textContent.includes('Everyone'));"
+            " const range = document.createRange(); range.selectNodeContents(el);"
+            " return new Set([...range.getClientRects()].map(r => Math.round(r.top))).size; })()"
+        )
+        assert lines == 1, lines
         headers = page.locator("#history-table [role=columnheader], #history-table th").all_inner_texts()
         assert any("Owner" in header for header in headers), headers  # whose each entry is
         bob_row = page.evaluate(

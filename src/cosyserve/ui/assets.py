@@ -44,6 +44,8 @@ CSS = """
 .cosy-table table { font-size: .82rem; }
 #history-table table { table-layout: fixed; width: 100%; }
 #history-table td, #history-table th { overflow-wrap: anywhere; }
+/* an admin's "Everyone's entries" on one line: the filter row cut it to "Everyone'" over "entries" */
+#history-everyone { min-width: 12rem !important; } #history-everyone label { white-space: nowrap; }
 @media (max-width: 640px) { #cosy-header h1 { font-size: 1.3rem; } #cosy-header p { font-size: .85rem; } }
 .cosy-feedback .bad { color: #b42318; } .cosy-feedback .warn { color: #8a5a00; }
 .cosy-dice { max-width: 3.2rem; min-width: 3.2rem !important; align-self: end; }
