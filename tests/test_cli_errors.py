@@ -345,3 +345,15 @@ def test_an_unknown_command_points_at_a_help_that_exists(capsys: pytest.CaptureF
         assert stopped.value.code == ExitCode.USAGE
         err = capsys.readouterr().err
         assert "invalid choice" in err and err.rstrip().endswith(f"see {helped}"), err
+
+
+def test_a_text_file_that_is_a_folder_or_not_utf8_is_said_plainly(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """Python's own words came through ("[Errno 21] Is a directory", "'utf-8' codec can't decode")."""
+    latin = tmp_path / "latin.txt"
+    latin.write_bytes("café".encode("latin-1"))
+    for path, said in ((tmp_path, "is a folder: give the text file itself"), (latin, "is not UTF-8 text")):
+        assert main(["normalize", "--text-file", str(path)]) == ExitCode.USAGE
+        line = _one_error_line(capsys.readouterr().err, "normalize")
+        assert said in line and "Errno" not in line and "codec" not in line, line

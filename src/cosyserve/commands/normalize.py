@@ -17,6 +17,7 @@ import re
 import sys
 from pathlib import Path
 
+from cosyserve.commands.text_files import read_text_file
 from cosyserve.errors import InputError, ModelDirError
 
 NO_TOKENIZER_NOTE = (
@@ -73,10 +74,7 @@ def _read_text(args: argparse.Namespace) -> str:
         raise InputError("give the text to read, or --text-file FILE (not both)")
     if args.text_file is None:
         return args.text
-    try:
-        return Path(args.text_file).read_text(encoding="utf-8")
-    except (OSError, UnicodeDecodeError) as exc:
-        raise InputError(f"cannot read --text-file {args.text_file}: {exc}") from exc
+    return read_text_file(args.text_file)
 
 
 def render(description) -> str:

@@ -14,6 +14,7 @@ from typing import TYPE_CHECKING
 import soundfile as sf
 
 from cosyserve.commands.output_paths import check_writable
+from cosyserve.commands.text_files import read_text_file
 from cosyserve.errors import InputError
 from cosyserve.limits import DEFAULT_MAX_TEXT_CHARS, SPEED_RANGE_TEXT
 from cosyserve.service.quality.overrides import THRESHOLD_NAMES, check_overrides
@@ -148,10 +149,7 @@ def _read_text(args: argparse.Namespace) -> str:
     if (args.text is None) == (args.text_file is None):
         raise InputError("give exactly one of --text or --text-file")
     if args.text_file is not None:
-        try:
-            return Path(args.text_file).read_text(encoding="utf-8")
-        except (OSError, UnicodeDecodeError) as exc:
-            raise InputError(f"cannot read --text-file {args.text_file}: {exc}") from exc
+        return read_text_file(args.text_file)
     return args.text
 
 
