@@ -188,6 +188,34 @@ def test_the_spoken_notice_starts_every_output_in_its_voice(start_api_server, pr
         live.stop()
 
 
+def test_two_users_voices_of_one_name_each_speak_their_own_notice(
+    start_api_server, prompt_wav_bytes, shared_dir
+) -> None:
+    """The notice was cached by the name asked for: whoever asked first had their private voice speak it
+    at the start of the other user's audio (a team's run)."""
+    live = start_api_server(
+        label_explicit="start", label_explicit_kind="notice", c2pa=False, api_keys_required=True
+    )
+    try:
+        other = (shared_dir / "audio" / "prompt_b_22k.wav").read_bytes()
+        starts = {}
+        for who, recording in (("alice", prompt_wav_bytes), ("bob", other)):
+            key = live.service.keys.create(who, "user")[1]
+            with live.client(headers={"Authorization": f"Bearer {key}"}) as client:
+                enrol_voice(client, "narrator", recording)
+                spoken = client.post("/v1/tts", json={"text": "你好。", "voice": "narrator", "seed": 1})
+                assert spoken.status_code == 200, spoken.text
+                starts[who] = decoded(spoken.content)
+        assert live.service.labels.notices.syntheses == 2  # one per voice, not one per name
+        notices = list(live.service.labels.notices._entries.values())
+        for who, notice in zip(("alice", "bob"), notices, strict=True):
+            np.testing.assert_allclose(starts[who][: len(notice)], notice, atol=2 / 32767)
+        shortest = min(len(notice) for notice in notices)
+        assert not np.allclose(notices[0][:shortest], notices[1][:shortest], atol=1e-3)
+    finally:
+        live.stop()
+
+
 def test_quotas_count_the_speech_not_the_label_nor_the_takes_not_kept(
     start_api_server, prompt_wav_bytes
 ) -> None:

@@ -214,7 +214,10 @@ class Labeller:
         def speak(notice: SynthesisRequest) -> np.ndarray:
             return synth.synthesize(notice, voices=voices).result().audio
 
-        spoken = self.notices.get(request, synth.model_dir.fingerprint, rate, speak)
+        # the caller's own voice of that name (a name is per owner): VoiceNotFound as its synthesis would
+        library = getattr(synth, "voices", None)
+        voice_id = library.get(request.voice, voices).id if request.voice and library is not None else None
+        spoken = self.notices.get(request, synth.model_dir.fingerprint, rate, speak, voice_id)
         pause = np.zeros(round(cue.PAUSE_S * rate), dtype=np.float32)
         end = np.concatenate([pause, spoken[: len(spoken) - len(pause)]]) if mode == "start_and_end" else None
         return cue.ExplicitLabel(spoken, end)
