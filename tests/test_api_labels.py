@@ -259,3 +259,15 @@ def wait_until_ended(client, path: str, timeout_s: float = 60.0) -> dict:
         assert time.monotonic() < deadline, body
         time.sleep(0.05)
     return body
+
+
+def test_a_file_too_large_to_verify_says_what_to_do(start_api_server) -> None:
+    """Its 413 spoke of recordings and base64 JSON (a team's run, verifying a long dub track)."""
+    live = start_api_server(max_upload_mb=0.05)
+    try:
+        with live.client() as client:
+            response = client.post("/v1/verify", files={"file": ("track.wav", b"\0" * 200_000, "audio/wav")})
+        message = response.json()["error"]["message"]
+        assert response.status_code == 413 and "cosyserve verify" in message and "recording" not in message
+    finally:
+        live.stop()

@@ -227,3 +227,17 @@ def test_place_overflows_into_the_gap_and_is_cut_before_the_next_cue(tmp_path) -
     assert rate == RATE and len(track) == 4 * RATE and placements[1] is None
     assert np.all(track[: RATE - 1] == 0) and np.all(track[3 * RATE :] == 0)
     np.testing.assert_allclose(track[RATE : 3 * RATE - 300], noise(3.0)[: 2 * RATE - 300], atol=1e-4)
+
+
+def test_a_batch_cloned_from_a_recording_with_its_transcript_is_logged_zero_shot() -> None:
+    """The activity log said cross_lingual while the items' manifests said zero_shot (a team's run)."""
+    from cosyserve.service.activity import request_mode
+    from cosyserve.service.batches.items import batch_request
+    from cosyserve.service.requests import OutputSpec
+
+    items = [{"text": "第一句。"}, {"text": "第二句。"}]
+    assert (
+        request_mode(batch_request({"prompt_text": "希望你以后能够做的比我还好呦。"}, items), OutputSpec())
+        == "zero_shot"
+    )
+    assert request_mode(batch_request({}, items), OutputSpec()) == "cross_lingual"

@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import csv
 import json
+import re
 from pathlib import Path
 
 import pytest
@@ -125,6 +126,10 @@ def test_a_local_dub_leaves_the_track_and_its_report_only(tmp_path, prompt_args)
     assert cli_main(["dub", str(subtitles), "--out", str(wav), "--report", str(tmp_path / "r.json"),
                      "--seed", "1", *prompt_args]) == 0  # fmt: skip
     document = json.loads((tmp_path / "r.json").read_text())
+    from cosyserve.service.labels import riff_tags
+
+    produced = json.loads(riff_tags.read(wav.read_bytes()))["ProduceID"]  # as every CLI file is named
+    assert re.fullmatch(r"local-[0-9a-f]{16}", produced), produced  # it was "local-episode.wav"
     assert len(document["cues"]) == 3 and document["reordered"] is False and document["track_s"] == 6.5
     assert not (tmp_path / "episode.wav.parts").exists() and (tmp_path / "episode.flac.report.csv").exists()
 

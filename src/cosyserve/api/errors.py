@@ -29,15 +29,22 @@ _COUNTED = "_cosyserve_counted"
 class BodyTooLarge(StarletteHTTPException):
     """Raised while a body is being read; an HTTPException so body parsers pass it through unchanged."""
 
-    def __init__(self, upload_limit_bytes: int) -> None:
-        super().__init__(413, body_too_large_message(upload_limit_bytes))
+    def __init__(self, upload_limit_bytes: int, path: str = "") -> None:
+        super().__init__(413, body_too_large_message(upload_limit_bytes, path))
 
 
-def body_too_large_message(upload_limit_bytes: int) -> str:
-    """Names the limit as configured (`max_upload_mb`), not the body cap derived from it."""
+def body_too_large_message(upload_limit_bytes: int, path: str = "") -> str:
+    """Names the limit as configured (`max_upload_mb`), not the body cap derived from it, and what the
+    request at `path` sends (a file to verify, else a recording)."""
+    limit = f"{upload_limit_bytes / 1e6:g} MB (max_upload_mb)"
+    if path.rstrip("/") == "/v1/verify":
+        return (
+            f"the file is too large to verify here: uploads are limited to {limit}; check a longer file "
+            "with `cosyserve verify` on the server"
+        )
     return (
-        f"the request body is too large: recordings are limited to {upload_limit_bytes / 1e6:g} MB "
-        "(max_upload_mb), as a file upload or as base64 in JSON"
+        f"the request body is too large: recordings are limited to {limit}, as a file upload or as base64 "
+        "in JSON"
     )
 
 

@@ -82,7 +82,7 @@ class ApiMiddleware:
             if message["type"] == "http.request":
                 received += len(message.get("body", b""))
                 if received > limit:
-                    raise BodyTooLarge(self.upload_limit_bytes)
+                    raise BodyTooLarge(self.upload_limit_bytes, scope.get("path", ""))
                 if held and not message.get("more_body", False):
                     await self._release(held)
                     held = 0
@@ -92,7 +92,7 @@ class ApiMiddleware:
             declared = headers.get("content-length", "")
             size = int(declared) if declared.isdigit() else (limit if "transfer-encoding" in headers else 0)
             if size > limit:
-                message = body_too_large_message(self.upload_limit_bytes)
+                message = body_too_large_message(self.upload_limit_bytes, scope.get("path", ""))
                 response = envelope(413, "payload_too_large", message)
                 await response(scope, receive, send_with_id)
             elif self.body_budget is not None and self.body_budget.counts(size):

@@ -33,7 +33,9 @@ async def verify_file(
     file: Annotated[UploadFile, File(description="the audio file")],
 ) -> dict[str, Any]:
     service = get_service(request)
-    data = await read_limited(file, upload_limit(request), "the file")
+    data = await read_limited(
+        file, upload_limit(request), "the file", ": check a longer file with `cosyserve verify` on the server"
+    )
     report = await run_in_threadpool(verify, data, service.labels.secret)
     return report.to_dict()
 

@@ -261,7 +261,7 @@ def _write_track_file(
     try:
         write_track(wav, cues, track_s, rate)
         if track_format == "wav":
-            labels.label_wav_file(wav, f"local-{out.name}")  # in place, in blocks
+            labels.label_wav_file(wav, None)  # in place, in blocks; its id from the samples' hash
             os.replace(wav, out)
         else:
             transcode_file(wav, final, track_format)

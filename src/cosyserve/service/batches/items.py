@@ -75,4 +75,9 @@ def batch_request(shared: Mapping[str, Any], items: Iterable[Mapping[str, Any]])
     """A whole batch as one request (for the activity log and a dub's manifest): its texts, one a line,
     its shared voice and instruction."""
     text = "\n".join(str(params.get("text") or "") for params in items)
-    return SynthesisRequest(text=text, voice=shared.get("voice"), instruct=shared.get("instruct"))
+    return SynthesisRequest(
+        text=text,
+        voice=shared.get("voice"),
+        instruct=shared.get("instruct"),
+        prompt_text=shared.get("prompt_text"),  # a recording's transcript: zero-shot, as its items say
+    )

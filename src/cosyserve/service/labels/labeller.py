@@ -152,15 +152,18 @@ class Labeller:
         model, voice = record.get("model_checksum"), record.get("voice")
         return self.label_file(audio, ext, output_id, model=model, voice=voice)
 
-    def label_wav_file(self, path: Path, content_id: str) -> None:
+    def label_wav_file(self, path: Path, content_id: str | None) -> None:
         """Label a WAV file on disk in place (a dub track of hours): its samples hashed and copied in
-        blocks, never held whole. The implicit label only: C2PA signs whole files in memory."""
+        blocks, never held whole. The implicit label only: C2PA signs whole files in memory. `content_id`
+        None: `local-` and the start of the samples' SHA-256, as the CLI names its files."""
         if not self.implicit:
             return
         try:
-            riff_tags.label_file(path, lambda digest: self.label_json(content_id, digest))
+            riff_tags.label_file(
+                path, lambda digest: self.label_json(content_id or f"local-{digest[:16]}", digest)
+            )
         except LabelFormatError as exc:
-            log.warning("output %s (wav file) was not labelled: %s", content_id, exc)
+            log.warning("output %s (wav file) was not labelled: %s", content_id or path.name, exc)
 
     def _sign_wav_file(self, path: Path, content_id: str, record: dict[str, Any]) -> None:
         """The C2PA manifest of a WAV file on disk, replaced whole; not for one over `C2PA_FILE_MAX_BYTES`

@@ -70,7 +70,9 @@ def verify(data: bytes, secret: bytes | None, *, check_c2pa: bool = True) -> Ver
     report.label = fields
     _check(report, fields, payload, secret)
     if report.c2pa is not None and report.c2pa.get("status") == "invalid":
-        report.problems.append(f"the C2PA manifest does not validate: {report.c2pa.get('failures') or ''}")
+        # `detail` when the manifest could not even be read (a cut file): its failures list is empty then
+        why = report.c2pa.get("failures") or report.c2pa.get("detail") or "no reason given"
+        report.problems.append(f"the C2PA manifest does not validate: {why}")
         report.status = "altered"
     return report
 
