@@ -64,7 +64,9 @@ def test_every_format_round_trips_its_label_and_still_decodes(fmt: str) -> None:
     label = report.label
     assert label["Label"] == "1" and label["ProduceID"] == OUTPUT_ID == label["PropagateID"]
     assert label["ContentProducer"] == "Example AI Co. (filing 123)"
-    assert label["ReservedCode1"].startswith("sha256:") and label["ReservedCode2"].startswith("hmac-sha256:")
+    assert label["ReservedCode1"].startswith("sha256-fmt:") and label["ReservedCode2"].startswith(
+        "hmac-sha256:"
+    )
     assert set(label) == {
         "Label", "ContentProducer", "ProduceID", "ReservedCode1", "ContentPropagator", "PropagateID",
         "ReservedCode2",
@@ -251,3 +253,42 @@ def test_damaged_files_get_a_verdict_not_an_exception(fmt: str) -> None:
         else:
             data[at:at] = rng.integers(0, 256, int(rng.integers(1, 20))).astype(np.uint8).tobytes()
         assert verify(bytes(data), SECRET, check_c2pa=False).status in EXIT_CODES
+
+
+def _another_rate(fmt: str, data: bytes) -> bytes:
+    """The file with its header saying 48 kHz instead of 24 kHz: the same samples, played twice as fast."""
+    if fmt == "wav":
+        at = data.index(b"fmt ") + 8
+        out = bytearray(data)
+        out[at + 4 : at + 8] = (48000).to_bytes(4, "little")
+        out[at + 8 : at + 12] = (int.from_bytes(data[at + 8 : at + 12], "little") * 2).to_bytes(4, "little")
+        return bytes(out)
+    at = data.index(b"fLaC") + 4 + 4 + 10  # STREAMINFO's body: its sample rate starts at byte 10 (20 bits)
+    out = bytearray(data)
+    packed = int.from_bytes(data[at : at + 3], "big")
+    out[at : at + 3] = ((48000 << 4) | (packed & 0xF)).to_bytes(3, "big")
+    return bytes(out)
+
+
+@pytest.mark.parametrize("fmt", ["wav", "flac"])
+def test_a_header_edited_to_play_at_another_rate_is_altered(fmt: str) -> None:
+    """Only the samples were bound: such a file read `intact` without a C2PA manifest (a team's run)."""
+    edited = _another_rate(fmt, labelled(fmt))
+    assert soundfile.info(io.BytesIO(edited)).samplerate == 48000  # it really plays differently
+    report = verify(edited, SECRET, check_c2pa=False)
+    assert report.status == "altered" and any("sample rate" in problem for problem in report.problems)
+
+
+def test_a_label_from_before_the_format_was_bound_still_verifies() -> None:
+    """Files labelled earlier say `sha256:` of the samples alone: still intact, still altered by a sample."""
+    from cosyserve.service.labels.implicit import HASH_PREFIX, ImplicitLabel, audio_hash, signature
+
+    plain = riff_tags.strip(labelled("wav"))
+    old = ImplicitLabel(
+        "Example AI Co. (filing 123)", OUTPUT_ID, audio_hash(riff_tags.payload(plain)), "x", OUTPUT_ID
+    )
+    fields = {**old.fields(), "ReservedCode1": HASH_PREFIX + audio_hash(riff_tags.payload(plain))}
+    fields["ReservedCode2"] = signature(fields, SECRET)
+    data = riff_tags.embed(plain, json.dumps(fields))
+    assert verify(data, SECRET, check_c2pa=False).status == "intact"
+    assert verify(flip_audio_byte("wav", data), SECRET, check_c2pa=False).status == "altered"

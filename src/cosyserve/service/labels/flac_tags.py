@@ -80,6 +80,14 @@ def read(data: bytes) -> str | None:
     return None
 
 
+def format_fields(data: bytes) -> bytes:
+    """The STREAMINFO block (sample rate, channels, bits, length): how the frames play."""
+    for block_type, body in _blocks(data)[0]:
+        if block_type == _STREAMINFO:
+            return body
+    raise LabelFormatError("the FLAC file has no STREAMINFO block")
+
+
 def payload(data: bytes) -> bytes:
     return data[_blocks(data)[1] :]
 

@@ -99,6 +99,12 @@ def read(data: bytes) -> str | None:
     return None
 
 
+def format_fields(data: bytes) -> bytes:
+    """Nothing apart: each MPEG frame's own header (rate, channels) is in the payload."""
+    del data
+    return b""
+
+
 def payload(data: bytes) -> bytes:
     pos = 0
     while (end := tag_end(data, pos)) != pos:

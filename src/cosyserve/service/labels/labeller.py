@@ -20,7 +20,7 @@ import numpy as np
 from cosyserve.service.labels import c2pa_manifest, cue, riff_tags
 from cosyserve.service.labels.containers import TAGGERS
 from cosyserve.service.labels.errors import LabelFormatError
-from cosyserve.service.labels.implicit import ImplicitLabel, audio_hash
+from cosyserve.service.labels.implicit import ImplicitLabel, bound_hash
 from cosyserve.service.labels.notice import NoticeCache
 from cosyserve.service.outcomes import SynthesisResult
 from cosyserve.service.requests import EVERY_VOICE, SynthesisRequest, VoiceScope
@@ -123,7 +123,8 @@ class Labeller:
             return data
         try:
             if self.implicit:
-                data = tagger.embed(data, self.label_json(content_id, audio_hash(tagger.payload(data))))
+                bound = bound_hash(tagger.format_fields(data), tagger.payload(data))
+                data = tagger.embed(data, self.label_json(content_id, bound))
         except LabelFormatError as exc:
             log.warning("output %s (%s) was not labelled: %s", content_id, fmt, exc)
             return data

@@ -140,6 +140,13 @@ def read(data: bytes) -> str | None:
     return None
 
 
+def format_fields(data: bytes) -> bytes:
+    """The OpusHead packet (channels, pre-skip, output gain, channel mapping): how the packets play."""
+    pages, _ = _pages(data)
+    _tags(pages)
+    return _packets(pages)[0][0]
+
+
 def payload(data: bytes) -> bytes:
     """The audio packets (every packet after the two headers), concatenated."""
     pages, _ = _pages(data)

@@ -8,13 +8,13 @@ streamed WAV, whose data chunk runs to the end of the stream, can carry it in it
 
 from __future__ import annotations
 
-import hashlib
 import os
 import struct
 from collections.abc import Callable, Iterator
 from pathlib import Path
 
 from cosyserve.service.labels.errors import LabelFormatError
+from cosyserve.service.labels.implicit import bound_digest
 
 FIELD = b"AIGC"
 _UNKNOWN_SIZE = 0xFFFFFFFF
@@ -43,6 +43,16 @@ def read(data: bytes) -> str | None:
         if chunk_id == FIELD:
             return data[pos + 8 : pos + 8 + size].rstrip(b"\0").decode("utf-8", "replace")
     return None
+
+
+def format_fields(data: bytes) -> bytes:
+    """The `fmt ` chunk's body (encoding, channels, sample rate, bits): how the samples play."""
+    for chunk_id, pos, size in _chunks(data):
+        if chunk_id == b"fmt ":
+            return data[pos + 8 : pos + 8 + size]
+        if chunk_id == b"data":
+            break
+    raise LabelFormatError("the WAV file has no fmt chunk before its data")
 
 
 def payload(data: bytes) -> bytes:
@@ -92,7 +102,7 @@ def label_file(path: Path, label_for: Callable[[str], str]) -> None:
         if data_at is None:
             raise LabelFormatError("the WAV file has no data chunk within its first 64 KiB")
         size = min(struct.unpack_from("<I", head, data_at + 4)[0], path.stat().st_size - data_at - 8)
-        digest = hashlib.sha256()
+        digest = bound_digest(format_fields(head))
         source.seek(data_at + 8)
         for block in iter(lambda: source.read(min(_BLOCK_BYTES, size - source.tell() + data_at + 8)), b""):
             digest.update(block)
