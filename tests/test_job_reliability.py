@@ -244,3 +244,17 @@ def test_jobs_on_a_full_disk_end_with_storage_error(
             assert {item["error"]["code"] for item in batch["items"]} == {"storage_error"}
     finally:
         live.stop()
+
+
+def test_thresholds_that_leave_no_pace_range_are_refused_at_submit(server) -> None:
+    """Accepted (202) and then failed, every item of a batch too (a team's run): the server's maximum pace
+    ratio is 2, so a minimum of 3 leaves none."""
+    with as_key(server, server.admin_key) as client:
+        bad = {"min_pace_ratio": 3}
+        job = client.post("/v1/jobs", json={"text": SENTENCES, "voice": "alice", "thresholds": bad})
+        batch = client.post(
+            "/v1/batches", json={"items": [{"text": "第一句。"}], "voice": "alice", "thresholds": bad}
+        )
+        for response in (job, batch):
+            assert response.status_code == 400, response.text
+            assert "min_pace_ratio 3 is above max_pace_ratio 2" in response.json()["error"]["message"]

@@ -52,7 +52,12 @@ REPORT_CONTENT = (
 def batch_rules(service: Service, shared: dict, has_prompt: bool) -> BatchRules:
     limits = service.settings.limits
     return BatchRules(
-        limits.max_batch_items, limits.max_text_chars, has_prompt, shared, max_track_s=limits.max_dub_track_s
+        limits.max_batch_items,
+        limits.max_text_chars,
+        has_prompt,
+        shared,
+        max_track_s=limits.max_dub_track_s,
+        thresholds=service.settings.quality.policy().thresholds,
     )
 
 

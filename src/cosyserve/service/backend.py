@@ -17,6 +17,8 @@ from cosyserve.frontend.prompt_check import load_prompt
 from cosyserve.frontend.text.split import has_content, require_visible_text, split_long_text
 from cosyserve.service.batches.submission import BatchSubmission
 from cosyserve.service.outcomes import StreamStart, TtsOutcome
+from cosyserve.service.quality.overrides import checked_against
+from cosyserve.service.quality.scores import QualityThresholds
 from cosyserve.service.requests import EnrolmentRequest, OutputSpec, SynthesisRequest
 from cosyserve.service.scheduling.tickets import Ticket
 from cosyserve.service.stores.jobs import JobNotFound, JobRecord, JobStore
@@ -133,11 +135,15 @@ class Backend(Protocol):
         ...
 
 
-def admitted_job_pieces(request: SynthesisRequest, max_chars: int) -> list[str]:
+def admitted_job_pieces(
+    request: SynthesisRequest, max_chars: int, thresholds: QualityThresholds | None = None
+) -> list[str]:
     """`job_pieces` at submit, after every check `/v1/tts` would refuse the request for without the model
-    (InputError): no voice or recording (or both), a value out of range, a recording that cannot be
-    decoded or used. So the job is refused then, rather than failing once it runs."""
+    (InputError): no voice or recording (or both), a value out of range, thresholds that leave no pace
+    range over the server's `thresholds`, a recording that cannot be decoded or used. So the job is
+    refused then, rather than failing once it runs."""
     request.check_fields()
+    checked_against(thresholds or QualityThresholds(), request.thresholds)
     pieces = job_pieces(request, max_chars)
     if request.prompt_wav is not None:
         load_prompt(request.prompt_wav)  # last: decoding is the costliest check

@@ -33,7 +33,8 @@ from cosyserve.limits import (
 from cosyserve.service.audio_formats import FORMATS
 from cosyserve.service.batches.dub_plan import charge_shares, check_track_length
 from cosyserve.service.quality import MAX_TAKES
-from cosyserve.service.quality.overrides import check_overrides
+from cosyserve.service.quality.overrides import checked_against
+from cosyserve.service.quality.scores import QualityThresholds
 from cosyserve.service.requests import MAX_SEED
 
 SETTINGS = ("voice", "instruct", "seed", "speed", "volume", "format", "takes", "thresholds")
@@ -71,6 +72,7 @@ class BatchRules:
     has_prompt: bool = False  # the batch carries an uploaded recording: items need no voice
     shared: Mapping[str, Any] = field(default_factory=dict)  # shared settings (SHARED_FIELDS)
     max_track_s: float | None = None  # a dub's track at most this long (`max_dub_track_s`; None: no limit)
+    thresholds: QualityThresholds = field(default_factory=QualityThresholds)  # the server's, overridden
 
 
 def kind_of(filename: str | None, content_type: str | None = None) -> str:
@@ -115,6 +117,7 @@ def read_items(data: bytes | str, kind: str, rules: BatchRules) -> list[ItemSpec
 def items_from(raw: Iterable[Mapping[str, Any] | str], rules: BatchRules) -> list[ItemSpec]:
     """Items from already parsed values (a JSON body's list): checked, shared settings filled in."""
     values = list(raw)
+    checked_against(rules.thresholds, rules.shared.get("thresholds"))  # every item's: the batch is refused
     if not values:
         raise InputError("the batch has no items: give at least one text")
     if len(values) > rules.max_items:
@@ -131,6 +134,7 @@ def cue_items(cues: list[Cue], rules: BatchRules) -> list[ItemSpec]:
     track's charge (`dub_plan`). InputError when the track would be longer than `rules.max_track_s`."""
     if len(cues) > rules.max_items:
         raise InputError(f"the subtitle file has {len(cues)} cues, the limit is {rules.max_items}: split it")
+    checked_against(rules.thresholds, rules.shared.get("thresholds"))
     check_track_length(cues, rules.max_track_s)
     items = []
     for i, (cue, share) in enumerate(zip(cues, charge_shares(cues), strict=True)):
@@ -289,7 +293,7 @@ def _check(params: dict[str, Any], rules: BatchRules) -> None:
     volume = _number(params.get("volume"), "volume", float, MIN_VOLUME, MAX_VOLUME)
     params["volume"] = 1.0 if volume is None else volume
     params["takes"] = _number(params.get("takes"), "takes", int, 1, MAX_TAKES)
-    params["thresholds"] = check_overrides(params.get("thresholds")) or None
+    params["thresholds"] = checked_against(rules.thresholds, params.get("thresholds")) or None
     fmt = str(params.get("format") or "wav").lower()
     if fmt not in FORMATS:
         raise InputError(f"format {fmt!r} is not one of {', '.join(FORMATS)}")

@@ -72,6 +72,7 @@ class RemoteBackend:
         self.batches = batches
         self.reservations = reservations  # this node reserves a key's quota, the worker settles
         self.max_text_chars = settings.limits.max_text_chars
+        self.thresholds = settings.quality.policy().thresholds  # the workers' (one settings for all nodes)
         self.model_info: dict[str, Any] = {"model": settings.engine.model, "device": settings.engine.device}
         self.url = queue.queue_url
         self.app = make_celery(self.url, visibility_timeout_s=queue.visibility_timeout_s)
@@ -231,7 +232,7 @@ class RemoteBackend:
         """Record the job (its estimate reserved here), then queue it; if the queue refuses it it fails."""
         self.require_ready()
         spec = spec.checked(self.model_info.get("sample_rate"))
-        admitted_job_pieces(request, self.max_text_chars)  # refused now, not failed on a worker
+        admitted_job_pieces(request, self.max_text_chars, self.thresholds)  # refused now, not on a worker
         snapshots = resolve_request(self.voices, request, spec.voice_scope)  # the voice as it is now
         job_id = new_job_id()
         estimate = self.reservations.estimate(request, spec.voice_scope) if self.reservations else None

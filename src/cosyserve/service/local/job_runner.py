@@ -81,7 +81,8 @@ class LocalJobs:
     def submit_job(self, request: SynthesisRequest, spec: OutputSpec) -> JobRecord:
         """Accept a (possibly long) text as a job; its record always ends done, failed or cancelled.
         QuotaExceeded when its whole estimate does not fit in its key's quota."""
-        pieces = admitted_job_pieces(request, self.max_text_chars)  # refused now, not failed when run
+        thresholds = self.host.settings.quality.policy().thresholds
+        pieces = admitted_job_pieces(request, self.max_text_chars, thresholds)  # refused now, not when run
         snapshots = resolve_request(self.host.voices, request, spec.voice_scope)
         job_id = new_job_id()
         spec = dataclasses.replace(spec, extra={**spec.extra, "job_id": job_id})

@@ -87,3 +87,10 @@ def apply_overrides(thresholds: QualityThresholds, values: Mapping[str, Any] | N
             f"max_pace_ratio {merged.max_pace_ratio:g}"
         )
     return merged
+
+
+def checked_against(thresholds: QualityThresholds, values: Mapping[str, Any] | None) -> dict[str, float]:
+    """`check_overrides`, and the pace range they leave once over the server's `thresholds` (InputError):
+    what a job or batch is refused for at submit, not failed for once it runs."""
+    apply_overrides(thresholds, values)
+    return check_overrides(values)
