@@ -13,6 +13,7 @@ from pathlib import Path
 import pytest
 import sqlalchemy as sa
 
+from cosyserve.errors import ShuttingDown
 from cosyserve.service.access.estimate import request_estimate_s, voice_pace
 from cosyserve.service.access.principals import QuotaExceeded
 from cosyserve.service.access.quota import QuotaTracker, this_process
@@ -204,7 +205,7 @@ def test_an_api_node_reserves_and_its_worker_settles(tmp_path: Path, prompt_wav_
 
     node.require_ready = lambda: None  # type: ignore[method-assign]
     node._send = send  # type: ignore[method-assign]
-    node._relay = relay  # type: ignore[method-assign]
+    node.reader.items = relay  # type: ignore[method-assign]
     try:
         ticket = node.submit_tts(SynthesisRequest(text="第一句话说得很长很长。"), OutputSpec(key=key))
         assert tracker.reserved(key) == pytest.approx(3.5)  # held on the API node, before the worker runs
@@ -227,6 +228,10 @@ def test_an_api_node_reserves_and_its_worker_settles(tmp_path: Path, prompt_wav_
         assert (tracker.used(key), tracker.reserved(key)) == (4.25, pytest.approx(4.5))
         node.cancel_job(job.id)
         assert tracker.reserved(key) == 0.0
+        scheduler.shutdown(grace_s=1.0)  # a drain: a job is refused as a request is (it was accepted)
+        with pytest.raises(ShuttingDown):
+            node.submit_job(job_request, OutputSpec(key=key))
+        assert tracker.reserved(key) == 0.0 and len(jobs.list(limit=10)) == 1  # nothing held or recorded
     finally:
         scheduler.shutdown(grace_s=1.0)
         engine.dispose()

@@ -19,7 +19,7 @@ import uuid
 from collections.abc import Callable, Generator, Iterator
 from typing import Any
 
-from cosyserve.errors import Cancelled, InputError, JobStateError
+from cosyserve.errors import Cancelled, InputError, JobStateError, ShuttingDown
 from cosyserve.service import wire
 from cosyserve.service.backend import AudioStream, admitted_job_pieces, cancellable_job, new_job_id
 from cosyserve.service.batches.submission import BatchSubmission, record_batch
@@ -276,6 +276,8 @@ class RemoteBackend:
         return self._job_held(job_id, spec, reserved, submit)
 
     def _job_held(self, job_id: str, spec: OutputSpec, seconds: float | None, submit: Any) -> JobRecord:
+        if not self.scheduler.accepting:  # a drain takes no new jobs either (they bypass its queue)
+            raise ShuttingDown("the server is shutting down and accepts no new work: retry after it restarts")
         if self.reservations is None or seconds is None:
             return submit()
         return self.reservations.job_submitted(job_id, spec.key, seconds, submit)
