@@ -12,6 +12,7 @@ import json
 import logging
 import re
 import time
+import weakref
 from typing import Any
 
 from starlette.routing import Mount, compile_path
@@ -209,13 +210,28 @@ class _EnvelopeForeignErrors:
 def _api_methods(scope: Scope) -> list[str]:
     """The methods of the API operation whose path `scope` has (its method not one of them), or []. From
     the app's OpenAPI paths: public, where its router's own route list wraps included routers."""
-    schema = getattr(scope.get("app"), "openapi", None)
-    paths = schema().get("paths", {}) if callable(schema) else {}
+    app = scope.get("app")
+    if app is None or not callable(getattr(app, "openapi", None)):
+        return []
     path = scope.get("path", "")
-    for template, operations in paths.items():
-        if compile_path(template)[0].fullmatch(path):
-            return sorted(method.upper() for method in operations if method.upper() in HTTP_METHODS)
-    return []
+    return next((methods for pattern, methods in _operations(app) if pattern.fullmatch(path)), [])
+
+
+_OPERATIONS: weakref.WeakKeyDictionary[Any, list[tuple[re.Pattern[str], list[str]]]] = (
+    weakref.WeakKeyDictionary()
+)
+
+
+def _operations(app: Any) -> list[tuple[re.Pattern[str], list[str]]]:
+    """(path pattern, methods) of each API operation, compiled once per app (asked on every foreign 404)."""
+    found = _OPERATIONS.get(app)
+    if found is None:
+        found = [
+            (compile_path(template)[0], sorted(m.upper() for m in operations if m.upper() in HTTP_METHODS))
+            for template, operations in app.openapi().get("paths", {}).items()
+        ]
+        _OPERATIONS[app] = found
+    return found
 
 
 def route_label(route: Any) -> str:
