@@ -115,6 +115,10 @@ def test_usage_errors_are_one_line_without_hints_for_flags(capsys: pytest.Captur
     assert "unrecognized arguments: --bogus" in err and "starts with '-'" not in err
     assert err.endswith("see `cosyserve synthesize --help`")
     assert "--out" in _usage_error(["synthesize", "--text", "hi"], capsys)
+    # a misspelt flag is the news even when a required one is missing too (it said "--out is required")
+    err = _usage_error(["synthesize", "--bogus", "--text", "hi"], capsys)
+    assert "unrecognized arguments: --bogus" in err and "required" not in err, err
+    assert "ambiguous option: --tex" in _usage_error(["synthesize", "--tex", "hi"], capsys)
 
 
 def test_looks_like_text() -> None:
@@ -357,3 +361,16 @@ def test_a_text_file_that_is_a_folder_or_not_utf8_is_said_plainly(
         assert main(["normalize", "--text-file", str(path)]) == ExitCode.USAGE
         line = _one_error_line(capsys.readouterr().err, "normalize")
         assert said in line and "Errno" not in line and "codec" not in line, line
+
+
+def test_a_misspelt_data_dir_is_said_and_not_created(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    """`voices list --data-dir /tmp/tpyo` made the folder and answered "no voices yet"."""
+    typo = tmp_path / "tpyo"
+    for argv in (["voices", "list"], ["voices", "rm", "narrator"], ["keys", "list"], ["keys", "revoke", "1"]):
+        assert main([*argv, "--data-dir", str(typo)]) == ExitCode.USAGE
+        line = _one_error_line(capsys.readouterr().err, argv[0])
+        assert f"no cosyserve data at {typo}" in line and "--data-dir" in line, line
+    assert not typo.exists()
+    assert main(["keys", "create", "first", "--quiet", "--data-dir", str(typo)]) == 0  # creating makes it
+    assert main(["keys", "list", "--data-dir", str(typo)]) == 0
+    assert "first" in capsys.readouterr().out

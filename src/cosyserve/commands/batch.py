@@ -58,7 +58,8 @@ def cmd_batch(args: argparse.Namespace) -> int:
     rules = BatchRules(args.max_items, args.max_chars, prompt.wav is not None, shared_settings(args))
     items = read_items(read_input(args.file), kind_of(args.file), rules)
     done = _existing_rows(out, args.resume)
-    from cosyserve.commands.synthesize import default_data_dir, load_synthesizer
+    from cosyserve.commands.data_dirs import default_data_dir
+    from cosyserve.commands.synthesize import load_synthesizer
 
     synth = load_synthesizer(args)
     _require_voice(synth, args.voice)  # before any item: the server refuses it at submit too
@@ -175,7 +176,8 @@ def cmd_dub(args: argparse.Namespace) -> int:
         from cosyserve.commands.batch_remote import remote_dub
 
         return remote_dub(args, track_format)
-    from cosyserve.commands.synthesize import default_data_dir, load_synthesizer
+    from cosyserve.commands.data_dirs import default_data_dir
+    from cosyserve.commands.synthesize import load_synthesizer
     from cosyserve.frontend.subtitles import parse_subtitles
     from cosyserve.service.batches.inputs import BatchRules, cue_items
     from cosyserve.service.batches.items import BatchPrompt

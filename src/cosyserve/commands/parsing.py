@@ -62,7 +62,24 @@ class CliParser(argparse.ArgumentParser):
         command = next((token for token in self._seen_args if not token.startswith("-")), None)
         return f"{self.prog} {command}" if command else self.prog
 
+    def unknown_flags(self) -> list[str]:
+        """The flag-like tokens that name none of this parser's options (nor abbreviate one)."""
+        unknown = []
+        for token in getattr(self, "_seen_args", []):
+            if token == "--":
+                break
+            name = token.split("=", 1)[0]
+            if not name.startswith("-") or looks_like_text(token) or name in ("-", "--"):
+                continue
+            if not any(option.startswith(name) for option in self._option_string_actions):
+                unknown.append(token)
+        return unknown
+
     def error(self, message: str) -> NoReturn:
+        unknown = self.unknown_flags()
+        if message.startswith("the following arguments are required") and unknown:
+            # argparse checks required options before it reports a misspelt one; the typo is the news
+            message = f"unrecognized arguments: {' '.join(unknown)}"
         hint = self.dash_text_hint(message)
         # `cosyserve normalize` for arguments the top level found over; a command that is no command's
         # name is this parser's own error (`cosyserve frobnicate --help` would fail too)

@@ -10,7 +10,9 @@ import argparse
 import logging
 import typing
 from typing import Any
+from pathlib import Path
 
+from cosyserve.commands.data_dirs import existing_data_dir
 from cosyserve.errors import ModelDirError, Unavailable, exit_code_for
 from cosyserve.exit_codes import ExitCode
 
@@ -167,7 +169,10 @@ def _key_store(args: argparse.Namespace) -> Any:
     from cosyserve.service.stores.keys import KeyStore
 
     settings = load_settings(args, args.settings_dests)
-    return KeyStore(make_engine(settings.storage.database_url or ""), metadata)
+    url = settings.storage.database_url or ""
+    if args.keys_command != "create" and url.startswith("sqlite:///"):
+        existing_data_dir(Path(url.removeprefix("sqlite:///")).parent)  # a misspelt --data-dir: say so
+    return KeyStore(make_engine(url), metadata)
 
 
 def add_parsers(sub: argparse._SubParsersAction) -> None:

@@ -13,6 +13,7 @@ from typing import TYPE_CHECKING
 
 import soundfile as sf
 
+from cosyserve.commands.data_dirs import default_data_dir, existing_data_dir
 from cosyserve.commands.output_paths import check_writable
 from cosyserve.commands.text_files import read_text_file
 from cosyserve.errors import InputError
@@ -24,13 +25,6 @@ if TYPE_CHECKING:
     from cosyserve.service.outcomes import SynthesisResult
 
 STATEMENT_ENV = "COSYSERVE_VOICE_CONSENT_STATEMENT"
-
-
-def default_data_dir() -> Path:
-    if os.environ.get("COSYSERVE_DATA_DIR"):
-        return Path(os.environ["COSYSERVE_DATA_DIR"]).expanduser()
-    base = Path(os.environ.get("XDG_DATA_HOME", Path.home() / ".local" / "share"))
-    return base / "cosyserve"
 
 
 def add_text_limit_argument(parser: argparse.ArgumentParser) -> None:
@@ -82,12 +76,15 @@ def add_model_arguments(parser: argparse.ArgumentParser) -> None:
     )
 
 
-def open_voice_library(data_dir: Path | None, model_fingerprint: str):
+def open_voice_library(data_dir: Path | None, model_fingerprint: str, create: bool = True):
+    """The CLI's voice library; `create=False` for a command that only reads or changes it."""
     import sqlalchemy as sa
 
     from cosyserve.service.stores.voices import VoiceLibrary
 
     root = data_dir or default_data_dir()
+    if not create:
+        root = existing_data_dir(data_dir)
     root.mkdir(parents=True, exist_ok=True)
     engine = sa.create_engine(f"sqlite:///{root / 'cosyserve.db'}")
     return VoiceLibrary(root / "voices", engine, sa.MetaData(), model_checksum=model_fingerprint)
@@ -291,7 +288,7 @@ def cmd_voices(args: argparse.Namespace) -> int:
         for warning in voice.report.get("warnings", []):
             print(f"warning: {warning}", file=sys.stderr)
         return 0
-    library = open_voice_library(args.data_dir, model_fingerprint="")
+    library = open_voice_library(args.data_dir, model_fingerprint="", create=False)
     if args.voices_command == "list":
         voices = library.list()
         if not voices:
