@@ -363,7 +363,9 @@ def test_a_text_file_that_is_a_folder_or_not_utf8_is_said_plainly(
         assert said in line and "Errno" not in line and "codec" not in line, line
 
 
-def test_a_misspelt_data_dir_is_said_and_not_created(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+def test_a_misspelt_data_dir_is_said_and_not_created(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
     """`voices list --data-dir /tmp/tpyo` made the folder and answered "no voices yet"."""
     typo = tmp_path / "tpyo"
     for argv in (["voices", "list"], ["voices", "rm", "narrator"], ["keys", "list"], ["keys", "revoke", "1"]):

@@ -9,8 +9,8 @@ from __future__ import annotations
 import argparse
 import logging
 import typing
-from typing import Any
 from pathlib import Path
+from typing import Any
 
 from cosyserve.commands.data_dirs import existing_data_dir
 from cosyserve.errors import ModelDirError, Unavailable, exit_code_for
