@@ -243,3 +243,29 @@ def test_the_sqlite_file_is_private_to_its_owner(tmp_path: Path) -> None:
     path.chmod(0o644)
     make_engine(f"sqlite:///{path}").dispose()
     assert path.stat().st_mode & 0o777 == 0o600
+
+
+def test_a_database_from_before_the_output_indexes_gets_them(engine: sa.Engine, tmp_path: Path) -> None:
+    """Deleting an output finds the jobs and batch items that name it by an index (it read every row); a
+    database made by an earlier version, without the index, gets it when the store opens it."""
+    from cosyserve.service.stores.batches import BatchStore
+    from cosyserve.service.stores.output_refs import forget_output
+
+    JobStore(engine)
+    BatchStore(engine)
+    with engine.begin() as conn:  # as an earlier version left it
+        conn.execute(sa.text("DROP INDEX ix_jobs_output"))
+        conn.execute(sa.text("DROP INDEX ix_batch_items_output"))
+    jobs = JobStore(engine)
+    BatchStore(engine)
+    for table in ("jobs", "batch_items"):
+        names = {index["name"] for index in sa.inspect(engine).get_indexes(table)}
+        assert f"ix_{table}_output" in names, names
+    job = jobs.create({"text": "hi"})
+    jobs.mark_running(job.id)
+    jobs.finish_done(job.id, output_id="out-1")
+    assert forget_output(engine, "out-1") == 1 and jobs.get(job.id).output_id is None
+    if engine.dialect.name == "sqlite":
+        with engine.connect() as conn:
+            plan = conn.execute(sa.text("EXPLAIN QUERY PLAN SELECT id FROM jobs WHERE output_id = 'x'")).all()
+        assert "ix_jobs_output" in str(plan), plan

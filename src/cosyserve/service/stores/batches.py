@@ -20,6 +20,7 @@ from sqlalchemy import (
     DateTime,
     Engine,
     Float,
+    Index,
     Integer,
     String,
     Table,
@@ -62,6 +63,7 @@ batch_items_table = Table(
     Column("run_s", Float, nullable=True),  # how long its synthesis took (estimates the time left)
     Column("result", JSON, nullable=True),  # what else its run found (a cue's speed, overflow, ...)
     Column("finished_at", DateTime(timezone=True), nullable=True),
+    Index("ix_batch_items_output", "output_id"),  # a deleted output's items are found by it (output_refs)
 )
 
 

@@ -16,6 +16,7 @@ from sqlalchemy import Engine, MetaData, Table, create_engine, event, inspect, t
 from sqlalchemy.engine import URL, make_url
 from sqlalchemy.exc import ArgumentError, DBAPIError
 from sqlalchemy.pool import QueuePool
+from sqlalchemy.schema import CreateIndex
 
 from cosyserve.errors import SettingsError
 
@@ -157,13 +158,16 @@ def table(metadata: MetaData, name: str, *columns: Any) -> Table:
 def create_tables(engine: Engine, *tables: Table) -> None:
     """Create those of `tables` that don't exist yet. Safe when several processes start at once: on
     PostgreSQL they take turns under an advisory lock (DDL is transactional there); elsewhere a creation
-    that lost the race to another process is ignored once the table is seen to exist."""
+    that lost the race to another process is ignored once the table is seen to exist. A table made by an
+    earlier version gets the indexes added to its definition since."""
     for table in tables:
         try:
             with engine.begin() as conn:
                 if conn.dialect.name == "postgresql":
                     conn.execute(text("SELECT pg_advisory_xact_lock(:key)"), {"key": SCHEMA_LOCK_KEY})
                 table.create(conn, checkfirst=True)
+                for index in table.indexes:  # (expression indexes are not reflected: IF NOT EXISTS)
+                    conn.execute(CreateIndex(index, if_not_exists=True))
         except DBAPIError:
             if not inspect(engine).has_table(table.name):
                 raise

@@ -28,12 +28,10 @@ from sqlalchemy import (
     String,
     Table,
     Text,
-    inspect,
-    text,
 )
-from sqlalchemy.exc import DBAPIError
 
 from cosyserve.service.requests import TERMINAL_STATES
+from cosyserve.service.stores.db import add_missing_columns as add_table_columns
 from cosyserve.service.stores.db import metadata
 
 # Ids are uuid4().hex; anything that isn't a short ASCII token can't be in the id column: not looked up.
@@ -67,6 +65,7 @@ jobs_table = Table(
     Column("charged_s", Float, nullable=True),  # audio seconds charged so far (segment by segment)
     Index("ix_jobs_owner_created", "owner", "created_at"),
     Index("ix_jobs_state", "state"),
+    Index("ix_jobs_output", "output_id"),  # a deleted output's jobs are found by it (output_refs)
 )
 
 # A job's uploaded prompt recording, kept apart from `jobs` (listing jobs never reads it) until it ends, so
@@ -178,17 +177,4 @@ def fit_to_column(text: str | None, column: Column) -> str | None:
 def add_missing_columns(engine: Engine) -> None:
     """Databases made before the claim (and spec, quota) columns existed get them (nullable or with a
     default)."""
-    present = {column["name"] for column in inspect(engine).get_columns(jobs_table.name)}
-    missing = [column for column in jobs_table.columns if column.name not in present]
-    if not missing:
-        return
-    for column in missing:
-        kind = column.type.compile(dialect=engine.dialect)
-        default = " NOT NULL DEFAULT 0" if column.name == "attempt" else ""
-        try:
-            with engine.begin() as conn:
-                conn.execute(text(f"ALTER TABLE {jobs_table.name} ADD COLUMN {column.name} {kind}{default}"))
-        except DBAPIError:  # another process added it first
-            present = {c["name"] for c in inspect(engine).get_columns(jobs_table.name)}
-            if column.name not in present:
-                raise
+    add_table_columns(engine, jobs_table, {"attempt": "NOT NULL DEFAULT 0"})
