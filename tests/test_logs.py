@@ -111,3 +111,17 @@ def test_log_failure(restore_root: None) -> None:
     assert expected["name_"] == "clash" and "exc" not in expected  # no traceback for expected failures
     assert unexpected["level"] == "ERROR" and "ZeroDivisionError: boom" in unexpected["exc"]
     assert recent_logs(10, level="ERROR") == [unexpected]
+
+
+def test_the_console_follows_stderr_as_it_is_now(restore_root: None, monkeypatch: pytest.MonkeyPatch) -> None:
+    """A model-loading thread that logged after a test's captured stderr was closed raised "I/O operation
+    on closed file" inside logging; the console writes to the stderr of the moment."""
+    first = io.StringIO()
+    monkeypatch.setattr("sys.stderr", first)
+    configure_logging("INFO")
+    logging.getLogger("cosyserve.test").warning("before")
+    now = io.StringIO()
+    monkeypatch.setattr("sys.stderr", now)
+    first.close()
+    logging.getLogger("cosyserve.test").warning("after")
+    assert "after" in now.getvalue()

@@ -165,6 +165,23 @@ def _level_number(level: str | int) -> int:
     return number
 
 
+class StderrHandler(logging.StreamHandler):
+    """Writes to whatever `sys.stderr` is when a record comes, not the one there at configuration: a
+    thread that logs after stderr was replaced (a test's captured stream closed at its end, a daemon's
+    redirect) writes to the live one instead of raising "I/O operation on closed file"."""
+
+    def __init__(self) -> None:
+        super().__init__(sys.stderr)
+
+    @property  # type: ignore[override]
+    def stream(self) -> TextIO:
+        return sys.stderr
+
+    @stream.setter
+    def stream(self, _value: TextIO) -> None:  # StreamHandler's own assignments: always sys.stderr
+        pass
+
+
 _ring = RingBufferHandler()
 _MARK = "_cosyserve_handler"  # handlers we installed, replaced when configure_logging runs again
 
@@ -186,7 +203,7 @@ def configure_logging(
             root.removeHandler(handler)
             if handler is not _ring:
                 handler.close()
-    console = logging.StreamHandler(stream or sys.stderr)
+    console = logging.StreamHandler(stream) if stream is not None else StderrHandler()
     handlers: list[logging.Handler] = [console, _ring]
     if file is not None:
         path = Path(file).expanduser()
