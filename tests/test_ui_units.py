@@ -201,6 +201,22 @@ def test_error_messages_are_sentences_not_tracebacks():
     assert "req123" in internal and "CUDA" not in internal
 
 
+def test_the_chinese_page_leads_an_english_service_message_with_a_chinese_one():
+    """Errors without a translated sentence showed the service's English alone on the Chinese page."""
+    from cosyserve.errors import ERROR_TABLE
+    from cosyserve.ui.i18n_errors import ZH_LEADS
+    from cosyserve.ui.messages import stored_error_message
+
+    untranslated = {kind.code for _cls, kind in ERROR_TABLE if kind.ui_key is None}
+    assert untranslated <= set(ZH_LEADS), untranslated - set(ZH_LEADS)
+    short = InputError("the prompt is only 1.0 s long")
+    assert error_message(short, "zh") == "输入无法使用（the prompt is only 1.0 s long）"
+    assert error_message(short, "en") == "the prompt is only 1.0 s long"
+    assert stored_error_message("worker_lost", "its worker stopped", "zh").startswith("合成节点中途失联")
+    assert stored_error_message("worker_lost", "its worker stopped", "en") == "its worker stopped"
+    assert stored_error_message("brand_new_code", None, "zh") == "brand_new_code"
+
+
 def test_history_modes():
     assert output_mode({"parameters": {"ui_mode": "instruct"}}) == "instruct"
     assert output_mode({"instruct": "dialect:cantonese"}) == "instruct"
@@ -509,5 +525,5 @@ def test_a_voice_name_the_server_refuses_is_said_in_the_pages_language():
     # a stored `invalid_input` is not every one a voice name's: it keeps its own message
     assert (
         stored_error_message("invalid_input", "the text has nothing to say", "zh")
-        == "the text has nothing to say"
+        == "输入无法使用（the text has nothing to say）"
     )

@@ -11,6 +11,7 @@ from cosyserve.errors import ERROR_TABLE, CosyServeError, error_kind
 from cosyserve.limits import AUDIO_SUFFIX_LIST
 from cosyserve.ui.bridge import UploadRefused
 from cosyserve.ui.i18n import text
+from cosyserve.ui.i18n_errors import with_lead
 
 __all__ = ["UiError", "error_message", "stored_error_message"]
 
@@ -40,9 +41,10 @@ def error_message(exc: BaseException, lang: str, request_id: str | None = None) 
         return text("err_big_file", lang, size=p.size_mb, limit=p.limit_mb)
     if not isinstance(exc, CosyServeError):  # a bug: the details go to the log, not the page
         return text("err_internal", lang, request_id=request_id or "-")
-    key = error_kind(exc).ui_key  # the error table says which errors get a translated sentence
+    kind = error_kind(exc)  # the error table says which errors get a translated sentence
+    key = kind.ui_key
     if key is None:
-        return str(exc)
+        return with_lead(kind.code, str(exc), lang)
     return text(key, lang, seconds=getattr(exc, "retry_after_s", None), message=str(exc))
 
 
@@ -53,5 +55,5 @@ def stored_error_message(code: str | None, message: str | None, lang: str) -> st
         return ""
     key = _UI_KEYS.get(code)
     if key is None:
-        return message or code
+        return with_lead(code, message or "", lang) or code
     return text(key, lang, seconds=None, message=message or "")
