@@ -44,8 +44,8 @@ def pause(monkeypatch):
     original = KeyWatch.check
     plans: dict[int, dict] = {}
 
-    def check(self, voice_owners=()):
-        key = original(self, voice_owners)
+    def check(self, voice_owners=(), **stage):
+        key = original(self, voice_owners, **stage)
         plan = plans.get(self.key_id)
         if plan is not None:
             plan["count"] += 1
@@ -218,7 +218,10 @@ def revoked_midway(server, key_id: int, pause, listen: Callable[[], None]) -> No
         listener.join(60)
 
 
-def test_a_revoked_keys_stream_ends_with_key_revoked_and_is_not_charged_after(roomy, pause) -> None:
+def test_a_revoked_keys_stream_stops_at_its_next_chunk_and_is_charged_what_it_was_sent(roomy, pause) -> None:
+    """Checked only between segments, a revoked key's one-segment stream ran to its end and was charged
+    nothing (a team's run: 55 s streamed after the revoke). The key is checked before every chunk: the
+    stream stops at the next one, and the audio handed over before the revoke is charged, as a hang-up's."""
     key, secret = roomy.service.keys.create("revoked-stream", "user")
     events: list[dict] = []
     body = {
@@ -233,13 +236,14 @@ def test_a_revoked_keys_stream_ends_with_key_revoked_and_is_not_charged_after(ro
         with as_key(roomy, secret) as user, user.stream("POST", "/v1/audio/speech", json=body) as response:
             events.extend(json.loads(line[6:]) for line in response.iter_lines() if line.startswith("data: "))
 
-    revoked_midway(roomy, key.id, pause, listen)
+    revoked_midway(roomy, key.id, pause, listen)  # revoked as its first chunk was about to be sent
     assert events and events[-1]["type"] == "error", events[-1:]
     assert events[-1]["error"]["code"] == "key_revoked" and events[-1]["error"]["status"] == 401
-    pcm = b"".join(base64.b64decode(e["audio"]) for e in events if e["type"] == "speech.audio.delta")
+    deltas = [e for e in events if e["type"] == "speech.audio.delta"]
+    pcm = b"".join(base64.b64decode(e["audio"]) for e in deltas)
     received_s = len(pcm) / 2 / roomy.service.backend.model_info["sample_rate"]  # 16-bit PCM
-    used = roomy.service.access.quota.used(key.id)
-    assert 0 < used < received_s - 0.01  # the first segment; the one made after the revoke is not charged
+    assert received_s > 0 and len(deltas) <= 2, len(deltas)  # that chunk, and none made after the revoke
+    assert settled(roomy, key.id) == pytest.approx(received_s, abs=0.01)
 
 
 def test_a_raw_stream_cut_off_by_a_revoke_is_logged_as_key_revoked(roomy, pause, caplog) -> None:
@@ -411,3 +415,20 @@ def test_admins_list_revoke_and_change_keys(server) -> None:
         assert user.get("/v1/me").status_code == 401
         active = {k["id"] for k in admin.get("/admin/keys", params={"include_revoked": False}).json()["data"]}
         assert key.id not in active
+
+
+def test_a_one_shot_request_stopped_by_a_revoke_charges_nothing_and_says_so(roomy, pause) -> None:
+    """Its finished segments were charged though its answer was a 401 with no audio, and the message
+    said "what finished before is kept"."""
+    key, secret = roomy.service.keys.create("revoked-one-shot", "user")
+    answers: list[httpx.Response] = []
+
+    def listen() -> None:
+        with as_key(roomy, secret) as user:
+            answers.append(user.post("/v1/tts", json={"text": LONG_TEXT, "voice": "alice", "format": "wav"}))
+
+    revoked_midway(roomy, key.id, pause, listen)  # after its first segment (the start's check, then it)
+    error = answers[0].json()["error"]
+    assert answers[0].status_code == 401 and error["code"] == "key_revoked", answers[0].text
+    assert "nothing was kept or charged" in error["message"], error
+    assert settled(roomy, key.id) == 0.0

@@ -19,6 +19,16 @@ from cosyserve.errors import KeyRevoked as KeyRevoked  # defined there, with the
 from cosyserve.service.requests import VoiceScope
 from cosyserve.service.stores.keys import ApiKey
 
+# What became of the work, by where the revoke was found (the page and the API show it as the reason).
+REVOKED_AT = {
+    "start": "before this work started: nothing was made or charged",
+    "request": "while this request ran: it stopped, and nothing was kept or charged",
+    "chunk": "during this stream: it stopped at its next chunk; the audio already sent is charged, nothing "
+    "after it",
+    "segment": "while this work ran: it stopped at the next segment (a batch at its next item); the parts "
+    "finished before are kept and charged, nothing made after the revoke",
+}
+
 
 class KeyWatch:
     """Re-checks one key at segment boundaries; a no-op for work without a key (auth off, UI sessions)."""
@@ -27,18 +37,16 @@ class KeyWatch:
         self.lookup = lookup  # the key's current row by id, revoked ones included (None: deleted)
         self.key_id = key_id
 
-    def check(self, voices: Iterable[Any] = ()) -> ApiKey | None:
+    def check(self, voices: Iterable[Any] = (), *, stage: str = "segment") -> ApiKey | None:
         """The key's row as it is now (None for work without a key). KeyRevoked when the key was revoked or
-        deleted; KeyChanged when a saved voice the work uses (anything with its `owner` and `shared`) is
-        outside what the key may use now."""
+        deleted, its message saying what became of the work at `stage` (a key in `REVOKED_AT`);
+        KeyChanged when a saved voice the work uses (anything with its `owner` and `shared`) is outside
+        what the key may use now."""
         if self.key_id is None:
             return None
         key = self.lookup(self.key_id)
         if key is None or key.revoked_at is not None:
-            raise KeyRevoked(
-                f"API key {self.key_id} was revoked while this work ran: it stopped at the next segment, "
-                "and nothing made after the revoke was charged; what finished before is kept"
-            )
+            raise KeyRevoked(f"API key {self.key_id} was revoked {REVOKED_AT[stage]}")
         scope = VoiceScope(owner=f"key:{key.id}", everything=key.is_admin)
         if not all(scope.includes(voice.owner, voice.shared) for voice in voices):
             raise KeyChanged(

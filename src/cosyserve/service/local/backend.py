@@ -112,15 +112,15 @@ class LocalBackend:
             def work(ctx: WorkContext) -> TtsOutcome:
                 guard = self._guard(ctx, spec)
                 guard.check_at_start()
+                # a stop for its key delivers nothing, so charges nothing: the reservation goes back
                 with request_context(spec.request_id), self.host.synthesizer(work=ctx) as synth:
-                    with guard.charging_what_was_made(self.reservations.settle, spec):
-                        stream = self.results.run_engine(
-                            lambda: synth.synthesize(
-                                request, progress=guard, cancel=ctx.cancel, voices=spec.voice_scope
-                            )
+                    stream = self.results.run_engine(
+                        lambda: synth.synthesize(
+                            request, progress=guard, cancel=ctx.cancel, voices=spec.voice_scope
                         )
-                        guard.stream = stream
-                        result = self.results.run_engine(stream.result)
+                    )
+                    guard.stream = stream
+                    result = self.results.run_engine(stream.result)
                     ctx.check_cancelled()  # cancelled during the last sentence's audio: nothing is stored
                     return self.results.finish(synth, request, result, spec, encoded=True)
 
@@ -164,7 +164,7 @@ class LocalBackend:
     ) -> Generator[StreamStart | bytes, None, TtsOutcome]:
         """What `AudioStream` reads: the start, then encoded chunks; returns the outcome. A stream the client
         leaves early (a cancel, a hang-up) is charged for the audio it was sent (`SentAudio`)."""
-        guard = self._guard(ctx, spec)
+        guard = self._guard(ctx, spec, stage="chunk")
         guard.check_at_start()
         oom = out_of_memory_as_error("a streamed synthesis")  # the encoder's buffers too
         with request_context(spec.request_id), self.host.synthesizer(work=ctx) as synth, oom:
@@ -198,6 +198,7 @@ class LocalBackend:
                         if first and stream.first_audio_at is not None:
                             first = False
                             self.metrics.observe_first_chunk(stream.first_audio_at - ctx.submitted_at)
+                        guard.check_streamed(sent.samples / synth.sample_rate)
                         data = encoder.encode(chunk.samples)
                         sent.samples += len(chunk.samples)  # handed over (an encoder may hold a little)
                         if data:
@@ -208,9 +209,9 @@ class LocalBackend:
                 ctx.check_cancelled()
             return self.results.finish(synth, request, stream.result(), spec, encoded=False)
 
-    def _guard(self, ctx: WorkContext, spec: OutputSpec) -> KeyGuard:
+    def _guard(self, ctx: WorkContext, spec: OutputSpec, stage: str = "request") -> KeyGuard:
         watch = KeyWatch(self.key_lookup, spec.key.id if spec.key is not None else None)
-        return KeyGuard(ctx, watch, self.reservations.check_at_start)
+        return KeyGuard(ctx, watch, self.reservations.check_at_start, stage=stage)
 
     @functools.cached_property
     def results(self) -> Results:

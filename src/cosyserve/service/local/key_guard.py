@@ -1,5 +1,6 @@
 """A synthesis' guard against its key changing under it: progress on its ticket, and the key checked after
-every segment (revoked: stop; role changed: stop if its voice is no longer the key's to use)."""
+every segment and before every streamed chunk (revoked: stop; role changed: stop if its voice is no
+longer the key's to use)."""
 
 from __future__ import annotations
 
@@ -20,9 +21,15 @@ class KeyGuard:
     its key after every segment (KeyRevoked / KeyChanged end it at that boundary)."""
 
     def __init__(
-        self, ctx: WorkContext, watch: KeyWatch, quota_at_start: Callable[[ApiKey], None] | None = None
+        self,
+        ctx: WorkContext,
+        watch: KeyWatch,
+        quota_at_start: Callable[[ApiKey], None] | None = None,
+        *,
+        stage: str = "request",
     ) -> None:
         self.ctx, self.watch = ctx, watch
+        self.stage = stage  # "request" (one answer: nothing kept) or "chunk" (a stream): what a stop says
         self.quota_at_start = quota_at_start  # QuotaExceeded when the key's quota is used up as work starts
         self.stream: SynthesisStream | None = None  # set once the synthesis is planned: its voice
         self.cleared_s = 0.0  # audio made before the last check that passed: what a stop still charges
@@ -31,15 +38,23 @@ class KeyGuard:
         self.ctx.set_progress(progress.fraction)
         if progress.segments_done > 0:
             voice = self.stream.voice if self.stream is not None else None
-            self.watch.check([voice] if voice is not None else [])
+            self.watch.check([voice] if voice is not None else [], stage=self.stage)
             if progress.kept:  # of several takes, only the delivered one is charged
                 self.cleared_s = progress.audio_seconds
+
+    def check_streamed(self, sent_s: float) -> None:
+        """Before a stream hands its client the next chunk: the key checked again (a one-segment text is
+        streamed in many chunks; checked only between segments, a revoked key kept streaming to its end),
+        and the `sent_s` seconds handed over before it are what a stop charges."""
+        self.cleared_s = max(self.cleared_s, sent_s)  # the client has it: charged whatever the check says
+        voice = self.stream.voice if self.stream is not None else None
+        self.watch.check([voice] if voice is not None else [], stage="chunk")
 
     def check_at_start(self) -> None:
         """KeyRevoked for a key revoked while the work waited in the queue, QuotaExceeded for one whose
         quota was used up (or lowered below its usage) meanwhile: it gets no engine time and sends nothing
         (the checks after each segment catch a revoke during the work)."""
-        key = self.watch.check()
+        key = self.watch.check(stage="start")
         if key is not None and self.quota_at_start is not None:
             self.quota_at_start(key)
 
