@@ -160,6 +160,24 @@ def test_secrets_are_not_leaked() -> None:
     assert "lonely-password" not in str(info.value)
 
 
+def test_passwords_inside_urls_are_masked_where_settings_are_shown(tmp_path: Path) -> None:
+    """`/admin/status` showed `redis://:RedisPw@host/0` and the database URL's password (a team's run)."""
+    from cosyserve.service.stores.db import make_engine
+
+    settings = Settings(
+        queue_url="redis://:RedisPw@127.0.0.1:6379/0",
+        database_url="postgresql+psycopg://cosy:S3cretPw@db:5432/cosy",
+    )
+    shown = settings.public_dict()
+    assert shown["queue"]["queue_url"] == "redis://:***@127.0.0.1:6379/0"
+    assert shown["storage"]["database_url"] == "postgresql+psycopg://cosy:***@db:5432/cosy"
+    assert "RedisPw" not in str(shown) and "S3cretPw" not in str(shown)
+    assert Settings(data_dir=tmp_path).public_dict()["storage"]["database_url"].startswith("sqlite:///")
+    with pytest.raises(SettingsError) as bad:  # SQLite takes no password; the error does not echo it
+        make_engine("sqlite://dbuser:pw-value@/tmp/x.db")
+    assert "pw-value" not in str(bad.value) and "no user, password or host" in str(bad.value)
+
+
 def test_startup_safety() -> None:
     assert Settings().check_startup_safety(has_any_key=False, has_ui_login=False) == []
     exposed = Settings(host="0.0.0.0")

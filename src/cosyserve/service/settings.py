@@ -34,6 +34,7 @@ from pydantic_settings import BaseSettings, PydanticBaseSettingsSource, Settings
 
 from cosyserve.errors import SettingsError
 from cosyserve.service.quality.settings import QualitySettings
+from cosyserve.service.redact import without_passwords
 from cosyserve.service.setting_groups import (
     FLAT_NAMES,
     GROUPS,
@@ -207,8 +208,9 @@ class Settings(BaseSettings):
         return self.auth.signing_secret
 
     def public_dict(self) -> dict[str, Any]:
-        """All values as JSON-able data with secrets masked (for the admin panel and `--print-config`)."""
-        return self.model_dump(mode="json", by_alias=True)
+        """All values as JSON-able data with secrets masked (for the admin panel and `--print-config`): the
+        secret fields, and the password inside a URL (`queue_url`, `database_url`)."""
+        return without_passwords(self.model_dump(mode="json", by_alias=True))
 
 
 def is_loopback(host: str) -> bool:

@@ -19,6 +19,7 @@ from sqlalchemy.pool import QueuePool
 from sqlalchemy.schema import CreateIndex
 
 from cosyserve.errors import SettingsError
+from cosyserve.service.redact import masked_url
 
 SQLITE_BUSY_TIMEOUT_S = 30.0
 PG_POOL_SIZE = 10  # per process; threads beyond it wait up to 30 s, or use the overflow
@@ -65,7 +66,11 @@ def make_engine(database_url: str, *, echo: bool = False) -> Engine:
     else:
         path.parent.mkdir(parents=True, exist_ok=True)
         _private(path)
-    engine = create_engine(url, **kwargs)
+    try:
+        engine = create_engine(url, **kwargs)
+    except ArgumentError as exc:  # SQLite's own rules (no user, password or host)
+        why = " (a SQLite URL has no user, password or host: sqlite:////absolute/path.db)"
+        raise _not_a_database_url(database_url, why) from exc
 
     @event.listens_for(engine, "connect")
     def _tune_sqlite(dbapi_connection: Any, _record: Any) -> None:
@@ -112,14 +117,18 @@ def add_missing_columns(engine: Engine, table: Table, sql_defaults: dict[str, st
                 raise
 
 
+def _not_a_database_url(database_url: str, why: str = "") -> SettingsError:
+    return SettingsError(
+        f"database_url {masked_url(database_url)!r} is not a database URL{why}: use e.g. "
+        "sqlite:///path/cosyserve.db or postgresql+psycopg://user:password@host/cosyserve"
+    )
+
+
 def _parse(database_url: str) -> URL:
     try:
         url = make_url(database_url)
     except ArgumentError as exc:
-        raise SettingsError(
-            f"database_url {database_url!r} is not a database URL: use e.g. sqlite:///path/cosyserve.db "
-            "or postgresql+psycopg://user:password@host/cosyserve"
-        ) from exc
+        raise _not_a_database_url(database_url) from exc
     # psycopg 3 is the driver cosyserve installs; plain `postgresql://` would mean psycopg2 on SQLAlchemy 2.0,
     # and `postgres://` (as many hosting services write it) is not a dialect name at all.
     if url.drivername in ("postgres", "postgresql"):
