@@ -146,6 +146,31 @@ def test_rate_limiter_token_bucket() -> None:
     assert RateLimiter(default_per_minute=None).acquire("anyone") == 0.0
 
 
+def test_a_raised_rate_limit_takes_effect_at_once() -> None:
+    """The bucket kept the old limit's count: raised from 2 to 60 a minute, a key got 429 after a few."""
+    clock = FakeClock(0.0)
+    limiter = RateLimiter(default_per_minute=60, clock=clock)
+    assert [limiter.acquire(key_with(rate=2)) for _ in range(2)] == [0.0, 0.0]
+    assert limiter.acquire(key_with(rate=2)) > 0  # used up
+    assert [limiter.acquire(key_with(rate=60)) for _ in range(58)] == [0.0] * 58  # 60 less the 2 used
+    assert limiter.acquire(key_with(rate=60)) > 0
+    assert limiter.acquire(key_with(rate=10)) > 0  # lowered below what was used: nothing left this minute
+
+
+def test_limits_out_of_range_are_refused_not_stored(store: KeyStore) -> None:
+    """A huge rate limit was a 500 (SQLite's INTEGER overflowed), an infinite quota read as "default"."""
+    for quota in (float("inf"), float("nan"), 0, -1, True, 1e12):
+        with pytest.raises(InputError, match="quota must be"):
+            store.create("k", quota=quota)  # type: ignore[arg-type]
+    for rate in (10**20, -1, True):
+        with pytest.raises(InputError, match="rate limit must be"):
+            store.create("k", rate_limit=rate)
+    key, _ = store.create("k", quota=600, rate_limit=30)
+    with pytest.raises(InputError, match="quota must be"):
+        store.update(key.id, quota=float("inf"))
+    assert store.update(key.id, quota=None, rate_limit=0).rate_limit_per_minute == 0
+
+
 def test_rate_limiter_is_thread_safe() -> None:
     limiter = RateLimiter(default_per_minute=100, clock=lambda: 0.0)
     allowed = []

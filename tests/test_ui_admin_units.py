@@ -82,7 +82,10 @@ def test_keys_and_enrolment_tables():
         "usage_today": {"used_s": 12.5, "reserved_s": 4.0, "limit_s": 600.0, "resets_at": 0},
     }
     table = keys_markdown([view], "en")
-    assert "| 3 | alice/bob | `cs_Ab3dEf9h…` | user | revoked | 12.5 s | 4 s | 600 s | - |" in table
+    assert "| 3 | alice\\|bob | `cs_Ab3dEf9h…` | user | revoked | 12.5 s | 4 s | 600 s | - |" in table
+    # a name is shown as written, never rendered (an <img> in a key's name loaded in admins' browsers)
+    shown = keys_markdown([{**view, "name": "k <img src=y onerror=x> **b** [a](http://e)"}], "en")
+    assert "k \\<img src=y onerror=x\\> \\*\\*b\\*\\* \\[a\\](http://e)" in shown, shown
     assert "unlimited" in keys_markdown(
         [{**view, "usage_today": {**view["usage_today"], "limit_s": None}}], "en"
     )

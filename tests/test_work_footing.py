@@ -403,11 +403,21 @@ def test_admins_list_revoke_and_change_keys(server) -> None:
         assert (
             reset.json()["daily_audio_seconds_quota"] is None and reset.json()["rate_limit_per_minute"] == 0
         )
-        for bad in ({"daily_audio_seconds_quota": -1}, {"role": "root"}, {"colour": "red"}):
+        huge = 10**20  # was a 500 (SQLite's INTEGER overflowed); `true` became a quota of 1 s
+        for bad in (
+            {"daily_audio_seconds_quota": -1},
+            {"daily_audio_seconds_quota": True},
+            {"rate_limit_per_minute": huge},
+            {"rate_limit_per_minute": True},
+            {"role": "root"},
+            {"colour": "red"},
+        ):
             answer = admin.patch(f"/admin/keys/{key.id}", json=bad)
             assert answer.status_code == 422 and answer.json()["error"]["code"] == "invalid_request", bad
         empty = admin.patch(f"/admin/keys/{key.id}", json={})
         assert empty.status_code == 400 and "nothing to change" in empty.json()["error"]["message"]
+        no_role = admin.patch(f"/admin/keys/{key.id}", json={"role": None})
+        assert no_role.status_code == 400 and "role cannot be null" in no_role.json()["error"]["message"]
         for path in ("/admin/keys/999999/revoke", "/admin/keys/nope/revoke"):
             assert admin.post(path).json()["error"]["code"] == "key_not_found"
         assert admin.patch("/admin/keys/999999", json={"role": "user"}).status_code == 404

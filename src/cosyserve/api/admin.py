@@ -80,6 +80,8 @@ def update_key(key_id: str, body: KeyUpdate, request: Request, principal: Curren
     given = body.model_fields_set
     if not given:
         raise InputError("nothing to change: give role, daily_audio_seconds_quota or rate_limit_per_minute")
+    if "role" in given and body.role is None:  # (null is "the server default" only for the numbers)
+        raise InputError("role cannot be null: give admin or user")
     key = key_admin.update_key(
         service.keys,
         key_id,

@@ -11,6 +11,7 @@ from cosyserve.limits import MAX_SPEED, MAX_VOLUME, MIN_SPEED, MIN_VOLUME, SPEED
 from cosyserve.service.quality import MAX_TAKES
 from cosyserve.service.quality.overrides import THRESHOLD_BOUNDS
 from cosyserve.service.requests import MAX_SEED, SynthesisRequest, WorkState
+from cosyserve.service.stores.keys import MAX_QUOTA_S, MAX_RATE_PER_MINUTE
 
 AudioFormat = Literal["wav", "mp3", "opus", "flac", "pcm"]
 
@@ -341,11 +342,21 @@ class KeyUpdate(_Strict):
     """What PATCH /admin/keys/{id} changes; a field left out stays as it is."""
 
     role: Literal["admin", "user"] | None = None
+    # strict: `true` is no number (it became a quota of 1 s); the bounds are the key store's
     daily_audio_seconds_quota: float | None = Field(
-        None, gt=0, description="audio seconds per UTC day; null: the server default"
+        None,
+        gt=0,
+        le=MAX_QUOTA_S,
+        strict=True,
+        allow_inf_nan=False,
+        description="audio seconds per UTC day; null: the server default",
     )
     rate_limit_per_minute: int | None = Field(
-        None, ge=0, description="requests per minute; 0: unlimited; null: the server default"
+        None,
+        ge=0,
+        le=MAX_RATE_PER_MINUTE,
+        strict=True,
+        description="requests per minute; 0: unlimited; null: the server default",
     )
 
 

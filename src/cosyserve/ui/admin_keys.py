@@ -39,7 +39,8 @@ def _heading(tr: Any, key: str) -> None:
 
 
 def _quota_value(value: float | None) -> float | None:
-    """The quota field as the store takes it: None (the server default) for empty or 0."""
+    """The quota field as the store takes it: None (the server default) for empty or 0. (The field has no
+    `minimum`: Gradio would refuse a negative one with its own English toast and no message here.)"""
     if value is None or value == 0:
         return None
     if value < 0:
@@ -71,9 +72,7 @@ def _create_row(tr: Any) -> tuple[Any, Any, Any, Any]:
             gr.Dropdown(list(ROLES[::-1]), value="user", label=tr("key_role"), elem_id="admin-key-role"),
             label="key_role",
         )
-        quota = tr.bind(
-            gr.Number(None, minimum=0, label=tr("key_quota"), elem_id="admin-key-quota"), label="key_quota"
-        )
+        quota = tr.bind(gr.Number(None, label=tr("key_quota"), elem_id="admin-key-quota"), label="key_quota")
         create = tr.bind(
             gr.Button(tr("key_create"), variant="primary", elem_id="admin-key-create"), value="key_create"
         )
@@ -85,7 +84,7 @@ def _change_row(tr: Any) -> tuple[Any, Any, Any, Any]:
     with gr.Row(equal_height=True):
         pick = tr.bind(gr.Dropdown([], label=tr("key_pick"), elem_id="admin-key-pick"), label="key_pick")
         new_quota = tr.bind(
-            gr.Number(None, minimum=0, label=tr("key_quota"), elem_id="admin-key-new-quota"),
+            gr.Number(None, label=tr("key_quota"), elem_id="admin-key-new-quota"),
             label="key_quota",
         )
         set_quota = tr.bind(

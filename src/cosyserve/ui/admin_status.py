@@ -46,8 +46,23 @@ def human_duration(seconds: float, lang: str) -> str:
     return " ".join(parts)
 
 
+class Code(str):
+    """A cell shown as code (a key's prefix): set in backticks, not escaped."""
+
+
+_MARKDOWN = re.compile(r"([\\`*_\[\]~<>&|])")  # what could start markup inside a table cell
+
+
 def _cell(value: Any) -> str:
-    return str(value).replace("|", "/").replace("\n", " ") if value not in (None, "") else "-"
+    """A table cell's Markdown. Names come from users (a key's name, a voice's consent by): their HTML
+    and Markdown are shown as written, never rendered (an `<img>` in a key's name loaded in every admin's
+    browser)."""
+    if value in (None, ""):
+        return "-"
+    if isinstance(value, Code):
+        code = value.replace("`", "'")
+        return f"`{code}`"
+    return _MARKDOWN.sub(r"\\\1", str(value).replace("\n", " "))
 
 
 def _table(head: list[str], rows: list[list[Any]]) -> str:
@@ -147,7 +162,7 @@ def keys_markdown(views: list[dict[str, Any]], lang: str) -> str:
             [
                 view["id"],
                 view["name"],
-                f"`{view['prefix']}…`",
+                Code(f"{view['prefix']}…"),
                 view["role"],
                 state,
                 f"{usage['used_s']:g} s",

@@ -30,7 +30,7 @@ class RateLimiter:
         self.default_per_minute = default_per_minute
         self._clock = clock
         self._lock = threading.Lock()
-        self._buckets: dict[str, tuple[float, float]] = {}  # id -> (tokens, updated at)
+        self._buckets: dict[str, tuple[float, float, float]] = {}  # id -> (tokens, updated at, capacity)
 
     def limit_for(self, key: ApiKey | str) -> float | None:
         own = key.rate_limit_per_minute if isinstance(key, ApiKey) else None
@@ -48,13 +48,15 @@ class RateLimiter:
         cost = min(cost, capacity)
         with self._lock:
             now = self._clock()
-            tokens, updated = self._buckets.get(bucket_id, (capacity, now))
+            tokens, updated, was = self._buckets.get(bucket_id, (capacity, now, capacity))
+            if was != capacity:  # an admin changed the limit: what was used still counts, the rest is new
+                tokens = max(0.0, capacity - (was - tokens))
             tokens = min(capacity, tokens + (now - updated) * per_second)
             if tokens >= cost:
-                self._buckets[bucket_id] = (tokens - cost, now)
+                self._buckets[bucket_id] = (tokens - cost, now, capacity)
                 retry_after = 0.0
             else:
-                self._buckets[bucket_id] = (tokens, now)
+                self._buckets[bucket_id] = (tokens, now, capacity)
                 retry_after = (cost - tokens) / per_second
             if len(self._buckets) > self.MAX_BUCKETS:
                 self._forget_idle(now)
@@ -62,5 +64,5 @@ class RateLimiter:
 
     def _forget_idle(self, now: float) -> None:
         # An idle bucket has refilled; dropping it changes nothing. 60 s refills any limit >= 1/min.
-        for bucket_id in [b for b, (_, updated) in self._buckets.items() if now - updated > 60.0]:
+        for bucket_id in [b for b, (_, updated, _c) in self._buckets.items() if now - updated > 60.0]:
             del self._buckets[bucket_id]

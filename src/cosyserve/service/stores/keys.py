@@ -86,6 +86,35 @@ def hash_key(plaintext: str) -> str:
     return hashlib.sha256(plaintext.encode()).hexdigest()
 
 
+MAX_QUOTA_S = 10_000_000.0  # audio seconds a day: far above what any server makes, and a finite number
+MAX_RATE_PER_MINUTE = 1_000_000  # requests a minute (0 is the way to say unlimited)
+
+
+def checked_quota(quota: object) -> float | None:
+    """A daily quota as stored: None (the server default) or audio seconds in (0, MAX_QUOTA_S]."""
+    if quota is None:
+        return None
+    if isinstance(quota, bool) or not isinstance(quota, int | float) or not 0 < quota <= MAX_QUOTA_S:
+        raise InputError(
+            f"quota must be a number of audio seconds per day above 0 and at most {MAX_QUOTA_S:.0f} "
+            f"(or null: the server default), got {quota!r}"
+        )
+    return float(quota)
+
+
+def checked_rate_limit(rate_limit: object) -> int | None:
+    """A rate limit as stored: None (the server default), 0 (unlimited) or requests per minute."""
+    if rate_limit is None:
+        return None
+    valid = isinstance(rate_limit, int) and not isinstance(rate_limit, bool)
+    if not valid or not 0 <= rate_limit <= MAX_RATE_PER_MINUTE:  # type: ignore[operator]
+        raise InputError(
+            f"rate limit must be 0 (unlimited) to {MAX_RATE_PER_MINUTE} requests per minute (or null: the "
+            f"server default), got {rate_limit!r}"
+        )
+    return int(rate_limit)  # type: ignore[arg-type]
+
+
 class KeyStore:
     """API keys in the `api_keys` table of `engine` (created if missing)."""
 
@@ -114,10 +143,7 @@ class KeyStore:
             raise InputError("a key name must not contain NUL characters or lone surrogates; remove them")
         if role not in ROLES:
             raise InputError(f"role {role!r} is unknown; use one of {', '.join(ROLES)}")
-        if rate_limit is not None and (isinstance(rate_limit, bool) or int(rate_limit) < 0):
-            raise InputError(f"rate limit must be >= 0 requests per minute (0: unlimited), got {rate_limit}")
-        if quota is not None and not quota > 0:
-            raise InputError(f"quota must be a positive number of audio seconds per day, got {quota}")
+        rate_limit, quota = checked_rate_limit(rate_limit), checked_quota(quota)
         for _ in range(5):  # a prefix collision (48 random bits) is astronomically rare; retry anyway
             plaintext = KEY_SCHEME + secrets.token_urlsafe(32)
             values = {
@@ -196,22 +222,9 @@ class KeyStore:
                 raise InputError(f"role {role!r} is unknown; use one of {', '.join(ROLES)}")
             values["role"] = role
         if quota is not KEEP:
-            if quota is not None and (
-                isinstance(quota, bool) or not isinstance(quota, int | float) or not quota > 0
-            ):
-                raise InputError(
-                    f"quota must be a positive number of audio seconds per day (or null), got {quota}"
-                )
-            values["daily_audio_seconds_quota"] = None if quota is None else float(quota)  # type: ignore[arg-type]
+            values["daily_audio_seconds_quota"] = checked_quota(quota)
         if rate_limit is not KEEP:
-            if rate_limit is not None and (
-                isinstance(rate_limit, bool) or not isinstance(rate_limit, int) or rate_limit < 0
-            ):
-                raise InputError(
-                    "rate limit must be >= 0 requests per minute (0: unlimited, null: the server default), "
-                    f"got {rate_limit}"
-                )
-            values["rate_limit_per_minute"] = rate_limit
+            values["rate_limit_per_minute"] = checked_rate_limit(rate_limit)
         if values:
             with self.engine.begin() as conn:
                 conn.execute(self.table.update().where(self.table.c.id == key.id).values(**values))
