@@ -44,7 +44,7 @@ def _host(settings_factory, *, release_wait_s: float, cancel_running=None, devic
         device_type=device_type,
         release_wait_s=release_wait_s,
         startup=StartupClock(),
-        cancel_running=cancel_running or (lambda reason: None),
+        cancel_running=cancel_running or (lambda reason, only=None: None),
     )
     return host, loads
 
@@ -69,7 +69,7 @@ def test_restart_asks_running_work_to_stop_and_never_loads_a_second_copy(setting
     host, loads = _host(
         settings_factory,
         release_wait_s=1.0,
-        cancel_running=lambda reason: (asked.append(reason), holder_may_go.set()),
+        cancel_running=lambda reason, only=None: (asked.append(reason), holder_may_go.set()),
     )
     host.start()
     _wait(lambda: host.state == "ready")
@@ -96,7 +96,9 @@ def test_a_restart_lets_a_job_finish_while_a_request_waits_for_the_new_model(set
     model, or the job (and so the reload) waits for it until the grace period runs out (30 s then; the
     request was cancelled, the job run again)."""
     asked: list[str] = []
-    host, loads = _host(settings_factory, release_wait_s=20.0, cancel_running=asked.append)
+    host, loads = _host(
+        settings_factory, release_wait_s=20.0, cancel_running=lambda reason, only=None: asked.append(reason)
+    )
     host.start()
     _wait(lambda: host.state == "ready")
     scheduler = Scheduler(1, 8, 30.0)
@@ -133,6 +135,39 @@ def test_a_restart_lets_a_job_finish_while_a_request_waits_for_the_new_model(set
         scheduler.shutdown(grace_s=0.5)
     assert asked == [] and len(loads) == 2
     assert used["request"] is not used["job"]  # the request ran on the reloaded model
+
+
+def test_a_restart_stops_only_the_work_holding_the_old_model(settings_factory) -> None:
+    """Past the grace period the restart cancelled every running ticket, also a request that only waited
+    for the new model: accepted work got 409 "the engine is restarting" (a team's run)."""
+    scheduler = Scheduler(2, 8, 60.0)
+    host, loads = _host(settings_factory, release_wait_s=0.5, cancel_running=scheduler.cancel_running)
+    host.start()
+    _wait(lambda: host.state == "ready")
+    holding = threading.Event()
+
+    def job(ctx: WorkContext) -> str:
+        with host.synthesizer(work=ctx):
+            holding.set()
+            while not ctx.cancel.is_set():  # a long job, stopping only when asked
+                time.sleep(0.02)
+            ctx.check_cancelled()
+        return "finished"
+
+    def request(ctx: WorkContext) -> str:
+        with host.synthesizer(work=ctx):
+            return "spoken"
+
+    try:
+        long_job = scheduler.submit(job, owner="key:A", work_class="background", timeout_s=None)
+        assert holding.wait(10)
+        assert host.restart() == "restarting"
+        waiting = scheduler.submit(request, owner="key:B")  # accepted during the restart: waits
+        assert waiting.result(timeout=20) == "spoken"  # on the new model, once the job let go
+        _wait(lambda: long_job.finished)
+        assert long_job.state == "cancelled" and len(loads) == 2
+    finally:
+        scheduler.shutdown(grace_s=0.5)
 
 
 def test_restart_fails_clearly_when_work_never_lets_go(settings_factory) -> None:

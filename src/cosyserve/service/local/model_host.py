@@ -9,6 +9,7 @@ until a synthesis succeeds again.
 
 from __future__ import annotations
 
+import collections
 import contextlib
 import gc
 import logging
@@ -47,7 +48,7 @@ class ModelHost:
         device_type: str,
         release_wait_s: float,
         startup: StartupClock,
-        cancel_running: Callable[[str], object] = lambda reason: None,
+        cancel_running: Callable[..., object] = lambda reason, only=None: None,
     ) -> None:
         self.settings = settings
         self.voices = voices
@@ -63,6 +64,7 @@ class ModelHost:
         self._error: str | None = None
         self.load_error: BaseException | None = None  # why the last load failed (start-up reports it)
         self._users = 0  # running work holding the synthesizer
+        self._holders: collections.Counter[threading.Event] = collections.Counter()  # their cancel events
         self._failures = 0
         self._last_failure: str | None = None
         self.info: dict[str, Any] = {"model": settings.engine.model, "device": settings.engine.device}
@@ -181,7 +183,12 @@ class ModelHost:
         with self._lock:
             if not self._lock.wait_for(lambda: self._users == 0, timeout=self.release_wait_s):
                 log.warning("engine restart: asking %d running requests to stop", self._users)
-                self._cancel_running("the engine is restarting")
+                # only the work holding the old model: work waiting for the new one (accepted before or
+                # during the restart) goes on waiting, as the README and the Admin tab promise
+                holders = set(self._holders)
+                self._cancel_running(
+                    "the engine is restarting", only=lambda ticket: ticket.cancel_event in holders
+                )
                 if not self._lock.wait_for(lambda: self._users == 0, timeout=self.release_wait_s):
                     raise ModelNotReady(
                         f"{self._users} running requests did not let go of the old model within "
@@ -234,6 +241,8 @@ class ModelHost:
                 if self._synth is not None:
                     synth = self._synth
                     self._users += 1
+                    if cancel is not None:
+                        self._holders[cancel] += 1
                     break
                 if work is None:
                     self._wait_for_model_locked(cancel, deadline)
@@ -244,6 +253,10 @@ class ModelHost:
         finally:
             with self._lock:
                 self._users -= 1
+                if cancel is not None:
+                    self._holders[cancel] -= 1
+                    if self._holders[cancel] <= 0:
+                        del self._holders[cancel]
                 self._lock.notify_all()
 
     def _wait_for_model(self, cancel: threading.Event | None, deadline: float) -> None:
