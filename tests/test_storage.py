@@ -163,6 +163,52 @@ def test_get_and_delete(tmp_path: Path) -> None:
         store.get("output_20990101_000000")
 
 
+def test_an_id_once_removed_is_never_given_to_another_output(tmp_path: Path) -> None:
+    """A result deleted (or removed by retention) within the second it was made gave its id to the next
+    result of that second: the first one's link and job then served the second one, someone else's audio
+    (a team's run: 34 of 59). A tombstone holds the id until it can no longer come round again."""
+    clock = FakeClock()
+    store = make_store(tmp_path, clock)
+    alices = store.save(b"alice", "wav", {"owner": "alice"})
+    store.delete(alices.id)
+    bobs = store.save(b"bob", "wav", {"owner": "bob"})  # the same second
+    assert bobs.id != alices.id
+    with pytest.raises(OutputNotFound):
+        store.get(alices.id)
+    capped = make_store(tmp_path / "capped", clock, max_total_bytes=1)  # each save evicts the one before
+    made = [capped.save(b"x" * 100, "wav", {"n": n}).id for n in range(4)]
+    assert len(set(made)) == 4
+    clock.now += 8 * 86400 + 1  # tombstones outlive a DST change, a time-zone switch and any link
+    for tombstone in store.root.glob("*.gone"):
+        os.utime(tombstone, (clock.now - 8 * 86400 - 1, clock.now - 8 * 86400 - 1))
+    store.enforce_retention()
+    assert list(store.root.glob("*.gone")) == []
+
+
+def test_retention_tells_whoever_names_the_outputs_it_removes(tmp_path: Path) -> None:
+    """A job whose result retention removed still said done with a link that answered 404."""
+    clock = FakeClock()
+    aged = make_store(tmp_path / "aged", clock, retention_days=1)
+    capped = make_store(tmp_path / "capped", clock, max_total_bytes=1)
+    told: list[str] = []
+    aged.on_expired = capped.on_expired = told.append
+    old = aged.save(b"a", "wav", {})
+    clock.now += 2 * 86400
+    aged.enforce_retention()
+    assert told == [old.id]
+    first = capped.save(b"b", "wav", {})
+    capped.save(b"c", "wav", {})  # the cap evicts the one before at this save
+    assert told == [old.id, first.id]
+
+
+def test_the_periodic_pass_keeps_the_newest_even_over_the_cap(tmp_path: Path) -> None:
+    """The save kept one output larger than the cap; the next periodic pass removed it, seconds after
+    its job said done."""
+    store = make_store(tmp_path, max_total_bytes=100)
+    huge = store.save(b"y" * 1000, "wav", {})
+    assert store.enforce_retention().removed == [] and store.get(huge.id)
+
+
 def test_listing_is_newest_first_filters_owner_and_survives_restart(tmp_path: Path) -> None:
     clock = FakeClock()
     store = make_store(tmp_path, clock)
@@ -218,10 +264,11 @@ def test_retention_by_size_removes_oldest_whole_pairs(tmp_path: Path) -> None:
     assert [o.manifest["n"] for o in report.removed] == [0, 1, 2]
     assert report.freed_bytes == 3 * pair
     assert limited.total_bytes() == 2 * pair <= limited.max_total_bytes
-    remaining = sorted(p.name for p in store.root.iterdir())
+    remaining = sorted(p.name for p in store.root.iterdir() if p.suffix != ".gone")
     assert remaining == sorted(
         n for s in saved[3:] for n in (s.path.name, s.sidecar_path.name)
     )  # no half pairs
+    assert sorted(p.stem for p in store.root.glob("*.gone")) == sorted(s.id for s in saved[:3])
 
 
 def test_retention_cleans_old_leftovers_of_interrupted_saves(tmp_path: Path) -> None:
@@ -345,3 +392,34 @@ def test_storage_health_reports_a_low_floor_and_failed_saves(tmp_path: Path, mon
     with pytest.raises(OSError, match="No space"):
         roomy.save(b"x", "wav", {})
     assert "No space left on device" in (roomy.health.problem() or "")
+
+
+def test_a_result_removed_between_its_lookup_and_its_send_is_a_404(tmp_path: Path) -> None:
+    """Retention removing a result while it was being fetched answered 500 (Starlette found no file)."""
+    from fastapi import FastAPI
+    from fastapi.testclient import TestClient
+
+    from cosyserve.api.outputs import OutputFile
+
+    app = FastAPI()
+    app.get("/gone")(lambda: OutputFile(tmp_path / "output_20250101_120000.wav", media_type="audio/wav"))
+    answer = TestClient(app).get("/gone")
+    assert answer.status_code == 404 and answer.json()["error"]["code"] == "output_not_found"
+
+
+def test_a_read_only_output_directory_is_a_problem_not_a_crash(tmp_path: Path, monkeypatch) -> None:
+    """On a read-only mount the probe's cleanup raised too, and /ready and streams answered 500."""
+    store = make_store(tmp_path, min_free_bytes=1)
+    saved = store.save(b"a", "wav", {})
+
+    def read_only(*args, **kwargs):
+        raise OSError(30, "Read-only file system")
+
+    monkeypatch.setattr("builtins.open", read_only)
+    monkeypatch.setattr(Path, "unlink", read_only)
+    monkeypatch.setattr(Path, "touch", read_only)
+    assert "Read-only file system" in (store.health._check() or "")
+    from cosyserve.errors import StorageError
+
+    with pytest.raises(StorageError, match="could not be deleted"):  # a 503, not a 500
+        store.delete(saved.id)

@@ -7,8 +7,10 @@ A signed URL (`?exp=&sig=`, from job results and listings) works without an API 
 
 from __future__ import annotations
 
+import contextlib
+from collections.abc import Iterator
 from pathlib import Path
-from typing import Literal
+from typing import Any, Literal
 
 import soundfile
 from fastapi import APIRouter, Query, Request, Response
@@ -17,6 +19,7 @@ from starlette.background import BackgroundTask
 from starlette.concurrency import run_in_threadpool
 
 from cosyserve.api.deps import CurrentPrincipal, current_principal, get_service
+from cosyserve.api.errors import envelope
 from cosyserve.api.schemas import AUDIO_CONTENT, ERRORS, AudioFormat, OutputList, OutputView
 from cosyserve.service.access.principals import Forbidden, Principal
 from cosyserve.service.assembly import Service
@@ -96,9 +99,11 @@ async def download_output(
         output = await run_in_threadpool(_visible, service, principal, output_id)
     stored_rate = output.manifest.get("sample_rate")
     if (format in (None, "wav")) and sample_rate in (None, stored_rate):
-        return FileResponse(output.path, media_type="audio/wav", filename=output.filename)
+        return OutputFile(output.path, media_type="audio/wav", filename=output.filename)
     fmt = format or "wav"
-    if output.path.stat().st_size > IN_MEMORY_LIMIT_BYTES:  # a long dub track: file to file, in blocks
+    with removed_meanwhile(output):
+        size = output.path.stat().st_size
+    if size > IN_MEMORY_LIMIT_BYTES:  # a long dub track: file to file, in blocks
         temp = await run_in_threadpool(_transcode_to_file, service, output, fmt, sample_rate)
         cleanup = BackgroundTask(temp.unlink, missing_ok=True)
         return FileResponse(
@@ -109,8 +114,43 @@ async def download_output(
     return Response(data, media_type=mime_type(fmt), headers=headers)
 
 
+class OutputFile(FileResponse):
+    """A result's file as sent. Removed (retention, a delete) between its lookup and the send, it answers
+    404 `output_not_found` as a missing one does; it was a 500 once Starlette found no file to stat."""
+
+    async def __call__(self, scope: Any, receive: Any, send: Any) -> None:
+        started = False
+
+        async def tracked(message: Any) -> None:
+            nonlocal started
+            started = started or message["type"] == "http.response.start"
+            await send(message)
+
+        try:
+            await super().__call__(scope, receive, tracked)
+        except (RuntimeError, OSError):
+            if started or Path(self.path).exists():
+                raise
+            await envelope(404, "output_not_found", GONE_MESSAGE)(scope, receive, send)
+
+
+GONE_MESSAGE = "this output was deleted or has expired (retention) while it was being fetched"
+
+
+@contextlib.contextmanager
+def removed_meanwhile(output: StoredOutput) -> Iterator[None]:
+    """OutputNotFound when reading `output`'s file finds it gone (removed after its lookup)."""
+    try:
+        yield
+    except (FileNotFoundError, soundfile.LibsndfileError) as exc:
+        if output.path.exists():
+            raise
+        raise OutputNotFound(GONE_MESSAGE) from exc
+
+
 def _transcode(output: StoredOutput, fmt: str, sample_rate: int | None, labels: Labeller | None) -> bytes:
-    audio, rate = soundfile.read(output.path, dtype="float32")
+    with removed_meanwhile(output):
+        audio, rate = soundfile.read(output.path, dtype="float32")
     data = encode(audio, fmt, source_rate=rate, sample_rate=sample_rate)
     return labels.label_stored(data, fmt, output) if labels is not None else data
 
@@ -119,7 +159,8 @@ def _transcode_to_file(service: Service, output: StoredOutput, fmt: str, sample_
     """The output in `fmt` as a temp file beside it (removed once sent; by retention after a crash)."""
     temp = temp_output_path(service.outputs.root, fmt)
     try:
-        transcode_file(output.path, temp, fmt, sample_rate=sample_rate)
+        with removed_meanwhile(output):
+            transcode_file(output.path, temp, fmt, sample_rate=sample_rate)
     except BaseException:
         temp.unlink(missing_ok=True)
         raise

@@ -117,6 +117,7 @@ class Service:
         self._tombstones: DeletedOutputs | None = None
         self.backend: Backend = self._make_backend(synthesizer_factory)
         self.outputs.on_deleted = self._output_deleted
+        self.outputs.on_expired = self._output_expired
 
     def _make_backend(self, factory: SynthesizerFactory | None) -> Backend:
         """The one place the role decides anything: where synthesis runs."""
@@ -163,14 +164,19 @@ class Service:
         )
 
     def _output_deleted(self, output_id: str) -> None:
-        """An output is gone: the jobs and batch items naming it stop pointing at it, and (an API node)
-        the worker that made it drops its copy."""
+        """An output was deleted: as `_output_expired`, and (an API node) the worker that made it drops
+        its copy."""
+        self._output_expired(output_id)
+        if self._tombstones is not None:
+            self._tombstones.note_quietly(output_id)
+
+    def _output_expired(self, output_id: str) -> None:
+        """An output is gone (deleted, or removed by retention): the jobs and batch items naming it stop
+        pointing at it."""
         try:
             forget_output(self.db, output_id)
         except Exception as exc:  # their links then answer 404, as before
-            log.warning("could not clear the deleted output %s from its job or batch: %s", output_id, exc)
-        if self._tombstones is not None:
-            self._tombstones.note_quietly(output_id)
+            log.warning("could not clear the removed output %s from its job or batch: %s", output_id, exc)
 
     def _key(self, key_id: int) -> ApiKey | None:
         """The key that submitted a job (None once it was revoked or deleted: nothing is charged)."""

@@ -64,8 +64,15 @@ def temp_output_path(root: Path, ext: str) -> Path:
     return root / f".output_{uuid.uuid4().hex}.{ext}{TEMP_SUFFIX}"
 
 
+TOMBSTONE = ".gone"  # what a removed output leaves under its id, so the id is never given out again
+TOMBSTONE_KEEP_S = 8 * 86400.0  # past a DST change, a time-zone switch and any sensible link lifetime
+
+
 def remove_pair(output: StoredOutput) -> None:
-    """Audio first, sidecar last: the id stays reserved until both are gone."""
+    """Audio first, sidecar last, a tombstone left under the id: an id removed within the second it was
+    made was given to the next output of that second, and a link or job that named it then served that
+    output, someone else's audio (ids also repeat across a DST change: names are in local time)."""
+    (output.sidecar_path.parent / f"{output.id}{TOMBSTONE}").touch()  # before the sidecar frees the id
     output.path.unlink(missing_ok=True)
     output.sidecar_path.unlink(missing_ok=True)
 
@@ -160,12 +167,18 @@ def build_manifest(
 
 def remove_strays(root: Path, now: float, grace_s: float, read: Callable[[str], Any]) -> list[Path]:
     """Remove temp files, unreadable sidecars (with their audio) and audio without a sidecar in `root`,
-    if older than `grace_s`; `read(output_id)` raises OutputNotFound for a sidecar it cannot read."""
+    if older than `grace_s`, and tombstones older than TOMBSTONE_KEEP_S; `read(output_id)` raises
+    OutputNotFound for a sidecar it cannot read."""
     removed = []
     for path in sorted(root.iterdir()):
         name = path.name
         if name.startswith(".output_") and name.endswith(TEMP_SUFFIX):
             stray = True
+        elif path.suffix == TOMBSTONE and OUTPUT_ID.fullmatch(path.stem):
+            with contextlib.suppress(FileNotFoundError):
+                if now - path.stat().st_mtime > TOMBSTONE_KEEP_S:
+                    path.unlink(missing_ok=True)
+            continue
         elif OUTPUT_ID.fullmatch(path.stem):
             if path.suffix == ".json":
                 try:

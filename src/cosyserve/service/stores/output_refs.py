@@ -4,8 +4,8 @@ A job's record and a batch's items keep their output's id, from which their view
 When that output is deleted (`DELETE /v1/outputs/{id}`, the web UI's history), a job still read `done`
 with a `result_url` that answered 404, and a batch item the same. So the deletion also clears the id
 from the rows that name it: a job then reads `done` without a result and says `result_deleted`, a batch
-item `done` without a file (its ZIP's manifest says `missing`). Outputs removed by retention are not
-followed here: they expire as the README says.
+item `done` without a file (its ZIP's manifest says `missing`). Outputs removed by retention (age, the
+size cap) are followed the same way.
 """
 
 from __future__ import annotations

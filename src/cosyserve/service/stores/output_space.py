@@ -10,6 +10,7 @@ CHECK_INTERVAL_S, because load balancers poll `/ready` often.
 
 from __future__ import annotations
 
+import contextlib
 import logging
 import os
 import secrets
@@ -96,7 +97,8 @@ class StorageHealth:
         if free < self.min_free_bytes:
             return (
                 f"only {free / 1e6:.0f} MB free for outputs in {self.root} (the floor is "
-                f"{self.min_free_bytes / 1e6:.0f} MB, min_free_mb): free space or raise retention"
+                f"{self.min_free_bytes / 1e6:.0f} MB, min_free_mb): free space, or keep outputs for less "
+                "(retention_days, retention_max_gb)"
             )
         probe = self.root / f".write-probe-{secrets.token_hex(4)}"
         try:
@@ -107,7 +109,8 @@ class StorageHealth:
         except OSError as exc:
             return f"the output directory {self.root} is not writable: {exc.strerror or exc}"
         finally:
-            probe.unlink(missing_ok=True)
+            with contextlib.suppress(OSError):  # a read-only mount refuses the unlink too: the answer stands
+                probe.unlink(missing_ok=True)
         return None
 
 

@@ -135,6 +135,7 @@ class OutputStore:
         self.bucket = OutputBucket(self.remote, self.root, self.url_prefix, clock) if self.remote else None
         # told of each output deleted here, so other nodes drop their copies (a cluster's tombstones)
         self.on_deleted: Callable[[str], object] | None = None
+        self.on_expired: Callable[[str], object] | None = None  # removed by retention or the size cap
 
     @property
     def remote_list_ttl_s(self) -> float:
@@ -212,9 +213,22 @@ class OutputStore:
             for output_id in evicted:
                 self._sizes.discard(output_id)
                 with contextlib.suppress(OutputNotFound):
-                    remove_pair(self._get_local(output_id))
+                    self._remove_expired(self._get_local(output_id))
         if evicted:
             log.info("output size cap: removed the %d oldest outputs to make room", len(evicted))
+        self._tell_expired(evicted)
+
+    def _remove_expired(self, output: StoredOutput) -> None:
+        try:
+            remove_pair(output)
+        except OSError as exc:  # a read-only or vanished directory: the next pass tries again
+            log.warning("retention could not remove %s: %s", output.id, exc.strerror or exc)
+
+    def _tell_expired(self, output_ids: list[str]) -> None:
+        """The jobs and batch items naming outputs retention removed stop pointing at them."""
+        for output_id in output_ids:
+            if self.on_expired is not None:
+                self.on_expired(output_id)
 
     def _reserve(self, base: str, ext: str) -> str:
         for n in range(MAX_SUFFIX + 1):
@@ -320,7 +334,13 @@ class OutputStore:
         self._sizes.discard(output_id)
         if self.bucket is None:
             output = self._get_local(output_id)
-            remove_pair(output)
+            try:
+                remove_pair(output)
+            except OSError as exc:  # a read-only output directory: nothing was removed
+                raise StorageError(
+                    f"the output could not be deleted from {self.root}: {exc.strerror or exc}; the admin "
+                    "has to make the output directory writable"
+                ) from exc
             if self.sync is not None and self.sync_deletes:
                 self.sync.enqueue_delete(output.path.name)
                 self.sync.enqueue_delete(output.sidecar_path.name)
@@ -366,16 +386,19 @@ class OutputStore:
             sizes = {o.id: pair_size(o) for o in outputs + removed}
             if self.max_total_bytes is not None:
                 total = sum(sizes[o.id] for o in outputs)
-                while outputs and total > self.max_total_bytes:
+                # the newest stays, as at its save: one output over the cap alone was removed seconds
+                # after its job said done
+                while len(outputs) > 1 and total > self.max_total_bytes:
                     oldest = outputs.pop(0)
                     total -= sizes[oldest.id]
                     removed.append(oldest)
             for output in removed:
-                remove_pair(output)
+                self._remove_expired(output)
             self._sizes.reset((o.id, sizes[o.id]) for o in outputs)  # resync with the directory
             strays = remove_strays(self.root, now, STRAY_GRACE_S, self._get_local)
         if removed or strays:
             log.info("retention removed %d outputs and %d stray files", len(removed), len(strays))
+        self._tell_expired([output.id for output in removed])
         return RetentionReport(removed, sum(sizes[o.id] for o in removed), strays)
 
     def _oldest_first(self) -> list[StoredOutput]:
