@@ -173,7 +173,9 @@ def test_a_running_job_keeps_its_pinned_voice_when_it_is_deleted_out_of_band(
 # -- item 2: keys ----------------------------------------------------------------------------------------
 
 
-def test_a_revoked_keys_job_stops_at_the_next_segment_keeping_what_was_charged(server, pause) -> None:
+def test_a_revoked_keys_job_stops_at_the_next_segment_keeping_what_was_charged(server, pause, caplog) -> None:
+    caplog.set_level("INFO", logger="cosyserve.activity")
+    failed_before = _jobs_counted(server, "failed")
     key, secret = server.service.keys.create("revoked-job", "user")
     paused, go = pause(key.id, 2)  # its start, then its first segment
     with as_key(server, secret) as user, as_key(server, server.admin_key) as admin:
@@ -190,6 +192,16 @@ def test_a_revoked_keys_job_stops_at_the_next_segment_keeping_what_was_charged(s
         assert seconds_of(admin, final["result_url"]) == pytest.approx(partial["audio_s"], abs=0.01)
     # charged for its first segment, made before the revoke; nothing made after it
     assert server.service.access.quota.used(key.id) == pytest.approx(partial["audio_s"], abs=0.01)
+    # the activity log and the metrics say how it ended (they said `job ok` and counted it done)
+    lines = [
+        r for r in caplog.records if r.name == "cosyserve.activity" and getattr(r, "job_id", 0) == job["id"]
+    ]
+    assert [r.result for r in lines] == ["key_revoked"], [r.getMessage() for r in lines]
+    assert _jobs_counted(server, "failed") == failed_before + 1
+
+
+def _jobs_counted(server, state: str) -> float:
+    return server.service.metrics.jobs_total.labels(state=state)._value.get()
 
 
 @pytest.fixture

@@ -17,7 +17,7 @@ from typing import Any
 
 from cosyserve.errors import error_code
 from cosyserve.service.requests import TERMINAL_STATES, OutputSpec, SynthesisRequest
-from cosyserve.service.scheduling.tickets import Ticket
+from cosyserve.service.scheduling.tickets import Ticket, ended_as
 
 log = logging.getLogger("cosyserve.activity")
 _RECORD_ATTRS = frozenset(vars(logging.makeLogRecord({}))) | {"message", "asctime"}
@@ -58,11 +58,17 @@ def request_mode(request: SynthesisRequest, spec: OutputSpec) -> str:
 
 
 def ticket_result(ticket: Ticket) -> str:
-    if ticket.state == "done":
+    state, error = ended_as(ticket)
+    if state == "done":
         return "ok"
-    if ticket.state == "cancelled":
+    if state == "cancelled":
         return "cancelled"
-    return error_code(ticket.error) if ticket.error is not None else ticket.state
+    return error_code(error) if error is not None else state
+
+
+def _failure(ticket: Ticket) -> str | None:
+    state, error = ended_as(ticket)
+    return str(error) if error is not None and state == "failed" else None
 
 
 def ticket_times(ticket: Ticket) -> dict[str, float | None]:
@@ -101,7 +107,7 @@ def synthesis_logger(
             voice=request.voice,
             job_id=job_id,
             output_id=getattr(outcome, "output_id", None),
-            error=str(ticket.error) if ticket.error is not None and state == "failed" else None,
+            error=_failure(ticket),
         )
 
     return on_state

@@ -15,7 +15,7 @@ from typing import Any, Protocol
 from cosyserve.errors import error_code
 from cosyserve.service.logs import log_failure
 from cosyserve.service.requests import TERMINAL_STATES
-from cosyserve.service.scheduling.tickets import Ticket
+from cosyserve.service.scheduling.tickets import Ticket, ended_as
 
 RECENT_DURATIONS = 100
 
@@ -64,9 +64,9 @@ class SchedulerReport:
             run_s = (
                 ticket.finished_at - ticket.started_at if ticket.started_at and ticket.finished_at else None
             )
-            self.metrics.observe_job(ticket.state, run_s, max(0.0, wait_s))
-        error = ticket.error
-        if ticket.state == "failed" and error is not None:
+            self.metrics.observe_job(ended_as(ticket)[0], run_s, max(0.0, wait_s))
+        state, error = ended_as(ticket)
+        if state == "failed" and error is not None:
             kind = error_code(error)
             log_failure(kind, str(error), job_id=ticket.id, exc=error)
             if self.metrics is not None:

@@ -36,6 +36,17 @@ def _resolve(future: asyncio.Future[None]) -> None:
         future.set_result(None)
 
 
+def ended_as(ticket: Ticket) -> tuple[str, BaseException | None]:
+    """How `ticket` ended as its users see it: its state and error, except for work that ended with a
+    value saying it `stopped` early (a job stopped by a revoke, its quota or a role change keeps its
+    finished part as its value): that one failed (or was cancelled) for that reason. The activity log and
+    `cosyserve_jobs_total` counted such jobs as done."""
+    stopped = getattr(ticket.value, "stopped", None) if ticket.state == "done" else None
+    if isinstance(stopped, BaseException):
+        return ("cancelled" if isinstance(stopped, Cancelled) else "failed"), stopped
+    return ticket.state, ticket.error
+
+
 class Ticket:
     """Created by `Scheduler.submit`. States: queued → running → done | failed | cancelled (or straight
     from queued to cancelled/failed). Times are `time.time()` seconds."""
