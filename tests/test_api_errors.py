@@ -36,7 +36,8 @@ def client(server):
 def assert_envelope(response, status: int, code: str | None = None) -> dict:
     assert response.status_code == status, response.text
     error = response.json()["error"]
-    assert set(error) == {"code", "message", "request_id"}
+    assert set(error) == {"code", "message", "request_id", "type", "param"}  # type, param: as OpenAI's
+    assert error["type"] == ("server_error" if status >= 500 else error["type"]) and error["type"]
     assert error["request_id"] == response.headers["x-request-id"]
     assert error["message"] and "Traceback" not in error["message"]
     if code is not None:
@@ -72,7 +73,11 @@ def test_malformed_requests(client) -> None:
     assert_envelope(as_text, 415, "unsupported_media_type")
     assert_envelope(client.get("/v1/nothing-here"), 404, "not_found")
     assert_envelope(client.put("/v1/tts"), 405, "method_not_allowed")
-    assert_envelope(client.post("/v1/audio/speech", json={"input": API_TEXT}), 422, "invalid_request")
+    # OpenAI's route answers as OpenAI does: 400, with the field in `param` (its SDKs raise BadRequestError)
+    no_voice = assert_envelope(
+        client.post("/v1/audio/speech", json={"input": API_TEXT}), 400, "invalid_request"
+    )
+    assert no_voice["param"] == "voice" and no_voice["type"] == "invalid_request_error"
 
 
 def test_deeply_nested_json_is_a_400_everywhere(client) -> None:
@@ -123,6 +128,7 @@ def test_timeout_is_504_and_frees_the_worker(server, client) -> None:
     finally:
         scheduler.request_timeout_s = 120.0
     assert "request timeout" in assert_envelope(response, 504, "timeout")["message"]
+    assert response.headers["x-should-retry"] == "false"  # OpenAI's SDKs ran the doomed request 3 times
     assert (
         client.post("/v1/tts", json={"text": API_TEXT, "voice": "alice", "seed": API_SEED}).status_code == 200
     )

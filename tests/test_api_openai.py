@@ -101,6 +101,45 @@ def test_sdk_speed_and_format_limits(sdk: openai.OpenAI) -> None:
 def test_sdk_models_list(sdk: openai.OpenAI) -> None:
     ids = {model.id for model in sdk.models.list()}
     assert {"cosyvoice3", "tts-1", "tts-1-hd", "gpt-4o-mini-tts"} <= ids
+    assert sdk.models.retrieve("tts-1").id == "tts-1"  # it was a 404 "no such endpoint"
+    with pytest.raises(openai.NotFoundError, match="GET /v1/models lists them"):
+        sdk.models.retrieve("gpt-5")
+
+
+def test_sdk_sees_every_bad_parameter_as_a_bad_request_with_its_param(sdk: openai.OpenAI) -> None:
+    """Half of them were 422s (another exception class), and `type` and `param` were always None."""
+    for wrong in ({"input": ""}, {"response_format": "m4a"}, {"instructions": "x" * 501}):
+        arguments = {"model": "tts-1", "voice": "alice", "input": API_TEXT, **wrong}
+        with pytest.raises(openai.BadRequestError) as info:
+            sdk.audio.speech.create(**arguments)
+        assert info.value.type == "invalid_request_error" and info.value.param == next(iter(wrong)), wrong
+    with pytest.raises(openai.BadRequestError) as info:
+        sdk.audio.speech.create(model="tts-1", voice="alice", input=API_TEXT, speed=3.0)
+    assert info.value.type == "invalid_request_error"
+
+
+def test_a_body_that_is_not_json_says_so(server) -> None:
+    with server.client() as client:
+        answer = client.post(
+            "/v1/audio/speech", content=b"{not json", headers={"Content-Type": "application/json"}
+        )
+    assert answer.status_code == 400
+    assert "the body is not valid JSON" in answer.json()["error"]["message"], answer.text
+
+
+def test_speed_left_out_is_the_voices_default(server) -> None:
+    """The OpenAI route always asked for speed 1.0, so a voice's default speed never applied."""
+    with server.client() as client:
+        client.patch("/v1/voices/alice", json={"defaults": {"speed": 2.0}})
+        try:
+            body = {"model": "tts-1", "voice": "alice", "input": API_TEXT, "response_format": "wav"}
+            default = client.post("/v1/audio/speech", json={**body, "seed": API_SEED})
+            normal = client.post("/v1/audio/speech", json={**body, "seed": API_SEED, "speed": 1.0})
+        finally:
+            client.patch("/v1/voices/alice", json={"defaults": {}})
+    default_s = len(sf.read(io.BytesIO(default.content))[0])
+    normal_s = len(sf.read(io.BytesIO(normal.content))[0])
+    assert default_s < 0.75 * normal_s, (default_s, normal_s)
 
 
 def test_raw_voice_object_and_unknown_fields(server) -> None:

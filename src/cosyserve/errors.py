@@ -153,6 +153,10 @@ class OutputNotFound(InputError):
     """No complete output with that id (never saved, removed, or still being written)."""
 
 
+class ModelNotFound(InputError):
+    """A model id the server does not serve (`GET /v1/models/{id}`)."""
+
+
 class KeyNotFound(InputError):
     """No API key with that id or prefix."""
 
@@ -289,6 +293,7 @@ ERROR_TABLE: tuple[tuple[type[BaseException], ErrorKind], ...] = (
     (ConsentRequired, ErrorKind("consent_required", 400, _USAGE, "err_consent")),
     (OutputNotFound, ErrorKind("output_not_found", 404, _USAGE, "err_output_gone")),
     (KeyNotFound, ErrorKind("key_not_found", 404, _USAGE)),
+    (ModelNotFound, ErrorKind("model_not_found", 404, _USAGE)),
     (JobNotFound, ErrorKind("job_not_found", 404, _USAGE)),
     (PayloadTooLarge, ErrorKind("payload_too_large", 413, _USAGE)),
     (UnsupportedMediaType, ErrorKind("unsupported_media_type", 415, _USAGE)),

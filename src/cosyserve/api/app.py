@@ -43,7 +43,8 @@ Voice-cloning text-to-speech with CosyVoice3.
 * `/v1/voices`, `/v1/jobs`, `/v1/outputs`: saved voices, long-text jobs, stored results.
 * `/v1/batches`, `/v1/dub`: a script of lines as one job and a ZIP; a subtitle file as a timed voice-over.
 
-Errors always look like `{"error": {"code", "message", "request_id"}}`. When the server has API keys,
+Errors always look like `{"error": {"code", "message", "request_id", "type", "param"}}` (`type` and
+`param` as OpenAI's: its SDKs read them). When the server has API keys,
 send one as `Authorization: Bearer <key>` or `X-API-Key: <key>`.
 """
 

@@ -75,9 +75,37 @@ def mark_counted(exc: BaseException, job_id: str | None = None) -> BaseException
     return exc
 
 
-def envelope(status: int, code: str, message: str, headers: dict[str, str] | None = None) -> JSONResponse:
-    body = {"error": {"code": code, "message": message, "request_id": get_request_id()}}
-    return JSONResponse(body, status_code=status, headers=headers)
+# OpenAI's error `type` by status: its SDKs and code written for it read `type` (and `param`) beside
+# `message` and `code`, which every envelope also carries.
+_OPENAI_TYPES = {401: "authentication_error", 403: "permission_error", 429: "rate_limit_error"}
+# Worth no retry by an SDK that retries 408, 409, 429 and 5xx on its own: the same request fails again
+# (a timeout ran a whole attempt, a conflict or a cancel stands); the header is what OpenAI's SDKs obey.
+NOT_RETRIED = {"timeout", "cancelled", "conflict", "quota_exceeded", "voice_in_use", "voice_unavailable"}
+
+
+def error_body(
+    status: int, code: str, message: str, request_id: str | None, param: str | None = None
+) -> dict[str, Any]:
+    """The envelope's body: `{"error": {"code", "message", "request_id", "type", "param"}}`."""
+    kind = "insufficient_quota" if code == "quota_exceeded" else _OPENAI_TYPES.get(status)
+    if kind is None:
+        kind = "server_error" if status >= 500 else "invalid_request_error"
+    return {
+        "error": {"code": code, "message": message, "request_id": request_id, "type": kind, "param": param}
+    }
+
+
+def envelope(
+    status: int,
+    code: str,
+    message: str,
+    headers: dict[str, str] | None = None,
+    param: str | None = None,
+) -> JSONResponse:
+    headers = dict(headers or {})
+    if code in NOT_RETRIED:
+        headers["x-should-retry"] = "false"
+    return JSONResponse(error_body(status, code, message, get_request_id(), param), status, headers)
 
 
 def classify(exc: BaseException) -> tuple[int, str]:
@@ -140,22 +168,44 @@ def install_error_handlers(app: FastAPI) -> None:
     async def on_validation_error(request: Request, exc: Exception) -> JSONResponse:
         assert isinstance(exc, RequestValidationError)
         message = describe_validation_errors(exc.errors())
-        log_failure("invalid_request", message, level=logging.INFO, status=422)
+        # OpenAI answers a bad parameter with 400 (its SDKs raise BadRequestError; a 422 is another class)
+        status = 400 if request.url.path in OPENAI_ROUTES else 422
+        log_failure("invalid_request", message, level=logging.INFO, status=status)
         m = metrics(request)
         if m is not None:
             m.count_error("invalid_request")
-        return envelope(422, "invalid_request", message)
+        return envelope(status, "invalid_request", message, param=first_field(exc.errors()))
 
     app.add_exception_handler(CosyServeError, on_cosyserve_error)
     app.add_exception_handler(StarletteHTTPException, on_http_error)
     app.add_exception_handler(RequestValidationError, on_validation_error)
 
 
+OPENAI_ROUTES = frozenset({"/v1/audio/speech"})
+
+
+def _where(error: Any) -> str:
+    loc = [str(p) for p in error.get("loc", ()) if p not in ("body", "query", "path", "header")]
+    return ".".join(loc)
+
+
+def first_field(errors: Any) -> str | None:
+    """The first field a validation error names (OpenAI's `param`), or None for the body as a whole."""
+    for error in list(errors)[:1]:
+        if error.get("type") != "json_invalid":
+            return _where(error) or None
+    return None
+
+
 def describe_validation_errors(errors: Any) -> str:
     """`field: what is wrong; …` without echoing the submitted values (they may be large or secret)."""
     parts = []
     for error in list(errors)[:10]:
-        loc = [str(p) for p in error.get("loc", ()) if p not in ("body", "query", "path", "header")]
-        where = ".".join(loc) or "body"
-        parts.append(f"{where}: {error.get('msg', 'invalid')}")
+        if error.get("type") == "json_invalid":  # it read "0: JSON decode error"
+            why = (error.get("ctx") or {}).get("error") or "not JSON"
+            parts.append(
+                f"the body is not valid JSON ({why}): send a JSON object with Content-Type: application/json"
+            )
+            continue
+        parts.append(f"{_where(error) or 'body'}: {error.get('msg', 'invalid')}")
     return "invalid request: " + "; ".join(parts) if parts else "invalid request"

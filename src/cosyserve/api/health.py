@@ -12,6 +12,7 @@ from cosyserve import __version__
 from cosyserve.api.deps import CurrentPrincipal, get_service
 from cosyserve.api.errors import envelope
 from cosyserve.api.schemas import ERRORS, ModelCard, ModelList
+from cosyserve.errors import ModelNotFound
 
 router = APIRouter(tags=["health"])
 # Names OpenAI clients send as `model`; all reach the one loaded model.
@@ -48,10 +49,29 @@ def metrics(request: Request) -> Response:
 
 @router.get("/v1/models", response_model=ModelList, responses=ERRORS, tags=["openai"], summary="Models")
 def models(request: Request, _: CurrentPrincipal) -> ModelList:
+    return ModelList(data=_model_cards(request))
+
+
+@router.get(
+    "/v1/models/{model_id:path}",
+    response_model=ModelCard,
+    responses=ERRORS,
+    tags=["openai"],
+    summary="One model (OpenAI SDKs' models.retrieve)",
+)
+def model(model_id: str, request: Request, _: CurrentPrincipal) -> ModelCard:
+    for card in _model_cards(request):
+        if card.id == model_id:
+            return card
+    known = ", ".join(card.id for card in _model_cards(request))
+    raise ModelNotFound(f"no model {model_id!r} here: GET /v1/models lists them ({known})")
+
+
+def _model_cards(request: Request) -> list[ModelCard]:
     service = get_service(request)
     created = int(service.started_at)
     names = list(MODEL_ALIASES)
     path = service.backend.model_info.get("model_path")
     if path:
         names.append(path.rstrip("/").rsplit("/", 1)[-1])
-    return ModelList(data=[ModelCard(id=name, created=created) for name in dict.fromkeys(names)])
+    return [ModelCard(id=name, created=created) for name in dict.fromkeys(names)]

@@ -24,6 +24,7 @@ from cosyserve.api.errors import (
     body_cap_bytes,
     body_too_large_message,
     envelope,
+    error_body,
     error_response,
 )
 from cosyserve.service.logs import new_request_id, reset_request_id, set_request_id
@@ -200,7 +201,7 @@ class _EnvelopeForeignErrors:
             code, text = "not_found", f"no such endpoint: {method} {path} (see /docs)"
         else:
             code, text = "method_not_allowed", f"{method} is not allowed on {path} (see /docs)"
-        payload = {"error": {"code": code, "message": text, "request_id": self.request_id}}
+        payload = error_body(status, code, text, self.request_id)
         encoded = json.dumps(payload).encode()
         kept = [(k, v) for k, v in start.get("headers", []) if k.lower() != b"content-length"]
         headers = [*kept, *extra, (b"content-length", str(len(encoded)).encode())]

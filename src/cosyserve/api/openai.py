@@ -62,7 +62,7 @@ async def speech(body: SpeechParams, request: Request, principal: CurrentPrincip
         voice=name,
         instruct=body.instructions or None,
         seed=body.seed,
-        speed=body.speed,
+        speed=body.speed if "speed" in body.model_fields_set else None,  # unset: the voice's default
     )
     spec = output_spec(
         request,

@@ -11,6 +11,7 @@ from __future__ import annotations
 ZH_LEADS: dict[str, str] = {
     "voice_not_found": "音色的文件缺失，请联系管理员",
     "key_not_found": "找不到这个密钥",
+    "model_not_found": "找不到这个模型",
     "job_not_found": "找不到这个任务",
     "payload_too_large": "上传的内容太大",
     "unsupported_media_type": "不支持这种文件格式",
