@@ -1,9 +1,11 @@
 """How many seconds of audio a request will make, before it is made: what its quota reservation holds.
 
-A text's length in speech is estimated per character (a CJK character is about a syllable, other letters
-and digits about 14 a second), scaled by the voice's own pace where known: its enrolled recording's
-speech length against its transcript's estimate. Reservations are given back when the real length is
-known, so the estimate leans long: a margin plus the pauses around each request.
+A text's length in speech is estimated per character of its spoken form (numbers, amounts, units and
+dates read out as words, as the engine will read them: "1234567890123" is 13 characters but 13 s of
+speech) — a CJK character is about a syllable, other letters about 14 a second — scaled by the voice's
+own pace where known: its enrolled recording's speech length against its transcript's estimate.
+Reservations are given back when the real length is known, so the estimate leans long: a margin plus the
+pauses around each request.
 """
 
 from __future__ import annotations
@@ -19,10 +21,21 @@ VOICE_PACE_RANGE = (0.5, 2.0)  # a voice's pace outside this is a transcript tha
 MIN_TRANSCRIPT_S = 1.0  # shorter transcripts say too little about a voice's pace
 
 
+def spoken_form(text: str) -> str:
+    """`text` as the engine reads it out (`frontend.text.normalize`); the text itself if that fails: an
+    estimate never stops a request."""
+    try:
+        from cosyserve.frontend.text.normalize import normalize_text
+
+        return normalize_text(text)
+    except Exception:  # the estimate only sizes a reservation
+        return text
+
+
 def estimate_audio_s(text: str) -> float:
     """Roughly how many seconds of speech `text` makes at an average pace (no margin)."""
     seconds = 0.0
-    for char in text:
+    for char in spoken_form(text):
         if unicodedata.east_asian_width(char) in ("W", "F") and char.isalnum():
             seconds += CJK_SECONDS_PER_CHAR
         elif char.isalnum():
