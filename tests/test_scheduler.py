@@ -432,7 +432,9 @@ def test_bounded_load() -> None:
 
 
 def test_retry_after_is_the_time_the_waiting_work_takes_to_start(make_scheduler: Any) -> None:
-    """Clients turned away wait about as long as the queue takes to drain, from measured unit times."""
+    """Clients turned away wait until a place in the queue frees: the first waiting request starts when a
+    running one ends (from measured unit times). It was when the last one starts: 160 s where a place
+    freed in 2, past the 120 s OpenAI's SDKs wait, so they gave up at once."""
     scheduler = make_scheduler(concurrency=2, queue_size=4)
     for seconds in (4.0, 4.0):  # two finished syntheses: 4 s each
         scheduler._slots.times.observe("interactive", seconds)
@@ -442,7 +444,27 @@ def test_retry_after_is_the_time_the_waiting_work_takes_to_start(make_scheduler:
     queued = [scheduler.submit(blocker(gate)) for _ in range(4)]
     with pytest.raises(QueueFull) as info:
         scheduler.submit(blocker(gate))
-    assert info.value.retry_after_s == 8  # 4 waiting x 4 s / 2 workers
+    assert info.value.retry_after_s == 4  # the first of the 4 waiting starts as a 4 s synthesis ends
     gate.set()
     for ticket in running + queued:
+        ticket.result(WAIT)
+
+
+def test_a_key_with_nothing_waiting_gets_a_place_in_a_full_queue(make_scheduler: Any) -> None:
+    """One key filled the shared queue and another key's single request got 429 (a team's run)."""
+    scheduler = make_scheduler(concurrency=1, queue_size=2)
+    gate = threading.Event()
+    first = scheduler.submit(blocker(gate), owner="key:alice")
+    wait_until(lambda: first.state == "running")
+    backlog = [scheduler.submit(blocker(gate), owner="key:alice") for _ in range(2)]
+    with pytest.raises(QueueFull):
+        scheduler.submit(blocker(gate), owner="key:alice")  # her backlog is full
+    bobs = scheduler.submit(blocker(gate), owner="key:bob")  # his first: a place past the full queue
+    with pytest.raises(QueueFull):
+        scheduler.submit(blocker(gate), owner="key:bob")  # his second waits its turn like anyone's
+    carols = scheduler.submit(blocker(gate), owner="key:carol")
+    with pytest.raises(QueueFull):  # twice the queue's size at most, whoever asks
+        scheduler.submit(blocker(gate), owner="key:dave")
+    gate.set()
+    for ticket in [first, *backlog, bobs, carols]:
         ticket.result(WAIT)

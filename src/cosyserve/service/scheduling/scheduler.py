@@ -129,7 +129,12 @@ class Scheduler:
             if ticket_id in self._active:
                 raise JobStateError(f"job {ticket_id} is already queued or running")
             waiting = len(self._slots.queued)  # a granted ticket waiting for its thread holds a slot already
-            if waiting >= self.queue_size + max(0, self.concurrency - self._slots.occupied()):
+            room = self.queue_size + max(0, self.concurrency - self._slots.occupied())
+            key = fair_key if fair_key is not None else owner
+            # a key with nothing waiting gets a place past a full queue (up to twice its size): one key's
+            # backlog must not lock the others out of a queue in which keys then take turns
+            first_of_its_key = waiting < 2 * room and self._slots.queued_for(key) == 0
+            if waiting >= room and not first_of_its_key:
                 retry = self._retry_after_locked()
                 raise QueueFull(
                     f"the queue is full ({self.queue_size} waiting, {len(self._executing)} running): "
@@ -196,8 +201,9 @@ class Scheduler:
             }
 
     def _retry_after_locked(self) -> int:
-        # Room in the queue comes when the work now waiting starts: the latest start the estimate sees.
-        return max(1, math.ceil(self._slots.latest_start_s()))
+        # Room in the queue comes when the first work now waiting starts (it was the last one's start:
+        # 160 s where a place freed in 2, and OpenAI's SDKs do not wait past 120 s, so they gave up).
+        return max(1, math.ceil(self._slots.next_start_s()))
 
     def _report_queue(self) -> None:
         if self._report.metrics is not None:

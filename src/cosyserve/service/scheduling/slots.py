@@ -78,6 +78,11 @@ class EngineSlots:
         self.queued.append(ticket)
         self._changed()
 
+    def queued_for(self, key: str | None) -> int:
+        """How many tickets of `key` wait for their first slot."""
+        key = key or ANONYMOUS
+        return sum(1 for ticket in self.queued if self._waiter[ticket].key == key)
+
     def withdraw(self, ticket: Ticket) -> bool:
         """Take a ticket that has not started out (its granted slot, if any, goes back); True if it was."""
         if ticket in self.queued:
@@ -245,12 +250,16 @@ class EngineSlots:
         waiting = len(self.queued) + len(self.paused) + len(self.holding)
         return waiting * self.times.unit_s(self.work_class(ticket)) / self.slots
 
-    def latest_start_s(self) -> float:
-        """When the last ticket now queued starts (one interactive unit shared by the slots: none)."""
-        estimates = self.estimates()
-        if not estimates:
+    def next_start_s(self) -> float:
+        """When the first ticket now queued starts, freeing its place in the queue (one interactive unit
+        shared by the slots when none is)."""
+        etas = [eta for ticket_id, (_, eta) in self.estimates().items() if ticket_id in self._queued_ids()]
+        if not etas:
             return self.times.unit_s(INTERACTIVE) / self.slots
-        return max(eta for _, eta in estimates.values())
+        return min(etas)
+
+    def _queued_ids(self) -> set[str]:
+        return {ticket.id for ticket in self.queued}
 
     def stats(self) -> dict[str, Any]:
         share = self.policy.used_share(self._clock())
