@@ -76,10 +76,16 @@ def test_an_unreachable_bucket_does_not_stop_the_service(start_api_server, promp
             response = client.post("/v1/tts", json={"text": API_TEXT, "voice": "alice", "seed": API_SEED})
             assert response.status_code == 200  # the audio is served; the failed upload is logged
             deadline = time.monotonic() + 60
-            while live.service.s3.failed_count < 2:
+            while live.service.s3.failed_count < 1:
                 assert time.monotonic() < deadline
                 time.sleep(0.1)
             logs = client.get("/admin/logs", params={"level": "ERROR", "limit": 1000}).json()["data"]
             assert any("failed for good" in entry["message"] for entry in logs)
+            failed = live.service.s3.failed
+            assert [f.key.rsplit(".", 1)[1] for f in failed] == ["wav"]  # no sidecar without its audio
+            # visible without reading logs: /ready (still ready: results are kept here) and /metrics
+            sync = client.get("/ready").json()["s3_sync"]
+            assert sync["ok"] is False and sync["failing"] == 1 and "Could not connect" in sync["last_error"]
+            assert "cosyserve_s3_failing 1.0" in client.get("/metrics").text
     finally:
         live.stop()

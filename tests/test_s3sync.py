@@ -145,6 +145,35 @@ def test_an_outage_is_ridden_out(tmp_path: Path) -> None:
         stop_server(server)
 
 
+def test_an_output_given_up_on_gets_there_once_the_bucket_is_back(tmp_path: Path) -> None:
+    """Uploads that gave up during an outage were never tried again, and a sidecar could reach the
+    bucket without its audio (a team's run): the pair goes audio first, sidecar only after it, and
+    a pair that gave up on a transient failure is tried again while the sync is idle."""
+    server = start_server()
+    host, port = server.get_host_and_port()
+    sync = make_sync(f"http://{host}:{port}", max_attempts=1)
+    sync.ensure_bucket()
+    stop_server(server)
+    audio, sidecar = tmp_path / "output_1.wav", tmp_path / "output_1.json"
+    audio.write_bytes(b"audio")
+    sidecar.write_bytes(b"{}")
+    sync.catch_up_s = 0.2
+    sync.enqueue(audio, audio.name, then=sidecar)
+    assert sync.flush(timeout=30)
+    assert [f.key for f in sync.failed] == ["outputs/output_1.wav"]  # the sidecar was not tried alone
+    assert sync.status()["ok"] is False and sync.status()["failing"] == 1
+    server = start_server(port)
+    try:
+        deadline = time.monotonic() + 30
+        while not sync.status()["ok"] or sync.status()["pending"]:
+            assert time.monotonic() < deadline, sync.status()
+            time.sleep(0.1)
+        assert body(sync, "outputs/output_1.wav") == b"audio" and body(sync, "outputs/output_1.json") == b"{}"
+    finally:
+        sync.close()
+        stop_server(server)
+
+
 def test_permanent_failures_are_recorded_not_retried(endpoint: str, tmp_path: Path) -> None:
     sync = make_sync(endpoint)
     sync.ensure_bucket()
@@ -211,6 +240,19 @@ def test_output_store_uploads_and_deletes_through_sync(endpoint: str, tmp_path: 
     store.delete(saved.id)
     assert sync.flush(timeout=20)
     assert sync.client.list_objects_v2(Bucket=sync.bucket, Prefix="outputs/")["KeyCount"] == 0
+    sync.close()
+
+
+def test_outputs_the_bucket_never_got_are_uploaded_after_a_restart(endpoint: str, tmp_path: Path) -> None:
+    """The sync remembers uploads that gave up only while it runs: after a restart, the retention
+    worker's pass finds the outputs made here that the bucket lacks and queues them."""
+    made_offline = OutputStore(tmp_path / "outputs").save(b"RIFFdata", "wav", {})  # the bucket never saw it
+    sync = make_sync(endpoint)
+    sync.ensure_bucket()
+    store = OutputStore(tmp_path / "outputs", sync=sync, remote_reads=False)
+    assert store.upload_missing() == 1 and sync.flush(timeout=20)
+    assert body(sync, f"outputs/{made_offline.path.name}") == b"RIFFdata"
+    assert store.upload_missing() == 0  # there now
     sync.close()
 
 

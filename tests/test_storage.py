@@ -342,8 +342,10 @@ def test_save_enqueues_sync_and_delete_syncs_when_asked(tmp_path: Path) -> None:
         def __init__(self) -> None:
             self.calls: list[tuple[str, str]] = []
 
-        def enqueue(self, path: Path, key: str) -> bool:
+        def enqueue(self, path: Path, key: str, then: Path | None = None) -> bool:
             self.calls.append(("put", key))
+            if then is not None:  # uploaded after it, only once it is there
+                self.calls.append(("then put", then.name))
             return True
 
         def enqueue_delete(self, key: str) -> bool:
@@ -357,7 +359,7 @@ def test_save_enqueues_sync_and_delete_syncs_when_asked(tmp_path: Path) -> None:
     store.delete(saved.id)
     assert sync.calls == [
         ("put", f"{saved.id}.mp3"),
-        ("put", f"{saved.id}.json"),
+        ("then put", f"{saved.id}.json"),
         ("delete", f"{saved.id}.mp3"),
         ("delete", f"{saved.id}.json"),
     ]

@@ -24,7 +24,7 @@ from cosyserve.service.local.backend import LocalBackend
 from cosyserve.service.local.loading import SynthesizerFactory, device_type, load_synthesizer
 from cosyserve.service.local.model_host import ModelHost
 from cosyserve.service.logs import log_failure
-from cosyserve.service.metrics import Metrics
+from cosyserve.service.metrics import Metrics, SyncCollector
 from cosyserve.service.reservations import QuotaReservations
 from cosyserve.service.scheduling.fair_policy import FairSettings
 from cosyserve.service.scheduling.scheduler import Scheduler
@@ -79,6 +79,8 @@ class Service:
         self.keys = KeyStore(self.db, metadata)
         self.voices = VoiceLibrary(s.storage.data_dir / "voices", self.db, metadata, model_checksum="")
         self.s3 = _s3_sync(s.s3) if s.s3.sync else None
+        if self.s3 is not None:
+            self.metrics.registry.register(SyncCollector(self.s3))
         if s.storage.output_dir is None:  # pragma: no cover - Settings derives it
             raise SettingsError("storage.output_dir is not set")
         self.labels = Labeller.from_settings(s)  # what every stored or served output is labelled with
@@ -246,6 +248,8 @@ class Service:
         state["storage"] = problem or "ok"
         if problem and state["ready"]:
             state.update(ready=False, reason=f"storage: {problem}")
+        if self.s3 is not None:  # said, not unready: results are kept here and catch up when it is back
+            state["s3_sync"] = self.s3.status()
         return state
 
 

@@ -12,7 +12,7 @@ from collections.abc import Iterator
 from typing import Any
 
 from prometheus_client import CONTENT_TYPE_LATEST, CollectorRegistry, generate_latest
-from prometheus_client.core import GaugeMetricFamily
+from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily
 from prometheus_client.registry import Collector
 
 from cosyserve.service.gpu import gpu_report
@@ -122,6 +122,25 @@ class Metrics:
     def names(self) -> list[str]:
         """Every exported sample name (for tests and docs)."""
         return sorted({s.name for family in self.registry.collect() for s in family.samples})
+
+
+class SyncCollector(Collector):
+    """The S3 sync as its `status()` reads at scrape time: uploads waiting to be tried again after a
+    failure (`cosyserve_s3_failing`, 0 when everything got there), queued, done and given up."""
+
+    def __init__(self, sync: Any) -> None:
+        self._sync = sync
+
+    def collect(self) -> Iterator[Any]:
+        status = self._sync.status()
+        yield GaugeMetricFamily(
+            f"{PREFIX}s3_failing", "uploads that gave up and wait to be tried again", value=status["failing"]
+        )
+        yield GaugeMetricFamily(f"{PREFIX}s3_pending", "uploads and deletes queued", value=status["pending"])
+        yield CounterMetricFamily(f"{PREFIX}s3_uploads", "objects uploaded", value=status["uploaded"])
+        yield CounterMetricFamily(
+            f"{PREFIX}s3_failures", "uploads and deletes that gave up", value=status["failed_total"]
+        )
 
 
 class SystemCollector(Collector):

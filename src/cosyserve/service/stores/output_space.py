@@ -145,5 +145,11 @@ class RetentionWorker:
                 self.store.enforce_retention()
             except Exception:  # a bad disk moment must not end the worker; the next run tries again
                 log.exception("output retention failed")
+            upload_missing = getattr(self.store, "upload_missing", None)  # outputs the bucket never got
+            if upload_missing is not None:
+                try:
+                    upload_missing()
+                except Exception as exc:  # the bucket unreadable: the next run asks again
+                    log.warning("could not check which outputs the bucket lacks: %s", exc)
             self.runs += 1
             self._stop.wait(self.interval_s)

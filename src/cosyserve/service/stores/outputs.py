@@ -39,7 +39,6 @@ import random
 import threading
 import time
 from collections.abc import Callable, Iterator
-from dataclasses import dataclass
 from datetime import tzinfo
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
@@ -63,10 +62,14 @@ from cosyserve.service.stores.output_files import (
     pair_size,
     parse_sidecar,
     remove_pair,
-    remove_strays,
     sort_key,
     to_json,
     write_atomic,
+)
+from cosyserve.service.stores.output_retention import (  # noqa: F401  (re-exported)
+    STRAY_GRACE_S,
+    Retention,
+    RetentionReport,
 )
 from cosyserve.service.stores.output_space import SizeIndex, StorageHealth
 from cosyserve.service.stores.output_timezone import local_datetime
@@ -78,19 +81,11 @@ if TYPE_CHECKING:
 log = logging.getLogger(__name__)
 
 MAX_SUFFIX = 999_999  # outputs with the same second-resolution stamp
-STRAY_GRACE_S = 3600.0  # a half-written output younger than this may still be in progress
 MAX_LIST_LIMIT = 1000
 NODE_TAGS = range(100_000, 1_000_000)  # 6 digits, so tagged counters never look like plain ones
 
 
-@dataclass(frozen=True)
-class RetentionReport:
-    removed: list[StoredOutput]  # complete outputs removed (by age first, then oldest-first by size)
-    freed_bytes: int  # audio + sidecars of `removed`
-    strays: list[Path]  # leftovers of interrupted saves/deletes that were removed
-
-
-class OutputStore:
+class OutputStore(Retention):
     """Saves, finds, lists and expires outputs under `root` (see the module docstring for the layout)."""
 
     def __init__(
@@ -195,40 +190,12 @@ class OutputStore:
             raise
         stored = StoredOutput(stem, audio_path, sidecar_path, f"{self.url_prefix}/{stem}", record)
         self._keep_under_cap(stored)
+        # the sidecar goes up only once its audio is there (a sidecar in the bucket promises its audio)
         if self.sync is not None and upload_now:
-            self.sync.upload_now(audio_path, audio_path.name)
-            self.sync.upload_now(sidecar_path, sidecar_path.name)
+            self.sync.upload_now(audio_path, audio_path.name, then=sidecar_path)
         elif self.sync is not None:
-            self.sync.enqueue(audio_path, audio_path.name)
-            self.sync.enqueue(sidecar_path, sidecar_path.name)
+            self.sync.enqueue(audio_path, audio_path.name, then=sidecar_path)
         return stored
-
-    def _keep_under_cap(self, stored: StoredOutput) -> None:
-        """The size cap holds at every save: the oldest outputs go first, never the one just saved."""
-        if self.max_total_bytes is None:
-            return
-        with self._retention_lock:
-            self._sizes.add(stored.id, pair_size(stored))
-            evicted = self._sizes.over(self.max_total_bytes, keep=stored.id)
-            for output_id in evicted:
-                self._sizes.discard(output_id)
-                with contextlib.suppress(OutputNotFound):
-                    self._remove_expired(self._get_local(output_id))
-        if evicted:
-            log.info("output size cap: removed the %d oldest outputs to make room", len(evicted))
-        self._tell_expired(evicted)
-
-    def _remove_expired(self, output: StoredOutput) -> None:
-        try:
-            remove_pair(output)
-        except OSError as exc:  # a read-only or vanished directory: the next pass tries again
-            log.warning("retention could not remove %s: %s", output.id, exc.strerror or exc)
-
-    def _tell_expired(self, output_ids: list[str]) -> None:
-        """The jobs and batch items naming outputs retention removed stop pointing at them."""
-        for output_id in output_ids:
-            if self.on_expired is not None:
-                self.on_expired(output_id)
 
     def _reserve(self, base: str, ext: str) -> str:
         for n in range(MAX_SUFFIX + 1):
@@ -371,38 +338,6 @@ class OutputStore:
         self._sizes.discard(output_id)
         remove_pair(output)
         return True
-
-    def enforce_retention(self) -> RetentionReport:
-        """Remove outputs older than `retention_days`, then the oldest until the total is at most
-        `max_total_bytes`, then leftovers of interrupted saves older than STRAY_GRACE_S."""
-        with self._retention_lock:
-            now = self._clock()
-            outputs = self._oldest_first()
-            removed: list[StoredOutput] = []
-            if self.retention_days is not None:
-                cutoff = now - self.retention_days * 86400.0
-                removed = [o for o in outputs if o.created_at < cutoff]
-                outputs = [o for o in outputs if o.created_at >= cutoff]
-            sizes = {o.id: pair_size(o) for o in outputs + removed}
-            if self.max_total_bytes is not None:
-                total = sum(sizes[o.id] for o in outputs)
-                # the newest stays, as at its save: one output over the cap alone was removed seconds
-                # after its job said done
-                while len(outputs) > 1 and total > self.max_total_bytes:
-                    oldest = outputs.pop(0)
-                    total -= sizes[oldest.id]
-                    removed.append(oldest)
-            for output in removed:
-                self._remove_expired(output)
-            self._sizes.reset((o.id, sizes[o.id]) for o in outputs)  # resync with the directory
-            strays = remove_strays(self.root, now, STRAY_GRACE_S, self._get_local)
-        if removed or strays:
-            log.info("retention removed %d outputs and %d stray files", len(removed), len(strays))
-        self._tell_expired([output.id for output in removed])
-        return RetentionReport(removed, sum(sizes[o.id] for o in removed), strays)
-
-    def _oldest_first(self) -> list[StoredOutput]:
-        return sorted(self._complete_outputs(), key=lambda o: (o.created_at, o.id))
 
     def _complete_outputs(self) -> list[StoredOutput]:
         outputs = []

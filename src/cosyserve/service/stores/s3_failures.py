@@ -7,6 +7,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
 from botocore.exceptions import ClientError, HTTPClientError
 from botocore.exceptions import ConnectionError as BotoConnectionError
@@ -27,6 +28,8 @@ class SyncFailure:
     error: str
     attempts: int
     at: float  # unix time of giving up
+    transient: bool = False  # worth trying again later (the bucket was down, the queue full)
+    job: Any = None  # what to submit again: the upload with what follows it (an output's sidecar)
 
 
 def status_of(exc: ClientError) -> int:

@@ -16,9 +16,13 @@ Compatibility choices:
 Remote deletion is optional: `enqueue_delete` exists and `OutputStore(sync_deletes=True)` uses it;
 otherwise objects stay until the bucket's lifecycle rule (`apply_lifecycle`) expires them.
 
-Reads (`fetch`, `exists`, `download`, `list_keys`) let every node serve outputs another node saved; they
-run in the caller's thread with botocore's retries only and raise SyncError when the bucket can't be read,
-after which reads fail at once for `read_retry_s` (30 s) instead of waiting for timeouts again.
+An output is uploaded as a pair, its audio first and its sidecar only once the audio is there: a sidecar
+in the bucket means its audio is there too. An upload that gave up on a transient failure (the bucket
+down, the queue full) is tried again, with what follows it, every `catch_up_s` (60 s) while the sync is
+idle; `status()` says whether anything is still waiting to get there (`/ready`, `/metrics`).
+
+Reads (`s3_reads.BucketReads`: `fetch`, `exists`, `download`, `list_keys`, `delete_now`) let every node
+serve outputs another node saved; they run in the caller's thread on a client with short timeouts.
 """
 
 from __future__ import annotations
@@ -29,22 +33,12 @@ import queue
 import random
 import threading
 import time
-from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, TypeVar
+from typing import Any
 
-from botocore.exceptions import BotoCoreError, ClientError
-
-from cosyserve.service.stores.atomic_files import write_atomic
-from cosyserve.service.stores.s3_failures import (
-    SyncError,
-    SyncFailure,
-    code_of,
-    describe,
-    is_transient,
-    status_of,
-)
+from cosyserve.service.stores.s3_failures import SyncError, SyncFailure, describe, is_transient
+from cosyserve.service.stores.s3_reads import READ_CONNECT_TIMEOUT_S, READ_TIMEOUT_S, BucketReads
 from cosyserve.service.stores.s3_setup import apply_lifecycle, ensure_bucket
 
 log = logging.getLogger(__name__)
@@ -58,8 +52,7 @@ CONTENT_TYPES = {
     ".json": "application/json",
 }
 MAX_RECORDED_FAILURES = 1000
-READ_RETRY_S = 30.0
-T = TypeVar("T")
+CATCH_UP_S = 60.0
 
 
 @dataclass(frozen=True)
@@ -67,9 +60,10 @@ class _Job:
     op: str
     key: str
     path: Path | None = None
+    then: _Job | None = None  # run once this one succeeded (an output's sidecar after its audio)
 
 
-class S3Sync:
+class S3Sync(BucketReads):
     """One bucket + prefix; `enqueue` for background uploads, `upload_now` to wait for one."""
 
     def __init__(
@@ -106,30 +100,34 @@ class S3Sync:
         import boto3  # only when S3 sync is on (boto3's import costs ~0.15 s of every start)
         from botocore.config import Config
 
-        config = Config(
-            region_name=region,
-            retries={"mode": "standard", "total_max_attempts": max(1, botocore_attempts)},
-            connect_timeout=connect_timeout_s,
-            read_timeout=read_timeout_s,
-            s3={"addressing_style": "path" if path_style else "auto"},
-            request_checksum_calculation="when_required",
-            response_checksum_validation="when_required",
-        )
-        self.client = client or boto3.session.Session().client(
-            "s3",
-            endpoint_url=endpoint_url,
-            region_name=region,
-            aws_access_key_id=access_key_id,
-            aws_secret_access_key=secret_access_key,
-            config=config,
-        )
+        def make_client(attempts: int, connect_s: float, read_s: float) -> Any:
+            config = Config(
+                region_name=region,
+                retries={"mode": "standard", "total_max_attempts": max(1, attempts)},
+                connect_timeout=connect_s,
+                read_timeout=read_s,
+                s3={"addressing_style": "path" if path_style else "auto"},
+                request_checksum_calculation="when_required",
+                response_checksum_validation="when_required",
+            )
+            return boto3.session.Session().client(
+                "s3",
+                endpoint_url=endpoint_url,
+                region_name=region,
+                aws_access_key_id=access_key_id,
+                aws_secret_access_key=secret_access_key,
+                config=config,
+            )
+
+        self.client = client or make_client(botocore_attempts, connect_timeout_s, read_timeout_s)
+        self.read_client = client or make_client(1, READ_CONNECT_TIMEOUT_S, READ_TIMEOUT_S)
         self.region = region
         self.uploaded = 0
         self.deleted = 0
         self.retries = 0  # attempts repeated after a transient failure
         self.failed_count = 0
-        self.read_retry_s = READ_RETRY_S
-        self._reads_down_until = 0.0  # time.monotonic() before which reads fail at once
+        self.catch_up_s = CATCH_UP_S
+        self._next_catch_up = 0.0  # time.monotonic() of the next retry of transient failures
         self._failures: collections.deque[SyncFailure] = collections.deque(maxlen=MAX_RECORDED_FAILURES)
         self._queue: queue.Queue[_Job | None] = queue.Queue(maxsize=queue_size)
         self._pending = 0  # enqueued and not finished (queued or in progress)
@@ -165,85 +163,38 @@ class S3Sync:
             "get_object", Params={"Bucket": self.bucket, "Key": self.key(name)}, ExpiresIn=int(expires_s)
         )
 
-    # -- reads (other nodes' outputs) ----------------------------------------------------------------
-
-    def fetch(self, name: str) -> bytes | None:
-        """The object `<prefix>/<name>`, or None if there is none; SyncError if the bucket can't be read."""
-        return self._read(
-            name, lambda: self.client.get_object(Bucket=self.bucket, Key=self.key(name))["Body"].read()
-        )
-
-    def exists(self, name: str) -> bool:
-        """Whether `<prefix>/<name>` exists (a HEAD request); SyncError if the bucket can't be read."""
-        found = self._read(name, lambda: self.client.head_object(Bucket=self.bucket, Key=self.key(name)))
-        return found is not None
-
-    def download(self, name: str, path: Path) -> bool:
-        """Copy `<prefix>/<name>` to `path` (temp file + rename: never half a file under `path`); False if
-        there is no such object, SyncError if the bucket can't be read."""
-        data = self.fetch(name)
-        if data is None:
-            return False
-        write_atomic(Path(path), data)
-        return True
-
-    def list_keys(self, prefix: str = "", max_keys: int | None = None) -> list[str]:
-        """Names (keys without `<prefix>/`) that start with `prefix`, in ascending order; at most `max_keys`
-        (all when None, page by page). SyncError if the bucket can't be listed."""
-        root = self.key("")
-        params: dict[str, Any] = {"Bucket": self.bucket, "Prefix": root + prefix}
-        names: list[str] = []
-
-        def pages() -> list[str]:
-            while True:
-                if max_keys is not None:
-                    params["MaxKeys"] = min(1000, max_keys - len(names))
-                page = self.client.list_objects_v2(**params)
-                names.extend(item["Key"][len(root) :] for item in page.get("Contents", []))
-                if not page.get("IsTruncated") or (max_keys is not None and len(names) >= max_keys):
-                    return names
-                params["ContinuationToken"] = page["NextContinuationToken"]
-
-        return self._read(prefix + "*", pages) or []
-
-    def _read(self, what: str, call: Callable[[], T]) -> T | None:
-        """`call()`, None for a missing object. SyncError for any other failure, after which reads fail
-        at once for `read_retry_s` (an unreachable endpoint would cost timeouts on every request)."""
-        left = self._reads_down_until - time.monotonic()
-        if left > 0:
-            raise SyncError(f"the bucket {self.bucket!r} failed a moment ago; reads resume in {left:.0f} s")
-        try:
-            return call()
-        except ClientError as exc:
-            if status_of(exc) == 404 and code_of(exc) in ("NoSuchKey", "NotFound", "404"):
-                return None
-            error = SyncError(f"{self.key(what)} can't be read from {self.bucket!r}: {describe(exc)}")
-            cause: Exception = exc
-        except (BotoCoreError, OSError) as exc:
-            error = SyncError(f"the S3 endpoint {self._where()} can't be reached: {describe(exc)}")
-            cause = exc
-        log.warning("%s; reads skip the bucket for %.0f s", error, self.read_retry_s)
-        self._reads_down_until = time.monotonic() + self.read_retry_s
-        raise error from cause
-
-    def delete_now(self, name: str) -> None:
-        """Remove `<prefix>/<name>` in this thread, with retries; SyncError if that fails for good."""
-        failure = self._attempt(_Job("delete", self.key(name)))
-        if failure is not None:
-            raise SyncError(f"deleting {failure.key} from {self.bucket!r} failed: {failure.error}")
-
     # -- uploads -------------------------------------------------------------------------------------
 
-    def upload_now(self, path: Path, key: str) -> None:
-        """Upload `path` as `<prefix>/<key>` in this thread, with retries; SyncError if it fails for good."""
-        failure = self._attempt(_Job("put", self.key(key), Path(path)))
+    def upload_now(self, path: Path, key: str, then: Path | None = None) -> None:
+        """Upload `path` as `<prefix>/<key>` in this thread, with retries, and then `then` (under its own
+        name); SyncError if either fails for good."""
+        failure = self._attempt(self._put(path, key, then))
         if failure is not None:
-            raise SyncError(f"upload of {path} to {failure.key} failed: {failure.error}")
+            raise SyncError(f"upload of {failure.path} to {failure.key} failed: {failure.error}")
 
-    def enqueue(self, path: Path, key: str) -> bool:
-        """Queue `path` for upload as `<prefix>/<key>`; False (and recorded in `failed`) if the queue is
-        full or the sync is closed."""
-        return self._submit(_Job("put", self.key(key), Path(path)))
+    def enqueue(self, path: Path, key: str, then: Path | None = None) -> bool:
+        """Queue `path` for upload as `<prefix>/<key>`, and `then` (under its own name) once it is there;
+        False (and recorded in `failed`, to be tried again) if the queue is full or the sync is closed."""
+        return self._submit(self._put(path, key, then))
+
+    def _put(self, path: Path, key: str, then: Path | None) -> _Job:
+        after = _Job("put", self.key(then.name), Path(then)) if then is not None else None
+        return _Job("put", self.key(key), Path(path), after)
+
+    def status(self) -> dict[str, Any]:
+        """Whether everything saved got to the bucket: `ok` false while an upload that gave up waits to be
+        tried again (`failing`), with the last error; the counts (`/ready`, `/metrics`, `/admin/status`)."""
+        failures = list(self._failures)
+        waiting = [f for f in failures if f.transient]
+        return {
+            "ok": not waiting,
+            "failing": len(waiting),
+            "pending": max(0, self._pending),
+            "uploaded": self.uploaded,
+            "failed_total": self.failed_count,
+            "retries": self.retries,
+            "last_error": failures[-1].error if failures else None,
+        }
 
     def enqueue_delete(self, key: str) -> bool:
         """Queue the removal of `<prefix>/<key>` from the bucket."""
@@ -283,16 +234,29 @@ class S3Sync:
         """The most recent failures (up to MAX_RECORDED_FAILURES; `failed_count` counts all)."""
         return list(self._failures)
 
-    def retry_failed(self) -> int:
-        """Queue the recorded failed uploads again (those whose file still exists); returns how many."""
+    def retry_failed(self, transient_only: bool = False) -> int:
+        """Queue the recorded failed jobs again (an upload whose file still exists, with what follows it);
+        with `transient_only`, those that failed for a reason that may have passed. Returns how many."""
         failures, self._failures = list(self._failures), collections.deque(maxlen=MAX_RECORDED_FAILURES)
         queued = 0
         for failure in failures:
-            if failure.path is not None and failure.path.exists():
-                queued += self._submit(_Job(failure.op, failure.key, failure.path))
-            elif failure.op == "delete":
-                queued += self._submit(_Job("delete", failure.key))
+            if transient_only and not failure.transient:
+                self._failures.append(failure)
+                continue
+            job = failure.job or _Job(failure.op, failure.key, failure.path)
+            if job.op == "delete" or (job.path is not None and job.path.exists()):
+                queued += self._submit(job)
         return queued
+
+    def _catch_up(self) -> None:
+        """While idle: the uploads that gave up on a transient failure, tried again every `catch_up_s`."""
+        now = time.monotonic()
+        if now < self._next_catch_up or not any(f.transient for f in self._failures):
+            return
+        self._next_catch_up = now + self.catch_up_s
+        queued = self.retry_failed(transient_only=True)
+        if queued:
+            log.info("S3: trying %d uploads that failed earlier again", queued)
 
     # -- worker --------------------------------------------------------------------------------------
 
@@ -312,7 +276,11 @@ class S3Sync:
 
     def _run(self) -> None:
         while True:
-            job = self._queue.get()
+            try:
+                job = self._queue.get(timeout=self.catch_up_s)
+            except queue.Empty:
+                self._catch_up()
+                continue
             if job is None:
                 return
             try:
@@ -327,15 +295,16 @@ class S3Sync:
         for attempt in range(1, self.max_attempts + 1):
             try:
                 self._perform(job)
-                return None
+                return self._attempt(job.then) if job.then is not None else None
             except Exception as exc:
                 if not is_transient(exc) or attempt == self.max_attempts:
-                    return self._record(job, describe(exc), attempt)
+                    return self._record(job, describe(exc), attempt, transient=is_transient(exc))
                 delay = min(self.max_backoff_s, self.backoff_s * 2 ** (attempt - 1)) * random.uniform(0.5, 1)
                 log.info("S3 %s of %s failed (%s); retry %d in %.1fs", job.op, job.key, exc, attempt, delay)
                 self.retries += 1
                 if self._stop.wait(delay):
-                    return self._record(job, f"given up at shutdown after: {describe(exc)}", attempt)
+                    failed = f"given up at shutdown after: {describe(exc)}"
+                    return self._record(job, failed, attempt, transient=True)
         return None  # unreachable: the loop returns on its last attempt
 
     def _perform(self, job: _Job) -> None:
@@ -350,8 +319,9 @@ class S3Sync:
         self.client.put_object(Bucket=self.bucket, Key=job.key, Body=body, ContentType=content_type)
         self.uploaded += 1
 
-    def _record(self, job: _Job, error: str, attempts: int) -> SyncFailure:
-        failure = SyncFailure(job.op, job.key, job.path, error, attempts, time.time())
+    def _record(self, job: _Job, error: str, attempts: int, *, transient: bool = True) -> SyncFailure:
+        """`job` gave up (`transient`: for a reason that may pass; it is tried again while idle)."""
+        failure = SyncFailure(job.op, job.key, job.path, error, attempts, time.time(), transient, job)
         self._failures.append(failure)
         self.failed_count += 1
         log.error("S3 %s of %s to bucket %s failed for good: %s", job.op, job.key, self.bucket, error)
