@@ -124,3 +124,17 @@ def test_update_preview_delete(client, prompt_wav_bytes) -> None:
     gone = client.get(f"/v1/voices/{voice['id']}")
     assert gone.status_code == 404 and gone.json()["error"]["code"] == "voice_not_found"
     assert client.delete("/v1/voices/erin2").status_code == 404
+
+
+def test_a_name_typed_decomposed_is_the_same_name(client, prompt_wav_bytes) -> None:
+    """"ü" typed as u + a combining diaeresis (NFD) was refused at enrolment and not found at lookup,
+    with a message naming a voice that looked exactly like the one saved."""
+    import unicodedata
+
+    composed = "声音ünï"
+    decomposed = unicodedata.normalize("NFD", composed)
+    assert decomposed != composed
+    saved = enrol_voice(client, decomposed, prompt_wav_bytes)
+    assert saved["name"] == composed
+    assert client.get(f"/v1/voices/{decomposed}").json()["id"] == saved["id"]
+    assert client.delete(f"/v1/voices/{composed}").status_code == 204

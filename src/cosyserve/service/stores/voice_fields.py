@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import json
 import re
+import unicodedata
 from typing import Any
 
 from cosyserve.errors import InputError, VoiceNameInvalid, VoiceNameTaken
@@ -16,8 +17,14 @@ MAX_TRANSCRIPT_CHARS = 500
 UNSTORABLE = re.compile("[\x00\ud800-\udfff]")  # NUL (PostgreSQL refuses it), lone surrogates (not UTF-8)
 
 
+def same_spelling(name: str) -> str:
+    """`name` in NFC: "ü" typed as u + a combining diaeresis (NFD, as some keyboards and macOS file
+    names give it) is the same name as the one-character "ü"."""
+    return unicodedata.normalize("NFC", name) if isinstance(name, str) else name
+
+
 def check_name(name: str) -> str:
-    name = (name or "").strip()
+    name = same_spelling((name or "").strip())
     if not NAME_PATTERN.fullmatch(name):
         raise VoiceNameInvalid(
             "a voice name must be 1-64 letters, digits, spaces, '-', '_', '.' or Chinese characters"

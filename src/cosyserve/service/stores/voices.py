@@ -44,6 +44,7 @@ from cosyserve.service.stores.voice_fields import (
     lexicon_json,
     name_taken,
     pick_row,
+    same_spelling,
     shared_of,
 )
 from cosyserve.service.stores.voice_files import (
@@ -183,6 +184,7 @@ class VoiceLibrary:
         """The voice of that id or name; VoiceNotFound if there is none, or none `scope` may use (the
         same answer: a caller can't tell another user's voice from a missing one). A name several usable
         voices share means the caller's own, else the one shared voice; AmbiguousVoice otherwise."""
+        id_or_name = same_spelling(id_or_name)
         rows = self._matching(id_or_name)
         if not rows:
             self._forget(id_or_name)  # deleted on another node: drop what this node still holds
