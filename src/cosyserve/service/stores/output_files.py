@@ -116,7 +116,8 @@ def parse_sidecar(output_id: str, data: bytes) -> tuple[dict[str, Any], str] | N
 
 
 def sort_key(output_id: str) -> tuple[str, int]:
-    """Creation order: the UTC stamp, then the counter (tagged counters order by node within a second)."""
+    """Creation order: the stamp (local time of the store's zone), then the counter (tagged counters
+    order by node within a second)."""
     match = OUTPUT_ID.fullmatch(output_id)
     if match is None:
         return ("", 0)

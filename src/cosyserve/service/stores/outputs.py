@@ -1,8 +1,9 @@
 """Finished results on disk: one audio file plus a JSON provenance sidecar per output, with retention.
 
 Layout: `<root>/output_YYYYMMDD_HHMMSS[_N].<ext>` and `<root>/<same stem>.json`, where `root` is the
-outputs directory itself (e.g. `<data dir>/outputs`). The stem is the output id. Times in names are UTC:
-names then sort in creation order on every server, across DST changes and time zones.
+outputs directory itself (e.g. `<data dir>/outputs`). The stem is the output id. Times in names are the
+local time of `zone` (`--timezone`), which people read; the sidecar records the UTC instant too. Lists
+sort by name, which is creation order except across a DST fall-back hour or a change of `--timezone`.
 
 How a save stays safe with many threads and processes writing at once, and with crashes:
 1. The id is reserved by creating `<stem>.json` with O_EXCL (empty placeholder); on collision the next
