@@ -127,7 +127,7 @@ def test_update_preview_delete(client, prompt_wav_bytes) -> None:
 
 
 def test_a_name_typed_decomposed_is_the_same_name(client, prompt_wav_bytes) -> None:
-    """"ü" typed as u + a combining diaeresis (NFD) was refused at enrolment and not found at lookup,
+    """ "ü" typed as u + a combining diaeresis (NFD) was refused at enrolment and not found at lookup,
     with a message naming a voice that looked exactly like the one saved."""
     import unicodedata
 

@@ -127,3 +127,29 @@ def test_over_300_seconds_is_an_error(runner: Token2Wav, prompt) -> None:
     tokens = torch.zeros(1, 7500, dtype=torch.long)
     with pytest.raises(InputError, match="300 s"):
         runner.synthesize(tokens, prompt)
+
+
+def test_a_cancel_stops_the_flow_between_its_steps(runner: Token2Wav, prompt, golden, monkeypatch) -> None:
+    """A one-shot flow pass and the vocoder ran to their end after a cancel or a timeout, holding the
+    engine for up to a minute on a CPU; the solver stops at its next step, the vocoder never starts."""
+    from cosyserve.errors import Cancelled
+    from cosyserve.model.interrupt import interruptible
+
+    tokens = torch.from_numpy(golden["token"]).long()[None]
+    steps: list[int] = []
+    estimate = type(runner.flow.decoder).estimate
+
+    def counted(self, *args, **kwargs):
+        steps.append(1)
+        return estimate(self, *args, **kwargs)
+
+    monkeypatch.setattr(type(runner.flow.decoder), "estimate", counted)
+    vocoded: list[int] = []
+    monkeypatch.setattr(runner.hift, "inference", lambda *a, **k: vocoded.append(1))
+    with pytest.raises(Cancelled), interruptible(lambda: len(steps) >= 2):
+        runner.synthesize(tokens, prompt)
+    assert len(steps) == 2 and not vocoded  # of its 10 steps
+    steps.clear()
+    monkeypatch.undo()
+    with interruptible(lambda: False):  # not cancelled: the same audio as without a cancel to check
+        assert torch.equal(runner.synthesize(tokens, prompt), runner.synthesize(tokens, prompt))

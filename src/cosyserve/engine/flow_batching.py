@@ -22,6 +22,7 @@ import torch.nn.functional as F
 from cosyserve.engine.decode_batching import Rendezvous
 from cosyserve.engine.flow_stream import FlowPrompt
 from cosyserve.model.flow import DEFAULT_N_TIMESTEPS, CausalFlow
+from cosyserve.model.interrupt import uninterruptible
 
 FlowJob = tuple[torch.Tensor, FlowPrompt]  # tokens (1, T), the request's prompt
 
@@ -56,7 +57,8 @@ def batched_flow_mels(
     for row, count in enumerate(frames):
         mask[row, :, :count] = 1
     mask = mask.to(noise.device, non_blocking=True)
-    mel = flow.decoder.solve(noise, mu, mask, spks, cond, False, n_timesteps, guidance)
+    with uninterruptible():  # several requests' pass: one's cancel must not fail the others
+        mel = flow.decoder.solve(noise, mu, mask, spks, cond, False, n_timesteps, guidance)
     return [
         mel[row : row + 1, :, prompt.speech_feat.shape[1] : count].float()
         for row, ((_, prompt), count) in enumerate(zip(jobs, frames, strict=True))

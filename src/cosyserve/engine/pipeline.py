@@ -26,6 +26,7 @@ from cosyserve.engine.token2wav import FlowPrompt, PromptCache, Token2Wav
 from cosyserve.errors import Cancelled
 from cosyserve.model.flow import DEFAULT_N_TIMESTEPS, CausalFlow
 from cosyserve.model.hift import HiFTVocoder
+from cosyserve.model.interrupt import interruptible
 from cosyserve.model.speech_lm import SpeechLM
 from cosyserve.modeldir.model_dir import ModelDir
 
@@ -216,7 +217,8 @@ class SpeechEngine:
                 continue
             stats.llm_s += time.perf_counter() - llm_clock
             acoustic_clock = time.perf_counter()
-            chunks = self.token2wav.stream_step(state, _host_tokens(generated))
+            with interruptible(cancel):
+                chunks = self.token2wav.stream_step(state, _host_tokens(generated))
             stats.acoustic_s += time.perf_counter() - acoustic_clock
             for chunk in chunks:
                 yield chunk.cpu().numpy()
@@ -230,10 +232,11 @@ class SpeechEngine:
             return  # the LM ended at once (possible with random weights): nothing to say
         acoustic_clock = time.perf_counter()
         all_tokens = _host_tokens(generated)
-        if state is None:
-            audio = self.token2wav.synthesize(all_tokens, segment.flow_prompt, speed=speed)
-        else:
-            audio = self.token2wav.stream_finish(state, all_tokens)
+        with interruptible(cancel):  # the flow's solver and the vocoder stop between their steps
+            if state is None:
+                audio = self.token2wav.synthesize(all_tokens, segment.flow_prompt, speed=speed)
+            else:
+                audio = self.token2wav.stream_finish(state, all_tokens)
         stats.acoustic_s += time.perf_counter() - acoustic_clock
         yield audio.cpu().numpy()
 

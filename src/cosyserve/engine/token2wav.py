@@ -53,6 +53,7 @@ from cosyserve.errors import InputError
 from cosyserve.limits import MAX_SPEED, MIN_SPEED
 from cosyserve.model.flow import DEFAULT_N_TIMESTEPS, MAX_MEL_FRAMES, CausalFlow
 from cosyserve.model.hift import HiFTVocoder, SourceNoise
+from cosyserve.model.interrupt import checkpoint
 
 __all__ = [
     "DEFAULT_MAX_PROMPT_CACHE_BYTES",
@@ -145,6 +146,7 @@ class Token2Wav:
         mel = self._flow(tokens, self._on_device(prompt), streaming=False, finalize=True)
         if speed != 1.0:
             mel = F.interpolate(mel, size=int(mel.shape[2] / speed), mode="linear")
+        checkpoint()  # cancelled during the flow: not the vocoder's pass too
         with self._vocoder_precision():
             wav, _ = self.hift.inference(mel, finalize=True, noise=self.source_noise)
         return wav[0]

@@ -19,6 +19,7 @@ import torch
 from cosyserve.errors import ConfigError
 from cosyserve.model.config import CFMConfig, DiTConfig
 from cosyserve.model.dit import DiT
+from cosyserve.model.interrupt import checkpoint
 
 DEFAULT_N_TIMESTEPS = 10  # Euler steps the official inference uses
 TIME_DTYPE = torch.float32  # the time grid and the Euler state (see the module docstring)
@@ -104,6 +105,7 @@ class CausalCFM(torch.nn.Module):
         times = self._step_times(steps, mu_in.shape[0])
         x = noise
         for step, (t, dt) in enumerate(steps):
+            checkpoint()  # a cancelled request's pass stops here, not after every step
             x_in = torch.cat((x, x)) if guidance else x
             velocity = self.estimate(
                 x_in, mask_in, mu_in, t.expand(x_in.shape[0]), spks_in, cond_in, streaming, times[step]
@@ -147,6 +149,7 @@ class CausalCFM(torch.nn.Module):
         times = self._step_times(steps, mu_in.shape[0])
         x = noise
         for step, (t, dt) in enumerate(steps):
+            checkpoint()
             past = past_for_step(past_kv, step, depth)
             context = None if embed_context is None else embed_context[step]
             x_in = torch.cat((x, x)) if guidance else x

@@ -41,7 +41,6 @@ class RetentionReport:
     strays: list[Path]  # leftovers of interrupted saves/deletes that were removed
 
 
-
 class Retention:
     """enforce_retention, the size cap kept at each save, and the catch-up of uploads."""
 
