@@ -8,8 +8,9 @@ from typing import Any, Literal
 from fastapi import APIRouter, Depends, Query, Request, Response
 from starlette.concurrency import run_in_threadpool
 
+from cosyserve.api.admin_schemas import KeyUpdate, LoginBody
 from cosyserve.api.deps import CurrentPrincipal, get_service, require_admin
-from cosyserve.api.schemas import ERRORS, KeyUpdate, LoginBody
+from cosyserve.api.schemas import ERRORS
 from cosyserve.errors import InputError, error_code
 from cosyserve.service.access import key_admin
 from cosyserve.service.access.sessions import AUTH_COOKIES, LEGACY_KEY_COOKIE, SESSION_COOKIE

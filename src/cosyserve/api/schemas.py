@@ -11,7 +11,6 @@ from cosyserve.limits import MAX_SPEED, MAX_VOLUME, MIN_SPEED, MIN_VOLUME, SPEED
 from cosyserve.service.quality import MAX_TAKES
 from cosyserve.service.quality.overrides import THRESHOLD_BOUNDS
 from cosyserve.service.requests import MAX_SEED, SynthesisRequest, WorkState
-from cosyserve.service.stores.keys import MAX_QUOTA_S, MAX_RATE_PER_MINUTE
 
 AudioFormat = Literal["wav", "mp3", "opus", "flac", "pcm"]
 
@@ -336,33 +335,6 @@ class ModelCard(BaseModel):
 class ModelList(BaseModel):
     object: Literal["list"] = "list"
     data: list[ModelCard]
-
-
-class KeyUpdate(_Strict):
-    """What PATCH /admin/keys/{id} changes; a field left out stays as it is."""
-
-    role: Literal["admin", "user"] | None = None
-    # strict: `true` is no number (it became a quota of 1 s); the bounds are the key store's
-    daily_audio_seconds_quota: float | None = Field(
-        None,
-        gt=0,
-        le=MAX_QUOTA_S,
-        strict=True,
-        allow_inf_nan=False,
-        description="audio seconds per UTC day; null: the server default",
-    )
-    rate_limit_per_minute: int | None = Field(
-        None,
-        ge=0,
-        le=MAX_RATE_PER_MINUTE,
-        strict=True,
-        description="requests per minute; 0: unlimited; null: the server default",
-    )
-
-
-class LoginBody(_Strict):
-    username: str = Field(max_length=128)
-    password: str = Field(max_length=1024)
 
 
 ERRORS: dict[int | str, dict[str, Any]] = {
