@@ -67,6 +67,53 @@ def test_idle_sessions_end_and_use_keeps_them_alive(store: UiSessionStore, clock
     assert len(stored_rows(store)) == 1  # and it was deleted
 
 
+def test_the_pages_own_polling_keeps_no_session_alive(store: UiSessionStore, clock: FakeClock) -> None:
+    """An open, untouched tab stayed signed in for ever: its status timer and session check refreshed
+    the idle deadline every few seconds (a team's run). Those resolve without touching it."""
+    polled = store.create("user", "admin")
+    for _ in range(2):
+        clock.now += IDLE_S * 0.4
+        assert store.resolve(polled, touch=False) is not None
+    clock.now += IDLE_S * 0.4
+    assert store.resolve(polled, touch=False) is None  # 1.2 idle periods after its last real use
+
+
+async def _passive(path: str, body: dict | None = None) -> bool:
+    import json
+
+    from starlette.requests import Request
+
+    from cosyserve.ui.login import passive
+
+    data = json.dumps(body or {}).encode()
+
+    async def receive() -> dict:
+        return {"type": "http.request", "body": data, "more_body": False}
+
+    fns = {3: type("Fn", (), {"api_name": "status_tick"})(), 4: type("Fn", (), {"api_name": "show"})()}
+    blocks = type("Blocks", (), {"fns": fns})()
+    app = type("App", (), {"get_blocks": lambda self: blocks})()
+    scope = {"type": "http", "method": "POST", "path": path, "headers": [], "query_string": b"", "app": app}
+    return await passive(Request(scope, receive))
+
+
+def test_which_gradio_requests_are_the_pages_own() -> None:
+    import asyncio
+
+    cases = [
+        ("/gradio_api/heartbeat/abc", None, True),
+        ("/gradio_api/queue/data", None, True),
+        ("/gradio_api/run/predict", {"fn_index": 3}, True),  # the status timer (queue=False)
+        ("/gradio_api/queue/join", {"fn_index": 3}, True),
+        ("/gradio_api/queue/join", {"fn_index": 4}, False),  # a user's click
+        ("/gradio_api/run/batch_tick", None, True),
+        ("/gradio_api/run/generate", None, False),
+        ("/gradio_api/upload", None, False),
+    ]
+    for path, body, expected in cases:
+        assert asyncio.run(_passive(path, body)) is expected, path
+
+
 def test_sessions_end_at_their_absolute_expiry_however_used(store: UiSessionStore, clock: FakeClock) -> None:
     token = store.create("user", "admin")
     while clock.now + IDLE_S / 2 < T0 + MAX_S:

@@ -8,6 +8,7 @@ or with --insecure (see `Settings.check_startup_safety`).
 
 from __future__ import annotations
 
+import functools
 from typing import Annotated, Any
 
 from fastapi import Depends, Request
@@ -44,6 +45,10 @@ def presented_key(request: Request) -> str | None:
     return key or None
 
 
+# sent by requests a page makes by itself (`ui/assets.SESSION_WATCH`): they keep no session from idling out
+PASSIVE_HEADER = "x-cosyserve-passive"
+
+
 async def current_principal(request: Request) -> Principal:
     """Authenticate the request (once) and apply the key's rate limit."""
     cached = getattr(request.state, "principal", None)
@@ -52,7 +57,8 @@ async def current_principal(request: Request) -> Principal:
     access = get_service(request).access
     key_text = presented_key(request)
     session = request.cookies.get(SESSION_COOKIE)
-    principal = await run_in_threadpool(access.identify, key_text, session)
+    touch = request.headers.get(PASSIVE_HEADER) is None  # the page's own session check: not activity
+    principal = await run_in_threadpool(functools.partial(access.identify, touch=touch), key_text, session)
     if principal is None and key_text is not None:
         raise AuthRequired("the API key is not valid (unknown, malformed or revoked)")
     if principal is None:

@@ -246,7 +246,10 @@ class AuthSettings(_Group):
         description="what a user confirms when enrolling a voice (recorded with the voice, word for word)",
     )
     ui_session_idle_s: int = Field(
-        7 * 86400, ge=60, description="a web UI sign-in ends after this many seconds without a request"
+        7 * 86400,
+        ge=60,
+        description="a web UI sign-in ends after this many seconds without a request of its user (the "
+        "page's own polling does not count)",
     )
     ui_session_max_s: int = Field(
         30 * 86400, ge=60, description="a web UI sign-in ends this many seconds after the login, however used"

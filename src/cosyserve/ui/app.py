@@ -143,7 +143,14 @@ def build_ui(service: Service, bridge: UiBridge | None = None) -> gr.Blocks:
                 *history.refresh_outputs,
             ],
         )
-        timer.tick(actions.tick, [lang], [banner, status], queue=False, show_progress="hidden")
+        timer.tick(  # (passive: `ui.login.PASSIVE_EVENTS`)
+            actions.tick,
+            [lang],
+            [banner, status],
+            queue=False,
+            show_progress="hidden",
+            api_name="status_tick",
+        )
         history.tab.select(history.refresh, [lang], history.refresh_outputs)
         for panel in panels:  # a new result appears in the history without a manual refresh
             panel.run_event.then(history.refresh, [lang], history.refresh_outputs, show_progress="hidden")

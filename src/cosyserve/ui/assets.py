@@ -162,7 +162,9 @@ window.cosySession = (() => {
     if (!el || st.busy) return;
     st.busy = true;
     try {
-      const answer = await plainFetch('/v1/me', { credentials: 'same-origin', cache: 'no-store' });
+      const answer = await plainFetch('/v1/me', {
+        credentials: 'same-origin', cache: 'no-store', headers: { 'X-Cosyserve-Passive': '1' },
+      });
       const d = el.dataset;
       if (st.label === null) st.label = el.textContent;
       if (answer.status === 401) {

@@ -79,7 +79,9 @@ def build_batch_tab(ctx: UiContext) -> BatchTab:
         [ctx.lang, file, voice, instruct, fmt, max_speed, takes],
         [parts.current, *parts.view, parts.audio],
     )
-    parts.timer.tick(actions.tick, [ctx.lang, parts.current], parts.view, show_progress="hidden")
+    parts.timer.tick(  # (passive: `ui.login.PASSIVE_EVENTS`)
+        actions.tick, [ctx.lang, parts.current], parts.view, show_progress="hidden", api_name="batch_tick"
+    )
     cancel.click(actions.cancel, [ctx.lang, parts.current], parts.view)
     parts.pick.change(actions.play, [ctx.lang, parts.current, parts.pick], [parts.audio])
     parts.recent.input(actions.open, [ctx.lang, parts.recent], [parts.current, *parts.view, parts.audio])

@@ -12,6 +12,7 @@ its credentials resolve to a principal, and sends a browser that opens the page 
 from __future__ import annotations
 
 import asyncio
+import functools
 import html
 from collections.abc import Awaitable, Callable
 from urllib.parse import quote, unquote
@@ -180,7 +181,10 @@ def ui_auth_dependency(bridge: UiBridge) -> Callable[[Request], Awaitable[str | 
     page itself is redirected to the login form instead."""
 
     async def dependency(request: Request) -> str | None:
-        principal = await run_in_threadpool(bridge.principal, request.headers, request.cookies)
+        touch = not await passive(request)
+        principal = await run_in_threadpool(
+            functools.partial(bridge.principal, touch=touch), request.headers, request.cookies
+        )
         if principal is not None:
             if "/file=" in request.url.path and not CACHE_OWNERS.allows(principal, _file_path(request)):
                 raise HTTPException(status_code=404, detail="no such file")  # another user's copy
@@ -193,6 +197,29 @@ def ui_auth_dependency(bridge: UiBridge) -> Callable[[Request], Awaitable[str | 
         return None
 
     return dependency
+
+
+# The page's own polling, which must not keep a session from idling out (an untouched tab stayed signed in
+# for ever): its status and batch timers (by the api_name their events get), its event stream and heartbeat.
+PASSIVE_EVENTS = frozenset({"status_tick", "batch_tick"})
+
+
+async def passive(request: Request) -> bool:
+    """Whether a Gradio request was made by the page by itself rather than by its user."""
+    path = request.url.path.rstrip("/")
+    if "/heartbeat/" in path or path.endswith("/queue/data"):
+        return True
+    name = path.rsplit("/", 1)[-1]
+    if ("/run/" in path or "/api/" in path) and name != "predict":
+        return name in PASSIVE_EVENTS
+    if not (path.endswith("/queue/join") or name == "predict"):  # the page posts queue=False events
+        return False
+    try:
+        index = (await request.json()).get("fn_index")
+        fn = request.scope["app"].get_blocks().fns.get(index)
+    except Exception:  # not the JSON or the app expected: count it as activity
+        return False
+    return getattr(fn, "api_name", None) in PASSIVE_EVENTS
 
 
 def _file_path(request: Request) -> str:

@@ -65,13 +65,16 @@ class Access:
             self._auth_cache = (time.monotonic(), exists)
         return exists
 
-    def identify(self, key_text: str | None, session_token: str | None) -> Principal | None:
+    def identify(
+        self, key_text: str | None, session_token: str | None, *, touch: bool = True
+    ) -> Principal | None:
         """The caller for these credentials: a valid API key, else a live session, else anonymous with
-        full rights when the server has no authentication; None when they do not let anyone in."""
+        full rights when the server has no authentication; None when they do not let anyone in.
+        `touch`: the request counts as activity of a session (its idle deadline moves)."""
         key = self.keys.authenticate(key_text) if key_text else None
         if key is not None:
             return Principal("key", key.role, key=key, name=key.name)
-        session = self.sessions.resolve(session_token) if session_token else None
+        session = self.sessions.resolve(session_token, touch=touch) if session_token else None
         if session is not None:
             principal = self._session_principal(session)
             if principal is not None:

@@ -113,9 +113,10 @@ class UiSessionStore:
             conn.execute(self.table.insert().values(**row))
         return token
 
-    def resolve(self, token: str | None) -> UiSession | None:
+    def resolve(self, token: str | None, *, touch: bool = True) -> UiSession | None:
         """The live session of `token`, or None (unknown, malformed, expired or idle too long); a use
-        moves its idle deadline (written at most once a minute)."""
+        moves its idle deadline (written at most once a minute) unless `touch` is false: what the page
+        asks by itself (its status timer, its session check) is no sign of someone at the keyboard."""
         if not token or TOKEN_PATTERN.fullmatch(token) is None:
             return None
         token_hash = hash_token(token)
@@ -130,7 +131,7 @@ class UiSessionStore:
         session = UiSession(
             row.kind, row.subject, row.binding, row.created_at, row.expires_at, row.last_seen_at
         )
-        if now - row.last_seen_at >= min(TOUCH_INTERVAL_S, self.idle_s / 10):
+        if touch and now - row.last_seen_at >= min(TOUCH_INTERVAL_S, self.idle_s / 10):
             with self.engine.begin() as conn:
                 conn.execute(
                     self.table.update().where(self.table.c.token_hash == token_hash).values(last_seen_at=now)

@@ -18,10 +18,14 @@ class SessionPart:
 
     service: Service
 
-    def principal(self, headers: Mapping[str, str], cookies: Mapping[str, str]) -> Principal | None:
+    def principal(
+        self, headers: Mapping[str, str], cookies: Mapping[str, str], *, touch: bool = False
+    ) -> Principal | None:
         """Like the API: an API key in a header, the login's session cookie (whether by key or password),
-        or anonymous with full rights when the server has no authentication at all; None: not signed in."""
-        return self.service.access.identify(_header_key(headers), cookies.get(SESSION_COOKIE))
+        or anonymous with full rights when the server has no authentication at all; None: not signed in.
+        `touch`: the request counts as the user's activity (the HTTP layer decides: `ui.login`)."""
+        key, token = _header_key(headers), cookies.get(SESSION_COOKIE)
+        return self.service.access.identify(key, token, touch=touch)
 
     def principal_of(self, request: Any) -> Principal:
         """The principal of a Gradio request; AuthRequired when its credentials are gone or invalid."""
