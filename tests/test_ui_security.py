@@ -109,6 +109,14 @@ def test_no_files_outside_gradios_uploads(client, tmp_path):
         assert "private" not in response.text and "root:" not in response.text
 
 
+def test_gradios_monitoring_is_off(client):
+    """Its /monitoring/summary gave any signed-in user everyone's event counts (admin actions included)."""
+    login(client)
+    for path in ("/gradio_api/monitoring/summary", "/gradio_api/monitoring"):
+        answer = client.get(path)
+        assert answer.status_code in (403, 404) and "do_create" not in answer.text, (path, answer.status_code)
+
+
 def test_uploads_are_size_limited(client):
     login(client)
     small = client.post("/gradio_api/upload", files={"files": ("small.wav", b"RIFF" + b"\0" * 1000)})

@@ -240,6 +240,7 @@ def mount_ui(app: FastAPI, service: Service, path: str = "/") -> gr.Blocks:
         run_history=False,
         ssr_mode=False,
         mcp_server=False,
+        enable_monitoring=False,  # its /monitoring/summary told any signed-in user everyone's event counts
         pwa=False,
         theme=theme,
         css=assets.CSS + phone_css(),

@@ -186,7 +186,7 @@ def ui_auth_dependency(bridge: UiBridge) -> Callable[[Request], Awaitable[str | 
             functools.partial(bridge.principal, touch=touch), request.headers, request.cookies
         )
         if principal is not None:
-            if "/file=" in request.url.path and not CACHE_OWNERS.allows(principal, _file_path(request)):
+            if _is_file_route(request) and not CACHE_OWNERS.allows(principal, _file_path(request)):
                 raise HTTPException(status_code=404, detail="no such file")  # another user's copy
             return principal.name or principal.kind
         wants_page = request.method == "GET" and "text/html" in request.headers.get("accept", "")
@@ -222,6 +222,13 @@ async def passive(request: Request) -> bool:
     return getattr(fn, "api_name", None) in PASSIVE_EVENTS
 
 
+def _is_file_route(request: Request) -> bool:
+    """Gradio's file routes: `/file=<path>`, and the older `/file/<path>` it still serves (which passed
+    the owner check by its spelling)."""
+    return "/file=" in request.url.path or "/gradio_api/file/" in request.url.path
+
+
 def _file_path(request: Request) -> str:
-    """The path a Gradio `file=` route fetches."""
-    return unquote(request.url.path.split("/file=", 1)[1])
+    """The path a Gradio file route fetches."""
+    path = request.url.path
+    return unquote(path.split("/file=", 1)[1] if "/file=" in path else path.split("/gradio_api/file/", 1)[1])

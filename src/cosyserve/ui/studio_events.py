@@ -10,6 +10,7 @@ import gradio as gr
 
 from cosyserve.ui import assets
 from cosyserve.ui.bridge import Principal, resolve_instruction
+from cosyserve.ui.file_owners import owned_folder
 from cosyserve.ui.generate import Form, UiError, as_gr_error
 from cosyserve.ui.i18n import text
 from cosyserve.ui.preview import form_preview
@@ -86,11 +87,12 @@ def wire_panel(panel: ModePanel, ctx: UiContext) -> None:
         chosen_event(None, None, None, js=assets.refocus_js(f"{mode}-prompt"))
     if has_denoise:
 
-        def cleaned(path: str | None, on: bool, chosen: str) -> Any:
+        def cleaned(path: str | None, on: bool, chosen: str, request: gr.Request) -> Any:
             if not (path and on):
                 return gr.update(value=None, visible=False)
-            try:
-                return gr.update(value=bridge.denoised_copy(path, ctx.cache_dir), visible=True)
+            try:  # in a folder only its user may fetch (it sat where any signed-in user could)
+                folder = owned_folder(ctx.cache_dir, bridge.principal_of(request))
+                return gr.update(value=bridge.denoised_copy(path, folder), visible=True)
             except Exception as exc:
                 raise as_gr_error(exc, chosen) from None
 
