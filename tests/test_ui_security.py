@@ -315,7 +315,7 @@ def test_foreign_origins_get_no_cors_answers(client):
                 response = client.get(path, headers=headers)
                 assert response.status_code < 400 and not cors_headers(response), (host, origin, path)
             called = client.post("/gradio_api/call/on_load", json={"data": ["en"]}, headers=headers)
-            assert called.status_code == 200 and not cors_headers(called)
+            assert called.status_code == 403 and not cors_headers(called)  # another site's page acting
             for path in ("/gradio_api/queue/join", "/gradio_api/upload", "/v1/tts", "/login"):
                 preflight = client.options(
                     path,
@@ -328,6 +328,29 @@ def test_foreign_origins_get_no_cors_answers(client):
                 assert not cors_headers(preflight), (host, origin, path, preflight.headers)
     same_site = client.get("/config", headers={"Origin": "http://testserver"})  # the page's own calls
     assert same_site.status_code == 200 and not cors_headers(same_site)
+
+
+def test_another_sites_page_cannot_act_for_a_signed_in_user(client):
+    """A page on another port of the same host posted a batch and enrolled a voice in the user's
+    account, an image tag ran a voice preview and signed the user out, a form signed the user in as
+    someone else (a team's run): acting requests a browser marks as another site's are refused."""
+    login(client)
+    for site in ("cross-site", "same-site"):
+        foreign = {"Sec-Fetch-Site": site}
+        for method, path in (("POST", "/v1/batches"), ("POST", "/v1/voices"), ("DELETE", "/v1/outputs/x")):
+            answer = client.request(method, path, headers=foreign, json={})
+            assert answer.status_code == 403 and answer.json()["error"]["code"] == "cross_site", (site, path)
+        assert client.get("/v1/voices/alice/preview", headers=foreign).status_code == 403
+        assert client.get("/logout", headers=foreign).status_code == 403
+        login_form = {"username": USER, "password": PASSWORD, "next": "/"}
+        assert client.post("/login", data=login_form, headers=foreign).status_code == 403
+        assert client.get("/v1/me").status_code == 200  # still signed in
+    old_browser = {"Origin": "https://evil.example"}  # no Sec-Fetch-Site: the Origin tells
+    assert client.post("/v1/batches", headers=old_browser, json={}).status_code == 403
+    own = client.post("/v1/batches", headers={"Sec-Fetch-Site": "same-origin"}, json={})
+    assert own.status_code != 403  # the page's own request goes on (to its own answer)
+    reading = client.get("/v1/voices", headers={"Sec-Fetch-Site": "cross-site"})
+    assert reading.status_code == 200  # reading is not acting (and CORS keeps the answer from that page)
 
 
 def test_configured_origins_get_cors_answers(tmp_path):

@@ -19,6 +19,7 @@ from cosyserve import __version__
 from cosyserve.api import admin, batches, dub, health, jobs, openai, outputs, tts, verify, voices
 from cosyserve.api.body_budget import BodyBudget
 from cosyserve.api.cors import CorsPolicy
+from cosyserve.api.cross_site import CrossSiteGuard
 from cosyserve.api.errors import install_error_handlers
 from cosyserve.api.middleware import ApiMiddleware
 from cosyserve.limits import upload_bytes
@@ -83,6 +84,7 @@ def create_app(service: Service, *, manage_service: bool = True) -> FastAPI:
     app.add_middleware(
         CorsPolicy, origins=service.settings.server.cors_origins, expose_headers=EXPOSED_HEADERS
     )
+    app.add_middleware(CrossSiteGuard, trusted_origins=service.settings.server.cors_origins)
     limits = service.settings.limits
     app.add_middleware(  # outermost
         ApiMiddleware,
