@@ -157,6 +157,10 @@ class ModelNotFound(InputError):
     """A model id the server does not serve (`GET /v1/models/{id}`)."""
 
 
+class BodyStalled(InputError):
+    """A request body stopped arriving (no byte for a while): its memory and budget are freed."""
+
+
 class KeyNotFound(InputError):
     """No API key with that id or prefix."""
 
@@ -296,6 +300,7 @@ ERROR_TABLE: tuple[tuple[type[BaseException], ErrorKind], ...] = (
     (ModelNotFound, ErrorKind("model_not_found", 404, _USAGE)),
     (JobNotFound, ErrorKind("job_not_found", 404, _USAGE)),
     (PayloadTooLarge, ErrorKind("payload_too_large", 413, _USAGE)),
+    (BodyStalled, ErrorKind("body_timeout", 408, _USAGE)),
     (UnsupportedMediaType, ErrorKind("unsupported_media_type", 415, _USAGE)),
     (QuotaExceeded, ErrorKind("quota_exceeded", 429, _FAILED, "err_rate")),
     (RateLimited, ErrorKind("rate_limited", 429, _FAILED, "err_rate")),

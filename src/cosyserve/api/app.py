@@ -20,6 +20,7 @@ from cosyserve.api import admin, batches, dub, health, jobs, openai, outputs, tt
 from cosyserve.api.body_budget import BodyBudget
 from cosyserve.api.cors import CorsPolicy
 from cosyserve.api.cross_site import CrossSiteGuard
+from cosyserve.api.deps import admitted
 from cosyserve.api.errors import install_error_handlers
 from cosyserve.api.middleware import ApiMiddleware
 from cosyserve.limits import upload_bytes
@@ -91,6 +92,7 @@ def create_app(service: Service, *, manage_service: bool = True) -> FastAPI:
         metrics=service.metrics,
         upload_limit_bytes=upload_bytes(limits.max_upload_mb),
         body_budget=BodyBudget(int(limits.max_receiving_mb * 1e6)),
+        admit=admitted(service),
     )
 
     @app.get("/", include_in_schema=False)

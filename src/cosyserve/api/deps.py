@@ -9,10 +9,12 @@ or with --insecure (see `Settings.check_startup_safety`).
 from __future__ import annotations
 
 import functools
+from collections.abc import Callable, Mapping
 from typing import Annotated, Any
 
 from fastapi import Depends, Request
 from starlette.concurrency import run_in_threadpool
+from starlette.requests import cookie_parser
 
 from cosyserve.limits import upload_bytes
 from cosyserve.service.access import voice_rules
@@ -43,6 +45,21 @@ def presented_key(request: Request) -> str | None:
         return value.strip()
     key = request.headers.get("x-api-key", "").strip()
     return key or None
+
+
+def admitted(service: Service) -> Callable[[Mapping[str, str]], bool]:
+    """For the middleware (`ApiMiddleware.admit`): whether a request's headers carry credentials that let
+    it in (a valid key or a live session; anyone while the server has no authentication)."""
+
+    def admit(headers: Mapping[str, str]) -> bool:
+        if not service.access.auth_enabled():
+            return True
+        scheme, _, value = headers.get("authorization", "").partition(" ")
+        key = value.strip() if scheme.lower() == "bearer" else headers.get("x-api-key", "").strip()
+        session = cookie_parser(headers.get("cookie", "")).get(SESSION_COOKIE)
+        return service.access.identify(key or None, session, touch=False) is not None
+
+    return admit
 
 
 # sent by requests a page makes by itself (`ui/assets.SESSION_WATCH`): they keep no session from idling out

@@ -8,13 +8,16 @@ sees an incomplete response instead of a truncated one that looks whole.
 
 from __future__ import annotations
 
+import asyncio
 import json
 import logging
 import re
 import time
 import weakref
+from collections.abc import Callable, Mapping
 from typing import Any
 
+from starlette.concurrency import run_in_threadpool
 from starlette.routing import Mount, compile_path
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
@@ -27,6 +30,7 @@ from cosyserve.api.errors import (
     error_body,
     error_response,
 )
+from cosyserve.errors import BodyStalled
 from cosyserve.service.logs import new_request_id, reset_request_id, set_request_id
 
 access_log = logging.getLogger("cosyserve.access")
@@ -41,9 +45,17 @@ _MAX_HELD_BODY = 64 * 1024  # a bare `{"detail": ...}` error is far smaller: lar
 
 class ApiMiddleware:
     def __init__(
-        self, app: ASGIApp, metrics: Any, upload_limit_bytes: int, body_budget: BodyBudget | None = None
+        self,
+        app: ASGIApp,
+        metrics: Any,
+        upload_limit_bytes: int,
+        body_budget: BodyBudget | None = None,
+        admit: Callable[[Mapping[str, str]], bool] | None = None,
     ) -> None:
         self.app = app
+        # whether a request's credentials let it in: asked before a large body takes budget (the budget
+        # is shared: three idle connections without a key held it all, and every upload waited)
+        self.admit = admit
         self.metrics = metrics
         self.upload_limit_bytes = upload_limit_bytes
         self.max_body_bytes = body_cap_bytes(upload_limit_bytes)
@@ -77,11 +89,14 @@ class ApiMiddleware:
         received = 0
         limit = self.max_body_bytes
         held = 0  # bytes reserved in the body budget until the body has been received
+        declared = headers.get("content-length", "")
+        body_done = declared in ("", "0") and "transfer-encoding" not in headers
 
         async def limited_receive() -> Message:
-            nonlocal received, held
-            message = await receive()
+            nonlocal received, held, body_done
+            message = await (receive() if body_done else body_part(receive))
             if message["type"] == "http.request":
+                body_done = body_done or not message.get("more_body", False)
                 received += len(message.get("body", b""))
                 if received > limit:
                     raise BodyTooLarge(self.upload_limit_bytes, scope.get("path", ""))
@@ -91,14 +106,15 @@ class ApiMiddleware:
             return message
 
         try:
-            declared = headers.get("content-length", "")
             size = int(declared) if declared.isdigit() else (limit if "transfer-encoding" in headers else 0)
             if size > limit:
                 message = body_too_large_message(self.upload_limit_bytes, scope.get("path", ""))
                 response = envelope(413, "payload_too_large", message)
                 await response(scope, receive, send_with_id)
             elif self.body_budget is not None and self.body_budget.counts(size):
-                if await self.body_budget.acquire(size):
+                if self.admit is not None and not await run_in_threadpool(self.admit, headers):
+                    await envelope(401, "auth_required", UNADMITTED)(scope, receive, send_with_id)
+                elif await self.body_budget.acquire(size):
                     held = size
                     await self.app(scope, limited_receive, send_with_id)
                 else:
@@ -148,6 +164,20 @@ class ApiMiddleware:
             f"the {budget.max_bytes / 1e6:.0f} MB allowed): retry in a few seconds",
             {"Retry-After": str(BUSY_RETRY_AFTER_S)},
         )
+
+
+UNADMITTED = "sign in or send an API key (Authorization: Bearer <key>) before sending a large body"
+BODY_STALL_S = 30.0  # a body with no byte for this long is given up (its budget freed)
+
+
+async def body_part(receive: Receive) -> Message:
+    """The next part of a request body; BodyStalled when none comes within BODY_STALL_S."""
+    try:
+        return await asyncio.wait_for(receive(), BODY_STALL_S)
+    except asyncio.TimeoutError:
+        raise BodyStalled(
+            f"the request body stopped arriving (nothing for {BODY_STALL_S:.0f} s): send it again"
+        ) from None
 
 
 class _EnvelopeForeignErrors:

@@ -14,6 +14,7 @@ ZH_LEADS: dict[str, str] = {
     "model_not_found": "找不到这个模型",
     "job_not_found": "找不到这个任务",
     "payload_too_large": "上传的内容太大",
+    "body_timeout": "上传中断了，请重试",
     "unsupported_media_type": "不支持这种文件格式",
     "out_of_memory": "服务器内存不足，请稍后重试",
     "storage_error": "保存结果时出错，请联系管理员",
