@@ -269,3 +269,14 @@ def test_a_database_from_before_the_output_indexes_gets_them(engine: sa.Engine, 
         with engine.connect() as conn:
             plan = conn.execute(sa.text("EXPLAIN QUERY PLAN SELECT id FROM jobs WHERE output_id = 'x'")).all()
         assert "ix_jobs_output" in str(plan), plan
+
+
+def test_a_job_recorded_before_specs_keeps_its_key() -> None:
+    """A job from a version before 2026-12-01 has no spec, only its owner `key:N`: after an upgrade it
+    ran without its key (not charged, any voice, a revoked key's job too)."""
+    from cosyserve.service.wire import decode_job_spec
+
+    seen: list[int] = []
+    spec = decode_job_spec(None, {"format": "mp3"}, "key:7", lambda key_id: seen.append(key_id) or None)
+    assert seen == [7] and spec.extra["key_id"] == 7 and spec.format == "mp3"
+    assert decode_job_spec(None, None, "session:admin", lambda key_id: None).extra["key_id"] is None

@@ -13,6 +13,7 @@ from __future__ import annotations
 import base64
 import dataclasses
 import json
+import re
 from collections.abc import Callable
 from typing import Any
 
@@ -243,6 +244,10 @@ def decode_job_spec(
     key as it is now (None: revoked or deleted since)."""
     data = data or {}
     key_id = data.get("key_id")
+    if key_id is None and owner and re.fullmatch(r"key:\d+", owner):
+        # a job recorded before specs were (2026-12-01) names its key only as its owner: without this it
+        # ran keyless after an upgrade, uncharged, with every voice, even for a revoked key
+        key_id = int(owner.removeprefix("key:"))
     return OutputSpec(
         format=data.get("format") or (params or {}).get("format") or "wav",
         sample_rate=data.get("sample_rate"),
