@@ -425,3 +425,25 @@ def test_a_read_only_output_directory_is_a_problem_not_a_crash(tmp_path: Path, m
 
     with pytest.raises(StorageError, match="could not be deleted"):  # a 503, not a 500
         store.delete(saved.id)
+
+
+def test_one_users_flood_evicts_its_own_results_first(tmp_path: Path) -> None:
+    """The size cap is shared, and it evicted oldest first: two three-hour dub tracks (one cue's work
+    each) removed every result another user had (a team's run). The largest holder gives up its own
+    oldest first."""
+    clock = FakeClock()
+    probe = make_store(tmp_path / "probe", clock)
+    pair = probe.save(b"x" * 1000, "wav", {"owner": "key:1"}).path.stat().st_size + 400
+    store = make_store(tmp_path, clock, max_total_bytes=6 * pair)
+    alices = []
+    for _ in range(2):
+        clock.now += 1
+        alices.append(store.save(b"a" * 1000, "wav", {"owner": "key:alice"}).id)
+    for _ in range(8):  # mallory floods
+        clock.now += 1
+        store.save(b"m" * 1000, "wav", {"owner": "key:mallory"})
+    left = {o.id for o in store.list(limit=100)}
+    assert set(alices) <= left  # alice's two older results stay
+    assert store.total_bytes() <= store.max_total_bytes
+    store.enforce_retention()  # the periodic pass follows the same rule
+    assert set(alices) <= {o.id for o in store.list(limit=100)}

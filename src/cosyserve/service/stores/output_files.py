@@ -47,6 +47,12 @@ class StoredOutput:
     def filename(self) -> str:
         return self.path.name
 
+    @property
+    def owner(self) -> str | None:
+        """Whom it was made for (its manifest's `owner`; None: made without one)."""
+        owner = self.manifest.get("owner")
+        return owner if isinstance(owner, str) else None
+
 
 def check_output_id(output_id: str) -> str:
     """`output_id` if it is a well-formed id; InputError otherwise (the only guard against path tricks)."""

@@ -60,8 +60,9 @@ class Retention:
         raise NotImplementedError
 
     def enforce_retention(self) -> RetentionReport:
-        """Remove outputs older than `retention_days`, then the oldest until the total is at most
-        `max_total_bytes`, then leftovers of interrupted saves older than STRAY_GRACE_S."""
+        """Remove outputs older than `retention_days`, then (`SizeIndex.over`) the oldest of whoever holds
+        the most until the total is at most `max_total_bytes`, then leftovers of interrupted saves older
+        than STRAY_GRACE_S."""
         with self._retention_lock:
             now = self._clock()
             outputs = self._oldest_first()
@@ -71,17 +72,17 @@ class Retention:
                 removed = [o for o in outputs if o.created_at < cutoff]
                 outputs = [o for o in outputs if o.created_at >= cutoff]
             sizes = {o.id: pair_size(o) for o in outputs + removed}
-            if self.max_total_bytes is not None:
-                total = sum(sizes[o.id] for o in outputs)
-                # the newest stays, as at its save: one output over the cap alone was removed seconds
-                # after its job said done
-                while len(outputs) > 1 and total > self.max_total_bytes:
-                    oldest = outputs.pop(0)
-                    total -= sizes[oldest.id]
-                    removed.append(oldest)
+            self._sizes.reset((o.id, sizes[o.id], o.owner) for o in outputs)  # resync with the directory
+            if self.max_total_bytes is not None and outputs:
+                # the largest holder's oldest first, and the newest stays, as at its save (one output
+                # over the cap alone was removed seconds after its job said done)
+                over = set(self._sizes.over(self.max_total_bytes, keep=outputs[-1].id))
+                removed += [o for o in outputs if o.id in over]
+                outputs = [o for o in outputs if o.id not in over]
+                for output_id in over:
+                    self._sizes.discard(output_id)
             for output in removed:
                 self._remove_expired(output)
-            self._sizes.reset((o.id, sizes[o.id]) for o in outputs)  # resync with the directory
             strays = remove_strays(self.root, now, STRAY_GRACE_S, self._get_local)
         if removed or strays:
             log.info("retention removed %d outputs and %d stray files", len(removed), len(strays))
@@ -92,11 +93,12 @@ class Retention:
         return sorted(self._complete_outputs(), key=lambda o: (o.created_at, o.id))
 
     def _keep_under_cap(self, stored: StoredOutput) -> None:
-        """The size cap holds at every save: the oldest outputs go first, never the one just saved."""
+        """The size cap holds at every save: the largest holder's oldest outputs go first, never the one
+        just saved."""
         if self.max_total_bytes is None:
             return
         with self._retention_lock:
-            self._sizes.add(stored.id, pair_size(stored))
+            self._sizes.add(stored.id, pair_size(stored), stored.owner)
             evicted = self._sizes.over(self.max_total_bytes, keep=stored.id)
             for output_id in evicted:
                 self._sizes.discard(output_id)

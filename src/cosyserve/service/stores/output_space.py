@@ -17,7 +17,7 @@ import secrets
 import shutil
 import threading
 import time
-from collections import OrderedDict
+from collections import Counter, OrderedDict, deque
 from collections.abc import Callable, Iterable
 from pathlib import Path
 from typing import Protocol
@@ -27,41 +27,59 @@ CHECK_INTERVAL_S = 5.0
 
 
 class SizeIndex:
-    """Sizes of the complete outputs of one directory, oldest first (ids sort by creation time)."""
+    """Sizes and owners of the complete outputs of one directory, oldest first (ids sort by creation).
 
-    def __init__(self, scan: Callable[[], Iterable[tuple[str, int]]]) -> None:
-        self._scan = scan  # (id, bytes) of every complete output, oldest first
-        self._sizes: OrderedDict[str, int] | None = None
+    The size cap is shared, but not first come, first evicted: when it is exceeded, the owner holding the
+    most bytes gives up its oldest output first, again and again. One user's flood (a dub track of three
+    hours is one cue's work) used to evict every other user's results; now it evicts its own.
+    """
+
+    def __init__(self, scan: Callable[[], Iterable[tuple[str, int, str | None]]]) -> None:
+        self._scan = scan  # (id, bytes, owner) of every complete output, oldest first
+        self._sizes: OrderedDict[str, tuple[int, str | None]] | None = None
         self.total = 0
 
-    def _loaded(self) -> OrderedDict[str, int]:
+    def _loaded(self) -> OrderedDict[str, tuple[int, str | None]]:
         if self._sizes is None:
             self.reset(self._scan())
         assert self._sizes is not None
         return self._sizes
 
-    def reset(self, outputs: Iterable[tuple[str, int]]) -> None:
-        self._sizes = OrderedDict(outputs)
-        self.total = sum(self._sizes.values())
+    def reset(self, outputs: Iterable[tuple[str, int, str | None]]) -> None:
+        self._sizes = OrderedDict((output_id, (size, owner)) for output_id, size, owner in outputs)
+        self.total = sum(size for size, _owner in self._sizes.values())
 
-    def add(self, output_id: str, size: int) -> None:
+    def add(self, output_id: str, size: int, owner: str | None = None) -> None:
         sizes = self._loaded()
-        self.total += size - sizes.pop(output_id, 0)
-        sizes[output_id] = size
+        self.total += size - sizes.pop(output_id, (0, None))[0]
+        sizes[output_id] = (size, owner)
 
     def discard(self, output_id: str) -> None:
         if self._sizes is not None:
-            self.total -= self._sizes.pop(output_id, 0)
+            self.total -= self._sizes.pop(output_id, (0, None))[0]
 
     def over(self, cap: int, keep: str) -> list[str]:
-        """The oldest ids to remove (never `keep`) so that the total fits in `cap` bytes."""
-        sizes, total, chosen = self._loaded(), self.total, []
-        for output_id, size in sizes.items():
-            if total <= cap:
-                break
+        """The ids to remove (never `keep`) so that the total fits in `cap` bytes: each time the oldest
+        output of the owner holding the most bytes (`keep` counted as its owner's)."""
+        sizes, total = self._loaded(), self.total
+        if total <= cap:
+            return []
+        held: Counter[str | None] = Counter()
+        queues: dict[str | None, deque[str]] = {}
+        for output_id, (size, owner) in sizes.items():
+            held[owner] += size
             if output_id != keep:
-                chosen.append(output_id)
-                total -= size
+                queues.setdefault(owner, deque()).append(output_id)
+        chosen = []
+        while total > cap and queues:
+            owner = max(queues, key=lambda who: held[who])
+            output_id = queues[owner].popleft()
+            size = sizes[output_id][0]
+            chosen.append(output_id)
+            total -= size
+            held[owner] -= size
+            if not queues[owner]:
+                del queues[owner]
         return chosen
 
 

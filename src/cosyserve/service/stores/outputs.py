@@ -122,7 +122,7 @@ class OutputStore(Retention):
         self._clock = clock
         self._retention_lock = threading.Lock()
         self.health = StorageHealth(self.root, min_free_bytes)  # can results be saved here? (/ready)
-        self._sizes = SizeIndex(lambda: ((o.id, pair_size(o)) for o in self._oldest_first()))
+        self._sizes = SizeIndex(lambda: ((o.id, pair_size(o), o.owner) for o in self._oldest_first()))
         # the bucket other nodes' outputs are read from (None: this node's outputs only)
         self.remote = sync if (sync is not None if remote_reads is None else remote_reads) else None
         if node_tag is not None and node_tag not in NODE_TAGS:
