@@ -527,3 +527,19 @@ def test_a_voice_name_the_server_refuses_is_said_in_the_pages_language():
         stored_error_message("invalid_input", "the text has nothing to say", "zh")
         == "输入无法使用（the text has nothing to say）"
     )
+
+
+def test_a_results_download_links_do_not_expire_with_a_signature():
+    """They were signed for `signed_url_ttl_s` (15 min): a user listening longer clicked a link that did
+    nothing. The page's own user downloads through the route with its sign-in instead."""
+    from pathlib import Path
+
+    from cosyserve.service.stores.output_files import StoredOutput
+    from cosyserve.ui.bridge.outputs import OutputsPart
+
+    output = StoredOutput(
+        "output_20250101_120000", Path("a.wav"), Path("a.json"), "/v1/outputs/output_20250101_120000", {}
+    )
+    part = OutputsPart.__new__(OutputsPart)
+    assert part.download_url(output) == "/v1/outputs/output_20250101_120000"
+    assert part.download_url(output, "mp3") == "/v1/outputs/output_20250101_120000?format=mp3"

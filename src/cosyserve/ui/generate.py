@@ -231,7 +231,8 @@ def cache_copy(path: str | Path, cache_dir: str, principal: Principal | None) ->
 
 
 def links_html(bridge: UiBridge, output: StoredOutput, lang: str, chosen: str = "wav") -> str:
-    """Signed download links to the output store in every format, and the subtitles (SRT) made from the
+    """Download links to the output store in every format (through the user's sign-in: `download_url`),
+    and the subtitles (SRT) made from the
     sentence timings; `chosen` is only remembered, every format is offered."""
     del chosen
     return download_links(bridge, output, lang, lambda fmt: (text("download", lang, fmt=fmt), f"⬇ {fmt}"))
@@ -240,7 +241,7 @@ def links_html(bridge: UiBridge, output: StoredOutput, lang: str, chosen: str = 
 def download_links(
     bridge: UiBridge, output: StoredOutput, lang: str, labels: Callable[[str], tuple[str, str]]
 ) -> str:
-    """A signed link to `output` in each of DOWNLOAD_FORMATS, `labels(FORMAT)` giving its (title, text),
+    """A link to `output` in each of DOWNLOAD_FORMATS, `labels(FORMAT)` giving its (title, text),
     then its subtitles (SRT) as a data link when its manifest has sentence timings."""
     parts = []
     for fmt in DOWNLOAD_FORMATS:

@@ -41,6 +41,7 @@ class OutputsPart:
         return self.service.outputs.delete(output_id)
 
     def download_url(self, output: StoredOutput, fmt: str = "wav") -> str:
-        """A signed link to the output store's download route (works without credentials until it expires)."""
-        query = {"format": fmt} if fmt != "wav" else None
-        return self.service.access.signed_url(output.url_path, query)
+        """The download route of `output`, for the page's own user: the browser sends its sign-in, so the
+        link works as long as the session does (a signed link stopped working after `signed_url_ttl_s`,
+        15 minutes, while the result still played on the page, and the click did nothing)."""
+        return output.url_path + (f"?format={fmt}" if fmt != "wav" else "")
