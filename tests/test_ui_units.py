@@ -543,3 +543,33 @@ def test_a_results_download_links_do_not_expire_with_a_signature():
     part = OutputsPart.__new__(OutputsPart)
     assert part.download_url(output) == "/v1/outputs/output_20250101_120000"
     assert part.download_url(output, "mp3") == "/v1/outputs/output_20250101_120000?format=mp3"
+
+
+def test_a_stopped_jobs_note_is_two_sentences_in_the_pages_language():
+    """ "…what finished before is kept What was made is kept: …" ran on, in English on the Chinese page."""
+    from types import SimpleNamespace
+
+    from cosyserve.ui.long_text import stopped_note
+
+    record = SimpleNamespace(
+        state="failed",
+        error_code="key_revoked",
+        error_message="API key 3 was revoked while this work ran",
+        result_extra={
+            "partial": {"segments_done": 5, "segments_total": 17, "audio_s": 73.3, "missing_from": 5}
+        },
+        duration_s=73.3,
+    )
+    note = stopped_note(record, "en")
+    assert "ran. What was made is kept: 5 of 17 parts" in note, note
+    assert stopped_note(record, "zh").startswith("⚠ 密钥已被吊销")
+
+
+def test_the_next_request_in_line_is_not_said_to_have_none_ahead():
+    from types import SimpleNamespace
+
+    from cosyserve.ui.synthesis_run import _queued_line
+
+    bridge = SimpleNamespace(queue_wait_estimate=lambda ticket: 9.2)
+    assert _queued_line(bridge, SimpleNamespace(position=0), "en") == "Next in line: starts in about 9 s"
+    assert "2 ahead" in _queued_line(bridge, SimpleNamespace(position=2), "en")

@@ -113,6 +113,7 @@ STRINGS: dict[str, tuple[str, str]] = {
         "Seed {seed} · {duration:.2f} s of audio · took {elapsed:.1f} s",
     ),
     "queued": ("排队中（前面还有 {position} 个，约 {wait} 秒）", "Queued ({position} ahead, about {wait} s)"),
+    "queued_next": ("下一个就轮到你（约 {wait} 秒后开始）", "Next in line: starts in about {wait} s"),
     "generating": ("生成中……", "Generating…"),
     "streaming": ("生成中：已生成 {seconds:.1f} 秒音频", "Generating: {seconds:.1f} s of audio so far"),
     "cancelled": ("已取消。", "Cancelled."),

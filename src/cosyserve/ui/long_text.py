@@ -18,6 +18,7 @@ from cosyserve.ui.bridge import JobRecord, Principal, SynthesisRequest, TtsOutco
 from cosyserve.ui.file_owners import owned_folder
 from cosyserve.ui.generate import Form, Run, Update, as_gr_error, finished
 from cosyserve.ui.i18n import text
+from cosyserve.ui.messages import stored_error_message
 
 JOB_POLL_S = 0.5
 
@@ -139,11 +140,12 @@ def run_job(
 
 def stopped_note(record: JobRecord, lang: str) -> str:
     """Why a job that kept a partial result stopped, and which part of it is there."""
-    why = (
-        text("cancelled", lang)
-        if record.state == "cancelled"
-        else f"⚠ {record.error_message or record.state}"
-    )
+    if record.state == "cancelled":
+        why = text("cancelled", lang)
+    else:  # in the page's language, a sentence of its own (it ran on into the next one)
+        why = "⚠ " + (stored_error_message(record.error_code, record.error_message, lang) or record.state)
+    if why[-1:] not in ".。!！?？)）":
+        why += "。" if lang == "zh" else "."
     partial = (record.result_extra or {}).get("partial") or {}
     if not partial:
         return why

@@ -109,7 +109,9 @@ def _run(
 def _queued_line(bridge: UiBridge, ticket: Ticket, lang: str) -> str:
     """ "Queued (N ahead, about W s)" for a ticket waiting in the service's queue."""
     wait = round(bridge.queue_wait_estimate(ticket))
-    return text("queued", lang, position=ticket.position or 0, wait=wait)
+    if not ticket.position:  # "0 ahead" read as "no wait" beside a wait: it is next, behind running work
+        return text("queued_next", lang, wait=wait)
+    return text("queued", lang, position=ticket.position, wait=wait)
 
 
 def _follow(bridge: UiBridge, ticket: Ticket, lang: str, progress: Any) -> TtsOutcome:
