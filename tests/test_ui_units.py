@@ -573,3 +573,18 @@ def test_the_next_request_in_line_is_not_said_to_have_none_ahead():
     bridge = SimpleNamespace(queue_wait_estimate=lambda ticket: 9.2)
     assert _queued_line(bridge, SimpleNamespace(position=0), "en") == "Next in line: starts in about 9 s"
     assert "2 ahead" in _queued_line(bridge, SimpleNamespace(position=2), "en")
+
+
+def test_a_long_texts_result_carries_its_take_badge():
+    """A job's result showed no badge: a take that failed its checks looked clean in the studio."""
+    from types import SimpleNamespace
+
+    from cosyserve.service.quality import TakeReport
+    from cosyserve.service.quality.scores import TakeScores
+    from cosyserve.ui.long_text import job_quality
+
+    kept = TakeReport(TakeScores(flatness=0.9, failed=("noise",))).as_dict()
+    report = job_quality(SimpleNamespace(result_extra={"quality": kept}))
+    assert report is not None and report.scores.failed == ("noise",)
+    assert job_quality(SimpleNamespace(result_extra={})) is None
+    assert job_quality(SimpleNamespace(result_extra={"quality": "not a report"})) is None

@@ -14,7 +14,7 @@ import numpy as np
 import soundfile
 
 from cosyserve.errors import CosyServeError
-from cosyserve.ui.bridge import JobRecord, Principal, SynthesisRequest, TtsOutcome, UiBridge
+from cosyserve.ui.bridge import JobRecord, Principal, SynthesisRequest, TakeReport, TtsOutcome, UiBridge
 from cosyserve.ui.file_owners import owned_folder
 from cosyserve.ui.generate import Form, Run, Update, as_gr_error, finished
 from cosyserve.ui.i18n import text
@@ -127,6 +127,7 @@ def run_job(
         output_path=None,
         media_type="audio/wav",
         warnings=tuple((record.result_extra or {}).get("warnings", [])),
+        quality=job_quality(record),  # the take badge (it was missing: a failed take looked clean)
     )
     elapsed = time.monotonic() - started
     if record.state != "done":  # stopped midway (a cancel, the quota, a revoked key): what it made
@@ -136,6 +137,15 @@ def run_job(
     done = finished(bridge, principal, form, outcome, lang, elapsed, cache_dir, run.cancelled)
     bar = progress_html(1.0, total, time.monotonic() - started, lang)
     yield done[0], done[1], note + "\n\n" + str(done[2]), done[3], bar, done[5]
+
+
+def job_quality(record: JobRecord) -> TakeReport | None:
+    """The checks of a job's result as its record keeps them (None: not checked)."""
+    kept = (record.result_extra or {}).get("quality")
+    try:
+        return TakeReport.from_dict(kept) if isinstance(kept, dict) else None
+    except (TypeError, ValueError, KeyError):  # written by another version: no badge rather than none at all
+        return None
 
 
 def stopped_note(record: JobRecord, lang: str) -> str:
