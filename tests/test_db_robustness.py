@@ -280,3 +280,22 @@ def test_a_job_recorded_before_specs_keeps_its_key() -> None:
     spec = decode_job_spec(None, {"format": "mp3"}, "key:7", lambda key_id: seen.append(key_id) or None)
     assert seen == [7] and spec.extra["key_id"] == 7 and spec.format == "mp3"
     assert decode_job_spec(None, None, "session:admin", lambda key_id: None).extra["key_id"] is None
+
+
+def test_links_to_outputs_deleted_by_an_earlier_version_are_cleared(engine: sa.Engine) -> None:
+    """A version that did not clear them left jobs `done` with a link that answered 404 after upgrading;
+    a single server clears them at start (`forget_missing`)."""
+    from cosyserve.service.stores.batches import BatchStore
+    from cosyserve.service.stores.output_refs import forget_missing
+
+    jobs = JobStore(engine)
+    BatchStore(engine)
+    made = []
+    for output_id in ("output_20250101_120000", "output_20250101_120001"):
+        job = jobs.create({"text": "hi"})
+        jobs.mark_running(job.id)
+        jobs.finish_done(job.id, output_id=output_id)
+        made.append(job.id)
+    assert forget_missing(engine, lambda output_id: output_id.endswith("1")) == 1
+    assert jobs.get(made[0]).output_id is None and jobs.get(made[1]).output_id == "output_20250101_120001"
+    assert jobs.get(made[0]).result_extra.get("result_deleted") is True

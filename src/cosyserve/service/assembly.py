@@ -35,7 +35,7 @@ from cosyserve.service.stores.batches import BatchStore
 from cosyserve.service.stores.db import make_engine, metadata
 from cosyserve.service.stores.jobs import JobStore
 from cosyserve.service.stores.keys import ApiKey, KeyStore
-from cosyserve.service.stores.output_refs import forget_output
+from cosyserve.service.stores.output_refs import forget_missing, forget_output
 from cosyserve.service.stores.output_space import RetentionWorker
 from cosyserve.service.stores.output_timezone import output_timezone
 from cosyserve.service.stores.outputs import OutputStore
@@ -207,6 +207,11 @@ class Service:
             self.voices.prune_local()
         except Exception as exc:
             log_failure("voices", f"sharing or pruning local voice files failed: {exc}", exc=exc)
+        if self.role == "single" and self.outputs.bucket is None:  # every output is here to look at
+            try:  # results deleted by a version that left their jobs and items pointing at them
+                forget_missing(self.db, self.outputs.has_local)
+            except Exception as exc:
+                log_failure("outputs", f"clearing links to deleted outputs failed: {exc}", exc=exc)
         if self.s3 is not None:
             try:
                 self.s3.prepare()

@@ -10,6 +10,8 @@ size cap) are followed the same way.
 
 from __future__ import annotations
 
+from collections.abc import Callable
+
 from sqlalchemy import Engine, select, update
 
 from cosyserve.service.stores.batches import batch_items_table
@@ -34,3 +36,14 @@ def forget_output(engine: Engine, output_id: str) -> int:
             update(batch_items_table).where(batch_items_table.c.output_id == output_id).values(output_id=None)
         )
     return len(jobs) + int(items.rowcount)
+
+
+def forget_missing(engine: Engine, exists: Callable[[str], bool]) -> int:
+    """Clear every job's and batch item's output id whose output `exists` says is gone (deleted by a
+    version before these links were cleared, or by hand); returns how many rows changed. For a node
+    whose outputs are all local (no bucket to read through)."""
+    with engine.connect() as conn:
+        named: set[str] = set()
+        for column in (jobs_table.c.output_id, batch_items_table.c.output_id):
+            named |= set(conn.execute(select(column).where(column.is_not(None))).scalars())
+    return sum(forget_output(engine, output_id) for output_id in sorted(named) if not exists(output_id))

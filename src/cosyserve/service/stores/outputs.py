@@ -329,6 +329,14 @@ class OutputStore(Retention):
         bucket.delete(output)
         return output
 
+    def has_local(self, output_id: str) -> bool:
+        """Whether this node holds the complete output `output_id`."""
+        try:
+            self._get_local(check_output_id(output_id))
+        except (OutputNotFound, InputError):
+            return False
+        return True
+
     def drop_local(self, output_id: str) -> bool:
         """Remove this node's copy of an output deleted through another node (the bucket's copy is gone
         already); returns whether there was one."""
