@@ -230,6 +230,12 @@ def test_old_style_cookies_carry_nothing(client):
         assert client.get("/gradio_api/info").status_code == 401
         assert client.get("/v1/me").status_code == 401
         assert page_user(client) is None
+    client.cookies.clear()
+    client.cookies.set("cosyserve_ui_key", plaintext)  # the login page a browser is sent to drops it at once
+    cleared = [
+        c for c in client.get("/login").headers.get_list("set-cookie") if c.startswith("cosyserve_ui_key=")
+    ]
+    assert cleared and "max-age=0" in cleared[0].lower()
 
 
 def test_one_login_at_a_time(client):

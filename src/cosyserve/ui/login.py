@@ -133,7 +133,10 @@ def install_login_routes(app: FastAPI, bridge: UiBridge) -> None:
         if not await run_in_threadpool(bridge.auth_enabled):
             return RedirectResponse("/", status_code=303)
         next_path = safe_next(request.query_params.get("next"))
-        return HTMLResponse(login_page(bridge, lang_of(request), next_path))
+        page = HTMLResponse(login_page(bridge, lang_of(request), next_path))
+        if (set(AUTH_COOKIES) - {SESSION_COOKIE}) & set(request.cookies):  # an old version's raw-key cookie
+            clear_auth_cookies(page, keep=SESSION_COOKIE)
+        return page
 
     @app.post(LOGIN_PATH, include_in_schema=False)
     async def do_login(request: Request) -> Response:

@@ -206,8 +206,8 @@ def short_text_warning(segment: str, prompt_transcript: str) -> str | None:
     """
     if not prompt_transcript or len(segment) >= SHORT_TEXT_RATIO * len(prompt_transcript):
         return None
+    # (the transcript's length is not said: of a voice shared with the caller, it is its owner's)
     return (
-        f"the text {segment!r} is {len(segment)} characters, less than half the prompt transcript "
-        f"({len(prompt_transcript)} characters): speech for a text much shorter than its prompt often "
-        "comes out wrong; use a longer text or a shorter prompt"
+        f"the text {segment!r} is less than half as long as the voice's transcript: speech for a text much "
+        "shorter than its prompt often comes out wrong; use a longer text or a shorter prompt"
     )
