@@ -697,9 +697,10 @@ def fill_queue(service, release: threading.Event) -> list:
     from cosyserve.errors import QueueFull
 
     tickets = []
-    for _ in range(service.scheduler.concurrency + service.scheduler.queue_size + 1):
+    scheduler = service.scheduler
+    for n in range(scheduler.concurrency + 2 * scheduler.queue_size + 2):  # a key's first place included
         try:
-            tickets.append(service.scheduler.submit(lambda ctx: release.wait(60)))
+            tickets.append(scheduler.submit(lambda ctx: release.wait(60), owner=f"key:filler-{n}"))
         except QueueFull:
             break
     return tickets
@@ -715,7 +716,7 @@ def test_cancel(page, ui_server):
         page.click("#cross_lingual-generate")
         wait_until(lambda: service.scheduler.stats()["queued"] >= 1)  # the UI's request waits in the queue
         page.wait_for_function(
-            "document.querySelector('#cross_lingual-info').innerText.includes('Queued (0 ahead, about')"
+            "document.querySelector('#cross_lingual-info').innerText.includes('Next in line: starts in')"
         )
         page.click("#cross_lingual-cancel")
         page.wait_for_function(
