@@ -138,3 +138,31 @@ def test_a_name_typed_decomposed_is_the_same_name(client, prompt_wav_bytes) -> N
     assert saved["name"] == composed
     assert client.get(f"/v1/voices/{decomposed}").json()["id"] == saved["id"]
     assert client.delete(f"/v1/voices/{composed}").status_code == 204
+
+
+def test_one_owner_keeps_a_bounded_number_of_voices(server, client, prompt_wav_bytes) -> None:
+    """Each voice keeps its recording (38 MB for a 6-channel 48 kHz one) where no retention frees it: a
+    user could fill the disk every user shares (a team's run). One owner keeps at most
+    max_voices_per_owner."""
+    key, secret = server.service.keys.create("collector", "user")
+    library = server.service.voices
+    library.max_per_owner = 2
+    try:
+        with server.client(headers={"Authorization": f"Bearer {secret}"}) as user:
+            for name in ("first", "second"):
+                made = user.post(
+                    "/v1/voices",
+                    files={"audio": ("v.wav", prompt_wav_bytes, "audio/wav")},
+                    data={"name": name, "transcript": PROMPT_TRANSCRIPT, "consent": "true"},
+                )
+                assert made.status_code == 201, made.text
+            third = user.post(
+                "/v1/voices",
+                files={"audio": ("v.wav", prompt_wav_bytes, "audio/wav")},
+                data={"name": "third", "transcript": PROMPT_TRANSCRIPT, "consent": "true"},
+            )
+            assert third.status_code == 400 and "max_voices_per_owner" in third.json()["error"]["message"]
+            assert user.delete("/v1/voices/first").status_code == 204  # room again
+    finally:
+        library.max_per_owner = None
+        server.service.keys.revoke(key.id)

@@ -78,6 +78,7 @@ class Service:
         self.batches = BatchStore(self.db)
         self.keys = KeyStore(self.db, metadata)
         self.voices = VoiceLibrary(s.storage.data_dir / "voices", self.db, metadata, model_checksum="")
+        self.voices.max_per_owner = s.limits.max_voices_per_owner
         self.s3 = _s3_sync(s.s3) if s.s3.sync else None
         if self.s3 is not None:
             self.metrics.registry.register(SyncCollector(self.s3))

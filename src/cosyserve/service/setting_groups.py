@@ -147,6 +147,9 @@ class LimitSettings(_Group):
     daily_audio_seconds_quota: float | None = Field(
         None, gt=0, description="seconds of audio per API key per day (default: unlimited)"
     )
+    max_voices_per_owner: int = Field(
+        200, ge=1, description="most saved voices one API key (or UI user) keeps; each holds its recording"
+    )
     max_batch_items: int = Field(
         DEFAULT_MAX_BATCH_ITEMS,
         ge=1,

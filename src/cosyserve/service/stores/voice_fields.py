@@ -8,6 +8,8 @@ import re
 import unicodedata
 from typing import Any
 
+import sqlalchemy as sa
+
 from cosyserve.errors import InputError, VoiceNameInvalid, VoiceNameTaken
 from cosyserve.frontend.text.lexicon import Lexicon
 from cosyserve.service.requests import VoiceScope
@@ -86,3 +88,18 @@ def name_taken(name: str) -> InputError:
     return VoiceNameTaken(
         f"you already have a voice named {name!r}: pick another name or delete that one first"
     )
+
+
+def check_room(engine: sa.Engine, table: sa.Table, owner: str | None, limit: int | None) -> None:
+    """InputError when `owner` already keeps `limit` voices (None: no limit, or no owner)."""
+    if owner is None or limit is None:
+        return
+    with engine.connect() as conn:
+        count = conn.execute(
+            sa.select(sa.func.count()).select_from(table).where(table.c.owner == owner)
+        ).scalar_one()
+    if count >= limit:
+        raise InputError(
+            f"you keep {count} voices, the most one user may (max_voices_per_owner): delete one you no "
+            "longer use, then enrol this one"
+        )

@@ -40,6 +40,7 @@ from cosyserve.service.stores.db import add_missing_columns, create_tables
 from cosyserve.service.stores.voice_fields import (
     AmbiguousVoice,  # noqa: F401  (re-exported: the stores' callers catch it with the others)
     check_name,
+    check_room,
     check_transcript,
     lexicon_json,
     name_taken,
@@ -114,6 +115,9 @@ class VoiceLibrary:
         names_unique_per_owner(engine, self.table)  # and those with globally unique names lose that rule
         self.blobs = VoiceFiles(self.root, engine, self.files)
         self.model_checksum = model_checksum
+        # the most voices one owner keeps (None: no limit): each holds its recording in the database and
+        # on disk, which no retention frees, so one user could fill the disk everyone shares
+        self.max_per_owner: int | None = None
         self._lock = threading.Lock()
         # by voice id: (the model checksum they were computed for, features)
         self._features: dict[str, tuple[str, PromptFeatures]] = {}
@@ -141,6 +145,7 @@ class VoiceLibrary:
         lexicon_text = lexicon_json(lexicon or {})
         if self._named(name, owner) is not None:
             raise name_taken(name)
+        check_room(self.engine, self.table, owner, self.max_per_owner)
         features = analyse(audio)  # raises InputError for unusable audio, before anything is written
         voice_id = uuid.uuid4().hex
         folder = self.root / voice_id
