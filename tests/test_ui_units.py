@@ -588,3 +588,20 @@ def test_a_long_texts_result_carries_its_take_badge():
     assert report is not None and report.scores.failed == ("noise",)
     assert job_quality(SimpleNamespace(result_extra={})) is None
     assert job_quality(SimpleNamespace(result_extra={"quality": "not a report"})) is None
+
+
+def test_a_voice_deleted_meanwhile_leaves_the_studios_list():
+    """After "the selected voice no longer exists" the list still offered it, selected (a team's run)."""
+    from types import SimpleNamespace
+
+    from cosyserve.ui.studio_events import voice_still_there
+
+    kept = SimpleNamespace(id="v1", name="kept", owner=None)
+    bridge = SimpleNamespace(
+        voices=lambda principal: [kept],
+        owner_names=lambda principal: {},
+        principal_of=lambda request: SimpleNamespace(is_admin=False, owner="key:1"),
+    )
+    assert voice_still_there(bridge, "v1", "en", None) == {"__type__": "update"}  # still there: untouched
+    gone = voice_still_there(bridge, "v2", "en", None)
+    assert gone["value"] == "" and [value for _, value in gone["choices"]] == ["", "v1"]

@@ -14,7 +14,7 @@ from cosyserve.ui.file_owners import owned_folder
 from cosyserve.ui.generate import Form, UiError, as_gr_error
 from cosyserve.ui.i18n import text
 from cosyserve.ui.preview import form_preview
-from cosyserve.ui.studio import ModePanel, UiContext, prompt_feedback
+from cosyserve.ui.studio import ModePanel, UiContext, prompt_feedback, voice_choices
 from cosyserve.ui.synthesis_run import run_synthesis
 
 
@@ -166,5 +166,25 @@ def _wire_text_and_run(panel: ModePanel, ctx: UiContext) -> None:
         show_progress="full",
         show_progress_on=[panel.result],  # one status (and at most one "Error" badge), on the player
     )
+    panel.run_event.then(  # a voice deleted meanwhile leaves the list (it stayed there, still selected)
+        lambda selected, chosen, request: voice_still_there(bridge, selected, chosen, request),
+        [panel.voice, lang],
+        [panel.voice],
+        show_progress="hidden",
+    )
     panel.stream_box.change(None, [panel.stream_box], None, js=assets.FEED_JS)
     panel.cancel.click(cancel, [panel.click], None, js=assets.cancel_js(mode), queue=False)
+
+
+def voice_still_there(bridge: Any, selected: str | None, lang: str, request: gr.Request) -> Any:
+    """After a run: the voice list again, without the selected voice if it is gone (an admin deleted it,
+    its owner in another tab), so the page stops offering what the error said no longer exists."""
+    if not selected:
+        return gr.update()
+    try:
+        choices = voice_choices(bridge, lang, bridge.principal_of(request))
+    except Exception:  # signed out meanwhile: the session bar says so
+        return gr.update()
+    if selected in {value for _, value in choices}:
+        return gr.update()
+    return gr.update(choices=choices, value="")
