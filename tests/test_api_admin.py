@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import base64
+import re
 import threading
 import time
 
@@ -39,6 +40,7 @@ def test_health_answers_before_the_model_is_loaded_and_ready_follows(gated) -> N
         health = client.get("/health")
         assert health.status_code == 200 and health.json()["status"] == "ok"
         assert health.json()["model_state"] == "loading"
+        assert re.fullmatch(r"[0-9a-f]{12}", health.json()["source"])  # which code exactly (build_info)
         ready = client.get("/ready")
         assert ready.status_code == 503 and ready.headers["retry-after"] == "5"
         assert ready.json()["error"]["code"] == "not_ready" and "loading" in ready.json()["error"]["message"]

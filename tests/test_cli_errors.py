@@ -376,3 +376,14 @@ def test_a_misspelt_data_dir_is_said_and_not_created(
     assert main(["keys", "create", "first", "--quiet", "--data-dir", str(typo)]) == 0  # creating makes it
     assert main(["keys", "list", "--data-dir", str(typo)]) == 0
     assert "first" in capsys.readouterr().out
+
+
+def test_the_version_names_the_source_it_runs(capsys: pytest.CaptureFixture[str]) -> None:
+    """ "cosyserve 0.1.0" named every build of 500 commits: an upgrade could not be confirmed by it."""
+    from cosyserve.build_info import source_digest
+
+    with pytest.raises(SystemExit) as stopped:
+        main(["--version"])
+    assert stopped.value.code == 0
+    line = capsys.readouterr().out.strip()
+    assert re.fullmatch(r"cosyserve \S+ \(source [0-9a-f]{12}\)", line) and source_digest() in line, line

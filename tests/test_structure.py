@@ -30,8 +30,10 @@ LAYERS: dict[str, frozenset[str]] = {
     "exit_codes": frozenset(),
     "errors": frozenset({"exit_codes"}),  # ERROR_TABLE names each error's exit status
     "limits": frozenset(),
+    "build_info": frozenset(),
 }
-OPEN_TO_ALL = frozenset({PACKAGE, "errors", "limits"})  # the package root, the error types, the input limits
+# the package root, the error types, the input limits, which code is running
+OPEN_TO_ALL = frozenset({PACKAGE, "errors", "limits", "build_info"})
 # Inside ui/ only the bridge reaches the service and the frontend; the pages import the bridge, and the
 # bridge imports no page.
 UI_BRIDGE = f"{PACKAGE}.ui.bridge"

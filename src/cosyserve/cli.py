@@ -8,7 +8,6 @@ import sys
 from collections.abc import Callable, Sequence
 from pathlib import Path
 
-from cosyserve import __version__
 from cosyserve.commands.parsing import CliParser
 from cosyserve.errors import EXTRA_OF_MODULE, CosyServeError, InputError, MissingExtra, exit_code_for
 from cosyserve.exit_codes import ExitCode, epilog
@@ -58,6 +57,16 @@ def _cmd_demo_model(args: argparse.Namespace) -> int:
     return 0
 
 
+class VersionAction(argparse.Action):
+    """`--version`: the release and the source digest (`build_info`), computed only when asked."""
+
+    def __call__(self, parser: argparse.ArgumentParser, *args: object, **kwargs: object) -> None:
+        from cosyserve.build_info import version_line
+
+        print(version_line())  # on stdout, as argparse's own version action prints
+        parser.exit()
+
+
 def build_parser() -> argparse.ArgumentParser:
     parser = CliParser(
         prog="cosyserve",
@@ -65,7 +74,7 @@ def build_parser() -> argparse.ArgumentParser:
         epilog=epilog(),
         formatter_class=argparse.RawDescriptionHelpFormatter,
     )
-    parser.add_argument("--version", action="version", version=f"cosyserve {__version__}")
+    parser.add_argument("--version", action=VersionAction, nargs=0, help="show the version and which source")
     sub = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
 
     parity = sub.add_parser(

@@ -12,6 +12,7 @@ from cosyserve import __version__
 from cosyserve.api.deps import CurrentPrincipal, get_service
 from cosyserve.api.errors import envelope
 from cosyserve.api.schemas import ERRORS, ModelCard, ModelList
+from cosyserve.build_info import source_digest
 from cosyserve.errors import ModelNotFound
 
 router = APIRouter(tags=["health"])
@@ -25,6 +26,7 @@ def health(request: Request) -> dict[str, Any]:
     return {
         "status": "ok",
         "version": __version__,
+        "source": source_digest(),  # which code exactly (`build_info`): the release number names many
         "uptime_s": round(time.time() - service.started_at, 1),
         "model_state": service.model_state,
     }
