@@ -19,6 +19,7 @@ import re
 from urllib.parse import urlsplit
 
 from starlette.datastructures import Headers
+from starlette.responses import JSONResponse
 from starlette.types import ASGIApp, Receive, Scope, Send
 
 from cosyserve.api.errors import error_body
@@ -59,8 +60,6 @@ class CrossSiteGuard:
         return bool(origin) and (origin == "null" or not _same_host(origin, headers.get("host")))
 
     async def refuse(self, scope: Scope, receive: Receive, send: Send) -> None:
-        from starlette.responses import JSONResponse
-
         message = (
             f"{scope['method']} {scope['path']} came from another site's page: refused, so that no page can "
             "act for a signed-in user (open this server's own page, or call the API with a key)"

@@ -19,7 +19,7 @@ from starlette.requests import cookie_parser
 from cosyserve.limits import upload_bytes
 from cosyserve.service.access import voice_rules
 from cosyserve.service.access.principals import AuthRequired, Forbidden, Principal
-from cosyserve.service.access.sessions import SESSION_COOKIE
+from cosyserve.service.access.sessions import SESSION_COOKIE, header_key
 from cosyserve.service.assembly import Service
 from cosyserve.service.requests import OutputSpec
 from cosyserve.service.stores.voices import Voice
@@ -39,12 +39,7 @@ def request_id(request: Request) -> str | None:
 
 
 def presented_key(request: Request) -> str | None:
-    header = request.headers.get("authorization", "")
-    scheme, _, value = header.partition(" ")
-    if scheme.lower() == "bearer" and value.strip():
-        return value.strip()
-    key = request.headers.get("x-api-key", "").strip()
-    return key or None
+    return header_key(request.headers)
 
 
 def admitted(service: Service) -> Callable[[Mapping[str, str]], bool]:
@@ -54,10 +49,8 @@ def admitted(service: Service) -> Callable[[Mapping[str, str]], bool]:
     def admit(headers: Mapping[str, str]) -> bool:
         if not service.access.auth_enabled():
             return True
-        scheme, _, value = headers.get("authorization", "").partition(" ")
-        key = value.strip() if scheme.lower() == "bearer" else headers.get("x-api-key", "").strip()
         session = cookie_parser(headers.get("cookie", "")).get(SESSION_COOKIE)
-        return service.access.identify(key or None, session, touch=False) is not None
+        return service.access.identify(header_key(headers), session, touch=False) is not None
 
     return admit
 

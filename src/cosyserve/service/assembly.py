@@ -166,6 +166,12 @@ class Service:
             labels=self.labels,
         )
 
+    def _forget_missing(self) -> None:
+        try:
+            forget_missing(self.db, self.outputs.has_local)
+        except Exception as exc:
+            log_failure("outputs", f"clearing links to deleted outputs failed: {exc}", exc=exc)
+
     def _output_deleted(self, output_id: str) -> None:
         """An output was deleted: as `_output_expired`, and (an API node) the worker that made it drops
         its copy."""
@@ -209,10 +215,9 @@ class Service:
         except Exception as exc:
             log_failure("voices", f"sharing or pruning local voice files failed: {exc}", exc=exc)
         if self.role == "single" and self.outputs.bucket is None:  # every output is here to look at
-            try:  # results deleted by a version that left their jobs and items pointing at them
-                forget_missing(self.db, self.outputs.has_local)
-            except Exception as exc:
-                log_failure("outputs", f"clearing links to deleted outputs failed: {exc}", exc=exc)
+            # results deleted by a version that left their jobs and items pointing at them: one look at
+            # every job's output, in the background (not on the start-up path)
+            threading.Thread(target=self._forget_missing, name="cosyserve-output-links", daemon=True).start()
         if self.s3 is not None:
             try:
                 self.s3.prepare()

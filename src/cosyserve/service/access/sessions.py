@@ -8,6 +8,7 @@ import base64
 import hashlib
 import hmac
 import secrets
+from collections.abc import Mapping
 
 SESSION_COOKIE = "cosyserve_session"  # an opaque session token (`stores.ui_sessions`), never a key
 LEGACY_KEY_COOKIE = "cosyserve_ui_key"  # held a raw API key in old versions: never read, only cleared
@@ -79,3 +80,12 @@ def _b64(data: bytes) -> str:
 
 def _unb64(text: str) -> bytes:
     return base64.urlsafe_b64decode(text + "=" * (-len(text) % 4))
+
+
+def header_key(headers: Mapping[str, str]) -> str | None:
+    """The API key in `Authorization: Bearer …`, else in `X-API-Key` (header names in any case)."""
+    lowered = {name.lower(): value for name, value in headers.items()}
+    scheme, _, value = lowered.get("authorization", "").partition(" ")
+    if scheme.lower() == "bearer" and value.strip():
+        return value.strip()
+    return lowered.get("x-api-key", "").strip() or None

@@ -59,13 +59,13 @@ class SchedulerReport:
 
     def finished(self, ticket: Ticket) -> None:
         """`ticket` ended: its run and wait times, and its error when it failed (logged and counted)."""
+        state, error = ended_as(ticket)
         if self.metrics is not None:
             wait_s = (ticket.started_at or ticket.finished_at or time.time()) - ticket.submitted_at
             run_s = (
                 ticket.finished_at - ticket.started_at if ticket.started_at and ticket.finished_at else None
             )
-            self.metrics.observe_job(ended_as(ticket)[0], run_s, max(0.0, wait_s))
-        state, error = ended_as(ticket)
+            self.metrics.observe_job(state, run_s, max(0.0, wait_s))
         if state == "failed" and error is not None:
             kind = error_code(error)
             log_failure(kind, str(error), job_id=ticket.id, exc=error)

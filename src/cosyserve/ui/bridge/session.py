@@ -8,7 +8,7 @@ from collections.abc import Mapping
 from typing import Any
 
 from cosyserve.service.access.principals import AuthRequired, Principal
-from cosyserve.service.access.sessions import SESSION_COOKIE
+from cosyserve.service.access.sessions import SESSION_COOKIE, header_key
 from cosyserve.service.activity import log_activity
 from cosyserve.service.assembly import Service
 
@@ -24,7 +24,7 @@ class SessionPart:
         """Like the API: an API key in a header, the login's session cookie (whether by key or password),
         or anonymous with full rights when the server has no authentication at all; None: not signed in.
         `touch`: the request counts as the user's activity (the HTTP layer decides: `ui.login`)."""
-        key, token = _header_key(headers), cookies.get(SESSION_COOKIE)
+        key, token = header_key(headers), cookies.get(SESSION_COOKIE)
         return self.service.access.identify(key, token, touch=touch)
 
     def principal_of(self, request: Any) -> Principal:
@@ -68,11 +68,3 @@ class SessionPart:
     def session_cookie(self, token: str, *, secure: bool) -> dict[str, Any]:
         """The `Response.set_cookie` arguments of the session cookie for `token`."""
         return self.service.access.session_cookie(token, secure=secure)
-
-
-def _header_key(headers: Mapping[str, str]) -> str | None:
-    lowered = {k.lower(): v for k, v in headers.items()}
-    scheme, _, value = lowered.get("authorization", "").partition(" ")
-    if scheme.lower() == "bearer" and value.strip():
-        return value.strip()
-    return lowered.get("x-api-key", "").strip() or None
