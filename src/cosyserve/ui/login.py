@@ -22,6 +22,7 @@ from fastapi.responses import HTMLResponse, RedirectResponse, Response
 from starlette.concurrency import run_in_threadpool
 
 from cosyserve.ui.bridge import AUTH_COOKIES, SESSION_COOKIE, UiBridge
+from cosyserve.ui.event_cap import note_event_owner
 from cosyserve.ui.file_owners import CACHE_OWNERS
 from cosyserve.ui.i18n import pick_lang
 
@@ -191,6 +192,7 @@ def ui_auth_dependency(bridge: UiBridge) -> Callable[[Request], Awaitable[str | 
         if principal is not None:
             if _is_file_route(request) and not CACHE_OWNERS.allows(principal, _file_path(request)):
                 raise HTTPException(status_code=404, detail="no such file")  # another user's copy
+            note_event_owner(request, principal.owner or principal.kind)
             return principal.name or principal.kind
         wants_page = request.method == "GET" and "text/html" in request.headers.get("accept", "")
         if wants_page:
