@@ -37,6 +37,7 @@ from cosyserve.ui.bridge import (
 )
 from cosyserve.ui.file_owners import owned_folder
 from cosyserve.ui.i18n import text
+from cosyserve.ui.i18n_warnings import say_warnings
 from cosyserve.ui.messages import UiError, error_message
 from cosyserve.ui.preview import form_preview
 from cosyserve.ui.take_badge import take_badge
@@ -272,7 +273,7 @@ def result_info(outcome: TtsOutcome, lang: str, elapsed: float) -> str:
     info = text("result_info", lang, seed=outcome.seed, duration=outcome.duration_s, elapsed=elapsed)
     badge = take_badge(outcome.quality, lang)
     info += f" · {badge}" if badge else ""
-    warnings = "".join(f"\n- ⚠ {html.escape(w)}" for w in outcome.warnings)
+    warnings = "".join(f"\n- ⚠ {html.escape(w)}" for w in say_warnings(outcome.warnings, lang))
     return info + (("\n" + warnings) if warnings else "")
 
 

@@ -12,6 +12,7 @@ from cosyserve.ui import assets
 from cosyserve.ui.bridge import MODES, Principal, SynthesisRequest, Voice, new_request_id
 from cosyserve.ui.generate import UiError, as_gr_error, cache_copy
 from cosyserve.ui.i18n import text
+from cosyserve.ui.i18n_warnings import say_warnings
 from cosyserve.ui.optional_parts import parts_note
 from cosyserve.ui.studio import ModePanel, UiContext, prompt_feedback, voice_choices
 
@@ -28,7 +29,7 @@ def voice_rows(ctx: UiContext, lang: str, principal: Principal | None) -> dict[s
     for voice in ctx.bridge.voices(principal) if principal is not None else []:
         report = voice.report or {}
         created = time.strftime("%Y-%m-%d %H:%M", time.localtime(voice.created_at))
-        notes = "; ".join(report.get("warnings") or []) or "✓"
+        notes = "; ".join(say_warnings(report.get("warnings"), lang)) or "✓"
         private = ctx.bridge.may_read_private(principal, voice)
         transcript = (voice.transcript or "") if private else "—"
         access = _access(principal, voice, lang, owners)

@@ -13,6 +13,7 @@ from typing import Any
 from cosyserve.errors import CosyServeError
 from cosyserve.ui.bridge import PLAIN, PRONUNCIATION, ReadingFields, Span, TextPreview
 from cosyserve.ui.i18n import text
+from cosyserve.ui.i18n_warnings import say_warnings
 from cosyserve.ui.messages import error_message
 
 
@@ -64,7 +65,7 @@ def preview_html(description: TextPreview, lang: str, timings: Sequence[dict[str
     summary = f"<summary>{text('pv_tokens', lang)}</summary>"
     parts.append(f"<details>{summary}<ol class='cosy-tokens'>{tokens}</ol></details>")
     if description.warnings:
-        warned = "".join(f"<li>{html.escape(w)}</li>" for w in description.warnings)
+        warned = "".join(f"<li>{html.escape(w)}</li>" for w in say_warnings(description.warnings, lang))
         parts.append(f"<ul class='cosy-warnings'>{warned}</ul>")
     parts.append("</div>")
     return "".join(parts)

@@ -21,6 +21,7 @@ from cosyserve.ui import assets
 from cosyserve.ui.bridge import Principal, UiBridge, Voice
 from cosyserve.ui.generate import TicketRegistry, error_message
 from cosyserve.ui.i18n import Translator, text
+from cosyserve.ui.i18n_warnings import say_warnings
 from cosyserve.ui.optional_parts import parts_note
 from cosyserve.ui.studio_help import EXAMPLES, HELP, preset_choices
 
@@ -63,7 +64,7 @@ def prompt_feedback(bridge: UiBridge, path: str | None, lang: str) -> str:
     )
     stats += " · " + text("prompt_snr", lang, snr=report.snr_db)
     if report.warnings:
-        notes = "".join(f"\n- {html.escape(w)}" for w in report.warnings)
+        notes = "".join(f"\n- {html.escape(w)}" for w in say_warnings(report.warnings, lang))
         return f'<span class="warn">{text("prompt_warn", lang)}</span> · {stats}\n{notes}'
     return f"{text('prompt_ok', lang)} · {stats}"
 

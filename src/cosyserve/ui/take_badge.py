@@ -28,6 +28,19 @@ _CHECKS = {
 }
 
 
+# the scores in the badge's hover text, on the Chinese page
+_HOVER_ZH = {
+    "similarity": "音色相似度",
+    "pace": "语速比",
+    "repetition": "重复度",
+    "silence": "静音占比",
+    "longest pause": "最长停顿",
+    "clipping": "削波占比",
+    "flatness": "频谱平坦度",
+    "error rate": "识别错误率",
+}
+
+
 def check_names(failed: Iterable[str] | None, lang: str) -> str:
     """The failed checks, named in `lang` and joined ("duration, noise"; "时长、噪声")."""
     names = [str(name) for name in (failed or ())]
@@ -52,17 +65,20 @@ def take_badge(report: TakeReport | None, lang: str) -> str:
         label = "⚠ " + _say("failed", lang, failed=check_names(scores.failed, lang))
     if report.takes > 1:
         label += " · " + _say("takes", lang, n=report.takes)
-    numbers = [
-        f"similarity {scores.similarity:.2f}" if scores.similarity is not None else "",
-        f"pace {scores.pace_ratio:.2f}" if scores.pace_ratio is not None else "",
-        f"repetition {scores.repetition:.2f}",
-        f"silence {scores.silence_ratio:.2f}",
-        f"longest pause {scores.longest_pause_s:.1f} s",
-        f"clipping {scores.clipping_ratio:.4f}",
-        f"flatness {scores.flatness:.3f}",
-        f"error rate {scores.error_rate:.2f}" if scores.error_rate is not None else "",
+    scored = [
+        ("similarity", scores.similarity, "{:.2f}"),
+        ("pace", scores.pace_ratio, "{:.2f}"),
+        ("repetition", scores.repetition, "{:.2f}"),
+        ("silence", scores.silence_ratio, "{:.2f}"),
+        ("longest pause", scores.longest_pause_s, "{:.1f} s"),
+        ("clipping", scores.clipping_ratio, "{:.4f}"),
+        ("flatness", scores.flatness, "{:.3f}"),
+        ("error rate", scores.error_rate, "{:.2f}"),
     ]
-    hover = " · ".join(n for n in numbers if n)
+    said = _HOVER_ZH if lang == "zh" else {}
+    hover = " · ".join(
+        f"{said.get(name, name)} {shape.format(value)}" for name, value, shape in scored if value is not None
+    )
     state = "passed" if scores.passed else "failed"
     return (
         f'<span class="cosy-take" data-state="{state}" title="{html.escape(hover, quote=True)}">'
