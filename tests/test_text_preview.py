@@ -100,7 +100,7 @@ def test_no_model_is_a_clear_input_error_and_the_ui_shows_it(service) -> None:
     with pytest.raises(InputError, match="needs the model loaded"):
         text_preview(idle, None, "你好。", ReadingFields("cross_lingual"))
     bridge = SimpleNamespace(
-        text_preview=lambda principal, words, fields: text_preview(idle, principal, words, fields)
+        text_preview=lambda principal, words, fields, **_: text_preview(idle, principal, words, fields)
     )
     form = SimpleNamespace(
         text="你好。", mode="cross_lingual", voice=None, transcript=None, instruct=None, preset=None
@@ -114,3 +114,38 @@ def test_a_long_text_counts_the_sentences_of_every_piece(service) -> None:
     pieces = 2  # 20 characters at most each
     assert sentence_total(service, text) >= pieces
     assert sentence_total(SimpleNamespace(model=None, settings=service.settings), text) == pieces  # one each
+
+
+def sentence_list(html: str) -> str:
+    return html.split("<ol class='cosy-sentences'")[1].split("</ol>")[0]
+
+
+LONG = "".join(f"这是第{n}句话，它讲了一件很长很长的事情，一直讲到天黑才讲完。" for n in range(1, 9))
+
+
+def test_a_results_timings_pair_with_its_own_sentences(service) -> None:
+    """A request's sentences are the preview's: each gets its time, the rest "later" for a result stopped
+    midway."""
+    preview = text_preview(service, None, LONG, ReadingFields("cross_lingual"), with_written=True)
+    assert preview.written is not None and len(preview.written) == len(preview.segments) >= 2
+    timings = [{"index": 0, "text": preview.written[0], "start_s": 0.0, "end_s": 1.25}]
+    html = preview_html(preview, "en", timings)
+    assert "0.00–1.25 s" in html and "(timing after generating)" in html and "data-from" not in html
+    assert sentence_list(html).count("<li>") == len(preview.segments)
+
+
+def test_a_long_jobs_timings_are_shown_as_the_job_split_them(service) -> None:
+    """A long text's job splits each piece on its own: its sentences are not the whole text's, so the
+    preview lists the result's own sentences with their times (it paired the whole text's sentences
+    with other sentences' times), a timing without text extending the one before."""
+    preview = text_preview(service, None, LONG, ReadingFields("cross_lingual"), with_written=True)
+    first, rest = LONG[:30], LONG[30:]
+    timings = [
+        {"index": 0, "text": first, "start_s": 0.0, "end_s": 3.0},
+        {"index": 1, "text": rest, "start_s": 3.0, "end_s": 9.5},
+        {"index": 2, "text": "", "start_s": 9.5, "end_s": 9.75},
+    ]
+    html = preview_html(preview, "en", timings)
+    assert "data-from='result'" in html and sentence_list(html).count("<li>") == 2 and "Sentences (2)" in html
+    assert f"{first} <span class='cosy-when'>0.00–3.00 s" in html
+    assert f"{rest} <span class='cosy-when'>3.00–9.75 s" in html

@@ -46,6 +46,7 @@ class TextPreview:
     segments: tuple[tuple[Span, ...], ...]  # the sentence split: one LM call each
     lm_pieces: tuple[tuple[str, ...], ...]  # the token pieces of each LM input, prefixes included
     warnings: tuple[str, ...]
+    written: tuple[str, ...] | None = None  # the typed text of each segment, when asked for
 
 
 def spans(spoken: str) -> tuple[Span, ...]:
@@ -72,6 +73,7 @@ def preview_of(description: TextDescription) -> TextPreview:
         segments=tuple(spans(segment) for segment in description.segments),
         lm_pieces=tuple(lm.pieces for lm in description.lm_inputs),
         warnings=description.warnings,
+        written=description.written,
     )
 
 
@@ -108,6 +110,7 @@ def describe(
     prompt_text: str | None,
     instruct: str | None,
     voice: str | None,
+    with_written: bool = False,
 ) -> TextDescription:
     """How the model will read `text` (`describe_text`) with a saved voice's transcript, instruction and
     lexicon when one is given (a voice `principal` may use; None: no saved voice at all); InputError for
@@ -124,17 +127,34 @@ def describe(
         instruct = instruct if instruct is not None else saved.defaults.instruct
         lexicon = saved.lexicon or None
     return describe_text(
-        text, synth.tokenizer, prompt_text=prompt_text, instruct=instruct, lexicon=lexicon, max_chars=None
+        text,
+        synth.tokenizer,
+        prompt_text=prompt_text,
+        instruct=instruct,
+        lexicon=lexicon,
+        max_chars=None,
+        with_written=with_written,
     )
 
 
 def text_preview(
-    service: Service, principal: Principal | None, text: str, fields: ReadingFields
+    service: Service,
+    principal: Principal | None,
+    text: str,
+    fields: ReadingFields,
+    with_written: bool = False,
 ) -> TextPreview:
-    """The preview of `text` as a synthesis tab with these fields would send it (see `reading_inputs`)."""
+    """The preview of `text` as a synthesis tab with these fields would send it (see `reading_inputs`);
+    `with_written` adds the typed text of each sentence (to pair them with a result's timings)."""
     prompt_text, instruction = reading_inputs(fields)
     description = describe(
-        service, principal, text, prompt_text=prompt_text, instruct=instruction, voice=fields.voice
+        service,
+        principal,
+        text,
+        prompt_text=prompt_text,
+        instruct=instruction,
+        voice=fields.voice,
+        with_written=with_written,
     )
     return preview_of(description)
 

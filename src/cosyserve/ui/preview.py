@@ -29,15 +29,44 @@ def highlight(spans: Sequence[Span]) -> str:
     return "".join(out)
 
 
+def _when(timing: dict[str, Any]) -> str:
+    return f"<span class='cosy-when'>{timing['start_s']:.2f}–{timing['end_s']:.2f} s</span>"
+
+
+def _paired(description: TextPreview, timings: Sequence[dict[str, Any]]) -> bool:
+    """Whether a result's timings are this preview's sentences, one each (or the first of them, for a
+    result stopped midway): a long text's job splits each of its pieces on its own, so its sentences
+    need not be the whole text's."""
+    typed = [str(timing.get("text", "")) for timing in timings]
+    return description.written is not None and typed == list(description.written[: len(typed)])
+
+
 def _sentence_rows(
-    segments: Sequence[Sequence[Span]], timings: Sequence[dict[str, Any]] | None, lang: str
-) -> str:
+    description: TextPreview, timings: Sequence[dict[str, Any]] | None, lang: str
+) -> tuple[str, int]:
+    """The sentence list as HTML, and how many sentences it names."""
+    if timings is not None and not _paired(description, timings):
+        return _timed_rows(timings)
     rows = []
-    for index, segment in enumerate(segments):
+    for index, segment in enumerate(description.segments):
         timing = timings[index] if timings is not None and index < len(timings) else None
-        when = f"{timing['start_s']:.2f}–{timing['end_s']:.2f} s" if timing else text("pv_timing_later", lang)
-        rows.append(f"<li>{highlight(segment)} <span class='cosy-when'>{when}</span></li>")
-    return f"<ol class='cosy-sentences'>{''.join(rows)}</ol>"
+        when = _when(timing) if timing else f"<span class='cosy-when'>{text('pv_timing_later', lang)}</span>"
+        rows.append(f"<li>{highlight(segment)} {when}</li>")
+    return f"<ol class='cosy-sentences'>{''.join(rows)}</ol>", len(rows)
+
+
+def _timed_rows(timings: Sequence[dict[str, Any]]) -> tuple[str, int]:
+    """The result's own sentences with their times, as typed (a timing without text continues the one
+    before it)."""
+    rows: list[tuple[str, dict[str, Any]]] = []
+    for timing in timings:
+        said = str(timing.get("text", "")).strip()
+        if said or not rows:
+            rows.append((said, dict(timing)))
+        else:
+            rows[-1][1]["end_s"] = max(float(timing["end_s"]), float(rows[-1][1]["end_s"]))
+    items = "".join(f"<li>{html.escape(said)} {_when(timing)}</li>" for said, timing in rows)
+    return f"<ol class='cosy-sentences' data-from='result'>{items}</ol>", len(rows)
 
 
 def preview_html(description: TextPreview, lang: str, timings: Sequence[dict[str, Any]] | None = None) -> str:
@@ -56,8 +85,9 @@ def preview_html(description: TextPreview, lang: str, timings: Sequence[dict[str
     if description.instruction:
         mode += f" · {text('pv_instruction', lang)} <q>{html.escape(description.instruction)}</q>"
     parts.append(f"<p><b>{text('pv_mode', lang)}</b> {mode}</p>")
-    parts.append(f"<p><b>{text('pv_sentences', lang, count=len(description.segments))}</b></p>")
-    parts.append(_sentence_rows(description.segments, timings, lang))
+    rows, count = _sentence_rows(description, timings, lang)
+    parts.append(f"<p><b>{text('pv_sentences', lang, count=count)}</b></p>")
+    parts.append(rows)
     tokens = "".join(
         f"<li><code>{' | '.join(html.escape(piece) for piece in pieces)}</code></li>"
         for pieces in description.lm_pieces
@@ -85,7 +115,7 @@ def form_preview(
         return ""
     try:
         fields = ReadingFields(form.mode, form.voice or None, form.transcript, form.instruct, form.preset)
-        description = bridge.text_preview(principal, words, fields)
+        description = bridge.text_preview(principal, words, fields, with_written=timings is not None)
     except CosyServeError as exc:  # a voice deleted meanwhile reads as in the rest of the page
         return preview_error_html(error_message(exc, lang))
     return preview_html(description, lang, timings)

@@ -45,6 +45,9 @@ class TextDescription:
     prompt: TokenizedText | None  # read once before each segment; None in cross-lingual mode
     lm_inputs: tuple[TokenizedText, ...]  # one per segment, prefixes included
     warnings: tuple[str, ...]
+    # what was typed for each segment, as a result's timings name them (only when asked: it reads the
+    # text again, about a third of the time the rest takes)
+    written: tuple[str, ...] | None = None
 
 
 def describe_text(
@@ -55,8 +58,10 @@ def describe_text(
     instruct: str | None = None,
     lexicon: Lexicon | Mapping[str, str] | None = None,
     max_chars: int | None = DEFAULT_MAX_CHARS,
+    with_written: bool = False,
 ) -> TextDescription:
-    """Describe how `text` is read in the mode its inputs select (arguments as for `prepare_texts`).
+    """Describe how `text` is read in the mode its inputs select (arguments as for `prepare_texts`);
+    `with_written` adds the typed text of each segment.
 
     Raises InputError where synthesis would (empty or too long text, bad pronunciations).
     """
@@ -84,6 +89,7 @@ def describe_text(
         prompt=prompt,
         lm_inputs=tuple(_tokenized(segment, tokenizer) for segment in prepared.segments),
         warnings=tuple(prepared.warnings),
+        written=tuple(prepared.written_segments) if with_written else None,
     )
 
 

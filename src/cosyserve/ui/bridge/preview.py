@@ -13,10 +13,13 @@ class PreviewPart:
 
     service: Service
 
-    def text_preview(self, principal: Principal | None, text: str, fields: ReadingFields) -> TextPreview:
-        """How the model will read `text` from a synthesis tab with these fields; InputError when the model
-        is not loaded yet or synthesis would refuse the text too."""
-        return text_preview.text_preview(self.service, principal, text, fields)
+    def text_preview(
+        self, principal: Principal | None, text: str, fields: ReadingFields, with_written: bool = False
+    ) -> TextPreview:
+        """How the model will read `text` from a synthesis tab with these fields (`with_written`: with the
+        typed text of each sentence); InputError when the model is not loaded yet or synthesis would refuse
+        the text too."""
+        return text_preview.text_preview(self.service, principal, text, fields, with_written)
 
     def sentence_total(self, text: str) -> int:
         """How many sentences a long-text job for `text` will speak (for its progress bar)."""
