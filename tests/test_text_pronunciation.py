@@ -114,6 +114,13 @@ def test_converted_tokens_are_single_ids(tiny_dir: Path) -> None:
         ),
         ("[chóng qìng]", "[重庆][chóng qìng]"),
         ("the [M AY0 N UW1 T]", "[minute][M AY0 N UW1 T]"),
+        # an unclosed or empty spelling after a word was read out, brackets, letters and tone digits
+        ("[重庆][chóng qìng", "close it, e.g. [重庆][chóng qìng]"),
+        ("结尾[重庆](chong2", "close it, e.g. [重庆](chong2)"),
+        ("[重庆][chóng qìng，然后\n下一行", "is not closed"),
+        ("[minute][M AY0 N", "[minute][M AY0 N]"),
+        ("[重庆][]", "empty pronunciation"),
+        ("[重庆]（ ）", "empty pronunciation"),
     ],
 )
 def test_unknown_phones_are_input_errors(text: str, named: str) -> None:
@@ -123,7 +130,15 @@ def test_unknown_phones_are_input_errors(text: str, named: str) -> None:
 
 
 def test_bracketed_words_that_are_not_spellings_stay_words() -> None:
-    for text in ("[hello world]", "[breath]你好", "[AY1]", "[New York]", "[de le]"):
+    for text in (
+        "[hello world]",
+        "[breath]你好",
+        "[AY1]",
+        "[New York]",
+        "[de le]",
+        "参考[1](see page",
+        "[注](见下文",
+    ):
         assert convert_pronunciations(text) == text
 
 

@@ -620,6 +620,11 @@ def test_long_text_becomes_a_job_with_progress(page, ui_server, shared_dir):
     href = page.get_attribute("#cross_lingual-links a[data-format=srt]", "href")
     srt = base64.b64decode(href.split("base64,", 1)[1]).decode("utf-8")
     assert srt.count(" --> ") >= 5, srt[:300]  # 10 sentences
+    # the preview lists the sentences the job spoke, with the subtitles' times (each piece is split on
+    # its own, so they are not the whole text's sentences)
+    page.wait_for_selector("#cross_lingual-preview .cosy-sentences[data-from=result]")
+    rows = page.locator("#cross_lingual-preview .cosy-sentences li").all_inner_texts()
+    assert len(rows) == srt.count(" --> "), (rows, srt[:300])
     play_result(page, "cross_lingual")
     shot(page, "long-text-done")
     record = ui_server.service.jobs.list(limit=1)[0]

@@ -196,6 +196,7 @@ def convert_pronunciations(text: str, words: dict[str, str] | None = None) -> st
             end = match.start() + len(first)
             if first not in SPECIAL_TAGS:
                 _check_not_phone(text, word, match.start(), end, previous_end, previous_was_phone)
+                _check_spelling_after(text, word, end, spelling)
             out.append(first)
             previous_end, previous_was_phone = end, first in PRONUNCIATION_TOKENS
             position = end
@@ -233,6 +234,27 @@ def _check_not_phone(
         except InputError:
             hint = ""
         raise InputError(f"[{word}] is not a pronunciation token the model knows: {hint}{HOW_TO}")
+
+
+# A spelling that starts after a bracketed word and is never closed on its line: `[重庆][chóng qìng`.
+_OPEN_SPELLING = re.compile(r"[ \t]*(?:\[([^\[\]\n]*)|[(（]([^()（）\n]*))$", re.MULTILINE)
+
+
+def _check_spelling_after(text: str, word: str, end: int, spelling: str | None) -> None:
+    """Refuse an empty spelling after a word (`[重庆][]`) and a pinyin or CMU spelling that is never
+    closed (`[重庆](chong2`): either way the brackets and letters would be read out."""
+    if spelling is not None and not spelling.strip():
+        raise InputError(f"[{word}] is followed by an empty pronunciation: {HOW_TO}")
+    dangling = _OPEN_SPELLING.match(text, end)
+    if dangling is None:
+        return
+    content = dangling.group(1) if dangling.group(1) is not None else dangling.group(2)
+    if any(looks_like_phone(part) or part in CMU_PHONES for part in content.split()):
+        shown = dangling.group().strip()
+        raise InputError(
+            f"the pronunciation after [{word}] is not closed ({shown!r}), so its letters would be read "
+            f"out: close it, e.g. [{word}]{shown}{']' if shown.startswith('[') else ')'}"
+        )
 
 
 def _looks_like_spelling_alone(word: str) -> bool:
