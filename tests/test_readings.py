@@ -111,6 +111,12 @@ CASES = [
     Case("ranges", "比分3-2。", "比分三比二。", W),
     Case("ranges", "比分3:2。", "比分三比二。", R),
     Case("ranges", "2020–2024年", "二零二零到二零二四年", W),
+    Case("zh numbers", "有1000000000000元。", "有一万亿元。", W),  # official: 一千亿零元
+    Case("zh numbers", "共10000000000000人", "共十万亿人", W),
+    Case("zh numbers", "达到2000000000000元", "达到两万亿元", W),
+    Case("zh numbers", "共1,000,000,000,000元", "共一万亿元", W),
+    Case("zh numbers", "有123456789012元", "有一千二百三十四亿五千六百七十八万九千零一十二元", R),
+    Case("zh numbers", "2×3÷4等于1.5", "二乘三除以四等于一点五", W),  # official: 三除四 (4 / 3)
     # ---- ordinals ----
     Case("ordinals", "He came 1st.", "He came first.", R),
     Case("ordinals", "The 21st century.", "The twenty first century.", R),
@@ -234,6 +240,15 @@ ZH_TWO_CASES = [
     Case("zh ordinals", "第2次", "第二次", R),
     Case("zh ordinals", "第12课", "第十二课", R),
     Case("zh ordinals", "第2.5", "第二点五", R),
+    Case("zh ordinals", "他考了第12345名。", "他考了第一万二千三百四十五名。", R),
+    Case(
+        "zh ordinals",
+        "第12345",
+        "第一万二千三百四十五",
+        W,
+        "an ordinal is a number, not digits (第幺二三四五)",
+    ),
+    Case("zh ordinals", "第20000名", "第二万名", W, ORDINAL),
     Case("zh dates", "2月2日", "二月二日", W, DAY),
     Case("zh dates", "12月2日", "十二月二日", W, DAY),
     Case("zh dates", "2024年2月2日", "二零二四年二月二日", W, DAY),

@@ -14,6 +14,7 @@ from __future__ import annotations
 import re
 
 from cosyserve.frontend.text.corrections import Reading, Rule, rewrite
+from cosyserve.frontend.text.numbers_zh import cardinal_zh
 from cosyserve.frontend.text.official import wetext
 from cosyserve.frontend.text.readings_en import looks_like_ip_or_date
 from cosyserve.frontend.text.readings_zh_two import RULES as TWO_RULES
@@ -42,6 +43,17 @@ def _read_phone_plus(match: re.Match[str]) -> Reading | None:
     return Reading("加" + spoken, spoken=True)
 
 
+def _read_large_count(match: re.Match[str]) -> Reading | None:
+    """A count of 13 to 16 digits (`1000000000000元`): wetext reads it wrong (一千亿零元, 十零零零…)."""
+    digits = match["number"].replace(",", "")
+    said = cardinal_zh(int(digits))
+    if said[:1] == "二" and said[1:2] in ("千", "万", "亿"):
+        said = "两" + said[1:]  # 两万亿, as wetext says 两千, 两万, 两亿
+    if wetext(match.group() + match["after"], "zh").startswith(said):
+        return None
+    return Reading(said, spoken=True)
+
+
 def _read_version(match: re.Match[str]) -> Reading | None:
     """`2.3.1` -> 二点三点一 (each part as a number); IP addresses and dotted dates are left to wetext."""
     parts = match.group().split(".")
@@ -59,6 +71,7 @@ RULES: tuple[Rule, ...] = (
         _read_phone_plus,
     ),
     Rule("version number", re.compile(r"(?<![\d.])\d+(?:\.\d+){2,}(?![\d.]|\.\d)"), _read_version),
+    Rule("division sign", re.compile(r"(?<=\d)\s*÷\s*(?=\d)"), rewrite("除以")),  # 三除四 is 4 / 3
     Rule("score", re.compile(r"(比分(?:是|为)?)\s*(\d+)\s*[-–—:：]\s*(\d+)"), rewrite(r"\1\2:\3")),
     Rule("ordinal range", re.compile(r"第(\d+)\s*[-–—~～]\s*(\d+)"), rewrite(r"第\1到\2")),
     Rule(
@@ -79,6 +92,13 @@ RULES: tuple[Rule, ...] = (
             rf"(?P<post>\s?(?:{_CURRENCY_WORDS}))?"
         ),
         _read_money_zeros,
+    ),
+    Rule(
+        "count of 13 to 16 digits",
+        re.compile(
+            r"(?<![\d.,])(?P<number>\d{13,16}|\d{1,3}(?:,\d{3}){4,5})(?![\d.,])(?=(?P<after>[\u4e00-\u9fff]))"
+        ),
+        _read_large_count,
     ),
     *TWO_RULES,
 )

@@ -19,6 +19,7 @@ import re
 from collections.abc import Callable
 
 from cosyserve.frontend.text.corrections import Reading, Rule
+from cosyserve.frontend.text.numbers_zh import cardinal_zh
 from cosyserve.frontend.text.official import wetext
 
 # What may not come right before a counted 2: a digit or a decimal point (12, 0.2), a letter or code
@@ -56,8 +57,11 @@ def _read_count_range(match: re.Match[str]) -> Reading | None:
 
 
 def _read_ordinal(match: re.Match[str]) -> Reading | None:
-    """`第2课` -> 第二课, `第200名` -> 第二百名, `第2到3课` -> 第二到三课: an ordinal never counts with 两."""
-    reading = wetext(match["ordinal"], "zh").replace("两", "二").replace(" ", "")
+    """`第2课` -> 第二课, `第200名` -> 第二百名, `第2到3课` -> 第二到三课: an ordinal never counts with 两
+    (and `第12345名` is 第一万二千三百四十五名: wetext reads an ordinal of five digits digit by digit)."""
+    reading = re.sub(
+        r"\d+", lambda number: cardinal_zh(int(number.group())), re.sub(r"\s+", "", match["ordinal"])
+    )
     if not _official_differs(match["ordinal"], reading, match["after"]):
         return None
     return Reading(reading, spoken=True)
