@@ -81,3 +81,23 @@ def test_the_api_answers_400_naming_the_problem(client) -> None:
     items = batch.json().get("items") or []
     problems = [item for item in items if item.get("error")]
     assert problems and "invisible characters" in problems[0]["error"]["message"]
+
+
+def test_invisible_characters_inside_a_text_are_not_read(tiny_dir: Path) -> None:
+    """Control and format characters inside a visible text reached the LM as tokens of their own."""
+    tokenizer = TextTokenizer.from_dir(tiny_dir / "model")
+    prepared = prepare_texts(
+        "你好\x01\x07世界\x1b\u202e\u200f！",
+        tokenizer=tokenizer,
+        prompt_text="希望\x00你以后能够做的比我还好呦。",
+    )
+    assert prepared.segments == ["你好世界！"] and prepared.written_segments == ["你好世界！"]
+    assert "\x00" not in prepared.lm_prompt_text
+    emoji = prepare_texts("家人👨\u200d👩\u200d👧好。", tokenizer=tokenizer)
+    assert "\u200d" in emoji.segments[0]  # the joiner of an emoji sequence stays
+
+
+def test_an_inline_instruction_has_the_instruct_limit(tiny_dir: Path) -> None:
+    tokenizer = TextTokenizer.from_dir(tiny_dir / "model")
+    with pytest.raises(InputError, match="at most 500 are allowed"):
+        prepare_texts("说" * 501 + "<|endofprompt|>你好。", tokenizer=tokenizer)

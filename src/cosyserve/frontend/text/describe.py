@@ -18,6 +18,7 @@ from cosyserve.frontend.text.normalize import Language, normalize_report
 from cosyserve.frontend.text.prepare import DEFAULT_MAX_CHARS, PreparedText, prepare_texts
 from cosyserve.frontend.text.prompts import inline_instruction, leading_tag_instruction
 from cosyserve.frontend.text.pronunciation import convert_pronunciations
+from cosyserve.frontend.text.split import drop_invisible
 from cosyserve.frontend.tokenizer import TextTokenizer
 
 
@@ -75,7 +76,7 @@ def describe_text(
         lexicon=lexicon,
         max_chars=max_chars,
     )
-    report = normalize_report(_plain_body(text, lexicon), with_official=True)
+    report = normalize_report(_plain_body(drop_invisible(text), lexicon), with_official=True)
     prompt = _tokenized(prepared.lm_prompt_text, tokenizer) if prepared.lm_prompt_text else None
     return TextDescription(
         typed=text,

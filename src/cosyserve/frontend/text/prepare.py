@@ -27,10 +27,16 @@ from cosyserve.frontend.text.prompts import (
     strip_system_markers,
 )
 from cosyserve.frontend.text.pronunciation import convert_pronunciations, written_form
-from cosyserve.frontend.text.split import Encoder, require_visible_text, short_text_warning, split_text
+from cosyserve.frontend.text.split import (
+    Encoder,
+    drop_invisible,
+    require_visible_text,
+    short_text_warning,
+    split_text,
+)
 from cosyserve.frontend.text.tags import nfc
 from cosyserve.frontend.text.typed import typed_segments
-from cosyserve.limits import DEFAULT_MAX_TEXT_CHARS
+from cosyserve.limits import DEFAULT_MAX_TEXT_CHARS, MAX_INSTRUCT_CHARS
 
 DEFAULT_MAX_CHARS = DEFAULT_MAX_TEXT_CHARS  # `cosyserve.limits`
 
@@ -125,8 +131,16 @@ def prepare_texts(
     warnings: list[str] = []
     inline, body = inline_instruction(text)
     require_visible_text(body)
+    body, inline = drop_invisible(body), drop_invisible(inline) if inline else inline
+    instruct = drop_invisible(instruct) if instruct else instruct
+    prompt_text = drop_invisible(prompt_text) if prompt_text else prompt_text
     if max_chars is not None:
         check_length(body, max_chars)
+    if inline is not None and len(inline) > MAX_INSTRUCT_CHARS:
+        raise InputError(
+            f"the instruction before <|endofprompt|> has {len(inline)} characters; at most "
+            f"{MAX_INSTRUCT_CHARS} are allowed, as for `instruct`: shorten it"
+        )
 
     instruction = resolve_instruction(instruct) if instruct and instruct.strip() else None
     plain_instruct = strip_system_markers(instruct or "")
@@ -164,7 +178,7 @@ def prepare_texts(
     spoken = normalize_text(converted, lang)
     segments = split_text(spoken, tokenizer, text_language(spoken))
     if not segments:
-        raise InputError(f"the text {text!r} has nothing to speak after normalisation: give words to read")
+        raise InputError(f"the text {body!r} has nothing to speak after normalisation: give words to read")
 
     lm_texts = assemble_lm_texts(segments, prompt_transcript=transcript, instruction=instruction)
     if lm_texts.use_prompt_speech_tokens and transcript is not None:

@@ -58,6 +58,20 @@ def _is_invisible(char: str) -> bool:
     return char.isspace() or unicodedata.category(char) in ("Cf", "Cc")
 
 
+# Invisible characters a text may keep: the line breaks and tabs normalisation reads as blanks, and the
+# joiners that hold an emoji sequence or a Persian word together.
+_KEPT_INVISIBLE = frozenset("\t\n\r\u200c\u200d")
+
+
+def drop_invisible(text: str) -> str:
+    """`text` without control characters (NUL, escape codes, C1 codes) and format characters (zero-width
+    spaces, byte-order marks, direction marks and overrides, soft hyphens): the LM would get each as a
+    token of its own, and read it as noise."""
+    return "".join(
+        char for char in text if char in _KEPT_INVISIBLE or unicodedata.category(char) not in ("Cc", "Cf")
+    )
+
+
 def require_visible_text(text: str) -> None:
     """InputError unless `text` shows something: the one emptiness check of every path that takes a text
     to speak (a request, a job, a batch item), so that a text of zero-width characters is empty too."""
