@@ -78,6 +78,10 @@ def test_malformed_requests(client) -> None:
         client.post("/v1/audio/speech", json={"input": API_TEXT}), 400, "invalid_request"
     )
     assert no_voice["param"] == "voice" and no_voice["type"] == "invalid_request_error"
+    for field, value, status in [("speed", 3, 400), ("response_format", "aac", 400),
+                                 ("sample_rate", 12345, 400), ("voice", "nobody-has-this", 404)]:  # fmt: skip
+        bad = client.post("/v1/audio/speech", json={"input": API_TEXT, "voice": "alice", field: value})
+        assert assert_envelope(bad, status)["param"] == field, bad.text
 
 
 def test_deeply_nested_json_is_a_400_everywhere(client) -> None:

@@ -143,7 +143,13 @@ def error_response(exc: BaseException, metrics: Any = None) -> JSONResponse:
         log_failure(code, reason, exc=exc, level=level, status=status)
         if metrics is not None:
             metrics.count_error(code)
-    return envelope(status, code, message, headers)
+    return envelope(status, code, message, headers, param=getattr(exc, "param", None))
+
+
+def naming(exc: Exception, param: str) -> Exception:
+    """`exc` marked as about the request field `param` (OpenAI's `param` in the envelope)."""
+    exc.param = param  # type: ignore[attr-defined]
+    return exc
 
 
 def install_error_handlers(app: FastAPI) -> None:

@@ -14,6 +14,7 @@ from __future__ import annotations
 from fastapi import APIRouter, Request, Response
 
 from cosyserve.api.deps import CurrentPrincipal, get_service, output_spec, usable_voice
+from cosyserve.api.errors import naming
 from cosyserve.api.schemas import AUDIO_CONTENT, ERRORS, SpeechParams
 from cosyserve.api.streaming import (
     audio_response,
@@ -25,6 +26,7 @@ from cosyserve.api.streaming import (
 )
 from cosyserve.errors import InputError
 from cosyserve.limits import MAX_SPEED, MIN_SPEED
+from cosyserve.service.audio_formats import check_sample_rate
 from cosyserve.service.requests import SynthesisRequest
 from cosyserve.service.stores.voices import VoiceNotFound
 
@@ -43,20 +45,25 @@ async def speech(body: SpeechParams, request: Request, principal: CurrentPrincip
     service = get_service(request)
     service.access.check_quota(principal)
     if body.response_format == "aac":
-        raise InputError("response_format 'aac' is not supported here: use mp3, opus, flac, wav or pcm")
+        message = "response_format 'aac' is not supported here: use mp3, opus, flac, wav or pcm"
+        raise naming(InputError(message), "response_format")
     if not MIN_SPEED <= body.speed <= MAX_SPEED:
-        raise InputError(
-            f"speed {body.speed:g} is outside what CosyVoice supports: use {MIN_SPEED} to {MAX_SPEED}"
-        )
+        message = f"speed {body.speed:g} is outside what CosyVoice supports: use {MIN_SPEED} to {MAX_SPEED}"
+        raise naming(InputError(message), "speed")
+    try:
+        check_sample_rate(body.response_format, body.sample_rate)
+    except InputError as exc:
+        raise naming(exc, "sample_rate") from None
     name = body.voice_name
     try:
         usable_voice(request, principal, name)
     except VoiceNotFound:
-        raise VoiceNotFound(
+        missing = VoiceNotFound(
             f"no saved voice {name!r}. `voice` must name a voice saved on this server: create one with "
             "POST /v1/voices (multipart: name, audio, transcript) or `cosyserve voices add NAME --wav FILE`; "
             "GET /v1/voices lists them"
-        ) from None
+        )
+        raise naming(missing, "voice") from None
     synthesis = SynthesisRequest(
         text=body.input,
         voice=name,
