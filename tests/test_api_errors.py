@@ -256,3 +256,11 @@ def test_fuzz_every_route_of_the_schema(client, data) -> None:
     content = None if body is None else json.dumps(body)
     headers = {"content-type": "application/json"} if content is not None else {}
     assert_handled(client.request(method, path, params=params, content=content, headers=headers))
+
+
+def test_null_volume_is_the_default_as_null_speed_is() -> None:
+    from cosyserve.api.schemas import TtsParams
+
+    asked = TtsParams.model_validate({"text": "你好。", "voice": "alice", "volume": None, "speed": None})
+    request = asked.to_request(None)
+    assert request.volume == 1.0 and request.speed is None

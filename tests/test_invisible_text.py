@@ -101,3 +101,14 @@ def test_an_inline_instruction_has_the_instruct_limit(tiny_dir: Path) -> None:
     tokenizer = TextTokenizer.from_dir(tiny_dir / "model")
     with pytest.raises(InputError, match="at most 500 are allowed"):
         prepare_texts("说" * 501 + "<|endofprompt|>你好。", tokenizer=tokenizer)
+
+
+def test_a_job_text_is_counted_as_a_request_text_is() -> None:
+    """Composed and unpadded: 5001 "é" written decomposed were 10002 characters to a job, 5001 to /v1/tts."""
+    from cosyserve.service.backend import JOB_TEXT_FACTOR
+
+    limit = 20 * JOB_TEXT_FACTOR
+    decomposed = "e\u0301" * limit
+    assert "".join(job_pieces(SynthesisRequest(text=decomposed + "\n", voice="alice"), 20)) == "é" * limit
+    with pytest.raises(InputError, match=f"at most {limit} characters, got {limit + 1}"):
+        job_pieces(SynthesisRequest(text=decomposed + "e\u0301", voice="alice"), 20)

@@ -82,7 +82,9 @@ class SynthesisParams(_Strict):
     speed: float | None = Field(
         None, ge=MIN_SPEED, le=MAX_SPEED, description=f"{SPEED_RANGE_TEXT} (default: the voice's, or 1)"
     )
-    volume: float = Field(1.0, ge=MIN_VOLUME, le=MAX_VOLUME, description="linear gain on the output")
+    volume: float | None = Field(
+        1.0, ge=MIN_VOLUME, le=MAX_VOLUME, description="linear gain on the output (null: 1, unchanged)"
+    )
     format: AudioFormat = Field("wav", description="response audio format")
     sample_rate: int | None = Field(
         None, ge=8000, le=48000, description="output rate in Hz (default 24000; mp3/opus only some rates)"
@@ -115,7 +117,7 @@ class SynthesisParams(_Strict):
             instruct=self.instruct or None,
             seed=self.seed,
             speed=self.speed,
-            volume=self.volume,
+            volume=1.0 if self.volume is None else self.volume,
             denoise=self.denoise,
             takes=self.takes,
             thresholds=self.thresholds.given() if self.thresholds is not None else None,

@@ -15,6 +15,7 @@ from typing import Any, Protocol
 from cosyserve.errors import InputError, JobStateError
 from cosyserve.frontend.prompt_check import load_prompt
 from cosyserve.frontend.text.split import has_content, require_visible_text, split_long_text
+from cosyserve.frontend.text.tags import nfc
 from cosyserve.service.batches.submission import BatchSubmission
 from cosyserve.service.outcomes import StreamStart, TtsOutcome
 from cosyserve.service.quality.overrides import checked_against
@@ -155,9 +156,10 @@ def job_pieces(request: SynthesisRequest, max_chars: int) -> list[str]:
     nothing to speak: refused at submit, as /v1/tts refuses it)."""
     require_visible_text(request.text)
     limit = max_chars * JOB_TEXT_FACTOR
-    if len(request.text) > limit:
-        raise InputError(f"a job text may have at most {limit} characters, got {len(request.text)}")
-    pieces = split_long_text(request.text, max_chars)
+    text = nfc(request.text).strip()  # counted as /v1/tts counts (`check_length`): composed, unpadded
+    if len(text) > limit:
+        raise InputError(f"a job text may have at most {limit} characters, got {len(text)}")
+    pieces = split_long_text(text, max_chars)
     if not pieces or not any(has_content(piece) for piece in pieces):
         raise InputError(
             f"the text {request.text[:80]!r} has nothing to speak (only punctuation or blanks): "

@@ -204,7 +204,7 @@ def head_html() -> str:
 def counter_js(limit: int, job_limit: int | None = None) -> str:
     """A JS function: text → the counter's HTML (`n / limit`; over: made as a job; red over the job limit)."""
     return (
-        "(text) => { const n = Array.from((text || '').trim()).length; "
+        "(text) => { const n = Array.from((text || '').normalize('NFC').trim()).length; "
         f"const limit = {json.dumps(limit)}; const jobLimit = {json.dumps(job_limit or limit)}; "
         "const cls = n > jobLimit ? 'cosy-counter over' : (n > limit ? 'cosy-counter job' : 'cosy-counter'); "
         "const note = n > jobLimit ? '⚠ ' : ''; const tail = n > limit && n <= jobLimit ? ' · job' : ''; "
