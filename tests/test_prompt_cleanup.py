@@ -87,3 +87,21 @@ def test_denoise_without_the_package_says_how_to_install(monkeypatch: pytest.Mon
     assert not module.denoise_available()
     with pytest.raises(InputError, match=r"cosyserve\[denoise\]"):
         module.denoise(np.zeros(100, np.float32), 24000)
+
+
+def test_a_dc_offset_is_removed_before_the_checks(shared_dir: Path) -> None:
+    """A +0.05 offset on a prompt padded with half a second of silence: nothing was trimmed, the advice
+    was "no trailing silence" and "noisy recording", the offset being the "noise"."""
+    from cosyserve.frontend.prompt_check import load_prompt
+
+    samples, rate = _prompt(shared_dir)
+    pad = np.zeros(rate // 2, np.float32)
+    clean = np.concatenate([pad, samples, pad])
+    audio, report = load_prompt(_wav(clean + np.float32(0.05), rate))
+    expected = check_prompt(decode_audio(_wav(clean, rate)))
+    assert abs(float(np.mean(audio.samples))) < 1e-3
+    assert report.warnings == expected.warnings == ()
+    assert report.trailing_silence_s == pytest.approx(expected.trailing_silence_s, abs=0.03)
+    assert abs(report.snr_db - expected.snr_db) < 1.0
+    untouched, _ = load_prompt(_wav(clean, rate))  # a real recording's tiny mean is left alone
+    assert np.array_equal(untouched.samples, decode_audio(_wav(clean, rate)).samples)

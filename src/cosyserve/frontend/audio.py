@@ -165,6 +165,22 @@ def to_mono(data: np.ndarray) -> np.ndarray:
     return np.ascontiguousarray(data.mean(axis=1, dtype=np.float32))
 
 
+# A constant offset larger than this (about -54 dBFS) is a recording fault (a cheap interface or a
+# mis-biased converter), not speech: the mean of a real recording's speech is some 1e-5 of full scale.
+DC_OFFSET_MIN = 0.002
+
+
+def remove_dc_offset(samples: np.ndarray) -> np.ndarray:
+    """(N,) without its constant offset, where it has one of more than `DC_OFFSET_MIN` (an offset made
+    silence count as sound: nothing was trimmed, its "noise" was the offset); otherwise unchanged."""
+    if samples.size == 0:
+        return samples
+    offset = float(np.mean(samples, dtype=np.float64))
+    if abs(offset) <= DC_OFFSET_MIN:
+        return samples
+    return (samples - np.float32(offset)).astype(np.float32, copy=False)
+
+
 def frame_levels_db(samples: np.ndarray, sample_rate: int, frame_s: float = FRAME_S) -> np.ndarray:
     """RMS level of non-overlapping frames in dBFS: (N,) -> (ceil(N / frame),), the last zero-padded."""
     frame = max(1, round(frame_s * sample_rate))

@@ -6,6 +6,7 @@ with measurements and warnings that the API and UI show to the user.
 
 from __future__ import annotations
 
+import dataclasses
 from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Any, BinaryIO
@@ -22,6 +23,7 @@ from cosyserve.frontend.audio import (
     find_speech_span,
     frame_levels_db,
     peak_db,
+    remove_dc_offset,
     speech_rms_db,
     trim_silence,
 )
@@ -69,9 +71,11 @@ class PromptReport:
 
 
 def load_prompt(source: str | Path | bytes | BinaryIO) -> tuple[DecodedAudio, PromptReport]:
-    """Decode and check a prompt; raise InputError if it cannot be used."""
-    audio = decode_audio(source)
-    return audio, check_prompt(audio)
+    """Decode and check a prompt (without a DC offset it may have: see `remove_dc_offset`); raise
+    InputError if it cannot be used."""
+    decoded = decode_audio(source)
+    report = check_prompt(decoded)
+    return dataclasses.replace(decoded, samples=remove_dc_offset(decoded.samples)), report
 
 
 def check_prompt(audio: DecodedAudio) -> PromptReport:
@@ -82,13 +86,14 @@ def check_prompt(audio: DecodedAudio) -> PromptReport:
             f"the prompt's sample rate is {sr} Hz, outside the supported "
             f"{MIN_SAMPLE_RATE}..{MAX_SAMPLE_RATE} Hz; export it at 16, 24, 44.1 or 48 kHz"
         )
+    clipping = float(np.mean(np.abs(samples) >= CLIP_LEVEL))  # of the file as it came
+    samples = remove_dc_offset(samples)  # an offset is no sound: it made silence count as speech
     loudest = float(frame_levels_db(samples, sr).max())
     if loudest < SILENT_BELOW_DBFS:
         raise InputError(
             f"the prompt is silent (its loudest moment is {loudest:.0f} dBFS); check the microphone "
             f"and record {RECORDING_HINT}"
         )
-    clipping = float(np.mean(np.abs(samples) >= CLIP_LEVEL))
     if clipping > CLIP_REJECT_RATIO:
         raise InputError(
             f"the prompt is badly clipped ({clipping:.1%} of samples at full scale), which would make the "
