@@ -79,7 +79,7 @@ def test_voices_and_errors(demo_model_path, shared_dir, tmp_path, capsys) -> Non
     listed = capsys.readouterr().out
     assert " me " in listed and "consent by cli:" in listed
     assert main(["voices", "add", "..", "--wav", prompt, *common]) == 2  # a path-like name
-    assert "besides dots" in capsys.readouterr().err
+    assert "not only dots" in capsys.readouterr().err
     assert _synthesize(demo_model_path, tmp_path, tmp_path / "v.wav", "--voice", "me", "--seed", "1") == 0
     assert main(["voices", "rm", "me", "--data-dir", str(tmp_path)]) == 0
     capsys.readouterr()

@@ -605,3 +605,14 @@ def test_a_voice_deleted_meanwhile_leaves_the_studios_list():
     assert voice_still_there(bridge, "v1", "en", None) == {"__type__": "update"}  # still there: untouched
     gone = voice_still_there(bridge, "v2", "en", None)
     assert gone["value"] == "" and [value for _, value in gone["choices"]] == ["", "v1"]
+
+
+def test_voice_names_are_words_not_punctuation():
+    from cosyserve.errors import VoiceNameInvalid
+    from cosyserve.service.stores.voice_fields import check_name
+
+    for name in ("张三", "ジョン・スミス", "김민수", "José 2", "a.b", "〇号"):
+        assert check_name(name) == name
+    for name in ("】【", "。。", "..", "-", "_", "★"):
+        with pytest.raises(VoiceNameInvalid):
+            check_name(name)

@@ -38,8 +38,9 @@ SESSION_STRINGS: dict[str, tuple[str, str]] = {
     ),
     # a voice name the server cannot take, or one the user already has (enrol, rename)
     "err_voice_name": (
-        "音色名称须为 1–64 个字母、数字、空格、“-”“_”“.”或汉字。",
-        "A voice name is 1-64 letters, digits, spaces, '-', '_', '.' or Chinese characters.",
+        "音色名称须为 1–64 个汉字、字母（任何文字）、数字、空格、“-”“_”“.”或“・”，且不能只有符号。",
+        "A voice name is 1-64 letters (of any script, Chinese characters too), digits, spaces, '-', '_', "
+        "'.' or '・', and not only symbols.",
     ),
     "err_voice_name_taken": (
         "你已有同名的音色：请换一个名称，或先删除那个音色。",

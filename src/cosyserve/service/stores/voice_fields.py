@@ -14,7 +14,9 @@ from cosyserve.errors import InputError, VoiceNameInvalid, VoiceNameTaken
 from cosyserve.frontend.text.lexicon import Lexicon
 from cosyserve.service.requests import VoiceScope
 
-NAME_PATTERN = re.compile(r"^[\w\-. \u3000-\u9fff]{1,64}$")
+# Letters and digits of any script (\w: Chinese, kana, Hangul, accents), spaces, '-', '.', and the
+# katakana middle dot of foreign names (ジョン・スミス); no punctuation or symbols (【】 was a name).
+NAME_PATTERN = re.compile(r"^[\w\-. \u30fb]{1,64}$")
 MAX_TRANSCRIPT_CHARS = 500
 UNSTORABLE = re.compile("[\x00\ud800-\udfff]")  # NUL (PostgreSQL refuses it), lone surrogates (not UTF-8)
 
@@ -29,10 +31,13 @@ def check_name(name: str) -> str:
     name = same_spelling((name or "").strip())
     if not NAME_PATTERN.fullmatch(name):
         raise VoiceNameInvalid(
-            "a voice name must be 1-64 letters, digits, spaces, '-', '_', '.' or Chinese characters"
+            "a voice name must be 1-64 letters (of any script, Chinese characters too), digits, spaces, "
+            "'-', '_', '.' or '・'"
         )
-    if not name.strip(". "):  # ".", "..": path-like names a file browser or a URL would misread
-        raise VoiceNameInvalid(f"a voice name must have a letter, digit or character besides dots: {name!r}")
+    if not re.search(r"[^\W_]", name):  # ".", "..": path-like names a file browser or a URL would misread
+        raise VoiceNameInvalid(
+            f"a voice name needs a letter, digit or character, not only dots, dashes or blanks: {name!r}"
+        )
     return name
 
 
