@@ -180,3 +180,43 @@ def test_a_workers_sigterm_requeues_its_running_batch(
     finished = service.batches.items(job_id)
     assert [item.state for item in finished] == ["done"] * 3
     assert finished[0].output_id == first.output_id  # kept, not made again
+
+
+def test_a_batch_past_the_retry_limit_ends_its_items_and_says_what_it_kept(tmp_path) -> None:
+    """A batch interrupted by restarts as often as the retry limit allows failed, but its unfinished items
+    stayed queued and running for ever (not deletable, nothing would run them) and it kept no `partial`."""
+    from cosyserve.service.assembly import Service
+    from cosyserve.service.settings import Settings
+
+    def no_model(_settings, _voices):
+        raise RuntimeError("no model in this test")
+
+    settings = Settings(
+        model="demo", device="cpu", data_dir=tmp_path, job_max_attempts=2,
+        signing_secret="test-signing-secret-0123456789abcdef",
+    )  # fmt: skip
+    before = Service(settings, synthesizer_factory=no_model)
+    batch = before.jobs.create({"items": 3}, kind="batch", owner="key:1")
+    before.batches.add(
+        batch.id, [{"name": n, "params": {"text": t}} for n, t in zip("abc", ITEMS, strict=True)]
+    )
+    for _ in range(2):  # two processes died while running it
+        attempt = before.jobs.claim(batch.id, "node", 0).attempt
+    before.batches.start(batch.id, 1, attempt)
+    before.batches.finish(batch.id, 1, attempt, output_id="output_1", duration_s=1.5, run_s=0.4)
+    before.batches.start(batch.id, 2, attempt)
+
+    after = Service(settings, synthesizer_factory=no_model)  # the next start
+    after.backend.start()
+    try:
+        record = after.jobs.get(batch.id)
+        assert (record.state, record.error_code) == ("failed", "interrupted")
+        items = after.batches.items(batch.id)
+        assert [(i.state, i.error_code) for i in items] == [
+            ("done", None), ("cancelled", "interrupted"), ("cancelled", "interrupted")
+        ]  # fmt: skip
+        assert record.result_extra["partial"] == {
+            "segments_done": 1, "segments_total": 3, "missing": [2, 3], "audio_s": 1.5
+        }  # fmt: skip
+    finally:
+        after.backend.stop()

@@ -309,7 +309,7 @@ def test_job_store_on_postgresql(pg_engines: tuple[sa.Engine, sa.Engine]) -> Non
     worker.charge(running.id, 2.5)
     assert api.reserved_s("key:1") == pytest.approx(10.0)
     requeued, failed = worker.requeue_interrupted(max_attempts=3)  # the next start of a single server
-    assert [j.id for j in requeued] == [third.id, running.id] and failed == 0
+    assert [j.id for j in requeued] == [third.id, running.id] and failed == []
     assert api.get(running.id).state == "queued" and api.prompt_wav(running.id) == b"RIFF-recording"
     api.finish_failed(third.id, "x", "late")
     assert api.purge_finished_before(api.get(third.id).finished_at) == 2

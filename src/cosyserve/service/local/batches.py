@@ -141,17 +141,10 @@ class BatchRunner:
         if plan.kind == "dub":  # stopped by the quota: the track ends where the first cue not made starts
             outcome = self._track(plan, self._first_unmade_start(plan) if stopped else None)
             extra.update(track_s=round(outcome.duration_s, 3), charged_s=self._charge_rest(run, outcome))
-        done = self._done(plan)
-        extra["audio_s"] = round(sum(i.duration_s or 0.0 for i in done), 3)
+        kept = self.batches.kept(plan.job_id)
+        extra["audio_s"] = kept["audio_s"]
         if stopped is not None:  # the finished items stay downloadable; say which are missing
-            finished = {i.position for i in done}
-            missing = [i.position for i in self.batches.items(plan.job_id) if i.position not in finished]
-            extra["partial"] = {
-                "segments_done": counts.done,
-                "segments_total": counts.total,
-                "missing": missing,
-                "audio_s": extra["audio_s"],
-            }
+            extra["partial"] = kept["partial"]
         return JobResult(outcome, extra, stopped)
 
     # -- one item ---------------------------------------------------------------------------------------
@@ -289,9 +282,6 @@ class BatchRunner:
         )
 
     # -- a dub's track ----------------------------------------------------------------------------------
-
-    def _done(self, plan: BatchPlan) -> list[BatchItem]:
-        return [i for i in self.batches.items(plan.job_id) if i.state == "done" and i.output_id]
 
     def _track(self, plan: BatchPlan, until_s: float | None = None) -> TtsOutcome:
         """Write every finished cue at its start into one track on disk (`dub_track`: one cue in memory at

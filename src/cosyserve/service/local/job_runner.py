@@ -172,6 +172,16 @@ class LocalJobs:
             return ended
         return self.jobs.get(job_id) or record
 
+    def ended_interrupted(self, record: JobRecord) -> None:
+        """A job that failed at start, interrupted by restarts as often as the retry limit allows: a batch's
+        unfinished items end with it (they stayed queued for ever), its result says what it kept, and
+        what it held is given back."""
+        if record.kind != "tts":
+            message = record.error_message or "interrupted by restarts"
+            self.batches.cancel_rest(record.id, record.error_code or "interrupted", message)
+            self.jobs.add_result_extra(record.id, self.batches.kept(record.id))
+        self.reservations.release_job(record.id)
+
     def _segment_count(self, request: SynthesisRequest, pieces: list[str], voices: VoiceScope) -> int:
         """A long text's units for the queue's wait estimates: its segments (`run_pieces` gives the engine
         back after each), split as synthesis splits them. Only the text is prepared, no audio is made; with

@@ -35,7 +35,9 @@ class JobFeeder:
     def start(self) -> None:
         queued, failed = self.runner.jobs.requeue_interrupted(self.max_attempts)
         if failed:
-            log.warning("%d jobs were interrupted %d times and failed", failed, self.max_attempts)
+            log.warning("%d jobs were interrupted %d times and failed", len(failed), self.max_attempts)
+        for record in failed:
+            self.runner.ended_interrupted(record)
         if not queued:
             return
         log.warning("%d jobs left by an earlier process are queued again", len(queued))

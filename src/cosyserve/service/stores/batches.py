@@ -187,6 +187,26 @@ class BatchStore:
             mean_run_s=float(mean) if mean is not None else None,
         )
 
+    def kept(self, batch_id: str) -> dict[str, Any]:
+        """What a batch that stopped early kept, as its job's result reports it: item counts, the audio
+        seconds of its finished items, and `partial` (the positions not made)."""
+        items = self.items(batch_id)
+        done = [item for item in items if item.state == "done" and item.output_id]
+        audio_s = round(sum(item.duration_s or 0.0 for item in done), 3)
+        finished = {item.position for item in done}
+        return {
+            "items": len(items),
+            "done": len(done),
+            "failed": sum(item.state == "failed" for item in items),
+            "audio_s": audio_s,
+            "partial": {
+                "segments_done": len(done),
+                "segments_total": len(items),
+                "missing": [item.position for item in items if item.position not in finished],
+                "audio_s": audio_s,
+            },
+        }
+
     # -- transitions, each only for the batch job's current running attempt -------------------------------
 
     def start(self, batch_id: str, position: int, attempt: int) -> bool:

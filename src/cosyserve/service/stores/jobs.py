@@ -287,14 +287,16 @@ class JobStore(JobCharges):
             return self.finish_cancelled(job_id, str(exc) or "cancelled", attempt=attempt)
         return self.finish_failed(job_id, error_code(exc), str(exc) or type(exc).__name__, attempt=attempt)
 
-    def requeue_interrupted(self, max_attempts: int) -> tuple[list[JobRecord], int]:
+    def requeue_interrupted(self, max_attempts: int) -> tuple[list[JobRecord], list[JobRecord]]:
         """At startup (single process): jobs an earlier process left running go back to the queue, to run
         again as their next attempt, unless they used up `max_attempts` (those fail). Returns the queued
-        jobs, oldest first, and how many failed."""
+        jobs, oldest first, and the failed ones."""
+        used_up = (jobs_table.c.state == "running") & (jobs_table.c.attempt >= max_attempts)
         with self.engine.begin() as conn:
-            failed = conn.execute(
+            failed_ids = list(conn.execute(select(jobs_table.c.id).where(used_up)).scalars())
+            conn.execute(
                 update(jobs_table)
-                .where(jobs_table.c.state == "running", jobs_table.c.attempt >= max_attempts)
+                .where(jobs_table.c.id.in_(failed_ids), jobs_table.c.state == "running")
                 .values(
                     state="failed",
                     finished_at=utc_now(),
@@ -303,7 +305,7 @@ class JobStore(JobCharges):
                     error_message=f"{INTERRUPTED_MESSAGE} {max_attempts} times (the retry limit): "
                     "resubmit it, or look in the server log for what stops the server while it runs",
                 )
-            ).rowcount
+            )
             conn.execute(
                 update(jobs_table)
                 .where(jobs_table.c.state == "running")
@@ -316,7 +318,24 @@ class JobStore(JobCharges):
                 .order_by(jobs_table.c.created_at, jobs_table.c.id)
             ).mappings()
             queued = [record_from_row(row) for row in rows]
-        return queued, int(failed)
+            failed = [
+                record_from_row(row)
+                for row in conn.execute(select(jobs_table).where(jobs_table.c.id.in_(failed_ids))).mappings()
+            ]
+        return queued, failed
+
+    def add_result_extra(self, job_id: str, extra: Mapping[str, Any]) -> None:
+        """Merge `extra` into a finished job's `result_extra` (what an ended batch kept, found after it)."""
+        record = self.get(job_id)
+        if record is None:
+            return
+        merged = {**(record.result_extra or {}), **extra}
+        with self.engine.begin() as conn:
+            conn.execute(
+                update(jobs_table)
+                .where(jobs_table.c.id == job_id)
+                .values(result_extra=sanitize_params(merged))
+            )
 
     def purge_finished_before(self, cutoff: datetime) -> int:
         """Delete finished jobs older than `cutoff` (retention); returns how many went."""
