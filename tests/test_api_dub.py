@@ -163,7 +163,7 @@ def test_the_report_keeps_the_files_numbers_and_the_charge_is_the_track(dubbed) 
     document, dub = dubbed["document"], dubbed["dub"]
     assert document["reordered"] is False and "order_note" not in document
     assert [row["cue"] for row in document["cues"]] == [str(n) for n in range(1, 13)]
-    assert document["track_s"] == pytest.approx(CUES[-1][1])
+    assert document["track_s"] == pytest.approx(CUES[-1][1]) == document["planned_track_s"]
     # no key here, but the job counts what it charged: the track's length, not the speech made
     assert document["charged_s"] == pytest.approx(CUES[-1][1], abs=1e-3)
     assert dub["charged_s"] == pytest.approx(CUES[-1][1], abs=1e-3)
@@ -260,3 +260,6 @@ def test_a_cancelled_dubs_track_points_at_its_finished_cues(dubbed) -> None:
     message = refused.json()["error"]["message"]
     assert refused.status_code == 409 and "yet" not in message, message
     assert f"/v1/batches/{dub['id']}/archive" in message
+    # its report gives the track made (none), beside the one planned (it gave the planned one as made)
+    report = client.get(f"/v1/dub/{dub['id']}/report").json()
+    assert report["track_s"] == 0.0 and report["planned_track_s"] == pytest.approx(cues[-1][1])

@@ -197,8 +197,12 @@ async def batch_report(
     rows = dub_report(items)
     if format == "csv":
         return Response(report_csv(rows), media_type="text/csv; charset=utf-8")
-    track_s = track_seconds_of_items(item.params for item in items)
-    document = report_document(rows, track_s=track_s, charged_s=record.charged_s or 0.0)
+    planned_s = track_seconds_of_items(item.params for item in items)
+    # the track made (a dub stopped early, by a cancel or the quota, made a shorter one, or none)
+    track_s = (record.duration_s or 0.0) if record.is_terminal else None
+    document = report_document(
+        rows, track_s=track_s, planned_track_s=planned_s, charged_s=record.charged_s or 0.0
+    )
     return Response(report_json(document), media_type="application/json")
 
 

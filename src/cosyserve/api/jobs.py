@@ -56,6 +56,7 @@ def job_view(service: Service, record: JobRecord) -> JobView:
         result_url=result_url,
         result_deleted=bool((record.result_extra or {}).get(DELETED)),
         duration_s=record.duration_s,
+        charged_s=record.charged_s,
         seed=record.seed,
         params={key: value for key, value in (record.params or {}).items() if key != SNAPSHOTS},
         warnings=list((record.result_extra or {}).get("warnings", [])),

@@ -291,7 +291,8 @@ class JobView(BaseModel):
     output_id: str | None = None
     result_url: str | None = Field(None, description="signed download link, valid for a short time")
     result_deleted: bool = Field(False, description="its result was deleted since (DELETE /v1/outputs/{id})")
-    duration_s: float | None = None
+    duration_s: float | None = Field(None, description="seconds of audio made (a dub: the track's length)")
+    charged_s: float | None = Field(None, description="audio seconds charged to the key's quota so far")
     seed: int | None = None
     params: dict[str, Any] = Field(default_factory=dict)
     warnings: list[str] = Field(default_factory=list)

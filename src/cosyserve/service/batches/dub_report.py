@@ -106,16 +106,23 @@ def dub_report(items: Sequence[BatchItem]) -> list[dict[str, Any]]:
 
 
 def report_document(
-    rows: list[dict[str, Any]], *, track_s: float | None = None, charged_s: float | None = None
+    rows: list[dict[str, Any]],
+    *,
+    track_s: float | None = None,
+    planned_track_s: float | None = None,
+    charged_s: float | None = None,
 ) -> dict[str, Any]:
-    """The JSON report: the rows, whether the file's order was changed, the track's length and what was
-    charged for it (None: not known here, e.g. a local run)."""
+    """The JSON report: the rows, whether the file's order was changed, the length of the track made
+    (None: not made yet, or not known here, e.g. a local run), the length planned from the cues, and
+    what was charged for it."""
     reordered = any(row["file_position"] != row["position"] for row in rows)
     document: dict[str, Any] = {"reordered": reordered}
     if reordered:
         document["order_note"] = REORDERED_NOTE
     if track_s is not None:
         document["track_s"] = round(track_s, 3)
+    if planned_track_s is not None:
+        document["planned_track_s"] = round(planned_track_s, 3)
     if charged_s is not None:
         document["charged_s"] = round(charged_s, 3)
     document["check_these"] = listen_list(rows)  # cues whose every take failed its checks
