@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import time
 
+import pytest
 import sqlalchemy as sa
 
 from conftest import enrol_voice
@@ -31,10 +32,15 @@ def crash_after_save(service, job_id: str, position: int | None = None) -> None:
             .values(state="running", output_id=None, output_path=None, finished_at=None, attempt=1)
         )
         if position is not None:
+            item = (batch_items_table.c.batch_id == job_id) & (batch_items_table.c.position == position)
+            made_s = conn.execute(sa.select(batch_items_table.c.duration_s).where(item)).scalar_one()
             conn.execute(
-                sa.update(batch_items_table)
-                .where(batch_items_table.c.batch_id == job_id, batch_items_table.c.position == position)
-                .values(state="running", output_id=None, attempt=1)
+                sa.update(batch_items_table).where(item).values(state="running", output_id=None, attempt=1)
+            )
+            conn.execute(  # nor charged: an item is charged once it is recorded
+                sa.update(jobs_table)
+                .where(jobs_table.c.id == job_id)
+                .values(charged_s=jobs_table.c.charged_s - made_s)
             )
 
 
@@ -64,3 +70,4 @@ def test_outputs_saved_before_a_crash_are_adopted(start_api_server, prompt_wav_b
     assert [i["quality"] for i in batch_after["items"]] == [i["quality"] for i in batch["items"]]
     assert [i["output_id"] for i in batch_after["items"]] == [i["output_id"] for i in batch["items"]]
     assert outputs_after == outputs_before  # nothing was made a second time
+    assert batch_after["charged_s"] == pytest.approx(batch["charged_s"])  # the adopted item is charged

@@ -267,7 +267,7 @@ class BatchRunner:
             return False
         manifest = found.manifest
         log.info("batch %s: item %d was saved before the interruption: kept", plan.job_id, item.position)
-        return self.batches.finish(
+        recorded = self.batches.finish(
             plan.job_id,
             item.position,
             run.attempt,
@@ -280,6 +280,11 @@ class BatchRunner:
             }
             or None,
         )
+        if recorded:  # the earlier attempt died before it charged it (it charges once it recorded it)
+            made_s = float(manifest.get("duration_s") or 0.0)  # its speech: labels are added on download
+            charge_s = float(item.params.get("share_s") or 0.0) if plan.kind == "dub" else made_s
+            run.quota.charge(run.key_id, plan.job_id, charge_s)
+        return recorded
 
     # -- a dub's track ----------------------------------------------------------------------------------
 
