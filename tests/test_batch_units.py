@@ -34,6 +34,20 @@ def test_srt_is_read_leniently_where_players_are() -> None:
     assert [(c.cue_id, c.file_position) for c in cues] == [("1", 2), ("2", 1), ("3", 3)]
 
 
+def test_cue_numbers_without_blank_lines_are_not_spoken() -> None:
+    """`Good morning 2` was read out when a file left out the blank lines between its cues."""
+    srt = (
+        "1\n00:00:01,000 --> 00:00:02,000\nGood morning\n2\n00:00:03,000 --> 00:00:04,000\nGood night\n3\n"
+        "00:00:05,000 --> 00:00:06,000\nRoom 101\nBye"
+    )
+    cues = parse_subtitles(srt)
+    assert [(c.text, c.cue_id) for c in cues] == [
+        ("Good morning", "1"),
+        ("Good night", "2"),
+        ("Room 101 Bye", "3"),
+    ]
+
+
 def test_webvtt_notes_settings_and_short_times() -> None:
     vtt = (
         "WEBVTT - episode 1\n\nNOTE a comment\nthat spans lines\n\nSTYLE\n::cue { color: red }\n\n"
@@ -56,6 +70,7 @@ def test_webvtt_notes_settings_and_short_times() -> None:
             "line 2: '00:00:01,000 --> 00:00:0x,000' is not a time range",
         ),
         ("1\n00:00:03,000 --> 00:00:02,000\nhi\n", "line 2: the cue ends (00:00:02,000) before it starts"),
+        ("1\n00:00:01,000 --> 00:00:01,000\nhi\n", "line 2: the cue has no length"),
         ("just some text\n", "has no cues"),
         (
             "00:00:01,000 --> 00:00:02,000\na\n\n00:00:01,000 --> 00:00:03,000\nb\n",

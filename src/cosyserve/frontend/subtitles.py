@@ -68,7 +68,12 @@ def parse_subtitles(data: str | bytes, *, what: str = "the subtitle file") -> li
             label = line.strip()[:MAX_ID_CHARS]
             continue
         start, end = _seconds(match.group(1)), _seconds(match.group(6))
-        if end <= start:
+        if end == start:
+            raise InputError(
+                f"{what}, line {i + 1}: the cue has no length (it starts and ends at {match.group(1)}): "
+                "give it an end after its start"
+            )
+        if end < start:
             raise InputError(
                 f"{what}, line {i + 1}: the cue ends ({match.group(6)}) before it starts "
                 f"({match.group(1)}): fix its times"
@@ -76,6 +81,8 @@ def parse_subtitles(data: str | bytes, *, what: str = "the subtitle file") -> li
         body: list[str] = []
         i += 1
         while i < len(lines) and lines[i].strip() and not _TIMING.match(lines[i]):
+            if _numbers_next_cue(lines, i):  # no blank line before the next cue: its number is no speech
+                break
             body.append(lines[i])
             i += 1
         cues.append((start, end, _clean(body), label or str(len(cues) + 1)))
@@ -95,6 +102,11 @@ def parse_subtitles(data: str | bytes, *, what: str = "the subtitle file") -> li
         Cue(n, cues[k][0], cues[k][1], cues[k][2], cue_id=cues[k][3], file_position=k + 1)
         for n, k in enumerate(in_time, start=1)
     ]
+
+
+def _numbers_next_cue(lines: list[str], i: int) -> bool:
+    """Is line `i` a cue number (digits alone) right before a timing line?"""
+    return lines[i].strip().isdigit() and i + 1 < len(lines) and _TIMING.match(lines[i + 1]) is not None
 
 
 def _decode(data: str | bytes, what: str) -> str:
