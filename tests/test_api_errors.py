@@ -264,3 +264,12 @@ def test_null_volume_is_the_default_as_null_speed_is() -> None:
     asked = TtsParams.model_validate({"text": "你好。", "voice": "alice", "volume": None, "speed": None})
     request = asked.to_request(None)
     assert request.volume == 1.0 and request.speed is None
+
+
+def test_a_huge_offset_or_position_is_a_422_not_a_500(client) -> None:
+    """Past what a database integer holds: "Python int too large to convert to SQLite INTEGER" was a 500."""
+    huge = "99999999999999999999"
+    for path in (f"/v1/jobs?offset={huge}", f"/v1/batches?offset={huge}", f"/v1/outputs?offset={huge}",
+                 f"/v1/batches/{'a' * 32}?offset={huge}", f"/v1/dub/{'a' * 32}?offset={huge}",
+                 f"/v1/batches/{'a' * 32}/items/{huge}"):  # fmt: skip
+        assert_envelope(client.get(path), 422, "invalid_request")

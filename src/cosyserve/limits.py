@@ -13,6 +13,7 @@ from __future__ import annotations
 DEFAULT_MAX_TEXT_CHARS = 200  # the longest text one request carries (setting `max_text_chars`)
 DEFAULT_MAX_BATCH_ITEMS = 1000  # the most items one batch carries (setting `max_batch_items`)
 MAX_INSTRUCT_CHARS = 500  # an instruction (`instruct`), and a prompt recording's transcript
+MAX_LIST_OFFSET = 10**9  # past any list's end (a database integer takes at most 2^63 - 1: larger was a 500)
 
 # -- how it is spoken ----------------------------------------------------------------------------------
 

@@ -10,7 +10,7 @@ from __future__ import annotations
 
 from typing import Any, Literal
 
-from fastapi import APIRouter, Query, Request, Response
+from fastapi import APIRouter, Path, Query, Request, Response
 from fastapi.responses import RedirectResponse, StreamingResponse
 from starlette.concurrency import run_in_threadpool
 
@@ -27,6 +27,7 @@ from cosyserve.api.deps import (
 )
 from cosyserve.api.schemas import ERRORS
 from cosyserve.errors import InputError, JobStateError
+from cosyserve.limits import MAX_LIST_OFFSET
 from cosyserve.service.access.principals import Forbidden, Principal
 from cosyserve.service.assembly import Service
 from cosyserve.service.batches.archive import stream_zip
@@ -104,7 +105,7 @@ def list_batches(
     principal: CurrentPrincipal,
     state: WorkState | None = None,
     limit: int = Query(20, ge=1, le=100),
-    offset: int = Query(0, ge=0),
+    offset: int = Query(0, ge=0, le=MAX_LIST_OFFSET),
 ) -> BatchList:
     service = get_service(request)
     owner = principal.listed_owner
@@ -117,7 +118,7 @@ def get_batch(
     batch_id: str,
     request: Request,
     principal: CurrentPrincipal,
-    offset: int = Query(0, ge=0, description="first item shown (0: the first)"),
+    offset: int = Query(0, ge=0, le=MAX_LIST_OFFSET, description="first item shown (0: the first)"),
     limit: int = Query(100, ge=0, le=1000, description="items shown"),
 ) -> BatchView:
     service = get_service(request)
@@ -165,7 +166,12 @@ async def batch_archive(
     responses=ERRORS,
     summary="Redirect to one finished item's signed download URL",
 )
-def batch_item(batch_id: str, position: int, request: Request, principal: CurrentPrincipal) -> Response:
+def batch_item(
+    batch_id: str,
+    request: Request,
+    principal: CurrentPrincipal,
+    position: int = Path(ge=1, le=MAX_LIST_OFFSET),
+) -> Response:
     service = get_service(request)
     record = own_batch(service, principal, batch_id)
     item = service.batches.item(record.id, position)

@@ -30,6 +30,7 @@ from cosyserve.api.deps import (
 from cosyserve.api.schemas import ERRORS
 from cosyserve.errors import InputError, JobStateError
 from cosyserve.frontend.subtitles import parse_subtitles
+from cosyserve.limits import MAX_LIST_OFFSET
 from cosyserve.service.batches.inputs import SHARED_FIELDS, cue_items
 from cosyserve.service.batches.submission import BatchSubmission
 
@@ -75,7 +76,7 @@ def get_dub(
     dub_id: str,
     request: Request,
     principal: CurrentPrincipal,
-    offset: int = Query(0, ge=0),
+    offset: int = Query(0, ge=0, le=MAX_LIST_OFFSET),
     limit: int = Query(100, ge=0, le=1000),
 ) -> BatchView:
     service = get_service(request)

@@ -16,6 +16,7 @@ from cosyserve.api.deps import (
 from cosyserve.api.inputs import read_params, with_transcript
 from cosyserve.api.schemas import ERRORS, JobError, JobList, JobParams, JobPartial, JobView, body_doc
 from cosyserve.errors import JobStateError
+from cosyserve.limits import MAX_LIST_OFFSET
 from cosyserve.service.access.principals import Principal
 from cosyserve.service.assembly import Service
 from cosyserve.service.local.voice_pins import SNAPSHOTS
@@ -110,7 +111,7 @@ def list_jobs(
     principal: CurrentPrincipal,
     state: WorkState | None = None,
     limit: int = Query(50, ge=1, le=500),
-    offset: int = Query(0, ge=0),
+    offset: int = Query(0, ge=0, le=MAX_LIST_OFFSET),
 ) -> JobList:
     service = get_service(request)
     owner = principal.listed_owner

@@ -21,6 +21,7 @@ from starlette.concurrency import run_in_threadpool
 from cosyserve.api.deps import CurrentPrincipal, current_principal, get_service
 from cosyserve.api.errors import envelope
 from cosyserve.api.schemas import AUDIO_CONTENT, ERRORS, AudioFormat, OutputList, OutputView
+from cosyserve.limits import MAX_LIST_OFFSET
 from cosyserve.service.access.principals import Forbidden, Principal
 from cosyserve.service.assembly import Service
 from cosyserve.service.audio_formats import IN_MEMORY_LIMIT_BYTES, encode, mime_type, transcode_file
@@ -59,7 +60,7 @@ def list_outputs(
     request: Request,
     principal: CurrentPrincipal,
     limit: int = Query(50, ge=1, le=1000),
-    offset: int = Query(0, ge=0),
+    offset: int = Query(0, ge=0, le=MAX_LIST_OFFSET),
     request_id: str | None = Query(None, max_length=64, description="only the output of this request"),
 ) -> OutputList:
     service = get_service(request)
