@@ -191,6 +191,10 @@ def test_batch_and_dub_against_a_server(tmp_path, start_api_server, prompt_wav_b
         cli_main(["batch", str(script), "--out", str(tmp_path / "x"), "--server", "http://127.0.0.1:9"]) == 3
     )
     assert "could not be reached" in capsys.readouterr().err
+    # what the server refuses as input ends as a local run ends on it: exit 2, not 1
+    elsewhere = ["--server", live.url, "--voice", "nobody", "--quiet"]
+    assert cli_main(["batch", str(script), "--out", str(tmp_path / "y"), *elsewhere]) == 2
+    assert "404" in capsys.readouterr().err
     live.stop()
 
 

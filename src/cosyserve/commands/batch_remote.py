@@ -22,7 +22,7 @@ import httpx
 
 from cosyserve.commands.batch_files import progress_bar, read_input, read_prompt, report_path, write_atomic
 from cosyserve.commands.synthesize import threshold_arguments
-from cosyserve.errors import CosyServeError, InputError, Unavailable
+from cosyserve.errors import ERROR_TABLE, CosyServeError, InputError, Unavailable
 from cosyserve.exit_codes import ExitCode
 
 POLL_S = 1.0
@@ -190,11 +190,27 @@ def _unreachable(exc: httpx.HTTPError) -> ServerError:
     return ServerUnreachable(f"the server could not be reached ({type(exc).__name__}: {exc}): check --server")
 
 
+class ServerRefusedInput(ServerError, InputError):
+    """The server refused what was sent (the text, a file, a voice, a limit): the exit status a local run
+    gives the same input (2), not a failure's (1)."""
+
+
+# The error codes a local run meets as input errors (`ERROR_TABLE`), and the API's schema refusals.
+_INPUT_CODES = frozenset(
+    {kind.code for _, kind in ERROR_TABLE if kind.exit == ExitCode.USAGE} | {"invalid_request"}
+) - {"settings"}
+
+
 def _checked(response: httpx.Response) -> httpx.Response:
     if response.status_code < 400:
         return response
+    code = None
     try:
-        message = response.json()["error"]["message"]
+        error = response.json()["error"]
+        message, code = error["message"], error.get("code")
     except (ValueError, KeyError, TypeError):
         message = response.text[:200]
-    raise ServerError(f"the server answered {response.status_code}: {message}")
+    said = f"the server answered {response.status_code}: {message}"
+    if response.status_code < 500 and code in _INPUT_CODES:
+        raise ServerRefusedInput(said)
+    raise ServerError(said)
