@@ -70,3 +70,12 @@ def test_a_dubs_zip_takes_a_long_track_file_to_file(stored_wav, tmp_path, monkey
         assert "report.csv" in archive.namelist()
     assert np.array_equal(flac, audio)
     assert not [p for p in store.root.iterdir() if p.name.startswith(".")]  # its temp file is gone
+
+
+def test_a_dubs_zip_keeps_its_report_without_its_track(tmp_path) -> None:
+    """The track deleted (or never made): the report went with it."""
+    store = OutputStore(tmp_path / "outputs")
+    for dub, expected in ((True, {"report.csv", "manifest.csv"}), (False, {"manifest.csv"})):
+        body = b"".join(batch_archive.stream_zip([], store, dub=dub))
+        with zipfile.ZipFile(io.BytesIO(body)) as archive:
+            assert set(archive.namelist()) == expected

@@ -156,7 +156,7 @@ async def batch_archive(
     if record.kind == "dub" and record.output_id:
         track = await run_in_threadpool(service.outputs.get, record.output_id)
     headers = {"Content-Disposition": f'attachment; filename="{record.kind}_{record.id}.zip"'}
-    body = stream_zip(items, service.outputs, track=track, track_format=fmt)
+    body = stream_zip(items, service.outputs, track=track, track_format=fmt, dub=record.kind == "dub")
     return StreamingResponse(body, media_type="application/zip", headers=headers)
 
 

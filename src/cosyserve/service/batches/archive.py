@@ -76,8 +76,9 @@ def stream_zip(
     *,
     track: StoredOutput | None = None,
     track_format: str = "wav",
+    dub: bool = False,
 ) -> Iterator[bytes]:
-    """The batch's ZIP, a piece at a time."""
+    """The batch's ZIP, a piece at a time; a `dub`'s has its report, and its `track` when there is one."""
     sink = _Sink()
     rows = []
     with zipfile.ZipFile(sink, "w", compression=zipfile.ZIP_STORED, allowZip64=True) as archive:
@@ -105,6 +106,7 @@ def stream_zip(
                 track_format,
                 outputs,
             )
+        if dub or track is not None:  # the report, with the track or without it (deleted, never made)
             archive.writestr("report.csv", report_csv(dub_report(items)))
         archive.writestr("manifest.csv", rows_csv(MANIFEST_COLUMNS, rows))
     yield sink.take()
