@@ -174,6 +174,18 @@ def test_a_job_stopped_early_keeps_its_finished_part(store: JobStore) -> None:
     assert store.reserved_s("key:1") == 0.0  # a finished job holds nothing back
 
 
+def test_a_segment_that_outlives_its_job_is_not_charged(store: JobStore) -> None:
+    """A segment timeout ended the job and gave its charges back while the segment still ran; the segment
+    then finished and was charged (12.8-17.1 s kept by jobs that kept nothing)."""
+    job = store.create({}, owner="key:1", reserved_s=30.0)
+    store.claim(job.id, "node", 30)
+    assert store.charge(job.id, 4.0)
+    store.finish_failed(job.id, "timeout", "a segment ran too long")
+    assert store.take_charged(job.id) == pytest.approx(4.0)  # what the refund gives back
+    assert not store.charge(job.id, 3.0)  # the late segment
+    assert store.get(job.id).charged_s == 0.0
+
+
 def test_list_by_owner_newest_first_with_paging(store: JobStore) -> None:
     mine = [store.create({"n": i}, owner="alice").id for i in range(5)]
     store.create({}, owner="bob")

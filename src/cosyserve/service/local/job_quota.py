@@ -34,8 +34,9 @@ class JobQuota:
 
     def charge(self, key_id: int | None, job_id: str, seconds: float) -> bool:
         """Charge `seconds` of audio to the job's key against its reservation; False once the key's quota
-        is used up."""
-        self.jobs.charge(job_id, seconds)
+        is used up. A job that already ended is charged nothing (what it made is not kept)."""
+        if not self.jobs.charge(job_id, seconds):
+            return True  # the work stops on its own: its ticket ended
         key = self.key_lookup(key_id) if key_id is not None else None
         if key is None:
             return True

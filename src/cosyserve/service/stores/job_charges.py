@@ -16,16 +16,19 @@ class JobCharges:
 
     engine: Engine
 
-    def charge(self, job_id: str, seconds: float) -> None:
-        """Count `seconds` of audio charged to the job's key (what it still holds of its reservation)."""
+    def charge(self, job_id: str, seconds: float) -> bool:
+        """Count `seconds` of audio charged to the job's key (what it still holds of its reservation), while
+        the job runs; False once it ended (a segment that outlived its job's timeout or cancel finished
+        after the job gave its charges back: it is not charged)."""
         if not is_job_id(job_id):
-            return
+            return False
         with self.engine.begin() as conn:
-            conn.execute(
+            counted = conn.execute(
                 update(jobs_table)
-                .where(jobs_table.c.id == job_id)
+                .where(jobs_table.c.id == job_id, jobs_table.c.state == "running")
                 .values(charged_s=func.coalesce(jobs_table.c.charged_s, 0.0) + float(seconds))
-            )
+            ).rowcount
+        return counted == 1
 
     def take_charged(self, job_id: str) -> float:
         """The audio seconds charged to the job so far, set back to zero (its audio was discarded)."""
