@@ -220,3 +220,32 @@ def test_a_batch_past_the_retry_limit_ends_its_items_and_says_what_it_kept(tmp_p
         }  # fmt: skip
     finally:
         after.backend.stop()
+
+
+def test_a_long_text_past_the_retry_limit_gives_back_its_charge(tmp_path) -> None:
+    """It failed keeping nothing, but its last attempt's charge stayed on the key (12.6-23 s)."""
+    from cosyserve.service.assembly import Service
+    from cosyserve.service.settings import Settings
+
+    def no_model(_settings, _voices):
+        raise RuntimeError("no model in this test")
+
+    settings = Settings(
+        model="demo", device="cpu", data_dir=tmp_path, job_max_attempts=1,
+        signing_secret="test-signing-secret-0123456789abcdef",
+    )  # fmt: skip
+    before = Service(settings, synthesizer_factory=no_model)
+    key, _ = before.keys.create("dave", role="user")
+    job = before.jobs.create({"text": "今天天气很好。", "voice": "v"}, owner=f"key:{key.id}", reserved_s=30)
+    before.jobs.claim(job.id, "node", 0)
+    before.jobs.charge(job.id, 12.5)
+    before.access.quota.add(key, 12.5)  # its segments, charged as they were made
+
+    after = Service(settings, synthesizer_factory=no_model)  # the start after the crash
+    after.backend.start()
+    try:
+        assert after.jobs.get(job.id).state == "failed"
+        assert after.access.quota.used(key) == pytest.approx(0.0)
+        assert after.jobs.get(job.id).charged_s == 0.0
+    finally:
+        after.backend.stop()

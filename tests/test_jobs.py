@@ -256,3 +256,19 @@ def test_scheduler_drives_job_records(store: JobStore) -> None:
     assert states[:2] == ["done", "cancelled"]
     assert all(state in ("done", "failed") for state in states[2:])
     assert all(store.get(job.id).is_terminal for job in jobs)
+
+
+def test_a_damaged_record_fails_alone_and_the_server_starts(tmp_path: Path) -> None:
+    """One running row whose JSON was damaged stopped every start ("Application startup failed")."""
+    import sqlalchemy as sa
+
+    store = JobStore(make_engine(f"sqlite:///{tmp_path / 'cosyserve.db'}"))
+    good, bad = store.create({"n": 1}), store.create({"n": 2})
+    store.claim(good.id, "node", 30), store.claim(bad.id, "node", 30)
+    with store.engine.begin() as conn:
+        conn.execute(sa.text("UPDATE jobs SET params = '{not json' WHERE id = :id"), {"id": bad.id})
+    queued, failed = store.requeue_interrupted(max_attempts=3)
+    assert [job.id for job in queued] == [good.id] and failed == []
+    with store.engine.connect() as conn:
+        state = conn.execute(sa.text("SELECT state, error_code FROM jobs WHERE id = :id"), {"id": bad.id}).one()
+    assert tuple(state) == ("failed", "unreadable")

@@ -180,6 +180,9 @@ class LocalJobs:
             message = record.error_message or "interrupted by restarts"
             self.batches.cancel_rest(record.id, record.error_code or "interrupted", message)
             self.jobs.add_result_extra(record.id, self.batches.kept(record.id))
+        else:  # a long text keeps nothing of an attempt: what its last one was charged goes back
+            spec = wire.decode_job_spec(record.spec, record.params, record.owner, self.quota.key_lookup)
+            self.quota.refund_discarded(spec.key.id if spec.key is not None else None, record.id)
         self.reservations.release_job(record.id)
 
     def _segment_count(self, request: SynthesisRequest, pieces: list[str], voices: VoiceScope) -> int:

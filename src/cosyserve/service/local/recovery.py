@@ -37,7 +37,10 @@ class JobFeeder:
         if failed:
             log.warning("%d jobs were interrupted %d times and failed", len(failed), self.max_attempts)
         for record in failed:
-            self.runner.ended_interrupted(record)
+            try:
+                self.runner.ended_interrupted(record)
+            except Exception as exc:  # its items or its charge stay as they were; the server starts
+                log.error("job %s: could not end what it held: %s", record.id, exc)
         if not queued:
             return
         log.warning("%d jobs left by an earlier process are queued again", len(queued))

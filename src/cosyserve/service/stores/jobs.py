@@ -33,6 +33,9 @@ from cosyserve.errors import JobNotFound as JobNotFound  # defined there, with t
 from cosyserve.service.requests import TERMINAL_STATES
 from cosyserve.service.stores.db import create_tables
 from cosyserve.service.stores.job_charges import ACTIVE_STATES, JobCharges
+from cosyserve.service.stores.job_recovery import INTERRUPTED_CODE as INTERRUPTED_CODE
+from cosyserve.service.stores.job_recovery import INTERRUPTED_MESSAGE as INTERRUPTED_MESSAGE
+from cosyserve.service.stores.job_recovery import JobRecovery
 from cosyserve.service.stores.job_table import (
     JobRecord,
     add_missing_columns,
@@ -46,14 +49,12 @@ from cosyserve.service.stores.job_table import (
     utc_now,
 )
 
-INTERRUPTED_CODE = "interrupted"
-INTERRUPTED_MESSAGE = "interrupted by a restart"
 MAX_PAGE = 500
 
 
-class JobStore(JobCharges):
+class JobStore(JobRecovery, JobCharges):
     """Create, read and move jobs through queued → running → done | failed | cancelled (and count what
-    each is charged: `JobCharges`)."""
+    each is charged: `JobCharges`; what a restart finds: `JobRecovery`)."""
 
     def __init__(self, engine: Engine) -> None:
         self.engine = engine
@@ -286,43 +287,6 @@ class JobStore(JobCharges):
         if isinstance(exc, Cancelled):
             return self.finish_cancelled(job_id, str(exc) or "cancelled", attempt=attempt)
         return self.finish_failed(job_id, error_code(exc), str(exc) or type(exc).__name__, attempt=attempt)
-
-    def requeue_interrupted(self, max_attempts: int) -> tuple[list[JobRecord], list[JobRecord]]:
-        """At startup (single process): jobs an earlier process left running go back to the queue, to run
-        again as their next attempt, unless they used up `max_attempts` (those fail). Returns the queued
-        jobs, oldest first, and the failed ones."""
-        used_up = (jobs_table.c.state == "running") & (jobs_table.c.attempt >= max_attempts)
-        with self.engine.begin() as conn:
-            failed_ids = list(conn.execute(select(jobs_table.c.id).where(used_up)).scalars())
-            conn.execute(
-                update(jobs_table)
-                .where(jobs_table.c.id.in_(failed_ids), jobs_table.c.state == "running")
-                .values(
-                    state="failed",
-                    finished_at=utc_now(),
-                    lease_until=None,
-                    error_code=INTERRUPTED_CODE,
-                    error_message=f"{INTERRUPTED_MESSAGE} {max_attempts} times (the retry limit): "
-                    "resubmit it, or look in the server log for what stops the server while it runs",
-                )
-            )
-            conn.execute(
-                update(jobs_table)
-                .where(jobs_table.c.state == "running")
-                .values(state="queued", lease_until=None, worker=None)
-            )
-            conn.execute(delete(job_inputs_table).where(~job_inputs_table.c.job_id.in_(_active_ids())))
-            rows = conn.execute(
-                select(jobs_table)
-                .where(jobs_table.c.state == "queued")
-                .order_by(jobs_table.c.created_at, jobs_table.c.id)
-            ).mappings()
-            queued = [record_from_row(row) for row in rows]
-            failed = [
-                record_from_row(row)
-                for row in conn.execute(select(jobs_table).where(jobs_table.c.id.in_(failed_ids))).mappings()
-            ]
-        return queued, failed
 
     def add_result_extra(self, job_id: str, extra: Mapping[str, Any]) -> None:
         """Merge `extra` into a finished job's `result_extra` (what an ended batch kept, found after it)."""

@@ -1,0 +1,90 @@
+"""What a single server's start finds of the jobs an earlier process left: running ones go back to the
+queue as their next attempt, or fail past the retry limit; a record that cannot be read fails on its own
+(`JobStore` has these methods)."""
+
+from __future__ import annotations
+
+import logging
+from typing import Any
+
+from sqlalchemy import Engine, delete, select, update
+
+from cosyserve.service.stores.job_charges import ACTIVE_STATES
+from cosyserve.service.stores.job_table import JobRecord, job_inputs_table, jobs_table, utc_now
+
+log = logging.getLogger(__name__)
+
+INTERRUPTED_CODE = "interrupted"
+INTERRUPTED_MESSAGE = "interrupted by a restart"
+
+
+class JobRecovery:
+    """The restart part of `JobStore`."""
+
+    engine: Engine
+
+    def get(self, job_id: str) -> JobRecord | None: ...  # `JobStore.get`
+
+    def requeue_interrupted(self, max_attempts: int) -> tuple[list[JobRecord], list[JobRecord]]:
+        """At startup (single process): jobs an earlier process left running go back to the queue, to run
+        again as their next attempt, unless they used up `max_attempts` (those fail). Returns the queued
+        jobs, oldest first, and the failed ones; a record that cannot be read fails (logged), and the
+        server starts anyway."""
+        used_up = (jobs_table.c.state == "running") & (jobs_table.c.attempt >= max_attempts)
+        with self.engine.begin() as conn:
+            failed_ids = list(conn.execute(select(jobs_table.c.id).where(used_up)).scalars())
+            conn.execute(
+                update(jobs_table)
+                .where(jobs_table.c.id.in_(failed_ids), jobs_table.c.state == "running")
+                .values(
+                    state="failed",
+                    finished_at=utc_now(),
+                    lease_until=None,
+                    error_code=INTERRUPTED_CODE,
+                    error_message=f"{INTERRUPTED_MESSAGE} {max_attempts} times (the retry limit): "
+                    "resubmit it, or look in the server log for what stops the server while it runs",
+                )
+            )
+            conn.execute(
+                update(jobs_table)
+                .where(jobs_table.c.state == "running")
+                .values(state="queued", lease_until=None, worker=None)
+            )
+            conn.execute(delete(job_inputs_table).where(~job_inputs_table.c.job_id.in_(_active_ids())))
+            queued_ids = list(
+                conn.execute(
+                    select(jobs_table.c.id)
+                    .where(jobs_table.c.state == "queued")
+                    .order_by(jobs_table.c.created_at, jobs_table.c.id)
+                ).scalars()
+            )
+        return self._readable(queued_ids), self._readable(failed_ids)
+
+    def _readable(self, job_ids: list[str]) -> list[JobRecord]:
+        """The records of `job_ids`; one that cannot be read (its JSON damaged) is failed and left out."""
+        records = []
+        for job_id in job_ids:
+            try:
+                record = self.get(job_id)
+            except Exception as exc:  # one bad row must not keep the server from starting
+                log.error("job %s: its record cannot be read (%s); it is marked failed", job_id, exc)
+                with self.engine.begin() as conn:
+                    conn.execute(
+                        update(jobs_table)
+                        .where(jobs_table.c.id == job_id)
+                        .values(
+                            state="failed",
+                            finished_at=utc_now(),
+                            lease_until=None,
+                            error_code="unreadable",
+                            error_message="its record in the database is damaged: submit it again",
+                        )
+                    )
+                continue
+            if record is not None:
+                records.append(record)
+        return records
+
+
+def _active_ids() -> Any:
+    return select(jobs_table.c.id).where(jobs_table.c.state.in_(ACTIVE_STATES))
