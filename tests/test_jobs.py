@@ -270,5 +270,6 @@ def test_a_damaged_record_fails_alone_and_the_server_starts(tmp_path: Path) -> N
     queued, failed = store.requeue_interrupted(max_attempts=3)
     assert [job.id for job in queued] == [good.id] and failed == []
     with store.engine.connect() as conn:
-        state = conn.execute(sa.text("SELECT state, error_code FROM jobs WHERE id = :id"), {"id": bad.id}).one()
+        query = sa.text("SELECT state, error_code FROM jobs WHERE id = :id")
+        state = conn.execute(query, {"id": bad.id}).one()
     assert tuple(state) == ("failed", "unreadable")
