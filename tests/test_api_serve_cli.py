@@ -140,3 +140,19 @@ def test_flags_override_environment_override_config_file(tmp_path: Path, monkeyp
     assert settings.queue.queue_size == 5  # environment
     assert settings.server.host == "127.0.0.2"  # config file
     assert settings.server.insecure is False and settings.engine.device == "auto"  # flag, default
+
+
+def test_a_second_server_on_one_data_dir_is_refused(tmp_path: Path, capsys) -> None:
+    """It read the first one's running job as left behind, ran it again and charged its key twice."""
+    from cosyserve.commands.data_dir_lock import hold_data_dir
+
+    first = hold_data_dir(tmp_path)  # a server holding the folder (a lock is per open file)
+    with socket.socket() as probe:
+        probe.bind(("127.0.0.1", 0))
+        port = probe.getsockname()[1]
+    args = ["serve", "--model", str(tmp_path / "no-model"), "--port", str(port), "--data-dir", str(tmp_path)]
+    assert cli_main(args) == 2
+    err = [line for line in capsys.readouterr().err.splitlines() if "error" in line]
+    assert len(err) == 1 and f"another cosyserve server (pid {os.getpid()}) serves" in err[0], err
+    first.close()  # stopped (or died: the system drops its lock)
+    hold_data_dir(tmp_path).close()

@@ -12,6 +12,7 @@ import typing
 from pathlib import Path
 from typing import Any
 
+from cosyserve.commands.data_dir_lock import hold_data_dir
 from cosyserve.commands.data_dirs import existing_data_dir
 from cosyserve.errors import ModelDirError, Unavailable, exit_code_for
 from cosyserve.exit_codes import ExitCode
@@ -92,6 +93,7 @@ def cmd_serve(args: argparse.Namespace) -> int:
     if taken is not None:  # said now, before the model loads (it was uvicorn's log line, exit status 3)
         print_failure("serve", taken)
         return ExitCode.USAGE
+    held = None if settings.queue.queue_url else hold_data_dir(Path(settings.storage.data_dir))
     if not settings.queue.queue_url and not settings.server.keep_serving_on_load_error:
         unreachable = unreachable_download(settings.engine.model, models_root=settings.engine.models_dir)
         if unreachable is not None:  # seconds, not the half minute the web UI's imports take
@@ -136,6 +138,8 @@ def cmd_serve(args: argparse.Namespace) -> int:
 
         watch_first_load(lambda: host.state, lambda: host.load_error, settings.engine.model, stop_serving)
     server.run()
+    if held is not None:
+        held.close()  # the next server on this data directory may start
     if load_failed:
         print_failure("serve", load_failed[0])
         missing = host is not None and isinstance(host.load_error, (ModelDirError, Unavailable))
