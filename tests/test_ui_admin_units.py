@@ -165,6 +165,23 @@ def test_an_admin_creates_lists_sets_a_quota_and_revokes(bridge):
     assert bridge.service.keys.authenticate(plaintext) is None
 
 
+def test_the_last_admin_key_is_kept(bridge):
+    """Making the only admin key a user key, or revoking it, locked everyone out of the admin routes."""
+    from cosyserve.errors import InputError
+    from cosyserve.service.access.key_admin import revoke_key, update_key
+
+    keys = bridge.service.keys
+    only, _ = keys.create("root", role="admin")
+    with pytest.raises(InputError, match="last admin key: create another admin key first"):
+        update_key(keys, only.id, who="root", endpoint="api", role="user")
+    with pytest.raises(InputError, match="last admin key"):
+        revoke_key(keys, only.id, who="root", endpoint="api")
+    second, _ = keys.create("ops", role="admin")
+    assert update_key(keys, only.id, who="ops", endpoint="api", role="user").role == "user"
+    with pytest.raises(InputError, match="last admin key"):
+        revoke_key(keys, second.id, who="ops", endpoint="api")
+
+
 def test_bad_input_is_an_input_error(bridge):
     from cosyserve.errors import InputError
 
