@@ -166,3 +166,22 @@ def test_one_owner_keeps_a_bounded_number_of_voices(server, client, prompt_wav_b
     finally:
         library.max_per_owner = None
         server.service.keys.revoke(key.id)
+
+
+def test_a_full_disk_is_a_503_storage_error_not_a_500(client, prompt_wav_bytes, monkeypatch) -> None:
+    from cosyserve.service.stores import voices as voice_store
+
+    def full(path, data):
+        raise OSError(28, "No space left on device")
+
+    monkeypatch.setattr(voice_store, "write_atomic", full)
+    response = client.post(
+        "/v1/voices",
+        data={"name": "full-disk", "transcript": "你好。"},
+        files={"audio": ("a.wav", prompt_wav_bytes)},
+    )
+    error = response.json()["error"]
+    assert response.status_code == 503 and error["code"] == "storage_error", response.text
+    assert "No space left on device" in error["message"] and "make room" in error["message"]
+    monkeypatch.undo()
+    assert client.get("/v1/voices/full-disk").status_code == 404  # nothing half-made is left

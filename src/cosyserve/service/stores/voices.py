@@ -29,6 +29,7 @@ from typing import Any
 
 import sqlalchemy as sa
 
+from cosyserve.errors import StorageError
 from cosyserve.errors import VoiceFilesMissing as VoiceFilesMissing
 from cosyserve.errors import VoiceInUse as VoiceInUse
 from cosyserve.errors import VoiceNotFound as VoiceNotFound  # defined there, with the error table
@@ -149,10 +150,10 @@ class VoiceLibrary:
         features = analyse(audio)  # raises InputError for unusable audio, before anything is written
         voice_id = uuid.uuid4().hex
         folder = self.root / voice_id
-        folder.mkdir(parents=True)
         audio_file = "prompt" + (audio_suffix if re.fullmatch(r"\.[a-z0-9]{1,5}", audio_suffix) else ".bin")
         blobs = {audio_file: bytes(audio), FEATURES_FILE: features_bytes(features)}
         try:
+            folder.mkdir(parents=True)
             for file_name, data in blobs.items():
                 write_atomic(folder / file_name, data)
             report = features.report.as_dict() if features.report is not None else {}
@@ -177,6 +178,12 @@ class VoiceLibrary:
         except sa.exc.IntegrityError as exc:
             shutil.rmtree(folder, ignore_errors=True)
             raise name_taken(name) from exc
+        except (OSError, sa.exc.OperationalError) as exc:  # a full or read-only disk: 503, not a 500
+            shutil.rmtree(folder, ignore_errors=True)
+            raise StorageError(
+                f"the voice could not be saved ({getattr(exc, 'strerror', None) or exc}): make room in "
+                f"{self.root.parent}, then enrol it again"
+            ) from exc
         except BaseException:
             shutil.rmtree(folder, ignore_errors=True)
             raise
