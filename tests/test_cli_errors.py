@@ -387,3 +387,38 @@ def test_the_version_names_the_source_it_runs(capsys: pytest.CaptureFixture[str]
     assert stopped.value.code == 0
     line = capsys.readouterr().out.strip()
     assert re.fullmatch(r"cosyserve \S+ \(source [0-9a-f]{12}\)", line) and source_digest() in line, line
+
+
+def test_a_database_that_cannot_be_used_is_one_line(capsys) -> None:
+    """A PostgreSQL server that is down, or another kind of database, was a 220-line traceback."""
+    with socket.socket() as probe:
+        probe.bind(("127.0.0.1", 0))
+        port = probe.getsockname()[1]  # nothing listens there
+    down = f"postgresql+psycopg://u:secret@127.0.0.1:{port}/x"
+    assert main(["keys", "list", "--database-url", down]) == ExitCode.UNAVAILABLE
+    err = capsys.readouterr().err.strip().splitlines()
+    assert len(err) == 1 and "the database could not be used" in err[0] and "secret" not in err[0], err
+    assert main(["keys", "list", "--database-url", "mysql://u:secret@127.0.0.1/x"]) == ExitCode.USAGE
+    err = capsys.readouterr().err.strip().splitlines()
+    assert len(err) == 1 and "SQLite" in err[0] and "PostgreSQL" in err[0] and "secret" not in err[0], err
+
+
+def test_a_full_disk_is_one_line(monkeypatch, capsys) -> None:
+    def full(args):
+        raise OSError(28, "No space left on device")
+
+    monkeypatch.setattr(cli, "build_parser", lambda: _parser_running(full))
+    assert main(["normalize", "x"]) == ExitCode.FAILED
+    err = capsys.readouterr().err.strip().splitlines()
+    assert err == ["cosyserve normalize: error: No space left on device; check the path, its permissions and "
+                   "the free space"]  # fmt: skip
+
+
+def _parser_running(func):
+    import argparse
+
+    parser = argparse.ArgumentParser()
+    parser.add_argument("command")
+    parser.add_argument("rest", nargs="*")
+    parser.set_defaults(func=func)
+    return parser

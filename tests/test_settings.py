@@ -251,3 +251,12 @@ def test_engine_options_follow_device_concurrency_and_flow_settings(monkeypatch)
     assert not off.batch_decode and not off.cuda_graph
     fast = engine_options(Settings(engine={"device": "cpu", "flow_steps": 4, "flow_guidance": False}))
     assert fast.flow_steps == 4 and fast.guidance is False
+
+
+def test_a_group_named_in_the_environment_is_a_settings_error(monkeypatch: pytest.MonkeyPatch) -> None:
+    """COSYSERVE_QUEUE=redis://… (the flag is --queue-url) was a 49-line traceback."""
+    from cosyserve.errors import SettingsError
+
+    monkeypatch.setenv("COSYSERVE_QUEUE", "redis://127.0.0.1:6379/0")
+    with pytest.raises(SettingsError, match="COSYSERVE_QUEUE names a group of settings"):
+        Settings()

@@ -4,6 +4,7 @@ status of `exit_codes.ExitCode` (usage 2, failed work 1, something missing 3).""
 from __future__ import annotations
 
 import argparse
+import errno
 import sys
 from collections.abc import Callable, Sequence
 from pathlib import Path
@@ -152,15 +153,33 @@ def main(argv: Sequence[str] | None = None) -> int:
         missing = MissingExtra(top, EXTRA_OF_MODULE[top], f"cosyserve {args.command}")
         return report_error(args.command, missing)
     except OSError as exc:  # a path the user gave: missing, not writable, a full disk
-        if exc.filename is None:
+        if exc.filename is None and exc.errno not in DISK_ERRORS:
             raise
-        where = f"{exc.filename}" + (f" -> {exc.filename2}" if exc.filename2 else "")
-        problem = f"{where}: {exc.strerror or exc}; check the path, its permissions and the free space"
+        where = f"{exc.filename}" + (f" -> {exc.filename2}" if exc.filename2 else "") if exc.filename else ""
+        problem = f"{where}: " if where else ""
+        problem += f"{exc.strerror or exc}; check the path, its permissions and the free space"
         print(f"cosyserve {args.command}: error: {problem}", file=sys.stderr)
         return ExitCode.FAILED
+    except Exception as exc:
+        if not type(exc).__module__.startswith("sqlalchemy"):
+            raise
+        # the database could not be opened or written (a read-only folder, a server that is down, a
+        # dialect whose driver is missing): one line, not the driver's traceback
+        cause = getattr(exc, "orig", None) or exc
+        said = " ".join(str(cause).split())[:300]
+        print(
+            f"cosyserve {args.command}: error: the database could not be used ({said}): check --data-dir "
+            "or --database-url, that its folder is writable and its server is running",
+            file=sys.stderr,
+        )
+        return ExitCode.UNAVAILABLE
     except KeyboardInterrupt:
         print(f"cosyserve {args.command}: interrupted", file=sys.stderr)
         return ExitCode.INTERRUPTED
+
+
+# errors a full, read-only or failing disk gives without naming a file
+DISK_ERRORS = frozenset({errno.ENOSPC, errno.EDQUOT, errno.EROFS, errno.EIO})
 
 
 def report_error(command: str, exc: BaseException) -> int:

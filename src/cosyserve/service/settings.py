@@ -31,6 +31,7 @@ from pydantic import (
 )
 from pydantic.fields import FieldInfo
 from pydantic_settings import BaseSettings, PydanticBaseSettingsSource, SettingsConfigDict
+from pydantic_settings import SettingsError as PydanticSettingsError
 
 from cosyserve.errors import SettingsError
 from cosyserve.service.quality.settings import QualitySettings
@@ -133,6 +134,13 @@ class Settings(BaseSettings):
             super().__init__(**nest_flat(values))
         except ValidationError as exc:
             raise SettingsError(explain_validation_error(exc)) from exc
+        except PydanticSettingsError as exc:  # COSYSERVE_QUEUE=… names a group, which it reads as JSON
+            group = str(exc).partition('field "')[2].partition('"')[0] or "?"
+            raise SettingsError(
+                f"COSYSERVE_{group.upper()} names a group of settings, not one setting ({exc}): set its "
+                "settings one by one (each flag of `cosyserve serve --help` is COSYSERVE_<FLAG>: --queue-url "
+                "is COSYSERVE_QUEUE_URL)"
+            ) from exc
 
     @classmethod
     def settings_customise_sources(

@@ -43,8 +43,12 @@ def make_engine(database_url: str, *, echo: bool = False) -> Engine:
     url = _parse(database_url)
     if url.get_backend_name() == "postgresql":
         return _postgresql_engine(url, echo=echo)
-    if url.get_backend_name() != "sqlite":
-        return create_engine(url, echo=echo, pool_pre_ping=True)
+    if url.get_backend_name() != "sqlite":  # the schema and its locks are written for these two
+        raise SettingsError(
+            f"database_url {url.render_as_string(hide_password=True)!r} is a {url.get_backend_name()} "
+            "database: cosyserve runs on SQLite (sqlite:///PATH, the default) or PostgreSQL "
+            "(postgresql+psycopg://USER:PASSWORD@HOST/DB)"
+        )
 
     kwargs: dict[str, Any] = {
         "connect_args": {"check_same_thread": False, "timeout": SQLITE_BUSY_TIMEOUT_S},
