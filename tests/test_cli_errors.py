@@ -372,6 +372,19 @@ def test_a_misspelt_data_dir_is_said_and_not_created(
         assert main([*argv, "--data-dir", str(typo)]) == ExitCode.USAGE
         line = _one_error_line(capsys.readouterr().err, argv[0])
         assert f"no cosyserve data at {typo}" in line and "--data-dir" in line, line
+    speak = [
+        "synthesize",
+        "--model",
+        "demo",
+        "--voice",
+        "alice",
+        "--text",
+        "hi",
+        "--out",
+        str(tmp_path / "o.wav"),
+    ]
+    assert main([*speak, "--data-dir", str(typo)]) == ExitCode.USAGE  # it made a database and secret there
+    assert f"no cosyserve data at {typo}" in _one_error_line(capsys.readouterr().err, "synthesize")
     assert not typo.exists()
     assert main(["keys", "create", "first", "--quiet", "--data-dir", str(typo)]) == 0  # creating makes it
     assert main(["keys", "list", "--data-dir", str(typo)]) == 0

@@ -96,7 +96,9 @@ def load_synthesizer(args: argparse.Namespace):
     model_dir = resolve_model(args.model)  # before the engine's imports (seconds): a missing model fails fast
     from cosyserve.service.local.synthesizer import Synthesizer
 
-    voices = open_voice_library(args.data_dir, model_dir.fingerprint)
+    # a saved voice is read from the data directory named: a misspelt one is said, not created
+    reads_voice = bool(getattr(args, "voice", None) and getattr(args, "data_dir", None))
+    voices = open_voice_library(args.data_dir, model_dir.fingerprint, create=not reads_voice)
     synthesizer = Synthesizer.load(
         model_dir,
         device=args.device,
