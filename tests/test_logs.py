@@ -125,3 +125,17 @@ def test_the_console_follows_stderr_as_it_is_now(restore_root: None, monkeypatch
     first.close()
     logging.getLogger("cosyserve.test").warning("after")
     assert "after" in now.getvalue()
+
+
+def test_activity_outlives_a_flood_of_other_lines(restore_root: None) -> None:
+    """600 unauthenticated requests pushed every activity line out of the shared ring (the Admin tab's
+    "Recent activity" then showed nothing of the syntheses and key changes just made)."""
+    from cosyserve.service.logs import recent_activity
+
+    configure_logging("INFO", stream=io.StringIO())
+    clear_recent_logs()
+    logging.getLogger("cosyserve.activity").info("key_revoke")
+    for n in range(1500):
+        logging.getLogger("cosyserve.access").info("GET /v1/voices 401 %d", n)
+    assert [entry["message"] for entry in recent_activity()] == ["key_revoke"]
+    assert "key_revoke" not in [entry["message"] for entry in recent_logs(1000)]

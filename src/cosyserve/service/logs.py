@@ -25,6 +25,7 @@ from typing import Any, TextIO
 from cosyserve.errors import CosyServeError
 
 RING_CAPACITY = 1000
+ACTIVITY_CAPACITY = 500
 TEXT_FORMAT = "%(asctime)s %(levelname)-7s %(name)s [%(request_id)s] %(message)s"
 
 request_id_var: ContextVar[str | None] = ContextVar("cosyserve_request_id", default=None)
@@ -127,12 +128,15 @@ class TextFormatter(logging.Formatter):
 
 
 class RingBufferHandler(logging.Handler):
-    """Keeps the last `capacity` records as dicts (see `record_to_dict`)."""
+    """Keeps the last `capacity` records as dicts (see `record_to_dict`); with `only`, those of that
+    logger alone."""
 
-    def __init__(self, capacity: int = RING_CAPACITY) -> None:
+    def __init__(self, capacity: int = RING_CAPACITY, only: str | None = None) -> None:
         super().__init__()
         self._entries: deque[tuple[int, dict[str, Any]]] = deque(maxlen=capacity)
         self._entries_lock = threading.Lock()
+        if only is not None:
+            self.addFilter(lambda record: record.name == only)
         self.addFilter(RequestIdFilter())
 
     def emit(self, record: logging.LogRecord) -> None:
@@ -183,6 +187,9 @@ class StderrHandler(logging.StreamHandler):
 
 
 _ring = RingBufferHandler()
+# The activity lines on their own: a flood of requests (600 unauthenticated ones) pushed every one of them
+# out of the shared ring, and the Admin tab's "Recent activity" with them.
+_activity = RingBufferHandler(ACTIVITY_CAPACITY, only="cosyserve.activity")
 _MARK = "_cosyserve_handler"  # handlers we installed, replaced when configure_logging runs again
 
 
@@ -201,10 +208,10 @@ def configure_logging(
     for handler in list(root.handlers):
         if getattr(handler, _MARK, False):
             root.removeHandler(handler)
-            if handler is not _ring:
+            if handler not in (_ring, _activity):
                 handler.close()
     console = logging.StreamHandler(stream) if stream is not None else StderrHandler()
-    handlers: list[logging.Handler] = [console, _ring]
+    handlers: list[logging.Handler] = [console, _ring, _activity]
     if file is not None:
         path = Path(file).expanduser()
         path.parent.mkdir(parents=True, exist_ok=True)
@@ -213,7 +220,7 @@ def configure_logging(
             RotatingFileHandler(path, maxBytes=max_bytes, backupCount=file_backups, encoding="utf-8")
         )
     for handler in handlers:
-        if handler is not _ring:
+        if handler not in (_ring, _activity):
             handler.setFormatter(JsonFormatter() if json else TextFormatter())
             handler.addFilter(RequestIdFilter())
         setattr(handler, _MARK, True)
@@ -233,8 +240,14 @@ def recent_logs(limit: int = 100, level: str | int | None = None) -> list[dict[s
     return _ring.recent(limit, level)
 
 
+def recent_activity(limit: int = 100) -> list[dict[str, Any]]:
+    """The newest `limit` activity lines (`cosyserve.activity`), oldest first, kept apart from the rest."""
+    return _activity.recent(limit)
+
+
 def clear_recent_logs() -> None:
     _ring.clear()
+    _activity.clear()
 
 
 def log_failure(

@@ -113,7 +113,7 @@ def build_admin_tab(ctx: UiContext) -> AdminTab:
         try:
             principal = bridge.principal_of(request)
             entries = bridge.logs(principal, LOG_SCAN, log_level)
-            activity_entries = bridge.logs(principal, LOG_SCAN, "INFO")
+            activity_entries = bridge.activity(principal, LOG_SCAN)
         except Exception as exc:
             raise as_gr_error(exc, lang) from None
         state = bridge.status()

@@ -14,7 +14,7 @@ from cosyserve.service.access.principals import Forbidden, Principal
 from cosyserve.service.activity import log_activity
 from cosyserve.service.assembly import Service
 from cosyserve.service.gpu import engine_allocator, gpu_report
-from cosyserve.service.logs import recent_logs
+from cosyserve.service.logs import recent_activity, recent_logs
 from cosyserve.service.stores.voices import Voice
 
 
@@ -65,6 +65,11 @@ class AdminPart:
     def logs(self, principal: Principal, limit: int = 100, level: str | None = None) -> list[dict[str, Any]]:
         self.require_admin(principal)
         return recent_logs(limit, level)
+
+    def activity(self, principal: Principal, limit: int = 100) -> list[dict[str, Any]]:
+        """The newest activity lines (syntheses, jobs, enrolments, logins, key changes), oldest first."""
+        self.require_admin(principal)
+        return recent_activity(limit)
 
     def keys(self, principal: Principal) -> list[dict[str, Any]]:
         """Every API key with today's usage, as GET /admin/keys lists them (admins only)."""
