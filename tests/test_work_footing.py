@@ -16,6 +16,7 @@ import json
 import threading
 import time
 from collections.abc import Callable
+from types import SimpleNamespace
 
 import httpx
 import pytest
@@ -303,6 +304,26 @@ def test_a_stream_left_early_is_charged_for_the_audio_it_was_sent(server) -> Non
             received = next(response.iter_bytes())  # the first chunk, then the client hangs up
     left_early = settled(server, key.id) - whole_s
     assert len(received) / 2 / rate - 0.01 <= left_early < whole_s, (left_early, whole_s)
+
+
+def test_a_stream_left_early_is_charged_what_its_reader_took_not_what_waited_in_its_buffer() -> None:
+    """Chunks still in the ticket's buffer never reached the client: a hang-up was charged 7.5 s for 4.9 s
+    received. The charge and the audio metric count the items the reader took."""
+    from cosyserve.errors import Cancelled
+    from cosyserve.service.local.key_guard import SentAudio
+    from cosyserve.service.requests import OutputSpec
+
+    taken = [0]
+    sent = SentAudio(24000, lambda: taken[0])
+    for number in (2, 3, 4, 5):  # the start was item 1; four 1-second chunks went into the buffer
+        sent.handed(24000, number)
+    taken[0] = 3  # the reader took the start and two chunks
+    settled, counted = [], []
+    spec = OutputSpec(key=SimpleNamespace(id=1))
+    with pytest.raises(Cancelled), sent.charged_if_left(lambda s, seconds: settled.append(seconds), spec,
+                                                        counted.append):  # fmt: skip
+        raise Cancelled("the client hung up")
+    assert settled == counted == [2.0] and sent.samples == 4 * 24000
 
 
 def test_a_revoked_keys_waiting_request_gets_no_engine_time_and_no_audio(server) -> None:

@@ -109,6 +109,11 @@ class Metrics:
             self.audio_seconds_total.inc(audio_s)
             self.real_time_factor.observe(compute_s / audio_s)
 
+    def count_audio(self, audio_s: float) -> None:
+        """Audio a stream sent before it was left (no finished synthesis counts it)."""
+        if audio_s > 0:
+            self.audio_seconds_total.inc(audio_s)
+
     def count_error(self, kind: str) -> None:
         self.errors_total.labels(kind=kind).inc()
 

@@ -182,14 +182,16 @@ class LocalBackend:
             )
             warning = self.outputs.health.problem()  # the stream's end cannot say so: its start does
             yield StreamStart(stream.seed, encoder.media_type, encoder.sample_rate, warning)
+            yielded = 1
             head = encoder.header()
             if head:
+                yielded += 1
                 yield head
             chunks = iter(stream)
             first = True
-            sent = SentAudio(synth.sample_rate)
+            sent = SentAudio(synth.sample_rate, lambda: ctx.items_taken)
             settle = self.reservations.settle
-            with sent.charged_if_left(settle, spec):
+            with sent.charged_if_left(settle, spec, self.metrics.count_audio):
                 with guard.charging_what_was_made(settle, spec):
                     while True:
                         chunk = self.results.run_engine(lambda: next(chunks, None))
@@ -200,9 +202,12 @@ class LocalBackend:
                             self.metrics.observe_first_chunk(stream.first_audio_at - ctx.submitted_at)
                         guard.check_streamed(sent.samples / synth.sample_rate)
                         data = encoder.encode(chunk.samples)
-                        sent.samples += len(chunk.samples)  # handed over (an encoder may hold a little)
-                        if data:
+                        if data:  # (an encoder may hold a little back)
+                            yielded += 1
+                            sent.handed(len(chunk.samples), yielded)
                             yield data
+                        else:
+                            sent.handed(len(chunk.samples), yielded + 1)  # goes out with the next
                 tail = encoder.finish()
                 if tail:
                     yield tail

@@ -75,19 +75,44 @@ class KeyGuard:
 class SentAudio:
     """The audio a stream has handed to its client so far, charged if the client leaves before the end: a
     hang-up or a cancel must not make what was already sent free (a stream that ends normally is settled
-    with its whole length by `Results.finish`; one stopped for its key by `charging_what_was_made`)."""
+    with its whole length by `Results.finish`; one stopped for its key by `charging_what_was_made`).
 
-    def __init__(self, sample_rate: int) -> None:
+    What counts is what the reader took (`taken()`: items it took from the ticket's buffer), not what was
+    put in that buffer: a client that hung up was charged the chunks still waiting there (7.5 s charged,
+    4.9 s received)."""
+
+    def __init__(self, sample_rate: int, taken: Callable[[], int]) -> None:
         self.sample_rate = sample_rate
-        self.samples = 0  # counted once a chunk has been yielded to the reader
+        self.samples = 0  # handed to the ticket's buffer
+        self.taken = taken
+        self._marks: list[tuple[int, int]] = []  # (the item's number among all yielded, samples through it)
+
+    def handed(self, samples: int, item_number: int) -> None:
+        """`samples` more went out as the stream's `item_number`-th item (from 1: its start is the first)."""
+        self.samples += samples
+        self._marks.append((item_number, self.samples))
+
+    @property
+    def read_s(self) -> float:
+        """Seconds of audio in the items the reader took."""
+        taken = self.taken()
+        read = max((samples for number, samples in self._marks if number <= taken), default=0)
+        return read / self.sample_rate
 
     @contextlib.contextmanager
     def charged_if_left(
-        self, settle: Callable[[OutputSpec, float], None], spec: OutputSpec
+        self,
+        settle: Callable[[OutputSpec, float], None],
+        spec: OutputSpec,
+        count: Callable[[float], None] = lambda seconds: None,
     ) -> Iterator[None]:
+        """Settles (and `count`s, for the metrics) what was read, when the stream ends early."""
         try:
             yield
         except (Cancelled, GeneratorExit):
-            if spec.key is not None and self.samples > 0:
-                settle(spec, self.samples / self.sample_rate)
+            seconds = self.read_s
+            if seconds > 0:
+                count(seconds)
+                if spec.key is not None:
+                    settle(spec, seconds)
             raise

@@ -84,6 +84,7 @@ class Ticket:
         self._result: Any = None
         self._error: BaseException | None = None
         self._chunks: deque[Any] = deque()
+        self.taken = 0  # items its reader took from the buffer (a stream's audio handed to its client)
         self._buffer_size = buffer_size
         self._settled = False  # final state recorded and on_state callbacks done: waiters may go
         self._emitting_thread: int | None = None
@@ -249,6 +250,7 @@ class Ticket:
     def _pop_locked(self) -> Any:
         if self._chunks:
             item = self._chunks.popleft()
+            self.taken += 1
             self._notify_locked()  # room for the producer
             return item
         return _END

@@ -23,6 +23,7 @@ class RunningTicket(Protocol):
     cancel_event: threading.Event
     cancel_reason: str | None
     partial: Any
+    taken: int
 
     def set_progress(self, fraction: float) -> None: ...
 
@@ -54,6 +55,11 @@ class WorkContext:
     def cancel(self) -> threading.Event:
         """Set when the work should stop (client cancel, disconnect, timeout, shutdown)."""
         return self._ticket.cancel_event
+
+    @property
+    def items_taken(self) -> int:
+        """How many items a stream's reader took so far (what is still buffered never reached it)."""
+        return self._ticket.taken
 
     @property
     def ticket_id(self) -> str:
