@@ -224,7 +224,8 @@ def test_an_api_node_reserves_and_its_worker_settles(tmp_path: Path, prompt_wav_
         job_request = SynthesisRequest(text="第一句话说得很长很长。" * 2, prompt_wav=prompt_wav_bytes)
         job = node.submit_job(job_request, OutputSpec(key=key))  # (a job needs its voice at submit)
         assert tracker.reserved(key) == pytest.approx(6.5)  # under the job's id, in the shared database
-        JobQuota(tracker, jobs, lambda _id: key).charge(key.id, job.id, 2.0)  # a worker's first segment
+        jobs.claim(job.id, "worker", 30)  # a worker took it (a job is charged only while it runs)
+        JobQuota(tracker, jobs, lambda _id: key).charge(key.id, job.id, 2.0)  # its first segment
         assert (tracker.used(key), tracker.reserved(key)) == (4.25, pytest.approx(4.5))
         node.cancel_job(job.id)
         assert tracker.reserved(key) == 0.0
