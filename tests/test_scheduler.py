@@ -347,10 +347,10 @@ def test_graceful_shutdown_leaves_nothing_hanging() -> None:
     finishing = scheduler.submit(lambda ctx: time.sleep(0.05) or "finished")
     stuck = scheduler.submit(blocker(threading.Event()))
     wait_until(lambda: finishing.state == "running" and stuck.state == "running")
-    queued = [scheduler.submit(lambda ctx: "never") for _ in range(3)]
+    queued = [scheduler.submit(blocker(threading.Event())) for _ in range(3)]  # the first takes the free slot
 
     report = scheduler.shutdown(grace_s=0.3)
-    assert report == {"failed_queued": 3, "finished_in_grace": 1, "stopped_running": 1, "stuck_workers": 0}
+    assert report == {"failed_queued": 2, "finished_in_grace": 1, "stopped_running": 2, "stuck_workers": 0}
     assert finishing.result(0) == "finished"
     for ticket in [stuck, *queued]:
         assert ticket.done and ticket.state == "failed"
@@ -361,6 +361,30 @@ def test_graceful_shutdown_leaves_nothing_hanging() -> None:
     assert not scheduler.accepting
     assert threading.active_count() == baseline
     assert scheduler.shutdown()["failed_queued"] == 0  # idempotent
+
+
+def test_a_shutdown_runs_the_requests_already_queued_and_leaves_queued_jobs_for_the_next_start() -> None:
+    """Short requests waiting behind a job's segment were refused at once, while the job used the grace."""
+    scheduler = Scheduler(concurrency=1, queue_size=4, request_timeout_s=30)
+    made: list[str] = []
+
+    def job(ctx: WorkContext) -> int:
+        for index in range(40):
+            ctx.next_unit()
+            made.append(f"unit{index}")
+            time.sleep(0.01)
+        return 40
+
+    running = scheduler.submit(job, owner="key:A", work_class="background")
+    wait_until(lambda: len(made) >= 2)
+    waiting_job = scheduler.submit(job, owner="key:C", work_class="background")
+    requests = [scheduler.submit(lambda ctx: "spoken", owner="key:B") for _ in range(2)]
+    report = scheduler.shutdown(grace_s=WAIT)
+    assert [ticket.result(0) for ticket in requests] == ["spoken", "spoken"]
+    assert running.result(0) == 40  # it finished within the grace
+    with pytest.raises(ShuttingDown, match="before this job started"):
+        waiting_job.result(0)
+    assert report == {"failed_queued": 1, "finished_in_grace": 3, "stopped_running": 0, "stuck_workers": 0}
 
 
 def test_shutdown_async() -> None:

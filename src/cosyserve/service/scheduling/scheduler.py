@@ -27,7 +27,7 @@ from typing import Any, Literal
 
 from cosyserve.errors import Interrupted, JobStateError, JobTimeout, QueueFull, ShuttingDown
 from cosyserve.service.scheduling.deadlines import REQUEST_TIMEOUT, Deadlines
-from cosyserve.service.scheduling.fair_policy import INTERACTIVE, FairSettings, WorkClass
+from cosyserve.service.scheduling.fair_policy import BACKGROUND, INTERACTIVE, FairSettings, WorkClass
 from cosyserve.service.scheduling.reporting import SchedulerMetrics, SchedulerReport
 from cosyserve.service.scheduling.slots import EngineSlots
 from cosyserve.service.scheduling.tickets import Ticket, TicketHooks, WorkContext
@@ -341,7 +341,9 @@ class Scheduler:
     # -- shutdown -----------------------------------------------------------------------------------------
 
     def shutdown(self, grace_s: float = 30.0, join_s: float = 2.0) -> dict[str, int]:
-        """Stop accepting, fail queued work, give running work `grace_s`, then fail it; join the threads.
+        """Stop accepting, fail queued background work (jobs wait for the next start), give running work and
+        the requests already queued `grace_s` (they were refused at once, while a job used the grace), then
+        fail what is left; join the threads.
 
         Returns counts: `failed_queued`, `finished_in_grace`, `stopped_running`, `stuck_workers` (work that
         ignored its cancel event; its daemon thread is left behind, its ticket is already failed).
@@ -349,30 +351,27 @@ class Scheduler:
         with self._lock:
             first_call = self._accepting
             self._accepting = False
-            queued = self._slots.drain_queued()
-            running_at_start = len(self._executing)
+            jobs = self._slots.drain_queued(BACKGROUND)
+            running_at_start = len(self._executing) + len(self._slots.queued) + len(self._slots.handoff)
         if not first_call:
             self._join(join_s)
             return {"failed_queued": 0, "finished_in_grace": 0, "stopped_running": 0, "stuck_workers": 0}
         self._report_queue()
-        for ticket in queued:
-            ticket.request_cancel("server shutting down")
-            ticket.finish("failed", error=ShuttingDown("the server shut down before this job started"))
-
+        _fail(jobs, "the server shut down before this job started")
         deadline = time.monotonic() + max(0.0, grace_s)
         with self._lock:
-            while self._executing and (remaining := deadline - time.monotonic()) > 0:
+            pending = lambda: self._executing or self._slots.queued or self._slots.handoff  # noqa: E731
+            while pending() and (remaining := deadline - time.monotonic()) > 0:
                 self._lock.wait(remaining)
+            requests = self._slots.drain_queued()  # the requests the grace did not reach
             leftover = [ticket for ticket in self._executing if not ticket.finished]
-        for ticket in leftover:
-            ticket.request_cancel("server shutting down")
-            ticket.finish("failed", error=ShuttingDown("the server shut down before this job finished"))
-        stuck = self._join(join_s)
+        _fail(requests, "the server shut down before this job started")
+        _fail(leftover, "the server shut down before this job finished")
         return {
-            "failed_queued": len(queued),
-            "finished_in_grace": running_at_start - len(leftover),
+            "failed_queued": len(jobs) + len(requests),
+            "finished_in_grace": running_at_start - len(leftover) - len(requests),
             "stopped_running": len(leftover),
-            "stuck_workers": stuck,
+            "stuck_workers": self._join(join_s),
         }
 
     def _join(self, join_s: float) -> int:
@@ -393,3 +392,9 @@ class Scheduler:
 
     def __exit__(self, *_exc: object) -> None:
         self.shutdown()
+
+
+def _fail(tickets: list[Ticket], why: str) -> None:
+    for ticket in tickets:
+        ticket.request_cancel("server shutting down")
+        ticket.finish("failed", error=ShuttingDown(why))

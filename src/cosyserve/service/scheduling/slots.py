@@ -114,9 +114,9 @@ class EngineSlots:
         self._forget(ticket)
         return unit_s
 
-    def drain_queued(self) -> list[Ticket]:
-        """Every ticket not started (a shutdown fails them)."""
-        drained = [*self.handoff, *self.queued]
+    def drain_queued(self, work_class: str | None = None) -> list[Ticket]:
+        """Every ticket not started (of `work_class` only, when given): a shutdown fails them."""
+        drained = [t for t in [*self.handoff, *self.queued] if work_class in (None, self.work_class(t))]
         for ticket in drained:
             self.withdraw(ticket)
         return drained
