@@ -349,3 +349,25 @@ def test_missing_client_library_is_not_retried(
         attempts_per_source=3,
     )
     assert len(calls) == 1
+
+
+def test_a_hub_that_never_answers_fails_the_attempt(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """A hub that accepts the connection and sends nothing held the download for ever (10 minutes in the
+    run, past every retry budget): huggingface_hub's client has no timeout of its own."""
+    import socket
+
+    constants = pytest.importorskip("huggingface_hub.constants")
+    silent = socket.socket()
+    silent.bind(("127.0.0.1", 0))
+    silent.listen()
+    monkeypatch.setattr(constants, "ENDPOINT", f"http://127.0.0.1:{silent.getsockname()[1]}")
+    monkeypatch.setattr(constants, "HF_HUB_OFFLINE", False)  # (this module's default; the hub is local)
+    monkeypatch.setattr(download, "HUB_STALL_S", 0.5)
+    started = time.monotonic()
+    try:
+        with pytest.raises(Exception) as stalled:  # huggingface_hub wraps the timeout in a class of its own
+            download.fetch_huggingface("owner/model", tmp_path / "m", skip_patterns=[], progress=False)
+    finally:
+        silent.close()
+    assert time.monotonic() - started < 30
+    assert "timed out" in str(stalled.value), stalled.value

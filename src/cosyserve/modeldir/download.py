@@ -13,7 +13,7 @@ import sys
 import time
 from collections.abc import Callable, Mapping, Sequence
 from pathlib import Path
-from typing import Literal, Protocol
+from typing import Any, Literal, Protocol
 
 from cosyserve.errors import ModelDirError
 from cosyserve.modeldir.hub_probe import is_unreachable
@@ -54,6 +54,9 @@ class DownloadError(ModelDirError):
         self.reason = reason
 
 
+HUB_STALL_S = 30.0  # a hub that sends nothing for this long (connecting, or between bytes) has stalled
+
+
 class Fetcher(Protocol):
     """Fetch `model_id` into `target_dir`, resuming what an earlier call left there; raise on failure."""
 
@@ -81,6 +84,12 @@ def fetch_huggingface(
     silence = not progress and not are_progress_bars_disabled()
     if silence:
         disable_progress_bars()
+    # Its client waits for ever where a call passes no timeout (the repository's info): a hub that accepts
+    # the connection and never answers held `cosyserve download` past every retry budget (10 minutes in
+    # the run). Each request's timeouts are capped before it is sent: a stall fails the attempt.
+    hooks = huggingface_hub.get_session().event_hooks["request"]
+    if _cap_timeouts not in hooks:
+        hooks.append(_cap_timeouts)
     try:
         huggingface_hub.snapshot_download(
             repo_id=model_id, local_dir=str(target_dir), ignore_patterns=list(skip_patterns)
@@ -88,6 +97,15 @@ def fetch_huggingface(
     finally:
         if silence:
             enable_progress_bars()
+
+
+def _cap_timeouts(request: Any) -> None:
+    """An httpx request hook: no wait of `request` (connect, read, write, pool) longer than HUB_STALL_S."""
+    given = request.extensions.get("timeout") or {}
+    request.extensions["timeout"] = {
+        part: HUB_STALL_S if given.get(part) is None else min(float(given[part]), HUB_STALL_S)
+        for part in ("connect", "read", "write", "pool")
+    }
 
 
 def fetch_modelscope(
