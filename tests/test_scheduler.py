@@ -492,3 +492,34 @@ def test_a_key_with_nothing_waiting_gets_a_place_in_a_full_queue(make_scheduler:
     gate.set()
     for ticket in [first, *backlog, bobs, carols]:
         ticket.result(WAIT)
+
+
+def test_a_failures_log_lines_carry_the_request_that_submitted_it(make_scheduler: Any) -> None:
+    """A 500's answer names its request id; the traceback logged from the worker thread carried none."""
+    import io
+    import logging
+
+    from cosyserve.service.logs import clear_recent_logs, configure_logging, recent_logs, request_context
+
+    root = logging.getLogger()
+    handlers, level = list(root.handlers), root.level
+    configure_logging("INFO", stream=io.StringIO())
+    clear_recent_logs()
+    try:
+        scheduler = make_scheduler()
+
+        def work(ctx: WorkContext) -> None:
+            logging.getLogger("cosyserve.engine").warning("inside the work")
+            raise RuntimeError("a bug")
+
+        with request_context("req-123"):
+            ticket = scheduler.submit(work)
+        with pytest.raises(RuntimeError):
+            ticket.result(WAIT)
+        wait_until(lambda: any("a bug" in e["message"] for e in recent_logs(50)))
+        lines = [e for e in recent_logs(50) if "inside the work" in e["message"] or "a bug" in e["message"]]
+        assert {e.get("request_id") for e in lines} == {"req-123"}, lines
+    finally:
+        root.handlers[:] = handlers
+        root.setLevel(level)
+        clear_recent_logs()

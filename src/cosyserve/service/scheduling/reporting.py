@@ -68,7 +68,8 @@ class SchedulerReport:
             self.metrics.observe_job(state, run_s, max(0.0, wait_s))
         if state == "failed" and error is not None:
             kind = error_code(error)
-            log_failure(kind, str(error), job_id=ticket.id, exc=error)
+            with ticket.logged_as_its_request():
+                log_failure(kind, str(error), job_id=ticket.id, exc=error)
             if self.metrics is not None:
                 self.metrics.count_error(kind)  # job failures are counted here, not by the API
 

@@ -21,6 +21,7 @@ from collections.abc import AsyncIterator, Callable, Iterator
 from typing import Any
 
 from cosyserve.errors import Cancelled
+from cosyserve.service.logs import get_request_id, request_context
 from cosyserve.service.requests import TERMINAL_STATES
 from cosyserve.service.scheduling.work_context import TicketHooks, WorkContext
 
@@ -83,6 +84,7 @@ class Ticket:
         self._state = "queued"
         self._result: Any = None
         self._error: BaseException | None = None
+        self.request_id = get_request_id()  # the request that submitted it: its work's log lines carry it
         self._chunks: deque[Any] = deque()
         self.taken = 0  # items its reader took from the buffer (a stream's audio handed to its client)
         self._buffer_size = buffer_size
@@ -322,14 +324,20 @@ class Ticket:
         try:
             if work is None:
                 raise RuntimeError(f"job {self.id} was started twice")
-            output = work(WorkContext(self, self._hooks))
-            result = self._pump(output) if self.stream else output
+            with self.logged_as_its_request():
+                output = work(WorkContext(self, self._hooks))
+                result = self._pump(output) if self.stream else output
         except BaseException as exc:  # whatever the work raises ends the ticket, never the worker
             if self.cancel_event.is_set() or isinstance(exc, Cancelled):
                 error = exc if isinstance(exc, Cancelled) else Cancelled(self.cancel_reason or "cancelled")
                 return "cancelled", None, error
             return "failed", None, exc
         return "done", result, None
+
+    def logged_as_its_request(self) -> contextlib.AbstractContextManager[Any]:
+        """Log lines written inside carry the submitting request's id (a 500's answer names it, and the
+        traceback logged from the worker thread had none)."""
+        return request_context(self.request_id) if self.request_id else contextlib.nullcontext()
 
     def _pump(self, output: Any) -> Any:
         """Move a stream's items into the buffer; the result is `output.result()` if it has one, else the
