@@ -60,9 +60,10 @@ def test_a_port_in_use_is_one_line_before_the_model_loads(tmp_path: Path, capsys
             "--data-dir",
             str(tmp_path),
         ]
-        assert cli_main(args) == 2  # the missing model is never reached
+        assert cli_main([*args[:-1], str(tmp_path / "data")]) == 2  # the missing model is never reached
     err = [line for line in capsys.readouterr().err.splitlines() if "error" in line]
     assert len(err) == 1 and f"127.0.0.1:{port} is already in use" in err[0] and "--port" in err[0], err
+    assert not (tmp_path / "data").exists()  # a refused start leaves no data directory behind
 
 
 def test_launchers_are_the_serve_command(tmp_path: Path) -> None:

@@ -157,10 +157,14 @@ def require_distributed_extra(settings: Any) -> None:
 
 def startup_safety(settings: Any) -> list[str]:
     """`Settings.check_startup_safety` with the key database consulted (before anything is started)."""
-    from cosyserve.service.stores.db import make_engine, metadata
+    from cosyserve.service.stores.db import make_engine, metadata, sqlite_path
     from cosyserve.service.stores.keys import KeyStore
 
-    engine = make_engine(settings.storage.database_url or "")
+    url = settings.storage.database_url or ""
+    database = sqlite_path(url)
+    if database is not None and not database.exists():  # no keys yet, and a refused start makes no files
+        return settings.check_startup_safety(False, settings.auth.ui_login_configured)
+    engine = make_engine(url)
     try:
         has_key = bool(KeyStore(engine, metadata).list(include_revoked=False))
     finally:
