@@ -98,6 +98,8 @@ def test_a_bad_line_fails_alone(client) -> None:
     with zipfile.ZipFile(io.BytesIO(client.get(batch["archive_url"]).content)) as zipped:
         manifest = list(csv.DictReader(io.StringIO(zipped.read("manifest.csv").decode())))
     assert [row["state"] for row in manifest] == ["done", "missing", "failed", "done", "done"]
+    gone = client.get(f"/v1/batches/{batch['id']}/items/2")  # said so (it was 409 "it has no audio")
+    assert gone.status_code == 404 and "deleted or expired" in gone.json()["error"]["message"]
     item = wait_batch(client, batch["id"])["items"][1]  # it no longer points at the deleted file
     assert item["state"] == "done" and item["output_id"] is None and item["url"] is None, item
 

@@ -26,7 +26,7 @@ from cosyserve.api.deps import (
     upload_limit,
 )
 from cosyserve.api.schemas import ERRORS
-from cosyserve.errors import InputError, JobStateError
+from cosyserve.errors import InputError, JobStateError, OutputNotFound
 from cosyserve.limits import MAX_LIST_OFFSET
 from cosyserve.service.access.principals import Forbidden, Principal
 from cosyserve.service.assembly import Service
@@ -178,6 +178,11 @@ def batch_item(
     if item is None:
         raise InputError(f"batch {batch_id} has no item {position}: items are numbered from 1")
     view = batch_view(service, record, offset=position - 1, limit=1).items[0]
+    if view.url is None and item.state == "done":  # made, then deleted or expired
+        raise OutputNotFound(
+            f"item {position}'s audio was deleted or expired since it was made: run the item again in a "
+            "new batch"
+        )
     if view.url is None:
         raise JobStateError(f"item {position} is {item.state}: it has no audio to download")
     return RedirectResponse(view.url, status_code=307)
