@@ -311,8 +311,8 @@ def _exceeded(limit: float, used: float, held: float, needed: float, now: float)
     left = max(0.0, limit - used - held)
     return QuotaExceeded(
         f"the daily audio quota of {limit:g} s has {left:.1f} s left ({used:.1f} s used today{held_text}); "
-        f"this needs about {needed:.1f} s: send a shorter text, wait for running work to finish, or retry "
-        "after 00:00 UTC",
+        f"this needs about {needed:.1f} s: send less text (a shorter one; a batch or dub of fewer items), "
+        "wait for running work to finish, or retry after 00:00 UTC",
         max(1, int(_resets_at(now) - now)),
     )
 
