@@ -182,20 +182,24 @@ def test_a_workers_sigterm_requeues_its_running_batch(
     assert finished[0].output_id == first.output_id  # kept, not made again
 
 
-def test_a_batch_past_the_retry_limit_ends_its_items_and_says_what_it_kept(tmp_path) -> None:
-    """A batch interrupted by restarts as often as the retry limit allows failed, but its unfinished items
-    stayed queued and running for ever (not deletable, nothing would run them) and it kept no `partial`."""
+def services_without_a_model(data_dir, **settings):
+    """Each call: a new `Service` on `data_dir` (a process of the server), loading no model."""
     from cosyserve.service.assembly import Service
     from cosyserve.service.settings import Settings
 
     def no_model(_settings, _voices):
         raise RuntimeError("no model in this test")
 
-    settings = Settings(
-        model="demo", device="cpu", data_dir=tmp_path, job_max_attempts=2,
-        signing_secret="test-signing-secret-0123456789abcdef",
-    )  # fmt: skip
-    before = Service(settings, synthesizer_factory=no_model)
+    values = {"model": "demo", "device": "cpu", "data_dir": data_dir, **settings}
+    values["signing_secret"] = "test-signing-secret-0123456789abcdef"
+    return lambda: Service(Settings(**values), synthesizer_factory=no_model)
+
+
+def test_a_batch_past_the_retry_limit_ends_its_items_and_says_what_it_kept(tmp_path) -> None:
+    """A batch interrupted by restarts as often as the retry limit allows failed, but its unfinished items
+    stayed queued and running for ever (not deletable, nothing would run them) and it kept no `partial`."""
+    start = services_without_a_model(tmp_path, job_max_attempts=2)
+    before = start()
     batch = before.jobs.create({"items": 3}, kind="batch", owner="key:1")
     before.batches.add(
         batch.id, [{"name": n, "params": {"text": t}} for n, t in zip("abc", ITEMS, strict=True)]
@@ -206,7 +210,7 @@ def test_a_batch_past_the_retry_limit_ends_its_items_and_says_what_it_kept(tmp_p
     before.batches.finish(batch.id, 1, attempt, output_id="output_1", duration_s=1.5, run_s=0.4)
     before.batches.start(batch.id, 2, attempt)
 
-    after = Service(settings, synthesizer_factory=no_model)  # the next start
+    after = start()  # the next start
     after.backend.start()
     try:
         record = after.jobs.get(batch.id)
@@ -224,24 +228,15 @@ def test_a_batch_past_the_retry_limit_ends_its_items_and_says_what_it_kept(tmp_p
 
 def test_a_long_text_past_the_retry_limit_gives_back_its_charge(tmp_path) -> None:
     """It failed keeping nothing, but its last attempt's charge stayed on the key (12.6-23 s)."""
-    from cosyserve.service.assembly import Service
-    from cosyserve.service.settings import Settings
-
-    def no_model(_settings, _voices):
-        raise RuntimeError("no model in this test")
-
-    settings = Settings(
-        model="demo", device="cpu", data_dir=tmp_path, job_max_attempts=1,
-        signing_secret="test-signing-secret-0123456789abcdef",
-    )  # fmt: skip
-    before = Service(settings, synthesizer_factory=no_model)
+    start = services_without_a_model(tmp_path, job_max_attempts=1)
+    before = start()
     key, _ = before.keys.create("dave", role="user")
     job = before.jobs.create({"text": "今天天气很好。", "voice": "v"}, owner=f"key:{key.id}", reserved_s=30)
     before.jobs.claim(job.id, "node", 0)
     before.jobs.charge(job.id, 12.5)
     before.access.quota.add(key, 12.5)  # its segments, charged as they were made
 
-    after = Service(settings, synthesizer_factory=no_model)  # the start after the crash
+    after = start()  # the start after the crash
     after.backend.start()
     try:
         assert after.jobs.get(job.id).state == "failed"
