@@ -35,7 +35,11 @@ class JobFeeder:
     def start(self) -> None:
         queued, failed = self.runner.jobs.requeue_interrupted(self.max_attempts)
         if failed:
-            log.warning("%d jobs were interrupted %d times and failed", len(failed), self.max_attempts)
+            log.warning(
+                "%d jobs failed: interrupted on every attempt they had (job_max_attempts = %d)",
+                len(failed),
+                self.max_attempts,
+            )
         for record in failed:
             try:
                 self.runner.ended_interrupted(record)

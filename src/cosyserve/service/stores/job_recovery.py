@@ -41,8 +41,9 @@ class JobRecovery:
                     finished_at=utc_now(),
                     lease_until=None,
                     error_code=INTERRUPTED_CODE,
-                    error_message=f"{INTERRUPTED_MESSAGE} {max_attempts} times (the retry limit): "
-                    "resubmit it, or look in the server log for what stops the server while it runs",
+                    error_message=f"{INTERRUPTED_MESSAGE} on every attempt it had (job_max_attempts = "
+                    f"{max_attempts}): resubmit it, or look in the server log for what stops the server "
+                    "while it runs",
                 )
             )
             conn.execute(
