@@ -11,7 +11,7 @@ from pathlib import Path
 
 import pytest
 
-from cosyserve.errors import ModelDirError
+from cosyserve.errors import ModelDirError, exit_code_for
 from cosyserve.modeldir import download
 from cosyserve.modeldir.download import (
     SKIP_PATTERNS,
@@ -274,8 +274,9 @@ def test_source_order(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
         "huggingface",
         "modelscope",
     ]
-    with pytest.raises(ModelDirError, match="unknown download source 'github'"):
+    with pytest.raises(ModelDirError, match="unknown download source 'github'") as unknown:
         source_order("github", {})
+    assert exit_code_for(unknown.value) == 2  # a setting to fix, not a model missing (it was 3)
 
 
 def test_system_timezone_hint(tmp_path: Path) -> None:

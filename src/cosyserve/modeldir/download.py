@@ -15,7 +15,7 @@ from collections.abc import Callable, Mapping, Sequence
 from pathlib import Path
 from typing import Any, Literal, Protocol
 
-from cosyserve.errors import ModelDirError
+from cosyserve.errors import InputError, ModelDirError
 from cosyserve.modeldir.hub_probe import is_unreachable
 from cosyserve.modeldir.model_dir import DEFAULT_MODEL_ID, REAL_MODEL_MIN_SIZES, ModelDir
 
@@ -52,6 +52,10 @@ class DownloadError(ModelDirError):
         super().__init__(message)
         self.model_id = model_id
         self.reason = reason
+
+
+class UnknownSource(InputError, ModelDirError):
+    """A download source that is neither hub: a setting to fix (exit status 2), not a model to fetch."""
 
 
 HUB_STALL_S = 30.0  # a hub that sends nothing for this long (connecting, or between bytes) has stalled
@@ -160,7 +164,7 @@ def source_order(source: str | None, environ: Mapping[str, str] | None = None) -
     chosen = source or env.get(SOURCE_ENV) or None
     if chosen is not None:
         if chosen not in SOURCES:
-            raise ModelDirError(f"unknown download source {chosen!r}; use one of {', '.join(SOURCES)}")
+            raise UnknownSource(f"unknown download source {chosen!r}; use one of {', '.join(SOURCES)}")
         return [chosen]  # type: ignore[list-item]
     if looks_like_mainland_china(env):
         return ["modelscope", "huggingface"]
