@@ -206,6 +206,7 @@ def test_an_unknown_voice_stops_a_local_batch_or_dub_before_any_item(
     lines.write_text("第一句。\n第二句。\n", encoding="utf-8")
     subtitles = tmp_path / "episode.srt"
     subtitles.write_text(SRT, encoding="utf-8")
+    (tmp_path / "data").mkdir()  # a library without that voice (a missing folder is said as such)
     common = ["--model", str(demo_model_path), "--device", "cpu", "--threads", "1", "--quiet",
               "--data-dir", str(tmp_path / "data"), "--voice", "ghost"]  # fmt: skip
     assert cli_main(["batch", str(lines), "--out", str(tmp_path / "out"), *common]) == 2
