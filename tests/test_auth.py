@@ -306,3 +306,25 @@ def test_keys_cli_create_list_revoke(store: KeyStore, capsys: pytest.CaptureFixt
     add_keys_parser(parser.add_subparsers(dest="command"), lambda args: store)
     args = parser.parse_args(["keys", "list"])
     assert args.func(args) == 0 and "bot" in capsys.readouterr().out
+
+
+def test_a_damaged_key_or_voice_row_does_not_break_its_listing(tmp_path: Path) -> None:
+    """A key row with a text where a number goes failed `keys list` and GET /admin/keys; a voice row with
+    damaged JSON made its owner's GET /v1/voices a 500."""
+    import sqlalchemy as sa
+
+    from cosyserve.service.stores.db import make_engine
+    from cosyserve.service.stores.keys import KeyStore
+    from cosyserve.service.stores.voice_fields import stored_defaults, stored_json
+
+    engine = make_engine(f"sqlite:///{tmp_path / 'cosyserve.db'}")
+    keys = KeyStore(engine, sa.MetaData())
+    key, _ = keys.create("alice", role="user")
+    with engine.begin() as conn:
+        conn.execute(sa.text("UPDATE api_keys SET rate_limit_per_minute = 'lots', created_at = 'x'"))
+    (listed,) = keys.list()
+    assert listed.id == key.id and listed.rate_limit_per_minute is None and listed.created_at == 0.0
+    row = {"id": "v1", "defaults": "{bad", "report": json.dumps({"duration_s": 3.0})}
+    assert stored_defaults(row).instruct is None and stored_json(row, "report", {}) == {"duration_s": 3.0}
+    newer = {"id": "v2", "defaults": json.dumps({"speed": 1.25, "from_a_newer_version": 1})}
+    assert stored_defaults(newer).speed == 1.25

@@ -15,6 +15,7 @@ from __future__ import annotations
 import dataclasses
 import hashlib
 import hmac
+import logging
 import operator
 import re
 import secrets
@@ -28,6 +29,8 @@ from sqlalchemy.exc import IntegrityError
 from cosyserve.errors import InputError
 from cosyserve.errors import KeyNotFound as KeyNotFound  # defined there, with the error table
 from cosyserve.service.stores.db import create_tables, table
+
+log = logging.getLogger(__name__)
 
 KEY_SCHEME = "cs_"
 PREFIX_CHARS = 8  # random characters kept in clear as the lookup prefix
@@ -263,6 +266,18 @@ def _key_number(key_id: object) -> int | None:
     return number if 1 <= number <= MAX_KEY_ID else None
 
 
+_NUMBERS = {"created_at": float, "revoked_at": float, "last_used_at": float,
+            "rate_limit_per_minute": int, "daily_audio_seconds_quota": float}  # fmt: skip
+
+
 def _record(row: sa.Row) -> ApiKey:
-    mapping = row._mapping
+    mapping = dict(row._mapping)
+    for name, kind in _NUMBERS.items():  # a damaged value made every listing of keys fail
+        value = mapping.get(name)
+        if value is not None and not isinstance(value, (int, float)):
+            try:
+                mapping[name] = kind(value)
+            except (TypeError, ValueError):
+                log.error("key %s: its %s (%r) cannot be read: taken as unset", mapping["id"], name, value)
+                mapping[name] = 0.0 if name == "created_at" else None
     return ApiKey(**{field.name: mapping[field.name] for field in dataclasses.fields(ApiKey)})

@@ -3,7 +3,9 @@ which voice a name means when several owners use it."""
 
 from __future__ import annotations
 
+import dataclasses
 import json
+import logging
 import re
 import unicodedata
 from typing import Any
@@ -12,7 +14,9 @@ import sqlalchemy as sa
 
 from cosyserve.errors import InputError, VoiceNameInvalid, VoiceNameTaken
 from cosyserve.frontend.text.lexicon import Lexicon
-from cosyserve.service.requests import VoiceScope
+from cosyserve.service.requests import VoiceDefaults, VoiceScope
+
+log = logging.getLogger(__name__)
 
 # Letters and digits of any script (\w: Chinese, kana, Hangul, accents), spaces, '-', '.', and the
 # katakana middle dot of foreign names (ジョン・スミス); no punctuation or symbols (【】 was a name).
@@ -108,3 +112,27 @@ def check_room(engine: sa.Engine, table: sa.Table, owner: str | None, limit: int
             f"you keep {count} voices, the most one user may (max_voices_per_owner): delete one you no "
             "longer use, then enrol this one"
         )
+
+
+def stored_json(row: Any, column: str, default: Any) -> Any:
+    """A JSON column of a voice's row; `default` (logged) when the value is damaged: one such row made
+    every listing of its owner's voices a 500."""
+    text = row[column]
+    if not text:
+        return default
+    try:
+        return json.loads(text)
+    except (TypeError, ValueError) as exc:
+        log.error("voice %s: its %s cannot be read (%s); shown as empty", row["id"], column, exc)
+        return default
+
+
+def stored_defaults(row: Any) -> VoiceDefaults:
+    """A voice's defaults as stored (the ones this version knows; none when damaged)."""
+    stored = stored_json(row, "defaults", {})
+    known = {field.name for field in dataclasses.fields(VoiceDefaults)}
+    return (
+        VoiceDefaults(**{k: v for k, v in stored.items() if k in known})
+        if isinstance(stored, dict)
+        else (VoiceDefaults())
+    )

@@ -48,6 +48,8 @@ from cosyserve.service.stores.voice_fields import (
     pick_row,
     same_spelling,
     shared_of,
+    stored_defaults,
+    stored_json,
 )
 from cosyserve.service.stores.voice_files import (
     FEATURES_FILE,
@@ -353,12 +355,12 @@ class VoiceLibrary:
             model_checksum=row["model_checksum"],
             audio_path=folder / row["audio_file"],
             features_path=folder / FEATURES_FILE,
-            defaults=VoiceDefaults(**json.loads(row["defaults"] or "{}")),
-            lexicon=json.loads(row["lexicon"] or "{}"),
-            report=json.loads(row["report"] or "{}"),
+            defaults=stored_defaults(row),
+            lexicon=stored_json(row, "lexicon", {}),
+            report=stored_json(row, "report", {}),
             owner=row["owner"],
             shared=shared_of(row),
-            consent=json.loads(row["consent"]) if row["consent"] else None,
+            consent=stored_json(row, "consent", None),
         )
 
     def _forget(self, voice_id: str) -> None:
