@@ -260,3 +260,13 @@ def test_a_group_named_in_the_environment_is_a_settings_error(monkeypatch: pytes
     monkeypatch.setenv("COSYSERVE_QUEUE", "redis://127.0.0.1:6379/0")
     with pytest.raises(SettingsError, match="COSYSERVE_QUEUE names a group of settings"):
         Settings()
+
+
+def test_an_empty_data_dir_is_refused_not_the_current_folder(monkeypatch: pytest.MonkeyPatch) -> None:
+    from cosyserve.errors import SettingsError
+
+    with pytest.raises(SettingsError, match=r"storage\.data_dir.*is empty"):
+        Settings(data_dir="")
+    monkeypatch.setenv("COSYSERVE_DATA_DIR", " ")
+    with pytest.raises(SettingsError, match="is empty"):
+        Settings()

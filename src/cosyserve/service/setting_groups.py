@@ -207,6 +207,13 @@ class StorageSettings(_Group):
         "Asia/Shanghai; the sidecar always records the UTC instant too",
     )
 
+    @field_validator("data_dir", "output_dir", mode="before")
+    @classmethod
+    def _not_empty(cls, value: Any) -> Any:
+        if isinstance(value, str) and not value.strip():  # Path("") is the current folder: said, not taken
+            raise ValueError("is empty: give a folder (leave the setting out for the default)")
+        return value
+
     @field_validator("timezone")
     @classmethod
     def _check_timezone(cls, value: str) -> str:
