@@ -139,3 +139,13 @@ def test_activity_outlives_a_flood_of_other_lines(restore_root: None) -> None:
         logging.getLogger("cosyserve.access").info("GET /v1/voices 401 %d", n)
     assert [entry["message"] for entry in recent_activity()] == ["key_revoke"]
     assert "key_revoke" not in [entry["message"] for entry in recent_logs(1000)]
+
+
+def test_uvicorns_colour_copy_of_a_message_is_not_a_field(restore_root: None) -> None:
+    out = io.StringIO()
+    configure_logging("INFO", json=False, stream=out)
+    coloured = "Started server process [\x1b[36m%d\x1b[0m]"
+    uvicorn = logging.getLogger("uvicorn.error")
+    uvicorn.info("Started server process [%d]", 42, extra={"color_message": coloured})
+    line = out.getvalue()
+    assert "Started server process [42]" in line and "\x1b" not in line and "color_message" not in line

@@ -31,7 +31,11 @@ TEXT_FORMAT = "%(asctime)s %(levelname)-7s %(name)s [%(request_id)s] %(message)s
 request_id_var: ContextVar[str | None] = ContextVar("cosyserve_request_id", default=None)
 
 # Attributes every LogRecord has: anything else on a record came from `extra=`.
-_RECORD_ATTRS = frozenset(vars(logging.makeLogRecord({}))) | {"message", "asctime", "request_id", "taskName"}
+# a record's own attributes, not fields to show; uvicorn's `color_message` (its message with terminal colour
+# codes) too: it put escape codes and an unformatted copy of the message on every line it logged
+_RECORD_ATTRS = frozenset(vars(logging.makeLogRecord({}))) | {
+    "message", "asctime", "request_id", "taskName", "color_message"
+}  # fmt: skip
 _CORE_KEYS = ("ts", "level", "logger", "message", "request_id", "exc")
 
 
