@@ -166,8 +166,13 @@ def _wire_text_and_run(panel: ModePanel, ctx: UiContext) -> None:
         show_progress="full",
         show_progress_on=[panel.result],  # one status (and at most one "Error" badge), on the player
     )
+
+    def keep_voices(selected: str | None, chosen: str, request: gr.Request) -> Any:
+        # (annotated, so that Gradio hands it the request: a lambda got two arguments of its three)
+        return voice_still_there(bridge, selected, chosen, request)
+
     panel.run_event.then(  # a voice deleted meanwhile leaves the list (it stayed there, still selected)
-        lambda selected, chosen, request: voice_still_there(bridge, selected, chosen, request),
+        keep_voices,
         [panel.voice, lang],
         [panel.voice],
         show_progress="hidden",
