@@ -204,11 +204,11 @@ def test_a_batch_past_the_retry_limit_ends_its_items_and_says_what_it_kept(tmp_p
     before.batches.add(
         batch.id, [{"name": n, "params": {"text": t}} for n, t in zip("abc", ITEMS, strict=True)]
     )
-    for _ in range(2):  # two processes died while running it
-        attempt = before.jobs.claim(batch.id, "node", 0).attempt
-    before.batches.start(batch.id, 1, attempt)
-    before.batches.finish(batch.id, 1, attempt, output_id="output_1", duration_s=1.5, run_s=0.4)
-    before.batches.start(batch.id, 2, attempt)
+    first = before.jobs.claim(batch.id, "node", 0).attempt  # two processes died while running it
+    before.batches.start(batch.id, 1, first)
+    before.batches.finish(batch.id, 1, first, output_id="output_1", duration_s=1.5, run_s=0.4)
+    second = before.jobs.claim(batch.id, "node", 0).attempt
+    before.batches.start(batch.id, 2, second)  # the second died on item 2 without finishing any
 
     after = start()  # the next start
     after.backend.start()
@@ -244,3 +244,18 @@ def test_a_long_text_past_the_retry_limit_gives_back_its_charge(tmp_path) -> Non
         assert after.jobs.get(job.id).charged_s == 0.0
     finally:
         after.backend.stop()
+
+
+def test_a_batch_that_progresses_in_every_attempt_does_not_use_up_its_retries(tmp_path) -> None:
+    """Three kill -9s, each after some items were done, failed a 300-item batch that was going fine."""
+    start = services_without_a_model(tmp_path, job_max_attempts=1)
+    before = start()
+    batch = before.jobs.create({"items": 2}, kind="batch", owner="key:1")
+    before.batches.add(
+        batch.id, [{"name": n, "params": {"text": t}} for n, t in zip("ab", ITEMS, strict=False)]
+    )
+    attempt = before.jobs.claim(batch.id, "node", 0).attempt
+    before.batches.start(batch.id, 1, attempt)
+    before.batches.finish(batch.id, 1, attempt, output_id="output_1", duration_s=1.5, run_s=0.4)
+    queued, failed = before.jobs.requeue_interrupted(max_attempts=1)  # what the next start does
+    assert [job.id for job in queued] == [batch.id] and failed == []

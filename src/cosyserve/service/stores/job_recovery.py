@@ -1,5 +1,6 @@
 """What a single server's start finds of the jobs an earlier process left: running ones go back to the
-queue as their next attempt, or fail past the retry limit; a record that cannot be read fails on its own
+queue as their next attempt, or fail past the retry limit (a batch that finished items in its last attempt
+is making progress, not crashing the server: it goes on); a record that cannot be read fails on its own
 (`JobStore` has these methods)."""
 
 from __future__ import annotations
@@ -7,8 +8,9 @@ from __future__ import annotations
 import logging
 from typing import Any
 
-from sqlalchemy import Engine, delete, select, update
+from sqlalchemy import Engine, delete, exists, select, update
 
+from cosyserve.service.stores.batches import batch_items_table
 from cosyserve.service.stores.job_charges import ACTIVE_STATES
 from cosyserve.service.stores.job_table import JobRecord, job_inputs_table, jobs_table, utc_now
 
@@ -30,7 +32,11 @@ class JobRecovery:
         again as their next attempt, unless they used up `max_attempts` (those fail). Returns the queued
         jobs, oldest first, and the failed ones; a record that cannot be read fails (logged), and the
         server starts anyway."""
-        used_up = (jobs_table.c.state == "running") & (jobs_table.c.attempt >= max_attempts)
+        items = batch_items_table.c
+        progressed = exists().where(  # a batch that finished items in its last attempt is no crash loop
+            items.batch_id == jobs_table.c.id, items.state == "done", items.attempt == jobs_table.c.attempt
+        )
+        used_up = (jobs_table.c.state == "running") & (jobs_table.c.attempt >= max_attempts) & ~progressed
         with self.engine.begin() as conn:
             failed_ids = list(conn.execute(select(jobs_table.c.id).where(used_up)).scalars())
             conn.execute(

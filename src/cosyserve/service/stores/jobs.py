@@ -31,6 +31,7 @@ from sqlalchemy import (
 from cosyserve.errors import Cancelled, InputError, JobStateError, error_code
 from cosyserve.errors import JobNotFound as JobNotFound  # defined there, with the error table
 from cosyserve.service.requests import TERMINAL_STATES
+from cosyserve.service.stores.batches import batch_items_table
 from cosyserve.service.stores.db import create_tables
 from cosyserve.service.stores.job_charges import ACTIVE_STATES, JobCharges
 from cosyserve.service.stores.job_recovery import INTERRUPTED_CODE as INTERRUPTED_CODE
@@ -58,7 +59,7 @@ class JobStore(JobRecovery, JobCharges):
 
     def __init__(self, engine: Engine) -> None:
         self.engine = engine
-        create_tables(engine, jobs_table, job_inputs_table)
+        create_tables(engine, jobs_table, job_inputs_table, batch_items_table)  # (recovery reads its items)
         add_missing_columns(engine)
 
     def create(
