@@ -508,3 +508,32 @@ def test_an_unreachable_bucket_leaves_local_outputs_listed(tmp_path: Path) -> No
     with pytest.raises(SyncError, match="reads resume"):  # failing fast after the first failure
         store.get("output_20250101_120000_1")
     sync.close(timeout=1)
+
+
+def test_two_nodes_cannot_revoke_the_last_two_admins_at_once(pg_engines: tuple[sa.Engine, sa.Engine]) -> None:
+    """On PostgreSQL the admin rows are locked first: the second revoke waits, then sees the first."""
+    from cosyserve.errors import InputError
+
+    node_a, node_b = KeyStore(pg_engines[0], sa.MetaData()), KeyStore(pg_engines[1], sa.MetaData())
+    first, _ = node_a.create("root-a", role="admin")
+    second, _ = node_a.create("root-b", role="admin")
+    for key in node_a.list(include_revoked=False):  # only these two are admins in use
+        if key.role == "admin" and key.id not in (first.id, second.id):
+            node_a.revoke(key.id)
+    start, outcomes = threading.Barrier(2), []
+
+    def revoke(store: KeyStore, key_id: int) -> None:
+        start.wait()
+        try:
+            store.revoke(key_id, keep_an_admin=True)
+            outcomes.append("revoked")
+        except InputError:
+            outcomes.append("refused")
+
+    threads = [threading.Thread(target=revoke, args=(node_a, first.id)),
+               threading.Thread(target=revoke, args=(node_b, second.id))]  # fmt: skip
+    for thread in threads:
+        thread.start()
+    for thread in threads:
+        thread.join()
+    assert sorted(outcomes) == ["refused", "revoked"]

@@ -204,3 +204,38 @@ def test_admin_strings_add_keys_without_replacing_any():
     tree = ast.parse(Path(i18n.__file__).read_text(encoding="utf-8"))
     table = next(n.value for n in ast.walk(tree) if isinstance(n, ast.AnnAssign) and n.target.id == "STRINGS")
     assert not {key.value for key in table.keys} & set(ADMIN_STRINGS)  # type: ignore[attr-defined]
+
+
+def test_two_admins_revoking_each_other_at_once_leave_one(tmp_path):
+    """Checked apart from the revoke, both succeeded and no admin key was left."""
+    import threading
+
+    import sqlalchemy as sa
+
+    from cosyserve.errors import InputError
+    from cosyserve.service.access.key_admin import revoke_key
+    from cosyserve.service.stores.db import make_engine
+    from cosyserve.service.stores.keys import KeyStore
+
+    for attempt in range(10):
+        keys = KeyStore(make_engine(f"sqlite:///{tmp_path / f'race{attempt}.db'}"), sa.MetaData())
+        first, _ = keys.create("root", role="admin")
+        second, _ = keys.create("ops", role="admin")
+        start, outcomes = threading.Barrier(2), []
+
+        def revoke(keys, start, outcomes, key_id, who):
+            start.wait()
+            try:
+                revoke_key(keys, key_id, who=who, endpoint="api")
+                outcomes.append("revoked")
+            except InputError:
+                outcomes.append("refused")
+
+        shared = (keys, start, outcomes)
+        threads = [threading.Thread(target=revoke, args=(*shared, first.id, "ops")),
+                   threading.Thread(target=revoke, args=(*shared, second.id, "root"))]  # fmt: skip
+        for thread in threads:
+            thread.start()
+        for thread in threads:
+            thread.join()
+        assert sorted(outcomes) == ["refused", "revoked"], outcomes

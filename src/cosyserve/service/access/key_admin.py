@@ -6,7 +6,6 @@ from __future__ import annotations
 
 from typing import Any
 
-from cosyserve.errors import InputError
 from cosyserve.service.access.quota import QuotaTracker
 from cosyserve.service.activity import log_activity
 from cosyserve.service.stores.keys import KEEP, ApiKey, KeyStore
@@ -45,8 +44,7 @@ def create_key(
 def revoke_key(keys: KeyStore, key_id: int | str, *, who: str | None, endpoint: str) -> ApiKey:
     """Revoke the key with this numeric id (KeyNotFound otherwise); its running work stops too."""
     target = keys.get(key_id)  # type: ignore[arg-type]  # get: KeyNotFound for a prefix
-    _keep_an_admin(keys, target, "revoke")
-    key = keys.revoke(target.id)
+    key = keys.revoke(target.id, keep_an_admin=True)  # the last admin key in use stays (InputError)
     log_activity("key_revoke", "ok", who=who, endpoint=endpoint, key_id=key.id)
     return key
 
@@ -62,23 +60,9 @@ def update_key(
     rate_limit: int | object | None = KEEP,
 ) -> ApiKey:
     """Change a key's role, daily quota (None: the server default) or rate limit; KEEP leaves one as it is."""
-    if role is not None and role != "admin":
-        _keep_an_admin(keys, keys.get(key_id), "make a user key of")  # type: ignore[arg-type]
-    key = keys.update(key_id, role=role, quota=quota, rate_limit=rate_limit)
+    key = keys.update(key_id, role=role, quota=quota, rate_limit=rate_limit, keep_an_admin=True)
     changes = {"role": KEEP if role is None else role, "daily_audio_seconds_quota": quota}
     changes["rate_limit_per_minute"] = rate_limit
     changed = sorted(name for name, value in changes.items() if value is not KEEP)
     log_activity("key_update", "ok", who=who, endpoint=endpoint, key_id=key.id, changed=changed)
     return key
-
-
-def _keep_an_admin(keys: KeyStore, target: ApiKey, change: str) -> None:
-    """InputError when `target` is the last admin key in use: the admin routes and the Admin tab would
-    answer nobody (only a shell on the server could make a new admin key)."""
-    if target.role != "admin" or target.revoked_at is not None:
-        return
-    admins = [key for key in keys.list(include_revoked=False) if key.role == "admin"]
-    if [key.id for key in admins] == [target.id]:
-        raise InputError(
-            f"key {target.id} is the last admin key: create another admin key first, then {change} this one"
-        )

@@ -184,8 +184,9 @@ class KeyStore:
         with self.engine.connect() as conn:
             return [_record(row) for row in conn.execute(query)]
 
-    def revoke(self, id_or_prefix: int | str) -> ApiKey:
-        """Revoke by numeric id or by prefix (`cs_Ab3dEf9h`); revoking twice keeps the first time."""
+    def revoke(self, id_or_prefix: int | str, *, keep_an_admin: bool = False) -> ApiKey:
+        """Revoke by numeric id or by prefix (`cs_Ab3dEf9h`); revoking twice keeps the first time.
+        `keep_an_admin`: InputError rather than revoke the last admin key in use."""
         text = str(id_or_prefix).strip()
         prefix = text[: len(KEY_SCHEME) + PREFIX_CHARS]  # a whole key works too
         if text.isdigit():
@@ -202,9 +203,11 @@ class KeyStore:
             if row is None:
                 raise KeyNotFound(f"no API key {text!r}; `cosyserve keys list` shows them")
             if row.revoked_at is None:
-                conn.execute(
-                    self.table.update().where(self.table.c.id == row.id).values(revoked_at=self._clock())
-                )
+                revoke = self.table.update().where(self.table.c.id == row.id).values(revoked_at=self._clock())
+                if keep_an_admin and row.role == "admin":
+                    self._unless_last_admin(conn, revoke, row.id, "revoke")
+                else:
+                    conn.execute(revoke)
         return self.get(row.id)
 
     def update(
@@ -214,10 +217,12 @@ class KeyStore:
         role: str | None = None,
         quota: float | object | None = KEEP,
         rate_limit: int | object | None = KEEP,
+        keep_an_admin: bool = False,
     ) -> ApiKey:
         """Change a key's role, daily quota (None: the server default) or rate limit (None: the server
         default, 0: unlimited); what is not given (KEEP) stays. Running work of the key sees the change
-        at its next segment (`access.key_watch`)."""
+        at its next segment (`access.key_watch`). `keep_an_admin`: InputError rather than make the last
+        admin key in use a user key."""
         key = self.get(key_id)  # type: ignore[arg-type]
         values: dict[str, object] = {}
         if role is not None:
@@ -230,8 +235,27 @@ class KeyStore:
             values["rate_limit_per_minute"] = checked_rate_limit(rate_limit)
         if values:
             with self.engine.begin() as conn:
-                conn.execute(self.table.update().where(self.table.c.id == key.id).values(**values))
+                change = self.table.update().where(self.table.c.id == key.id).values(**values)
+                demoted = key.role == "admin" and key.active and values.get("role", "admin") != "admin"
+                if keep_an_admin and demoted:
+                    self._unless_last_admin(conn, change, key.id, "make a user key of")
+                else:
+                    conn.execute(change)
         return self.get(key.id)
+
+    def _unless_last_admin(self, conn: sa.Connection, change: sa.Update, key_id: int, what: str) -> None:
+        """Run `change` (an UPDATE that takes key `key_id`, an admin in use, out of the admins) only while
+        another admin key is in use, checked in the same statement: two admins revoking each other at once
+        both succeeded when it was checked apart. InputError when no other one is."""
+        table = self.table
+        in_use = (table.c.role == "admin") & table.c.revoked_at.is_(None)
+        # PostgreSQL: lock the admin rows first, so that a concurrent change waits, then sees this one
+        conn.execute(sa.select(table.c.id).where(in_use).with_for_update())
+        another = sa.exists().where(in_use, table.c.id != key_id)
+        if not conn.execute(change.where(another)).rowcount:
+            raise InputError(
+                f"key {key_id} is the last admin key: create another admin key first, then {what} this one"
+            )
 
     def authenticate(self, plaintext: str | None) -> ApiKey | None:
         """The active key `plaintext` is, or None (unknown, malformed or revoked)."""
