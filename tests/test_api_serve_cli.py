@@ -11,9 +11,11 @@ import time
 from pathlib import Path
 
 import httpx
+import pytest
 from tests.conftest import LONG_TEXT, REPO_ROOT, enrol_voice
 
 from cosyserve.cli import main as cli_main
+from cosyserve.errors import InputError
 from cosyserve.service.stores.db import make_engine
 from cosyserve.service.stores.jobs import JobStore
 
@@ -157,3 +159,16 @@ def test_a_second_server_on_one_data_dir_is_refused(tmp_path: Path, capsys) -> N
     assert len(err) == 1 and f"another cosyserve server (pid {os.getpid()}) serves" in err[0], err
     first.close()  # stopped (or died: the system drops its lock)
     hold_data_dir(tmp_path).close()
+
+
+def test_a_second_server_on_one_database_is_refused_too(tmp_path: Path, capsys) -> None:
+    """Another --data-dir with the first one's --database-url read its running job as left behind too."""
+    from cosyserve.commands.data_dir_lock import hold_single_server
+
+    database = f"sqlite:///{tmp_path / 'first' / 'cosyserve.db'}"
+    first = hold_single_server(tmp_path / "first", database)
+    with pytest.raises(InputError, match=r"serves the database .*first/cosyserve\.db"):
+        hold_single_server(tmp_path / "second", database)
+    hold_single_server(tmp_path / "third", f"sqlite:///{tmp_path / 'third' / 'cosyserve.db'}").close()
+    first.close()
+    hold_single_server(tmp_path / "second", database).close()  # the first one stopped

@@ -537,3 +537,14 @@ def test_two_nodes_cannot_revoke_the_last_two_admins_at_once(pg_engines: tuple[s
     for thread in threads:
         thread.join()
     assert sorted(outcomes) == ["refused", "revoked"]
+
+
+def test_two_single_servers_on_one_postgresql_database_are_refused(postgres_url: str, tmp_path) -> None:
+    from cosyserve.commands.data_dir_lock import hold_single_server
+    from cosyserve.errors import InputError
+
+    first = hold_single_server(tmp_path / "a", postgres_url)
+    with pytest.raises(InputError, match="serves this PostgreSQL database"):
+        hold_single_server(tmp_path / "b", postgres_url)
+    first.close()  # its session ended: the lock went with it
+    hold_single_server(tmp_path / "b", postgres_url).close()

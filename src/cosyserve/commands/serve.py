@@ -12,7 +12,7 @@ import typing
 from pathlib import Path
 from typing import Any
 
-from cosyserve.commands.data_dir_lock import hold_data_dir
+from cosyserve.commands.data_dir_lock import hold_single_server
 from cosyserve.commands.data_dirs import existing_data_dir
 from cosyserve.errors import ModelDirError, Unavailable, exit_code_for
 from cosyserve.exit_codes import ExitCode
@@ -93,7 +93,10 @@ def cmd_serve(args: argparse.Namespace) -> int:
     if taken is not None:  # said now, before the model loads (it was uvicorn's log line, exit status 3)
         print_failure("serve", taken)
         return ExitCode.USAGE
-    held = None if settings.queue.queue_url else hold_data_dir(Path(settings.storage.data_dir))
+    storage = settings.storage
+    held = (
+        None if settings.queue.queue_url else hold_single_server(storage.data_dir, storage.database_url or "")
+    )
     if not settings.queue.queue_url and not settings.server.keep_serving_on_load_error:
         unreachable = unreachable_download(settings.engine.model, models_root=settings.engine.models_dir)
         if unreachable is not None:  # seconds, not the half minute the web UI's imports take
