@@ -117,6 +117,8 @@ CASES = [
     Case("zh numbers", "共1,000,000,000,000元", "共一万亿元", W),
     Case("zh numbers", "有123456789012元", "有一千二百三十四亿五千六百七十八万九千零一十二元", R),
     Case("zh numbers", "2×3÷4等于1.5", "二乘三除以四等于一点五", W),  # official: 三除四 (4 / 3)
+    Case("zh numbers", "亏损-1000000000000元", "亏损负一万亿元", W),  # the sign stays with it
+    Case("zh numbers", "1000000000000-2000000000000元", "一万亿到两万亿元", W),
     # ---- ordinals ----
     Case("ordinals", "He came 1st.", "He came first.", R),
     Case("ordinals", "The 21st century.", "The twenty first century.", R),

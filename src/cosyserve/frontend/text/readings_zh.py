@@ -49,9 +49,13 @@ def _read_large_count(match: re.Match[str]) -> Reading | None:
     said = cardinal_zh(int(digits))
     if said[:1] == "二" and said[1:2] in ("千", "万", "亿"):
         said = "两" + said[1:]  # 两万亿, as wetext says 两千, 两万, 两亿
-    if wetext(match.group() + match["after"], "zh").startswith(said):
+    said = _SIGNS.get(match["sign"] or "", "") + said + ("到" if match["upto"] else "")
+    if wetext(match.group() + (match["after"] or ""), "zh").startswith(said):
         return None
     return Reading(said, spoken=True)
+
+
+_SIGNS = {"-": "负", "−": "负", "+": "正"}  # a sign before a number (not between two: that is a range)
 
 
 def _read_version(match: re.Match[str]) -> Reading | None:
@@ -96,7 +100,8 @@ RULES: tuple[Rule, ...] = (
     Rule(
         "count of 13 to 16 digits",
         re.compile(
-            r"(?<![\d.,])(?P<number>\d{13,16}|\d{1,3}(?:,\d{3}){4,5})(?![\d.,])(?=(?P<after>[\u4e00-\u9fff]))"
+            r"(?:(?<![0-9A-Za-z.,])(?P<sign>[-−+]))?(?<![\d.,])(?P<number>\d{13,16}|\d{1,3}(?:,\d{3}){4,5})(?![\d.,])"
+            r"(?:(?P<upto>\s*[-–—~～]\s*)(?=\d)|(?=(?P<after>[\u4e00-\u9fff])))"
         ),
         _read_large_count,
     ),
