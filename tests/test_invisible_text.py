@@ -112,3 +112,12 @@ def test_a_job_text_is_counted_as_a_request_text_is() -> None:
     assert "".join(job_pieces(SynthesisRequest(text=decomposed + "\n", voice="alice"), 20)) == "é" * limit
     with pytest.raises(InputError, match=f"at most {limit} characters, got {limit + 1}"):
         job_pieces(SynthesisRequest(text=decomposed + "e\u0301", voice="alice"), 20)
+
+
+def test_a_jobs_inline_instruction_holds_for_every_piece_and_has_its_limit() -> None:
+    """Cut with the text, it went to the first piece only, and a 600-character one was taken."""
+    text = "用悲伤的语气说<|endofprompt|>" + "今天天气很好，我们去公园。" * 40
+    pieces = job_pieces(SynthesisRequest(text=text, voice="alice"), 200)
+    assert len(pieces) > 1 and all(piece.startswith("用悲伤的语气说。<|endofprompt|>") for piece in pieces)
+    with pytest.raises(InputError, match="at most 500 are allowed"):
+        job_pieces(SynthesisRequest(text="说" * 600 + "<|endofprompt|>" + "你好。" * 100, voice="alice"), 200)
