@@ -327,7 +327,7 @@ ERROR_TABLE: tuple[tuple[type[BaseException], ErrorKind], ...] = (
     (KeyRevoked, ErrorKind("key_revoked", 401, _FAILED)),
     (KeyChanged, ErrorKind("key_changed", 403, _FAILED)),
     (VoiceUnavailable, ErrorKind("voice_unavailable", 409, _FAILED)),
-    (VoiceInUse, ErrorKind("voice_in_use", 409, _FAILED)),
+    (VoiceInUse, ErrorKind("voice_in_use", 409, _FAILED, "err_voice_in_use")),
     (MissingExtra, ErrorKind("missing_extra", 500, _UNAVAILABLE)),
     (Unavailable, ErrorKind("unavailable", 500, _UNAVAILABLE)),
 )

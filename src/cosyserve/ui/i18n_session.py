@@ -42,6 +42,11 @@ SESSION_STRINGS: dict[str, tuple[str, str]] = {
         "A voice name is 1-64 letters (of any script, Chinese characters too), digits, spaces, '-', '_', "
         "'.' or '・', and not only symbols.",
     ),
+    "err_voice_in_use": (
+        "这个音色正被排队或运行中的工作使用（批量、长文本或配音）：等它结束，或在相应页签中取消，再删除或更改音色。",
+        "This voice is used by work that is queued or running (a batch, a long text or a dub): wait for it "
+        "to end, or cancel it in its tab, then delete or change the voice.",
+    ),
     "err_voice_name_taken": (
         "你已有同名的音色：请换一个名称，或先删除那个音色。",
         "You already have a voice of that name: pick another name, or delete that voice first.",
