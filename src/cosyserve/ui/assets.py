@@ -202,12 +202,14 @@ def head_html() -> str:
 
 
 def counter_js(limit: int, job_limit: int | None = None) -> str:
-    """A JS function: text → the counter's HTML (`n / limit`; over: made as a job; red over the job limit)."""
+    """A JS function: (text, page language) → the counter's HTML (`n / limit`; over: made as a job; red over
+    the job limit)."""
     return (
-        "(text) => { const n = Array.from((text || '').normalize('NFC').trim()).length; "
+        "(text, lang) => { const n = Array.from((text || '').normalize('NFC').trim()).length; "
         f"const limit = {json.dumps(limit)}; const jobLimit = {json.dumps(job_limit or limit)}; "
         "const cls = n > jobLimit ? 'cosy-counter over' : (n > limit ? 'cosy-counter job' : 'cosy-counter'); "
-        "const note = n > jobLimit ? '⚠ ' : ''; const tail = n > limit && n <= jobLimit ? ' · job' : ''; "
+        "const job = lang === 'zh' ? ' · 后台任务' : ' · job'; "
+        "const note = n > jobLimit ? '⚠ ' : ''; const tail = n > limit && n <= jobLimit ? job : ''; "
         'return `<div class="${cls}">${note}${n} / ${limit}${tail}</div>`; }'
     )
 

@@ -122,9 +122,8 @@ def wire_panel(panel: ModePanel, ctx: UiContext) -> None:
 
 def _wire_text_and_run(panel: ModePanel, ctx: UiContext) -> None:
     bridge, registry, mode, lang = ctx.bridge, ctx.registry, panel.mode, ctx.lang
-    panel.text.change(
-        None, [panel.text], [panel.counter], js=assets.counter_js(bridge.max_text_chars, bridge.max_job_chars)
-    )
+    counter = assets.counter_js(bridge.max_text_chars, bridge.max_job_chars)
+    panel.text.change(None, [panel.text, lang], [panel.counter], js=counter)
     panel.dice.click(None, None, [panel.seed], js=assets.DICE_JS)
 
     def preview(chosen: str, request: gr.Request, **values: Any) -> str:
