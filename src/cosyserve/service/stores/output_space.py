@@ -54,6 +54,16 @@ class SizeIndex:
         self.total += size - sizes.pop(output_id, (0, None))[0]
         sizes[output_id] = (size, owner)
 
+    def bytes(self) -> int:
+        """The total, scanning the directory only the first time."""
+        self._loaded()
+        return self.total
+
+    def not_owned_by(self, output_id: str, owner: str) -> bool:
+        """Known to belong to someone other than `owner` (an id not known yet is not: read it)."""
+        known = self._loaded().get(output_id)
+        return known is not None and known[1] != owner
+
     def discard(self, output_id: str) -> None:
         if self._sizes is not None:
             self.total -= self._sizes.pop(output_id, (0, None))[0]

@@ -267,6 +267,8 @@ class OutputStore(Retention):
             if output_id == previous:  # on this node and in the bucket
                 continue
             previous = output_id
+            if owner is not None and self._sizes.not_owned_by(output_id, owner):
+                continue  # someone else's: not read (a user with few outputs paid for everyone's)
             output = self._listed(output_id, walk)
             if output is None or (owner is not None and output.manifest.get("owner") != owner):
                 continue
@@ -283,8 +285,9 @@ class OutputStore(Retention):
         return sorted(ids, key=sort_key, reverse=True)
 
     def total_bytes(self) -> int:
-        """Bytes used by complete outputs on this node (audio + sidecars)."""
-        return sum(pair_size(output) for output in self._complete_outputs())
+        """Bytes used by complete outputs on this node (audio + sidecars), from the size index: it read
+        every sidecar, 2.5 s for /admin/status at 20 000 outputs."""
+        return self._sizes.bytes()
 
     def _listed(self, output_id: str, walk: RemoteWalk) -> StoredOutput | None:
         try:
