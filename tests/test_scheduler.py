@@ -523,3 +523,14 @@ def test_a_failures_log_lines_carry_the_request_that_submitted_it(make_scheduler
         root.handlers[:] = handlers
         root.setLevel(level)
         clear_recent_logs()
+
+
+def test_the_status_counts_a_stopped_job_as_the_metrics_do(make_scheduler: Any) -> None:
+    """/admin/status counted a job stopped early (it keeps its finished part as its value) as done."""
+    from types import SimpleNamespace
+
+    scheduler = make_scheduler()
+    ticket = scheduler.submit(lambda ctx: SimpleNamespace(stopped=Cancelled("cancelled by the client")))
+    ticket.wait(WAIT)
+    wait_until(lambda: sum(scheduler.stats()["finished"].values()) == 1)
+    assert scheduler.stats()["finished"]["cancelled"] == 1 and scheduler.stats()["finished"]["done"] == 0

@@ -30,7 +30,7 @@ from cosyserve.service.scheduling.deadlines import REQUEST_TIMEOUT, Deadlines
 from cosyserve.service.scheduling.fair_policy import BACKGROUND, INTERACTIVE, FairSettings, WorkClass
 from cosyserve.service.scheduling.reporting import SchedulerMetrics, SchedulerReport
 from cosyserve.service.scheduling.slots import EngineSlots
-from cosyserve.service.scheduling.tickets import Ticket, TicketHooks, WorkContext
+from cosyserve.service.scheduling.tickets import Ticket, TicketHooks, WorkContext, ended_as
 
 __all__ = ["Scheduler", "SchedulerMetrics", "Ticket", "WorkContext"]
 
@@ -231,7 +231,7 @@ class Scheduler:
         with self._lock:
             self._active.pop(ticket.id, None)
             self._deadlines.drop(ticket.id)
-            self._report.count_finished(ticket.state)
+            self._report.count_finished(ended_as(ticket)[0])  # as metrics do: a stopped job is not "done"
         self._report.finished(ticket)
 
     def _next_unit(self, ticket: Ticket) -> None:
