@@ -30,8 +30,10 @@ from typing import Any, TypeVar
 
 from fastapi import Request
 from fastapi.responses import Response, StreamingResponse
+from starlette.requests import ClientDisconnect
 
 from cosyserve.api.errors import classify, error_response, mark_counted
+from cosyserve.errors import Cancelled
 from cosyserve.service.backend import AudioStream
 from cosyserve.service.outcomes import StreamStart, TtsOutcome
 from cosyserve.service.scheduling.scheduler import Ticket
@@ -47,9 +49,11 @@ DISCONNECTED = "the client disconnected"
 
 async def await_ticket(request: Request, ticket: Ticket) -> Any:
     """The ticket's result (or its exception, re-raised); cancels it if the client goes away first."""
+    gone = False
     try:
         while not await ticket.wait_async(POLL_S):
             if await request.is_disconnected():
+                gone = True
                 ticket.cancel(DISCONNECTED)
     except asyncio.CancelledError:  # the server gave up on this request: nobody will read the result
         ticket.cancel(DISCONNECTED)
@@ -57,6 +61,8 @@ async def await_ticket(request: Request, ticket: Ticket) -> Any:
     try:
         return await ticket.result_async()
     except BaseException as exc:
+        if gone and isinstance(exc, Cancelled):  # the client hung up: a 499, not a 409 "cancelled" conflict
+            raise ClientDisconnect() from None
         raise mark_counted(exc, ticket.id) from None
 
 
