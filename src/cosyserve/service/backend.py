@@ -14,11 +14,11 @@ from typing import Any, Protocol
 
 from cosyserve.errors import InputError, JobStateError
 from cosyserve.frontend.prompt_check import load_prompt
+from cosyserve.frontend.text.prepare import check_inline_instruction
 from cosyserve.frontend.text.prompts import inline_instruction
 from cosyserve.frontend.text.split import has_content, require_visible_text, split_long_text
 from cosyserve.frontend.text.tags import nfc
 from cosyserve.frontend.tokenizer import ENDOFPROMPT
-from cosyserve.limits import MAX_INSTRUCT_CHARS
 from cosyserve.service.batches.submission import BatchSubmission
 from cosyserve.service.outcomes import StreamStart, TtsOutcome
 from cosyserve.service.quality.overrides import checked_against
@@ -165,11 +165,7 @@ def job_pieces(request: SynthesisRequest, max_chars: int) -> list[str]:
     # An instruction before <|endofprompt|> holds for the whole text: each piece carries it (cut with the
     # text, it went to the first piece only, unchecked for its length)
     inline, body = inline_instruction(text) if ENDOFPROMPT in text else (None, text)
-    if inline is not None and len(inline) > MAX_INSTRUCT_CHARS:
-        raise InputError(
-            f"the instruction before {ENDOFPROMPT} has {len(inline)} characters; at most "
-            f"{MAX_INSTRUCT_CHARS} are allowed, as for `instruct`: shorten it"
-        )
+    check_inline_instruction(inline)
     pieces = split_long_text(body, max_chars)
     if inline is not None:
         pieces = [f"{inline}{ENDOFPROMPT}{piece}" for piece in pieces]

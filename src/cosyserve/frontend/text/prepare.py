@@ -52,6 +52,15 @@ def check_length(text: str, limit: int = DEFAULT_MAX_CHARS) -> None:
         )
 
 
+def check_inline_instruction(inline: str | None) -> None:
+    """InputError for an instruction written before <|endofprompt|> longer than `instruct` may be."""
+    if inline is not None and len(inline) > MAX_INSTRUCT_CHARS:
+        raise InputError(
+            f"the instruction before <|endofprompt|> has {len(inline)} characters; at most "
+            f"{MAX_INSTRUCT_CHARS} are allowed, as for `instruct`: shorten it"
+        )
+
+
 @dataclass(frozen=True)
 class PreparedText:
     """Everything the engine needs from the text side of one request."""
@@ -136,11 +145,7 @@ def prepare_texts(
     prompt_text = drop_invisible(prompt_text) if prompt_text else prompt_text
     if max_chars is not None:
         check_length(body, max_chars)
-    if inline is not None and len(inline) > MAX_INSTRUCT_CHARS:
-        raise InputError(
-            f"the instruction before <|endofprompt|> has {len(inline)} characters; at most "
-            f"{MAX_INSTRUCT_CHARS} are allowed, as for `instruct`: shorten it"
-        )
+    check_inline_instruction(inline)
 
     instruction = resolve_instruction(instruct) if instruct and instruct.strip() else None
     plain_instruct = strip_system_markers(instruct or "")
