@@ -150,12 +150,23 @@ def test_revoked_key_stops_working(server) -> None:
 def test_rate_limit_per_key(server) -> None:
     _, key = server.service.keys.create("chatty", "user", rate_limit=3)
     with as_key(server, key) as client:
-        statuses = [client.get("/v1/voices").status_code for _ in range(4)]
-        assert statuses == [200, 200, 200, 429]
-        limited = client.get("/v1/voices")
+        statuses = [client.post("/v1/tts", json={}).status_code for _ in range(4)]
+        assert statuses == [422, 422, 422, 429]
+        limited = client.post("/v1/tts", json={})
         assert limited.json()["error"]["code"] == "rate_limited" and int(limited.headers["retry-after"]) >= 1
         # the message says what the header says (it said "retry in 0 s" beside Retry-After: 1)
         assert limited.json()["error"]["message"].endswith(f"retry in {limited.headers['retry-after']} s")
+
+
+def test_polling_does_not_use_up_the_requests_that_submit_work(server) -> None:
+    """Reads were counted with writes: a client polling its job once a second had no request left to
+    submit the next one. Reads have an allowance of their own, ten times the key's."""
+    _, key = server.service.keys.create("poller", "user", rate_limit=3)
+    with as_key(server, key) as client:
+        reads = [client.get("/v1/voices").status_code for _ in range(31)]
+        assert reads == [200] * 30 + [429]
+        assert "30 reads (GET requests) per minute" in client.get("/v1/voices").json()["error"]["message"]
+        assert [client.post("/v1/tts", json={}).status_code for _ in range(4)] == [422, 422, 422, 429]
 
 
 def test_daily_audio_quota(server) -> None:

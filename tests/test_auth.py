@@ -144,6 +144,8 @@ def test_rate_limiter_token_bucket() -> None:
     assert limiter.acquire("ip:127.0.0.1") == 0.0  # strings get the default
     assert limiter.acquire(key_with(rate=0)) == 0.0  # 0: unlimited
     assert RateLimiter(default_per_minute=None).acquire("anyone") == 0.0
+    reads = [limiter.acquire(key, read=True) for _ in range(61)]  # a bucket of its own, 10x the size
+    assert reads[:60] == [0.0] * 60 and reads[60] == pytest.approx(1.0)
 
 
 def test_a_raised_rate_limit_takes_effect_at_once() -> None:

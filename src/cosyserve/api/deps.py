@@ -76,7 +76,7 @@ async def current_principal(request: Request) -> Principal:
             "this server requires an API key: send `Authorization: Bearer <key>` or `X-API-Key: <key>` "
             "(create keys with `cosyserve keys create`)"
         )
-    access.check_rate(principal)
+    access.check_rate(principal, read=request.method in ("GET", "HEAD"))
     request.state.principal = principal
     return principal
 

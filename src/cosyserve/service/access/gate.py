@@ -144,16 +144,18 @@ class Access:
             "secure": secure,  # https only when the login came over https (or a trusted proxy's https)
         }
 
-    def check_rate(self, principal: Principal) -> None:
-        """RateLimited when the caller's key used up its requests per minute."""
+    def check_rate(self, principal: Principal, *, read: bool = False) -> None:
+        """RateLimited when the caller's key used up its requests per minute (`read`: its reads, which
+        have an allowance of their own)."""
         if principal.key is None:
             return  # anonymous (auth off) and UI sessions are not rate limited
-        wait = self.rate_limiter.acquire(principal.key)
+        wait = self.rate_limiter.acquire(principal.key, read=read)
         if wait > 0:
-            limit = self.rate_limiter.limit_for(principal.key)
+            limit = self.rate_limiter.limit_for(principal.key, read=read)
             seconds = max(1, round(wait + 0.5))  # the message says what Retry-After says
+            what = "reads (GET requests)" if read else "requests"
             raise RateLimited(
-                f"rate limit of {limit:g} requests per minute reached for this key: retry in {seconds} s",
+                f"rate limit of {limit:g} {what} per minute reached for this key: retry in {seconds} s",
                 seconds,
             )
 

@@ -21,10 +21,13 @@ class RateLimiter:
     """Token buckets per key: up to a minute's allowance at once, refilled continuously. Thread-safe.
 
     A key's own `rate_limit_per_minute` wins over `default_per_minute`; None or 0 means unlimited.
-    Strings (e.g. "ip:1.2.3.4" for anonymous callers) get the default.
+    Strings (e.g. "ip:1.2.3.4" for anonymous callers) get the default. Reads (`read=True`: a client
+    polling its job, listing its files) draw on a bucket of their own, `READS_PER_REQUEST` times the size,
+    so that polling never uses up the requests that submit work.
     """
 
     MAX_BUCKETS = 10_000  # beyond this, full (idle) buckets are forgotten
+    READS_PER_REQUEST = 10
 
     def __init__(self, default_per_minute: float | None = 60, *, clock: Callable[[], float] = time.monotonic):
         self.default_per_minute = default_per_minute
@@ -32,18 +35,22 @@ class RateLimiter:
         self._lock = threading.Lock()
         self._buckets: dict[str, tuple[float, float, float]] = {}  # id -> (tokens, updated at, capacity)
 
-    def limit_for(self, key: ApiKey | str) -> float | None:
+    def limit_for(self, key: ApiKey | str, *, read: bool = False) -> float | None:
         own = key.rate_limit_per_minute if isinstance(key, ApiKey) else None
         limit = own if own is not None else self.default_per_minute
-        return limit or None
+        if not limit:
+            return None
+        return limit * self.READS_PER_REQUEST if read else limit
 
-    def acquire(self, key: ApiKey | str, cost: float = 1.0) -> float:
+    def acquire(self, key: ApiKey | str, cost: float = 1.0, *, read: bool = False) -> float:
         """0.0 if the request may go ahead (its cost is taken); otherwise the seconds to wait before it
         would be allowed (nothing is taken)."""
-        per_minute = self.limit_for(key)
+        per_minute = self.limit_for(key, read=read)
         if per_minute is None:
             return 0.0
         bucket_id = f"key:{key.id}" if isinstance(key, ApiKey) else key
+        if read:
+            bucket_id += ":reads"
         capacity, per_second = float(per_minute), per_minute / 60.0
         cost = min(cost, capacity)
         with self._lock:
