@@ -259,3 +259,51 @@ def test_a_batch_that_progresses_in_every_attempt_does_not_use_up_its_retries(tm
     before.batches.finish(batch.id, 1, attempt, output_id="output_1", duration_s=1.5, run_s=0.4)
     queued, failed = before.jobs.requeue_interrupted(max_attempts=1)  # what the next start does
     assert [job.id for job in queued] == [batch.id] and failed == []
+
+
+def test_a_long_text_goes_on_from_the_pieces_it_finished(
+    start_api_server, api_synthesizer, prompt_wav_bytes, monkeypatch
+):
+    """An interrupted long text started over: a 20-minute text restarted near its end made (and waited
+    for) all of it again. Its next attempt now goes on from the first piece missing, its audio the same as
+    an uninterrupted run's, its key charged for what the result holds."""
+    import io
+
+    import soundfile as sf
+
+    server = start_api_server(max_text_chars=40, service_kwargs={"shutdown_grace_s": 0.2})
+    _, key = server.service.keys.create("resumer", "user", quota=600.0)
+    _, admin_key = server.service.keys.create("restarter", "admin")
+    pieces_root = server.service.backend.job_runner.pieces.root
+    try:
+        with server.client(headers={"Authorization": f"Bearer {key}"}) as client:
+            enrol_voice(client, "bea", prompt_wav_bytes)
+            job = {"text": LONG_TEXT, "voice": "bea", "seed": 5}
+            whole = wait_job(client, client.post("/v1/jobs", json=job).json()["id"], timeout=300)
+            hold = HoldOneSegment(api_synthesizer.engine, hold_at=3)  # pieces 1 and 2 finish, 3 is held
+            monkeypatch.setattr(api_synthesizer.engine, "generate", hold)
+            job_id = client.post("/v1/jobs", json=job).json()["id"]
+            assert hold.holding.wait(60)
+            assert sorted(p.name for p in (pieces_root / job_id).iterdir()) == [
+                "0.json",
+                "0.npy",
+                "1.json",
+                "1.npy",
+            ]
+            with server.client(headers={"Authorization": f"Bearer {admin_key}"}) as admin:
+                assert admin.post("/admin/engine/restart").status_code == 202
+            final = wait_job(client, job_id, timeout=300)
+            assert final["state"] == "done" and final["output_id"], final
+            assert hold.calls == 3 + 2  # the second attempt made pieces 3 and 4 only
+            assert not (pieces_root / job_id).exists()  # gone with the job's end
+
+            def samples(output_id: str):
+                return sf.read(io.BytesIO(client.get(f"/v1/outputs/{output_id}").content))[0]
+
+            assert samples(final["output_id"]) == pytest.approx(samples(whole["output_id"]), abs=1e-4)
+            wait_for(lambda: client.get("/v1/me").json()["quota"]["reserved_s"] == 0)
+            used = client.get("/v1/me").json()["quota"]["used_s"]
+            made = [whole["duration_s"], final["duration_s"]]
+        assert used == pytest.approx(sum(made), abs=0.05), (used, made)
+    finally:
+        server.stop()

@@ -45,6 +45,7 @@ from cosyserve.service.scheduling.scheduler import Scheduler, Ticket, WorkContex
 from cosyserve.service.setting_groups import LimitSettings, QueueSettings
 from cosyserve.service.startup_clock import StartupClock
 from cosyserve.service.stores.batches import BatchStore
+from cosyserve.service.stores.job_pieces import JobPieces
 from cosyserve.service.stores.jobs import JobRecord, JobStore
 from cosyserve.service.stores.keys import ApiKey
 from cosyserve.service.stores.outputs import OutputStore
@@ -251,6 +252,7 @@ class LocalBackend:
             node=f"{socket.gethostname()}-{os.getpid()}",
             # An interrupted job runs again here; a worker's goes back to the Celery queue instead.
             requeue=(lambda job_id: self.feeder.requeue(job_id)) if self.recover_jobs else None,
+            pieces=JobPieces(self.outputs.root),
         )
 
     @functools.cached_property

@@ -43,10 +43,11 @@ class JobQuota:
         self.quota.settle_part(job_id, key, seconds)
         return self.allows(key)
 
-    def refund_discarded(self, key_id: int | None, job_id: str) -> float:
-        """An attempt starts the job over: what earlier attempts were charged made audio nobody gets, so it
-        is taken off the key's usage and back into the job's reservation; returns the seconds."""
-        seconds = self.jobs.take_charged(job_id)
+    def refund_discarded(self, key_id: int | None, job_id: str, keep_s: float = 0.0) -> float:
+        """An attempt starts the job over (or goes on after `keep_s` seconds of audio earlier attempts made
+        and kept): what else they were charged made audio nobody gets, so it is taken off the key's usage
+        and back into the job's reservation; returns the seconds."""
+        seconds = self.jobs.take_charged(job_id, keep_s)
         key = self.key_lookup(key_id) if key_id is not None else None
         if seconds > 0 and key is not None:
             self.quota.refund_part(job_id, key, seconds)

@@ -25,6 +25,7 @@ from cosyserve.service.batches.items import batch_request
 from cosyserve.service.batches.submission import BatchSubmission, record_batch
 from cosyserve.service.local.batches import BatchPlan, BatchRunner
 from cosyserve.service.local.job_quota import JobQuota
+from cosyserve.service.local.job_resume import resumed_pieces, saved_result
 from cosyserve.service.local.long_text_jobs import (
     CLIENT_CANCEL,
     RECORD_WAIT_S,
@@ -37,8 +38,6 @@ from cosyserve.service.local.model_host import ModelHost
 from cosyserve.service.local.results import Results
 from cosyserve.service.local.voice_pins import SNAPSHOTS, VoicePins, resolve_batch, resolve_request
 from cosyserve.service.logs import request_context
-from cosyserve.service.outcomes import TtsOutcome
-from cosyserve.service.quality.reporting import saved_report
 from cosyserve.service.requests import (
     TERMINAL_STATES,
     OutputSpec,
@@ -48,11 +47,11 @@ from cosyserve.service.requests import (
 from cosyserve.service.reservations import QuotaReservations
 from cosyserve.service.scheduling.scheduler import Scheduler, Ticket, WorkContext
 from cosyserve.service.stores.batches import BatchStore
+from cosyserve.service.stores.job_pieces import JobPieces
 from cosyserve.service.stores.jobs import JobNotFound, JobRecord, JobStore
 from cosyserve.service.stores.outputs import OutputStore
 
 Body = Callable[[WorkContext, JobRun], JobResult]
-ORPHAN_SCAN = 200  # recent outputs looked through for a result an interrupted attempt saved
 
 log = logging.getLogger(__name__)
 
@@ -75,6 +74,7 @@ class LocalJobs:
     node: str  # the name its attempts are recorded under
     reservations: QuotaReservations  # a job holds its estimate of its key's quota until its record ends
     requeue: Callable[[str], object] | None = None  # runs a job an engine restart interrupted again
+    pieces: JobPieces | None = None  # a long text's finished pieces, for an attempt that follows a crash
 
     # -- submitting -------------------------------------------------------------------------------------
 
@@ -169,6 +169,7 @@ class LocalJobs:
                 self.batches.cancel_rest(job_id, "cancelled", "cancelled by the client")
             ended = self.jobs.finish_cancelled(job_id, "cancelled by the client")
             self.reservations.release_job(job_id)
+            self._drop_pieces(job_id)
             return ended
         return self.jobs.get(job_id) or record
 
@@ -183,7 +184,19 @@ class LocalJobs:
         else:  # a long text keeps nothing of an attempt: what its last one was charged goes back
             spec = wire.decode_job_spec(record.spec, record.params, record.owner, self.quota.key_lookup)
             self.quota.refund_discarded(spec.key.id if spec.key is not None else None, record.id)
+            self._drop_pieces(record.id)
         self.reservations.release_job(record.id)
+
+    def sweep_pieces(self) -> None:
+        """Remove the kept pieces of jobs that ended while no server ran them (cancelled, purged)."""
+        if self.pieces is not None:
+            active = lambda job_id: (r := self.jobs.get(job_id)) is not None and not r.is_terminal  # noqa: E731
+            if removed := self.pieces.sweep(active):
+                log.info("removed the kept pieces of %d jobs that have ended", removed)
+
+    def _drop_pieces(self, job_id: str) -> None:
+        if self.pieces is not None:
+            self.pieces.drop(job_id)
 
     def _segment_count(self, request: SynthesisRequest, pieces: list[str], voices: VoiceScope) -> int:
         """A long text's units for the queue's wait estimates: its segments (`run_pieces` gives the engine
@@ -266,9 +279,7 @@ class LocalJobs:
                 return body(ctx, run)
 
         # No scheduler timeout: each segment (or item) sets its own (`JobRun.arm`).
-        on_state = both(recorder, logged)
-        if key_id is not None:
-            on_state = both(on_state, self._released_when_ended(job_id))
+        on_state = both(both(recorder, logged), self._released_when_ended(job_id, key_id is not None))
         # Background work: it gives the engine back between its units (segments, items, cues).
         return self.scheduler.submit(
             work,
@@ -280,15 +291,17 @@ class LocalJobs:
             units=units,
         )
 
-    def _released_when_ended(self, job_id: str) -> Callable[[Ticket, str], None]:
-        """An `on_state` that gives back what the job still holds once its record ended (not when a
-        shutdown leaves it queued for the next start)."""
+    def _released_when_ended(self, job_id: str, reserved: bool) -> Callable[[Ticket, str], None]:
+        """An `on_state` that gives back what the job still holds (its reservation when `reserved`, its
+        kept pieces) once its record ended (not when a shutdown leaves it queued for the next start)."""
 
         def on_state(ticket: Ticket, state: str) -> None:
             if state in TERMINAL_STATES:
                 record = self.jobs.get(job_id)
                 if record is None or record.is_terminal:
-                    self.reservations.release_job(job_id)
+                    if reserved:
+                        self.reservations.release_job(job_id)
+                    self._drop_pieces(job_id)
 
         return on_state
 
@@ -303,25 +316,15 @@ class LocalJobs:
     ) -> Body:
         def body(ctx: WorkContext, run: JobRun) -> JobResult:
             extra: dict[str, Any] = {"format": spec.format, "pieces": len(pieces)}
-            if run.attempt > 1:
-                saved = self._saved_result(job_id, spec.owner)
-                if saved is not None:
-                    return JobResult(saved, extra)
-                refunded = run.quota.refund_discarded(run.key_id, job_id)  # this attempt starts over
-                if refunded:
-                    log.info(
-                        "job %s starts over (attempt %d): the %.1f s of audio its earlier attempts "
-                        "made are discarded and no longer charged",
-                        job_id,
-                        run.attempt,
-                        refunded,
-                    )
+            if run.attempt > 1 and (saved := saved_result(self.outputs, job_id, spec.owner)) is not None:
+                return JobResult(saved, extra)
             with self.host.synthesizer(work=ctx) as synth:
                 # the voice is looked up once per attempt, by the id it was submitted with
                 pins = VoicePins(self.host.voices, snapshots, voices)
                 pinned = pins.pin(request.voice, synth.voice_features)
+                kept, keep = resumed_pieces(self.pieces, job_id, pieces, str(synth.model_dir), run)
                 made = self.results.run_engine(
-                    lambda: run_pieces(ctx, synth, request, pieces, run, voices, pinned)
+                    lambda: run_pieces(ctx, synth, request, pieces, run, voices, pinned, kept, keep)
                 )
                 if made.stopped is None:
                     ctx.check_cancelled()  # lost the job while finishing the last piece: no output
@@ -343,23 +346,6 @@ class LocalJobs:
     def _batch_body(self, plan: BatchPlan) -> Body:
         runner = BatchRunner(self.host, self.batches, self.outputs, self.results)
         return lambda ctx, run: runner.run(ctx, plan, run)
-
-    def _saved_result(self, job_id: str, owner: str | None) -> TtsOutcome | None:
-        """The output an interrupted attempt of this job saved before it could record it, if any."""
-        for output in self.outputs.list(owner=owner, limit=ORPHAN_SCAN):
-            if (output.manifest.get("parameters") or {}).get("job_id") == job_id:
-                manifest = output.manifest
-                return TtsOutcome(
-                    seed=int(manifest.get("seed") or 0),
-                    duration_s=float(manifest.get("duration_s") or 0.0),
-                    speech_tokens=int(manifest.get("speech_tokens") or 0),
-                    output_id=output.id,
-                    output_path=str(output.path),
-                    media_type="audio/wav",
-                    warnings=tuple(manifest.get("warnings") or ()),
-                    quality=saved_report(manifest),  # the job's scores, as its status showed them
-                )
-        return None
 
 
 def _scope_of(record: JobRecord, spec: OutputSpec) -> VoiceScope:

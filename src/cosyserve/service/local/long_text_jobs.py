@@ -21,7 +21,7 @@ import dataclasses
 import logging
 import threading
 import time
-from collections.abc import Callable, Iterable
+from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -38,6 +38,7 @@ from cosyserve.errors import (
 )
 from cosyserve.service.access.key_watch import KeyChanged, KeyRevoked, KeyWatch
 from cosyserve.service.local.job_quota import JobQuota
+from cosyserve.service.local.synthesis_stream import SynthesisStream
 from cosyserve.service.local.synthesizer import Synthesizer
 from cosyserve.service.local.voice_pins import PinnedVoice
 from cosyserve.service.outcomes import SentenceTiming, SynthesisProgress, SynthesisResult, TtsOutcome
@@ -45,6 +46,7 @@ from cosyserve.service.quality.reporting import combined_report, stored_fields
 from cosyserve.service.requests import EVERY_VOICE, SynthesisRequest, VoiceScope
 from cosyserve.service.scheduling.tickets import Ticket, WorkContext
 from cosyserve.service.stores.batches import BatchStore
+from cosyserve.service.stores.job_pieces import KeptPiece
 from cosyserve.service.stores.jobs import JobStore
 from cosyserve.service.stores.outputs import OutputStore
 
@@ -254,17 +256,21 @@ def run_pieces(
     run: JobRun,
     voices: VoiceScope = EVERY_VOICE,
     pinned: PinnedVoice | None = None,
+    kept: Sequence[KeptPiece] = (),
+    keep: Callable[[int, SynthesisResult, float], object] | None = None,
 ) -> PiecesMade:
     """Synthesise the pieces in order with one seed, reporting progress on the ticket and the record,
     checking the key and charging each segment; stops early (keeping its whole segments) at the quota, a
     revoked key, a client's cancel or an error. A saved voice outside `voices` is not found; `pinned`: the
-    voice as the job pinned it."""
+    voice as the job pinned it. `kept`: the first pieces, finished by an earlier attempt (the rest go on
+    with their seed); `keep(index, result, charged_s)` is told of each piece finished."""
     voices = [pinned.voice] if pinned is not None else []
     run.check_key(voices)  # revoked while it waited in the queue
     if not run.quota.allows_id(run.key_id):  # used up, or lowered below the usage, while it waited
         raise run.quota.exceeded(run.key_id, started=False)
     run.arm(ctx)  # checking every piece is part of the first segment's time
     last_write = [0.0]
+    charged_by_piece = [0.0] * len(pieces)
 
     def progress_of(index: int) -> Callable[[SynthesisProgress], None]:
         charged = 0.0
@@ -277,7 +283,7 @@ def run_pieces(
             if p.kept and p.audio_seconds > charged:  # of several takes, only the kept one
                 run.check_key(voices)  # before charging: a segment made after a revoke is never charged
                 allowed = run.quota.charge(run.key_id, run.job_id, p.audio_seconds - charged)
-                charged = p.audio_seconds
+                charged = charged_by_piece[index] = p.audio_seconds
                 if not allowed and fraction < 1.0:
                     raise QuotaStop
             if time.monotonic() - last_write[0] >= PROGRESS_WRITE_S:
@@ -291,17 +297,20 @@ def run_pieces(
     # Every piece is checked before any audio is made; later pieces reuse the first one's seed (one seed
     # reproduces the job).
     streams = []
-    seed = request.seed
-    for index, piece in enumerate(pieces):
-        part = dataclasses.replace(request, text=piece, seed=seed)
+    seed = kept[0].result.seed if kept else request.seed
+    for index in range(len(kept), len(pieces)):
+        part = dataclasses.replace(request, text=pieces[index], seed=seed)
         stream = synth.synthesize(
             part, progress=progress_of(index), cancel=ctx.cancel, voices=voices, pinned=pinned
         )
         seed = stream.seed
-        streams.append(stream)
-    total = sum(stream.segment_count for stream in streams)
-    results: list[SynthesisResult] = []
-    for stream in streams:
+        streams.append((index, stream))
+    results: list[SynthesisResult] = [piece.result for piece in kept]
+    total = sum(len(r.timings) for r in results) + sum(stream.segment_count for _, stream in streams)
+    if results:
+        ctx.set_progress(len(results) / len(pieces))
+        ctx.share_partial(tuple(results))
+    for index, stream in streams:
         run.arm(ctx)
         chunks: list[np.ndarray] = []
         try:
@@ -309,23 +318,40 @@ def run_pieces(
             chunks.extend(chunk.samples for chunk in stream)
             result = stream.result()
         except Exception as exc:
-            stopped = stop_reason(exc, ctx, run)
-            if stopped is None:
-                raise
-            kept = stream.timings
-            if isinstance(exc, KeyRevoked | KeyChanged):  # its last segment was not charged: not kept either
-                kept = kept[:-1]
-            whole = _whole_segments(stream.seed, synth.sample_rate, chunks, kept)
-            results += [whole] if whole is not None else []
-            if not results and isinstance(exc, QuotaStop):
-                raise stopped from None
-            if not results:
-                raise
-            done = sum(len(r.timings) for r in results)
-            return PiecesMade(merge_results(results), stopped, done, total)
+            return _stopped_early(exc, ctx, run, stream, synth.sample_rate, chunks, results, total)
         results.append(result)
+        if keep is not None:
+            keep(index, result, charged_by_piece[index])
         ctx.share_partial(tuple(results))  # the studio plays the finished pieces while the rest is made
     return PiecesMade(merge_results(results), None, total, total)
+
+
+def _stopped_early(
+    exc: Exception,
+    ctx: WorkContext,
+    run: JobRun,
+    stream: SynthesisStream,
+    rate: int,
+    chunks: list[np.ndarray],
+    results: list[SynthesisResult],
+    total: int,
+) -> PiecesMade:
+    """What a job keeps when `exc` stopped it in `stream`'s piece: the pieces before it and that piece's
+    whole segments; raises `exc` again when it must fail as a whole, or kept nothing."""
+    stopped = stop_reason(exc, ctx, run)
+    if stopped is None:
+        raise exc
+    finished = stream.timings
+    if isinstance(exc, KeyRevoked | KeyChanged):  # its last segment was not charged: not kept either
+        finished = finished[:-1]
+    whole = _whole_segments(stream.seed, rate, chunks, finished)
+    results = results + ([whole] if whole is not None else [])
+    if not results and isinstance(exc, QuotaStop):
+        raise stopped from None
+    if not results:
+        raise exc
+    done = sum(len(r.timings) for r in results)
+    return PiecesMade(merge_results(results), stopped, done, total)
 
 
 def _whole_segments(

@@ -45,6 +45,10 @@ class JobFeeder:
                 self.runner.ended_interrupted(record)
             except Exception as exc:  # its items or its charge stay as they were; the server starts
                 log.error("job %s: could not end what it held: %s", record.id, exc)
+        try:
+            self.runner.sweep_pieces()
+        except OSError as exc:  # they stay until the next start; nothing depends on them
+            log.warning("could not remove the kept pieces of ended jobs: %s", exc)
         if not queued:
             return
         log.warning("%d jobs left by an earlier process are queued again", len(queued))

@@ -30,15 +30,17 @@ class JobCharges:
             ).rowcount
         return counted == 1
 
-    def take_charged(self, job_id: str) -> float:
-        """The audio seconds charged to the job so far, set back to zero (its audio was discarded)."""
+    def take_charged(self, job_id: str, keep_s: float = 0.0) -> float:
+        """The audio seconds charged to the job so far beyond `keep_s` (audio kept), taken off its count
+        (that audio was discarded)."""
         if not is_job_id(job_id):
             return 0.0
         with self.engine.begin() as conn:
             where = jobs_table.c.id == job_id
-            charged = conn.execute(select(jobs_table.c.charged_s).where(where)).scalar()
-            conn.execute(update(jobs_table).where(where).values(charged_s=0.0))
-        return float(charged or 0.0)
+            charged = float(conn.execute(select(jobs_table.c.charged_s).where(where)).scalar() or 0.0)
+            discarded = max(0.0, charged - max(0.0, keep_s))
+            conn.execute(update(jobs_table).where(where).values(charged_s=charged - discarded))
+        return discarded
 
     def reserved_s(self, owner: str, *, excluding: str | None = None) -> float:
         """Audio seconds `owner`'s queued and running jobs set aside and have not been charged yet."""
