@@ -107,6 +107,19 @@ def download(page, selector: str, name: str) -> bytes:
     return target.read_bytes()
 
 
+def test_the_empty_table_is_headed_in_the_language_chosen(page) -> None:
+    """Its headers followed a language switch only once a batch was shown."""
+    page.click("#cosy-lang label:has-text('中文')")
+    page.wait_for_function("document.querySelector('#batch-start').innerText.includes('开始')")
+    page.wait_for_function(
+        "document.querySelector('#batch-table').innerText.includes('状态')", timeout=10_000
+    )
+    page.click("#cosy-lang label:has-text('English')")
+    page.wait_for_function(
+        "document.querySelector('#batch-table').innerText.includes('State')", timeout=10_000
+    )
+
+
 def test_a_csv_script_runs_with_a_live_progress_bar(page, tmp_path) -> None:
     script = tmp_path / "lesson.csv"
     script.write_text("name,text\n" + "".join(f"line{n},第{n}句话。\n" for n in range(1, LINES + 1)))

@@ -222,8 +222,9 @@ class _BatchActions:
             raise as_gr_error(exc, lang) from None
 
     def refresh(self, lang: str, batch_id: str | None, request: gr.Request) -> list[Any]:
-        if not batch_id:
-            return [gr.update(), gr.update(), gr.update(), gr.update(), gr.Timer(active=False), gr.update()]
+        if not batch_id:  # the empty table headed in `lang` (a headers-only update leaves it as it was)
+            table = gr.update(value={"headers": _columns(lang), "data": []})
+            return [gr.update(), gr.update(), table, gr.update(), gr.Timer(active=False), gr.update()]
         try:
             return self._view(lang, self._principal(request), batch_id)
         except Exception as exc:
