@@ -635,3 +635,16 @@ def test_every_event_handler_takes_what_the_page_gives_it(tmp_path):
         warnings.simplefilter("always")
         build_ui(service)
     assert not [str(w.message) for w in caught if "arguments for function" in str(w.message)]
+
+
+def test_batch_tab_refusals_are_titled_in_the_pages_language() -> None:
+    """Starting a batch without a file or a voice raised a toast titled "Error" on the Chinese page."""
+    import gradio as gr
+
+    from cosyserve.ui.batch_tab import _BatchActions
+
+    actions = _BatchActions(SimpleNamespace(bridge=None), None, None)
+    for path, voice in ((None, "v"), ("script.csv", None)):
+        with pytest.raises(gr.Error) as raised:
+            actions.start("zh", path, voice, "", "wav", 1.25, None, None)
+        assert raised.value.title == "无法完成"

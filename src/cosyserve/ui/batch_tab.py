@@ -26,6 +26,7 @@ from cosyserve.ui.bridge import (
     new_request_id,
 )
 from cosyserve.ui.generate import as_gr_error, cache_copy
+from cosyserve.ui.i18n import text
 from cosyserve.ui.studio import UiContext
 
 POLL_S = 1.0
@@ -189,9 +190,9 @@ class _BatchActions:
         request: gr.Request,
     ) -> list[Any]:
         if not path:
-            raise gr.Error(bt("no_file", lang), print_exception=False)
+            raise gr.Error(bt("no_file", lang), title=text("error_title", lang), print_exception=False)
         if not voice:
-            raise gr.Error(bt("no_voice", lang), print_exception=False)
+            raise gr.Error(bt("no_voice", lang), title=text("error_title", lang), print_exception=False)
         request_id = new_request_id()
         try:
             principal = self._principal(request)
