@@ -118,6 +118,20 @@ def test_sdk_sees_every_bad_parameter_as_a_bad_request_with_its_param(sdk: opena
     assert info.value.type == "invalid_request_error"
 
 
+def test_a_text_over_the_limit_names_its_field(server) -> None:
+    """An over-long `input` was a 400 with `param: null`; /v1/tts's names `text`."""
+    long = "字" * 5000
+    with server.client() as client:
+        for extra in ({}, {"stream_format": "sse"}, {"stream_format": "audio"}):
+            body = {"model": "tts-1", "voice": "alice", "input": long, **extra}
+            error = client.post("/v1/audio/speech", json=body).json()["error"]
+            assert error["param"] == "input" and error["message"].startswith("input is 5000 characters"), (
+                extra
+            )
+        error = client.post("/v1/tts", json={"text": long, "voice": "alice"}).json()["error"]
+        assert error["param"] == "text" and error["message"].startswith("text is 5000 characters")
+
+
 def test_a_body_that_is_not_json_says_so(server) -> None:
     with server.client() as client:
         answer = client.post(

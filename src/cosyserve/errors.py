@@ -28,6 +28,12 @@ class InputError(CosyServeError):
     """Input that a user supplied (text, audio, parameters) cannot be used."""
 
 
+class TextTooLong(InputError):
+    """A text over the characters one request may have."""
+
+    param = "text"  # the request field it is about (the API's error `param`)
+
+
 class VoiceNameInvalid(InputError):
     """A voice name outside what names may hold."""
 

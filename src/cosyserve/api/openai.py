@@ -24,7 +24,7 @@ from cosyserve.api.streaming import (
     open_unless_queued,
     sse_response,
 )
-from cosyserve.errors import InputError
+from cosyserve.errors import InputError, TextTooLong
 from cosyserve.limits import MAX_SPEED, MIN_SPEED
 from cosyserve.service.audio_formats import check_sample_rate
 from cosyserve.service.requests import SynthesisRequest
@@ -79,13 +79,16 @@ async def speech(body: SpeechParams, request: Request, principal: CurrentPrincip
         sample_rate=body.sample_rate,
         extra={"model": body.model},
     )
-    if body.stream_format == "sse":
-        stream = service.backend.stream_tts(synthesis, spec)
-        await open_unless_queued(request, stream)  # a waiting stream begins at once with `queued` events
-        return sse_response(stream, len(body.input))
-    if "stream_format" in body.model_fields_set:  # asked for "audio" explicitly: chunks as generated
-        stream = service.backend.stream_tts(synthesis, spec)
-        await open_stream(request, stream)
-        return audio_stream_response(stream)
-    ticket = service.backend.submit_tts(synthesis, spec)
-    return audio_response(await await_ticket(request, ticket))
+    try:
+        if body.stream_format == "sse":
+            stream = service.backend.stream_tts(synthesis, spec)
+            await open_unless_queued(request, stream)  # a waiting stream begins with `queued` events
+            return sse_response(stream, len(body.input))
+        if "stream_format" in body.model_fields_set:  # asked for "audio" explicitly: chunks as generated
+            stream = service.backend.stream_tts(synthesis, spec)
+            await open_stream(request, stream)
+            return audio_stream_response(stream)
+        ticket = service.backend.submit_tts(synthesis, spec)
+        return audio_response(await await_ticket(request, ticket))
+    except TextTooLong as exc:  # its text is this endpoint's `input`
+        raise naming(TextTooLong(str(exc).replace("text is", "input is", 1)), "input") from None

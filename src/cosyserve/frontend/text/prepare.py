@@ -13,7 +13,7 @@ from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from functools import cached_property
 
-from cosyserve.errors import InputError
+from cosyserve.errors import InputError, TextTooLong
 from cosyserve.frontend.text.japanese import to_katakana
 from cosyserve.frontend.text.lexicon import Lexicon
 from cosyserve.frontend.text.normalize import Language, normalize_text, text_language
@@ -45,7 +45,7 @@ def check_length(text: str, limit: int = DEFAULT_MAX_CHARS) -> None:
     """Raise InputError when `text` has more than `limit` characters (as typed, before normalisation)."""
     count = len(nfc(text).strip())
     if count > limit:
-        raise InputError(
+        raise TextTooLong(
             f"text is {count} characters, the limit is {limit}: split it, send a longer text as a job "
             "(POST /v1/jobs; the web UI does so by itself), or raise the limit (`--max-chars` of the "
             "command, `--max-text-chars` or COSYSERVE_MAX_TEXT_CHARS of a server)"
