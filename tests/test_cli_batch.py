@@ -195,6 +195,7 @@ def test_batch_and_dub_against_a_server(tmp_path, start_api_server, prompt_wav_b
     elsewhere = ["--server", live.url, "--voice", "nobody", "--quiet"]
     assert cli_main(["batch", str(script), "--out", str(tmp_path / "y"), *elsewhere]) == 2
     assert "404" in capsys.readouterr().err
+    assert not (tmp_path / "x").exists() and not (tmp_path / "y").exists()  # no empty folder left
     live.stop()
 
 

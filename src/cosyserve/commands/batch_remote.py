@@ -39,12 +39,18 @@ class ServerUnreachable(ServerError, Unavailable):
 
 def remote_batch(args: argparse.Namespace) -> int:
     out = Path(args.out)
+    made_out = not out.exists()
     out.mkdir(parents=True, exist_ok=True)
     state = out / ".cosyserve-batch.json"
     with _client(args) as client:
-        batch_id = _resumed(state, args) or _submit(
-            client, "/v1/batches", args, args.file, {"format": args.format}, state
-        )
+        try:
+            batch_id = _resumed(state, args) or _submit(
+                client, "/v1/batches", args, args.file, {"format": args.format}, state
+            )
+        except BaseException:
+            if made_out and not any(out.iterdir()):  # refused: no empty folder left behind
+                out.rmdir()
+            raise
         batch = _follow(client, f"/v1/batches/{batch_id}", "item", args.quiet)
         if batch["done"]:
             archive = _get(client, f"/v1/batches/{batch_id}/archive").content
