@@ -141,6 +141,29 @@ def test_one_activity_line_per_synthesis_with_who_how_fast_and_where(activity_lo
     assert activity()[-1]["who"] == "mallory"
 
 
+def test_a_job_the_server_keeps_for_later_is_logged_requeued_not_failed(activity_log: None) -> None:
+    """A shutdown that left jobs queued for the next start logged each as `job shutting_down` with an
+    error, as if it had failed."""
+    from cosyserve.errors import Interrupted, ShuttingDown
+
+    request = SynthesisRequest(text="长文本", voice="alice")
+    spec = OutputSpec(owner="key:3", request_id="rid9", endpoint="jobs")
+    for error, kept in ((ShuttingDown("stopping"), True), (Interrupted("restart"), False)):
+        logger = synthesis_logger("job", request, spec, "cpu", "a" * 32, kept_queued=kept)
+        logger(SimpleNamespace(error=error, value=None), "cancelled")  # type: ignore[arg-type]
+    stopped = synthesis_logger("job", request, spec, "cpu", "b" * 32)  # a worker's: not kept
+    scheduler = Scheduler(1, 2, 10)
+
+    def refused(ctx: object) -> None:
+        raise ShuttingDown("stopping")
+
+    scheduler.submit(refused, on_state=stopped).wait(5)
+    scheduler.shutdown(1)
+    first, second, third = activity()
+    assert (first["result"], second["result"]) == ("requeued", "requeued") and "error" not in first
+    assert third["result"] == "shutting_down"
+
+
 def test_an_enrolment_line_says_who_enrolled_even_without_consent(activity_log: None) -> None:
     """An admin's enrolment without consent logged no `who` (it came only with a consent record)."""
     scheduler = Scheduler(1, 2, 10)

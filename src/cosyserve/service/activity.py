@@ -15,7 +15,7 @@ import logging
 from collections.abc import Callable
 from typing import Any
 
-from cosyserve.errors import error_code
+from cosyserve.errors import Interrupted, ShuttingDown, error_code
 from cosyserve.service.requests import TERMINAL_STATES, OutputSpec, SynthesisRequest
 from cosyserve.service.scheduling.tickets import Ticket, ended_as
 
@@ -81,12 +81,24 @@ def ticket_times(ticket: Ticket) -> dict[str, float | None]:
 
 
 def synthesis_logger(
-    event: str, request: SynthesisRequest, spec: OutputSpec, device: str | None, job_id: str | None = None
+    event: str,
+    request: SynthesisRequest,
+    spec: OutputSpec,
+    device: str | None,
+    job_id: str | None = None,
+    *,
+    kept_queued: bool = False,
 ) -> OnState:
-    """A ticket's `on_state` that logs the synthesis (or job) once it ends."""
+    """A ticket's `on_state` that logs the synthesis (or job) once it ends; a job the server stopped to
+    run again (an engine restart; a shutdown, when `kept_queued`) is logged `requeued`, not failed."""
 
     def on_state(ticket: Ticket, state: str) -> None:
         if state not in TERMINAL_STATES:
+            return
+        if job_id is not None and (
+            isinstance(ticket.error, Interrupted) or (kept_queued and isinstance(ticket.error, ShuttingDown))
+        ):
+            log_activity(event, "requeued", request_id=spec.request_id, who=who(spec), job_id=job_id)
             return
         outcome = ticket.value
         audio_s = round(float(outcome.duration_s), 3) if outcome is not None else None

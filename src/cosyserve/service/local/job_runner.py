@@ -263,7 +263,8 @@ class LocalJobs:
             refund=lambda: self.quota.refund_discarded(key_id, job_id),
         )
         event = "job" if kind == "tts" else kind
-        logged = synthesis_logger(event, asked, spec, self.host.info.get("device"), job_id)
+        device = self.host.info.get("device")
+        logged = synthesis_logger(event, asked, spec, device, job_id, kept_queued=self.owns_jobs)
 
         def work(ctx: WorkContext) -> JobResult:
             recorded.wait(RECORD_WAIT_S)
