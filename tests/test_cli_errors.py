@@ -435,3 +435,16 @@ def _parser_running(func):
     parser.add_argument("rest", nargs="*")
     parser.set_defaults(func=func)
     return parser
+
+
+def test_an_error_during_a_progress_bar_gets_a_line_of_its_own(capsys) -> None:
+    """`synthesizing:  0%|          | 0/3` and the error were printed on one line."""
+    import sys
+
+    from tqdm import tqdm
+
+    bar = tqdm(total=3, unit="sentence", desc="synthesizing", file=sys.stderr)
+    bar.update(1)
+    assert cli.report_error("synthesize", InputError("the voice is gone")) == ExitCode.USAGE
+    err = capsys.readouterr().err
+    assert "\ncosyserve synthesize: error: the voice is gone\n" in err and "1/3" in err

@@ -158,7 +158,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         where = f"{exc.filename}" + (f" -> {exc.filename2}" if exc.filename2 else "") if exc.filename else ""
         problem = f"{where}: " if where else ""
         problem += f"{exc.strerror or exc}; check the path, its permissions and the free space"
-        print(f"cosyserve {args.command}: error: {problem}", file=sys.stderr)
+        say(f"cosyserve {args.command}: error: {problem}")
         return ExitCode.FAILED
     except Exception as exc:
         if not type(exc).__module__.startswith("sqlalchemy"):
@@ -167,14 +167,13 @@ def main(argv: Sequence[str] | None = None) -> int:
         # dialect whose driver is missing): one line, not the driver's traceback
         cause = getattr(exc, "orig", None) or exc
         said = " ".join(str(cause).split())[:300]
-        print(
+        say(
             f"cosyserve {args.command}: error: the database could not be used ({said}): check --data-dir "
-            "or --database-url, that its folder is writable and its server is running",
-            file=sys.stderr,
+            "or --database-url, that its folder is writable and its server is running"
         )
         return ExitCode.UNAVAILABLE
     except KeyboardInterrupt:
-        print(f"cosyserve {args.command}: interrupted", file=sys.stderr)
+        say(f"cosyserve {args.command}: interrupted")
         return ExitCode.INTERRUPTED
 
 
@@ -185,8 +184,18 @@ DISK_ERRORS = frozenset({errno.ENOSPC, errno.EDQUOT, errno.EROFS, errno.EIO})
 def report_error(command: str, exc: BaseException) -> int:
     """`cosyserve COMMAND: error: …` in one line on stderr; returns the exit status for `exc`."""
     one_line = "; ".join(part.strip() for part in str(exc).splitlines() if part.strip())
-    print(f"cosyserve {command}: error: {one_line}", file=sys.stderr)
+    say(f"cosyserve {command}: error: {one_line}")
     return int(exit_code_for(exc))
+
+
+def say(line: str) -> None:
+    """`line` on stderr, on a line of its own: a progress bar still drawn is ended first (the message
+    was printed at the end of the bar's line)."""
+    std = sys.modules.get("tqdm.std")  # loaded only by a command that drew a bar
+    if std is not None:
+        for bar in list(getattr(std.tqdm, "_instances", ())):
+            bar.close()
+    print(line, file=sys.stderr)
 
 
 def serve_main(argv: Sequence[str] | None = None) -> int:
