@@ -119,6 +119,26 @@ CASES = [
     Case("zh numbers", "2×3÷4等于1.5", "二乘三除以四等于一点五", W),  # official: 三除四 (4 / 3)
     Case("zh numbers", "亏损-1000000000000元", "亏损负一万亿元", W),  # the sign stays with it
     Case("zh numbers", "1000000000000-2000000000000元", "一万亿到两万亿元", W),
+    # ---- names with numbers, powers, roots (`readings_zh_codes`) ----
+    Case("zh names", "感染COVID-19的人", "感染COVID十九的人", W),  # official: COVID负十九
+    Case("zh names", "用了GPT-4模型", "用了GPT四模型", W),
+    Case("zh names", "GPT-4.5发布了", "GPT四点五发布了", W),
+    Case("zh names", "歼-20战机", "歼二十战机", W),  # official: 歼负二十
+    Case("zh names", "B-52轰炸机", "B五十二轰炸机", W),
+    Case("zh names", "SARS-2病毒", "SARS二病毒", W),  # official: S负二阿根廷比索病毒
+    Case("zh names", "RTX4090显卡", "RTX四零九零显卡", W),  # official: 四千零九十
+    Case("zh names", "A320客机", "A三二零客机", W),
+    Case("zh names", "若x-1等于0", "若x减一等于零", W),  # official: x负一
+    Case("zh names", "iPhone 15很贵", "iPhone十五很贵", R),
+    Case("zh names", "H5N1禽流感", "H五N一禽流感", R),
+    Case("zh names", "气温-5度", "气温负五度", R),  # a temperature keeps its minus
+    Case("zh names", "一直-5度", "一直负五度", R),  # 直 inside a word is no aircraft
+    Case("zh names", "运500吨", "运五百吨", R),  # nor a joined number after 运
+    Case("zh powers", "x^2加1", "x的平方加一", W),  # official: x^二加一
+    Case("zh powers", "2^10等于1024", "二的十次方等于一千零二十四", W),
+    Case("zh powers", "求x²的值", "求x的平方的值", W),
+    Case("zh powers", "√2约等于1.414", "根号二约等于一点四一四", W),  # official: √二
+    Case("zh powers", "面积是3m²", "面积是三平方米", R),  # a unit stays a unit
     # ---- ordinals ----
     Case("ordinals", "He came 1st.", "He came first.", R),
     Case("ordinals", "The 21st century.", "The twenty first century.", R),

@@ -17,6 +17,7 @@ from cosyserve.frontend.text.corrections import Reading, Rule, rewrite
 from cosyserve.frontend.text.numbers_zh import cardinal_zh
 from cosyserve.frontend.text.official import wetext
 from cosyserve.frontend.text.readings_en import looks_like_ip_or_date
+from cosyserve.frontend.text.readings_zh_codes import RULES as CODE_RULES
 from cosyserve.frontend.text.readings_zh_two import RULES as TWO_RULES
 from cosyserve.frontend.text.web_readings import ZH_RULES as WEB_RULES
 
@@ -75,6 +76,7 @@ RULES: tuple[Rule, ...] = (
         _read_phone_plus,
     ),
     Rule("version number", re.compile(r"(?<![\d.])\d+(?:\.\d+){2,}(?![\d.]|\.\d)"), _read_version),
+    *CODE_RULES,
     Rule("division sign", re.compile(r"(?<=\d)\s*÷\s*(?=\d)"), rewrite("除以")),  # 三除四 is 4 / 3
     Rule("score", re.compile(r"(比分(?:是|为)?)\s*(\d+)\s*[-–—:：]\s*(\d+)"), rewrite(r"\1\2:\3")),
     Rule("ordinal range", re.compile(r"第(\d+)\s*[-–—~～]\s*(\d+)"), rewrite(r"第\1到\2")),
