@@ -611,9 +611,10 @@ def test_voice_names_are_words_not_punctuation():
     from cosyserve.errors import VoiceNameInvalid
     from cosyserve.service.stores.voice_fields import check_name
 
-    for name in ("张三", "ジョン・スミス", "김민수", "José 2", "a.b", "〇号"):
+    # Devanagari and Tamil names hold combining vowel signs and viramas (they were refused)
+    for name in ("张三", "ジョン・スミス", "김민수", "José 2", "a.b", "〇号", "प्रिया", "தமிழ்", "ไทย"):
         assert check_name(name) == name
-    for name in ("】【", "。。", "..", "-", "_", "★"):
+    for name in ("】【", "。。", "..", "-", "_", "★", "\u0301a", "x\u200dy"):
         with pytest.raises(VoiceNameInvalid):
             check_name(name)
 

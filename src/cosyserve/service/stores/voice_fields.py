@@ -21,6 +21,8 @@ log = logging.getLogger(__name__)
 # Letters and digits of any script (\w: Chinese, kana, Hangul, accents), spaces, '-', '.', and the
 # katakana middle dot of foreign names (ジョン・スミス); no punctuation or symbols (【】 was a name).
 NAME_PATTERN = re.compile(r"^[\w\-. \u30fb]{1,64}$")
+# The vowel signs and viramas of Indic and other scripts are combining marks, not \w: प्रिया is a name
+MARKS = ("Mn", "Mc")
 MAX_TRANSCRIPT_CHARS = 500
 UNSTORABLE = re.compile("[\x00\ud800-\udfff]")  # NUL (PostgreSQL refuses it), lone surrogates (not UTF-8)
 
@@ -33,7 +35,7 @@ def same_spelling(name: str) -> str:
 
 def check_name(name: str) -> str:
     name = same_spelling((name or "").strip())
-    if not NAME_PATTERN.fullmatch(name):
+    if not NAME_PATTERN.fullmatch(_marks_as_letters(name)):
         raise VoiceNameInvalid(
             "a voice name must be 1-64 letters (of any script, Chinese characters too), digits, spaces, "
             "'-', '_', '.' or '・'"
@@ -43,6 +45,15 @@ def check_name(name: str) -> str:
             f"a voice name needs a letter, digit or character, not only dots, dashes or blanks: {name!r}"
         )
     return name
+
+
+def _marks_as_letters(name: str) -> str:
+    """`name` with each combining mark that follows a letter (or another mark) written as a letter."""
+    said: list[str] = []
+    for char in name:
+        mark = bool(said) and said[-1] == "a" and unicodedata.category(char) in MARKS
+        said.append("a" if char.isalnum() or mark else char)
+    return "".join(said)
 
 
 def check_transcript(transcript: str | None) -> str | None:
