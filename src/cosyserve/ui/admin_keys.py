@@ -15,6 +15,7 @@ from cosyserve.ui.admin_status import enrolments_markdown, keys_markdown
 from cosyserve.ui.bridge import ROLES
 from cosyserve.ui.generate import UiError, as_gr_error, error_message
 from cosyserve.ui.i18n import text
+from cosyserve.ui.messages import as_written
 from cosyserve.ui.studio import UiContext
 
 
@@ -117,7 +118,9 @@ def _revoke_question(bridge: Any) -> Callable[..., tuple[Any, ...]]:
             view = next((v for v in views if str(v["id"]) == key_id and v["active"]), None)
             if view is None:  # revoked or deleted meanwhile (by another admin, or the API)
                 raise UiError("key_pick_first")
-            return gr.update(visible=True), text("key_revoke_question", lang, name=view["name"], id=key_id)
+            return gr.update(visible=True), text(
+                "key_revoke_question", lang, name=as_written(view["name"]), id=key_id
+            )
         except Exception as exc:
             return (gr.update(visible=False), *refused(exc, lang, 0))
 
@@ -161,7 +164,10 @@ def build_keys_section(ctx: UiContext) -> KeysSection:
         try:
             principal = bridge.principal_of(request)
             view, plaintext = bridge.create_key(principal, key_name, key_role, _quota_value(key_quota))
-            shown = text("key_created", lang, name=view["name"], id=view["id"]) + f"\n\n```\n{plaintext}\n```"
+            shown = (
+                text("key_created", lang, name=as_written(view["name"]), id=view["id"])
+                + f"\n\n```\n{plaintext}\n```"
+            )
             return ("", None, *listing(lang, request, shown))
         except Exception as exc:
             return refused(exc, lang, 6)
@@ -169,7 +175,7 @@ def build_keys_section(ctx: UiContext) -> KeysSection:
     def do_revoke(lang: str, picked: Any, request: gr.Request) -> tuple[Any, ...]:
         try:
             view = bridge.revoke_key(bridge.principal_of(request), _key_id(picked))
-            done = text("key_revoked_msg", lang, name=view["name"], id=view["id"])
+            done = text("key_revoked_msg", lang, name=as_written(view["name"]), id=view["id"])
             return (*listing(lang, request, said=done), gr.update(visible=False))
         except Exception as exc:
             return (*refused(exc, lang, 4), gr.update(visible=False))
@@ -180,7 +186,7 @@ def build_keys_section(ctx: UiContext) -> KeysSection:
             view = bridge.set_quota(bridge.principal_of(request), key_id, _quota_value(value))
             limit = view["usage_today"]["limit_s"]
             shown = text("keys_unlimited", lang) if limit is None else f"{limit:g} s"
-            done = text("key_quota_set", lang, name=view["name"], quota=shown)
+            done = text("key_quota_set", lang, name=as_written(view["name"]), quota=shown)
             return listing(lang, request, said=done)
         except Exception as exc:
             return refused(exc, lang, 4)

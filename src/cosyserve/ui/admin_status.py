@@ -11,6 +11,7 @@ import time
 from typing import Any
 
 from cosyserve.ui.i18n import text
+from cosyserve.ui.messages import as_written
 
 ACTIVITY_ROWS = 15
 
@@ -50,9 +51,6 @@ class Code(str):
     """A cell shown as code (a key's prefix): set in backticks, not escaped."""
 
 
-_MARKDOWN = re.compile(r"([\\`*_\[\]~<>&|])")  # what could start markup inside a table cell
-
-
 def _cell(value: Any) -> str:
     """A table cell's Markdown. Names come from users (a key's name, a voice's consent by): their HTML
     and Markdown are shown as written, never rendered (an `<img>` in a key's name loaded in every admin's
@@ -62,7 +60,7 @@ def _cell(value: Any) -> str:
     if isinstance(value, Code):
         code = value.replace("`", "'")
         return f"`{code}`"
-    return _MARKDOWN.sub(r"\\\1", str(value).replace("\n", " "))
+    return as_written(value)
 
 
 def _table(head: list[str], rows: list[list[Any]]) -> str:

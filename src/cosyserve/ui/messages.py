@@ -5,6 +5,7 @@ one stored with a job or a batch item (its code, read back later).
 
 from __future__ import annotations
 
+import re
 from typing import Any
 
 from cosyserve.errors import ERROR_TABLE, CosyServeError, error_kind
@@ -13,7 +14,16 @@ from cosyserve.ui.bridge import UploadRefused
 from cosyserve.ui.i18n import text
 from cosyserve.ui.i18n_errors import with_lead
 
-__all__ = ["UiError", "error_message", "stored_error_message"]
+__all__ = ["UiError", "as_written", "error_message", "stored_error_message"]
+
+_MARKUP = re.compile(r"([\\`*_\[\]~<>&|!#])")  # what could start Markdown or HTML inside a sentence
+
+
+def as_written(value: object) -> str:
+    """A user's words (a name, a transcript) for a Markdown component, shown as written and never
+    rendered: a transcript holding a `<form>` or an image was rendered in the admin's page."""
+    return _MARKUP.sub(r"\\\1", " ".join(str(value).splitlines()))
+
 
 # a stored error's code -> the translated sentence of its kind: the last row with that code, its most
 # general class (a subclass's sentence, as a voice name's for `invalid_input`, is not every such error's)

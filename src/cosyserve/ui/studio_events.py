@@ -13,6 +13,7 @@ from cosyserve.ui.bridge import Principal, resolve_instruction
 from cosyserve.ui.file_owners import owned_folder
 from cosyserve.ui.generate import Form, UiError, as_gr_error
 from cosyserve.ui.i18n import text
+from cosyserve.ui.messages import as_written
 from cosyserve.ui.preview import form_preview
 from cosyserve.ui.studio import ModePanel, UiContext, prompt_feedback, voice_choices
 from cosyserve.ui.synthesis_run import run_synthesis
@@ -33,9 +34,9 @@ def voice_lock(ctx: UiContext, principal: Principal, mode: str, voice_id: str | 
     if not readable:  # a voice shared with the caller: its recording's words stay its owner's
         transcript = text("transcript_private", lang) if voice.transcript else text("no_transcript", lang)
     else:
-        transcript = voice.transcript or text("no_transcript", lang)
+        transcript = as_written(voice.transcript) if voice.transcript else text("no_transcript", lang)
     key = "voice_note_zero_shot" if mode == "zero_shot" else "voice_note_other"
-    note = "ⓘ " + text(key, lang, name=voice.name, transcript=transcript)
+    note = "ⓘ " + text(key, lang, name=as_written(voice.name), transcript=transcript)
     return [
         note,
         gr.update(interactive=False),
