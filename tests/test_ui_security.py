@@ -359,6 +359,33 @@ def test_another_sites_page_cannot_act_for_a_signed_in_user(client):
     assert reading.status_code == 200  # reading is not acting (and CORS keeps the answer from that page)
 
 
+def test_a_proxys_credentials_do_not_switch_the_check_off(client, tmp_path):
+    """Behind an HTTP-auth proxy the browser adds `Authorization: Basic …` (or Negotiate) to every request
+    to the site, whichever page asked: any Authorization header passed the check, and the session cookie
+    then decided who acted (a page on another site enrolled a voice in the user's account)."""
+    login(client)
+    for credentials in ("Basic Zm9vOmJhcg==", "Negotiate YIIabc", "Digest username=x"):
+        forged = {"Sec-Fetch-Site": "cross-site", "Authorization": credentials}
+        answer = client.post("/v1/batches", headers=forged, json={})
+        assert answer.status_code == 403 and answer.json()["error"]["code"] == "cross_site", credentials
+    assert (
+        client.delete(
+            "/v1/outputs/x", headers={"Sec-Fetch-Site": "same-site", "Authorization": "Basic eA=="}
+        ).status_code
+        == 403
+    )
+    assert client.get("/v1/me", headers={"Authorization": "Basic eA=="}).status_code == 200  # the cookie's
+    with make_client(tmp_path / "keys", ui_username=USER, ui_password=PASSWORD) as keyed:
+        _, key = keyed.app.state.service.keys.create("alice", "user")
+        login(keyed)
+        bad = keyed.get("/v1/me", headers={"Authorization": "Bearer cs_garbage"})
+        assert bad.status_code == 401  # a wrong key is refused, not replaced by the cookie's sign-in
+        good = keyed.post(
+            "/v1/batches", headers={"Authorization": f"Bearer {key}", "Sec-Fetch-Site": "cross-site"}, json={}
+        )
+        assert good.status_code != 403  # a key in the header is its holder's own
+
+
 def test_configured_origins_get_cors_answers(tmp_path):
     app_origin = "https://app.example"
     settings = {"ui_username": USER, "ui_password": PASSWORD, "cors_origins": f"{app_origin}/"}

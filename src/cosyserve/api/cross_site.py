@@ -8,9 +8,11 @@ and signed the user out, and a form on any site signed the user in as someone el
 So a request that acts (any method but GET, HEAD and OPTIONS, and the GETs that act: a voice preview,
 `/logout`) and that a browser marks as coming from another origin is refused with 403 `cross_site`:
 browsers mark it with `Sec-Fetch-Site` (`same-site` or `cross-site`), older ones only with an `Origin`
-unlike the server's own. Requests with an API key in a header are the key holder's own (no browser adds
-one on another page's behalf) and pass, as do the origins configured in `--cors-origins` and clients that
-send neither header (curl, SDKs).
+unlike the server's own. Requests with an API key in a header (`Authorization: Bearer`, `X-API-Key`) are
+the key holder's own (no browser adds one on another page's behalf) and pass, as do the origins
+configured in `--cors-origins` and clients that send neither header (curl, SDKs). Other `Authorization`
+schemes do not: a browser adds a proxy's Basic or Negotiate credentials to every request to the site,
+whichever page asked (behind an HTTP-auth proxy any header had switched this check off).
 """
 
 from __future__ import annotations
@@ -23,6 +25,7 @@ from starlette.responses import JSONResponse
 from starlette.types import ASGIApp, Receive, Scope, Send
 
 from cosyserve.api.errors import error_body
+from cosyserve.service.access.sessions import header_key
 from cosyserve.service.logs import get_request_id
 
 SAFE_METHODS = frozenset({"GET", "HEAD", "OPTIONS"})
@@ -49,7 +52,7 @@ class CrossSiteGuard:
         if method in SAFE_METHODS and not ACTING_GETS.match(path):
             return False
         headers = Headers(scope=scope)
-        if headers.get("authorization") or headers.get("x-api-key"):
+        if header_key(headers) is not None:
             return False  # a key the caller holds itself
         origin = (headers.get("origin") or "").rstrip("/").lower()
         if origin and origin in self.trusted:

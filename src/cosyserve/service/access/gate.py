@@ -74,6 +74,8 @@ class Access:
         key = self.keys.authenticate(key_text) if key_text else None
         if key is not None:
             return Principal("key", key.role, key=key, name=key.name)
+        if key_text and self.auth_enabled():
+            return None  # a key that lets no one in: the browser's session cookie does not stand in for it
         session = self.sessions.resolve(session_token, touch=touch) if session_token else None
         if session is not None:
             principal = self._session_principal(session)
