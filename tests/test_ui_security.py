@@ -87,6 +87,33 @@ def test_an_api_key_signs_in_too(client):
     assert client.get("/", headers={**HTML, "Authorization": f"Bearer {plaintext}"}).status_code == 200
 
 
+def test_an_upload_is_fetched_by_whoever_uploaded_it(client):
+    """A recording uploaded through the page (to clone, or to enrol) was served to any signed-in user
+    holding its URL; the page's own copies already were not."""
+    service = client.app.state.service
+    keys = {name: service.keys.create(name, role="user")[1] for name in ("alice", "bob")}
+
+    def sign_in(name: str) -> None:
+        client.cookies.clear()
+        assert client.post("/login", data={"api_key": keys[name], "next": "/"}).status_code == 303
+
+    sign_in("alice")
+    uploaded = client.post("/gradio_api/upload", files={"files": ("mine.wav", b"RIFF-alice-only")})
+    assert uploaded.status_code == 200, uploaded.text
+    path = uploaded.json()[0]
+    assert client.get(f"/gradio_api/file={path}").status_code == 200
+    sign_in("bob")
+    assert client.get(f"/gradio_api/file={path}").status_code == 404
+    bobs = client.post("/gradio_api/upload", files={"files": ("b.wav", b"RIFF-bob")}).json()[0]
+    sneaky = (
+        bobs.rsplit("/", 2)[0] + "/" + bobs.rsplit("/", 2)[1] + "/../" + path.rsplit("/", 2)[1] + "/mine.wav"
+    )
+    assert client.get(f"/gradio_api/file={sneaky}").status_code == 404
+    client.cookies.clear()
+    login(client)  # the UI password: an admin
+    assert client.get(f"/gradio_api/file={path}").status_code == 200
+
+
 def test_no_files_outside_gradios_uploads(client, tmp_path):
     login(client)
     service = client.app.state.service

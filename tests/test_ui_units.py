@@ -456,7 +456,7 @@ def test_a_cached_copy_is_fetched_by_its_owner_and_admins_alone() -> None:
     from cosyserve.service.access.principals import Principal
     from cosyserve.ui.file_owners import CachedFileOwners
 
-    owners = CachedFileOwners(max_folders=2)
+    owners = CachedFileOwners(max_folders=3)
     carol, dave = Principal("session", "user", name="carol"), Principal("session", "user", name="dave")
     admin, nobody = Principal("session", "admin", name="ops"), Principal("anonymous", "user")
     folder = "cosy-" + "a" * 32
@@ -468,6 +468,13 @@ def test_a_cached_copy_is_fetched_by_its_owner_and_admins_alone() -> None:
     assert owners.allows(dave, "/tmp/gradio/3f2a9c/upload.wav")  # Gradio's own files: not ours to judge
     owners.record("cosy-" + "c" * 32, nobody)  # a server without logins: everyone's
     assert owners.allows(dave, "/tmp/gradio/cosy-" + "c" * 32 + "/x.wav")
+    dave_folder = "cosy-" + "e" * 32
+    owners.record(dave_folder, dave)
+    # through dave's own folder to carol's: `..` (plain, %-escaped, twice escaped) is resolved first
+    for step in ("..", "%2e%2e", "%252e%252e", "./.."):
+        sneaky = f"/tmp/gradio/{dave_folder}/{step}/{folder}/prompt.wav"
+        assert not owners.allows(dave, sneaky) and owners.allows(carol, sneaky), step
+    assert not owners.allows(dave, f"/tmp/gradio/{folder}/{dave_folder}/x.wav")  # every folder named counts
     owners.record("cosy-" + "d" * 32, dave)  # the oldest is forgotten past max_folders
     assert not owners.allows(carol, path)
 

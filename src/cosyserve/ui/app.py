@@ -28,6 +28,7 @@ from cosyserve.ui.admin_tab import build_admin_tab
 from cosyserve.ui.batch_tab import build_batch_tab
 from cosyserve.ui.bridge import MODES, Principal, Service, UiBridge
 from cosyserve.ui.event_cap import cap_waiting_events
+from cosyserve.ui.file_owners import UploadOwnerRecorder
 from cosyserve.ui.generate import TicketRegistry
 from cosyserve.ui.history_tab import HistoryTab, build_history_tab
 from cosyserve.ui.history_table import phone_css
@@ -248,4 +249,5 @@ def mount_ui(app: FastAPI, service: Service, path: str = "/") -> gr.Blocks:
         head=assets.head_html(),
     )
     cap_waiting_events(demo)
+    app.add_middleware(UploadOwnerRecorder)
     return demo

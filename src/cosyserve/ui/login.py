@@ -193,6 +193,7 @@ def ui_auth_dependency(bridge: UiBridge) -> Callable[[Request], Awaitable[str | 
             if _is_file_route(request) and not CACHE_OWNERS.allows(principal, _file_path(request)):
                 raise HTTPException(status_code=404, detail="no such file")  # another user's copy
             note_event_owner(request, principal.owner or principal.kind)
+            request.state.ui_principal = principal  # for `UploadOwnerRecorder`
             return principal.name or principal.kind
         wants_page = request.method == "GET" and "text/html" in request.headers.get("accept", "")
         if wants_page:
