@@ -472,3 +472,17 @@ def test_every_synthesis_event_shares_one_limit_of_the_service_s_slots(tmp_path)
     limits = [(fn.name, fn.concurrency_limit) for fn in demo.fns.values() if fn.concurrency_id == "synthesis"]
     assert len(limits) >= 5, limits  # three Generate tabs, enrol, preview
     assert {limit for _, limit in limits} == {UiBridge(service).event_slots} == {1 + 16 + 1}, limits
+
+
+def test_no_other_page_may_frame_the_ui_and_signed_in_answers_stay_private(client):
+    """A page on another port framed a signed-in admin's page, whose clicks there deleted a user's voice;
+    answers carried no cache or type hardening."""
+    login(client)
+    for path in ("/", "/login", "/v1/me", "/config", "/health"):
+        headers = client.get(path, headers=HTML).headers
+        assert headers["x-frame-options"] == "SAMEORIGIN", path
+        assert headers["content-security-policy"] == "frame-ancestors 'self'", path
+        assert headers["x-content-type-options"] == "nosniff" and headers["referrer-policy"] == "same-origin"
+    assert client.get("/v1/me").headers["cache-control"] == "private"  # a signed-in user's own answer
+    client.cookies.clear()
+    assert "cache-control" not in client.get("/health").headers  # nobody's: shared caches may keep it

@@ -30,6 +30,7 @@ from cosyserve.api.errors import (
     error_body,
     error_response,
 )
+from cosyserve.api.security_headers import credentialed, secured
 from cosyserve.errors import BodyStalled
 from cosyserve.service.logs import new_request_id, reset_request_id, set_request_id
 
@@ -74,12 +75,14 @@ class ApiMiddleware:
         started = time.perf_counter()
         status: list[int] = []
 
+        private = credentialed(headers)
+
         async def send_with_id(message: Message) -> None:
             if message["type"] == "http.response.start":
                 status.append(message["status"])
                 message.setdefault("headers", [])
                 message["headers"] = [
-                    *message["headers"],
+                    *secured(list(message["headers"]), private=private),
                     (b"x-request-id", request_id.encode("latin-1")),
                 ]
             await send(message)
