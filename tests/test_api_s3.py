@@ -85,7 +85,10 @@ def test_an_unreachable_bucket_does_not_stop_the_service(start_api_server, promp
             assert [f.key.rsplit(".", 1)[1] for f in failed] == ["wav"]  # no sidecar without its audio
             # visible without reading logs: /ready (still ready: results are kept here) and /metrics
             sync = client.get("/ready").json()["s3_sync"]
-            assert sync["ok"] is False and sync["failing"] == 1 and "Could not connect" in sync["last_error"]
+            assert sync["ok"] is False and sync["failing"] == 1
+            assert "last_error" not in sync  # it names the endpoint, bucket and objects: for admins
+            detailed = client.get("/admin/status").json()["readiness"]["s3_sync"]
+            assert "Could not connect" in detailed["last_error"]
             assert "cosyserve_s3_failing 1.0" in client.get("/metrics").text
     finally:
         live.stop()

@@ -260,7 +260,10 @@ class Service:
         if problem and state["ready"]:
             state.update(ready=False, reason=f"storage: {problem}")
         if self.s3 is not None:  # said, not unready: results are kept here and catch up when it is back
-            state["s3_sync"] = self.s3.status()
+            sync = self.s3.status()
+            if not detailed:  # its last error names the endpoint, bucket, prefix and object: admins only
+                sync.pop("last_error", None)
+            state["s3_sync"] = sync
         return state
 
 
