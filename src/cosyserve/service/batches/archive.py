@@ -10,7 +10,6 @@ and `report.csv` (`dub_report`).
 
 from __future__ import annotations
 
-import csv
 import io
 import zipfile
 from collections.abc import Iterator
@@ -21,6 +20,7 @@ import soundfile as sf
 
 from cosyserve.errors import CosyServeError
 from cosyserve.service.audio_formats import EXTENSIONS, IN_MEMORY_LIMIT_BYTES, encode, transcode_file
+from cosyserve.service.batches.csv_cells import csv_text
 from cosyserve.service.batches.dub_report import dub_report, report_csv
 from cosyserve.service.quality.reporting import MANIFEST_COLUMNS as QUALITY_COLUMNS
 from cosyserve.service.quality.reporting import manifest_columns
@@ -171,8 +171,4 @@ def manifest_row(item: BatchItem) -> dict[str, Any]:
 
 
 def rows_csv(columns: tuple[str, ...], rows: list[dict[str, Any]]) -> str:
-    buffer = io.StringIO()
-    writer = csv.DictWriter(buffer, fieldnames=columns, extrasaction="ignore", lineterminator="\n")
-    writer.writeheader()
-    writer.writerows(rows)
-    return buffer.getvalue()
+    return csv_text(columns, rows)

@@ -13,12 +13,11 @@ words: the speed-up (from `natural_s`, its length at the requested speed), the o
 
 from __future__ import annotations
 
-import csv
-import io
 import json
 from collections.abc import Sequence
 from typing import Any
 
+from cosyserve.service.batches.csv_cells import csv_text
 from cosyserve.service.batches.dub_plan import CueSlot
 from cosyserve.service.batches.dub_timeline import placement
 from cosyserve.service.quality.reporting import MANIFEST_COLUMNS as QUALITY_COLUMNS
@@ -135,8 +134,4 @@ def report_json(document: dict[str, Any]) -> str:
 
 
 def report_csv(rows: list[dict[str, Any]]) -> str:
-    buffer = io.StringIO()
-    writer = csv.DictWriter(buffer, fieldnames=REPORT_COLUMNS, extrasaction="ignore", lineterminator="\n")
-    writer.writeheader()
-    writer.writerows(rows)
-    return buffer.getvalue()
+    return csv_text(REPORT_COLUMNS, rows)
