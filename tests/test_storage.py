@@ -397,15 +397,38 @@ def test_storage_health_reports_a_low_floor_and_failed_saves(tmp_path: Path, mon
 
 
 def test_a_result_removed_between_its_lookup_and_its_send_is_a_404(tmp_path: Path) -> None:
-    """Retention removing a result while it was being fetched answered 500 (Starlette found no file)."""
+    """Retention or a delete removing a result while it was being fetched answered 500 (Starlette found
+    no file), or, removed while it was sent, broke off after headers promising its whole length."""
     from fastapi import FastAPI
     from fastapi.testclient import TestClient
 
-    from cosyserve.api.outputs import OutputFile
+    from cosyserve.api.errors import install_error_handlers
+    from cosyserve.api.held_file import HeldFileResponse
+    from cosyserve.api.outputs import removed_meanwhile
 
+    path = tmp_path / "output_20250101_120000.wav"
+    path.write_bytes(b"RIFF" + bytes(200_000))
+    from types import SimpleNamespace
+
+    gone = SimpleNamespace(path=tmp_path / "output_20250101_130000.wav")
     app = FastAPI()
-    app.get("/gone")(lambda: OutputFile(tmp_path / "output_20250101_120000.wav", media_type="audio/wav"))
-    answer = TestClient(app).get("/gone")
+
+    @app.get("/sent")
+    def sent() -> HeldFileResponse:
+        answer = HeldFileResponse(path, media_type="audio/wav")
+        path.unlink()  # deleted once the answer was made, before a byte was sent
+        return answer
+
+    @app.get("/gone")
+    def missing() -> HeldFileResponse:
+        with removed_meanwhile(gone):
+            return HeldFileResponse(gone.path, media_type="audio/wav")
+
+    install_error_handlers(app)
+    client = TestClient(app)
+    whole = client.get("/sent")
+    assert whole.status_code == 200 and len(whole.content) == 200_004 == int(whole.headers["content-length"])
+    answer = client.get("/gone")
     assert answer.status_code == 404 and answer.json()["error"]["code"] == "output_not_found"
 
 

@@ -10,7 +10,7 @@ from __future__ import annotations
 import contextlib
 from collections.abc import Iterator
 from pathlib import Path
-from typing import Any, Literal
+from typing import Literal
 
 import soundfile
 from fastapi import APIRouter, Query, Request, Response
@@ -19,7 +19,7 @@ from starlette.background import BackgroundTask
 from starlette.concurrency import run_in_threadpool
 
 from cosyserve.api.deps import CurrentPrincipal, current_principal, get_service
-from cosyserve.api.errors import envelope
+from cosyserve.api.held_file import HeldFileResponse
 from cosyserve.api.schemas import AUDIO_CONTENT, ERRORS, AudioFormat, OutputList, OutputView
 from cosyserve.limits import MAX_LIST_OFFSET
 from cosyserve.service.access.principals import Forbidden, Principal
@@ -100,7 +100,8 @@ async def download_output(
         output = await run_in_threadpool(_visible, service, principal, output_id)
     stored_rate = output.manifest.get("sample_rate")
     if (format in (None, "wav")) and sample_rate in (None, stored_rate):
-        return OutputFile(output.path, media_type="audio/wav", filename=output.filename)
+        with removed_meanwhile(output):
+            return HeldFileResponse(output.path, media_type="audio/wav", filename=output.filename)
     fmt = format or "wav"
     with removed_meanwhile(output):
         size = output.path.stat().st_size
@@ -113,26 +114,6 @@ async def download_output(
     data = await run_in_threadpool(_transcode, output, fmt, sample_rate, service.outputs.labels)
     headers = {"Content-Disposition": f'attachment; filename="{output.id}.{fmt}"'}
     return Response(data, media_type=mime_type(fmt), headers=headers)
-
-
-class OutputFile(FileResponse):
-    """A result's file as sent. Removed (retention, a delete) between its lookup and the send, it answers
-    404 `output_not_found` as a missing one does; it was a 500 once Starlette found no file to stat."""
-
-    async def __call__(self, scope: Any, receive: Any, send: Any) -> None:
-        started = False
-
-        async def tracked(message: Any) -> None:
-            nonlocal started
-            started = started or message["type"] == "http.response.start"
-            await send(message)
-
-        try:
-            await super().__call__(scope, receive, tracked)
-        except (RuntimeError, OSError):
-            if started or Path(self.path).exists():
-                raise
-            await envelope(404, "output_not_found", GONE_MESSAGE)(scope, receive, send)
 
 
 GONE_MESSAGE = "this output was deleted or has expired (retention) while it was being fetched"

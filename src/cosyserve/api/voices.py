@@ -10,7 +10,6 @@ from __future__ import annotations
 import mimetypes
 
 from fastapi import APIRouter, Query, Request, Response
-from fastapi.responses import FileResponse
 from starlette.concurrency import run_in_threadpool
 
 from cosyserve.api.deps import (
@@ -21,6 +20,7 @@ from cosyserve.api.deps import (
     upload_limit,
     usable_voice,
 )
+from cosyserve.api.held_file import HeldFileResponse
 from cosyserve.api.inputs import parse_lexicon, read_params
 from cosyserve.api.schemas import (
     AUDIO_CONTENT,
@@ -33,7 +33,7 @@ from cosyserve.api.schemas import (
     body_doc,
 )
 from cosyserve.api.streaming import audio_response, await_ticket
-from cosyserve.errors import InputError
+from cosyserve.errors import InputError, VoiceNotFound
 from cosyserve.service.access import voice_rules
 from cosyserve.service.access.principals import Principal
 from cosyserve.service.local.voice_pins import refuse_if_in_use
@@ -156,7 +156,12 @@ async def preview_voice(
         voice_rules.check_recording(principal, voice)
         path = await run_in_threadpool(service.voices.audio_file, voice)
         media_type = mimetypes.guess_type(path.name)[0] or "application/octet-stream"
-        return FileResponse(path, media_type=media_type)
+        try:
+            return HeldFileResponse(path, media_type=media_type)
+        except FileNotFoundError:  # deleted since it was looked up
+            raise VoiceNotFound(
+                f"the voice {voice_id!r} was deleted while its recording was fetched"
+            ) from None
     service.access.check_quota(principal)
     spec = output_spec(request, principal, "preview")
     ticket = service.backend.submit_tts(SynthesisRequest(text=text, voice=voice.id), spec)
