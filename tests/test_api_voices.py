@@ -87,6 +87,11 @@ def test_enrol_needs_usable_audio(client) -> None:
         ({"[x]": "y"}, "is empty or holds brackets"),
         ({"重庆": ""}, "has no pronunciation"),
         ({"重庆": "[chóng]"}, "重庆"),  # one syllable for two characters
+        # sizes: 500,000 entries held the server for minutes; a 40,000-syllable reading refused every text
+        ({f"w{i}": "[h][ào]" for i in range(2001)}, "at most 2000 entries"),
+        ({"zz": "[h][ào]" * 100}, "at most 300"),
+        ({"字" * 65: "zi4"}, "at most 64"),
+        ({"w\u0000": "[h][ào]"}, "control characters"),
     ],
 )
 def test_a_lexicon_that_would_not_compile_is_refused_when_saved(

@@ -23,6 +23,7 @@ from starlette.datastructures import FormData, UploadFile
 
 from cosyserve.api.errors import PayloadTooLarge, UnsupportedMediaType
 from cosyserve.errors import InputError
+from cosyserve.frontend.text.lexicon import check_lexicon_size
 from cosyserve.limits import AUDIO_SUFFIX_LIST, AUDIO_SUFFIXES
 from cosyserve.service.transcription import transcribe
 
@@ -207,6 +208,7 @@ def parse_lexicon(value: Any) -> dict[str, str] | None:
         isinstance(k, str) and isinstance(v, str) for k, v in value.items()
     ):
         raise InputError("lexicon must map words (strings) to pronunciations (strings)")
+    check_lexicon_size(value)
     return value
 
 

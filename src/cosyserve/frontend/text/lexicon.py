@@ -21,21 +21,47 @@ from cosyserve.frontend.text.tags import nfc
 # Markup the lexicon must not rewrite: bracketed items (with a `(spelling)` after them) and `<…>` tags.
 _MARKUP = re.compile(r"\[[^\[\]\n]*\](?:[ \t]*[(（][^()（）\n]*[)）])?|<[^<>\n]*>")
 _WORD_CHAR = re.compile(r"[A-Za-z0-9_]")
+# A lexicon is a voice's list of words it reads its own way, compiled again for each synthesis with it: one
+# of 500,000 entries held a server for minutes and gigabytes, and a pronunciation of 40,000 syllables saved
+# fine and then refused every text holding its word (more LM positions than the model has).
+MAX_ENTRIES = 2000
+MAX_WORD_CHARS = 64
+MAX_SPEC_CHARS = 300
+
+
+def check_lexicon_size(entries: Mapping[object, object]) -> None:
+    """InputError for a lexicon with more entries than `MAX_ENTRIES` (before any entry is compiled)."""
+    if len(entries) > MAX_ENTRIES:
+        raise InputError(
+            f"a lexicon may have at most {MAX_ENTRIES} entries, got {len(entries)}: keep the words this "
+            "voice misreads, or write a pronunciation into the text itself ([重庆][chóng qìng])"
+        )
 
 
 class Lexicon:
     """Word -> native pronunciation tokens; see the module doc."""
 
     def __init__(self, entries: Mapping[str, str]) -> None:
+        check_lexicon_size(entries)
         compiled: dict[str, str] = {}
         for raw_word, spec in entries.items():
             word = nfc(str(raw_word)).strip()
-            if not word or any(char in word for char in "[]()<>\n"):
+            if not word or any(char in word for char in "[]()<>\n") or not word.isprintable():
                 raise InputError(
-                    f"lexicon word {raw_word!r} is empty or holds brackets: give the plain word, e.g. 重庆"
+                    f"lexicon word {raw_word!r} is empty or holds brackets or control characters: give the "
+                    "plain word, e.g. 重庆"
+                )
+            if len(word) > MAX_WORD_CHARS:
+                raise InputError(
+                    f"lexicon word {word[:20]!r}… has {len(word)} characters; at most {MAX_WORD_CHARS}"
                 )
             if not isinstance(spec, str) or not spec.strip():
                 raise InputError(f"lexicon entry {word!r} has no pronunciation: give pinyin or CMU phones")
+            if len(spec) > MAX_SPEC_CHARS:
+                raise InputError(
+                    f"lexicon entry {word!r}: its pronunciation has {len(spec)} characters; at most "
+                    f"{MAX_SPEC_CHARS}"
+                )
             try:
                 tokens = spec_to_tokens(spec)
                 check_syllable_count(word, spec, tokens)
