@@ -100,6 +100,7 @@ def test_a_bad_line_fails_alone(client) -> None:
     assert [row["state"] for row in manifest] == ["done", "missing", "failed", "done", "done"]
     gone = client.get(f"/v1/batches/{batch['id']}/items/2")  # said so (it was 409 "it has no audio")
     assert gone.status_code == 404 and "deleted or expired" in gone.json()["error"]["message"]
+    assert client.get(f"/v1/batches/{batch['id']}/items/99").status_code == 404  # no such item (was 400)
     item = wait_batch(client, batch["id"])["items"][1]  # it no longer points at the deleted file
     assert item["state"] == "done" and item["output_id"] is None and item["url"] is None, item
 
@@ -126,7 +127,7 @@ def test_cancel_stops_the_rest(client, server) -> None:
     assert client.get(f"/v1/batches/{batch['id']}").json()["done"] == final["done"]
     assert server.service.scheduler.stats()["running"] == 0
     again = client.delete(f"/v1/batches/{batch['id']}")
-    assert again.status_code == 409
+    assert again.status_code == 409 and again.json()["error"]["message"].startswith("batch ")  # not "job"
     assert client.get(final["archive_url"]).status_code == 200  # what finished before still downloads
 
 

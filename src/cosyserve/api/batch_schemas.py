@@ -13,6 +13,7 @@ from cosyserve.api.schemas import (
     JobPartial,
     Thresholds,
     form_thresholds,
+    inline_schema,
 )
 from cosyserve.limits import (
     DEFAULT_DUB_MAX_SPEED,
@@ -191,7 +192,7 @@ class BatchList(BaseModel):
 def upload_body_doc(model: type[BaseModel], raw_types: tuple[str, ...]) -> dict[str, Any]:
     """`openapi_extra` for a route that takes JSON, a multipart form with `file` (and `prompt_wav`), or the
     file itself as the body."""
-    schema = model.model_json_schema()
+    schema = inline_schema(model)
     files = {
         "file": {"type": "string", "format": "binary", "description": "the script or subtitle file"},
         "prompt_wav": {"type": "string", "format": "binary", "description": "a recording (instead of voice)"},

@@ -176,7 +176,7 @@ def batch_item(
     record = own_batch(service, principal, batch_id)
     item = service.batches.item(record.id, position)
     if item is None:
-        raise InputError(f"batch {batch_id} has no item {position}: items are numbered from 1")
+        raise JobNotFound(f"batch {batch_id} has no item {position}: items are numbered from 1")
     view = batch_view(service, record, offset=position - 1, limit=1).items[0]
     if view.url is None and item.state == "done":  # made, then deleted or expired
         raise OutputNotFound(

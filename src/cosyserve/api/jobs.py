@@ -128,6 +128,7 @@ def get_job(job_id: str, request: Request, principal: CurrentPrincipal) -> JobVi
 @router.get(
     "/{job_id}/result",
     status_code=307,
+    response_class=RedirectResponse,
     responses=ERRORS,
     summary="Redirect to the result's signed download URL",
 )

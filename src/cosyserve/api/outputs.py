@@ -156,7 +156,7 @@ def get_manifest(output_id: str, request: Request, principal: CurrentPrincipal) 
 
 @router.get(
     "/{output_id}/subtitles",
-    responses={200: {"content": {"text/plain": {}, "text/vtt": {}}}, **ERRORS},
+    responses={200: {"content": {"application/x-subrip": {}, "text/vtt": {}}}, **ERRORS},
     summary="Sentence timestamps as SRT or WebVTT",
 )
 def get_subtitles(

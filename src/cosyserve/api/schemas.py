@@ -257,6 +257,11 @@ class ErrorDetail(BaseModel):
     code: str = Field(examples=["invalid_input"])
     message: str
     request_id: str | None = None
+    type: str = Field(
+        examples=["invalid_request_error"],
+        description="OpenAI's error class for this status (its SDKs read it)",
+    )
+    param: str | None = Field(None, description="the request field the error is about, when it is one field")
 
 
 class ErrorEnvelope(BaseModel):
@@ -347,7 +352,10 @@ ERRORS: dict[int | str, dict[str, Any]] = {
         (401, "missing or invalid API key"),
         (403, "not allowed for this key"),
         (404, "not found"),
+        (408, "the request's body stopped arriving"),
+        (409, "not in a state for this (a job already ended, a batch still running)"),
         (413, "upload too large"),
+        (415, "a body of a type this route does not take (JSON, or multipart with the upload)"),
         (422, "malformed request"),
         (429, "queue full, rate limit or quota (see Retry-After)"),
         (503, "model not ready or shutting down"),
@@ -363,9 +371,31 @@ AUDIO_CONTENT = {
 }
 
 
+def inline_schema(model: type[BaseModel]) -> dict[str, Any]:
+    """`model`'s JSON schema with the models it holds written in place: in a request body of the OpenAPI
+    document, `#/$defs/...` points at the document's root, where there is no `$defs` (a dangling reference
+    clients and fuzzers could not resolve)."""
+    schema = model.model_json_schema()
+    defs = schema.pop("$defs", {})
+
+    def resolved(node: Any) -> Any:
+        if isinstance(node, dict):
+            ref = node.get("$ref", "")
+            if ref.startswith("#/$defs/"):
+                return resolved(
+                    {**defs[ref.removeprefix("#/$defs/")], **{k: v for k, v in node.items() if k != "$ref"}}
+                )
+            return {key: resolved(value) for key, value in node.items()}
+        if isinstance(node, list):
+            return [resolved(item) for item in node]
+        return node
+
+    return resolved(schema)
+
+
 def body_doc(model: type[BaseModel], upload_field: str) -> dict[str, Any]:
     """`openapi_extra` for an endpoint that takes JSON or multipart with an upload."""
-    schema = model.model_json_schema()
+    schema = inline_schema(model)
     multipart = {
         **schema,
         "properties": {

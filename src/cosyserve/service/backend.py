@@ -183,8 +183,10 @@ def cancellable_job(jobs: JobStore, job_id: str) -> JobRecord:
     if record is None:
         raise JobNotFound(f"no job {job_id!r}: list your jobs with GET /v1/jobs")
     if record.is_terminal:
+        what = {"batch": "batch", "dub": "dub"}.get(record.kind, "job")
         raise JobStateError(
-            f"job {job_id} already ended ({record.state}); only queued or running jobs cancel"
+            f"{what} {job_id} already ended ({record.state}): only one still queued or running can be "
+            "cancelled"
         )
     return record
 
