@@ -85,6 +85,21 @@ def test_malformed_requests(client) -> None:
         assert assert_envelope(bad, status)["param"] == field, bad.text
 
 
+def test_a_boolean_is_no_number(client) -> None:
+    """`"seed": true` was seed 1 and `"volume": false` a silent result; a batch item's too."""
+    for field in ("seed", "volume", "speed", "takes"):
+        error = assert_envelope(
+            client.post("/v1/tts", json={"text": API_TEXT, "voice": "alice", field: True}), 422
+        )
+        assert error["param"] == field and "must be a number, not true" in error["message"], error
+    bad = client.post("/v1/audio/speech", json={"input": API_TEXT, "voice": "alice", "speed": True})
+    assert assert_envelope(bad, 400)["param"] == "speed"
+    items = [{"text": API_TEXT, "seed": True}, {"text": API_TEXT, "seed": -1}]
+    batch = client.post("/v1/batches", json={"voice": "alice", "items": items})  # an item fails alone
+    said = [item["error"]["message"] for item in batch.json()["items"]]
+    assert said[0] == "seed True is not a number" and said[1].endswith("from 0 to 2147483647"), said
+
+
 def test_deeply_nested_json_is_a_400_everywhere(client) -> None:
     deep = b"[" * 1000 + b"]" * 1000
     nested_object = b'{"text": ' + b'{"a": ' * 50 + b"1" + b"}" * 50 + b"}"

@@ -11,6 +11,7 @@ from cosyserve.api.schemas import (
     AudioFormat,
     JobError,
     JobPartial,
+    NumbersNotBooleans,
     Thresholds,
     form_thresholds,
     inline_schema,
@@ -29,7 +30,7 @@ from cosyserve.service.requests import MAX_SEED, WorkState
 TrackFormat = Literal["wav", "flac", "mp3"]
 
 
-class _Shared(BaseModel):
+class _Shared(NumbersNotBooleans):
     model_config = ConfigDict(extra="forbid", allow_inf_nan=False)
 
     voice: str | None = Field(None, max_length=64, description="a saved voice for items that name none")

@@ -2,9 +2,18 @@
 
 from __future__ import annotations
 
+import typing
 from typing import Any, Literal
 
-from pydantic import AliasChoices, BaseModel, ConfigDict, Field, field_validator, model_validator
+from pydantic import (
+    AliasChoices,
+    BaseModel,
+    ConfigDict,
+    Field,
+    ValidationInfo,
+    field_validator,
+    model_validator,
+)
 
 from cosyserve.api.inputs import parse_json
 from cosyserve.limits import MAX_SPEED, MAX_VOLUME, MIN_SPEED, MIN_VOLUME, SPEED_RANGE_TEXT
@@ -15,7 +24,29 @@ from cosyserve.service.requests import MAX_SEED, SynthesisRequest, WorkState
 AudioFormat = Literal["wav", "mp3", "opus", "flac", "pcm"]
 
 
-class _Strict(BaseModel):
+def _numbers_in(annotation: Any) -> set[type]:
+    """The number types (int, float) and bool an annotation such as `float | None` takes."""
+    args = typing.get_args(annotation)
+    if args and typing.get_origin(annotation) is not typing.Literal:
+        return set().union(*(_numbers_in(arg) for arg in args))
+    return {annotation} & {int, float, bool}
+
+
+class NumbersNotBooleans(BaseModel):
+    """JSON `true` is no number: pydantic reads it as 1 (`"seed": true` was seed 1, `"volume": false` a
+    silent result). A field that takes a number refuses a boolean, naming the field."""
+
+    @field_validator("*", mode="before")
+    @classmethod
+    def _not_a_boolean(cls, value: Any, info: ValidationInfo) -> Any:
+        if isinstance(value, bool) and info.field_name in cls.model_fields:
+            takes = _numbers_in(cls.model_fields[info.field_name].annotation)
+            if takes and bool not in takes:
+                raise ValueError(f"must be a number, not {str(value).lower()}")
+        return value
+
+
+class _Strict(NumbersNotBooleans):
     model_config = ConfigDict(extra="forbid", allow_inf_nan=False)
 
 
@@ -151,7 +182,7 @@ class VoiceRef(BaseModel):
     id: str = Field(max_length=64)
 
 
-class SpeechParams(BaseModel):
+class SpeechParams(NumbersNotBooleans):
     """OpenAI's `POST /v1/audio/speech` body; unknown fields are ignored as OpenAI SDKs may add some."""
 
     model_config = ConfigDict(
@@ -164,10 +195,13 @@ class SpeechParams(BaseModel):
     input: str = Field(min_length=1, max_length=100_000)
     voice: str | VoiceRef = Field(description='a saved voice: its name or id (or {"id": ...})')
     instructions: str | None = Field(None, max_length=500)
-    response_format: Literal["mp3", "opus", "aac", "flac", "wav", "pcm"] = "mp3"
+    response_format: Literal["mp3", "opus", "aac", "flac", "wav", "pcm"] = Field(
+        "mp3", description="OpenAI's formats; `aac` is refused here (400: use mp3, opus, flac, wav or pcm)"
+    )
     speed: float = Field(
         1.0,
         description=f"CosyVoice supports {SPEED_RANGE_TEXT} (beyond it, in OpenAI's 0.25-4.0 or not: 400)",
+        json_schema_extra={"minimum": MIN_SPEED, "maximum": MAX_SPEED},
     )
     stream_format: Literal["audio", "sse"] = "audio"
     seed: int | None = Field(None, ge=0, le=MAX_SEED, description="cosyserve extension")

@@ -320,13 +320,20 @@ def _number(value: Any, name: str, kind: type, low: float, high: float) -> Any:
     if value is None or value == "":
         return None
     try:
+        if isinstance(value, bool):  # JSON true is no number (it read as 1)
+            raise TypeError
         number = float(value)
     except (TypeError, ValueError):
         raise InputError(f"{name} {value!r} is not a number") from None
     if not math.isfinite(number) or not low <= number <= high or (kind is int and number != int(number)):
         what = "a whole number" if kind is int else "a number"
-        raise InputError(f"{name} {value!r} is out of range: use {what} from {low:g} to {high:g}")
+        raise InputError(f"{name} {value!r} is out of range: use {what} from {_shown(low)} to {_shown(high)}")
     return kind(number)
+
+
+def _shown(bound: float) -> str:
+    """A range's end as written: 2147483647, not 2.14748e+09."""
+    return str(int(bound)) if float(bound).is_integer() else f"{bound:g}"
 
 
 def _file_name(name: Any, text: str, number: int) -> str:
