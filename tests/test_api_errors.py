@@ -303,3 +303,12 @@ def test_every_reference_in_the_schema_resolves(client) -> None:
             node = node[part]
     thresholds = schema["paths"]["/v1/tts"]["post"]["requestBody"]["content"]["application/json"]["schema"]
     assert "min_similarity" in json.dumps(thresholds["properties"]["thresholds"])  # written in place
+
+
+def test_a_batch_item_with_a_lone_surrogate_fails_alone(client) -> None:
+    """`"hi\\ud800"` was kept as "hi\\ufffd" and read out; /v1/tts refuses the same text."""
+    body = '{"voice": "alice", "items": ["hi\\ud800", "' + API_TEXT + '"]}'
+    batch = client.post("/v1/batches", content=body, headers={"content-type": "application/json"})
+    assert batch.status_code == 202, batch.text
+    first = batch.json()["items"][0]
+    assert first["state"] == "failed" and "lone surrogate" in first["error"]["message"], first

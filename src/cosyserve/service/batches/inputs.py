@@ -277,11 +277,16 @@ def _as_name(value: Any) -> str | None:
         return None
 
 
+LONE_SURROGATE = re.compile("[\ud800-\udfff]")
+
+
 def _check(params: dict[str, Any], rules: BatchRules) -> None:
     text = params["text"]
     if not text:
         raise InputError("no text: give the words to speak")
     require_visible_text(text)
+    if LONE_SURROGATE.search(text):  # JSON "\ud800": stored, it became U+FFFD and was read out as such
+        raise InputError("the text holds a lone surrogate (not valid Unicode text): send it as UTF-8 text")
     if len(text) > rules.max_text_chars:
         raise InputError(f"text is {len(text)} characters, the limit is {rules.max_text_chars}: split it")
     if not has_content(text):
