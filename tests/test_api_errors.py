@@ -110,6 +110,12 @@ def test_deeply_nested_json_is_a_400_everywhere(client) -> None:
             response = client.request(method, path, content=body, headers=headers)
             assert response.status_code in (400, 422), (path, response.text)
             assert_envelope(response, response.status_code)
+    for method, path in [("PATCH", "/v1/voices/alice"), ("POST", "/v1/audio/speech"), ("POST", "/v1/tts")]:
+        for body in (b"{nope", b"[" * 100_000):  # answered alike: 400 invalid_input, saying what was wrong
+            error = assert_envelope(client.request(method, path, content=body, headers=headers), 400)
+            assert error["code"] == "invalid_input" and (
+                "JSON" in error["message"] or "deeply" in error["message"]
+            ), (path, error)
     lexicon = "[" * 1000 + "]" * 1000
     form = client.post(
         "/v1/voices", data={"name": "deep", "lexicon": lexicon}, files={"audio": ("a.wav", b"RIFF")}

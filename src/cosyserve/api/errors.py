@@ -164,6 +164,14 @@ def install_error_handlers(app: FastAPI) -> None:
         assert isinstance(exc, StarletteHTTPException)
         code = _HTTP_CODES.get(exc.status_code, f"http_{exc.status_code}")
         message = exc.detail if isinstance(exc.detail, str) else code.replace("_", " ")
+        if exc.status_code == 400 and message == "There was an error parsing the body":  # FastAPI's own
+            code, message = (
+                "invalid_input",
+                (
+                    "the body could not be read (not valid JSON, or nested too deeply): send a JSON object "
+                    "with Content-Type: application/json"
+                ),
+            )
         if exc.status_code == 404 and message == "Not Found":
             message = f"no such endpoint: {request.method} {request.url.path} (see /docs)"
         elif exc.status_code == 405:
@@ -179,11 +187,14 @@ def install_error_handlers(app: FastAPI) -> None:
         message = describe_validation_errors(exc.errors())
         # OpenAI answers a bad parameter with 400 (its SDKs raise BadRequestError; a 422 is another class)
         status = 400 if request.url.path in OPENAI_ROUTES else 422
-        log_failure("invalid_request", message, level=logging.INFO, status=status)
+        code = "invalid_request"
+        if any(error.get("type") == "json_invalid" for error in exc.errors()):
+            status, code = 400, "invalid_input"  # as every route that reads its JSON itself answers
+        log_failure(code, message, level=logging.INFO, status=status)
         m = metrics(request)
         if m is not None:
-            m.count_error("invalid_request")
-        return envelope(status, "invalid_request", message, param=first_field(exc.errors()))
+            m.count_error(code)
+        return envelope(status, code, message, param=first_field(exc.errors()))
 
     async def on_disconnect(request: Request, exc: Exception) -> Response:
         # the client hung up mid-body: nobody reads the answer; not a server error (it was a 500 with a
