@@ -103,6 +103,7 @@ def test_a_lexicon_that_would_not_compile_is_refused_when_saved(
     enrol_voice(client, name, prompt_wav_bytes)
     refused = client.patch(f"/v1/voices/{name}", json={"lexicon": lexicon})
     assert refused.status_code == 400 and says in refused.json()["error"]["message"], refused.text
+    assert refused.json()["error"]["param"] == "lexicon"
     assert client.get(f"/v1/voices/{name}").json()["lexicon"] == {}
     spoken = client.post("/v1/tts", json={"text": "重庆你好。", "voice": name})
     assert spoken.status_code == 200, spoken.text
@@ -190,3 +191,15 @@ def test_a_full_disk_is_a_503_storage_error_not_a_500(client, prompt_wav_bytes, 
     assert "No space left on device" in error["message"] and "make room" in error["message"]
     monkeypatch.undo()
     assert client.get("/v1/voices/full-disk").status_code == 404  # nothing half-made is left
+
+
+def test_a_voice_or_threshold_refusal_names_its_field(client, prompt_wav_bytes) -> None:
+    """A bad voice name, a taken one and multipart thresholds that are not JSON answered `param: null`."""
+    files = {"audio": ("p.wav", prompt_wav_bytes, "audio/wav")}
+    enrol_voice(client, "dupe", prompt_wav_bytes)
+    for name in ("】【", "dupe"):  # not a name; taken
+        refused = client.post("/v1/voices", data={"name": name, "transcript": "你好。"}, files=files)
+        assert refused.status_code in (400, 409) and refused.json()["error"]["param"] == "name", refused.text
+    form = {"text": "你好。", "voice": "dupe", "thresholds": "{not json"}
+    refused = client.post("/v1/tts", data=form, files={"x": ("", b"", "text/plain")})
+    assert refused.json()["error"]["param"] == "thresholds", refused.text

@@ -37,9 +37,19 @@ class TextTooLong(InputError):
 class VoiceNameInvalid(InputError):
     """A voice name outside what names may hold."""
 
+    param = "name"
+
 
 class VoiceNameTaken(InputError):
     """The caller already has a voice of that name."""
+
+    param = "name"
+
+
+class LexiconError(InputError):
+    """A voice's lexicon (or an entry of it) that cannot be used."""
+
+    param = "lexicon"
 
 
 class Cancelled(CosyServeError):

@@ -22,7 +22,7 @@ from starlette.concurrency import run_in_threadpool
 from starlette.datastructures import FormData, UploadFile
 
 from cosyserve.api.errors import PayloadTooLarge, UnsupportedMediaType
-from cosyserve.errors import InputError
+from cosyserve.errors import InputError, LexiconError
 from cosyserve.frontend.text.lexicon import check_lexicon_size
 from cosyserve.limits import AUDIO_SUFFIX_LIST, AUDIO_SUFFIXES
 from cosyserve.service.transcription import transcribe
@@ -203,11 +203,11 @@ def parse_lexicon(value: Any) -> dict[str, str] | None:
         try:
             value = parse_json(value, "lexicon")
         except InputError as exc:
-            raise InputError(f'{exc}; give a JSON object such as {{"重庆": "[chóng qìng]"}}') from None
+            raise LexiconError(f'{exc}; give a JSON object such as {{"重庆": "[chóng qìng]"}}') from None
     if not isinstance(value, dict) or not all(
         isinstance(k, str) and isinstance(v, str) for k, v in value.items()
     ):
-        raise InputError("lexicon must map words (strings) to pronunciations (strings)")
+        raise LexiconError("lexicon must map words (strings) to pronunciations (strings)")
     check_lexicon_size(value)
     return value
 

@@ -16,6 +16,7 @@ from pydantic import (
 )
 
 from cosyserve.api.inputs import parse_json
+from cosyserve.errors import InputError
 from cosyserve.limits import MAX_SPEED, MAX_VOLUME, MIN_SPEED, MIN_VOLUME, SPEED_RANGE_TEXT
 from cosyserve.service.quality import MAX_TAKES
 from cosyserve.service.quality.overrides import THRESHOLD_BOUNDS
@@ -85,7 +86,11 @@ def form_thresholds(value: Any) -> Any:
     """`thresholds` as a multipart form sends it: JSON text, parsed (validation then says what is wrong
     with it); anything else as it is."""
     if isinstance(value, str):
-        return parse_json(value, "thresholds")
+        try:
+            return parse_json(value, "thresholds")
+        except InputError as exc:
+            exc.param = "thresholds"  # type: ignore[attr-defined]  # the envelope's `param`
+            raise
     return value
 
 

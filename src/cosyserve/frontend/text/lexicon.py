@@ -14,7 +14,7 @@ from __future__ import annotations
 import re
 from collections.abc import Mapping
 
-from cosyserve.errors import InputError
+from cosyserve.errors import InputError, LexiconError
 from cosyserve.frontend.text.pronunciation import check_syllable_count, spec_to_tokens
 from cosyserve.frontend.text.tags import nfc
 
@@ -32,7 +32,7 @@ MAX_SPEC_CHARS = 300
 def check_lexicon_size(entries: Mapping[object, object]) -> None:
     """InputError for a lexicon with more entries than `MAX_ENTRIES` (before any entry is compiled)."""
     if len(entries) > MAX_ENTRIES:
-        raise InputError(
+        raise LexiconError(
             f"a lexicon may have at most {MAX_ENTRIES} entries, got {len(entries)}: keep the words this "
             "voice misreads, or write a pronunciation into the text itself ([重庆][chóng qìng])"
         )
@@ -47,18 +47,18 @@ class Lexicon:
         for raw_word, spec in entries.items():
             word = nfc(str(raw_word)).strip()
             if not word or any(char in word for char in "[]()<>\n") or not word.isprintable():
-                raise InputError(
+                raise LexiconError(
                     f"lexicon word {raw_word!r} is empty or holds brackets or control characters: give the "
                     "plain word, e.g. 重庆"
                 )
             if len(word) > MAX_WORD_CHARS:
-                raise InputError(
+                raise LexiconError(
                     f"lexicon word {word[:20]!r}… has {len(word)} characters; at most {MAX_WORD_CHARS}"
                 )
             if not isinstance(spec, str) or not spec.strip():
-                raise InputError(f"lexicon entry {word!r} has no pronunciation: give pinyin or CMU phones")
+                raise LexiconError(f"lexicon entry {word!r} has no pronunciation: give pinyin or CMU phones")
             if len(spec) > MAX_SPEC_CHARS:
-                raise InputError(
+                raise LexiconError(
                     f"lexicon entry {word!r}: its pronunciation has {len(spec)} characters; at most "
                     f"{MAX_SPEC_CHARS}"
                 )
@@ -66,7 +66,7 @@ class Lexicon:
                 tokens = spec_to_tokens(spec)
                 check_syllable_count(word, spec, tokens)
             except InputError as exc:
-                raise InputError(f"lexicon entry {word!r}: {exc}") from exc
+                raise LexiconError(f"lexicon entry {word!r}: {exc}") from exc
             compiled[word.lower()] = "".join(tokens)
         self._tokens = compiled
         self._pattern = _word_pattern(compiled) if compiled else None

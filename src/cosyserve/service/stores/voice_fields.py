@@ -12,7 +12,7 @@ from typing import Any
 
 import sqlalchemy as sa
 
-from cosyserve.errors import InputError, VoiceNameInvalid, VoiceNameTaken
+from cosyserve.errors import InputError, LexiconError, VoiceNameInvalid, VoiceNameTaken
 from cosyserve.frontend.text.lexicon import Lexicon
 from cosyserve.service.requests import VoiceDefaults, VoiceScope
 
@@ -72,7 +72,7 @@ def lexicon_json(lexicon: dict[str, str]) -> str:
     voice saved with a bad entry would refuse every synthesis, its shared users' included."""
     text = json.dumps(lexicon, ensure_ascii=False)  # NUL comes out escaped; lone surrogates would not
     if UNSTORABLE.search(text):
-        raise InputError("a lexicon entry contains a lone surrogate (not valid Unicode text); remove it")
+        raise LexiconError("a lexicon entry contains a lone surrogate (not valid Unicode text); remove it")
     Lexicon(lexicon)
     return text
 
