@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import logging
 from collections.abc import Callable
+from typing import Any
 
 from cosyserve.service.local.long_text_jobs import JobRun
 from cosyserve.service.outcomes import SynthesisResult, TtsOutcome
@@ -36,6 +37,15 @@ def saved_result(outputs: OutputStore, job_id: str, owner: str | None) -> TtsOut
                 quality=saved_report(manifest),  # the job's scores, as its status showed them
             )
     return None
+
+
+def made_with(info: dict[str, Any]) -> str:
+    """What a piece's audio depends on besides its text and seed: the model's weights and how the engine
+    runs them (a piece made otherwise is made again, not spliced in)."""
+    return "|".join(str(info.get(key)) for key in SIGNATURE)
+
+
+SIGNATURE = ("fingerprint", "device", "preset", "precision", "flow_steps", "flow_guidance")
 
 
 def resumed_pieces(

@@ -25,7 +25,7 @@ from cosyserve.service.batches.items import batch_request
 from cosyserve.service.batches.submission import BatchSubmission, record_batch
 from cosyserve.service.local.batches import BatchPlan, BatchRunner
 from cosyserve.service.local.job_quota import JobQuota
-from cosyserve.service.local.job_resume import resumed_pieces, saved_result
+from cosyserve.service.local.job_resume import made_with, resumed_pieces, saved_result
 from cosyserve.service.local.long_text_jobs import (
     CLIENT_CANCEL,
     RECORD_WAIT_S,
@@ -323,7 +323,7 @@ class LocalJobs:
                 # the voice is looked up once per attempt, by the id it was submitted with
                 pins = VoicePins(self.host.voices, snapshots, voices)
                 pinned = pins.pin(request.voice, synth.voice_features)
-                kept, keep = resumed_pieces(self.pieces, job_id, pieces, str(synth.model_dir), run)
+                kept, keep = resumed_pieces(self.pieces, job_id, pieces, made_with(self.host.info), run)
                 made = self.results.run_engine(
                     lambda: run_pieces(ctx, synth, request, pieces, run, voices, pinned, kept, keep)
                 )
