@@ -6,11 +6,11 @@ from typing import Literal
 
 from pydantic import Field
 
-from cosyserve.api.schemas import _Strict
+from cosyserve.api.schemas import StrictBody
 from cosyserve.service.stores.keys import MAX_QUOTA_S, MAX_RATE_PER_MINUTE
 
 
-class KeyUpdate(_Strict):
+class KeyUpdate(StrictBody):
     """What PATCH /admin/keys/{id} changes; a field left out stays as it is."""
 
     role: Literal["admin", "user"] | None = None
@@ -32,6 +32,6 @@ class KeyUpdate(_Strict):
     )
 
 
-class LoginBody(_Strict):
+class LoginBody(StrictBody):
     username: str = Field(max_length=128)
     password: str = Field(max_length=1024)

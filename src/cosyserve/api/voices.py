@@ -22,17 +22,9 @@ from cosyserve.api.deps import (
 )
 from cosyserve.api.held_file import HeldFileResponse
 from cosyserve.api.inputs import parse_lexicon, read_params
-from cosyserve.api.schemas import (
-    AUDIO_CONTENT,
-    ERRORS,
-    ConsentStatement,
-    VoiceCreateParams,
-    VoiceList,
-    VoiceUpdate,
-    VoiceView,
-    body_doc,
-)
+from cosyserve.api.schemas import AUDIO_CONTENT, ERRORS, body_doc
 from cosyserve.api.streaming import audio_response, await_ticket
+from cosyserve.api.voice_schemas import ConsentStatement, VoiceCreateParams, VoiceList, VoiceUpdate, VoiceView
 from cosyserve.errors import InputError, VoiceNotFound
 from cosyserve.service.access import voice_rules
 from cosyserve.service.access.principals import Principal
