@@ -119,6 +119,13 @@ CASES = [
     Case("zh numbers", "2×3÷4等于1.5", "二乘三除以四等于一点五", W),  # official: 三除四 (4 / 3)
     Case("zh numbers", "亏损-1000000000000元", "亏损负一万亿元", W),  # the sign stays with it
     Case("zh numbers", "1000000000000-2000000000000元", "一万亿到两万亿元", W),
+    # ---- powers and roots (English) ----
+    Case("powers", "2^10 is large.", "two to the power of ten is large.", W),  # official: two circumflex ten
+    Case("powers", "Then x^3.", "Then x cubed.", R),
+    Case("powers", "Then x^2.", "Then x squared.", R),
+    Case("powers", "So x² + y².", "So x squared plus y squared.", W),  # official: x²
+    Case("powers", "√2 is irrational.", "the square root of two is irrational.", W),
+    Case("units", "5 m² of floor", "five square meters of floor", R),  # our unit rule made it "meters²"
     # ---- names with numbers, powers, roots (`readings_zh_codes`) ----
     Case("zh names", "感染COVID-19的人", "感染COVID十九的人", W),  # official: COVID负十九
     Case("zh names", "用了GPT-4模型", "用了GPT四模型", W),

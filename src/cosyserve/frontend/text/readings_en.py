@@ -174,6 +174,17 @@ UNIT_WORDS = {
 }
 _NUMBER = rf"{_GROUPED}(?:\.\d+)?|\d+(?:\.\d+)?"
 
+_POWERS = {"2": "squared", "3": "cubed"}
+
+
+def _read_power(match: re.Match[str]) -> Reading | None:
+    """`2^10` -> 2 to the power of 10, `x^3` -> x cubed (wetext: two circumflex ten); None where wetext
+    reads it right already (`x^2`: x squared)."""
+    exponent = match["exp"]
+    written = f"{match['base']} {_POWERS.get(exponent, 'to the power of ' + exponent)}"
+    return None if wetext(match.group(), "en") == wetext(written, "en") else Reading(written, spoken=False)
+
+
 RULES: tuple[Rule, ...] = (
     Rule("minus sign", re.compile(r"\u2212(?=\d)"), rewrite("-")),
     Rule("web address scheme", re.compile(r"\b(?:https?|ftp)://(?=[A-Za-z0-9])"), rewrite("")),
@@ -211,7 +222,7 @@ RULES: tuple[Rule, ...] = (
     Rule("cents", re.compile(rf"{_NOT_BEFORE}(\d+)\s?¢"), _read_cents),
     Rule(
         "unit",
-        re.compile(rf"(?<![A-Za-z0-9_.,$€£¥])(?P<num>{_NUMBER})\s?(?P<unit>m/s|m|L|kWh)(?![A-Za-z0-9_/])"),
+        re.compile(rf"(?<![A-Za-z0-9_.,$€£¥])(?P<num>{_NUMBER})\s?(?P<unit>m/s|m|L|kWh)(?![A-Za-z0-9_/²³])"),
         _unit_rewrite,
     ),
     Rule(
@@ -239,4 +250,19 @@ RULES: tuple[Rule, ...] = (
     ),
     Rule("decade", re.compile(r"(?<![A-Za-z0-9_.,'’])(?P<num>1[1-9]\d0|20\d0)s\b"), _read_decade),
     Rule("number sign", re.compile(r"(?<![A-Za-z0-9_])(?:No\.|NO\.|#)\s?(?=\d)"), rewrite("number ")),
+    Rule(
+        "power",
+        re.compile(r"(?P<base>(?<![A-Za-z0-9])[A-Za-z]|\d+(?:\.\d+)?|\))\s*\^\s*(?P<exp>\d+|[A-Za-z])"),
+        _read_power,
+    ),
+    Rule(  # not after m or s: m², s² are units (wetext reads "square meters")
+        "square or cube of a variable",
+        re.compile(r"(?P<base>(?<![A-Za-z])[a-ln-rt-zA-Z]|\))(?P<exp>[²³])"),
+        lambda m: Reading(f"{m['base']} {_POWERS['2' if m['exp'] == '²' else '3']}", spoken=False),
+    ),
+    Rule(
+        "square root",
+        re.compile(r"√\s*(?=[\d(A-Za-z])"),
+        lambda m: Reading("the square root of ", spoken=False),
+    ),
 )
