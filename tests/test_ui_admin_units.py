@@ -82,10 +82,10 @@ def test_keys_and_enrolment_tables():
         "usage_today": {"used_s": 12.5, "reserved_s": 4.0, "limit_s": 600.0, "resets_at": 0},
     }
     table = keys_markdown([view], "en")
-    assert "| 3 | alice\\|bob | `cs_Ab3dEf9h…` | user | revoked | 12.5 s | 4 s | 600 s | - |" in table
+    assert "| 3 | alice&#124;bob | `cs_Ab3dEf9h…` | user | revoked | 12.5 s | 4 s | 600 s | - |" in table
     # a name is shown as written, never rendered (an <img> in a key's name loaded in admins' browsers)
     shown = keys_markdown([{**view, "name": "k <img src=y onerror=x> **b** [a](http://e)"}], "en")
-    assert "k \\<img src=y onerror=x\\> \\*\\*b\\*\\* \\[a\\](http://e)" in shown, shown
+    assert "k &#60;img src=y onerror=x&#62; &#42;&#42;b&#42;&#42; &#91;a&#93;(http&#58;//e)" in shown, shown
     assert "unlimited" in keys_markdown(
         [{**view, "usage_today": {**view["usage_today"], "limit_s": None}}], "en"
     )
@@ -252,5 +252,5 @@ def test_a_voices_transcript_is_shown_as_written_in_the_studio_note() -> None:
     voice = SimpleNamespace(name="md_voice", transcript=transcript)
     bridge = SimpleNamespace(voice=lambda principal, voice_id: voice, may_read_private=lambda p, v: True)
     note, *_ = voice_lock(SimpleNamespace(bridge=bridge), None, "zero_shot", "v1", "en")
-    assert "<form" not in note.replace("\\<form", "") and "![" not in note.replace("\\!\\[", "")
-    assert "md\\_voice" in note
+    assert not any(mark in note for mark in ("<", "](", "![", "http:"))  # no tag, link, image or address
+    assert "&#60;form action=http&#58;//evil&#46;example" in note and "md&#95;voice" in note

@@ -22,7 +22,7 @@ import pytest
 import soundfile
 
 from browser import chromium
-from conftest import PROMPT_TRANSCRIPT, REPO_ROOT, LiveServer, sharing
+from conftest import PROMPT_TRANSCRIPT, REPO_ROOT, LiveServer, enrol_voice, sharing
 
 pytestmark = pytest.mark.slow
 
@@ -400,6 +400,30 @@ def test_saved_voice_locks_the_recording_fields(page, ui_server, shared_dir):
         choose(page, f"{mode}-voice", "(none")
         page.wait_for_selector(f"#{mode}-prompt input[type=file]", state="attached")
         assert not page.locator(f"#{mode}-voice-note").inner_text().strip()
+
+
+def test_a_users_transcript_is_shown_as_written_to_the_admin(page, ui_server, prompt_wav_bytes):
+    """A transcript holding a web address right before a tag (`http://a.b/x<img src=…>`) became a live
+    image and link in the admin's studio note: the address took in the backslash that escaped the tag."""
+    _, key = ui_server.service.keys.create("mallory", role="user")
+    hostile = (
+        "http://a.b/x<img id=pwn src=http://127.0.0.1:9/p.png> http://a.b/x<a id=phish href=http://evil.example>"
+        "CLICK</a> ![t](http://127.0.0.1:9/t.png) <input id=field>"
+    )
+    with ui_server.client(headers={"Authorization": f"Bearer {key}"}) as client:
+        enrol_voice(client, "mallory", prompt_wav_bytes, transcript=hostile)  # the admin sees every voice
+    page.reload()
+    open_tab(page, "zero_shot")
+    choose(page, "zero_shot-voice", "mallory")
+    try:
+        page.wait_for_function(
+            "document.querySelector('#zero_shot-voice-note').innerText.includes('mallory')"
+        )
+        note = page.locator("#zero_shot-voice-note")
+        assert note.locator("img, a, input").count() == 0, note.inner_html()
+        assert "<img id=pwn" in note.inner_text() and "<input id=field>" in note.inner_text()
+    finally:  # the next tests use a recording
+        choose(page, "zero_shot-voice", "(none")
 
 
 def test_help_example_follows_the_official_convention(page):

@@ -16,13 +16,17 @@ from cosyserve.ui.i18n_errors import with_lead
 
 __all__ = ["UiError", "as_written", "error_message", "stored_error_message"]
 
-_MARKUP = re.compile(r"([\\`*_\[\]~<>&|!#])")  # what could start Markdown or HTML inside a sentence
+# Characters that could start Markdown or HTML, written as numeric character references: a backslash
+# escape was undone by a web address right before it (the address took the backslash in, and the `<img`
+# after it became a real tag in the admin's page); a reference is read as the character, never as markup.
+# A web address's `:` and a domain's dots too, so that no address becomes a link.
+_MARKUP = re.compile(r"[\\`*_\[\]~<>&|!#@]|:(?=//)|(?<=[A-Za-z0-9])\.(?=[A-Za-z])")
 
 
 def as_written(value: object) -> str:
     """A user's words (a name, a transcript) for a Markdown component, shown as written and never
     rendered: a transcript holding a `<form>` or an image was rendered in the admin's page."""
-    return _MARKUP.sub(r"\\\1", " ".join(str(value).splitlines()))
+    return _MARKUP.sub(lambda m: f"&#{ord(m.group())};", " ".join(str(value).splitlines()))
 
 
 # a stored error's code -> the translated sentence of its kind: the last row with that code, its most
