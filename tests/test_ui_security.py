@@ -443,6 +443,26 @@ def test_configured_origins_get_cors_answers(tmp_path):
         assert "access-control-allow-credentials" not in response.headers  # never with credentials
 
 
+def test_a_page_on_a_configured_origin_reads_the_headers_that_steer_it(tmp_path):
+    """`x-should-retry` was hidden from pages: OpenAI's browser SDK waited out a quota refusal's
+    Retry-After (hours) and sent a timed-out synthesis three times; nor could a page see that a result
+    was not saved, or a download's file name."""
+    app_origin = "https://app.example"
+    with make_client(tmp_path, ui_username=USER, ui_password=PASSWORD, cors_origins=app_origin) as client:
+        exposed = client.get("/health", headers={"Origin": app_origin}).headers[
+            "access-control-expose-headers"
+        ]
+    names = {name.strip().lower() for name in exposed.split(",")}
+    wanted = {
+        "x-should-retry",
+        "retry-after",
+        "x-cosyserve-saved",
+        "x-cosyserve-storage-error",
+        "content-disposition",
+    }
+    assert wanted <= names, names
+
+
 def test_cors_origins_must_be_origins(tmp_path):
     from cosyserve.errors import SettingsError
     from cosyserve.service.settings import Settings
@@ -486,3 +506,15 @@ def test_no_other_page_may_frame_the_ui_and_signed_in_answers_stay_private(clien
     assert client.get("/v1/me").headers["cache-control"] == "private"  # a signed-in user's own answer
     client.cookies.clear()
     assert "cache-control" not in client.get("/health").headers  # nobody's: shared caches may keep it
+
+
+def test_an_answer_with_its_own_cache_control_stays_private() -> None:
+    """A signed-in user's stream (`Cache-Control: no-cache`) was not marked private."""
+    from cosyserve.api.security_headers import secured
+
+    streamed = dict(secured([(b"cache-control", b"no-cache")], private=True))
+    assert streamed[b"cache-control"] == b"no-cache, private"
+    assert dict(secured([(b"cache-control", b"no-store")], private=True))[b"cache-control"] == b"no-store"
+    assert (
+        dict(secured([(b"cache-control", b"max-age=60")], private=False))[b"cache-control"] == b"max-age=60"
+    )

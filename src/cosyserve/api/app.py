@@ -35,7 +35,13 @@ EXPOSED_HEADERS = [
     "X-Cosyserve-Duration",
     "X-Cosyserve-Sample-Rate",
     *TAKE_HEADERS,
+    "X-Cosyserve-Saved",
+    "X-Cosyserve-Storage-Error",
+    "X-Cosyserve-Storage-Warning",
+    "X-Cosyserve-Warnings",
+    "Content-Disposition",
     "Retry-After",
+    "X-Should-Retry",  # OpenAI's SDKs read it: a quota refusal is not retried after its Retry-After
 ]
 DESCRIPTION = """\
 Voice-cloning text-to-speech with CosyVoice3.

@@ -5,8 +5,9 @@
   user's voice; inside the frame they were the page's own, so the cross-site check let them through).
 - `X-Content-Type-Options: nosniff`: a file is what its type says, never sniffed into a page.
 - `Referrer-Policy: same-origin`: a signed download link in a page's address goes to no other site.
-- `Cache-Control: private` on answers to a request with credentials (a key or a sign-in) that set none:
-  one user's audio or voice list is kept by that user's browser, never by a shared proxy.
+- `Cache-Control: private` on answers to a request with credentials (a key or a sign-in), added to what
+  the answer set itself (a stream's `no-cache`): one user's audio or voice list is kept by that user's
+  browser, never by a shared proxy.
 """
 
 from __future__ import annotations
@@ -33,6 +34,13 @@ def secured(headers: list[tuple[bytes, bytes]], *, private: bool) -> list[tuple[
     """`headers` of an answer with the ones above added where the answer did not set them itself."""
     present = {name.lower() for name, _ in headers}
     added = [(name, value) for name, value in ALWAYS if name not in present]
-    if private and b"cache-control" not in present:
-        added.append((b"cache-control", b"private"))
+    if private:  # kept (a stream's no-cache), but never by a shared cache
+        headers = [
+            (name, value + b", private")
+            if name.lower() == b"cache-control" and b"private" not in value and b"no-store" not in value
+            else (name, value)
+            for name, value in headers
+        ]
+        if b"cache-control" not in present:
+            added.append((b"cache-control", b"private"))
     return [*headers, *added]
