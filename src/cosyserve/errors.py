@@ -28,10 +28,14 @@ class InputError(CosyServeError):
     """Input that a user supplied (text, audio, parameters) cannot be used."""
 
 
-class TextTooLong(InputError):
-    """A text over the characters one request may have."""
+class TextError(InputError):
+    """The text to speak cannot be spoken: empty, nothing to say, too long."""
 
     param = "text"  # the request field it is about (the API's error `param`)
+
+
+class TextTooLong(TextError):
+    """A text over the characters one request may have."""
 
 
 class VoiceNameInvalid(InputError):

@@ -24,7 +24,7 @@ from cosyserve.api.streaming import (
     open_unless_queued,
     sse_response,
 )
-from cosyserve.errors import InputError, TextTooLong
+from cosyserve.errors import InputError, TextError
 from cosyserve.limits import MAX_SPEED, MIN_SPEED
 from cosyserve.service.audio_formats import check_sample_rate
 from cosyserve.service.requests import SynthesisRequest
@@ -90,5 +90,6 @@ async def speech(body: SpeechParams, request: Request, principal: CurrentPrincip
             return audio_stream_response(stream)
         ticket = service.backend.submit_tts(synthesis, spec)
         return audio_response(await await_ticket(request, ticket))
-    except TextTooLong as exc:  # its text is this endpoint's `input`
-        raise naming(TextTooLong(str(exc).replace("text is", "input is", 1)), "input") from None
+    except TextError as exc:  # its text is this endpoint's `input`
+        said = str(exc).replace("the text", "the input", 1).replace("text is", "input is", 1)
+        raise naming(type(exc)(said), "input") from None

@@ -12,7 +12,7 @@ import uuid
 from collections.abc import AsyncIterator, Iterator
 from typing import Any, Protocol
 
-from cosyserve.errors import InputError, JobStateError
+from cosyserve.errors import InputError, JobStateError, TextError
 from cosyserve.frontend.prompt_check import load_prompt
 from cosyserve.frontend.text.prepare import check_inline_instruction
 from cosyserve.frontend.text.prompts import inline_instruction
@@ -170,7 +170,7 @@ def job_pieces(request: SynthesisRequest, max_chars: int) -> list[str]:
     if inline is not None:
         pieces = [f"{inline}{ENDOFPROMPT}{piece}" for piece in pieces]
     if not pieces or not any(has_content(piece) for piece in pieces):
-        raise InputError(
+        raise TextError(
             f"the text {request.text[:80]!r} has nothing to speak (only punctuation or blanks): "
             "give words to read"
         )

@@ -13,7 +13,7 @@ from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from functools import cached_property
 
-from cosyserve.errors import InputError, TextTooLong
+from cosyserve.errors import InputError, TextError, TextTooLong
 from cosyserve.frontend.text.japanese import to_katakana
 from cosyserve.frontend.text.lexicon import Lexicon
 from cosyserve.frontend.text.normalize import Language, normalize_text, text_language
@@ -153,7 +153,12 @@ def prepare_texts(
         warnings.append(
             f"the instruction {plain_instruct.strip()!r} is read as the trained wording {instruction!r}"
         )
-    tagged, body = leading_tag_instruction(body)
+    tagged, rest = leading_tag_instruction(body)
+    if tagged is not None and not rest.strip():  # it said "the text '' has nothing to speak"
+        raise TextError(
+            f"the text {body.strip()!r} is only an instruction tag: give the words to speak after it"
+        )
+    body = rest
     for found, where in (
         (tagged, "the tag at the start of the text"),
         (inline, "the text before <|endofprompt|>"),
@@ -183,7 +188,7 @@ def prepare_texts(
     spoken = normalize_text(converted, lang)
     segments = split_text(spoken, tokenizer, text_language(spoken))
     if not segments:
-        raise InputError(f"the text {body!r} has nothing to speak after normalisation: give words to read")
+        raise TextError(f"the text {body!r} has nothing to speak after normalisation: give words to read")
 
     lm_texts = assemble_lm_texts(segments, prompt_transcript=transcript, instruction=instruction)
     if lm_texts.use_prompt_speech_tokens and transcript is not None:

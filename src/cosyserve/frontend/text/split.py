@@ -20,7 +20,7 @@ import unicodedata
 from collections.abc import Callable
 from typing import Protocol
 
-from cosyserve.errors import InputError
+from cosyserve.errors import TextError
 from cosyserve.frontend.text.normalize import Language
 from cosyserve.frontend.text.tags import PAIRED_TAGS, SPECIAL_TAG_PATTERN, split_protected, strip_control_tags
 
@@ -78,11 +78,11 @@ def require_visible_text(text: str) -> None:
     if not all(_is_invisible(char) for char in text):
         return
     if text.strip():
-        raise InputError(
+        raise TextError(
             "the text is empty: it holds only invisible characters (zero-width spaces or joiners, byte-order "
             "marks, direction marks, control characters): give the words to speak"
         )
-    raise InputError("the text is empty: give the words to speak")
+    raise TextError("the text is empty: give the words to speak")
 
 
 def has_content(piece: str) -> bool:
