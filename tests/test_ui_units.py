@@ -619,9 +619,20 @@ def test_voice_names_are_words_not_punctuation():
     from cosyserve.service.stores.voice_fields import check_name
 
     # Devanagari and Tamil names hold combining vowel signs and viramas (they were refused)
-    for name in ("张三", "ジョン・スミス", "김민수", "José 2", "a.b", "〇号", "प्रिया", "தமிழ்", "ไทย"):
+    for name in (
+        "张三",
+        "ジョン・スミス",
+        "김민수",
+        "José 2",
+        "a.b",
+        "〇号",
+        "प्रिया",
+        "தமிழ்",
+        "ไทย",
+        "ශ්\u200dරී",
+    ):
         assert check_name(name) == name
-    for name in ("】【", "。。", "..", "-", "_", "★", "\u0301a", "x\u200dy"):
+    for name in ("】【", "。。", "..", "-", "_", "★", "\u0301a", "x\u200dy", "\u200dශ"):
         with pytest.raises(VoiceNameInvalid):
             check_name(name)
 

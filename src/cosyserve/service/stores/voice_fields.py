@@ -23,6 +23,7 @@ log = logging.getLogger(__name__)
 NAME_PATTERN = re.compile(r"^[\w\-. \u30fb]{1,64}$")
 # The vowel signs and viramas of Indic and other scripts are combining marks, not \w: प्रिया is a name
 MARKS = ("Mn", "Mc")
+JOINERS = ("\u200c", "\u200d")  # zero-width non-joiner and joiner
 MAX_TRANSCRIPT_CHARS = 500
 UNSTORABLE = re.compile("[\x00\ud800-\udfff]")  # NUL (PostgreSQL refuses it), lone surrogates (not UTF-8)
 
@@ -48,11 +49,22 @@ def check_name(name: str) -> str:
 
 
 def _marks_as_letters(name: str) -> str:
-    """`name` with each combining mark that follows a letter (or another mark) written as a letter."""
+    """`name` with each combining mark that follows a letter (or another mark) written as a letter, and a
+    zero-width joiner or non-joiner between two letters of a script other than Latin (Sinhala ශ්‍රී, Persian
+    می‌خواهم spell words with them; between Latin letters they only hide a difference)."""
     said: list[str] = []
-    for char in name:
-        mark = bool(said) and said[-1] == "a" and unicodedata.category(char) in MARKS
-        said.append("a" if char.isalnum() or mark else char)
+    for index, char in enumerate(name):
+        after_letter = bool(said) and said[-1] == "a"
+        mark = after_letter and unicodedata.category(char) in MARKS
+        following = name[index + 1 : index + 2]
+        joiner = (
+            char in JOINERS
+            and after_letter
+            and not name[index - 1].isascii()
+            and following.isalpha()
+            and not following.isascii()
+        )
+        said.append("a" if char.isalnum() or mark or joiner else char)
     return "".join(said)
 
 
