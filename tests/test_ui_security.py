@@ -104,6 +104,9 @@ def test_an_upload_is_fetched_by_whoever_uploaded_it(client):
     assert client.get(f"/gradio_api/file={path}").status_code == 200
     sign_in("bob")
     assert client.get(f"/gradio_api/file={path}").status_code == 404
+    alices_folder = path.rsplit("/", 2)[1]  # a file named like alice's folder claims nothing of it
+    assert client.post("/gradio_api/upload", files={"files": (alices_folder, b"RIFF-x")}).status_code == 200
+    assert client.get(f"/gradio_api/file={path}").status_code == 404
     bobs = client.post("/gradio_api/upload", files={"files": ("b.wav", b"RIFF-bob")}).json()[0]
     sneaky = (
         bobs.rsplit("/", 2)[0] + "/" + bobs.rsplit("/", 2)[1] + "/../" + path.rsplit("/", 2)[1] + "/mine.wav"

@@ -9,8 +9,9 @@ recorded with the owner it was made for, and the UI's auth dependency refuses th
 an admin (`login.ui_auth_dependency`). A copy the registry does not know (this process did not make it)
 is refused to users too. Gradio puts an upload (a user's own recording to clone) in a folder named by its
 content's keyed hash: the upload's answer is read on its way out (`UploadOwnerRecorder`) and its folder
-recorded with whoever uploaded it, so another user holding its URL gets 404 too. Other folders Gradio
-caches itself (streamed chunks) are left to it.
+recorded with whoever uploaded it, so another user holding its URL gets 404 too. Folders Gradio caches
+itself (streamed chunks), and uploads this process did not see answered (before a restart), are left to
+Gradio: their names are keyed hashes of their content, unknown without the URL.
 """
 
 from __future__ import annotations
@@ -21,14 +22,14 @@ import re
 import threading
 import uuid
 from collections import OrderedDict
-from pathlib import Path
+from pathlib import Path, PurePosixPath
 from typing import Any
 from urllib.parse import unquote
 
 from cosyserve.ui.bridge import Principal
 
-FOLDER = re.compile(r"/(cosy-[0-9a-f]{32})(?=/)")
-UPLOAD_FOLDER = re.compile(r"/([0-9a-f]{64})(?=/)")  # Gradio's cache folders: a sha256 of the content
+FOLDER = re.compile(r"cosy-[0-9a-f]{32}")
+UPLOAD_FOLDER = re.compile(r"[0-9a-f]{64}")  # Gradio's cache folders: a keyed sha256 of the content
 MAX_FOLDERS = 100_000  # the oldest are forgotten first (Gradio removes their files within a day)
 ANYONE = ""  # made for a caller without an owner (a server without logins): everyone may fetch it
 
@@ -64,20 +65,20 @@ class CachedFileOwners:
         checked against the first folder and served from the second."""
         if principal.is_admin:
             return True
-        served = served_path(path)
+        folders = served_folders(path)
         with self._lock:
-            owners = [self._owners.get(folder) for folder in FOLDER.findall(served)]
-            uploaders = [self._uploads[f] for f in UPLOAD_FOLDER.findall(served) if f in self._uploads]
+            owners = [self._owners.get(folder) for folder in folders if FOLDER.fullmatch(folder)]
+            uploaders = [self._uploads[folder] for folder in folders if folder in self._uploads]
         mine = all(owner == ANYONE or (owner is not None and owner == principal.owner) for owner in owners)
         return mine and all(ANYONE in who or principal.owner in who for who in uploaders)
 
 
-def served_path(path: str) -> str:
-    """`path` as the file route resolves it: unquoted (twice, as a proxy may have), `..` and `.` resolved,
-    with a leading and a trailing slash so that every folder name is delimited."""
+def served_folders(path: str) -> tuple[str, ...]:
+    """The folders of `path` as the file route resolves it: unquoted (twice, as a proxy may have), `..`
+    and `.` resolved; the file's own name is not one (an upload may be named like a folder)."""
     for _ in range(2):
         path = unquote(path)
-    return posixpath.normpath("/" + path.replace("\\", "/").lstrip("/")) + "/"
+    return PurePosixPath(posixpath.normpath("/" + path.replace("\\", "/").lstrip("/"))).parent.parts[1:]
 
 
 CACHE_OWNERS = CachedFileOwners()  # one per process, like Gradio's cache folder
@@ -126,5 +127,6 @@ def _record_answer(scope: dict, body: bytes) -> None:
     except ValueError:
         return
     for path in paths if isinstance(paths, list) else ():
-        if isinstance(path, str) and (found := UPLOAD_FOLDER.findall(served_path(path))):
-            CACHE_OWNERS.record_upload(found[-1], principal)
+        folders = served_folders(path) if isinstance(path, str) else ()
+        if folders and UPLOAD_FOLDER.fullmatch(folders[-1]):  # the folder Gradio put the file in
+            CACHE_OWNERS.record_upload(folders[-1], principal)
