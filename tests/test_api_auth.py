@@ -167,6 +167,8 @@ def test_polling_does_not_use_up_the_requests_that_submit_work(server) -> None:
         assert reads == [200] * 30 + [429]
         assert "30 reads (GET requests) per minute" in client.get("/v1/voices").json()["error"]["message"]
         assert [client.post("/v1/tts", json={}).status_code for _ in range(4)] == [422, 422, 422, 429]
+        # a preview of a text synthesises: it is a request, not a read
+        assert client.get("/v1/voices/nobody/preview", params={"text": "你好"}).status_code == 429
 
 
 def test_daily_audio_quota(server) -> None:

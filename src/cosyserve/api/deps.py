@@ -59,6 +59,14 @@ def admitted(service: Service) -> Callable[[Mapping[str, str]], bool]:
 PASSIVE_HEADER = "x-cosyserve-passive"
 
 
+def is_read(request: Request) -> bool:
+    """Whether a request only reads (its own rate allowance): a GET or HEAD, but not a voice preview of a
+    text, which synthesises as a POST to /v1/tts does."""
+    if request.method not in ("GET", "HEAD"):
+        return False
+    return not (request.url.path.rstrip("/").endswith("/preview") and "text" in request.query_params)
+
+
 async def current_principal(request: Request) -> Principal:
     """Authenticate the request (once) and apply the key's rate limit."""
     cached = getattr(request.state, "principal", None)
@@ -76,7 +84,7 @@ async def current_principal(request: Request) -> Principal:
             "this server requires an API key: send `Authorization: Bearer <key>` or `X-API-Key: <key>` "
             "(create keys with `cosyserve keys create`)"
         )
-    access.check_rate(principal, read=request.method in ("GET", "HEAD"))
+    access.check_rate(principal, read=is_read(request))
     request.state.principal = principal
     return principal
 
