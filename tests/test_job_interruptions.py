@@ -307,3 +307,21 @@ def test_a_long_text_goes_on_from_the_pieces_it_finished(
         assert used == pytest.approx(sum(made), abs=0.05), (used, made)
     finally:
         server.stop()
+
+
+def test_a_worker_drops_what_an_ended_jobs_earlier_attempt_kept(worker) -> None:
+    """A worker taking the task of a long text that was cancelled meanwhile released its reservation, but
+    the pieces an earlier attempt had kept stayed on disk for ever."""
+    import numpy as np
+
+    from cosyserve.service.outcomes import SentenceTiming, SynthesisResult
+
+    job_id = uuid.uuid4().hex
+    worker.service.jobs.create({"text": LONG_TEXT}, kind="tts", owner=None, job_id=job_id)
+    pieces = worker.local.job_runner.pieces
+    made = SynthesisResult(np.zeros(240, np.float32), 24000, 1, [SentenceTiming(0, "一", 0.0, 0.01)])
+    pieces.save(job_id, 0, LONG_TEXT, "m", made, charged_s=0.01)
+    assert (pieces.root / job_id).is_dir()
+    worker.service.jobs.finish_cancelled(job_id, "cancelled by the client")
+    worker._claimed(FakeTask(), job_id, lambda attempt: pytest.fail("an ended job ran"))
+    assert not (pieces.root / job_id).exists()

@@ -60,3 +60,16 @@ def test_ended_jobs_lose_their_pieces_and_bad_ids_touch_nothing(tmp_path) -> Non
     assert not (tmp_path / "escape").exists() and store.kept("../escape", PIECES, "m") == []
     store.drop(other)
     assert not (tmp_path / ".job-pieces" / other).exists()
+
+
+def test_pieces_of_another_seed_and_late_pieces_of_an_ended_job_are_not_kept(tmp_path) -> None:
+    """An attempt that lost its job could write a piece with its own seed beside the current attempt's,
+    or recreate the folder its job's end had removed."""
+    store = JobPieces(tmp_path)
+    store.save(JOB, 0, PIECES[0], "m", result(0.5), charged_s=0.1)
+    other = SynthesisResult(np.zeros(2400, np.float32), 24000, 8, [SentenceTiming(0, "x", 0.0, 0.1)])
+    store.save(JOB, 1, PIECES[1], "m", other, charged_s=0.1)
+    assert len(store.kept(JOB, PIECES, "m")) == 1
+    store.drop(JOB)
+    store.save(JOB, 2, PIECES[2], "m", result(0.5), charged_s=0.1)  # late, after the job ended
+    assert not (tmp_path / ".job-pieces" / JOB).exists()

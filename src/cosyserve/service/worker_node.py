@@ -107,9 +107,14 @@ class WorkerNode:
             lease_s=self.lease_s,
             visibility_timeout_s=queue.visibility_timeout_s,
             restore_interval_s=restore,
-            released=self.local.reservations.release_job,
+            released=self._released,
         )
         self._register_tasks()
+
+    def _released(self, job_id: str) -> None:
+        """A lost job failed for good: what it held goes (its reservation, its kept pieces)."""
+        self.local.reservations.release_job(job_id)
+        self.local.job_runner.drop_pieces(job_id)
 
     # -- lifecycle ---------------------------------------------------------------------------------------
 
@@ -119,6 +124,10 @@ class WorkerNode:
             # At INFO these log every task's arguments: texts and base64 prompt recordings.
             logging.getLogger(chatty).setLevel(max(logging.WARNING, logging.getLogger().level))
         self.service.start()
+        try:  # kept pieces of jobs that ended while no worker ran them (a shared output folder)
+            self.local.job_runner.sweep_pieces()
+        except OSError as exc:
+            log.warning("could not remove the kept pieces of ended jobs: %s", exc)
         http = self._start_http()
         try:
             self._wait_for_model()

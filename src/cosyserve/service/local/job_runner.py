@@ -169,7 +169,7 @@ class LocalJobs:
                 self.batches.cancel_rest(job_id, "cancelled", "cancelled by the client")
             ended = self.jobs.finish_cancelled(job_id, "cancelled by the client")
             self.reservations.release_job(job_id)
-            self._drop_pieces(job_id)
+            self.drop_pieces(job_id)
             return ended
         return self.jobs.get(job_id) or record
 
@@ -184,7 +184,7 @@ class LocalJobs:
         else:  # a long text keeps nothing of an attempt: what its last one was charged goes back
             spec = wire.decode_job_spec(record.spec, record.params, record.owner, self.quota.key_lookup)
             self.quota.refund_discarded(spec.key.id if spec.key is not None else None, record.id)
-            self._drop_pieces(record.id)
+            self.drop_pieces(record.id)
         self.reservations.release_job(record.id)
 
     def sweep_pieces(self) -> None:
@@ -194,7 +194,8 @@ class LocalJobs:
             if removed := self.pieces.sweep(active):
                 log.info("removed the kept pieces of %d jobs that have ended", removed)
 
-    def _drop_pieces(self, job_id: str) -> None:
+    def drop_pieces(self, job_id: str) -> None:
+        """Remove what a long text kept of its finished pieces (its record ended)."""
         if self.pieces is not None:
             self.pieces.drop(job_id)
 
@@ -302,7 +303,7 @@ class LocalJobs:
                 if record is None or record.is_terminal:
                     if reserved:
                         self.reservations.release_job(job_id)
-                    self._drop_pieces(job_id)
+                    self.drop_pieces(job_id)
 
         return on_state
 

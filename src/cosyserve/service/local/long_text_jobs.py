@@ -320,7 +320,7 @@ def run_pieces(
         except Exception as exc:
             return _stopped_early(exc, ctx, run, stream, synth.sample_rate, chunks, results, total)
         results.append(result)
-        if keep is not None:
+        if keep is not None and not ctx.cancel.is_set():  # an attempt that lost its job keeps nothing
             keep(index, result, charged_by_piece[index])
         ctx.share_partial(tuple(results))  # the studio plays the finished pieces while the rest is made
     return PiecesMade(merge_results(results), None, total, total)

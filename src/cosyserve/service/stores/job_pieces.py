@@ -50,7 +50,7 @@ class JobPieces:
 
     def save(self, job_id: str, index: int, text: str, model: str, result: SynthesisResult, charged_s: float):
         folder = self._folder(job_id)
-        if folder is None:
+        if folder is None or (index > 0 and not folder.is_dir()):  # dropped: its job ended meanwhile
             return
         audio = io.BytesIO()
         np.save(audio, np.ascontiguousarray(result.audio, dtype=np.float32), allow_pickle=False)
@@ -83,8 +83,8 @@ class JobPieces:
             return found
         for index, text in enumerate(pieces):
             piece = self._read(folder, index, text, model)
-            if piece is None:
-                break
+            if piece is None or (found and piece.result.seed != found[0].result.seed):
+                break  # (another seed: an attempt that started over while a stale one still wrote)
             found.append(piece)
         for stale in folder.glob("*"):  # what does not continue the kept run is made again
             number = stale.stem.split(".")[0]
