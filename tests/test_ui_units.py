@@ -632,7 +632,20 @@ def test_voice_names_are_words_not_punctuation():
         "ශ්\u200dරී",
     ):
         assert check_name(name) == name
-    for name in ("】【", "。。", "..", "-", "_", "★", "\u0301a", "x\u200dy", "\u200dශ"):
+    for name in (
+        "】【",
+        "。。",
+        "..",
+        "-",
+        "_",
+        "★",
+        "\u0301a",
+        "x\u200dy",
+        "\u200dශ",
+        "al\u034fice",
+        "alice\ufe0f",
+        "1\u0301",
+    ):
         with pytest.raises(VoiceNameInvalid):
             check_name(name)
 

@@ -24,6 +24,9 @@ NAME_PATTERN = re.compile(r"^[\w\-. \u30fb]{1,64}$")
 # The vowel signs and viramas of Indic and other scripts are combining marks, not \w: प्रिया is a name
 MARKS = ("Mn", "Mc")
 JOINERS = ("\u200c", "\u200d")  # zero-width non-joiner and joiner
+INVISIBLE_MARKS = frozenset(
+    ["\u034f", *map(chr, range(0xFE00, 0xFE10)), *map(chr, range(0xE0100, 0xE01F0))]
+)  # the grapheme joiner and the variation selectors: marks that show nothing
 MAX_TRANSCRIPT_CHARS = 500
 UNSTORABLE = re.compile("[\x00\ud800-\udfff]")  # NUL (PostgreSQL refuses it), lone surrogates (not UTF-8)
 
@@ -49,22 +52,30 @@ def check_name(name: str) -> str:
 
 
 def _marks_as_letters(name: str) -> str:
-    """`name` with each combining mark that follows a letter (or another mark) written as a letter, and a
-    zero-width joiner or non-joiner between two letters of a script other than Latin (Sinhala ශ්‍රී, Persian
-    می‌خواهم spell words with them; between Latin letters they only hide a difference)."""
+    """`name` with the combining marks that spell a word written as letters: up to three after a letter of
+    a script other than Latin (a vowel sign, a virama; Latin accents come composed, in NFC), never the
+    invisible ones (a grapheme joiner, a variation selector: al\u034fice looked like alice). And a
+    zero-width joiner or non-joiner between two such letters (Sinhala ශ්‍රී, Persian می‌خواهم spell words
+    with them; between Latin letters they only hide a difference)."""
     said: list[str] = []
+    base, marks = "", 0  # the letter the marks sit on, and how many it has
     for index, char in enumerate(name):
-        after_letter = bool(said) and said[-1] == "a"
-        mark = after_letter and unicodedata.category(char) in MARKS
         following = name[index + 1 : index + 2]
-        joiner = (
-            char in JOINERS
-            and after_letter
-            and not name[index - 1].isascii()
-            and following.isalpha()
-            and not following.isascii()
-        )
-        said.append("a" if char.isalnum() or mark or joiner else char)
+        if char.isalnum():
+            base, marks, letter = char, 0, True
+        elif unicodedata.category(char) in MARKS and char not in INVISIBLE_MARKS:
+            marks += 1
+            letter = bool(base) and not base.isascii() and marks <= 3
+        else:
+            letter = (
+                char in JOINERS
+                and bool(base)
+                and not base.isascii()
+                and following.isalpha()
+                and not following.isascii()
+            )
+            base, marks = ("", 0) if not letter else (base, marks)
+        said.append("a" if letter else char)
     return "".join(said)
 
 
