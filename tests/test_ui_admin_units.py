@@ -254,3 +254,11 @@ def test_a_voices_transcript_is_shown_as_written_in_the_studio_note() -> None:
     note, *_ = voice_lock(SimpleNamespace(bridge=bridge), None, "zero_shot", "v1", "en")
     assert not any(mark in note for mark in ("<", "](", "![", "http:"))  # no tag, link, image or address
     assert "&#60;form action=http&#58;//evil&#46;example" in note and "md&#95;voice" in note
+
+
+def test_no_address_in_a_users_words_becomes_a_link() -> None:
+    from cosyserve.ui.messages import as_written
+
+    for address in ("www.1password.com", "http://evil.example/x", "mail@evil.example", "WWW.x.org"):
+        shown = as_written(f"see {address} now")
+        assert "www." not in shown.lower() and "://" not in shown and "@" not in shown, shown

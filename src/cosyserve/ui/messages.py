@@ -20,7 +20,7 @@ __all__ = ["UiError", "as_written", "error_message", "stored_error_message"]
 # escape was undone by a web address right before it (the address took the backslash in, and the `<img`
 # after it became a real tag in the admin's page); a reference is read as the character, never as markup.
 # A web address's `:` and a domain's dots too, so that no address becomes a link.
-_MARKUP = re.compile(r"[\\`*_\[\]~<>&|!#@]|:(?=//)|(?<=[A-Za-z0-9])\.(?=[A-Za-z])")
+_MARKUP = re.compile(r"[\\`*_\[\]~<>&|!#@]|:(?=//)|(?<=[A-Za-z0-9])\.(?=[A-Za-z])|(?<=[wW]{3})\.")
 
 
 def as_written(value: object) -> str:
