@@ -146,6 +146,15 @@ CASES = [
     Case("zh powers", "求x²的值", "求x的平方的值", W),
     Case("zh powers", "√2约等于1.414", "根号二约等于一点四一四", W),  # official: √二
     Case("zh powers", "面积是3m²", "面积是三平方米", R),  # a unit stays a unit
+    Case("zh powers", "若x^2-1等于0", "若x的平方减一等于零", W),  # the sign after a power subtracts
+    Case("zh powers", "解方程x^2+2x+1=0", "解方程x的平方加二x加一等于零", W),
+    Case("zh powers", "3^2+4^2等于25", "三的平方加四的平方等于二十五", W),
+    Case("zh names", "价格是USD100", "价格是一百美元", R),  # a currency's code is left to wetext
+    Case("zh names", "共RMB500元", "共RMB五百元", R),
+    Case("zh names", "Top100榜单", "Top一百榜单", R),  # a count, not a model number
+    Case("zh names", "智商IQ140", "智商IQ一百四十", R),
+    Case("powers", "Then x^2+y^2.", "Then x squared plus y squared.", W),  # official: x^two+y squared
+    Case("powers", "So a²b.", "So a squared b.", W),
     # ---- ordinals ----
     Case("ordinals", "He came 1st.", "He came first.", R),
     Case("ordinals", "The 21st century.", "The twenty first century.", R),

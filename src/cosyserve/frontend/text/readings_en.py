@@ -175,14 +175,21 @@ UNIT_WORDS = {
 _NUMBER = rf"{_GROUPED}(?:\.\d+)?|\d+(?:\.\d+)?"
 
 _POWERS = {"2": "squared", "3": "cubed"}
+# what may follow a power: an operator before the next term, or a letter or digit right after it
+_AFTER_POWER = r"(?:\s*(?P<op>[+\-−])\s*(?=[\dA-Za-z(]))?(?=(?P<next>[A-Za-z0-9])|)"
 
 
 def _read_power(match: re.Match[str]) -> Reading | None:
-    """`2^10` -> 2 to the power of 10, `x^3` -> x cubed (wetext: two circumflex ten); None where wetext
-    reads it right already (`x^2`: x squared)."""
-    exponent = match["exp"]
+    """`2^10` -> 2 to the power of 10, `x²` -> x squared, `x^2-1` -> x squared minus 1 (wetext: two
+    circumflex ten, x², x^two-1); None where wetext reads it right in its sentence (`Then x^2.`)."""
+    exponent = {"²": "2", "³": "3"}.get(match["exp"], match["exp"])
     written = f"{match['base']} {_POWERS.get(exponent, 'to the power of ' + exponent)}"
-    return None if wetext(match.group(), "en") == wetext(written, "en") else Reading(written, spoken=False)
+    operator = {"+": " plus ", "-": " minus ", "−": " minus "}.get(match["op"] or "")
+    written += operator or (" " if match["next"] else "")  # a²b: a squared b
+    alone = match["exp"].isdigit() and operator is None and match.string.count("^") == 1
+    if alone and wetext(match.group(), "en") == wetext(written, "en"):
+        return None  # `Then x^2.`: x squared
+    return Reading(written, spoken=False)
 
 
 RULES: tuple[Rule, ...] = (
@@ -252,13 +259,15 @@ RULES: tuple[Rule, ...] = (
     Rule("number sign", re.compile(r"(?<![A-Za-z0-9_])(?:No\.|NO\.|#)\s?(?=\d)"), rewrite("number ")),
     Rule(
         "power",
-        re.compile(r"(?P<base>(?<![A-Za-z0-9])[A-Za-z]|\d+(?:\.\d+)?|\))\s*\^\s*(?P<exp>\d+|[A-Za-z])"),
+        re.compile(
+            rf"(?P<base>(?<![A-Za-z0-9])[A-Za-z]|\d+(?:\.\d+)?|\))\s*\^\s*(?P<exp>\d+|[A-Za-z]){_AFTER_POWER}"
+        ),
         _read_power,
     ),
     Rule(  # not after m or s: m², s² are units (wetext reads "square meters")
         "square or cube of a variable",
-        re.compile(r"(?P<base>(?<![A-Za-z])[a-ln-rt-zA-Z]|\))(?P<exp>[²³])"),
-        lambda m: Reading(f"{m['base']} {_POWERS['2' if m['exp'] == '²' else '3']}", spoken=False),
+        re.compile(rf"(?P<base>(?<![A-Za-z])[a-ln-rt-zA-Z]|\))(?P<exp>[²³]){_AFTER_POWER}"),
+        _read_power,
     ),
     Rule(
         "square root",
