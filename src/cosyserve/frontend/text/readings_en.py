@@ -269,9 +269,5 @@ RULES: tuple[Rule, ...] = (
         re.compile(rf"(?P<base>(?<![A-Za-z])[a-ln-rt-zA-Z]|\))(?P<exp>[²³]){_AFTER_POWER}"),
         _read_power,
     ),
-    Rule(
-        "square root",
-        re.compile(r"√\s*(?=[\d(A-Za-z])"),
-        lambda m: Reading("the square root of ", spoken=False),
-    ),
+    Rule("square root", re.compile(r"√\s*(?=[\d(A-Za-z])"), rewrite("the square root of ")),
 )

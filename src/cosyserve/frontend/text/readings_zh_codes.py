@@ -95,5 +95,5 @@ RULES: tuple[Rule, ...] = (
         "plus after a variable", re.compile(r"(?<=[A-Za-z)])\+(?=\d)"), lambda m: Reading("加", spoken=False)
     ),
     Rule("plus after a variable", re.compile(r"(?<=[A-Za-z)])\+(?=\d)"), rewrite("加")),
-    Rule("square root", re.compile(r"√\s*(?=[\d(A-Za-z])"), lambda m: Reading("根号", spoken=False)),
+    Rule("square root", re.compile(r"√\s*(?=[\d(A-Za-z])"), rewrite("根号")),
 )
