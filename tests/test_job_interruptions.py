@@ -261,6 +261,28 @@ def test_a_batch_that_progresses_in_every_attempt_does_not_use_up_its_retries(tm
     assert [job.id for job in queued] == [batch.id] and failed == []
 
 
+def test_a_long_text_that_progresses_in_every_attempt_does_not_use_up_its_retries(tmp_path) -> None:
+    """With kept pieces a long text goes on after each restart, as a batch does; it still failed at the
+    retry limit though every attempt finished pieces."""
+    import numpy as np
+
+    from cosyserve.service.outcomes import SentenceTiming, SynthesisResult
+
+    start = services_without_a_model(tmp_path, job_max_attempts=1)
+    before = start()
+    stuck = before.jobs.create({"text": LONG_TEXT, "voice": "v"}, owner="key:1")
+    going = before.jobs.create({"text": LONG_TEXT, "voice": "v"}, owner="key:1")
+    for job in (stuck, going):
+        before.jobs.claim(job.id, "node", 0)
+    made = SynthesisResult(np.zeros(240, np.float32), 24000, 1, [SentenceTiming(0, "一", 0.0, 0.01)])
+    pieces = before.backend.job_runner.pieces
+    pieces.save(going.id, 0, LONG_TEXT, "m", made, charged_s=0.01, attempt=1)  # made in its last attempt
+    pieces.save(stuck.id, 0, LONG_TEXT, "m", made, charged_s=0.01, attempt=0)  # made earlier, not now
+    runner = before.backend.job_runner
+    queued, failed = before.jobs.requeue_interrupted(max_attempts=1, progressed=runner.progressed)
+    assert [job.id for job in queued] == [going.id] and [job.id for job in failed] == [stuck.id]
+
+
 def test_a_long_text_goes_on_from_the_pieces_it_finished(
     start_api_server, api_synthesizer, prompt_wav_bytes, monkeypatch
 ):

@@ -71,6 +71,6 @@ def resumed_pieces(
         )
 
     def keep(index: int, result: SynthesisResult, charged_s: float) -> None:
-        store.save(job_id, index, pieces[index], model, result, charged_s)
+        store.save(job_id, index, pieces[index], model, result, charged_s, run.attempt)
 
     return kept, keep

@@ -194,6 +194,10 @@ class LocalJobs:
             if removed := self.pieces.sweep(active):
                 log.info("removed the kept pieces of %d jobs that have ended", removed)
 
+    def progressed(self, job_id: str, attempt: int) -> bool:
+        """Whether a long text's attempt `attempt` finished a piece (kept on disk) before it was stopped."""
+        return self.pieces is not None and self.pieces.made_in(job_id, attempt)
+
     def drop_pieces(self, job_id: str) -> None:
         """Remove what a long text kept of its finished pieces (its record ended)."""
         if self.pieces is not None:

@@ -33,7 +33,7 @@ class JobFeeder:
         self._lock = threading.Lock()  # guards `_thread`: one feeding thread while anything is pending
 
     def start(self) -> None:
-        queued, failed = self.runner.jobs.requeue_interrupted(self.max_attempts)
+        queued, failed = self.runner.jobs.requeue_interrupted(self.max_attempts, self.runner.progressed)
         if failed:
             log.warning(
                 "%d jobs failed: interrupted on every attempt they had (job_max_attempts = %d)",

@@ -48,7 +48,16 @@ class JobPieces:
     def __init__(self, output_root: Path) -> None:
         self.root = Path(output_root) / FOLDER
 
-    def save(self, job_id: str, index: int, text: str, model: str, result: SynthesisResult, charged_s: float):
+    def save(
+        self,
+        job_id: str,
+        index: int,
+        text: str,
+        model: str,
+        result: SynthesisResult,
+        charged_s: float,
+        attempt: int = 0,
+    ) -> None:
         folder = self._folder(job_id)
         if folder is None or (index > 0 and not folder.is_dir()):  # dropped: its job ended meanwhile
             return
@@ -67,6 +76,7 @@ class JobPieces:
             "reading": result.reading,
             "quality": result.quality.as_dict() if result.quality is not None else None,
             "charged_s": charged_s,
+            "attempt": attempt,  # the attempt that made it: one that made pieces was no crash loop
         }
         try:
             write_atomic(folder / f"{index}.npy", audio.getvalue())
@@ -91,6 +101,19 @@ class JobPieces:
             if not number.isdigit() or int(number) >= len(found):
                 stale.unlink(missing_ok=True)
         return found
+
+    def made_in(self, job_id: str, attempt: int) -> bool:
+        """Whether attempt `attempt` of the job finished a piece (it progressed before it was stopped)."""
+        folder = self._folder(job_id)
+        if folder is None or not folder.is_dir():
+            return False
+        for described in folder.glob("*.json"):
+            try:
+                if json.loads(described.read_text(encoding="utf-8")).get("attempt") == attempt:
+                    return True
+            except (OSError, ValueError, AttributeError):
+                continue
+        return False
 
     def drop(self, job_id: str) -> None:
         folder = self._folder(job_id)

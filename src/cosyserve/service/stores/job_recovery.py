@@ -6,6 +6,7 @@ is making progress, not crashing the server: it goes on); a record that cannot b
 from __future__ import annotations
 
 import logging
+from collections.abc import Callable
 from typing import Any
 
 from sqlalchemy import Engine, delete, exists, select, update
@@ -27,18 +28,28 @@ class JobRecovery:
 
     def get(self, job_id: str) -> JobRecord | None: ...  # `JobStore.get`
 
-    def requeue_interrupted(self, max_attempts: int) -> tuple[list[JobRecord], list[JobRecord]]:
+    def requeue_interrupted(
+        self, max_attempts: int, progressed: Callable[[str, int], bool] = lambda job_id, attempt: False
+    ) -> tuple[list[JobRecord], list[JobRecord]]:
         """At startup (single process): jobs an earlier process left running go back to the queue, to run
-        again as their next attempt, unless they used up `max_attempts` (those fail). Returns the queued
-        jobs, oldest first, and the failed ones; a record that cannot be read fails (logged), and the
-        server starts anyway."""
+        again as their next attempt, unless they used up `max_attempts` (those fail) without progressing
+        in their last attempt (a batch's items done then; a long text's pieces kept then: `progressed(job
+        id, attempt)`). Returns the queued jobs, oldest first, and the failed ones; a record that cannot
+        be read fails (logged), and the server starts anyway."""
         items = batch_items_table.c
-        progressed = exists().where(  # a batch that finished items in its last attempt is no crash loop
+        made_items = exists().where(  # a batch that finished items in its last attempt: no crash loop
             items.batch_id == jobs_table.c.id, items.state == "done", items.attempt == jobs_table.c.attempt
         )
-        used_up = (jobs_table.c.state == "running") & (jobs_table.c.attempt >= max_attempts) & ~progressed
+        used_up = (jobs_table.c.state == "running") & (jobs_table.c.attempt >= max_attempts) & ~made_items
         with self.engine.begin() as conn:
-            failed_ids = list(conn.execute(select(jobs_table.c.id).where(used_up)).scalars())
+            candidates = conn.execute(
+                select(jobs_table.c.id, jobs_table.c.kind, jobs_table.c.attempt).where(used_up)
+            ).all()
+            failed_ids = [
+                job_id
+                for job_id, kind, attempt in candidates
+                if kind != "tts" or not progressed(job_id, attempt)
+            ]
             conn.execute(
                 update(jobs_table)
                 .where(jobs_table.c.id.in_(failed_ids), jobs_table.c.state == "running")
