@@ -16,11 +16,12 @@ from test_work_footing import TEXT, as_key, pause, server  # noqa: F401  (fixtur
 
 
 def cancel_as_an_api_node_does(service, job_id: str, batch: bool) -> None:
-    """`RemoteBackend.cancel_job`: the items, then the record, then the reservation; the worker goes on."""
+    """`RemoteBackend.cancel_job`: the items, then the record, then its charge and its reservation (a
+    worker that died keeps nothing of it); a live worker goes on until it notices."""
     if batch:
         service.batches.cancel_rest(job_id, "cancelled", "cancelled by the client")
     service.jobs.finish_cancelled(job_id, "cancelled by the client")
-    service.backend.reservations.release_job(job_id)
+    service.backend.reservations.ended_unkept(service.jobs, job_id)  # what it was charged goes back now
 
 
 def settled(service, key_id: int, job_id: str, expected: float, timeout: float = 120.0) -> float:

@@ -338,12 +338,22 @@ def test_a_worker_drops_what_an_ended_jobs_earlier_attempt_kept(worker) -> None:
 
     from cosyserve.service.outcomes import SentenceTiming, SynthesisResult
 
+    service = worker.service
+    key, _ = service.keys.create("erin", role="user")
     job_id = uuid.uuid4().hex
-    worker.service.jobs.create({"text": LONG_TEXT}, kind="tts", owner=None, job_id=job_id)
+    spec = wire.encode_job_spec(OutputSpec(owner=f"key:{key.id}", key=key, endpoint="jobs"))
+    service.jobs.create({"text": LONG_TEXT}, kind="tts", owner=f"key:{key.id}", job_id=job_id, spec=spec)
+    service.jobs.claim(job_id, "dead-worker", 30)
+    service.jobs.charge(job_id, 28.2)  # its kept pieces, charged as they were made
+    service.access.quota.add(key, 28.2)
     pieces = worker.local.job_runner.pieces
     made = SynthesisResult(np.zeros(240, np.float32), 24000, 1, [SentenceTiming(0, "一", 0.0, 0.01)])
-    pieces.save(job_id, 0, LONG_TEXT, "m", made, charged_s=0.01)
+    pieces.save(job_id, 0, LONG_TEXT, "m", made, charged_s=28.2)
     assert (pieces.root / job_id).is_dir()
-    worker.service.jobs.finish_cancelled(job_id, "cancelled by the client")
+    service.jobs.finish_cancelled(job_id, "cancelled by the client")  # as the API node does, its worker dead
     worker._claimed(FakeTask(), job_id, lambda attempt: pytest.fail("an ended job ran"))
     assert not (pieces.root / job_id).exists()
+    # the key paid 28.2 s for audio nobody got: taken back (once, however often the task comes)
+    assert service.access.quota.used(key) == pytest.approx(0.0) and service.jobs.get(job_id).charged_s == 0.0
+    worker._claimed(FakeTask(), job_id, lambda attempt: pytest.fail("an ended job ran"))
+    assert service.access.quota.used(key) == pytest.approx(0.0)

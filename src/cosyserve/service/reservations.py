@@ -26,7 +26,7 @@ from cosyserve.service.batches.dub_plan import track_seconds_of_items
 from cosyserve.service.batches.submission import BatchSubmission
 from cosyserve.service.requests import TERMINAL_STATES, OutputSpec, SynthesisRequest, VoiceScope
 from cosyserve.service.scheduling.tickets import Ticket
-from cosyserve.service.stores.jobs import JobRecord
+from cosyserve.service.stores.jobs import JobRecord, JobStore
 from cosyserve.service.stores.keys import ApiKey
 from cosyserve.service.stores.voices import VoiceLibrary
 
@@ -170,6 +170,21 @@ class QuotaReservations:
     def release_job(self, job_id: str) -> None:
         """Give back what a job still holds (it ended)."""
         self._release_quietly(job_id)
+
+    def ended_unkept(self, jobs: JobStore, job_id: str) -> None:
+        """A long text whose record ended without a result while no attempt ran it (cancelled while its
+        worker was dead or it waited to run again, failed as lost): what its attempts were charged (the
+        pieces they kept) goes back to its key, then what it still holds. Safe to repeat: the charge is
+        taken once."""
+        record = jobs.get(job_id)
+        key_id = (record.spec or {}).get("key_id") if record is not None else None
+        unkept = record is not None and record.kind == "tts" and not record.output_id and key_id is not None
+        try:
+            if unkept and (seconds := jobs.take_charged(job_id)) > 0:
+                self.quota.refund_part(job_id, int(key_id), seconds)
+        except Exception as exc:  # the charge stays; the key's day ends anyway
+            log.warning("job %s: could not take back the charge of its discarded audio: %s", job_id, exc)
+        self.release_job(job_id)
 
     def release_dead(self) -> None:
         """At start-up: give back what processes on this host that stopped still hold, and what expired."""

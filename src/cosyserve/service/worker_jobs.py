@@ -89,8 +89,9 @@ class JobIntake:
             current = jobs.get(job_id)
             if current is None or current.is_terminal:
                 log.info("job %s: nothing to do (%s)", job_id, current.state if current else "gone")
-                self.node.local.reservations.release_job(job_id)  # e.g. cancelled while it waited
-                self.node.local.job_runner.drop_pieces(job_id)  # what an earlier attempt kept of it
+                # e.g. cancelled while it waited: what an earlier attempt kept of it goes, and its charge
+                self.node.local.reservations.ended_unkept(self.node.jobs, job_id)
+                self.node.local.job_runner.drop_pieces(job_id)
                 if current is not None:
                     self._quietly(self.shares.dropped, job_id, share_key(current.owner))
                 self._forget(job_id)

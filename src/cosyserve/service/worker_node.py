@@ -112,8 +112,9 @@ class WorkerNode:
         self._register_tasks()
 
     def _released(self, job_id: str) -> None:
-        """A lost job failed for good: what it held goes (its reservation, its kept pieces)."""
-        self.local.reservations.release_job(job_id)
+        """A lost job failed for good: what it held goes (its reservation, its kept pieces and their
+        charge)."""
+        self.local.reservations.ended_unkept(self.jobs, job_id)
         self.local.job_runner.drop_pieces(job_id)
 
     # -- lifecycle ---------------------------------------------------------------------------------------

@@ -287,8 +287,8 @@ class RemoteBackend:
         if cancellable_job(self.jobs, job_id).kind != "tts":  # the items first, as LocalBackend does
             self.batches.cancel_rest(job_id, "cancelled", "cancelled by the client")
         record = self.jobs.finish_cancelled(job_id, "cancelled by the client")
-        if self.reservations is not None:
-            self.reservations.release_job(job_id)
+        if self.reservations is not None:  # (a dead worker's kept pieces are charged: taken back)
+            self.reservations.ended_unkept(self.jobs, job_id)
         try:
             self.relay.request_cancel(job_id)
             self.shares.dropped(job_id, share_key(record.owner))  # other keys need not wait for it

@@ -168,7 +168,7 @@ class LocalJobs:
             if record.kind != "tts":  # the items first: whoever sees the batch cancelled sees them ended
                 self.batches.cancel_rest(job_id, "cancelled", "cancelled by the client")
             ended = self.jobs.finish_cancelled(job_id, "cancelled by the client")
-            self.reservations.release_job(job_id)
+            self.reservations.ended_unkept(self.jobs, job_id)  # (its kept pieces were charged)
             self.drop_pieces(job_id)
             return ended
         return self.jobs.get(job_id) or record
