@@ -29,6 +29,7 @@ from cosyserve.service.scheduling.tickets import Ticket
 from cosyserve.service.stores.jobs import JobRecord, JobStore
 from cosyserve.service.stores.keys import ApiKey
 from cosyserve.service.stores.voices import VoiceLibrary
+from cosyserve.service.wire import job_key_id
 
 log = logging.getLogger(__name__)
 
@@ -177,11 +178,11 @@ class QuotaReservations:
         pieces they kept) goes back to its key, then what it still holds. Safe to repeat: the charge is
         taken once."""
         record = jobs.get(job_id)
-        key_id = (record.spec or {}).get("key_id") if record is not None else None
+        key_id = job_key_id(record.spec, record.owner) if record is not None else None
         unkept = record is not None and record.kind == "tts" and not record.output_id and key_id is not None
         try:
             if unkept and (seconds := jobs.take_charged(job_id)) > 0:
-                self.quota.refund_part(job_id, int(key_id), seconds)
+                self.quota.refund_part(job_id, key_id, seconds)
         except Exception as exc:  # the charge stays; the key's day ends anyway
             log.warning("job %s: could not take back the charge of its discarded audio: %s", job_id, exc)
         self.release_job(job_id)

@@ -234,6 +234,16 @@ def encode_job_spec(spec: OutputSpec) -> dict[str, Any]:
     }
 
 
+def job_key_id(spec: dict[str, Any] | None, owner: str | None) -> int | None:
+    """The id of the key a job is charged to, from its record's spec and owner."""
+    key_id = (spec or {}).get("key_id")
+    if key_id is None and owner and re.fullmatch(r"key:\d+", owner):
+        # a job recorded before specs were (2026-12-01) names its key only as its owner: without this it
+        # ran keyless after an upgrade, uncharged, with every voice, even for a revoked key
+        key_id = int(owner.removeprefix("key:"))
+    return None if key_id is None else int(key_id)
+
+
 def decode_job_spec(
     data: dict[str, Any] | None,
     params: dict[str, Any] | None,
@@ -243,11 +253,7 @@ def decode_job_spec(
     """A job's `OutputSpec` again from its record's spec, params and owner; `key_lookup(key_id)` gives its
     key as it is now (None: revoked or deleted since)."""
     data = data or {}
-    key_id = data.get("key_id")
-    if key_id is None and owner and re.fullmatch(r"key:\d+", owner):
-        # a job recorded before specs were (2026-12-01) names its key only as its owner: without this it
-        # ran keyless after an upgrade, uncharged, with every voice, even for a revoked key
-        key_id = int(owner.removeprefix("key:"))
+    key_id = job_key_id(data, owner)
     return OutputSpec(
         format=data.get("format") or (params or {}).get("format") or "wav",
         sample_rate=data.get("sample_rate"),

@@ -89,9 +89,7 @@ class JobIntake:
             current = jobs.get(job_id)
             if current is None or current.is_terminal:
                 log.info("job %s: nothing to do (%s)", job_id, current.state if current else "gone")
-                # e.g. cancelled while it waited: what an earlier attempt kept of it goes, and its charge
-                self.node.local.reservations.ended_unkept(self.node.jobs, job_id)
-                self.node.local.job_runner.drop_pieces(job_id)
+                self.node.local.job_runner.ended_unrun(job_id)  # e.g. cancelled while it waited
                 if current is not None:
                     self._quietly(self.shares.dropped, job_id, share_key(current.owner))
                 self._forget(job_id)

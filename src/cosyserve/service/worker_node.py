@@ -107,15 +107,9 @@ class WorkerNode:
             lease_s=self.lease_s,
             visibility_timeout_s=queue.visibility_timeout_s,
             restore_interval_s=restore,
-            released=self._released,
+            released=self.local.job_runner.ended_unrun,  # what a lost job held goes
         )
         self._register_tasks()
-
-    def _released(self, job_id: str) -> None:
-        """A lost job failed for good: what it held goes (its reservation, its kept pieces and their
-        charge)."""
-        self.local.reservations.ended_unkept(self.jobs, job_id)
-        self.local.job_runner.drop_pieces(job_id)
 
     # -- lifecycle ---------------------------------------------------------------------------------------
 

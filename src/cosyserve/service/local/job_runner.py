@@ -168,8 +168,7 @@ class LocalJobs:
             if record.kind != "tts":  # the items first: whoever sees the batch cancelled sees them ended
                 self.batches.cancel_rest(job_id, "cancelled", "cancelled by the client")
             ended = self.jobs.finish_cancelled(job_id, "cancelled by the client")
-            self.reservations.ended_unkept(self.jobs, job_id)  # (its kept pieces were charged)
-            self.drop_pieces(job_id)
+            self.ended_unrun(job_id)
             return ended
         return self.jobs.get(job_id) or record
 
@@ -181,11 +180,9 @@ class LocalJobs:
             message = record.error_message or "interrupted by restarts"
             self.batches.cancel_rest(record.id, record.error_code or "interrupted", message)
             self.jobs.add_result_extra(record.id, self.batches.kept(record.id))
-        else:  # a long text keeps nothing of an attempt: what its last one was charged goes back
-            spec = wire.decode_job_spec(record.spec, record.params, record.owner, self.quota.key_lookup)
-            self.quota.refund_discarded(spec.key.id if spec.key is not None else None, record.id)
-            self.drop_pieces(record.id)
-        self.reservations.release_job(record.id)
+            self.reservations.release_job(record.id)
+        else:  # a long text keeps nothing of an attempt: what its attempts were charged goes back
+            self.ended_unrun(record.id)
 
     def sweep_pieces(self) -> None:
         """Remove the kept pieces of jobs that ended while no server ran them (cancelled, purged)."""
@@ -197,6 +194,12 @@ class LocalJobs:
     def progressed(self, job_id: str, attempt: int) -> bool:
         """Whether a long text's attempt `attempt` finished a piece (kept on disk) before it was stopped."""
         return self.pieces is not None and self.pieces.made_in(job_id, attempt)
+
+    def ended_unrun(self, job_id: str) -> None:
+        """A job whose record ended while no attempt of it ran: what it held goes (a long text's kept
+        pieces, what they were charged, its reservation)."""
+        self.reservations.ended_unkept(self.jobs, job_id)
+        self.drop_pieces(job_id)
 
     def drop_pieces(self, job_id: str) -> None:
         """Remove what a long text kept of its finished pieces (its record ended)."""
