@@ -125,6 +125,8 @@ def test_a_job_holds_its_estimate_until_it_ends(server) -> None:
             assert 7.0 < held <= 10.0  # the whole text's estimate, from submit on
             second = client.post("/v1/jobs", json={"text": TEXT, "voice": "alice"})
             assert second.status_code == 429 and "reserved by requests and jobs" in second.text
+            # it fits once the key's own job has ended: a retry soon may pass, not one after midnight
+            assert (second.headers["retry-after"], second.headers["x-should-retry"]) == ("5", "true")
             assert client.delete(f"/v1/jobs/{job['id']}").status_code == 202
             assert quota_of(client)["reserved_s"] == 0.0  # a cancelled job gives it back at once
         finally:

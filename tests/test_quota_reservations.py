@@ -4,6 +4,7 @@ length replaces the hold; failures give it back; holds of dead processes stop co
 
 from __future__ import annotations
 
+import math
 import os
 import subprocess
 import sys
@@ -17,7 +18,9 @@ from cosyserve.errors import ShuttingDown
 from cosyserve.service.access.estimate import request_estimate_s, voice_pace
 from cosyserve.service.access.principals import QuotaExceeded
 from cosyserve.service.access.quota import QuotaTracker, this_process
+from cosyserve.service.reservations import QuotaReservations
 from cosyserve.service.stores.db import make_engine
+from cosyserve.service.stores.jobs import JobStore
 from cosyserve.service.stores.keys import ApiKey
 
 T0 = 1_700_000_000.0  # 22:13 UTC: the day does not change within a test
@@ -151,6 +154,82 @@ def test_reservations_count_against_their_own_day(tracker) -> None:
     tracker.reserve(key, 9.0, ttl_s=7 * 86400)
     clock.now += 86400  # the next UTC day starts empty
     assert tracker.check(key).reserved_s == 0.0 and tracker.reserve(key, 9.0) is not None
+
+
+# -- the day's boundary: work is charged to the day that admitted it ---------------------------------------
+
+MIDNIGHT = T0 - T0 % 86400 + 86400  # the next 00:00 UTC after T0
+
+
+def test_a_request_admitted_before_midnight_spends_its_own_days_seconds(tracker) -> None:
+    key, clock = key_with(60.0), tracker._clock
+    clock.now = MIDNIGHT - 10
+    late = tracker.reserve(key, 50.0)
+    clock.now = MIDNIGHT + 5  # the new day never saw that hold: a whole quota is free
+    status = tracker.check(key)
+    assert (status.used_s, status.reserved_s, status.remaining_s) == (0.0, 0.0, 60.0)
+    early = tracker.reserve(key, 60.0)
+    tracker.settle(late, key, 50.0)  # finished after midnight: yesterday's seconds, as admitted
+    tracker.settle(early, key, 60.0)
+    assert tracker.used(key) == 60.0  # not 110 against a quota of 60
+    assert tracker.used(key, now=MIDNIGHT - 1) == 50.0
+
+
+def test_a_job_running_into_the_next_day_is_charged_and_stopped_by_its_own_day(tracker) -> None:
+    key, clock = key_with(60.0), tracker._clock
+    clock.now = MIDNIGHT - 100
+    tracker.reserve(key, 55.0, holder="job", reservation_id="job1", ttl_s=math.inf)
+    tracker.settle_part("job1", key, 20.0)
+    clock.now = MIDNIGHT + 100
+    tracker.settle_part("job1", key, 30.0)
+    assert tracker.check(key).reserved_s == 0.0 and tracker.used(key) == 0.0
+    assert tracker.used(key, now=MIDNIGHT - 1) == 50.0 and not tracker.used_up(key, "job1")
+    tracker.refund_part("job1", key, 30.0)  # an interrupted attempt's audio, made again: yesterday's
+    assert tracker.used(key, now=MIDNIGHT - 1) == 20.0 and tracker.used(key) == 0.0
+    tracker.settle_part("job1", key, 45.0)  # past its estimate: yesterday's quota is spent
+    assert tracker.used_up(key, "job1") and not tracker.used_up(key)
+    assert tracker.reserve(key, 60.0) is not None  # today's is whole
+
+
+def test_a_jobs_hold_lives_while_it_waits_however_long(tracker) -> None:
+    key, clock = key_with(30.0), tracker._clock
+    clock.now = MIDNIGHT + 60
+    tracker.reserve(key, 19.0, holder="job", reservation_id="queued", ttl_s=math.inf)
+    clock.now += 20 * 3600  # waited behind other keys' batches far past reservation_ttl_s
+    assert tracker.release_dead() == 0 and tracker.reserved(key) == 19.0
+    with pytest.raises(QuotaExceeded):
+        tracker.reserve(key, 19.0)
+    assert tracker.held_by("job") == ["queued"] and tracker.held_by("job", older_than_s=1e6) == []
+
+
+def test_a_start_releases_what_ended_or_vanished_jobs_still_hold(tmp_path: Path) -> None:
+    engine = make_engine(f"sqlite:///{tmp_path / 'db.sqlite'}")
+    clock = FakeClock()
+    tracker, jobs = QuotaTracker(engine, sa.MetaData(), clock=clock), JobStore(engine)
+    reservations, key = QuotaReservations(tracker), key_with(100.0)
+    for job_id in ("running", "ended", "vanished"):
+        reservations.hold_job(job_id, key, 10.0)
+        if job_id != "vanished":
+            jobs.create({"text": "x"}, job_id=job_id)
+    jobs.finish_failed("ended", "internal", "a crash came before its reservation was released")
+    clock.now += 600
+    reservations.hold_job("young", key, 10.0)  # its record is on its way (submits hold first)
+    reservations.release_dead(jobs)
+    assert sorted(tracker.held_by("job")) == ["running", "young"] and tracker.reserved(key) == 20.0
+
+
+def test_a_refusal_by_the_keys_own_work_in_flight_says_retry_soon(tracker) -> None:
+    key, clock = key_with(30.0), tracker._clock
+    clock.now = MIDNIGHT - 9.4  # the day ends in 9.4 s
+    tracker.reserve(key, 20.0)
+    with pytest.raises(QuotaExceeded, match="once the key's running work has finished") as held:
+        tracker.reserve(key, 15.0)  # 15 s fit once the 20 s settle (if they are no longer than that)
+    assert held.value.held_only and held.value.retry_after_s == 5
+    tracker.add(key, 20.0)
+    with pytest.raises(QuotaExceeded, match="00:00 UTC") as spent:
+        tracker.reserve(key, 15.0)
+    assert not spent.value.held_only
+    assert spent.value.retry_after_s == 10  # rounded up: a client that waits 9 s would be refused again
 
 
 # -- estimates ---------------------------------------------------------------------------------------------

@@ -137,7 +137,12 @@ class RateLimited(CosyServeError):
 
 
 class QuotaExceeded(RateLimited):
-    """The key's daily audio-seconds quota is used up."""
+    """The key's daily audio-seconds quota is used up (`held_only`: it would fit once the key's own work
+    in flight has ended, so a retry soon may pass)."""
+
+    def __init__(self, message: str, retry_after_s: int, *, held_only: bool = False) -> None:
+        super().__init__(message, retry_after_s)
+        self.held_only = held_only
 
 
 class KeyRevoked(CosyServeError):

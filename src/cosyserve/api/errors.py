@@ -107,7 +107,7 @@ def envelope(
 ) -> JSONResponse:
     headers = dict(headers or {})
     if code in NOT_RETRIED:
-        headers["x-should-retry"] = "false"
+        headers.setdefault("x-should-retry", "false")
     return JSONResponse(error_body(status, code, message, get_request_id(), param), status, headers)
 
 
@@ -126,6 +126,8 @@ def error_response(exc: BaseException, metrics: Any = None) -> JSONResponse:
         retry = OUT_OF_MEMORY_RETRY_AFTER_S
     if status in (429, 503) and retry is not None:
         headers["Retry-After"] = str(max(1, int(retry)))
+    if getattr(exc, "held_only", False):  # the key's own running work holds the rest: soon retried
+        headers["x-should-retry"] = "true"
     if status == 401:
         headers["WWW-Authenticate"] = 'Bearer realm="cosyserve"'
     if status == 500:

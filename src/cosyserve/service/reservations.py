@@ -16,12 +16,12 @@ from __future__ import annotations
 
 import dataclasses
 import logging
-import time
+import math
 from collections.abc import Callable
 
 from cosyserve.service.access.estimate import request_estimate_s, voice_pace
 from cosyserve.service.access.principals import QuotaExceeded
-from cosyserve.service.access.quota import QuotaTracker
+from cosyserve.service.access.quota import QuotaTracker, seconds_until_reset
 from cosyserve.service.batches.dub_plan import track_seconds_of_items
 from cosyserve.service.batches.submission import BatchSubmission
 from cosyserve.service.requests import TERMINAL_STATES, OutputSpec, SynthesisRequest, VoiceScope
@@ -35,6 +35,7 @@ log = logging.getLogger(__name__)
 
 OnState = Callable[[Ticket, str], None]
 JOB_HOLDER = "job"  # the holder of jobs' reservations: they end with their record, not their process
+JOB_RECORD_GRACE_S = 300.0  # a job reservation without a record is an orphan only when older than this
 
 
 class QuotaReservations:
@@ -118,7 +119,7 @@ class QuotaReservations:
                 f"the key's daily audio quota of {status.limit_s:g} s was used up ({status.used_s:.1f} s "
                 "today) while this request waited, by other work or a lowered quota: nothing was made or "
                 "charged; retry after 00:00 UTC or ask an admin for a larger quota",
-                max(1, int(status.resets_at - time.time())),
+                seconds_until_reset(),
             )
 
     def settle(self, spec: OutputSpec, seconds: float) -> None:
@@ -153,7 +154,9 @@ class QuotaReservations:
         is held."""
         if key is None:
             return False
-        return self.quota.reserve(key, seconds, holder=JOB_HOLDER, reservation_id=job_id) is not None
+        # it lives as long as the job's record, however long the job waits for its turn
+        held = self.quota.reserve(key, seconds, holder=JOB_HOLDER, reservation_id=job_id, ttl_s=math.inf)
+        return held is not None
 
     def job_submitted(
         self, job_id: str, key: ApiKey | None, seconds: float, submit: Callable[[], JobRecord]
@@ -187,15 +190,28 @@ class QuotaReservations:
             log.warning("job %s: could not take back the charge of its discarded audio: %s", job_id, exc)
         self.release_job(job_id)
 
-    def release_dead(self) -> None:
-        """At start-up: give back what processes on this host that stopped still hold, and what expired."""
+    def release_dead(self, jobs: JobStore | None = None) -> None:
+        """At start-up: give back what processes on this host that stopped still hold, what expired, and
+        (with `jobs`) what jobs hold whose record ended or is gone (a crash came between the two)."""
         try:
             released = self.quota.release_dead()
-        except Exception as exc:  # they expire anyway
+            if jobs is not None:
+                released += self._release_ended_jobs(jobs)
+        except Exception as exc:  # requests' expire anyway; jobs' are tried again at the next start
             log.warning("could not release the quota reservations of stopped processes: %s", exc)
             return
         if released:
-            log.info("released %d quota reservations of processes that stopped", released)
+            log.info("released %d quota reservations of processes that stopped or jobs that ended", released)
+
+    def _release_ended_jobs(self, jobs: JobStore) -> int:
+        ended = 0
+        # (a job's record is written just after its reservation: a young one may be on its way)
+        for job_id in self.quota.held_by(JOB_HOLDER, older_than_s=JOB_RECORD_GRACE_S):
+            record = jobs.get(job_id)
+            if record is None or record.state in TERMINAL_STATES:
+                self.quota.release(job_id)
+                ended += 1
+        return ended
 
     def _release_quietly(self, reservation: str | None) -> None:
         if reservation is None:

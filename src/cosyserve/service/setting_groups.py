@@ -158,8 +158,8 @@ class LimitSettings(_Group):
     quota_reservation_ttl_s: float = Field(
         3600.0,
         gt=0,
-        description="how long a quota reservation holds when its holder neither settles nor renews it (a "
-        "process that died elsewhere); jobs renew theirs as they are charged",
+        description="how long a request's quota reservation holds when its holder does not settle it (a "
+        "process that died elsewhere); a job's lasts as long as the job",
     )
     max_dub_track_s: float = Field(
         10800.0,

@@ -20,6 +20,7 @@ import sqlalchemy as sa
 from cosyserve.service.access import signing
 from cosyserve.service.access.limits import QuotaTracker, RateLimiter
 from cosyserve.service.access.principals import AuthRequired, Principal, QuotaExceeded, RateLimited
+from cosyserve.service.access.quota import HELD_RETRY_AFTER_S, seconds_until_reset
 from cosyserve.service.access.sessions import SESSION_COOKIE, check_password
 from cosyserve.service.settings import Settings
 from cosyserve.service.stores.db import metadata
@@ -168,13 +169,21 @@ class Access:
             return
         status = self.quota.check(principal.key)
         if status.limit_s is not None and status.used_s + status.reserved_s >= status.limit_s:
+            if status.used_s < status.limit_s:  # the key's own work in flight holds the rest
+                raise QuotaExceeded(
+                    f"the daily audio quota of {status.limit_s:g} s is held by this key's work in flight "
+                    f"({status.used_s:.1f} s used today, {status.reserved_s:.1f} s reserved): retry once it "
+                    "has finished",
+                    HELD_RETRY_AFTER_S,
+                    held_only=True,
+                )
             held = (
                 f", {status.reserved_s:.1f} s reserved by work in flight" if status.reserved_s > 0.05 else ""
             )
             raise QuotaExceeded(
                 f"the daily audio quota of {status.limit_s:g} s is used up ({status.used_s:.1f} s today"
                 f"{held}): it resets at 00:00 UTC",
-                max(1, int(status.resets_at - time.time())),
+                seconds_until_reset(),
             )
 
     def signed_url(self, path: str, query: dict[str, Any] | None = None) -> str:

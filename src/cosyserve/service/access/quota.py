@@ -11,9 +11,15 @@ Two tables, shared by every node through the database:
 update that takes the row's write lock: concurrent admissions of one key wait for each other, on every
 node), then sums usage and live reservations and inserts its own only if everything fits under the limit.
 `settle` deletes the reservation and adds the real seconds in one transaction; `release` deletes it
-(failure, cancel); both are no-ops for a reservation already gone, so they may both run. A reservation
-whose holder died is released on start-up of a process on the same host (`release_dead`) or, anywhere,
-once it expires (`expires_at`; jobs renew theirs as they are charged): expired ones are not counted.
+(failure, cancel); both are no-ops for a reservation already gone, so they may both run. A request's
+reservation whose holder died is released on start-up of a process on the same host (`release_dead`) or,
+anywhere, once it expires (`expires_at`): expired ones are not counted. A job's lives as long as its
+record (however long it waits in the queue): it is released when the job ends, or at a start after a
+crash came between the two (`reservations.QuotaReservations.release_dead`).
+
+Work is charged to the UTC day that admitted it: a request admitted at 23:59:50 and finished after
+midnight, or a batch that runs on into the next day, spends the seconds its day set aside for it, and the
+new day starts with nothing of it used or held (it never saw that reservation).
 
 The bound: the admitted estimates never exceed the limit, so a key's usage exceeds its quota only by
 how much admitted requests outran their estimates (for one request at a time: its own estimate error).
@@ -21,6 +27,7 @@ how much admitted requests outran their estimates (for one request at a time: it
 
 from __future__ import annotations
 
+import math
 import os
 import socket
 import time
@@ -39,6 +46,8 @@ from cosyserve.service.stores.keys import ApiKey
 
 WRITE_TRIES = 3  # a first insert can race another node's; a busy SQLite can time out
 DEFAULT_TTL_S = 3600.0
+LIVES_WITH_HOLDER = 253402300799.0  # expires_at of a reservation that ends with its job (9999-12-31)
+HELD_RETRY_AFTER_S = 5  # refused only by what the key's own running work holds: it settles or frees soon
 
 
 def audio_usage_table(metadata: sa.MetaData) -> sa.Table:
@@ -131,6 +140,25 @@ class QuotaTracker:
         with self.engine.connect() as conn:
             return self._held(conn, _key_id(key), _day(now), now)
 
+    def used_up(self, key: ApiKey, reservation_id: str | None = None) -> bool:
+        """Whether `key` used its whole quota on the day `reservation_id` counts against (a job admitted
+        yesterday goes on spending yesterday's), or today without one."""
+        limit = self.limit_for(key)
+        if not limit:
+            return False
+        with self.engine.connect() as conn:
+            day = self._admitted_on(conn, reservation_id) or _day(self._clock())
+            return self._used(conn, _key_id(key), day) >= limit
+
+    def held_by(self, holder: str, *, older_than_s: float = 0.0) -> list[str]:
+        """The ids of the reservations `holder` holds (jobs': each a job's id), made at least
+        `older_than_s` ago."""
+        r = self.reservations.c
+        made_before = self._clock() - older_than_s
+        query = sa.select(r.id).where(r.holder == holder, r.created_at <= made_before)
+        with self.engine.connect() as conn:
+            return list(conn.execute(query).scalars())
+
     # -- reserving and settling --------------------------------------------------------------------------
 
     def reserve(
@@ -144,7 +172,8 @@ class QuotaTracker:
     ) -> str | None:
         """Hold `seconds` of today's quota for `key`, atomically against usage and other reservations;
         returns the reservation's id (None: the key is unlimited, nothing is held). QuotaExceeded when
-        they do not fit: nothing is held then."""
+        they do not fit: nothing is held then. `ttl_s=math.inf`: it never expires (a job's: it is
+        released when its record ends)."""
         if seconds < 0:
             raise InputError(f"audio seconds to reserve must be >= 0, got {seconds}")
         limit = self.limit_for(key)
@@ -153,6 +182,7 @@ class QuotaTracker:
         key_id, now = _key_id(key), self._clock()
         day = _day(now)
         reservation_id = reservation_id or uuid.uuid4().hex
+        ttl = self.reservation_ttl_s if ttl_s is None else ttl_s
         row = {
             "id": reservation_id,
             "key_id": key_id,
@@ -160,7 +190,7 @@ class QuotaTracker:
             "seconds": float(seconds),
             "holder": holder or this_process(),
             "created_at": now,
-            "expires_at": now + (self.reservation_ttl_s if ttl_s is None else ttl_s),
+            "expires_at": now + ttl if math.isfinite(ttl) else LIVES_WITH_HOLDER,
         }
         self._ensure_usage_row(key_id, day)
 
@@ -181,46 +211,53 @@ class QuotaTracker:
         return reservation_id
 
     def settle(self, reservation_id: str | None, key: ApiKey | int, seconds: float) -> None:
-        """The real length is known: release the reservation and count `seconds` of audio for today, in one
-        transaction (without a reservation, or one already released, the seconds are counted alone)."""
+        """The real length is known: release the reservation and count `seconds` of audio for the day that
+        admitted it, in one transaction (without a reservation, or one already released, the seconds are
+        counted alone, for today)."""
         _check_seconds(seconds)
         key_id, now = _key_id(key), self._clock()
 
         def write(conn: sa.Connection) -> None:
+            day = self._admitted_on(conn, reservation_id) or _day(now)
             if reservation_id is not None:
                 conn.execute(self.reservations.delete().where(self.reservations.c.id == reservation_id))
-            self._count(conn, key_id, _day(now), seconds)
+            self._count(conn, key_id, day, seconds)
 
         self._write(write)
 
     def settle_part(self, reservation_id: str, key: ApiKey | int, seconds: float) -> None:
-        """Part of a job's audio is made: count it and shrink the job's reservation by as much (never below
-        zero), renewing its expiry, in one transaction."""
+        """Part of a job's audio is made: count it for the day that admitted the job and shrink the job's
+        reservation by as much (never below zero), in one transaction. A reservation that expires (one
+        written before jobs' reservations lived with their record) is renewed."""
         _check_seconds(seconds)
         key_id, now = _key_id(key), self._clock()
-        held = self.reservations.c.seconds
+        r = self.reservations.c
+        renewed = now + self.reservation_ttl_s
 
         def write(conn: sa.Connection) -> None:
-            shrink = self.reservations.update().where(self.reservations.c.id == reservation_id)
-            left = sa.case((held > seconds, held - seconds), else_=0.0)
-            conn.execute(shrink.values(seconds=left, expires_at=now + self.reservation_ttl_s))
-            self._count(conn, key_id, _day(now), seconds)
+            day = self._admitted_on(conn, reservation_id) or _day(now)
+            shrink = self.reservations.update().where(r.id == reservation_id)
+            left = sa.case((r.seconds > seconds, r.seconds - seconds), else_=0.0)
+            expires = sa.case((r.expires_at < renewed, renewed), else_=r.expires_at)
+            conn.execute(shrink.values(seconds=left, expires_at=expires))
+            self._count(conn, key_id, day, seconds)
 
         self._write(write)
 
     def refund_part(self, reservation_id: str, key: ApiKey | int, seconds: float) -> None:
         """`settle_part` undone: audio counted for a job was discarded (an interrupted attempt that its
-        rerun makes again). Today's count shrinks by `seconds` (never below zero: what an attempt counted
-        on an earlier day stays counted there) and the job's reservation, if it still holds one, grows by
-        as much, in one transaction."""
+        rerun makes again). The count of the day that admitted the job (today once its reservation is
+        gone) shrinks by `seconds`, never below zero, and the job's reservation, if it still holds one,
+        grows by as much, in one transaction."""
         _check_seconds(seconds)
         key_id, now = _key_id(key), self._clock()
         used = self.table.c.seconds
 
         def write(conn: sa.Connection) -> None:
+            day = self._admitted_on(conn, reservation_id) or _day(now)
             grow = self.reservations.update().where(self.reservations.c.id == reservation_id)
             conn.execute(grow.values(seconds=self.reservations.c.seconds + seconds))
-            shrink = self.table.update().where(*self._where(key_id, _day(now)))
+            shrink = self.table.update().where(*self._where(key_id, day))
             conn.execute(shrink.values(seconds=sa.case((used > seconds, used - seconds), else_=0.0)))
 
         self._write(write)
@@ -276,6 +313,13 @@ class QuotaTracker:
                     break
         raise InputError("could not record audio usage (the database is busy): try again in a few seconds")
 
+    def _admitted_on(self, conn: sa.Connection, reservation_id: str | None) -> str | None:
+        """The UTC day whose quota admitted `reservation_id` (None: there is no such reservation)."""
+        if reservation_id is None:
+            return None
+        query = sa.select(self.reservations.c.day).where(self.reservations.c.id == reservation_id)
+        return conn.execute(query).scalar()
+
     def _ensure_usage_row(self, key_id: int, day: str) -> None:
         """The key's usage row for `day` exists (reservations lock it)."""
 
@@ -309,12 +353,28 @@ class QuotaTracker:
 def _exceeded(limit: float, used: float, held: float, needed: float, now: float) -> QuotaExceeded:
     held_text = f", {held:.1f} s reserved by requests and jobs still running" if held > 0.05 else ""
     left = max(0.0, limit - used - held)
-    return QuotaExceeded(
+    said = (
         f"the daily audio quota of {limit:g} s has {left:.1f} s left ({used:.1f} s used today{held_text}); "
-        f"this needs about {needed:.1f} s: send less text (a shorter one; a batch or dub of fewer items), "
-        "wait for running work to finish, or retry after 00:00 UTC",
-        max(1, int(_resets_at(now) - now)),
     )
+    if used + needed <= limit:  # it fits once the key's own running work has ended: no need to wait a day
+        return QuotaExceeded(
+            f"{said}this needs about {needed:.1f} s: retry once the key's running work has finished (or "
+            "send less text)",
+            HELD_RETRY_AFTER_S,
+            held_only=True,
+        )
+    return QuotaExceeded(
+        f"{said}this needs about {needed:.1f} s: send less text (a shorter one; a batch or dub of fewer "
+        "items), wait for running work to finish, or retry after 00:00 UTC",
+        seconds_until_reset(now),
+    )
+
+
+def seconds_until_reset(now: float | None = None) -> int:
+    """Retry-After for a used-up day: whole seconds, rounded up (a client that waits that long is past
+    00:00 UTC)."""
+    now = time.time() if now is None else now
+    return max(1, math.ceil(_resets_at(now) - now))
 
 
 def _check_seconds(seconds: float) -> None:

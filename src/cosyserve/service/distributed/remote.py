@@ -86,7 +86,7 @@ class RemoteBackend:
 
     def start(self) -> None:
         if self.reservations is not None:
-            self.reservations.release_dead()
+            self.reservations.release_dead(self.jobs)
         try:
             self.client.ping()
         except Exception as exc:  # the node still starts: /ready says why it is not ready

@@ -82,7 +82,7 @@ class LocalBackend:
         return self.host.info
 
     def start(self) -> None:
-        self.reservations.release_dead()
+        self.reservations.release_dead(self.jobs)
         self.host.start()
         if self.recover_jobs:
             self.feeder.start()

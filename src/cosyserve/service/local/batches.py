@@ -114,7 +114,7 @@ class BatchRunner:
                 else:
                     ctx.next_unit()
                 first = False
-                if not run.quota.allows_id(run.key_id):
+                if not run.quota.allows_id(run.key_id, run.job_id):
                     stopped = run.quota.exceeded(run.key_id)
                     break
                 run.check_key(pins.voices())

@@ -11,13 +11,12 @@ most one segment's audio.
 
 from __future__ import annotations
 
-import time
 from collections.abc import Callable
 from dataclasses import dataclass
 
 from cosyserve.service.access.estimate import estimate_audio_s
 from cosyserve.service.access.principals import QuotaExceeded
-from cosyserve.service.access.quota import QuotaTracker
+from cosyserve.service.access.quota import QuotaTracker, seconds_until_reset
 from cosyserve.service.stores.jobs import JobStore
 from cosyserve.service.stores.keys import ApiKey
 
@@ -41,7 +40,7 @@ class JobQuota:
         if key is None:
             return True
         self.quota.settle_part(job_id, key, seconds)
-        return self.allows(key)
+        return not self.quota.used_up(key, job_id)
 
     def refund_discarded(self, key_id: int | None, job_id: str, keep_s: float = 0.0) -> float:
         """An attempt starts the job over (or goes on after `keep_s` seconds of audio earlier attempts made
@@ -53,13 +52,10 @@ class JobQuota:
             self.quota.refund_part(job_id, key, seconds)
         return seconds
 
-    def allows_id(self, key_id: int | None) -> bool:
+    def allows_id(self, key_id: int | None, job_id: str | None = None) -> bool:
+        """Whether the job's key has quota left on the day that admitted the job (today without it)."""
         key = self.key_lookup(key_id) if key_id is not None else None
-        return key is None or self.allows(key)
-
-    def allows(self, key: ApiKey) -> bool:
-        status = self.quota.check(key)
-        return status.limit_s is None or status.used_s < status.limit_s
+        return key is None or not self.quota.used_up(key, job_id)
 
     def exceeded(self, key_id: int | None, *, started: bool = True) -> QuotaExceeded:
         """The error a job stops with when its key's quota ran out (`started`: while it ran; else before
@@ -67,7 +63,7 @@ class JobQuota:
         key = self.key_lookup(key_id) if key_id is not None else None
         status = self.quota.check(key) if key is not None else None
         limit = f"{status.limit_s:g} s " if status is not None and status.limit_s else ""
-        resets = int(status.resets_at - time.time()) if status is not None else 3600
+        resets = seconds_until_reset()
         if not started:
             return QuotaExceeded(
                 f"the key's daily audio quota {limit}was used up while the job waited: nothing was made or "

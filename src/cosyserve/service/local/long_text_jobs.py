@@ -266,7 +266,7 @@ def run_pieces(
     with their seed); `keep(index, result, charged_s)` is told of each piece finished."""
     voices = [pinned.voice] if pinned is not None else []
     run.check_key(voices)  # revoked while it waited in the queue
-    if not run.quota.allows_id(run.key_id):  # used up, or lowered below the usage, while it waited
+    if not run.quota.allows_id(run.key_id, run.job_id):  # used up, or lowered below its usage, as it waited
         raise run.quota.exceeded(run.key_id, started=False)
     run.arm(ctx)  # checking every piece is part of the first segment's time
     last_write = [0.0]
