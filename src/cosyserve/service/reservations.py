@@ -106,19 +106,19 @@ class QuotaReservations:
             self.release(spec)
             raise
 
-    def check_at_start(self, key: ApiKey) -> None:
-        """QuotaExceeded when `key`'s day is used up under its quota as it is now: a request admitted
-        earlier does not start once the quota was lowered below the usage, or earlier work used it up while
-        it waited (the rule jobs and batch items stop by: `local.job_quota`). Its reservation is given
-        back as it ends."""
-        if self.quota.limit_for(key) is None:  # unlimited: no queries on the way to the engine
+    def check_at_start(self, key: ApiKey, reservation: str | None = None) -> None:
+        """QuotaExceeded when `key`'s day (the one that admitted `reservation`) is used up under its quota
+        as it is now: a request admitted earlier does not start once the quota was lowered below the
+        usage, or earlier work used it up while it waited (the rule jobs and batch items stop by:
+        `local.job_quota`). Its reservation is given back as it ends."""
+        limit = self.quota.limit_for(key)
+        if limit is None:  # unlimited: no queries on the way to the engine
             return
-        status = self.quota.check(key)
-        if status.limit_s is not None and status.used_s >= status.limit_s:
+        if self.quota.used_up(key, reservation):
             raise QuotaExceeded(
-                f"the key's daily audio quota of {status.limit_s:g} s was used up ({status.used_s:.1f} s "
-                "today) while this request waited, by other work or a lowered quota: nothing was made or "
-                "charged; retry after 00:00 UTC or ask an admin for a larger quota",
+                f"the key's daily audio quota of {limit:g} s was used up while this request waited, by "
+                "other work or a lowered quota: nothing was made or charged; retry after 00:00 UTC or ask "
+                "an admin for a larger quota",
                 seconds_until_reset(),
             )
 

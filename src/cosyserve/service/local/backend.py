@@ -217,7 +217,10 @@ class LocalBackend:
 
     def _guard(self, ctx: WorkContext, spec: OutputSpec, stage: str = "request") -> KeyGuard:
         watch = KeyWatch(self.key_lookup, spec.key.id if spec.key is not None else None)
-        return KeyGuard(ctx, watch, self.reservations.check_at_start, stage=stage)
+        reservation = spec.reservation  # (its day's quota is the one that admitted it)
+        return KeyGuard(
+            ctx, watch, lambda key: self.reservations.check_at_start(key, reservation), stage=stage
+        )
 
     @functools.cached_property
     def results(self) -> Results:
