@@ -231,6 +231,10 @@ def test_registry_lists_only_fresh_heartbeats(redis_client) -> None:
     registry.beat(name, {}, ttl_s=30)
     registry.leave(name)
     assert all(w["name"] != name for w in registry.alive())
+    registry.beat(name, {"jobs": ["job-a", "job-b"]}, ttl_s=0.3)  # what the lost-job sweep leaves alone
+    assert {"job-a", "job-b"} <= registry.running_jobs()
+    time.sleep(0.4)
+    assert not {"job-a", "job-b"} & registry.running_jobs()
 
 
 # -- the API node's relay loop, against a scripted worker -------------------------------------------------

@@ -106,6 +106,22 @@ def test_jobs_held_queued_or_ended_are_left_alone(setup) -> None:
     assert {jobs.get(j).state for j in (held, queued)} == {"running", "queued"}
 
 
+def test_a_job_a_live_worker_runs_is_left_to_it_whatever_this_hosts_clock_says(setup, caplog) -> None:
+    jobs, sweep, clock, sent, released = setup
+    batch, job = _running(jobs, "batch"), _running(jobs, "tts")
+    sweep.running_elsewhere = lambda: {batch, job}  # wA's heartbeat lists both: it is alive and runs them
+    clock.advance(VISIBILITY_S + 3600)  # this host's clock jumped an hour ahead (or runs ahead of wA's)
+    for _ in range(2):
+        result = sweep.sweep()
+        assert (result.resent, result.failed, sent, released) == ([], [], [], [])
+    assert {jobs.get(j).state for j in (batch, job)} == {"running"}
+    skewed = [r for r in caplog.records if "clocks in step" in r.getMessage()]
+    assert len(skewed) == 2  # said once per job and attempt, not at every sweep
+    sweep.running_elsewhere = frozenset  # wA's heartbeat expired: it is gone
+    result = sweep.sweep()
+    assert (result.resent, result.failed) == ([batch], [job])
+
+
 def test_one_worker_sweeps_per_lease(setup) -> None:
     jobs, sweep, clock, sent, _ = setup
     batch = _running(jobs, "batch")

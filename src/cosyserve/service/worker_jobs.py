@@ -16,6 +16,7 @@ from typing import Any, NoReturn, Protocol
 
 from cosyserve.errors import Cancelled, CosyServeError, Interrupted, JobStateError
 from cosyserve.service.distributed.background_share import BackgroundShares
+from cosyserve.service.distributed.relay import WorkerRegistry
 from cosyserve.service.distributed.task_watch import TaskWatch, WatchingNode
 from cosyserve.service.local.backend import LocalBackend
 from cosyserve.service.logs import log_failure
@@ -30,6 +31,7 @@ class IntakeNode(WatchingNode, Protocol):
     """What the intake needs of its worker (`WorkerNode`) beyond what a task's watch does."""
 
     client: Any  # redis-py, for the keys' shares
+    registry: WorkerRegistry  # the workers' heartbeats: which jobs live workers run
     local: LocalBackend
     stopping: threading.Event
 
@@ -84,7 +86,8 @@ class JobIntake:
 
     def _claimed_here(self, task: Any, job_id: str, run: Any) -> None:
         jobs = self.node.jobs
-        record = jobs.claim(job_id, self.node.name, self.node.lease_s)
+        live_elsewhere = self._run_by_a_live_worker(job_id)
+        record = None if live_elsewhere else jobs.claim(job_id, self.node.name, self.node.lease_s)
         if record is None:
             current = jobs.get(job_id)
             if current is None or current.is_terminal:
@@ -132,6 +135,15 @@ class JobIntake:
         return None
 
     # -- helpers -----------------------------------------------------------------------------------------
+
+    def _run_by_a_live_worker(self, job_id: str) -> bool:
+        """Whether a live worker says it runs the job (a redelivered task must not take it over because
+        this host's clock is ahead of that worker's, whatever its lease says)."""
+        try:
+            return job_id in self.node.registry.running_jobs()
+        except Exception as exc:  # Redis briefly away: the lease decides alone
+            log.warning("job %s: no view of the workers' heartbeats (%s)", job_id, exc)
+            return False
 
     def _known_key(self, job_id: str) -> str | None:
         """The key of a job whose task goes round the queue (its record read once per worker); None when

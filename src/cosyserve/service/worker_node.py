@@ -108,6 +108,7 @@ class WorkerNode:
             visibility_timeout_s=queue.visibility_timeout_s,
             restore_interval_s=restore,
             released=self.local.job_runner.ended_unrun,  # what a lost job held goes
+            running_elsewhere=self.registry.running_jobs,
         )
         self._register_tasks()
 
@@ -244,7 +245,13 @@ class WorkerNode:
             "pid": os.getpid(),
             "concurrency": self.service.scheduler.concurrency,
             "running": self._running,
+            "jobs": self.running_job_ids(),  # whose leases no other host's clock may take for over
         }
+
+    def running_job_ids(self) -> list[str]:
+        """The jobs (long texts, batches, dubs) an attempt runs on this worker now."""
+        with self.count_lock:
+            return sorted(watch.task_id for watch in self.job_watches)
 
     # -- tasks -------------------------------------------------------------------------------------------
 

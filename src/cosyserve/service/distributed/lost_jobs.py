@@ -7,7 +7,9 @@ consumer still ran keeps its delivery tag, and acknowledging either copy removes
 batch whose worker was killed once stayed "running" for good in the cluster test).
 
 So workers look, about once a lease (one of them per turn, by a Redis key), for running jobs whose lease ran
-out more than a lease ago:
+out more than a lease ago and that no live worker says it runs (leases are wall-clock times: a host whose
+clock runs ahead, or jumped, would otherwise take a live worker's job from it; heartbeats are Redis
+expiries, which no host's clock moves):
 - a batch or a dub (everything it needs is in the database) has its task sent again, at most once per
   attempt within `visibility_timeout_s`. A copy too many is harmless: a claim takes a job once (the
   attempt is the lock), and a task finding its job taken or ended does nothing;
@@ -19,7 +21,7 @@ out more than a lease ago:
 from __future__ import annotations
 
 import logging
-from collections.abc import Callable
+from collections.abc import Callable, Collection
 from dataclasses import dataclass, field
 from datetime import datetime, timedelta
 from typing import Any
@@ -53,6 +55,7 @@ class LostJobSweep:
         visibility_timeout_s: float,
         restore_interval_s: float = 10.0,
         released: Callable[[str], None] = lambda job_id: None,
+        running_elsewhere: Callable[[], Collection[str]] = frozenset,
         clock: Callable[[], datetime] = utc_now,
         prefix: str = PREFIX,
     ) -> None:
@@ -60,6 +63,7 @@ class LostJobSweep:
         self.client = client  # redis-py: the sweep's turn and what it sent
         self.resend = resend  # sends a batch's or a dub's task again
         self.released = released  # gives back what a failed job held (its quota reservation)
+        self.running_elsewhere = running_elsewhere  # ids of the jobs live workers run (their heartbeats)
         self.lease_s = lease_s
         self.visibility_timeout_s = visibility_timeout_s
         self.restore_interval_s = restore_interval_s  # how often kombu looks for unacknowledged messages
@@ -78,7 +82,12 @@ class LostJobSweep:
         now = self.clock()
         result = SweepResult()
         give_up = now - timedelta(seconds=self.visibility_timeout_s + self.restore_interval_s + self.lease_s)
-        for record in self.jobs.lease_expired(now - timedelta(seconds=self.lease_s)):
+        expired = self.jobs.lease_expired(now - timedelta(seconds=self.lease_s))
+        alive = set(self.running_elsewhere()) if expired else set()
+        for record in expired:
+            if record.id in alive:
+                self._clocks_differ(record)
+                continue
             if record.kind == "tts":
                 if record.lease_until is not None and record.lease_until < give_up:
                     self._fail(record, result)
@@ -93,6 +102,18 @@ class LostJobSweep:
                 self.resend(record)
                 result.resent.append(record.id)
         return result
+
+    def _clocks_differ(self, record: JobRecord) -> None:
+        """A live worker runs a job whose lease looks long over: this host's clock and that worker's
+        disagree (once per attempt in the log, as `_first_send` counts)."""
+        if self.client.set(f"{self.sent_prefix}:skew:{record.id}:{record.attempt}", "1", nx=True, ex=3600):
+            log.warning(
+                "job %s: its lease ran out at %s by this host's clock, but worker %s still runs it: are the "
+                "hosts' clocks in step (NTP)? It is left to that worker",
+                record.id,
+                record.lease_until,
+                record.worker or "unknown",
+            )
 
     def _first_send(self, record: JobRecord) -> bool:
         """Whether this attempt's task was not sent again within `visibility_timeout_s` (then it is now)."""

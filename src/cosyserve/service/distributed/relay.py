@@ -127,6 +127,10 @@ class WorkerRegistry:
             workers.append(info)
         return workers
 
+    def running_jobs(self) -> set[str]:
+        """The ids of the jobs live workers say they run (in their heartbeats)."""
+        return {str(job) for info in self.alive() for job in info.get("jobs") or ()}
+
 
 def _key(kind: str, name: str) -> str:
     return f"{PREFIX}:{kind}:{name}"
