@@ -23,6 +23,7 @@ from cosyserve.ui.history_filter import (
     ANY,
     UPLOADED,
     HistoryFilter,
+    day_choices,
     filter_from,
     history_links,
     output_mode,
@@ -79,6 +80,28 @@ def test_voice_choices_name_saved_voices_and_uploaded_recordings():
     assert filter_from("", UPLOADED, None, None).matches(
         SimpleNamespace(manifest={"voice": None, "text": ""}, id="output_1", created_at=0)
     )
+
+
+def test_times_and_days_are_the_operators_zone_whatever_the_machines():
+    from datetime import datetime, timezone
+    from types import SimpleNamespace
+    from zoneinfo import ZoneInfo
+
+    from cosyserve.ui.history_table import history_rows
+    from cosyserve.ui.local_times import zone_name
+
+    made = datetime(2027, 3, 10, 20, 30, tzinfo=timezone.utc).timestamp()  # 04:30 on the 11th in Shanghai
+    manifest = {"voice": None, "text": "晚安"}
+    output = SimpleNamespace(manifest=manifest, id="output_20270311_043000", created_at=made)
+    shanghai = ZoneInfo("Asia/Shanghai")  # `--timezone Asia/Shanghai`: the file name's 04:30 on the 11th
+    assert day_choices([output], "All", shanghai) == [("All", ANY), ("2027-03-11", "2027-03-11")]
+    assert filter_from("", None, None, "2027-03-11", shanghai).matches(output)
+    assert not filter_from("", None, None, "2027-03-10", shanghai).matches(output)
+    assert filter_from("", None, None, "2027-03-10", timezone.utc).matches(output)
+    bridge = SimpleNamespace(time_zone=shanghai, voices=lambda principal: [])
+    rows = history_rows(SimpleNamespace(bridge=bridge), None, [output], "en")
+    assert rows["headers"][0] == "Time (Asia/Shanghai)" and rows["data"][0][0] == "03-11 04:30:00"
+    assert (zone_name(timezone.utc), zone_name(shanghai)) == ("UTC", "Asia/Shanghai")
 
 
 def test_filter_fields():

@@ -27,6 +27,7 @@ from cosyserve.ui.bridge import (
 )
 from cosyserve.ui.generate import as_gr_error, cache_copy
 from cosyserve.ui.i18n import text
+from cosyserve.ui.local_times import local_text
 from cosyserve.ui.studio import UiContext
 
 POLL_S = 1.0
@@ -326,7 +327,7 @@ class _BatchActions:
                 bt(
                     "recent_item",
                     lang,
-                    when=record.created_at.astimezone().strftime("%m-%d %H:%M"),
+                    when=local_text(record.created_at.timestamp(), self.ctx.bridge.time_zone, "%m-%d %H:%M"),
                     kind=bt(f"kind_{record.kind}", lang),
                     items=(record.params or {}).get("items", "?"),
                     state=bt(f"state_{record.state}", lang),

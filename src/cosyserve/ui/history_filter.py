@@ -7,13 +7,14 @@ the UI's mode (`parameters.ui_mode`), and otherwise the request fields.
 
 from __future__ import annotations
 
-import time
 from dataclasses import dataclass
+from datetime import tzinfo
 from typing import Any
 
 from cosyserve.ui.bridge import MODES, StoredOutput, UiBridge
 from cosyserve.ui.generate import download_links
 from cosyserve.ui.i18n import text
+from cosyserve.ui.local_times import local_text
 
 KINDS = (*MODES, "batch", "dub", "api", "preview")
 DUB_ENDPOINTS = frozenset({"dub", "ui-dub"})
@@ -43,9 +44,9 @@ def output_mode(manifest: dict[str, Any]) -> str:
     return "cross_lingual"
 
 
-def output_day(output: StoredOutput) -> str:
-    """The local date it was made, YYYY-MM-DD (the table shows local times too)."""
-    return time.strftime("%Y-%m-%d", time.localtime(output.created_at))
+def output_day(output: StoredOutput, zone: tzinfo | None) -> str:
+    """The date it was made in `zone`, YYYY-MM-DD (the operator's: the table's times and file names)."""
+    return local_text(output.created_at, zone, "%Y-%m-%d")
 
 
 @dataclass(frozen=True)
@@ -56,6 +57,7 @@ class HistoryFilter:
     voice: str | None = None  # a saved voice's id, UPLOADED, or None for any
     kind: str | None = None  # one of KINDS, or None for any
     day: str | None = None  # YYYY-MM-DD, or None for any
+    zone: tzinfo | None = None  # the zone `day` is a date of
 
     @property
     def active(self) -> bool:
@@ -67,7 +69,7 @@ class HistoryFilter:
             return False
         if self.voice is not None and (m.get("voice") or UPLOADED) != self.voice:
             return False
-        if self.day is not None and output_day(output) != self.day:
+        if self.day is not None and output_day(output, self.zone) != self.day:
             return False
         words = self.query.casefold().split()
         haystack = f"{m.get('text') or ''} {m.get('instruct') or ''} {output.id}".casefold()
@@ -77,9 +79,12 @@ class HistoryFilter:
         return [output for output in outputs if self.matches(output)][:limit]
 
 
-def filter_from(query: str | None, voice: str | None, kind: str | None, day: str | None) -> HistoryFilter:
+def filter_from(
+    query: str | None, voice: str | None, kind: str | None, day: str | None, zone: tzinfo | None = None
+) -> HistoryFilter:
     """A filter from the tab's fields (a dropdown's "all" is None; an unknown kind matches nothing)."""
     return HistoryFilter(
+        zone=zone,
         query=(query or "")[:200],
         voice=voice if voice is not None and voice != ANY else None,
         kind=kind if kind and kind != ANY else None,
@@ -96,9 +101,9 @@ def voice_choices(outputs: list[StoredOutput], names: dict[str, str], any_label:
     return [(any_label, ANY), *sorted(((label, value) for value, label in seen.items()), key=str)]
 
 
-def day_choices(outputs: list[StoredOutput], any_label: str) -> list:
-    """(label, value) for each day with a result, newest first, after "all"."""
-    days = sorted({output_day(output) for output in outputs}, reverse=True)
+def day_choices(outputs: list[StoredOutput], any_label: str, zone: tzinfo | None) -> list:
+    """(label, value) for each day with a result in `zone`, newest first, after "all"."""
+    days = sorted({output_day(output, zone) for output in outputs}, reverse=True)
     return [(any_label, ANY), *((day, day) for day in days)]
 
 

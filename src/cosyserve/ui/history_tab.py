@@ -201,7 +201,8 @@ class _HistoryActions:
             principal = self.bridge.principal_of(request)
         except Exception as exc:
             raise as_gr_error(exc, lang) from None
-        return self._listing(lang, principal, filter_from(query, voice, kind, day), bool(everyone))
+        wanted = filter_from(query, voice, kind, day, self.bridge.time_zone)
+        return self._listing(lang, principal, wanted, bool(everyone))
 
     def delete(
         self,
@@ -246,7 +247,7 @@ class _HistoryActions:
         names = {voice.id: voice.name for voice in self.bridge.voices(principal)}
         any_label = text("history_any", lang)
         voices = voice_choices(outputs, names, any_label, text("uploaded", lang))
-        days = day_choices(outputs, any_label)
+        days = day_choices(outputs, any_label, self.bridge.time_zone)
         widths = COLUMN_WIDTHS if owners is None else OWNER_COLUMN_WIDTHS
         return [
             gr.update(value=rows, column_widths=widths),

@@ -3,12 +3,12 @@ is in an admin's "Everyone's entries"; the column widths keep the id, last, whol
 
 from __future__ import annotations
 
-import time
 from typing import Any
 
 from cosyserve.ui.bridge import Principal, StoredOutput
 from cosyserve.ui.history_filter import output_mode
 from cosyserve.ui.i18n import text
+from cosyserve.ui.local_times import local_text, zone_name
 from cosyserve.ui.studio import UiContext
 
 ID_PREFIX = "output_"  # left out of the table's id column, which stays narrow
@@ -46,6 +46,8 @@ def history_rows(
     """The table's rows; `owners` (an admin's "Everyone's entries": owner → the key's name) adds whose
     each entry is, after its voice."""
     headers = text("history_cols", lang).split("|")
+    zone = ctx.bridge.time_zone
+    headers[0] = f"{headers[0]} ({zone_name(zone)})"
     if owners is not None:
         headers.insert(4, text("history_owner", lang))
     voices = {voice.id: voice.name for voice in ctx.bridge.voices(principal)}
@@ -53,7 +55,7 @@ def history_rows(
     for output in outputs:
         m = output.manifest
         mode = output_mode(m)
-        created = time.strftime("%m-%d %H:%M:%S", time.localtime(output.created_at))
+        created = local_text(output.created_at, zone, "%m-%d %H:%M:%S")
         voice = voices.get(m.get("voice") or "", m.get("voice")) or text("uploaded", lang)
         row = [
             created,

@@ -2,8 +2,8 @@
 
 from __future__ import annotations
 
-import time
 from dataclasses import dataclass
+from datetime import tzinfo
 from typing import Any
 
 import gradio as gr
@@ -13,6 +13,7 @@ from cosyserve.ui.bridge import MODES, Principal, SynthesisRequest, Voice, new_r
 from cosyserve.ui.generate import UiError, as_gr_error, cache_copy
 from cosyserve.ui.i18n import text
 from cosyserve.ui.i18n_warnings import say_warnings
+from cosyserve.ui.local_times import local_text
 from cosyserve.ui.optional_parts import parts_note
 from cosyserve.ui.studio import ModePanel, UiContext, prompt_feedback, voice_choices
 
@@ -28,23 +29,23 @@ def voice_rows(ctx: UiContext, lang: str, principal: Principal | None) -> dict[s
     owners = ctx.bridge.owner_names(principal) if principal is not None else {}
     for voice in ctx.bridge.voices(principal) if principal is not None else []:
         report = voice.report or {}
-        created = time.strftime("%Y-%m-%d %H:%M", time.localtime(voice.created_at))
+        created = local_text(voice.created_at, ctx.bridge.time_zone, "%Y-%m-%d %H:%M")
         notes = "; ".join(say_warnings(report.get("warnings"), lang)) or "✓"
         private = ctx.bridge.may_read_private(principal, voice)
         transcript = (voice.transcript or "") if private else "—"
         access = _access(principal, voice, lang, owners)
-        consent = _consent(voice, lang) if private else "—"
+        consent = _consent(voice, lang, ctx.bridge.time_zone) if private else "—"
         rows.append(
             [voice.name, transcript[:60], access, consent, created, report.get("duration_s", ""), notes]
         )
     return gr.update(value={"headers": headers, "data": rows}, headers=headers)
 
 
-def _consent(voice: Voice, lang: str) -> str:
+def _consent(voice: Voice, lang: str, zone: tzinfo | None) -> str:
     """Who confirmed the consent statement at enrolment, and when ("—": none recorded)."""
     if not voice.consent:
         return "—"
-    at = time.strftime("%Y-%m-%d", time.localtime(float(voice.consent.get("at") or voice.created_at)))
+    at = local_text(float(voice.consent.get("at") or voice.created_at), zone, "%Y-%m-%d")
     return text("consent_given", lang, by=voice.consent.get("by") or "?", at=at)
 
 

@@ -3,6 +3,8 @@
 
 from __future__ import annotations
 
+from datetime import tzinfo
+
 from cosyserve.service.access.principals import Principal
 from cosyserve.service.assembly import Service
 from cosyserve.service.stores.outputs import OutputNotFound, StoredOutput
@@ -19,6 +21,11 @@ class OutputsPart:
         if not principal.may_see(output.manifest.get("owner")):
             raise OutputNotFound(f"no output {output_id}; it may have expired or been deleted")
         return output
+
+    @property
+    def time_zone(self) -> tzinfo | None:
+        """The operator's zone (`--timezone`; None: this machine's), which output names are written in."""
+        return self.service.outputs.zone
 
     def made_output(self, output_id: str) -> StoredOutput:
         """The stored result of a synthesis this page has just run for its caller (so no owner check)."""
