@@ -395,6 +395,24 @@ def test_shutdown_async() -> None:
     assert ticket.result(0) == "ok"
 
 
+def test_durations_ignore_a_wall_clock_step(make_scheduler: Any, monkeypatch: Any) -> None:
+    from cosyserve.service.activity import ticket_times
+
+    metrics = Metrics(system=False)
+    scheduler = make_scheduler(concurrency=1, metrics=metrics)
+    gate, wall = threading.Event(), time.time
+
+    ticket = scheduler.submit(blocker(gate))
+    wait_until(lambda: ticket.state == "running")
+    monkeypatch.setattr(time, "time", lambda: wall() - 3600)  # NTP stepped the clock an hour back
+    gate.set()
+    assert ticket.result(WAIT) == "released"
+    times = ticket_times(ticket)
+    assert 0 <= times["wait_s"] < WAIT and 0 <= times["run_s"] < WAIT
+    wait_until(lambda: metrics.registry.get_sample_value("cosyserve_job_duration_seconds_count") == 1)
+    assert 0 <= metrics.registry.get_sample_value("cosyserve_job_duration_seconds_sum") < WAIT
+
+
 def test_metrics_hooks(make_scheduler: Any) -> None:
     metrics = Metrics(system=False)
     scheduler = make_scheduler(concurrency=1, metrics=metrics)

@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import time
 from typing import Any
 
 from fastapi import APIRouter, Request, Response
@@ -27,7 +26,7 @@ def health(request: Request) -> dict[str, Any]:
         "status": "ok",
         "version": __version__,
         "source": source_digest(),  # which code exactly (`build_info`): the release number names many
-        "uptime_s": round(time.time() - service.started_at, 1),
+        "uptime_s": round(service.uptime_s, 1),
         "model_state": service.model_state,
     }
 

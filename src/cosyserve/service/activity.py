@@ -72,12 +72,12 @@ def _failure(ticket: Ticket) -> str | None:
 
 
 def ticket_times(ticket: Ticket) -> dict[str, float | None]:
-    wait = run = None
-    if ticket.started_at is not None:
-        wait = round(ticket.started_at - ticket.submitted_at, 3)
-        if ticket.finished_at is not None:
-            run = round(ticket.finished_at - ticket.started_at, 3)
-    return {"wait_s": wait, "run_s": run}
+    wait = ticket.wait_s if ticket.started_mono is not None else None
+    return {"wait_s": _rounded(wait), "run_s": _rounded(ticket.run_s)}
+
+
+def _rounded(seconds: float | None) -> float | None:
+    return None if seconds is None else round(seconds, 3)
 
 
 def synthesis_logger(

@@ -50,6 +50,11 @@ REMOTE_IN_FLIGHT = 64  # requests an API node relays at once unless queue.concur
 class Service:
     """Everything one server process runs. `start()` before serving, `shutdown()` at the end."""
 
+    @property
+    def uptime_s(self) -> float:
+        """Seconds since this service started (the monotonic clock's)."""
+        return time.monotonic() - self.started_mono
+
     def __init__(
         self,
         settings: Settings,
@@ -68,6 +73,7 @@ class Service:
         self.settings = s = settings
         self.metrics = metrics or Metrics()
         self.started_at = time.time()
+        self.started_mono = time.monotonic()  # uptime: a wall-clock step must not make it negative
         self.startup = StartupClock()  # how long getting ready took, each phase logged once
         self.shutdown_grace_s = (
             min(30.0, s.queue.request_timeout_s) if shutdown_grace_s is None else shutdown_grace_s

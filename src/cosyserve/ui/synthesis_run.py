@@ -120,8 +120,7 @@ def _follow(bridge: UiBridge, ticket: Ticket, lang: str, progress: Any) -> TtsOu
         if ticket.state == "queued":
             progress(0.0, desc=_queued_line(bridge, ticket, lang))
         elif ticket.started_at is not None:
-            running = time.time() - ticket.started_at
-            progress(min(0.95, running / mean), desc=text("generating", lang))
+            progress(min(0.95, ticket.running_s() / mean), desc=text("generating", lang))
     return ticket.result()
 
 
@@ -149,8 +148,7 @@ def _follow_stream(bridge: UiBridge, stream: AudioStream, lang: str, progress: A
         samples += len(data) // 2
         box += "|" + base64.b64encode(data).decode("ascii")
         seconds = samples / rate
-        running = time.time() - (stream.ticket.started_at or time.time())
-        progress(min(0.95, running / mean), desc=text("streaming", lang, seconds=seconds))
+        progress(min(0.95, stream.ticket.running_s() / mean), desc=text("streaming", lang, seconds=seconds))
         yield (
             gr.update(),
             gr.update(),

@@ -200,7 +200,7 @@ class LocalBackend:
                             break
                         if first and stream.first_audio_at is not None:
                             first = False
-                            self.metrics.observe_first_chunk(stream.first_audio_at - ctx.submitted_at)
+                            self.metrics.observe_first_chunk(stream.first_audio_at - ctx.submitted_mono)
                         guard.check_streamed(sent.samples / synth.sample_rate)
                         data = encoder.encode(chunk.samples)
                         if data:  # (an encoder may hold a little back)

@@ -99,7 +99,7 @@ class SynthesisStream:
         self._choosing = False  # making one of several takes (`SynthesisProgress.kept`)
         self._stage = {"prompt": plan.prompt_seconds, "llm": 0.0, "acoustic": 0.0, "quality": 0.0}
         self._started_at: float | None = None
-        # When the first audio left the engine (time.time()): the one first-chunk measurement, read by
+        # When the first audio left the engine (time.monotonic()): the one first-chunk measurement, read by
         # the stage timings here and by the service's first-chunk latency metric.
         self.first_audio_at: float | None = None
         self._iterator = self._run()
@@ -155,7 +155,7 @@ class SynthesisStream:
     def _run(self) -> Iterator[AudioChunk]:
         plan = self._plan
         started = time.perf_counter()
-        self._started_at = time.time()
+        self._started_at = time.monotonic()
         if plan.takes <= 1 or plan.request.stream:
             yield from self._make_take(plan.seed)
         else:
@@ -218,7 +218,7 @@ class SynthesisStream:
             ):
                 audio = _apply_volume(audio, plan.request.volume)
                 if self.first_audio_at is None:
-                    self.first_audio_at = time.time()
+                    self.first_audio_at = time.monotonic()
                 chunk = AudioChunk(samples=audio, sentence_index=index, sample_rate=rate)
                 take.chunks.append(chunk)
                 samples_so_far += len(audio)

@@ -8,7 +8,6 @@ the metrics calls happen outside it.
 
 from __future__ import annotations
 
-import time
 from collections import Counter, deque
 from typing import Any, Protocol
 
@@ -47,9 +46,8 @@ class SchedulerReport:
     def started(self, ticket: Ticket) -> None:
         """The wait estimate's error: what was said at submit, against the wait it had."""
         observe = getattr(self.metrics, "observe_wait_estimate", None)
-        if callable(observe) and ticket.estimated_wait_at_submit is not None and ticket.started_at:
-            actual = max(0.0, ticket.started_at - ticket.submitted_at)
-            observe(ticket.work_class, ticket.estimated_wait_at_submit, actual)
+        if callable(observe) and ticket.estimated_wait_at_submit is not None and ticket.wait_s is not None:
+            observe(ticket.work_class, ticket.estimated_wait_at_submit, ticket.wait_s)
 
     def ran(self, seconds: float) -> None:
         self._durations.append(seconds)
@@ -61,11 +59,7 @@ class SchedulerReport:
         """`ticket` ended: its run and wait times, and its error when it failed (logged and counted)."""
         state, error = ended_as(ticket)
         if self.metrics is not None:
-            wait_s = (ticket.started_at or ticket.finished_at or time.time()) - ticket.submitted_at
-            run_s = (
-                ticket.finished_at - ticket.started_at if ticket.started_at and ticket.finished_at else None
-            )
-            self.metrics.observe_job(state, run_s, max(0.0, wait_s))
+            self.metrics.observe_job(state, ticket.run_s, ticket.wait_s or 0.0)
         if state == "failed" and error is not None:
             kind = error_code(error)
             with ticket.logged_as_its_request():

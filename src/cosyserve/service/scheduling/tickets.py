@@ -72,6 +72,10 @@ class Ticket:
         self.submitted_at = time.time()
         self.started_at: float | None = None
         self.finished_at: float | None = None
+        # the same instants on the monotonic clock: durations that a wall-clock step (NTP) cannot bend
+        self.submitted_mono = time.monotonic()
+        self.started_mono: float | None = None
+        self.finished_mono: float | None = None
         self._hooks = hooks
         self.timeout_s: Any = None  # set by the scheduler: its timeout policy for this ticket
         self.work_class = "interactive"  # set by the scheduler: "interactive" or "background"
@@ -266,11 +270,28 @@ class Ticket:
 
     # -- driven by the scheduler --------------------------------------------------------------------------
 
+    @property
+    def wait_s(self) -> float | None:
+        """Seconds from submit to start (to its end when it never started; None while it waits)."""
+        began = self.started_mono if self.started_mono is not None else self.finished_mono
+        return None if began is None else max(0.0, began - self.submitted_mono)
+
+    @property
+    def run_s(self) -> float | None:
+        """Seconds from start to end (None until it ran and ended)."""
+        if self.started_mono is None or self.finished_mono is None:
+            return None
+        return max(0.0, self.finished_mono - self.started_mono)
+
+    def running_s(self) -> float:
+        """Seconds since it started (0 before)."""
+        return 0.0 if self.started_mono is None else max(0.0, time.monotonic() - self.started_mono)
+
     def mark_running(self) -> None:
         """A worker took it (under the scheduler's lock)."""
         with self._cond:
             self._state = "running"
-            self.started_at = time.time()
+            self.started_at, self.started_mono = time.time(), time.monotonic()
             self._notify_locked()
 
     def request_cancel(self, reason: str) -> None:
@@ -291,7 +312,7 @@ class Ticket:
             self._state = state
             self._result = result
             self._error = error
-            self.finished_at = time.time()
+            self.finished_at, self.finished_mono = time.time(), time.monotonic()
             if state == "done":
                 self.progress = 1.0
             self._notify_locked()

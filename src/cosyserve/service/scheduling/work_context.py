@@ -20,6 +20,7 @@ class RunningTicket(Protocol):
     id: str
     owner: str | None
     submitted_at: float
+    submitted_mono: float
     cancel_event: threading.Event
     cancel_reason: str | None
     partial: Any
@@ -71,8 +72,13 @@ class WorkContext:
 
     @property
     def submitted_at(self) -> float:
-        """When the work was submitted (`time.time()`): latencies the client sees count from here."""
+        """When the work was submitted (`time.time()`)."""
         return self._ticket.submitted_at
+
+    @property
+    def submitted_mono(self) -> float:
+        """When the work was submitted (`time.monotonic()`): latencies the client sees count from here."""
+        return self._ticket.submitted_mono
 
     def set_progress(self, fraction: float) -> None:
         self._ticket.set_progress(fraction)

@@ -5,7 +5,6 @@ call that reads or changes something an ordinary user may not checks the admin r
 from __future__ import annotations
 
 import os
-import time
 from typing import Any
 
 from cosyserve.errors import error_code
@@ -36,7 +35,7 @@ class AdminPart:
             "scheduler": service.scheduler.stats(),
             "memory": self.memory(),
             "outputs": {"root": str(service.outputs.root), "total_bytes": service.outputs.total_bytes()},
-            "uptime_s": round(time.time() - service.started_at, 1),
+            "uptime_s": round(service.uptime_s, 1),
         }
 
     def memory(self) -> dict[str, Any]:
