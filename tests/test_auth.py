@@ -302,6 +302,12 @@ def test_keys_cli_create_list_revoke(store: KeyStore, capsys: pytest.CaptureFixt
     assert "was already revoked" in run_cli(store, "keys", "revoke", "1")  # not "revoked" once more
     rows = json.loads(run_cli(store, "keys", "list", "--json"))
     assert [r["name"] for r in rows] == ["web", "bot"] and rows[0]["revoked_at"] is not None
+    twin = store.create("twin")[0], store.create("twin")[0]
+    with pytest.raises(KeyNotFound, match=rf"2 active keys are named 'twin': {twin[0].id} \(cs_"):
+        run_cli(store, "keys", "revoke", "twin")  # which one? the error names both
+    assert run_cli(store, "keys", "revoke", "bot").startswith("key 2 (bot, cs_")  # by its name, as created
+    with pytest.raises(KeyNotFound, match="no active key's name"):
+        run_cli(store, "keys", "revoke", "bot")
     assert "web" not in run_cli(store, "keys", "list", "--active")
     # The `func` the CLI dispatches to opens the store through `get_store`.
     parser = argparse.ArgumentParser()

@@ -13,7 +13,7 @@ import time
 from collections.abc import Callable, Sequence
 from typing import TextIO
 
-from cosyserve.service.stores.keys import ROLES, ApiKey, KeyStore
+from cosyserve.service.stores.keys import ROLES, ApiKey, KeyNotFound, KeyStore
 
 COLUMNS = ("id", "name", "prefix", "role", "created", "last used", "rate/min", "quota s/day", "status")
 
@@ -48,8 +48,10 @@ def add_keys_parser(
     listing.add_argument("--active", action="store_true", help="leave out revoked keys")
     listing.add_argument("--json", action="store_true", help="print JSON instead of a table")
 
-    revoke = actions.add_parser("revoke", help="revoke a key by id or prefix; it stops working at once")
-    revoke.add_argument("key", help="numeric id or prefix (cs_xxxxxxxx) as `keys list` shows")
+    revoke = actions.add_parser("revoke", help="revoke a key by id, prefix or name; it stops working at once")
+    revoke.add_argument(
+        "key", help="numeric id, prefix (cs_xxxxxxxx) or the name of one active key, as `keys list` shows"
+    )
 
     def run(args: argparse.Namespace) -> int:
         return run_keys_command(args, get_store(args))
@@ -80,12 +82,29 @@ def run_keys_command(args: argparse.Namespace, store: KeyStore, out: TextIO | No
         return 0
     if args.keys_command == "revoke":
         revoked_before = {key.id for key in store.list(include_revoked=True) if not key.active}
-        record = store.revoke(args.key)  # revoking twice keeps the first time: say so
+        record = store.revoke(_id_or_prefix(store, args.key))  # revoking twice keeps the first: say so
         earlier = record.id in revoked_before
         done = f"was already revoked ({_when(record.revoked_at)})" if earlier else "revoked"
         print(f"key {record.id} ({record.name}, {record.prefix}) {done}", file=out)
         return 0
     raise AssertionError(f"unhandled keys command {args.keys_command!r}")  # argparse restricts the choices
+
+
+def _id_or_prefix(store: KeyStore, key: str) -> str:
+    """`key` as `KeyStore.revoke` takes it: an id or a prefix as given, a name as its one active key's id
+    (KeyNotFound naming the keys when several active keys have that name)."""
+    if store.is_id_or_prefix(key):
+        return key
+    named = [record for record in store.list(include_revoked=False) if record.name == key.strip()]
+    if len(named) > 1:
+        ids = ", ".join(f"{record.id} ({record.prefix})" for record in named)
+        raise KeyNotFound(f"{len(named)} active keys are named {key.strip()!r}: {ids}; revoke one by its id")
+    if not named:
+        raise KeyNotFound(
+            f"{key!r} is no key id, no key prefix like cs_Ab3dEf9h and no active key's name; "
+            "`cosyserve keys list` shows them"
+        )
+    return str(named[0].id)
 
 
 def format_table(records: Sequence[ApiKey]) -> str:

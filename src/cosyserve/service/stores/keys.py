@@ -184,6 +184,12 @@ class KeyStore:
         with self.engine.connect() as conn:
             return [_record(row) for row in conn.execute(query)]
 
+    @staticmethod
+    def is_id_or_prefix(text: str) -> bool:
+        """Whether `text` is written like a key id or a key prefix (or a whole key), as `revoke` takes."""
+        text = text.strip()
+        return text.isdigit() or bool(PREFIX_PATTERN.fullmatch(text[: len(KEY_SCHEME) + PREFIX_CHARS]))
+
     def revoke(self, id_or_prefix: int | str, *, keep_an_admin: bool = False) -> ApiKey:
         """Revoke by numeric id or by prefix (`cs_Ab3dEf9h`); revoking twice keeps the first time.
         `keep_an_admin`: InputError rather than revoke the last admin key in use."""
