@@ -125,6 +125,35 @@ def test_bad_toml_is_reported(clean_env: Path) -> None:
         Settings()
 
 
+def test_a_server_wide_lexicon_file_is_checked_at_start(tmp_path: Path) -> None:
+    good = tmp_path / "lexicon.json"
+    good.write_text('{"重庆": "chóng qìng", "行长": "[行长][hang2 zhang3]"}', encoding="utf-8")
+    assert Settings(lexicon=str(good)).engine.lexicon == good
+    for content, said in [
+        ('{"重庆": "chong2"}', r"lexicon\.json: lexicon entry '重庆': .*1 pinyin syllables"),
+        ("[1, 2]", "one JSON object of word -> pronunciation"),
+        ("{not json", "is not UTF-8 JSON"),
+    ]:
+        good.write_text(content, encoding="utf-8")
+        with pytest.raises(SettingsError, match=said):
+            Settings(lexicon=str(good))
+    with pytest.raises(SettingsError, match="cannot be read"):
+        Settings(lexicon=str(tmp_path / "missing.json"))
+
+
+def test_the_lexicon_file_reaches_the_synthesizer(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    from cosyserve.modeldir import resolve
+    from cosyserve.service.local import loading
+
+    lexicon = tmp_path / "lexicon.json"
+    lexicon.write_text('{"重庆": "chóng qìng"}', encoding="utf-8")
+    loaded: dict = {}
+    monkeypatch.setattr(resolve, "resolve_model", lambda model, **kw: tmp_path)
+    monkeypatch.setattr(loading.Synthesizer, "load", lambda model_dir, **kw: loaded.update(kw))
+    loading.load_synthesizer(Settings(lexicon=str(lexicon), device="cpu"), None)
+    assert loaded["lexicon"] == {"重庆": "chóng qìng"}
+
+
 def test_validation_errors_name_the_setting_and_what_is_allowed() -> None:
     with pytest.raises(SettingsError) as info:
         Settings(preset="turbo", port=70000, device="tpu")
@@ -136,6 +165,10 @@ def test_validation_errors_name_the_setting_and_what_is_allowed() -> None:
         Settings(engine={"modle": "x"})
     with pytest.raises(SettingsError, match="unknown setting 'prot'"):
         Settings(prot=1)
+    with pytest.raises(SettingsError) as flat_in_table:  # `quality_takes = 2` under [quality]
+        Settings(quality={"quality_takes": 2})
+    hint = str(flat_in_table.value)
+    assert "in [quality] write 'takes'" in hint and "quality_takes," not in hint.split("known in")[1]
     with pytest.raises(SettingsError, match="queue_url"):
         Settings(queue_url="http://redis")
     with pytest.raises(SettingsError, match=r"s3\.sync is on but s3\.bucket is unset"):

@@ -208,6 +208,17 @@ def test_voice_lexicon_applies(synth, prompt_wav_bytes, monkeypatch) -> None:
     synth.voices.delete("lex")
 
 
+def test_the_server_lexicon_applies_and_a_voices_entries_win(synth, prompt_wav_bytes, monkeypatch) -> None:
+    synth.add_voice("lex2", prompt_wav_bytes, PROMPT_TRANSCRIPT, lexicon={"重庆": "zhòng qìng"})
+    monkeypatch.setattr(synth, "lexicon", {"重庆": "chóng qìng", "行长": "háng zhǎng"})  # `--lexicon FILE`
+    spy = LMSpy(synth, monkeypatch)
+    synth.run(SynthesisRequest(text="重庆行长。", seed=1, prompt_wav=prompt_wav_bytes, prompt_text="你好。"))
+    synth.run(SynthesisRequest(text="重庆行长。", voice="lex2", seed=1))
+    assert spy.calls[0]["text"][-10:] == synth.tokenizer.encode("[ch][óng][q][ìng][h][áng][zh][ǎng]。")[-10:]
+    assert spy.calls[1]["text"] == synth.tokenizer.encode("[zh][òng][q][ìng][h][áng][zh][ǎng]。")
+    synth.voices.delete("lex2")
+
+
 def test_saved_voice_streaming_reuses_prompt_cache(synth, prompt_wav_bytes, monkeypatch) -> None:
     """A saved voice streams from its cached prompt keys/values and gives an upload's tokens and mels.
 

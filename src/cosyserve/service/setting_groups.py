@@ -50,6 +50,11 @@ class EngineSettings(_Group):
         description="prompt-transcription model directory (SenseVoice-Small for sherpa-onnx; default: "
         "where `cosyserve download --asr` puts it)",
     )
+    lexicon: Path | None = Field(
+        None,
+        description='a JSON file of words every voice reads a given way, e.g. {"重庆": "chóng qìng"} '
+        "(pinyin or CMU phones; a voice's own lexicon wins for its words); checked at start",
+    )
     precision: Literal["auto", "float32", "float16", "bfloat16"] = Field(
         "auto", description="compute dtype: auto (float16 on GPU, float32 on CPU), float32, float16, bfloat16"
     )
@@ -74,6 +79,15 @@ class EngineSettings(_Group):
     flow_guidance: bool = Field(
         True, description="classifier-free guidance in the flow; off halves its work but changes the audio"
     )
+
+    @field_validator("lexicon")
+    @classmethod
+    def _check_lexicon(cls, value: Path | None) -> Path | None:
+        if value is not None:
+            from cosyserve.frontend.text.lexicon import read_lexicon_file
+
+            read_lexicon_file(value)  # raises ValueError naming the file and the entry
+        return value
 
 
 class ServerSettings(_Group):

@@ -260,6 +260,18 @@ def settings_reference() -> list[SettingDoc]:
     return docs
 
 
+def _known_hint(loc: list[str], by_path: dict[str, SettingDoc]) -> str:
+    """What an unknown setting could have been: inside a [table] its keys as written there (a flat name
+    such as quality_takes is for flags, variables and the file's top level: in [quality] it is `takes`)."""
+    in_group = [doc for doc in by_path.values() if doc.path.startswith(loc[0] + ".")]
+    if not in_group:
+        return f"; known settings: {', '.join(FLAT_NAMES)}"
+    keys = [doc.path.split(".", 1)[1] for doc in in_group]
+    meant = next((doc for doc in in_group if len(loc) > 1 and doc.flat_name == loc[1]), None)
+    said = f"; in [{loc[0]}] write {meant.path.split('.', 1)[1]!r}" if meant is not None else ""
+    return f"{said}; known in [{loc[0]}]: {', '.join(keys)}"
+
+
 def explain_validation_error(exc: ValidationError) -> str:
     """One line per bad value: which setting, what is allowed, and where it can be set."""
     by_path = {doc.path: doc for doc in settings_reference()}
@@ -269,11 +281,7 @@ def explain_validation_error(exc: ValidationError) -> str:
         path = ".".join(loc[:2])
         doc = by_path.get(path)
         if error["type"] == "extra_forbidden":
-            known = ", ".join(d.flat_name for d in by_path.values() if d.path.startswith(loc[0] + "."))
-            hint = (
-                f"; known in [{loc[0]}]: {known}" if known else f"; known settings: {', '.join(FLAT_NAMES)}"
-            )
-            lines.append(f"unknown setting {path!r}{hint}")
+            lines.append(f"unknown setting {path!r}{_known_hint(loc, by_path)}")
             continue
         message = error["msg"]
         if doc is not None and not doc.secret:

@@ -11,8 +11,10 @@ inside bracketed or `<…>` markup already in the text.
 
 from __future__ import annotations
 
+import json
 import re
 from collections.abc import Mapping
+from pathlib import Path
 
 from cosyserve.errors import InputError, LexiconError
 from cosyserve.frontend.text.pronunciation import check_syllable_count, spec_to_tokens
@@ -21,6 +23,8 @@ from cosyserve.frontend.text.tags import nfc
 # Markup the lexicon must not rewrite: bracketed items (with a `(spelling)` after them) and `<…>` tags.
 _MARKUP = re.compile(r"\[[^\[\]\n]*\](?:[ \t]*[(（][^()（）\n]*[)）])?|<[^<>\n]*>")
 _WORD_CHAR = re.compile(r"[A-Za-z0-9_]")
+# a reading written as in a text, [word][reading] or [word](reading)
+_IN_TEXT = re.compile(r"\[([^\[\]]+)\]\s*[\[(（]([^\[\]()（）]+)[\])）]")
 # A lexicon is a voice's list of words it reads its own way, compiled again for each synthesis with it: one
 # of 500,000 entries held a server for minutes and gigabytes, and a pronunciation of 40,000 syllables saved
 # fine and then refused every text holding its word (more LM positions than the model has).
@@ -36,6 +40,26 @@ def check_lexicon_size(entries: Mapping[object, object]) -> None:
             f"a lexicon may have at most {MAX_ENTRIES} entries, got {len(entries)}: keep the words this "
             "voice misreads, or write a pronunciation into the text itself ([重庆][chóng qìng])"
         )
+
+
+def read_lexicon_file(path: Path) -> dict[str, str]:
+    """The entries of a server-wide lexicon file (a JSON object of word -> pronunciation), checked as a
+    voice's are. ValueError saying what is wrong with the file."""
+    try:
+        entries = json.loads(Path(path).read_text(encoding="utf-8"))
+    except OSError as exc:
+        raise ValueError(f"lexicon file {path} cannot be read: {exc.strerror or exc}") from None
+    except (UnicodeDecodeError, json.JSONDecodeError) as exc:
+        raise ValueError(
+            f'lexicon file {path} is not UTF-8 JSON ({exc}): write an object such as {{"重庆": "chóng qìng"}}'
+        ) from None
+    if not isinstance(entries, dict) or not all(isinstance(v, str) for v in entries.values()):
+        raise ValueError(f"lexicon file {path} must hold one JSON object of word -> pronunciation strings")
+    try:
+        Lexicon(entries)
+    except InputError as exc:
+        raise ValueError(f"lexicon file {path}: {exc}") from None
+    return entries
 
 
 class Lexicon:
@@ -62,11 +86,15 @@ class Lexicon:
                     f"lexicon entry {word!r}: its pronunciation has {len(spec)} characters; at most "
                     f"{MAX_SPEC_CHARS}"
                 )
+            spec = _reading_alone(word, spec)
             try:
                 tokens = spec_to_tokens(spec)
                 check_syllable_count(word, spec, tokens)
             except InputError as exc:
-                raise LexiconError(f"lexicon entry {word!r}: {exc}") from exc
+                raise LexiconError(
+                    f"lexicon entry {word!r}: {exc}. A lexicon gives the reading alone: "
+                    f'{{"重庆": "chóng qìng"}}, {{"行长": "hang2 zhang3"}}, {{"minute": "M AY0 N UW1 T"}}'
+                ) from exc
             compiled[word.lower()] = "".join(tokens)
         self._tokens = compiled
         self._pattern = _word_pattern(compiled) if compiled else None
@@ -97,6 +125,15 @@ class Lexicon:
         if self._pattern is None:
             return plain
         return self._pattern.sub(lambda match: self._tokens[match.group().lower()], plain)
+
+
+def _reading_alone(word: str, spec: str) -> str:
+    """The reading of `spec`, also when it is written as in a text, with its word in front:
+    `[重庆][chóng qìng]` or `[重庆](chong2 qing4)` for the word 重庆 is `chóng qìng`."""
+    written = _IN_TEXT.fullmatch(nfc(spec).strip())
+    if written is not None and written.group(1).strip().lower() == word.lower():
+        return written.group(2)
+    return spec
 
 
 def _word_pattern(tokens: dict[str, str]) -> re.Pattern[str]:

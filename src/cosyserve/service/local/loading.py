@@ -29,8 +29,12 @@ def load_synthesizer(settings: Settings, voices: VoiceLibrary | None) -> Synthes
     model_dir = resolve_model(
         engine.model, models_root=engine.models_dir, retry_budget_s=engine.download_retry_s
     )
+    from cosyserve.frontend.text.lexicon import read_lexicon_file
+
+    lexicon = read_lexicon_file(engine.lexicon) if engine.lexicon is not None else None
     return Synthesizer.load(
         model_dir,
+        lexicon=lexicon,
         device=engine.device,
         precision=engine.precision,
         threads=engine.threads,
