@@ -448,3 +448,17 @@ def test_an_error_during_a_progress_bar_gets_a_line_of_its_own(capsys) -> None:
     assert cli.report_error("synthesize", InputError("the voice is gone")) == ExitCode.USAGE
     err = capsys.readouterr().err
     assert "\ncosyserve synthesize: error: the voice is gone\n" in err and "1/3" in err
+
+
+def test_output_piped_into_head_ends_quietly(monkeypatch: pytest.MonkeyPatch) -> None:
+    """`cosyserve normalize … | head -1`: the reader goes away; a traceback said BrokenPipeError."""
+    import os
+    import subprocess
+    import sys
+
+    read, write = os.pipe()
+    os.close(read)  # the reader is gone before the first line
+    code = "import sys; from cosyserve.cli import main; sys.exit(main(['normalize', '--', '-5度']))"
+    done = subprocess.run([sys.executable, "-c", code], stdout=write, stderr=subprocess.PIPE, text=True)
+    os.close(write)
+    assert (done.returncode, done.stderr) == (ExitCode.OUTPUT_CLOSED, "")

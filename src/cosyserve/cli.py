@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import argparse
 import errno
+import os
 import sys
 from collections.abc import Callable, Sequence
 from pathlib import Path
@@ -143,7 +144,9 @@ def main(argv: Sequence[str] | None = None) -> int:
     args = build_parser().parse_args(argv)
     func: Callable[[argparse.Namespace], int] = args.func
     try:
-        return int(func(args))
+        status = int(func(args))
+        sys.stdout.flush()  # a reader that went away is found here, not in the exit's own flush
+        return status
     except CosyServeError as exc:
         return report_error(args.command, exc)
     except ModuleNotFoundError as exc:  # an optional extra that the command reached for
@@ -152,6 +155,9 @@ def main(argv: Sequence[str] | None = None) -> int:
             raise
         missing = MissingExtra(top, EXTRA_OF_MODULE[top], f"cosyserve {args.command}")
         return report_error(args.command, missing)
+    except BrokenPipeError:  # `cosyserve verify *.wav | head -1`: stop quietly, as SIGPIPE would
+        os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())  # (the exit's flush fails too)
+        return ExitCode.OUTPUT_CLOSED
     except OSError as exc:  # a path the user gave: missing, not writable, a full disk
         if exc.filename is None and exc.errno not in DISK_ERRORS:
             raise

@@ -16,6 +16,7 @@ class ExitCode(IntEnum):
     USAGE = 2  # the command line or its input is wrong: a flag, an argument, a text, a file, a setting
     UNAVAILABLE = 3  # something it needs is not here: a model, an extra, the hubs or a server out of reach
     INTERRUPTED = 130  # Ctrl-C
+    OUTPUT_CLOSED = 141  # what read its output went away (piped into `head`): as SIGPIPE ends a tool
 
 
 # What each status means, for `cosyserve --help` and the README (tests check the README lists each).
@@ -27,6 +28,7 @@ MEANINGS: dict[ExitCode, str] = {
     ExitCode.UNAVAILABLE: "something needed is missing or out of reach (a model not downloaded, the hubs "
     "or a server unreachable, an extra not installed): install or download it",
     ExitCode.INTERRUPTED: "interrupted (Ctrl-C)",
+    ExitCode.OUTPUT_CLOSED: "what read its output stopped reading (a pipe into head)",
 }
 
 
