@@ -21,7 +21,8 @@ from collections.abc import Callable
 
 from cosyserve.service.access.estimate import request_estimate_s, voice_pace
 from cosyserve.service.access.principals import QuotaExceeded
-from cosyserve.service.access.quota import QuotaTracker, seconds_until_reset
+from cosyserve.service.access.quota import QuotaTracker
+from cosyserve.service.access.quota_days import seconds_until_reset
 from cosyserve.service.batches.dub_plan import track_seconds_of_items
 from cosyserve.service.batches.submission import BatchSubmission
 from cosyserve.service.requests import TERMINAL_STATES, OutputSpec, SynthesisRequest, VoiceScope

@@ -252,7 +252,8 @@ class AuthSettings(_Group):
     api_keys_required: bool = Field(False, description="refuse API requests without a valid API key")
     ui_username: str | None = Field(None, description="web UI login name (unset: no UI login)")
     ui_password: SecretStr | None = Field(
-        None, description="web UI password, plain or a pbkdf2_sha256$… hash"
+        None,
+        description="web UI password, plain or a hash (scrypt$… as docs/deploy.md makes it; pbkdf2_sha256$…)",
     )
     signing_secret: SecretStr | None = Field(
         None, description="key for signed download URLs (default: generated once, kept in data_dir)"

@@ -20,7 +20,7 @@ import sqlalchemy as sa
 from cosyserve.service.access import signing
 from cosyserve.service.access.limits import QuotaTracker, RateLimiter
 from cosyserve.service.access.principals import AuthRequired, Principal, QuotaExceeded, RateLimited
-from cosyserve.service.access.quota import HELD_RETRY_AFTER_S, seconds_until_reset
+from cosyserve.service.access.quota_days import HELD_RETRY_AFTER_S, seconds_until_reset
 from cosyserve.service.access.sessions import SESSION_COOKIE, check_password
 from cosyserve.service.settings import Settings
 from cosyserve.service.stores.db import metadata

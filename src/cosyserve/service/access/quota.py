@@ -34,20 +34,18 @@ import time
 import uuid
 from collections.abc import Callable
 from dataclasses import dataclass
-from datetime import datetime, timezone
 
 import sqlalchemy as sa
 from sqlalchemy.exc import IntegrityError, OperationalError
 
 from cosyserve.errors import InputError
-from cosyserve.service.access.principals import QuotaExceeded
+from cosyserve.service.access.quota_days import exceeded, resets_at, utc_day
 from cosyserve.service.stores.db import create_tables, table
 from cosyserve.service.stores.keys import ApiKey
 
 WRITE_TRIES = 3  # a first insert can race another node's; a busy SQLite can time out
 DEFAULT_TTL_S = 3600.0
 LIVES_WITH_HOLDER = 253402300799.0  # expires_at of a reservation that ends with its job (9999-12-31)
-HELD_RETRY_AFTER_S = 5  # refused only by what the key's own running work holds: it settles or frees soon
 
 
 def audio_usage_table(metadata: sa.MetaData) -> sa.Table:
@@ -122,23 +120,23 @@ class QuotaTracker:
         now = self._clock()
         limit = self.limit_for(key)
         with self.engine.connect() as conn:
-            used, held = self._totals(conn, _key_id(key), _day(now), now)
+            used, held = self._totals(conn, _key_id(key), utc_day(now), now)
         if not limit:
-            return QuotaStatus(True, used, None, None, _resets_at(now), held)
+            return QuotaStatus(True, used, None, None, resets_at(now), held)
         remaining = max(0.0, limit - used - held)
-        return QuotaStatus(used + held + needed_s <= limit, used, limit, remaining, _resets_at(now), held)
+        return QuotaStatus(used + held + needed_s <= limit, used, limit, remaining, resets_at(now), held)
 
     def used(self, key: ApiKey | int, *, now: float | None = None) -> float:
         """Seconds used today (UTC) by `key`."""
         now = self._clock() if now is None else now
         with self.engine.connect() as conn:
-            return self._used(conn, _key_id(key), _day(now))
+            return self._used(conn, _key_id(key), utc_day(now))
 
     def reserved(self, key: ApiKey | int) -> float:
         """Seconds held today by `key`'s unfinished work."""
         now = self._clock()
         with self.engine.connect() as conn:
-            return self._held(conn, _key_id(key), _day(now), now)
+            return self._held(conn, _key_id(key), utc_day(now), now)
 
     def used_up(self, key: ApiKey, reservation_id: str | None = None) -> bool:
         """Whether `key` used its whole quota on the day `reservation_id` counts against (a job admitted
@@ -147,7 +145,7 @@ class QuotaTracker:
         if not limit:
             return False
         with self.engine.connect() as conn:
-            day = self._admitted_on(conn, reservation_id) or _day(self._clock())
+            day = self._admitted_on(conn, reservation_id) or utc_day(self._clock())
             return self._used(conn, _key_id(key), day) >= limit
 
     def held_by(self, holder: str, *, older_than_s: float = 0.0) -> list[str]:
@@ -180,7 +178,7 @@ class QuotaTracker:
         if not limit:
             return None
         key_id, now = _key_id(key), self._clock()
-        day = _day(now)
+        day = utc_day(now)
         reservation_id = reservation_id or uuid.uuid4().hex
         ttl = self.reservation_ttl_s if ttl_s is None else ttl_s
         row = {
@@ -207,7 +205,7 @@ class QuotaTracker:
         refused = self._write(admit)
         if refused is not None:
             used, held = refused
-            raise _exceeded(limit, used, held, seconds, now)
+            raise exceeded(limit, used, held, seconds, now)
         return reservation_id
 
     def settle(self, reservation_id: str | None, key: ApiKey | int, seconds: float) -> None:
@@ -218,7 +216,7 @@ class QuotaTracker:
         key_id, now = _key_id(key), self._clock()
 
         def write(conn: sa.Connection) -> None:
-            day = self._admitted_on(conn, reservation_id) or _day(now)
+            day = self._admitted_on(conn, reservation_id) or utc_day(now)
             if reservation_id is not None:
                 conn.execute(self.reservations.delete().where(self.reservations.c.id == reservation_id))
             self._count(conn, key_id, day, seconds)
@@ -235,7 +233,7 @@ class QuotaTracker:
         renewed = now + self.reservation_ttl_s
 
         def write(conn: sa.Connection) -> None:
-            day = self._admitted_on(conn, reservation_id) or _day(now)
+            day = self._admitted_on(conn, reservation_id) or utc_day(now)
             shrink = self.reservations.update().where(r.id == reservation_id)
             left = sa.case((r.seconds > seconds, r.seconds - seconds), else_=0.0)
             expires = sa.case((r.expires_at < renewed, renewed), else_=r.expires_at)
@@ -254,7 +252,7 @@ class QuotaTracker:
         used = self.table.c.seconds
 
         def write(conn: sa.Connection) -> None:
-            day = self._admitted_on(conn, reservation_id) or _day(now)
+            day = self._admitted_on(conn, reservation_id) or utc_day(now)
             grow = self.reservations.update().where(self.reservations.c.id == reservation_id)
             conn.execute(grow.values(seconds=self.reservations.c.seconds + seconds))
             shrink = self.table.update().where(*self._where(key_id, day))
@@ -297,7 +295,7 @@ class QuotaTracker:
         """Count `seconds` of produced audio for today (no reservation); returns today's new total."""
         _check_seconds(seconds)
         key_id, now = _key_id(key), self._clock()
-        self._write(lambda conn: self._count(conn, key_id, _day(now), seconds))
+        self._write(lambda conn: self._count(conn, key_id, utc_day(now), seconds))
         return self.used(key, now=now)
 
     # -- internals ---------------------------------------------------------------------------------------
@@ -350,33 +348,6 @@ class QuotaTracker:
         return (self.table.c.key_id == key_id, self.table.c.day == day)
 
 
-def _exceeded(limit: float, used: float, held: float, needed: float, now: float) -> QuotaExceeded:
-    held_text = f", {held:.1f} s reserved by requests and jobs still running" if held > 0.05 else ""
-    left = max(0.0, limit - used - held)
-    said = (
-        f"the daily audio quota of {limit:g} s has {left:.1f} s left ({used:.1f} s used today{held_text}); "
-    )
-    if used + needed <= limit:  # it fits once the key's own running work has ended: no need to wait a day
-        return QuotaExceeded(
-            f"{said}this needs about {needed:.1f} s: retry once the key's running work has finished (or "
-            "send less text)",
-            HELD_RETRY_AFTER_S,
-            held_only=True,
-        )
-    return QuotaExceeded(
-        f"{said}this needs about {needed:.1f} s: send less text (a shorter one; a batch or dub of fewer "
-        "items), wait for running work to finish, or retry after 00:00 UTC",
-        seconds_until_reset(now),
-    )
-
-
-def seconds_until_reset(now: float | None = None) -> int:
-    """Retry-After for a used-up day: whole seconds, rounded up (a client that waits that long is past
-    00:00 UTC)."""
-    now = time.time() if now is None else now
-    return max(1, math.ceil(_resets_at(now) - now))
-
-
 def _check_seconds(seconds: float) -> None:
     if seconds < 0:
         raise InputError(f"audio seconds to add must be >= 0, got {seconds}")
@@ -400,12 +371,3 @@ def _alive(pid_text: str) -> bool:
 
 def _key_id(key: ApiKey | int) -> int:
     return key.id if isinstance(key, ApiKey) else int(key)
-
-
-def _day(now: float) -> str:
-    return datetime.fromtimestamp(now, timezone.utc).strftime("%Y-%m-%d")
-
-
-def _resets_at(now: float) -> float:
-    start = datetime.fromtimestamp(now, timezone.utc).replace(hour=0, minute=0, second=0, microsecond=0)
-    return start.timestamp() + 86400.0

@@ -16,7 +16,8 @@ from dataclasses import dataclass
 
 from cosyserve.service.access.estimate import estimate_audio_s
 from cosyserve.service.access.principals import QuotaExceeded
-from cosyserve.service.access.quota import QuotaTracker, seconds_until_reset
+from cosyserve.service.access.quota import QuotaTracker
+from cosyserve.service.access.quota_days import seconds_until_reset
 from cosyserve.service.stores.jobs import JobStore
 from cosyserve.service.stores.keys import ApiKey
 
