@@ -10,8 +10,8 @@ ADMIN_STRINGS: dict[str, tuple[str, str]] = {
     "unit_s": ("秒", "s"),
     "keys_title": ("API 密钥与配额", "API keys and quotas"),
     "keys_cols": (
-        "ID|名称|前缀|角色|状态|今日已用|预留中|每日配额|最近使用",
-        "Id|Name|Prefix|Role|State|Used today|Reserved|Daily quota|Last used",
+        "ID|名称|前缀|角色|状态|今日已用（UTC）|预留中|每日配额|最近使用",
+        "Id|Name|Prefix|Role|State|Used today (UTC)|Reserved|Daily quota|Last used",
     ),
     "keys_none": ("还没有 API 密钥。", "No API keys yet."),
     "keys_unlimited": ("不限", "unlimited"),
