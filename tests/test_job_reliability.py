@@ -195,6 +195,44 @@ def test_a_result_that_cannot_be_saved_fails_with_storage_error(server, monkeypa
         assert {item["error"]["code"] for item in final["items"]} == {"storage_error"}
 
 
+def test_a_long_texts_kept_pieces_give_their_room_to_its_result(server, monkeypatch) -> None:
+    """Its pieces (float32, twice the result's bytes) filled the disk the result was to be saved on: the
+    work was thrown away while deleting them would have made room."""
+    save, calls = server.service.outputs.save, []
+
+    def full_until_the_pieces_go(*args, **kwargs):
+        calls.append(1)
+        if len(calls) == 1:
+            raise OSError(28, "No space left on device")
+        return save(*args, **kwargs)
+
+    monkeypatch.setattr(server.service.outputs, "save", full_until_the_pieces_go)
+    with as_key(server, server.admin_key) as client:
+        job = client.post("/v1/jobs", json={"text": SENTENCES, "voice": "alice", "seed": 3}).json()
+        final = wait(client, f"/v1/jobs/{job['id']}")
+    assert final["state"] == "done" and len(calls) == 2, final
+    assert not (server.service.outputs.root / ".job-pieces" / job["id"]).exists()
+
+
+def test_a_dub_whose_track_cannot_be_written_is_charged_its_speech_not_the_track(server, monkeypatch) -> None:
+    from cosyserve.service.local import batches
+
+    def disk_full(*args, **kwargs):
+        raise OSError(28, "No space left on device")
+
+    monkeypatch.setattr(batches, "write_track", disk_full)
+    _, key = server.service.keys.create("dubber", "user", quota=200.0)
+    subtitles = "1\n00:00:00,000 --> 00:00:01,000\n你好。\n\n2\n00:01:30,000 --> 00:01:31,000\n再见。\n"
+    with as_key(server, key) as client:
+        dub = client.post("/v1/dub", json={"voice": "alice", "subtitles": subtitles}).json()
+        final = wait(client, f"/v1/batches/{dub['id']}")
+        used = client.get("/v1/me").json()["quota"]["used_s"]
+    assert (final["state"], final["error"]["code"]) == ("failed", "storage_error"), final
+    assert "91 s" in final["error"]["message"] and "MB free" in final["error"]["message"]
+    speech = sum(item["duration_s"] or 0 for item in final["items"])
+    assert used == pytest.approx(speech, abs=0.01) and 0 < used < 10  # not the 91 s track it never got
+
+
 @pytest.mark.parametrize("text", ["。。。！！", "……！？" * 200])
 def test_a_text_with_nothing_to_speak_is_refused_at_submit(server, text: str) -> None:
     with as_key(server, server.admin_key) as client:

@@ -13,7 +13,8 @@ import pytest
 
 from cosyserve.errors import Cancelled
 from cosyserve.service.access.principals import QuotaExceeded
-from cosyserve.service.local.long_text_jobs import JobResult, JobStateRecorder
+from cosyserve.service.local.job_state import JobStateRecorder
+from cosyserve.service.local.long_text_jobs import JobResult
 from cosyserve.service.stores.batches import BatchStore
 from cosyserve.service.stores.db import make_engine
 from cosyserve.service.stores.jobs import JobStore

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import errno
 import sys
 from dataclasses import dataclass
 
@@ -373,7 +374,29 @@ def error_kind(exc: BaseException) -> ErrorKind:
         )
     if is_out_of_memory(exc):
         return _OUT_OF_MEMORY
+    if is_resource_exhausted(exc):
+        return _STORAGE
     return _INTERNAL
+
+
+_STORAGE = ErrorKind("storage_error", 503, _FAILED)
+_EXHAUSTED_ERRNOS = frozenset({errno.ENOSPC, errno.EDQUOT, errno.ENFILE, errno.EMFILE})
+_EXHAUSTED_SQLITE = ("SQLITE_FULL", "SQLITE_CANTOPEN", "SQLITE_IOERR")  # (CANTOPEN: out of files)
+
+
+def is_resource_exhausted(exc: BaseException | None) -> bool:
+    """A full disk or database, or no file descriptor left, anywhere in `exc`'s chain (a SQLAlchemy error
+    wraps the driver's as `.orig`): a 503 the client may retry, not an internal error."""
+    seen = 0
+    while exc is not None and seen < 8:
+        seen += 1
+        if isinstance(exc, OSError) and exc.errno in _EXHAUSTED_ERRNOS:
+            return True
+        name = getattr(exc, "sqlite_errorname", None) or ""
+        if name.startswith(_EXHAUSTED_SQLITE) or type(exc).__name__ == "DiskFull":  # (psycopg's)
+            return True
+        exc = getattr(exc, "orig", None) or exc.__cause__ or exc.__context__
+    return False
 
 
 def error_code(exc: BaseException) -> str:

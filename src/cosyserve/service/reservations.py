@@ -19,6 +19,7 @@ import logging
 import math
 from collections.abc import Callable
 
+from cosyserve.errors import StorageError
 from cosyserve.service.access.estimate import request_estimate_s, voice_pace
 from cosyserve.service.access.principals import QuotaExceeded
 from cosyserve.service.access.quota import QuotaTracker
@@ -124,9 +125,14 @@ class QuotaReservations:
             )
 
     def settle(self, spec: OutputSpec, seconds: float) -> None:
-        """Charge `spec`'s key the real `seconds`, replacing its reservation."""
-        if spec.key is not None:
+        """Charge `spec`'s key the real `seconds`, replacing its reservation. The audio exists by now: a
+        database that cannot take the charge (its disk full) loses the charge, logged, not the audio."""
+        if spec.key is None:
+            return
+        try:
             self.quota.settle(spec.reservation, spec.key, seconds)
+        except StorageError as exc:  # the reservation expires by itself (quota_reservation_ttl_s)
+            log.error("key %s was not charged %.2f s of audio it got: %s", spec.key.id, seconds, exc)
 
     def release(self, spec: OutputSpec) -> None:
         self._release_quietly(spec.reservation)

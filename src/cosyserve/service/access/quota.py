@@ -38,7 +38,7 @@ from dataclasses import dataclass
 import sqlalchemy as sa
 from sqlalchemy.exc import IntegrityError, OperationalError
 
-from cosyserve.errors import InputError
+from cosyserve.errors import InputError, StorageError, is_resource_exhausted
 from cosyserve.service.access.quota_days import exceeded, resets_at, utc_day
 from cosyserve.service.stores.db import create_tables, table
 from cosyserve.service.stores.keys import ApiKey
@@ -306,10 +306,15 @@ class QuotaTracker:
             try:
                 with self.engine.begin() as conn:
                     return body(conn)
-            except (IntegrityError, OperationalError):
+            except (IntegrityError, OperationalError) as exc:
+                if is_resource_exhausted(exc):
+                    raise StorageError(
+                        "could not record audio usage: the database's disk is full (or the server is out "
+                        "of open files); an admin has to free space in the data directory"
+                    ) from exc
                 if attempt == WRITE_TRIES - 1:
                     break
-        raise InputError("could not record audio usage (the database is busy): try again in a few seconds")
+        raise StorageError("could not record audio usage (the database is busy): try again in a few seconds")
 
     def _admitted_on(self, conn: sa.Connection, reservation_id: str | None) -> str | None:
         """The UTC day whose quota admitted `reservation_id` (None: there is no such reservation)."""

@@ -19,6 +19,7 @@ from __future__ import annotations
 
 import dataclasses
 import logging
+import shutil
 import threading
 import time
 from collections.abc import Callable
@@ -139,7 +140,14 @@ class BatchRunner:
             raise stopped or ItemsFailed(f"all {counts.total} items failed: see each item's error")
         outcome = None
         if plan.kind == "dub":  # stopped by the quota: the track ends where the first cue not made starts
-            outcome = self._track(plan, self._first_unmade_start(plan) if stopped else None)
+            try:
+                outcome = self._track(plan, self._first_unmade_start(plan) if stopped else None)
+            except StorageError:
+                # No track: its key keeps paying for the speech its cues made (each downloadable as an
+                # item), not for a track's length it never gets.
+                speech_s = float(self.batches.kept(plan.job_id).get("audio_s") or 0.0)
+                run.quota.refund_discarded(run.key_id, plan.job_id, keep_s=speech_s)
+                raise
             extra.update(track_s=round(outcome.duration_s, 3), charged_s=self._charge_rest(run, outcome))
         kept = self.batches.kept(plan.job_id)
         extra["audio_s"] = kept["audio_s"]
@@ -303,8 +311,10 @@ class BatchRunner:
             placements = write_track(temp, cues, track_s, rate)
         except (OSError, sf.SoundFileRuntimeError) as exc:
             temp.unlink(missing_ok=True)
+            free_mb = shutil.disk_usage(self.outputs.root).free / 1e6
             raise StorageError(
-                f"the dub's track could not be written in {self.outputs.root} ({exc}): make room there, "
+                f"the dub's track ({track_s:.0f} s, {track_s * rate * 2 / 1e6:.0f} MB) could not be written "
+                f"in {self.outputs.root} ({exc}; {free_mb:.0f} MB free): make room there, "
                 "then submit the dub again"
             ) from exc
         except BaseException:

@@ -26,14 +26,8 @@ from cosyserve.service.batches.submission import BatchSubmission, record_batch
 from cosyserve.service.local.batches import BatchPlan, BatchRunner
 from cosyserve.service.local.job_quota import JobQuota
 from cosyserve.service.local.job_resume import made_with, resumed_pieces, saved_result
-from cosyserve.service.local.long_text_jobs import (
-    CLIENT_CANCEL,
-    RECORD_WAIT_S,
-    JobResult,
-    JobRun,
-    JobStateRecorder,
-    run_pieces,
-)
+from cosyserve.service.local.job_state import RECORD_WAIT_S, JobStateRecorder
+from cosyserve.service.local.long_text_jobs import CLIENT_CANCEL, JobResult, JobRun, run_pieces
 from cosyserve.service.local.model_host import ModelHost
 from cosyserve.service.local.results import Results
 from cosyserve.service.local.voice_pins import SNAPSHOTS, VoicePins, resolve_batch, resolve_request
@@ -343,6 +337,13 @@ class LocalJobs:
                 outcome = self.results.finish(
                     synth, request, made.result, dataclasses.replace(spec, key=None), encoded=False
                 )
+                if outcome.output_id is None and self.pieces is not None:
+                    # The kept pieces hold ~2x the result's bytes on the same disk: give their room to the
+                    # result (all of it is in memory now) and try once more.
+                    self.pieces.drop(job_id)
+                    outcome = self.results.finish(
+                        synth, request, made.result, dataclasses.replace(spec, key=None), encoded=False
+                    )
             if outcome.output_id is None:
                 raise StorageError(
                     f"the job's audio could not be saved ({outcome.storage_error or 'see the server log'}): "

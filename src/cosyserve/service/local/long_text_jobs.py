@@ -1,11 +1,11 @@
 """Long-text jobs on the local backend: a text too long for one request is synthesised piece by piece,
 its progress and its end written to the job's record.
 
-The record follows the ticket (`JobStateRecorder` is the ticket's `on_state`): the work claims the job as a
-numbered attempt when it starts (`JobStore.claim`), then the record ends done with the stored output,
-failed, or cancelled. Whatever an attempt writes lands only while it is the job's current one (another
-worker may have taken it over), and an output made by an attempt that lost the job is deleted again. A
-shutdown leaves the jobs of a server that owns its job table in the queue for its next start.
+The record follows the ticket (`job_state.JobStateRecorder` is the ticket's `on_state`): the work claims
+the job as a numbered attempt when it starts (`JobStore.claim`), then the record ends done with the
+stored output, failed, or cancelled. Whatever an attempt writes lands only while it is the job's current
+one (another worker may have taken it over), and an output made by an attempt that lost the job is deleted
+again. A shutdown leaves the jobs of a server that owns its job table in the queue for its next start.
 
 Each segment gets its own timeout (`job_segment_timeout_s`), so a job's limit grows with its length and
 does not depend on the interactive request timeout; each segment's audio is charged to the key's quota as
@@ -19,7 +19,6 @@ from __future__ import annotations
 
 import dataclasses
 import logging
-import threading
 import time
 from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass, field
@@ -30,11 +29,8 @@ import numpy as np
 from cosyserve.errors import (
     Cancelled,
     CosyServeError,
-    Interrupted,
-    JobStateError,
     ModelNotReady,
     ShuttingDown,
-    error_code,
 )
 from cosyserve.service.access.key_watch import KeyChanged, KeyRevoked, KeyWatch
 from cosyserve.service.local.job_quota import JobQuota
@@ -42,18 +38,15 @@ from cosyserve.service.local.synthesis_stream import SynthesisStream
 from cosyserve.service.local.synthesizer import Synthesizer
 from cosyserve.service.local.voice_pins import PinnedVoice
 from cosyserve.service.outcomes import SentenceTiming, SynthesisProgress, SynthesisResult, TtsOutcome
-from cosyserve.service.quality.reporting import combined_report, stored_fields
+from cosyserve.service.quality.reporting import combined_report
 from cosyserve.service.requests import EVERY_VOICE, SynthesisRequest, VoiceScope
-from cosyserve.service.scheduling.tickets import Ticket, WorkContext
-from cosyserve.service.stores.batches import BatchStore
+from cosyserve.service.scheduling.tickets import WorkContext
 from cosyserve.service.stores.job_pieces import KeptPiece
 from cosyserve.service.stores.jobs import JobStore
-from cosyserve.service.stores.outputs import OutputStore
 
 log = logging.getLogger(__name__)
 
 PROGRESS_WRITE_S = 0.5  # job progress goes to the database at most this often
-RECORD_WAIT_S = 30.0  # how long a state change waits for the job's record to be written
 CLIENT_CANCEL = "cancelled by the client"  # the cancel reason after which a job keeps its finished part
 
 
@@ -141,111 +134,6 @@ def stop_reason(exc: BaseException, ctx: WorkContext, run: JobRun) -> CosyServeE
     if isinstance(exc, ShuttingDown | ModelNotReady) or ctx.cancel.is_set():
         return None
     return exc if isinstance(exc, CosyServeError) else None
-
-
-class JobStateRecorder:
-    """A job ticket's `on_state`: moves the job's record (and a batch's items) along with the ticket."""
-
-    def __init__(
-        self,
-        jobs: JobStore,
-        batches: BatchStore,
-        outputs: OutputStore,
-        job_id: str,
-        kind: str,
-        recorded: threading.Event,
-        *,
-        attempt: int | None = None,
-        keep_queued: bool = False,
-        requeue: Callable[[str], object] | None = None,
-        refund: Callable[[], object] | None = None,
-    ) -> None:
-        self.jobs, self.batches, self.outputs = jobs, batches, outputs
-        self.job_id, self.kind = job_id, kind
-        self.recorded = recorded  # set once the record exists (it is written right after submit returns)
-        self.attempt = attempt  # the attempt running it (set by the work once it claimed the job)
-        self.keep_queued = keep_queued  # a shutdown leaves the job for this server's next start
-        self.requeue = requeue  # runs an interrupted job again (None: whoever sent it sends it again)
-        self.refund = refund  # takes back what a long text was charged, when its result is thrown away
-
-    def __call__(self, ticket: Ticket, state: str) -> None:
-        self.recorded.wait(RECORD_WAIT_S)
-        try:
-            if state == "done":
-                self._done(ticket.value)
-            elif state != "running":
-                self._ended(ticket.error or Cancelled("cancelled"))
-        except JobStateError as exc:
-            log.warning("job %s: %s", self.job_id, exc)
-
-    def _ended(self, error: BaseException) -> None:
-        interrupted = isinstance(error, Interrupted)  # an engine restart, a worker's shutdown
-        if interrupted or (self.keep_queued and isinstance(error, ShuttingDown)):
-            if self.attempt is not None:
-                self.jobs.release(self.job_id, self.attempt)
-            if interrupted and self.requeue is not None:
-                self.requeue(self.job_id)
-            return  # still queued: it runs (again) as its next attempt, or at the next start
-        code = "cancelled" if isinstance(error, Cancelled) else "batch_stopped"
-        message = f"the batch ended before this item ran: {error}"
-        if self.kind != "tts":  # its items end first: a client that sees the batch ended sees them ended
-            self.batches.cancel_rest(self.job_id, code, message, of_attempt=self.attempt)
-        try:
-            self.jobs.finish_with_exception(self.job_id, error, attempt=self.attempt)
-        finally:  # also when its record was ended elsewhere (a cancel) while items were still starting
-            record = self.jobs.get(self.job_id)
-            if self.kind != "tts" and record is not None and record.is_terminal:
-                self.batches.cancel_rest(self.job_id, code, message)
-            self._refund_if_nothing_kept()
-
-    def _done(self, result: JobResult) -> None:
-        outcome = result.outcome
-        if result.stopped is not None and self.kind != "tts":  # its items end first, as in `_ended`
-            self.batches.cancel_rest(
-                self.job_id, error_code(result.stopped), str(result.stopped), of_attempt=self.attempt
-            )
-        try:
-            self.jobs.finish_done(
-                self.job_id,
-                output_id=outcome.output_id if outcome else None,
-                output_path=outcome.output_path if outcome else None,
-                duration_s=outcome.duration_s if outcome else result.extra.get("audio_s"),
-                seed=outcome.seed if outcome else None,
-                extra={
-                    "warnings": list(outcome.warnings) if outcome else [],
-                    **stored_fields(outcome.quality if outcome else None),
-                    **result.extra,
-                },
-                attempt=self.attempt,
-                stopped=result.stopped,
-            )
-        except JobStateError:
-            if outcome is not None:
-                self._discard_output(outcome.output_id)  # another attempt owns the job's result
-            self._refund_if_nothing_kept()
-            raise
-
-    def _refund_if_nothing_kept(self) -> None:
-        """A long text that ended without a result keeps nothing of what it made (a cluster's API node ends
-        a cancelled record at once, and the worker's audio is thrown away): what its segments were charged
-        goes back."""
-        record = self.jobs.get(self.job_id)
-        if self.kind != "tts" or self.refund is None or record is None or record.output_id:
-            return
-        if record.state not in ("cancelled", "failed"):  # running: another attempt owns it
-            return
-        try:
-            self.refund()
-        except Exception as exc:  # the charge stays; the key's day ends anyway
-            log.warning("job %s: could not take back the charge of its discarded audio: %s", self.job_id, exc)
-
-    def _discard_output(self, output_id: str | None) -> None:
-        if output_id is None:
-            return
-        try:
-            self.outputs.delete(output_id)
-        except Exception as exc:  # nothing refers to it; retention removes it later anyway
-            log.warning("could not delete the unused output %s: %s", output_id, exc)
 
 
 def run_pieces(

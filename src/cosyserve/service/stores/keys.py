@@ -278,9 +278,14 @@ class KeyStore:
         key = _record(row)
         now = self._clock()
         if key.last_used_at is None or now - key.last_used_at >= self._touch_interval_s:
-            with self.engine.begin() as conn:
-                conn.execute(self.table.update().where(self.table.c.id == key.id).values(last_used_at=now))
-            key = dataclasses.replace(key, last_used_at=now)
+            try:  # bookkeeping: a database that can't be written (disk full) must not lock every key out
+                touch = self.table.update().where(self.table.c.id == key.id).values(last_used_at=now)
+                with self.engine.begin() as conn:
+                    conn.execute(touch)
+            except sa.exc.OperationalError as exc:
+                log.warning("key %s: its last use could not be recorded: %s", key.id, exc.orig)
+            else:
+                key = dataclasses.replace(key, last_used_at=now)
         return key
 
 

@@ -33,6 +33,7 @@ bucket can't be read, each node serves what it has locally.
 from __future__ import annotations
 
 import contextlib
+import errno
 import heapq
 import logging
 import os
@@ -240,7 +241,9 @@ class OutputStore(Retention):
         sidecar_path = self.root / f"{output_id}.json"
         try:
             parsed = parse_sidecar(output_id, sidecar_path.read_bytes())
-        except OSError:
+        except OSError as exc:
+            if exc.errno in (errno.ENFILE, errno.EMFILE):  # it is there: this process can't open it now
+                raise StorageError(f"output {output_id} can't be read now: {exc.strerror}; retry") from exc
             raise OutputNotFound(f"no output {output_id}; it may have expired or been deleted") from None
         if parsed is None:
             raise OutputNotFound(f"output {output_id} has a damaged sidecar; it will be cleaned up")
