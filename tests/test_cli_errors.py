@@ -462,3 +462,19 @@ def test_output_piped_into_head_ends_quietly(monkeypatch: pytest.MonkeyPatch) ->
     done = subprocess.run([sys.executable, "-c", code], stdout=write, stderr=subprocess.PIPE, text=True)
     os.close(write)
     assert (done.returncode, done.stderr) == (ExitCode.OUTPUT_CLOSED, "")
+
+
+def test_a_server_raises_its_open_files_limit_to_the_hard_one() -> None:
+    """At systemd's soft 1024 a few hundred idle connections made other users' saves fail with EMFILE."""
+    import subprocess
+    import sys
+
+    code = (
+        "import resource; from cosyserve.commands.open_files import raise_open_files_limit as up\n"
+        "soft, hard = resource.getrlimit(resource.RLIMIT_NOFILE)\n"
+        "resource.setrlimit(resource.RLIMIT_NOFILE, (256, hard))\n"
+        "print(up(wanted=min(4096, hard)), min(4096, hard), resource.getrlimit(resource.RLIMIT_NOFILE)[0])"
+    )
+    done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
+    got, wanted, now = map(int, done.stdout.split())
+    assert got == wanted == now and wanted > 256

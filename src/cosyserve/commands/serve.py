@@ -84,9 +84,11 @@ def cmd_serve(args: argparse.Namespace) -> int:
     settings = load_settings(args, args.settings_dests)
     require_distributed_extra(settings)
     configure_from_settings(settings.log)
+    from cosyserve.commands.open_files import raise_open_files_limit
     from cosyserve.commands.startup import where_things_are
 
     log.info(where_things_are(settings))
+    raise_open_files_limit()
     for warning in startup_safety(settings):  # raises SettingsError for an open public address
         log.warning(warning)
     taken = address_in_use(settings.server.host, settings.server.port)

@@ -30,9 +30,11 @@ def cmd_worker(args: argparse.Namespace) -> int:
     require_distributed_extra(settings)
     require_reachable_queue(settings.queue.queue_url)
     configure_from_settings(settings.log)
+    from cosyserve.commands.open_files import raise_open_files_limit
     from cosyserve.commands.startup import where_things_are
 
     log.info(where_things_are(settings))
+    raise_open_files_limit()
     node = WorkerNode(settings, name=args.name)
     return node.run(loglevel=settings.log.level)
 
