@@ -80,6 +80,26 @@ def test_a_body_that_stops_arriving_gives_its_budget_back(monkeypatch: pytest.Mo
     assert status == 408 and read == 1 and budget.in_use == 0
 
 
+def test_a_body_trickling_below_the_rate_floor_gives_its_budget_back(monkeypatch: pytest.MonkeyPatch) -> None:
+    """Three uploads declaring 21 MB and sending 100 bytes every 19 s held the budget 150 s (as long as
+    their sender chose), and an admin's 2 MB enrolment got 503 twice."""
+    monkeypatch.setattr(middleware, "BODY_STALL_S", 0.05)
+    monkeypatch.setattr(middleware, "MIN_BODY_BYTES_PER_S", 1000)
+    budget = BodyBudget(3 * BIG)
+    app = app_with(budget)
+    real_receive_part = middleware.body_part
+
+    async def slowly(receive):  # a byte every 0.04 s: 25 B/s against a floor of 1000
+        await asyncio.sleep(0.04)
+        return await real_receive_part(receive)
+
+    monkeypatch.setattr(middleware, "body_part", slowly)
+    status, read = asyncio.run(call(app, "good", [b"x"] * 20, stall=True))
+    assert status == 408 and 1 < read < 20 and budget.in_use == 0
+    assert middleware.check_body_rate(10_000, 9.0) is None  # fast enough, or still in its first seconds
+    assert middleware.check_body_rate(0, 0.04) is None
+
+
 def test_a_client_that_hangs_up_mid_body_is_no_server_error() -> None:
     """Each such request was a 500 with a 56-line traceback in the log."""
     metrics = Metrics(system=False)

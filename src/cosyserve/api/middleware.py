@@ -103,6 +103,8 @@ class ApiMiddleware:
                 received += len(message.get("body", b""))
                 if received > limit:
                     raise BodyTooLarge(self.upload_limit_bytes, scope.get("path", ""))
+                if held and message.get("more_body", False):
+                    check_body_rate(received, time.perf_counter() - started)
                 if held and not message.get("more_body", False):
                     await self._release(held)
                     held = 0
@@ -171,6 +173,21 @@ class ApiMiddleware:
 
 UNADMITTED = "sign in or send an API key (Authorization: Bearer <key>) before sending a large body"
 BODY_STALL_S = 30.0  # a body with no byte for this long is given up (its budget freed)
+# A large body holds its declared size of the budget while it arrives: one trickling a byte now and then
+# held it for as long as its sender chose, and others' uploads got 503s. After the first BODY_STALL_S it
+# must keep this average rate (a 20 MB recording at 32 KB/s takes ten minutes).
+MIN_BODY_BYTES_PER_S = 32_000
+
+
+def check_body_rate(received: int, elapsed_s: float) -> None:
+    """BodyStalled for a large body arriving slower than MIN_BODY_BYTES_PER_S on average, after its
+    first BODY_STALL_S."""
+    if elapsed_s > BODY_STALL_S and received < MIN_BODY_BYTES_PER_S * elapsed_s:
+        rate = received / elapsed_s / 1000
+        raise BodyStalled(
+            f"the request body arrives at {rate:.1f} kB/s, below the {MIN_BODY_BYTES_PER_S // 1000} kB/s a "
+            "large upload must keep: send it again over a faster connection"
+        )
 
 
 async def body_part(receive: Receive) -> Message:
