@@ -142,6 +142,12 @@ def test_uploads_are_checked(client, prompt_wav_bytes) -> None:
         "/v1/tts", content=b"x" * int(UPLOAD_MB * 1e6 * 2.5), headers={"content-type": "application/json"}
     )
     assert_envelope(body_cap, 413, "payload_too_large")
+    assert "a text with its recording is limited to" in body_cap.json()["error"]["message"]
+    script = client.post(
+        "/v1/batches", content=b"x" * int(UPLOAD_MB * 1e6 * 2.5), headers={"content-type": "text/csv"}
+    )
+    assert_envelope(script, 413, "payload_too_large")  # it said "recordings are limited to …"
+    assert "a script or subtitle file" in script.json()["error"]["message"]
     twice = client.post("/v1/tts", data={"text": [API_TEXT, API_TEXT], "voice": "alice"})
     assert_envelope(twice, 400, "invalid_input")
 

@@ -43,6 +43,17 @@ def body_too_large_message(upload_limit_bytes: int, path: str = "") -> str:
             f"the file is too large to verify here: uploads are limited to {limit}; check a longer file "
             "with `cosyserve verify` on the server"
         )
+    route = path.rstrip("/")
+    if route in ("/v1/batches", "/v1/dub"):
+        return (
+            f"the request body is too large: a script or subtitle file (and any recording with it) is "
+            f"limited to {limit}; split it into several batches"
+        )
+    if route in ("/v1/tts", "/v1/jobs", "/v1/audio/speech"):
+        return (
+            f"the request body is too large: a text with its recording is limited to {limit}, the "
+            "recording as a file upload or as base64 in JSON"
+        )
     return (
         f"the request body is too large: recordings are limited to {limit}, as a file upload or as base64 "
         "in JSON"
