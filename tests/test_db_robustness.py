@@ -267,6 +267,22 @@ def test_a_database_from_before_the_output_indexes_gets_them(engine: sa.Engine, 
     jobs.mark_running(job.id)
     jobs.finish_done(job.id, output_id="out-1")
     assert forget_output(engine, "out-1") == 1 and jobs.get(job.id).output_id is None
+    from cosyserve.service.stores import output_refs
+
+    made = []
+    for number in range(5):  # a retention pass's many outputs: cleared a chunk per transaction
+        job = jobs.create({"text": "hi"})
+        jobs.mark_running(job.id)
+        jobs.finish_done(job.id, output_id=f"out-{number + 2}")
+        made.append(job.id)
+    output_refs.FORGET_CHUNK, chunk = 2, output_refs.FORGET_CHUNK
+    try:
+        assert output_refs.forget_outputs(engine, [f"out-{n + 2}" for n in range(5)]) == 5
+    finally:
+        output_refs.FORGET_CHUNK = chunk
+    assert all(jobs.get(job_id).output_id is None for job_id in made)
+    names = {index["name"] for index in sa.inspect(engine).get_indexes("jobs")}
+    assert "ix_jobs_created" in names  # the admin's list of everyone's jobs, newest first
     if engine.dialect.name == "sqlite":
         with engine.connect() as conn:
             plan = conn.execute(sa.text("EXPLAIN QUERY PLAN SELECT id FROM jobs WHERE output_id = 'x'")).all()

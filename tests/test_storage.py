@@ -185,13 +185,47 @@ def test_an_id_once_removed_is_never_given_to_another_output(tmp_path: Path) -> 
     assert list(store.root.glob("*.gone")) == []
 
 
+def test_saves_do_not_wait_while_retention_reads_the_directory(tmp_path: Path) -> None:
+    """With a year of outputs, each pass read every sidecar (twice) under the lock every save waits for
+    under the size cap: syntheses stalled 10-45 s at start and every hour."""
+    import threading
+
+    store = make_store(tmp_path, max_total_bytes=10**9, retention_days=30)
+    for number in range(3):
+        store.save(b"RIFF" + bytes(number), "wav", {})
+    reading, go_on = threading.Event(), threading.Event()
+    walk = store._iter_complete
+
+    def slow_walk():
+        for output in walk():
+            reading.set()
+            go_on.wait(10)
+            yield output
+
+    store._iter_complete = slow_walk  # type: ignore[method-assign]
+    sweep = threading.Thread(target=store.enforce_retention)
+    sweep.start()
+    assert reading.wait(10)
+    saved = []
+    saver = threading.Thread(target=lambda: saved.append(store.save(b"RIFFnew", "wav", {})))
+    saver.start()
+    saver.join(5)
+    go_on.set()
+    sweep.join(10)
+    assert saved and not saver.is_alive()  # saved while the pass was still reading
+    assert store._sizes.total == sum(  # the pass kept the new output in the size index
+        (store.root / f"{o.id}.wav").stat().st_size + (store.root / f"{o.id}.json").stat().st_size
+        for o in store.list(limit=10)
+    )
+
+
 def test_retention_tells_whoever_names_the_outputs_it_removes(tmp_path: Path) -> None:
     """A job whose result retention removed still said done with a link that answered 404."""
     clock = FakeClock()
     aged = make_store(tmp_path / "aged", clock, retention_days=1)
     capped = make_store(tmp_path / "capped", clock, max_total_bytes=1)
     told: list[str] = []
-    aged.on_expired = capped.on_expired = told.append
+    aged.on_expired = capped.on_expired = told.extend
     old = aged.save(b"a", "wav", {})
     clock.now += 2 * 86400
     aged.enforce_retention()

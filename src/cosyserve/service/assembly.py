@@ -35,7 +35,7 @@ from cosyserve.service.stores.batches import BatchStore
 from cosyserve.service.stores.db import make_engine, metadata
 from cosyserve.service.stores.jobs import JobStore
 from cosyserve.service.stores.keys import ApiKey, KeyStore
-from cosyserve.service.stores.output_refs import forget_missing, forget_output
+from cosyserve.service.stores.output_refs import forget_missing, forget_outputs
 from cosyserve.service.stores.output_space import RetentionWorker
 from cosyserve.service.stores.output_timezone import output_timezone
 from cosyserve.service.stores.outputs import OutputStore
@@ -181,17 +181,17 @@ class Service:
     def _output_deleted(self, output_id: str) -> None:
         """An output was deleted: as `_output_expired`, and (an API node) the worker that made it drops
         its copy."""
-        self._output_expired(output_id)
+        self._output_expired([output_id])
         if self._tombstones is not None:
             self._tombstones.note_quietly(output_id)
 
-    def _output_expired(self, output_id: str) -> None:
-        """An output is gone (deleted, or removed by retention): the jobs and batch items naming it stop
-        pointing at it."""
+    def _output_expired(self, output_ids: list[str]) -> None:
+        """Outputs are gone (deleted, or removed by retention): the jobs and batch items naming them stop
+        pointing at them."""
         try:
-            forget_output(self.db, output_id)
+            forget_outputs(self.db, output_ids)
         except Exception as exc:  # their links then answer 404, as before
-            log.warning("could not clear the removed output %s from its job or batch: %s", output_id, exc)
+            log.warning("could not clear %d removed outputs from jobs and batches: %s", len(output_ids), exc)
 
     def _key(self, key_id: int) -> ApiKey | None:
         """The key that submitted a job (None once it was revoked or deleted: nothing is charged)."""

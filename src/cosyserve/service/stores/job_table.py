@@ -65,6 +65,7 @@ jobs_table = Table(
     Column("charged_s", Float, nullable=True),  # audio seconds charged so far (segment by segment)
     Index("ix_jobs_owner_created", "owner", "created_at"),
     Index("ix_jobs_state", "state"),
+    Index("ix_jobs_created", "created_at", "id"),  # the admin's list of everyone's jobs, newest first
     Index("ix_jobs_output", "output_id"),  # a deleted output's jobs are found by it (output_refs)
 )
 

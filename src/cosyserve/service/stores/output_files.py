@@ -172,7 +172,13 @@ def build_manifest(
     }
 
 
-def remove_strays(root: Path, now: float, grace_s: float, read: Callable[[str], Any]) -> list[Path]:
+def remove_strays(
+    root: Path,
+    now: float,
+    grace_s: float,
+    read: Callable[[str], Any],
+    complete: set[str] | frozenset[str] = frozenset(),
+) -> list[Path]:
     """Remove temp files, unreadable sidecars (with their audio) and audio without a sidecar in `root`,
     if older than `grace_s`, and tombstones older than TOMBSTONE_KEEP_S; `read(output_id)` raises
     OutputNotFound for a sidecar it cannot read."""
@@ -188,13 +194,15 @@ def remove_strays(root: Path, now: float, grace_s: float, read: Callable[[str], 
             continue
         elif OUTPUT_ID.fullmatch(path.stem):
             if path.suffix == ".json":
+                if path.stem in complete:  # read a moment ago: a complete output
+                    continue
                 try:
                     read(path.stem)
                     stray = False
                 except OutputNotFound:
                     stray = True
             else:
-                stray = not path.with_suffix(".json").exists()
+                stray = path.stem not in complete and not path.with_suffix(".json").exists()
         else:
             continue
         try:

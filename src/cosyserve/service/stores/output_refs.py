@@ -10,7 +10,7 @@ size cap) are followed the same way.
 
 from __future__ import annotations
 
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 
 from sqlalchemy import Engine, select, update
 
@@ -20,22 +20,34 @@ from cosyserve.service.stores.job_table import jobs_table
 DELETED = "result_deleted"  # the flag a job's `result_extra` gets
 
 
+FORGET_CHUNK = 500  # output ids cleared per transaction (one each made a pass of 36,000 take 55 s)
+
+
 def forget_output(engine: Engine, output_id: str) -> int:
     """Clear `output_id` from the jobs and batch items that name it; returns how many rows changed."""
-    with engine.begin() as conn:
-        jobs = conn.execute(
-            select(jobs_table.c.id, jobs_table.c.result_extra).where(jobs_table.c.output_id == output_id)
-        ).all()
-        for job_id, extra in jobs:
-            conn.execute(
-                update(jobs_table)
-                .where(jobs_table.c.id == job_id)
-                .values(output_id=None, result_extra={**(extra or {}), DELETED: True})
-            )
-        items = conn.execute(
-            update(batch_items_table).where(batch_items_table.c.output_id == output_id).values(output_id=None)
-        )
-    return len(jobs) + int(items.rowcount)
+    return forget_outputs(engine, [output_id])
+
+
+def forget_outputs(engine: Engine, output_ids: Sequence[str]) -> int:
+    """Clear `output_ids` from the jobs and batch items that name them, a chunk per transaction; returns
+    how many rows changed."""
+    changed = 0
+    for start in range(0, len(output_ids), FORGET_CHUNK):
+        chunk = list(output_ids[start : start + FORGET_CHUNK])
+        with engine.begin() as conn:
+            jobs = conn.execute(
+                select(jobs_table.c.id, jobs_table.c.result_extra).where(jobs_table.c.output_id.in_(chunk))
+            ).all()
+            for job_id, extra in jobs:
+                conn.execute(
+                    update(jobs_table)
+                    .where(jobs_table.c.id == job_id)
+                    .values(output_id=None, result_extra={**(extra or {}), DELETED: True})
+                )
+            named = batch_items_table.c.output_id.in_(chunk)
+            items = conn.execute(update(batch_items_table).where(named).values(output_id=None))
+        changed += len(jobs) + int(items.rowcount)
+    return changed
 
 
 def forget_missing(engine: Engine, exists: Callable[[str], bool]) -> int:
@@ -46,4 +58,4 @@ def forget_missing(engine: Engine, exists: Callable[[str], bool]) -> int:
         named: set[str] = set()
         for column in (jobs_table.c.output_id, batch_items_table.c.output_id):
             named |= set(conn.execute(select(column).where(column.is_not(None))).scalars())
-    return sum(forget_output(engine, output_id) for output_id in sorted(named) if not exists(output_id))
+    return forget_outputs(engine, [output_id for output_id in sorted(named) if not exists(output_id)])

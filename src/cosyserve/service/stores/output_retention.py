@@ -11,7 +11,7 @@ from __future__ import annotations
 import contextlib
 import logging
 import threading
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING
@@ -48,7 +48,7 @@ class Retention:
     retention_days: float | None
     max_total_bytes: int | None
     sync: S3Sync | None
-    on_expired: Callable[[str], object] | None
+    on_expired: Callable[[list[str]], object] | None
     _clock: Callable[[], float]
     _retention_lock: threading.Lock
     _sizes: SizeIndex
@@ -62,32 +62,52 @@ class Retention:
     def enforce_retention(self) -> RetentionReport:
         """Remove outputs older than `retention_days`, then (`SizeIndex.over`) the oldest of whoever holds
         the most until the total is at most `max_total_bytes`, then leftovers of interrupted saves older
-        than STRAY_GRACE_S."""
+        than STRAY_GRACE_S. The directory is read before the lock is taken (saves wait only for the
+        removals), keeping (id, created_at, size, owner) per output, not its manifest."""
+        scanned = self._light_scan()  # oldest first: (id, created_at, size, owner)
         with self._retention_lock:
             now = self._clock()
-            outputs = self._oldest_first()
-            removed: list[StoredOutput] = []
+            expired: list[str] = []
+            kept = scanned
             if self.retention_days is not None:
                 cutoff = now - self.retention_days * 86400.0
-                removed = [o for o in outputs if o.created_at < cutoff]
-                outputs = [o for o in outputs if o.created_at >= cutoff]
-            sizes = {o.id: pair_size(o) for o in outputs + removed}
-            self._sizes.reset((o.id, sizes[o.id], o.owner) for o in outputs)  # resync with the directory
-            if self.max_total_bytes is not None and outputs:
-                # the largest holder's oldest first, and the newest stays, as at its save (one output
-                # over the cap alone was removed seconds after its job said done)
-                over = set(self._sizes.over(self.max_total_bytes, keep=outputs[-1].id))
-                removed += [o for o in outputs if o.id in over]
-                outputs = [o for o in outputs if o.id not in over]
+                expired = [o[0] for o in scanned if o[1] < cutoff]
+                kept = [o for o in scanned if o[1] >= cutoff]
+            sizes = {o[0]: o[2] for o in scanned}
+            # outputs saved while the directory was read are in the index already: keep them there
+            seen = {o[0] for o in scanned}
+            recent = [(i, s, w) for i, (s, w) in self._sizes.items_if_loaded() if i not in seen]
+            self._sizes.reset([(o[0], o[2], o[3]) for o in kept] + recent)
+            over: list[str] = []
+            if self.max_total_bytes is not None and (kept or recent):
+                newest = recent[-1][0] if recent else kept[-1][0]
+                over = self._sizes.over(self.max_total_bytes, keep=newest)
                 for output_id in over:
                     self._sizes.discard(output_id)
-            for output in removed:
-                self._remove_expired(output)
-            strays = remove_strays(self.root, now, STRAY_GRACE_S, self._get_local)
+            removed: list[StoredOutput] = []
+            for output_id in expired + over:
+                with contextlib.suppress(OutputNotFound):
+                    output = self._get_local(output_id)  # the whole record, only for what goes
+                    sizes.setdefault(output_id, pair_size(output))
+                    removed.append(output)
+                    self._remove_expired(output)
+            strays = remove_strays(self.root, now, STRAY_GRACE_S, self._get_local, complete=seen)
         if removed or strays:
             log.info("retention removed %d outputs and %d stray files", len(removed), len(strays))
         self._tell_expired([output.id for output in removed])
         return RetentionReport(removed, sum(sizes[o.id] for o in removed), strays)
+
+    def _light_scan(self) -> list[tuple[str, float, int, str | None]]:
+        """(id, created_at, bytes, owner) of every complete output, oldest first; manifests are dropped
+        as soon as these are read."""
+        found = []
+        for output in self._iter_complete():
+            found.append((output.id, output.created_at, pair_size(output), output.owner))
+        found.sort(key=lambda o: (o[1], o[0]))
+        return found
+
+    def _iter_complete(self) -> Iterator[StoredOutput]:
+        raise NotImplementedError
 
     def _oldest_first(self) -> list[StoredOutput]:
         return sorted(self._complete_outputs(), key=lambda o: (o.created_at, o.id))
@@ -116,9 +136,8 @@ class Retention:
 
     def _tell_expired(self, output_ids: list[str]) -> None:
         """The jobs and batch items naming outputs retention removed stop pointing at them."""
-        for output_id in output_ids:
-            if self.on_expired is not None:
-                self.on_expired(output_id)
+        if output_ids and self.on_expired is not None:
+            self.on_expired(output_ids)
 
     def upload_missing(self) -> int:
         """Queue the upload of every complete output made here whose sidecar the bucket lacks: those

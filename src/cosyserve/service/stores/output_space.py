@@ -49,6 +49,10 @@ class SizeIndex:
         self._sizes = OrderedDict((output_id, (size, owner)) for output_id, size, owner in outputs)
         self.total = sum(size for size, _owner in self._sizes.values())
 
+    def items_if_loaded(self) -> list[tuple[str, tuple[int, str | None]]]:
+        """What the index holds, oldest first; nothing before it was first loaded."""
+        return list(self._sizes.items()) if self._sizes is not None else []
+
     def add(self, output_id: str, size: int, owner: str | None = None) -> None:
         sizes = self._loaded()
         self.total += size - sizes.pop(output_id, (0, None))[0]

@@ -61,7 +61,6 @@ from cosyserve.service.stores.output_files import (
     StoredOutput,
     build_manifest,  # noqa: F401  (re-exported)
     check_output_id,
-    pair_size,
     parse_sidecar,
     remove_pair,
     sort_key,
@@ -123,7 +122,7 @@ class OutputStore(Retention):
         self._clock = clock
         self._retention_lock = threading.Lock()
         self.health = StorageHealth(self.root, min_free_bytes)  # can results be saved here? (/ready)
-        self._sizes = SizeIndex(lambda: ((o.id, pair_size(o), o.owner) for o in self._oldest_first()))
+        self._sizes = SizeIndex(lambda: ((i, size, owner) for i, _at, size, owner in self._light_scan()))
         # the bucket other nodes' outputs are read from (None: this node's outputs only)
         self.remote = sync if (sync is not None if remote_reads is None else remote_reads) else None
         if node_tag is not None and node_tag not in NODE_TAGS:
@@ -132,7 +131,8 @@ class OutputStore(Retention):
         self.bucket = OutputBucket(self.remote, self.root, self.url_prefix, clock) if self.remote else None
         # told of each output deleted here, so other nodes drop their copies (a cluster's tombstones)
         self.on_deleted: Callable[[str], object] | None = None
-        self.on_expired: Callable[[str], object] | None = None  # removed by retention or the size cap
+        # told the ids retention or the size cap removed
+        self.on_expired: Callable[[list[str]], object] | None = None
 
     @property
     def remote_list_ttl_s(self) -> float:
@@ -355,8 +355,9 @@ class OutputStore(Retention):
         return True
 
     def _complete_outputs(self) -> list[StoredOutput]:
-        outputs = []
+        return list(self._iter_complete())
+
+    def _iter_complete(self) -> Iterator[StoredOutput]:
         for output_id in self._ids_newest_first():
             with contextlib.suppress(OutputNotFound):
-                outputs.append(self._get_local(output_id))
-        return outputs
+                yield self._get_local(output_id)
