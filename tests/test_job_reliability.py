@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import io
 import time
+from datetime import timedelta
 
 import httpx
 import pytest
@@ -296,3 +297,21 @@ def test_thresholds_that_leave_no_pace_range_are_refused_at_submit(server) -> No
         for response in (job, batch):
             assert response.status_code == 400, response.text
             assert "min_pace_ratio 3 is above max_pace_ratio 2" in response.json()["error"]["message"]
+
+
+def test_records_of_jobs_that_ended_long_ago_are_removed(server) -> None:
+    """40,000 job records (their users' texts) were kept for ever while their audio went after 7 days."""
+    import sqlalchemy as sa
+
+    from cosyserve.service.stores.job_table import jobs_table
+
+    jobs = server.service.jobs
+    old, recent = jobs.create({"text": "去年的文字。"}), jobs.create({"text": "今天的。"})
+    for job in (old, recent):
+        jobs.finish_cancelled(job.id)
+    days = server.service.settings.storage.job_retention_days
+    with jobs.engine.begin() as conn:
+        long_ago = old.created_at - timedelta(days=days + 1)
+        conn.execute(sa.update(jobs_table).where(jobs_table.c.id == old.id).values(finished_at=long_ago))
+    server.service._purge_old_jobs()  # what each retention pass does
+    assert jobs.get(old.id) is None and jobs.get(recent.id) is not None

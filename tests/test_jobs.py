@@ -208,11 +208,19 @@ def test_params_never_hold_raw_audio(store: JobStore) -> None:
 
 
 def test_purge_finished_before(store: JobStore) -> None:
+    from cosyserve.service.stores.batches import BatchStore
+
     old, active = store.create({}), store.create({})
     store.finish_cancelled(old.id)
+    batches = BatchStore(store.engine)
+    ended = [store.create({"items": 2}, kind="batch") for _ in range(3)]
+    for batch in ended:
+        batches.add(batch.id, [{"name": "a", "params": {"text": "一。"}}, {"name": "b", "params": {}}])
+        store.finish_cancelled(batch.id)
     assert store.purge_finished_before(utc_now() - timedelta(days=1)) == 0
-    assert store.purge_finished_before(utc_now() + timedelta(seconds=1)) == 1
+    assert store.purge_finished_before(utc_now() + timedelta(seconds=1), chunk=2) == 4
     assert store.get(old.id) is None and store.get(active.id) is not None
+    assert all(batches.items(batch.id) == [] for batch in ended)  # their items (texts) went with them
 
 
 def test_sqlite_engine_is_tuned(tmp_path: Path) -> None:

@@ -12,6 +12,7 @@ from __future__ import annotations
 import logging
 import threading
 import time
+from datetime import datetime, timedelta, timezone
 from typing import Any
 
 from cosyserve.errors import CosyServeError, SettingsError
@@ -101,7 +102,7 @@ class Service:
             labels=self.labels,
         )
         interval = s.storage.retention_interval_s if retention_interval_s is None else retention_interval_s
-        self.retention = RetentionWorker(self.outputs, interval)
+        self.retention = RetentionWorker(self.outputs, interval, also=self._purge_old_jobs)
         # Access, scheduling, and the backend the role asks for
         self.access = Access(s, self.keys, self.db)
         self.reservations = QuotaReservations(self.access.quota, self.voices)
@@ -192,6 +193,14 @@ class Service:
             forget_outputs(self.db, output_ids)
         except Exception as exc:  # their links then answer 404, as before
             log.warning("could not clear %d removed outputs from jobs and batches: %s", len(output_ids), exc)
+
+    def _purge_old_jobs(self) -> None:
+        """Records of jobs that ended more than `job_retention_days` ago go, with their texts and items."""
+        days = self.settings.storage.job_retention_days
+        if days > 0:
+            cutoff = datetime.now(timezone.utc) - timedelta(days=days)
+            if purged := self.jobs.purge_finished_before(cutoff):
+                log.info("removed the records of %d jobs that ended more than %g days ago", purged, days)
 
     def _key(self, key_id: int) -> ApiKey | None:
         """The key that submitted a job (None once it was revoked or deleted: nothing is charged)."""

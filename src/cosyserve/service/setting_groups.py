@@ -215,6 +215,12 @@ class StorageSettings(_Group):
     retention_interval_s: float = Field(
         3600.0, ge=1, description="how often old outputs are looked for and deleted, in seconds"
     )
+    job_retention_days: float = Field(
+        90.0,
+        ge=0,
+        description="delete the records of jobs, batches and dubs (their texts and items) this many days "
+        "after they ended (0: keep forever)",
+    )
     timezone: str = Field(
         "local",
         description="time zone of output file names: local (this machine's), UTC, or a name such as "

@@ -153,9 +153,15 @@ class Expiring(Protocol):
 class RetentionWorker:
     """Runs `store.enforce_retention()` now and then every `interval_s` seconds, until `stop()`."""
 
-    def __init__(self, store: Expiring, interval_s: float = 3600.0) -> None:
+    def __init__(
+        self,
+        store: Expiring,
+        interval_s: float = 3600.0,
+        also: Callable[[], object] | None = None,
+    ) -> None:
         self.store = store
         self.interval_s = interval_s
+        self.also = also  # more housekeeping for each pass (old job records)
         self.runs = 0
         self._stop = threading.Event()
         self._thread: threading.Thread | None = None
@@ -177,6 +183,11 @@ class RetentionWorker:
                 self.store.enforce_retention()
             except Exception:  # a bad disk moment must not end the worker; the next run tries again
                 log.exception("output retention failed")
+            if self.also is not None:
+                try:
+                    self.also()
+                except Exception:  # the database briefly away: the next pass tries again
+                    log.exception("housekeeping after output retention failed")
             upload_missing = getattr(self.store, "upload_missing", None)  # outputs the bucket never got
             if upload_missing is not None:
                 try:
