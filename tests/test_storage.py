@@ -261,6 +261,17 @@ def test_listing_is_newest_first_filters_owner_and_survives_restart(tmp_path: Pa
         reopened.list(limit=0)
 
 
+def test_a_request_id_finds_its_output_however_many_came_after(tmp_path: Path) -> None:
+    """`GET /v1/outputs?request_id=` searched the newest 1000 only: a user's older result read as never
+    saved."""
+    store = make_store(tmp_path)
+    old = store.save(b"a", "wav", {"owner": "alice", "parameters": {"request_id": "r-old"}})
+    for n in range(6):
+        store.save(b"a", "wav", {"owner": "alice" if n % 2 else "bob", "parameters": {"request_id": f"r{n}"}})
+    assert store.of_request("r-old", "alice").id == old.id
+    assert store.of_request("r-old", "bob") is None and store.of_request("r-none") is None
+
+
 def test_listing_skips_outputs_still_being_written(tmp_path: Path) -> None:
     store = make_store(tmp_path)
     done = store.save(b"a", "wav", {})

@@ -65,13 +65,9 @@ def list_outputs(
 ) -> OutputList:
     service = get_service(request)
     owner = principal.listed_owner
-    if request_id is not None:
-        found = [
-            o
-            for o in service.outputs.list(owner=owner, limit=1000)
-            if (o.manifest.get("parameters") or {}).get("request_id") == request_id
-        ]
-        return OutputList(data=[output_view(service, o) for o in found[:limit]])
+    if request_id is not None:  # (only the newest 1000 were searched: an older one was "not saved")
+        found = service.outputs.of_request(request_id, owner)
+        return OutputList(data=[output_view(service, found)] if found is not None else [])
     outputs = service.outputs.list(owner=owner, limit=limit, offset=offset)
     return OutputList(data=[output_view(service, o) for o in outputs])
 

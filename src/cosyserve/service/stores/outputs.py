@@ -35,6 +35,7 @@ from __future__ import annotations
 import contextlib
 import errno
 import heapq
+import itertools
 import logging
 import os
 import random
@@ -83,6 +84,7 @@ log = logging.getLogger(__name__)
 
 MAX_SUFFIX = 999_999  # outputs with the same second-resolution stamp
 MAX_LIST_LIMIT = 1000
+MAX_REQUEST_SEARCH = 100_000  # bucket sidecars one request-id lookup may fetch (local ones are read anyway)
 NODE_TAGS = range(100_000, 1_000_000)  # 6 digits, so tagged counters never look like plain ones
 
 
@@ -259,12 +261,16 @@ class OutputStore(Retention):
         at most limit + offset sidecars not seen before)."""
         if not 1 <= limit <= MAX_LIST_LIMIT or offset < 0:
             raise InputError(f"use 1 <= limit <= {MAX_LIST_LIMIT} and offset >= 0 (got {limit}, {offset})")
-        walk = RemoteWalk(fetches_left=limit + offset)
+        outputs = self.newest_first(owner, fetches=limit + offset)
+        return list(itertools.islice(outputs, offset, offset + limit))
+
+    def newest_first(self, owner: str | None = None, fetches: int = MAX_LIST_LIMIT) -> Iterator[StoredOutput]:
+        """Every complete output (`owner`'s when given), newest first, read as the caller goes on; with
+        remote reads at most `fetches` sidecars not seen before are fetched from the bucket."""
+        walk = RemoteWalk(fetches_left=fetches)
         ids: Iterator[str] = iter(self._ids_newest_first())
         if self.bucket is not None:
             ids = heapq.merge(ids, self.bucket.ids_newest_first(walk), key=sort_key, reverse=True)
-        found: list[StoredOutput] = []
-        skipped = 0
         previous = None
         for output_id in ids:
             if output_id == previous:  # on this node and in the bucket
@@ -273,15 +279,15 @@ class OutputStore(Retention):
             if owner is not None and self._sizes.not_owned_by(output_id, owner):
                 continue  # someone else's: not read (a user with few outputs paid for everyone's)
             output = self._listed(output_id, walk)
-            if output is None or (owner is not None and output.manifest.get("owner") != owner):
-                continue
-            if skipped < offset:
-                skipped += 1
-                continue
-            found.append(output)
-            if len(found) >= limit:
-                break
-        return found
+            if output is not None and (owner is None or output.manifest.get("owner") == owner):
+                yield output
+
+    def of_request(self, request_id: str, owner: str | None = None) -> StoredOutput | None:
+        """The output the request `request_id` made (`owner`'s), however many were made after it."""
+        for output in self.newest_first(owner, fetches=MAX_REQUEST_SEARCH):
+            if (output.manifest.get("parameters") or {}).get("request_id") == request_id:
+                return output
+        return None
 
     def _ids_newest_first(self) -> list[str]:
         ids = [path.stem for path in self.root.glob("output_*.json") if OUTPUT_ID.fullmatch(path.stem)]
