@@ -244,6 +244,8 @@ class _HistoryActions:
         choices = [(f"{row[0]} · {row[2]}", ID_PREFIX + row[-1]) for row in rows["data"]]
         first = choices[0][1] if choices else None
         status = "" if shown else text("history_no_match" if wanted.active else "history_empty", lang)
+        if wanted.active and len(outputs) >= SEARCH_LIMIT:  # older ones exist and were not searched
+            status = f"{status} {text('history_searched_newest', lang, count=SEARCH_LIMIT)}".strip()
         names = {voice.id: voice.name for voice in self.bridge.voices(principal)}
         any_label = text("history_any", lang)
         voices = voice_choices(outputs, names, any_label, text("uploaded", lang))

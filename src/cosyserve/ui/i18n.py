@@ -11,6 +11,7 @@ from collections.abc import Callable
 from typing import Any
 
 from cosyserve.ui.i18n_admin import ADMIN_STRINGS
+from cosyserve.ui.i18n_history import HISTORY_STRINGS
 from cosyserve.ui.i18n_jobs import JOB_STRINGS
 from cosyserve.ui.i18n_session import SESSION_STRINGS
 
@@ -287,16 +288,6 @@ STRINGS: dict[str, tuple[str, str]] = {
     "uploaded": ("（上传的录音）", "(uploaded recording)"),
     "mode_batch": ("批量", "batch"),
     "mode_dub": ("配音", "dub"),
-    "history_search": ("搜索（文本或编号）", "Search (text or id)"),
-    "history_voice": ("音色", "Voice"),
-    "history_kind": ("类型", "Kind"),
-    "history_day": ("日期", "Date"),
-    "history_any": ("全部", "All"),
-    "history_everyone": ("所有用户的记录", "Everyone's entries"),
-    "history_delete": ("删除这条记录", "Delete this entry"),
-    "history_deleted": ("已删除 {id}。", "Deleted {id}."),
-    "history_no_match": ("没有符合筛选条件的记录。", "No entry matches the filters."),
-    "history_download": ("⬇ 下载 {fmt}", "⬇ Download {fmt}"),
     # admin
     "engine_status": ("引擎状态", "Engine status"),
     "restart_engine": ("重启引擎", "Restart engine"),
@@ -342,6 +333,7 @@ STRINGS: dict[str, tuple[str, str]] = {
 STRINGS.update(ADMIN_STRINGS)  # the admin tab's keys, quotas and enrolments (kept in their own module)
 STRINGS.update(SESSION_STRINGS)  # the session watch's bar
 STRINGS.update(JOB_STRINGS)  # a long text made as a job
+STRINGS.update(HISTORY_STRINGS)  # the History tab's search and filters
 
 
 def text(key: str, lang: str, **values: Any) -> str:
