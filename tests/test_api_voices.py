@@ -51,6 +51,10 @@ def test_enrol_json_base64_and_duplicate_name(client, prompt_wav_bytes) -> None:
     assert client.post("/v1/voices", json=body).status_code == 201
     again = client.post("/v1/voices", json=body)
     assert again.status_code == 400 and "already have a voice named" in again.json()["error"]["message"]
+    every = [v["id"] for v in client.get("/v1/voices").json()["data"]]
+    page = client.get("/v1/voices", params={"limit": 1, "offset": 1}).json()["data"]  # (were ignored)
+    assert len(every) >= 2 and [v["id"] for v in page] == every[1:2]
+    assert client.get("/v1/voices", params={"limit": 0}).status_code == 422
 
 
 def test_enrol_accepts_the_tts_field_names(client, prompt_wav_bytes) -> None:

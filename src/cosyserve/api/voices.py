@@ -26,6 +26,7 @@ from cosyserve.api.schemas import AUDIO_CONTENT, ERRORS, body_doc
 from cosyserve.api.streaming import audio_response, await_ticket
 from cosyserve.api.voice_schemas import ConsentStatement, VoiceCreateParams, VoiceList, VoiceUpdate, VoiceView
 from cosyserve.errors import InputError, VoiceNotFound
+from cosyserve.limits import MAX_LIST_OFFSET
 from cosyserve.service.access import voice_rules
 from cosyserve.service.access.principals import Principal
 from cosyserve.service.local.voice_pins import refuse_if_in_use
@@ -41,9 +42,15 @@ def view(principal: Principal, voice: Voice) -> VoiceView:
 
 
 @router.get("", response_model=VoiceList, responses=ERRORS, summary="List saved voices (yours and shared)")
-def list_voices(request: Request, principal: CurrentPrincipal) -> VoiceList:
-    voices = get_service(request).voices.list(principal.voices)
-    return VoiceList(data=[view(principal, v) for v in voices])
+def list_voices(
+    request: Request,
+    principal: CurrentPrincipal,
+    limit: int | None = Query(None, ge=1, le=1000, description="at most this many (default: all)"),
+    offset: int = Query(0, ge=0, le=MAX_LIST_OFFSET, description="skip this many first"),
+) -> VoiceList:
+    voices = get_service(request).voices.list(principal.voices)  # (limit and offset were ignored)
+    page = voices[offset : offset + limit] if limit is not None else voices[offset:]
+    return VoiceList(data=[view(principal, v) for v in page])
 
 
 @router.post(
