@@ -120,8 +120,8 @@ def test_status_enrolments_and_logs(page, ui_server):
     enrolments = wait_text(page, "#admin-enrolments", "dora-voice")
     row = next(line for line in enrolments.splitlines() if "dora-voice" in line)
     assert "dora (key:1)" in row and "UTC" in row and "no" in row, row  # owner, enrolled by, date, private
-    page.wait_for_function("document.querySelector('#admin-logs textarea').value.includes('red alert')")
-    logs = page.input_value("#admin-logs textarea")
+    page.wait_for_function("document.querySelector('#admin-logs pre')?.textContent.includes('red alert')")
+    logs = page.text_content("#admin-logs pre")
     assert "\x1b" not in logs and "[1;31m" not in logs and "red alert from a coloured logger" in logs
     shot(page, "status-enrolments-logs")
 

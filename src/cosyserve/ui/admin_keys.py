@@ -11,6 +11,7 @@ from typing import Any
 import gradio as gr
 
 from cosyserve.errors import CosyServeError
+from cosyserve.ui import assets
 from cosyserve.ui.admin_status import enrolments_markdown, keys_markdown
 from cosyserve.ui.bridge import ROLES
 from cosyserve.ui.generate import UiError, as_gr_error, error_message
@@ -36,7 +37,7 @@ class KeysSection:
 
 
 def _heading(tr: Any, key: str) -> None:
-    tr.bind(gr.Markdown(f"### {tr(key)}"), value=lambda lang: f"### {text(key, lang)}")
+    tr.bind(gr.Markdown(f"## {tr(key)}"), value=lambda lang: f"## {text(key, lang)}")
 
 
 def _quota_value(value: float | None) -> float | None:
@@ -195,8 +196,12 @@ def build_keys_section(ctx: UiContext) -> KeysSection:
     lang = ctx.lang
     create.click(do_create, [lang, name, role, quota], [name, quota, *section.outputs])
     revoke.click(_revoke_question(bridge), [lang, pick], [confirm_row, message])
-    confirm_revoke.click(do_revoke, [lang, pick], [*section.outputs, confirm_row])
-    keep.click(lambda: (gr.update(visible=False), ""), None, [confirm_row, message])
+    confirm_revoke.click(do_revoke, [lang, pick], [*section.outputs, confirm_row]).then(
+        None, js=assets.focus_js("admin-key-revoke")
+    )
+    keep.click(lambda: (gr.update(visible=False), ""), None, [confirm_row, message]).then(
+        None, js=assets.focus_js("admin-key-revoke")
+    )
     pick.change(lambda: gr.update(visible=False), None, [confirm_row])  # the question was of another key
     set_quota.click(do_set_quota, [lang, pick, new_quota], section.outputs)
     return section

@@ -64,9 +64,12 @@ def _cell(value: Any) -> str:
 
 
 def _table(head: list[str], rows: list[list[Any]]) -> str:
+    """A Markdown table in a box that scrolls sideways on a narrow screen and takes the keyboard's focus
+    (a keyboard reached none of the columns the box hid). (Gradio's sanitizer drops an `aria-label`.)"""
     lines = ["| " + " | ".join(head) + " |", "|" + " --- |" * len(head)]
     lines += ["| " + " | ".join(_cell(value) for value in row) + " |" for row in rows]
-    return "\n".join(lines)
+    box = '<div class="cosy-scroll" tabindex="0">'
+    return box + "\n\n" + "\n".join(lines) + "\n\n</div>"
 
 
 def gpu_markdown(memory: dict[str, Any], lang: str) -> str:

@@ -3,6 +3,7 @@ quotas, enrolments, recent activity, restart, recent logs (as plain text: no ter
 
 from __future__ import annotations
 
+import html
 import time
 from collections.abc import Iterator
 from dataclasses import dataclass
@@ -10,6 +11,7 @@ from typing import Any
 
 import gradio as gr
 
+from cosyserve.ui import assets
 from cosyserve.ui.admin_keys import build_keys_section
 from cosyserve.ui.admin_status import activity_markdown, gpu_markdown, status_markdown, strip_ansi
 from cosyserve.ui.generate import as_gr_error
@@ -49,12 +51,12 @@ def logs_text(entries: list[dict[str, Any]]) -> str:
 class AdminTab:
     tab: Any
     status: gr.Markdown
-    logs: gr.Textbox
+    logs: gr.HTML
     level: gr.Dropdown
 
 
 def _heading(tr: Any, key: str) -> None:
-    tr.bind(gr.Markdown(f"### {tr(key)}"), value=lambda lang: f"### {text(key, lang)}")
+    tr.bind(gr.Markdown(f"## {tr(key)}"), value=lambda lang: f"## {text(key, lang)}")
 
 
 def _activity_and_logs(tr: Any) -> tuple[Any, Any, Any]:
@@ -64,19 +66,18 @@ def _activity_and_logs(tr: Any) -> tuple[Any, Any, Any]:
     level = tr.bind(
         gr.Dropdown(LEVELS, value="INFO", label=tr("log_level"), elem_id="admin-level"), label="log_level"
     )
-    logs = tr.bind(
-        gr.Textbox(
-            "",
-            label=tr("logs"),
-            lines=14,
-            max_lines=30,
-            interactive=False,
-            elem_id="admin-logs",
-            elem_classes="cosy-logs",
-        ),
-        label="logs",
-    )
+    # (a read-only Textbox is a *disabled* textarea: no keyboard focus, so its scrolled lines were out of
+    # a keyboard's reach; a focusable, labelled <pre> scrolls with the arrow keys)
+    _heading(tr, "logs")
+    logs = gr.HTML("", elem_id="admin-logs", elem_classes="cosy-logs")
     return activity, level, logs
+
+
+def logs_html(entries: list[dict[str, Any]], lang: str) -> str:
+    """The log lines in a focusable region (scrolled with the keyboard), named for screen readers."""
+    label = html.escape(text("logs", lang), quote=True)
+    body = html.escape(logs_text(entries))
+    return f'<pre class="cosy-logs-pre" tabindex="0" role="region" aria-label="{label}">{body}</pre>'
 
 
 def build_admin_tab(ctx: UiContext) -> AdminTab:
@@ -121,7 +122,7 @@ def build_admin_tab(ctx: UiContext) -> AdminTab:
             status_markdown(state, lang),
             gpu_markdown(state["memory"], lang),
             activity_markdown(activity_entries, lang),
-            logs_text(entries),
+            logs_html(entries, lang),
         )
 
     def follow_restart(lang: str, log_level: str, request: gr.Request) -> Iterator[tuple[str, ...]]:
@@ -153,8 +154,9 @@ def build_admin_tab(ctx: UiContext) -> AdminTab:
     refresh.click(keys.refresh, [ctx.lang], keys.outputs)
     tab.select(keys.refresh, [ctx.lang], keys.outputs)
     restart.click(ask_restart, [ctx.lang], [confirm_row, message])
-    keep.click(lambda: (gr.update(visible=False), ""), None, [confirm_row, message])
-    confirm.click(do_restart, [ctx.lang], [confirm_row, message]).then(
-        follow_restart, [ctx.lang, level], [*outputs, message]
-    )
+    refocus = assets.focus_js("admin-restart")  # the row of the focused button goes: not to the top
+    keep.click(lambda: (gr.update(visible=False), ""), None, [confirm_row, message]).then(None, js=refocus)
+    restarting = confirm.click(do_restart, [ctx.lang], [confirm_row, message])
+    restarting.then(None, js=refocus)
+    restarting.then(follow_restart, [ctx.lang, level], [*outputs, message])
     return admin

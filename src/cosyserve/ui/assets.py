@@ -34,7 +34,7 @@ CSS = """
 .cosy-preview { font-size: .9rem; line-height: 1.5; overflow-wrap: anywhere; }
 .cosy-preview mark.cosy-pron { background: #fde68a; color: #713f12; border-radius: 3px; padding: 0 1px; }
 .cosy-preview mark.cosy-tag { background: #dbeafe; color: #1e3a8a; border-radius: 3px; padding: 0 1px; }
-.cosy-preview .cosy-when { opacity: .6; font-size: .8rem; margin-left: .4rem; }
+.cosy-preview .cosy-when { opacity: .75; font-size: .8rem; margin-left: .4rem; }
 .cosy-preview .cosy-warnings { color: #8a5a00; }
 .cosy-preview .bad { color: #b42318; }
 .cosy-preview code { white-space: normal; word-break: break-all; }
@@ -58,6 +58,21 @@ CSS = """
 #cosy-session-notice { position: sticky; top: 0; z-index: 1000; background: #fef3f2; color: #7a271a;
   border-bottom: 2px solid #f04438; padding: .7rem 1rem; font-weight: 600; text-align: center; }
 #cosy-session-notice a { margin-left: .5rem; color: #b42318; text-decoration: underline; }
+/* a visible keyboard focus everywhere: Gradio's theme removes the outline of text fields, checkboxes,
+   radios and sliders and leaves a border change of about 1.3:1 */
+.gradio-container :is(input, textarea, select, button, a, [tabindex]):focus-visible {
+  outline: 3px solid #3730a3 !important; outline-offset: 2px !important; }
+.cosy-sr-only { position: absolute !important; width: 1px; height: 1px; padding: 0; margin: -1px;
+  overflow: hidden; clip: rect(0 0 0 0); white-space: nowrap; border: 0; }
+.cosy-dice { max-width: none; min-width: 6.5rem !important; }
+.cosy-scroll { overflow-x: auto; max-width: 100%; }
+.cosy-logs-pre { max-height: 32rem; overflow: auto; white-space: pre-wrap; overflow-wrap: anywhere;
+  font-family: ui-monospace, Menlo, monospace; font-size: .8rem; margin: 0; }
+@media (max-width: 640px) {
+  /* the admin's tables wrap whole words in the page's width: scrolled sideways they hid columns that no
+     keyboard could scroll to, and squeezed they broke words a letter a line */
+  .cosy-table th, .cosy-table td { word-break: normal; overflow-wrap: normal; white-space: nowrap; }
+}
 """
 
 _PLAYER = """
@@ -196,9 +211,70 @@ window.cosySession = (() => {
 """
 
 
+# Status lines that change after an action (a result, a check, a saved voice, a refused change, a batch's
+# progress): their text is said by one polite live region, the last change of each line after it has been
+# still for a moment (a streaming result's "so far" line would otherwise be read many times a second).
+ANNOUNCED = ("[id$='-feedback']", "[id$='-info']", "[id$='-voice-note']", "[id$='-instruct-note']",
+             "[id$='-progress']", "#voices-status", "#history-status", "#admin-message",
+             "#admin-keys-message", "#batch-progress", "#batch-links")  # fmt: skip
+
+ANNOUNCER = """
+window.cosyAnnounce = (() => {
+  const SELECTOR = __SELECTOR__;
+  let region = null; const timers = new Map(); const said = new WeakMap();
+  function say(text) {
+    if (!region) {
+      region = document.createElement('div');
+      region.id = 'cosy-live'; region.className = 'cosy-sr-only';
+      region.setAttribute('role', 'status'); region.setAttribute('aria-live', 'polite');
+      document.body.appendChild(region);
+    }
+    region.textContent = '';
+    setTimeout(() => { region.textContent = text; }, 50);
+  }
+  function changed(block) {
+    clearTimeout(timers.get(block));
+    timers.set(block, setTimeout(() => {
+      const text = (block.querySelector('.prose, .html-container') || block).innerText.trim();
+      const shown = block.offsetParent !== null;
+      if (text && text !== said.get(block) && shown) { said.set(block, text); say(text); }
+      if (!text) said.delete(block);
+    }, 700));
+  }
+  new MutationObserver((records) => {
+    for (const r of records) {
+      const el = r.target.nodeType === 1 ? r.target : r.target.parentElement;
+      const block = el && el.closest(SELECTOR);
+      if (block) changed(block);
+    }
+  }).observe(document.documentElement, { subtree: true, childList: true, characterData: true });
+  return say;
+})();
+""".replace("__SELECTOR__", json.dumps(", ".join(ANNOUNCED)))
+
+
+def page_lang_js(title_zh: str, title_en: str) -> str:
+    """A JS function for the page's language state: the document's `lang` and title follow it."""
+    return (
+        "(lang) => { document.documentElement.lang = lang === 'zh' ? 'zh-CN' : 'en'; "
+        f"document.title = lang === 'zh' ? {json.dumps(title_zh)} : {json.dumps(title_en)}; return []; }}"
+    )
+
+
+def focus_js(elem_id: str) -> str:
+    """A JS function that puts the focus on `elem_id`'s button (after the one that had it was hidden)."""
+    return (
+        "(...args) => { setTimeout(() => { "
+        f"const root = document.getElementById({json.dumps(elem_id)}); "
+        "const target = root && (root.matches('button') ? root "
+        ": root.querySelector('button, input, textarea')); "
+        "if (target) target.focus({ preventScroll: true }); }, 150); return args; }"
+    )
+
+
 def head_html() -> str:
-    """The `<script>`s put into the page's head: the stream player and the session watch."""
-    return f"<script>{_PLAYER}</script><script>{SESSION_WATCH}</script>"
+    """The `<script>`s put into the page's head: the stream player, the session watch, the announcer."""
+    return f"<script>{_PLAYER}</script><script>{SESSION_WATCH}</script><script>{ANNOUNCER}</script>"
 
 
 def counter_js(limit: int, job_limit: int | None = None) -> str:

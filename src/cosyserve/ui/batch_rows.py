@@ -50,7 +50,8 @@ def progress_html(status: BatchStatus, lang: str) -> str:
     error = f"<br><span class='bad'>{html.escape(said)}</span>" if record.error_code else ""
     return (
         f'<div class="cosy-batch" data-state="{record.state}" data-batch="{record.id}">'
-        f'<progress id="batch-bar" style="width: 60%" value="{made}" max="{max(1, counts.total)}">'
+        f'<progress id="batch-bar" style="width: 60%" value="{made}" max="{max(1, counts.total)}" '
+        f'aria-label="{html.escape(line, quote=True)}">'
         "</progress> "
         f"<b>{state}</b> · {line}{left}{error}</div>"
     )

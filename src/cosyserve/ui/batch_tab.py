@@ -16,6 +16,7 @@ from typing import Any
 
 import gradio as gr
 
+from cosyserve.ui import assets
 from cosyserve.ui.batch_rows import bt, item_check, item_error, progress_html
 from cosyserve.ui.bridge import (
     SCRIPT_SUFFIXES,
@@ -81,6 +82,8 @@ def build_batch_tab(ctx: UiContext) -> BatchTab:
         [ctx.lang, file, voice, instruct, fmt, max_speed, takes],
         [parts.current, *parts.view, parts.audio],
     )
+    # the upload button that had the focus is replaced by the file's row: keep the focus in the form
+    file.upload(None, None, None, js=assets.refocus_js("batch-file"))
     parts.timer.tick(  # (passive: `ui.login.PASSIVE_EVENTS`)
         actions.tick, [ctx.lang, parts.current], parts.view, show_progress="hidden", api_name="batch_tick"
     )

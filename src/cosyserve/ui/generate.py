@@ -249,7 +249,7 @@ def download_links(
         url = html.escape(bridge.download_url(output, fmt), quote=True)
         title, shown = (html.escape(label, quote=True) for label in labels(fmt.upper()))
         parts.append(
-            f'<a class="cosy-download" data-format="{fmt}" href="{url}" title="{title}" '
+            f'<a class="cosy-download" data-format="{fmt}" href="{url}" title="{title}" aria-label="{title}" '
             f'download="{output.id}.{fmt}">{shown}</a>'
         )
     srt = srt_text(output.manifest)
@@ -259,7 +259,8 @@ def download_links(
         label = html.escape(text("subtitles", lang))
         name = f"{output.id}.srt"
         parts.append(
-            f'<a class="cosy-download" data-format="srt" href="{href}" download="{name}">⬇ {label}</a>'
+            f'<a class="cosy-download" data-format="srt" href="{href}" download="{name}">'
+            f'<span aria-hidden="true">⬇ </span>{label}</a>'
         )
     return f'<div class="cosy-links">{"".join(parts)}</div>'
 

@@ -96,7 +96,7 @@ STRINGS: dict[str, tuple[str, str]] = {
     "examples": ("示例", "Examples"),
     "seed": ("随机种子", "Seed"),
     "seed_ph": ("留空则随机；填写同一数字可复现结果", "empty: random; the same number reproduces a result"),
-    "dice": ("⚄", "⚄"),
+    "dice": ("⚄ 随机", "⚄ Random"),  # words too: "⚄" alone was read as "die face-5" or nothing
     "speed": ("语速", "Speed"),
     "volume": ("音量", "Volume"),
     "takes": ("生成次数（不合格则换种子重做）", "Takes (made again with the next seed if a check fails)"),

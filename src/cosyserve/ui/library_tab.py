@@ -129,7 +129,7 @@ def build_library_tab(ctx: UiContext, panels: list[ModePanel], tabs: gr.Tabs) ->
 
 def _voice_list(ctx: UiContext) -> _VoiceList:
     tr = ctx.tr
-    tr.bind(gr.Markdown(f"### {tr('voices_list')}"), value=lambda lang: f"### {text('voices_list', lang)}")
+    tr.bind(gr.Markdown(f"## {tr('voices_list')}"), value=lambda lang: f"## {text('voices_list', lang)}")
     table = gr.Dataframe(
         value=voice_rows(ctx, tr.lang, None)["value"], interactive=False, wrap=True, elem_id="voices-table"
     )
@@ -181,7 +181,7 @@ def _voice_list(ctx: UiContext) -> _VoiceList:
 
 def _enrol_form(ctx: UiContext) -> _EnrolForm:
     tr = ctx.tr
-    tr.bind(gr.Markdown(f"### {tr('enrol_title')}"), value=lambda lang: f"### {text('enrol_title', lang)}")
+    tr.bind(gr.Markdown(f"## {tr('enrol_title')}"), value=lambda lang: f"## {text('enrol_title', lang)}")
     name = tr.bind(
         gr.Textbox(label=tr("voice_name"), placeholder=tr("voice_name_ph"), elem_id="enrol-name"),
         label="voice_name",
@@ -274,7 +274,7 @@ def _wire(
     v.delete.click(actions.ask_delete, [lang, v.pick], [v.confirm], **on_status)
     v.confirm.click(
         actions.delete, [lang, v.pick], [v.status, v.confirm, *outputs], api_name="voice_delete", **on_status
-    )
+    ).then(None, js=assets.focus_js("voices-delete"))  # the focused Confirm is hidden: back to Delete
     # a voice shared with this user, not its own: no Rename or Delete to press only to be refused
     v.pick.change(actions.manageable, [v.pick], [v.delete, v.confirm, v.new_name, v.rename])
     v.use.click(

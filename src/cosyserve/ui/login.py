@@ -57,7 +57,7 @@ _TEXT = {
 }
 
 _PAGE = """<!doctype html>
-<html lang="{lang}"><head><meta charset="utf-8">
+<html lang="{html_lang}"><head><meta charset="utf-8">
 <meta name="viewport" content="width=device-width,initial-scale=1">
 <title>{title}</title>
 <style>
@@ -67,28 +67,29 @@ form{{background:#fff;padding:2rem 2.2rem;border-radius:14px;box-shadow:0 6px 30
 width:min(360px,90vw)}}
 h1{{margin:0 0 1.2rem;font-size:1.4rem}}
 label{{display:block;margin:.8rem 0 .3rem;font-size:.9rem;color:#444}}
-input{{width:100%;box-sizing:border-box;padding:.6rem .7rem;border:1px solid #ccd;border-radius:8px;
+input{{width:100%;box-sizing:border-box;padding:.6rem .7rem;border:1px solid #767689;border-radius:8px;
 font-size:1rem}}
+:focus-visible{{outline:3px solid #3730a3;outline-offset:2px}}
 button{{margin-top:1.3rem;width:100%;padding:.7rem;border:0;border-radius:8px;background:#5b5bd6;color:#fff;
 font-size:1rem;cursor:pointer}} .err{{color:#b42318;background:#fef3f2;padding:.6rem;border-radius:8px}}
 .lang{{float:right;font-size:.85rem}} details{{margin-top:.8rem;color:#555}}
 </style></head><body>
-<form method="post" action="{action}">
-<a class="lang" id="lang-switch" href="{other_href}">{other}</a>
+<main><form method="post" action="{action}">
+<a class="lang" id="lang-switch" href="{other_href}" lang="{other_lang}" hreflang="{other_lang}">{other}</a>
 <h1>{heading}</h1>{error}
 {password_fields}
 {key_fields}
 <input type="hidden" name="next" value="{next}">
 <button type="submit" id="login-submit">{submit}</button>
-</form></body></html>"""
+</form></main></body></html>"""
 
 _PASSWORD_FIELDS = """<label for="username">{username}</label>
-<input id="username" name="username" autocomplete="username" autofocus>
+<input id="username" name="username" autocomplete="username"{focus}{invalid}>
 <label for="password">{password}</label>
-<input id="password" name="password" type="password" autocomplete="current-password">"""
+<input id="password" name="password" type="password" autocomplete="current-password"{invalid}>"""
 
 _KEY_FIELD = """<label for="api_key">{key}</label>
-<input id="api_key" name="api_key" type="password" autocomplete="off">"""
+<input id="api_key" name="api_key" type="password" autocomplete="off"{key_focus}{invalid}>"""
 
 
 def safe_next(target: str | None) -> str:
@@ -98,25 +99,39 @@ def safe_next(target: str | None) -> str:
     return target
 
 
-def login_page(bridge: UiBridge, lang: str, next_path: str, error: bool = False) -> str:
+def login_page(
+    bridge: UiBridge, lang: str, next_path: str, error: bool = False, used_key: bool = False
+) -> str:
+    """The form; after a failed attempt (`error`) the message is an alert the fields point to, and the
+    fields the user had used (`used_key`: the API key) are open and focused again."""
     strings = _TEXT[lang]
-    password_fields = _PASSWORD_FIELDS.format(**strings) if bridge.password_login_configured else ""
-    key_field = _KEY_FIELD.format(**strings)
+    invalid = ' aria-invalid="true" aria-describedby="login-error"' if error else ""
+    with_password = bridge.password_login_configured
+    focus_key = used_key or not with_password
+    marks = {
+        "invalid": invalid,
+        "focus": "" if focus_key else " autofocus",
+        "key_focus": " autofocus" if focus_key else "",
+    }
+    password_fields = _PASSWORD_FIELDS.format(**strings, **marks) if with_password else ""
+    key_field = _KEY_FIELD.format(**strings, **marks)
     if password_fields:
-        key_fields = f"<details><summary>{strings['or_key']}</summary>{key_field}</details>"
+        opened = " open" if used_key else ""
+        key_fields = f"<details{opened}><summary>{strings['or_key']}</summary>{key_field}</details>"
     else:
         key_fields = key_field
     other_lang = "en" if lang == "zh" else "zh"
     next_q = quote(next_path, safe="/")
     return _PAGE.format(
-        lang=lang,
+        html_lang="zh-CN" if lang == "zh" else "en",
         title=strings["title"],
         heading=strings["heading"],
         submit=strings["submit"],
         other=strings["other"],
+        other_lang="zh-CN" if other_lang == "zh" else "en",
         other_href=f"{LOGIN_PATH}?lang={other_lang}&next={next_q}",
         action=f"{LOGIN_PATH}?lang={lang}",
-        error=f'<p class="err" id="login-error">{strings["failed"]}</p>' if error else "",
+        error=f'<p class="err" id="login-error" role="alert">{strings["failed"]}</p>' if error else "",
         password_fields=password_fields,
         key_fields=key_fields,
         next=html.escape(next_path, quote=True),
@@ -160,7 +175,10 @@ def install_login_routes(app: FastAPI, bridge: UiBridge) -> None:
             response.set_cookie(**bridge.session_cookie(token, secure=secure))
             return response
         await asyncio.sleep(FAILED_LOGIN_DELAY_S)
-        response = HTMLResponse(login_page(bridge, lang_of(request), next_path, error=True), status_code=401)
+        page = login_page(
+            bridge, lang_of(request), next_path, error=True, used_key=bool(fields["api_key"].strip())
+        )
+        response = HTMLResponse(page, status_code=401)
         clear_auth_cookies(response)
         return response
 
