@@ -229,3 +229,17 @@ def test_requests_waiting_when_the_quota_is_lowered_below_the_usage_do_not_start
     assert [(a.status_code, a.json()["error"]["code"]) for a in answers] == [(429, "quota_exceeded")] * 2
     assert "used up" in answers[0].json()["error"]["message"] and answers[0].headers.get("retry-after")
     assert quota["used_s"] == pytest.approx(used) and quota["reserved_s"] == 0.0
+
+
+def test_the_early_refusal_says_soon_when_only_the_keys_own_work_holds_the_rest(server) -> None:
+    record, key = server.service.keys.create("held-early", "user", quota=10.0)
+    quota = server.service.access.quota
+    held = quota.reserve(record, 10.0)  # its own work in flight holds the whole day
+    with as_key(server, key) as client:
+        soon = client.post("/v1/jobs", json={"text": TEXT, "voice": "alice"})
+        assert soon.status_code == 429 and "held by this key's work in flight" in soon.text
+        assert (soon.headers["retry-after"], soon.headers["x-should-retry"]) == ("5", "true")
+        quota.settle(held, record, 10.0)  # it made its 10 s: now the day is spent
+        spent = client.post("/v1/jobs", json={"text": TEXT, "voice": "alice"})
+        assert spent.status_code == 429 and "resets at 00:00 UTC" in spent.text
+        assert spent.headers["x-should-retry"] == "false" and int(spent.headers["retry-after"]) >= 1
