@@ -95,7 +95,7 @@ def test_a_body_trickling_below_the_rate_floor_gives_its_budget_back(monkeypatch
 
     monkeypatch.setattr(middleware, "body_part", slowly)
     status, read = asyncio.run(call(app, "good", [b"x"] * 20, stall=True))
-    assert status == 408 and 1 < read < 20 and budget.in_use == 0
+    assert status == 408 and read < 20 and budget.in_use == 0  # cut off long before its end
     assert middleware.check_body_rate(10_000, 9.0) is None  # fast enough, or still in its first seconds
     assert middleware.check_body_rate(0, 0.04) is None
 
