@@ -37,3 +37,10 @@ def test_the_page_language_title_logs_and_announcements() -> None:
     assert "#admin-message" in assets.head_html() and "aria-live" in assets.head_html()
     assert "admin-restart" in assets.focus_js("admin-restart")
     assert text("dice", "en") != "⚄" and "focus-visible" in assets.CSS
+
+
+def test_the_long_text_bar_is_a_named_progressbar() -> None:
+    from cosyserve.ui.long_text import progress_html
+
+    bar = progress_html(0.25, 8, 30.0, "en")
+    assert 'role="progressbar"' in bar and 'aria-valuenow="25"' in bar and 'aria-label="' in bar

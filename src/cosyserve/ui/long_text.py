@@ -53,9 +53,11 @@ def progress_html(
             elapsed=_clock(elapsed),
             remaining=_clock(remaining) if remaining is not None else "…",
         )
+    said = html.escape(line, quote=True)  # (the bar's name for a screen reader: its line)
     return (
         f'<div class="cosy-progress" data-fraction="{fraction:.4f}">'
-        f'<div class="cosy-bar"><div style="width:{percent:.1f}%"></div></div>'
+        f'<div class="cosy-bar" role="progressbar" aria-valuemin="0" aria-valuemax="100" '
+        f'aria-valuenow="{percent:.0f}" aria-label="{said}"><div style="width:{percent:.1f}%"></div></div>'
         f"<div class='cosy-progress-line'>{html.escape(line)}</div></div>"
     )
 
