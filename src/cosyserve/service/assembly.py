@@ -51,11 +51,6 @@ REMOTE_IN_FLIGHT = 64  # requests an API node relays at once unless queue.concur
 class Service:
     """Everything one server process runs. `start()` before serving, `shutdown()` at the end."""
 
-    @property
-    def uptime_s(self) -> float:
-        """Seconds since this service started (the monotonic clock's)."""
-        return time.monotonic() - self.started_mono
-
     def __init__(
         self,
         settings: Settings,
@@ -193,6 +188,11 @@ class Service:
             forget_outputs(self.db, output_ids)
         except Exception as exc:  # their links then answer 404, as before
             log.warning("could not clear %d removed outputs from jobs and batches: %s", len(output_ids), exc)
+
+    @property
+    def uptime_s(self) -> float:
+        """Seconds since this service started (the monotonic clock's)."""
+        return time.monotonic() - self.started_mono
 
     def _purge_old_jobs(self) -> None:
         """Records of jobs that ended more than `job_retention_days` ago go, with their texts and items."""

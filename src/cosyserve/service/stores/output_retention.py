@@ -56,7 +56,7 @@ class Retention:
     def _get_local(self, output_id: str) -> StoredOutput:
         raise NotImplementedError
 
-    def _complete_outputs(self) -> list[StoredOutput]:
+    def _iter_complete(self) -> Iterator[StoredOutput]:
         raise NotImplementedError
 
     def enforce_retention(self) -> RetentionReport:
@@ -106,12 +106,6 @@ class Retention:
         found.sort(key=lambda o: (o[1], o[0]))
         return found
 
-    def _iter_complete(self) -> Iterator[StoredOutput]:
-        raise NotImplementedError
-
-    def _oldest_first(self) -> list[StoredOutput]:
-        return sorted(self._complete_outputs(), key=lambda o: (o.created_at, o.id))
-
     def _keep_under_cap(self, stored: StoredOutput) -> None:
         """The size cap holds at every save: the largest holder's oldest outputs go first, never the one
         just saved."""
@@ -145,7 +139,7 @@ class Retention:
         by the retention worker; returns how many were queued. SyncError when the bucket can't be read."""
         if self.sync is None:
             return 0
-        mine = [o for o in self._complete_outputs() if BUCKET_COPY not in o.manifest]
+        mine = [o for o in self._iter_complete() if BUCKET_COPY not in o.manifest]
         present: set[str] = set()
         for day in sorted({o.id[len("output_") : len("output_") + 8] for o in mine}):
             present.update(self.sync.list_keys(f"output_{day}"))

@@ -360,9 +360,6 @@ class OutputStore(Retention):
         remove_pair(output)
         return True
 
-    def _complete_outputs(self) -> list[StoredOutput]:
-        return list(self._iter_complete())
-
     def _iter_complete(self) -> Iterator[StoredOutput]:
         for output_id in self._ids_newest_first():
             with contextlib.suppress(OutputNotFound):
