@@ -305,3 +305,52 @@ def test_admins_see_whose_voices_jobs_and_batches_they_list(server, prompt_wav_b
         jobs = {j["id"]: j["owner"] for j in admin.get("/v1/jobs").json()["data"]}
         batches = {b["id"]: b["owner"] for b in admin.get("/v1/batches").json()["data"]}
         assert jobs[job["id"]] == owners[user] and batches[batch["id"]] == owners[other]
+
+
+def walk_pages(client: httpx.Client, path: str) -> list[str]:
+    """Every id of a list, one per page, until a page says nothing more follows."""
+    ids: list[str] = []
+    while True:
+        page = client.get(path, params={"limit": 1, "offset": len(ids)}).json()
+        ids += [entry["id"] for entry in page["data"]]
+        if not page["has_more"]:
+            return ids
+        assert len(page["data"]) == 1 and len(ids) < 50, page
+
+
+def test_a_page_says_whether_more_follow_and_each_key_pages_its_own(server, prompt_wav_bytes) -> None:
+    """Lists had no way to say the last page was last: a client paged until an empty page. Every list
+    says `has_more`; two users paging at once each get exactly their own, and the admin everyone's."""
+    made: dict[str, dict[str, set[str]]] = {}
+    for name in ("pager-a", "pager-b"):
+        key = server.service.keys.create(name, "user")[1]
+        with as_key(server, key) as client:
+            mine = made[name] = {"jobs": set(), "outputs": set(), "voices": set(), "batches": set()}
+            files = {"audio": ("v.wav", prompt_wav_bytes, "audio/wav")}
+            for n in range(2):
+                voice = client.post("/v1/voices", data={"name": f"v{n}", "consent": "true"}, files=files)
+                mine["voices"].add(voice.json()["id"])
+                spoken = client.post("/v1/tts", json={"text": API_TEXT, "voice": "alice", "seed": API_SEED})
+                mine["outputs"].add(spoken.headers["x-cosyserve-output-id"])
+                job = client.post("/v1/jobs", json={"text": API_TEXT, "voice": "alice"}).json()
+                mine["jobs"].add(job["id"])
+                mine["outputs"].add(wait_for_job(client, job["id"])["output_id"])
+            batch = client.post("/v1/batches", json={"voice": "alice", "items": ["一。"]}).json()["id"]
+            wait_for_job(client, batch)
+            items = client.get(f"/v1/batches/{batch}").json()["items"]
+            mine["batches"].add(batch)
+            mine["outputs"] |= {item["output_id"] for item in items}
+            mine["jobs"] |= mine["batches"]  # a batch is a job too
+            mine["key"] = key  # type: ignore[assignment]
+    for name, mine in made.items():
+        with as_key(server, mine.pop("key")) as client:  # type: ignore[arg-type]
+            for kind, ids in mine.items():
+                listed = walk_pages(client, f"/v1/{kind}")
+                if kind == "voices":  # the admin's shared voice is listed to every user
+                    listed = [i for i in listed if i in ids]
+                assert sorted(listed) == sorted(ids), (name, kind)
+    with as_key(server, server.admin_key) as admin:
+        everyone = set(walk_pages(admin, "/v1/jobs"))
+        assert made["pager-a"]["jobs"] | made["pager-b"]["jobs"] <= everyone
+        last = admin.get("/v1/outputs", params={"limit": 1000}).json()
+        assert last["has_more"] is False and len(last["data"]) < 1000

@@ -680,3 +680,59 @@ def test_batch_tab_refusals_are_titled_in_the_pages_language() -> None:
         with pytest.raises(gr.Error) as raised:
             actions.start("zh", path, voice, "", "wav", 1.25, None, None)
         assert raised.value.title == "无法完成"
+
+
+def test_the_batch_tick_resends_the_table_only_when_an_item_moved():
+    """A 1000-item batch's table was read and sent to each watching page every second; now the tick sends
+    the progress line and reads and sends the items only when the counts (or the language) changed."""
+    from cosyserve.service.stores.batches import BatchCounts
+    from cosyserve.ui.batch_tab import _BatchActions
+    from cosyserve.ui.bridge import BatchStatus
+
+    record = SimpleNamespace(
+        id="b1", state="running", is_terminal=False, kind="script", error_code=None, error_message=None
+    )
+    counts = {"done": 0, "queued": 3}
+    item = SimpleNamespace(
+        position=1,
+        name="one",
+        state="queued",
+        duration_s=None,
+        output_id=None,
+        result=None,
+        error_code=None,
+        error_message=None,
+    )
+    reads = []
+
+    def status(principal, batch_id):
+        n = BatchCounts(3, counts["done"], 0, 0, 0, counts["queued"], None)
+        return BatchStatus(record, n, counts["done"] / 3, None, None)
+
+    def items(batch_id):
+        reads.append(batch_id)
+        return [item] * 3
+
+    batches = SimpleNamespace(
+        status=status,
+        items=items,
+        archive_url=lambda _id: "/zip",
+        track_url=lambda _r: None,
+        recent=lambda principal: [],
+    )
+    actions = _BatchActions(SimpleNamespace(bridge=None), batches, None)
+    actions._principal = lambda request: "alice"
+    first = actions.tick("en", "b1", None, None)
+    assert len(reads) == 1 and first[2]["value"]["data"]
+    again = actions.tick("en", "b1", first[-1], None)
+    assert len(reads) == 1 and again[2] == {"__type__": "update"} and again[-1] == first[-1]
+    assert again[0] == first[0]  # the progress line, sent every tick
+    counts.update(done=1, queued=2)
+    item.state = "done"
+    moved = actions.tick("en", "b1", again[-1], None)
+    assert len(reads) == 2 and moved[2]["value"]["data"][0][2] == "done" and moved[-1] != first[-1]
+    assert actions.tick("zh", "b1", moved[-1], None)[2]["value"]["headers"] != moved[2]["value"]["headers"]
+    record.state, record.is_terminal = "done", True  # the last view is always whole
+    counts.update(done=3, queued=0)
+    last = actions.tick("en", "b1", moved[-1], None)
+    assert len(reads) == 4 and last[-1] != moved[-1]

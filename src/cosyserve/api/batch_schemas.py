@@ -188,6 +188,7 @@ class BatchView(BaseModel):
 class BatchList(BaseModel):
     object: Literal["list"] = "list"
     data: list[BatchView]
+    has_more: bool = Field(False, description="more follow this page: ask again with `offset` + its length")
 
 
 def upload_body_doc(model: type[BaseModel], raw_types: tuple[str, ...]) -> dict[str, Any]:

@@ -109,8 +109,9 @@ def list_batches(
 ) -> BatchList:
     service = get_service(request)
     owner = principal.listed_owner
-    records = service.jobs.list(owner=owner, state=state, limit=limit, offset=offset, kinds=BATCH_KINDS)
-    return BatchList(data=[batch_view(service, record, limit=0) for record in records])
+    records = service.jobs.list(owner=owner, state=state, limit=limit + 1, offset=offset, kinds=BATCH_KINDS)
+    views = [batch_view(service, record, limit=0) for record in records[:limit]]
+    return BatchList(data=views, has_more=len(records) > limit)
 
 
 @router.get("/{batch_id}", response_model=BatchView, responses=ERRORS, summary="A batch's state and items")

@@ -115,8 +115,8 @@ def list_jobs(
 ) -> JobList:
     service = get_service(request)
     owner = principal.listed_owner
-    records = service.jobs.list(owner=owner, state=state, limit=limit, offset=offset)
-    return JobList(data=[job_view(service, r) for r in records])
+    records = service.jobs.list(owner=owner, state=state, limit=limit + 1, offset=offset)
+    return JobList(data=[job_view(service, r) for r in records[:limit]], has_more=len(records) > limit)
 
 
 @router.get("/{job_id}", response_model=JobView, responses=ERRORS, summary="A job's state and result")

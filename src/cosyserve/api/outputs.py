@@ -68,8 +68,8 @@ def list_outputs(
     if request_id is not None:  # (only the newest 1000 were searched: an older one was "not saved")
         found = service.outputs.of_request(request_id, owner)
         return OutputList(data=[output_view(service, found)] if found is not None else [])
-    outputs = service.outputs.list(owner=owner, limit=limit, offset=offset)
-    return OutputList(data=[output_view(service, o) for o in outputs])
+    outputs, more = service.outputs.page(owner, limit, offset)
+    return OutputList(data=[output_view(service, o) for o in outputs], has_more=more)
 
 
 @router.get(

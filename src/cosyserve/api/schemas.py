@@ -279,6 +279,7 @@ class JobView(BaseModel):
 class JobList(BaseModel):
     object: Literal["list"] = "list"
     data: list[JobView]
+    has_more: bool = Field(False, description="more follow this page: ask again with `offset` + its length")
 
 
 class OutputView(BaseModel):
@@ -296,6 +297,7 @@ class OutputView(BaseModel):
 class OutputList(BaseModel):
     object: Literal["list"] = "list"
     data: list[OutputView]
+    has_more: bool = Field(False, description="more follow this page: ask again with `offset` + its length")
 
 
 class ModelCard(BaseModel):

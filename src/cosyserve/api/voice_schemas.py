@@ -84,3 +84,4 @@ class ConsentStatement(BaseModel):
 class VoiceList(BaseModel):
     object: Literal["list"] = "list"
     data: list[VoiceView]
+    has_more: bool = Field(False, description="more follow this page: ask again with `offset` + its length")

@@ -49,8 +49,8 @@ def list_voices(
     offset: int = Query(0, ge=0, le=MAX_LIST_OFFSET, description="skip this many first"),
 ) -> VoiceList:
     voices = get_service(request).voices.list(principal.voices)  # (limit and offset were ignored)
-    page = voices[offset : offset + limit] if limit is not None else voices[offset:]
-    return VoiceList(data=[view(principal, v) for v in page])
+    end = offset + limit if limit is not None else len(voices)
+    return VoiceList(data=[view(principal, v) for v in voices[offset:end]], has_more=len(voices) > end)
 
 
 @router.post(

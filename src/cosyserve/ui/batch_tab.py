@@ -60,6 +60,7 @@ class _Parts:
     timer: gr.Timer
     current: gr.State
     recent: gr.Dropdown
+    shown: gr.State  # `_mark` of the table the page shows (the tick resends it only when it changed)
 
     @property
     def view(self) -> list[Any]:
@@ -85,7 +86,11 @@ def build_batch_tab(ctx: UiContext) -> BatchTab:
     # the upload button that had the focus is replaced by the file's row: keep the focus in the form
     file.upload(None, None, None, js=assets.refocus_js("batch-file"))
     parts.timer.tick(  # (passive: `ui.login.PASSIVE_EVENTS`)
-        actions.tick, [ctx.lang, parts.current], parts.view, show_progress="hidden", api_name="batch_tick"
+        actions.tick,
+        [ctx.lang, parts.current, parts.shown],
+        [*parts.view, parts.shown],
+        show_progress="hidden",
+        api_name="batch_tick",
     )
     cancel.click(actions.cancel, [ctx.lang, parts.current], parts.view)
     parts.pick.change(actions.play, [ctx.lang, parts.current, parts.pick], [parts.audio])
@@ -96,6 +101,14 @@ def build_batch_tab(ctx: UiContext) -> BatchTab:
     )
     ctx.lang.change(actions.refresh, [ctx.lang, parts.current], parts.view, show_progress="hidden")
     return BatchTab(tab, voice)
+
+
+def _mark(lang: str, status: BatchStatus) -> str:
+    """What the table shows: an item's row changes only as it moves between states, which the counts
+    see (its duration, check and error are written as it finishes)."""
+    counts, record = status.counts, status.record
+    moved = (counts.queued, counts.running, counts.done, counts.failed, counts.cancelled)
+    return f"{record.id}|{record.state}|{lang}|{moved}"
 
 
 def tr_text(ctx: UiContext, key: str) -> str:
@@ -170,7 +183,7 @@ def _outputs(ctx: UiContext) -> _Parts:
         label=_in("audio"),
     )
     timer = gr.Timer(POLL_S, active=False)
-    return _Parts(progress, links, table, pick, audio, timer, gr.State(None), recent)
+    return _Parts(progress, links, table, pick, audio, timer, gr.State(None), recent, gr.State(None))
 
 
 class _BatchActions:
@@ -216,13 +229,21 @@ class _BatchActions:
         view[3] = gr.update(choices=[], value=None)  # a new batch: nothing of it to play yet
         return [record.id, *view, None]
 
-    def tick(self, lang: str, batch_id: str | None, request: gr.Request) -> list[Any]:
-        """The running batch's view, once a second; "Your batches" only when it has ended (redrawing the
-        list every second would close it under a user choosing from it)."""
+    def tick(self, lang: str, batch_id: str | None, shown: str | None, request: gr.Request) -> list[Any]:
+        """The running batch's view, once a second, and the mark of its table; "Your batches" only when it
+        has ended (redrawing the list every second would close it under a user choosing from it). The
+        table and the finished items are read and sent only when an item has moved since the last tick:
+        a 1000-item batch otherwise cost each watching page a full read and ~60 kB a second."""
         if not batch_id:
-            return self.refresh(lang, batch_id, request)
+            return [*self.refresh(lang, batch_id, request), None]
         try:
-            return self._view(lang, self._principal(request), batch_id, list_while_running=False)
+            principal = self._principal(request)
+            status = self.batches.status(principal, batch_id)
+            mark = _mark(lang, status)
+            if mark == shown and not status.record.is_terminal:
+                unchanged = [gr.update(), gr.update(), gr.Timer(active=True), gr.update()]
+                return [progress_html(status, lang), self._links(status, lang), *unchanged, mark]
+            return [*self._view(lang, principal, batch_id, list_while_running=False, status=status), mark]
         except Exception as exc:
             raise as_gr_error(exc, lang) from None
 
@@ -291,9 +312,15 @@ class _BatchActions:
         return gr.update(choices=choices, value=current if current in ids else None)
 
     def _view(
-        self, lang: str, principal: Principal, batch_id: str, *, list_while_running: bool = True
+        self,
+        lang: str,
+        principal: Principal,
+        batch_id: str,
+        *,
+        list_while_running: bool = True,
+        status: BatchStatus | None = None,
     ) -> list[Any]:
-        status = self.batches.status(principal, batch_id)
+        status = status or self.batches.status(principal, batch_id)
         items = self.batches.items(batch_id)
         headers = _columns(lang)
         rows = [

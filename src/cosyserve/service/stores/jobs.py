@@ -122,7 +122,7 @@ class JobStore(JobRecovery, JobCharges):
         kinds: tuple[str, ...] | None = None,
     ) -> list[JobRecord]:
         """Newest first; `owner=None` lists every owner's jobs (admin view); `kinds`: only these kinds."""
-        if not 1 <= limit <= MAX_PAGE:
+        if not 1 <= limit <= MAX_PAGE + 1:  # (+1: a page reads one more to say whether more follow)
             raise InputError(f"limit must be between 1 and {MAX_PAGE}, got {limit}")
         if offset < 0:
             raise InputError(f"offset must be 0 or more, got {offset}")

@@ -259,10 +259,15 @@ class OutputStore(Retention):
         """Complete outputs, newest first; only `owner`'s when given. Reads sidecars lazily (from disk,
         so it reflects other processes and restarts; with remote reads, also from the bucket, fetching
         at most limit + offset sidecars not seen before)."""
+        return self.page(owner, limit, offset)[0]
+
+    def page(self, owner: str | None, limit: int, offset: int) -> tuple[list[StoredOutput], bool]:
+        """`list`, and whether more outputs follow the page (one more is read to know)."""
         if not 1 <= limit <= MAX_LIST_LIMIT or offset < 0:
             raise InputError(f"use 1 <= limit <= {MAX_LIST_LIMIT} and offset >= 0 (got {limit}, {offset})")
-        outputs = self.newest_first(owner, fetches=limit + offset)
-        return list(itertools.islice(outputs, offset, offset + limit))
+        outputs = self.newest_first(owner, fetches=limit + 1 + offset)
+        found = list(itertools.islice(outputs, offset, offset + limit + 1))
+        return found[:limit], len(found) > limit
 
     def newest_first(self, owner: str | None = None, fetches: int = MAX_LIST_LIMIT) -> Iterator[StoredOutput]:
         """Every complete output (`owner`'s when given), newest first, read as the caller goes on; with
