@@ -149,3 +149,45 @@ def test_uvicorns_colour_copy_of_a_message_is_not_a_field(restore_root: None) ->
     uvicorn.info("Started server process [%d]", 42, extra={"color_message": coloured})
     line = out.getvalue()
     assert "Started server process [42]" in line and "\x1b" not in line and "color_message" not in line
+
+
+FORGED = "2026-12-07 23:59:59,000 INFO    cosyserve.activity [0d7de75574d24122] login ok who=boss"
+
+
+def test_a_client_cannot_write_a_line_of_its_own_into_the_text_log(restore_root: None) -> None:
+    """A path or a user name with a line break (or a terminal escape) printed a forged line: every
+    record is one line now, its control characters escaped; a traceback still follows its line."""
+    out = io.StringIO()
+    configure_logging("INFO", json=False, stream=out)
+    log = logging.getLogger("cosyserve.access")
+    log.info("GET /v1/x\n%s\x1b[31m 404", FORGED, extra={"who": "eve\r\n" + FORGED, "n": 3})
+    try:
+        raise JobTimeout("slow")
+    except JobTimeout:
+        log.exception("failed\u2028" + FORGED)
+    lines = out.getvalue().splitlines()
+    assert len(lines) >= 3 and not any(line.startswith("2026-12-07 23:59:59") for line in lines)
+    assert "GET /v1/x\\n2026-12-07" in lines[0] and "\\x1b[31m 404" in lines[0]
+    assert "who=eve\\r\\n2026" in lines[0] and lines[0].endswith(" n=3")
+    assert "failed\\u2028" in lines[1] and lines[2] == "Traceback (most recent call last):"
+
+
+def test_forged_lines_reach_neither_the_log_nor_the_admin_tab(restore_root: None, start_api_server) -> None:
+    """The same through a live server: a raw request line and a sign-in's user name."""
+    from cosyserve.ui.admin_tab import logs_text
+
+    out = io.StringIO()
+    server = start_api_server(ui_username="admin", ui_password="correct horse")
+    configure_logging("INFO", json=False, stream=out)
+    try:
+        with server.client() as client:
+            client.get("/v1/x%0a" + FORGED.replace(" ", "%20") + "%1b[31m")
+            client.post("/auth/login", json={"username": "x\n" + FORGED[:50], "password": "no"})
+    finally:
+        server.stop()
+    lines = out.getvalue().splitlines()
+    assert any("/v1/x\\n2026-12-07" in line for line in lines), lines
+    assert not any(line.startswith(("2026-12-07 23:59", "\x1b")) for line in lines), lines
+    shown = logs_text(recent_logs(200)).splitlines()
+    assert not any(FORGED[:30] in line and not line.startswith("20") for line in shown)
+    assert not any(line.startswith("2026-12-07 23:59") for line in shown)

@@ -113,11 +113,26 @@ class JsonFormatter(logging.Formatter):
         return json.dumps(record_to_dict(record), ensure_ascii=False)
 
 
+_CONTROL = {code: f"\\x{code:02x}" for code in [*range(32), *range(0x7F, 0xA0)]}
+_CONTROL |= {9: "\\t", 10: "\\n", 13: "\\r", 0x2028: "\\u2028", 0x2029: "\\u2029"}  # (line breaks too)
+
+
+def one_line(value: object) -> str:
+    """`value` as text with its control characters escaped: a line break or terminal escape a client sent
+    (in a URL path, a user name) can neither start a forged log line nor recolour a terminal."""
+    return str(value).translate(_CONTROL)
+
+
 class TextFormatter(logging.Formatter):
-    """`TEXT_FORMAT` followed by the extra fields as key=value."""
+    """`TEXT_FORMAT` followed by the extra fields as key=value, each record on one line (a traceback
+    below it)."""
 
     def __init__(self) -> None:
         super().__init__(TEXT_FORMAT)
+
+    def formatMessage(self, record: logging.LogRecord) -> str:
+        record.message = one_line(record.message)
+        return super().formatMessage(record)
 
     def format(self, record: logging.LogRecord) -> str:
         if not hasattr(record, "request_id"):
@@ -125,7 +140,7 @@ class TextFormatter(logging.Formatter):
         line = super().format(record)
         fields = record_fields(record)
         if fields:
-            extras = " ".join(f"{key}={value}" for key, value in fields.items())
+            extras = " ".join(f"{key}={one_line(value)}" for key, value in fields.items())
             head, sep, tail = line.partition("\n")  # keep a traceback below the fields
             line = f"{head} {extras}{sep}{tail}"
         return line

@@ -14,6 +14,7 @@ import gradio as gr
 from cosyserve.ui import assets
 from cosyserve.ui.admin_keys import build_keys_section
 from cosyserve.ui.admin_status import activity_markdown, gpu_markdown, status_markdown, strip_ansi
+from cosyserve.ui.bridge import one_line
 from cosyserve.ui.generate import as_gr_error
 from cosyserve.ui.i18n import text
 from cosyserve.ui.optional_parts import parts_note
@@ -33,12 +34,12 @@ UI_PLUMBING = ("/assets/", "/gradio_api/", "/static/", "/theme.css", "/config", 
 def logs_text(entries: list[dict[str, Any]]) -> str:
     lines = []
     for entry in entries:
-        message = str(entry.get("message", ""))
+        message = one_line(entry.get("message", ""))
         if entry.get("logger") == "cosyserve.access" and any(f" {p}" in message for p in UI_PLUMBING):
             continue
         where = f"[{entry.get('request_id', '-')}] {entry.get('logger', '')}"
         extras = " ".join(
-            f"{k}={v}"
+            f"{k}={one_line(v)}"
             for k, v in entry.items()
             if k not in ("ts", "level", "logger", "message", "request_id", "exc") and v is not None
         )

@@ -11,7 +11,7 @@ from cosyserve.service.access.sessions import AUTH_COOKIES, SESSION_COOKIE
 from cosyserve.service.assembly import Service
 from cosyserve.service.backend import AudioStream
 from cosyserve.service.batches.status import BatchStatus
-from cosyserve.service.logs import log_failure, new_request_id
+from cosyserve.service.logs import log_failure, new_request_id, one_line
 from cosyserve.service.optional_parts import OptionalPart
 from cosyserve.service.outcomes import TtsOutcome
 from cosyserve.service.quality import TakeReport
@@ -57,6 +57,7 @@ __all__ = [
     "log_failure",
     "manifest_timings",
     "new_request_id",
+    "one_line",
     "resolve_instruction",
     "to_srt",
 ]
