@@ -12,7 +12,7 @@ from pathlib import Path
 
 import httpx
 import pytest
-from tests.conftest import LONG_TEXT, REPO_ROOT, enrol_voice
+from tests.conftest import API_TEXT, LONG_TEXT, REPO_ROOT, enrol_voice
 
 from cosyserve.cli import main as cli_main
 from cosyserve.errors import InputError
@@ -94,6 +94,8 @@ def test_serve_answers_then_stops_cleanly_on_sigterm(
         "--threads",
         "2",
         "--log-json",
+        "--log-file",
+        str(tmp_path / "logs" / "cosyserve.log"),
         "--request-timeout-s",
         "5",
     ]  # fmt: skip  (the shutdown grace period is min(30 s, this))
@@ -115,6 +117,7 @@ def test_serve_answers_then_stops_cleanly_on_sigterm(
         with httpx.Client(base_url=base, timeout=60) as client:
             assert client.get("/health").json()["status"] == "ok"
             enrol_voice(client, "alice", prompt_wav_bytes)
+            assert client.post("/v1/tts", json={"text": API_TEXT, "voice": "alice"}).status_code == 200
             job_id = client.post("/v1/jobs", json={"text": LONG_TEXT, "voice": "alice"}).json()["id"]
         process.send_signal(signal.SIGTERM)
         output, _ = process.communicate(timeout=90)
@@ -127,6 +130,13 @@ def test_serve_answers_then_stops_cleanly_on_sigterm(
     record = JobStore(make_engine(f"sqlite:///{tmp_path / 'data' / 'cosyserve.db'}")).get(job_id)
     # finished within the grace period, or kept in the queue for the next start (never lost or failed)
     assert record is not None and record.state in ("done", "queued")
+    # Recordings, outputs with their texts, the log: the server's user's alone, as the database was
+    # (they were 0644 in 0755 folders, readable by every account on the host).
+    made = list(tmp_path.rglob("*"))
+    assert any(p.suffix == ".wav" for p in made) and any(p.name == "cosyserve.log" for p in made)
+    assert {
+        str(p.relative_to(tmp_path)): oct(p.stat().st_mode & 0o777) for p in made if p.stat().st_mode & 0o077
+    } == {}
 
 
 def test_flags_override_environment_override_config_file(tmp_path: Path, monkeypatch) -> None:

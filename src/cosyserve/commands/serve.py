@@ -76,11 +76,13 @@ def load_settings(args: argparse.Namespace, dests: list[str]) -> Any:
 
 
 def cmd_serve(args: argparse.Namespace) -> int:
+    from cosyserve.commands.private_files import keep_files_private
     from cosyserve.commands.startup import address_in_use, print_failure, watch_first_load
     from cosyserve.modeldir.resolve import unreachable_download
     from cosyserve.service.local.load_failure import load_failure_message
     from cosyserve.service.logs import configure_from_settings
 
+    keep_files_private()  # before the log file, the database or any output is made
     settings = load_settings(args, args.settings_dests)
     require_distributed_extra(settings)
     configure_from_settings(settings.log)

@@ -19,9 +19,11 @@ QUEUE_CONNECT_TIMEOUT_S = 5.0
 
 
 def cmd_worker(args: argparse.Namespace) -> int:
+    from cosyserve.commands.private_files import keep_files_private
     from cosyserve.service.logs import configure_from_settings
     from cosyserve.service.worker_node import WorkerNode
 
+    keep_files_private()  # (see `serve`)
     settings = load_settings(args, args.settings_dests)
     if not settings.queue.queue_url:
         raise SettingsError(
