@@ -354,3 +354,27 @@ def test_a_page_says_whether_more_follow_and_each_key_pages_its_own(server, prom
         assert made["pager-a"]["jobs"] | made["pager-b"]["jobs"] <= everyone
         last = admin.get("/v1/outputs", params={"limit": 1000}).json()
         assert last["has_more"] is False and len(last["data"]) < 1000
+
+
+def test_an_enrolment_that_waited_while_its_key_was_revoked_saves_no_voice(server, prompt_wav_bytes) -> None:
+    """An enrolment waiting in the queue saved its voice two seconds after its key was revoked (a leaked
+    key stored a recording); one of an admin key made a user key meanwhile saved a shared voice."""
+    from cosyserve.errors import KeyChanged, KeyRevoked
+    from cosyserve.service.requests import EnrolmentRequest
+
+    keys, backend = server.service.keys, server.service.backend
+    leaked, _ = keys.create("leaked", "user")
+    demoted, _ = keys.create("demoted", "admin")
+    keys.revoke(leaked.id)  # as if while it waited: the API let it in before
+    keys.update(demoted.id, role="user")
+    late = EnrolmentRequest(
+        "late", prompt_wav_bytes, "希望你以后能够做的比我还好呦。", owner=f"key:{leaked.id}"
+    )
+    with pytest.raises(KeyRevoked, match="revoked before this work started"):
+        backend.submit_enrolment(late).result(timeout=60)
+    shared = EnrolmentRequest("for-all", prompt_wav_bytes, owner=f"key:{demoted.id}", shared=True)
+    with pytest.raises(KeyChanged, match="became a user key before this enrolment ran: no voice was saved"):
+        backend.submit_enrolment(shared).result(timeout=60)
+    assert not {"late", "for-all"} & {voice.name for voice in server.service.voices.list()}
+    own = EnrolmentRequest("own", prompt_wav_bytes, owner=f"key:{demoted.id}")  # its own: still fine
+    assert backend.submit_enrolment(own).result(timeout=60).owner == f"key:{demoted.id}"

@@ -30,6 +30,12 @@ REVOKED_AT = {
 }
 
 
+def key_id_of(owner: str | None) -> int | None:
+    """The id of the API key an owner string names (`key:12` → 12; `Principal.owner`), else None."""
+    number = (owner or "").removeprefix("key:")
+    return int(number) if owner and owner.startswith("key:") and number.isdigit() else None
+
+
 class KeyWatch:
     """Re-checks one key at segment boundaries; a no-op for work without a key (auth off, UI sessions)."""
 

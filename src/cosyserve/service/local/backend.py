@@ -23,7 +23,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from cosyserve.engine.memory import out_of_memory_as_error
-from cosyserve.service.access.key_watch import KeyWatch
+from cosyserve.service.access.key_watch import KeyChanged, KeyWatch, key_id_of
 from cosyserve.service.access.limits import QuotaTracker
 from cosyserve.service.activity import enrolment_logger, synthesis_logger
 from cosyserve.service.audio_formats import StreamEncoder
@@ -295,6 +295,14 @@ class LocalBackend:
         e = enrolment
 
         def work(ctx: WorkContext) -> Voice:
+            # A key revoked while this waited saves no voice (a leaked key stored a recording after the
+            # revoke); one made a user key meanwhile may no longer share it.
+            key = KeyWatch(self.key_lookup, key_id_of(e.owner)).check(stage="start")
+            if key is not None and e.shared and not key.is_admin:
+                raise KeyChanged(
+                    f"API key {key.id} became a user key before this enrolment ran: no voice was saved; "
+                    "enrol it again (a user key's voices are its own, not shared)"
+                )
             with request_context(request_id), self.host.synthesizer(work=ctx) as synth:
                 return synth.add_voice(
                     e.name,
