@@ -201,6 +201,28 @@ def test_a_revoked_keys_job_stops_at_the_next_segment_keeping_what_was_charged(s
     assert _jobs_counted(server, "failed") == failed_before + 1
 
 
+def test_work_whose_key_was_revoked_before_it_started_says_nothing_was_made(server, pause) -> None:
+    """A job and a batch revoked while they waited behind another key's job said "revoked while this work
+    ran: ... the parts finished before are kept and charged", with nothing made or charged."""
+    holder, holder_secret = server.service.keys.create("holder", "user")
+    key, secret = server.service.keys.create("revoked-waiting", "user")
+    paused, go = pause(holder.id, 1)  # the holder's job keeps the engine at its start
+    with as_key(server, holder_secret) as other, as_key(server, secret) as user:
+        held = other.post("/v1/jobs", json={"text": TEXT, "voice": "alice"}).json()
+        assert paused.wait(60)
+        job = user.post("/v1/jobs", json={"text": TEXT, "voice": "alice"}).json()
+        batch = user.post("/v1/batches", json={"voice": "alice", "items": ["一。", "二。"]}).json()
+        server.service.keys.revoke(key.id)
+        go.set()
+        with as_key(server, server.admin_key) as admin:
+            ended = [wait(admin, f"/v1/jobs/{job['id']}"), wait(admin, f"/v1/batches/{batch['id']}")]
+            assert wait(admin, f"/v1/jobs/{held['id']}")["state"] == "done"
+    for final in ended:
+        assert final["state"] == "failed" and final["error"]["code"] == "key_revoked", final
+        assert "before this work started: nothing was made or charged" in final["error"]["message"], final
+    assert server.service.access.quota.used(key.id) == 0
+
+
 def _jobs_counted(server, state: str) -> float:
     return server.service.metrics.jobs_total.labels(state=state)._value.get()
 
@@ -249,6 +271,8 @@ def test_a_revoked_keys_stream_stops_at_its_next_chunk_and_is_charged_what_it_wa
         with as_key(roomy, secret) as user, user.stream("POST", "/v1/audio/speech", json=body) as response:
             events.extend(json.loads(line[6:]) for line in response.iter_lines() if line.startswith("data: "))
 
+    counted = roomy.service.metrics.audio_seconds_total
+    before = counted._value.get()
     revoked_midway(roomy, key.id, pause, listen)  # revoked as its first chunk was about to be sent
     assert events and events[-1]["type"] == "error", events[-1:]
     assert events[-1]["error"]["code"] == "key_revoked" and events[-1]["error"]["status"] == 401
@@ -257,6 +281,8 @@ def test_a_revoked_keys_stream_stops_at_its_next_chunk_and_is_charged_what_it_wa
     received_s = len(pcm) / 2 / roomy.service.backend.model_info["sample_rate"]  # 16-bit PCM
     assert received_s > 0 and len(deltas) <= 2, len(deltas)  # that chunk, and none made after the revoke
     assert settled(roomy, key.id) == pytest.approx(received_s, abs=0.01)
+    # the metrics count what was charged (they counted a hang-up's audio, not a revoke's)
+    assert counted._value.get() - before == pytest.approx(received_s, abs=0.01)
 
 
 def test_a_raw_stream_cut_off_by_a_revoke_is_logged_as_key_revoked(roomy, pause, caplog) -> None:

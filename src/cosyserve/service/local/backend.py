@@ -193,7 +193,7 @@ class LocalBackend:
             sent = SentAudio(synth.sample_rate, lambda: ctx.items_taken)
             settle = self.reservations.settle
             with sent.charged_if_left(settle, spec, self.metrics.count_audio):
-                with guard.charging_what_was_made(settle, spec):
+                with guard.charging_what_was_made(settle, spec, self.metrics.count_audio):
                     while True:
                         chunk = self.results.run_engine(lambda: next(chunks, None))
                         if chunk is None:

@@ -60,15 +60,20 @@ class KeyGuard:
 
     @contextlib.contextmanager
     def charging_what_was_made(
-        self, settle: Callable[[OutputSpec, float], None], spec: OutputSpec
+        self,
+        settle: Callable[[OutputSpec, float], None],
+        spec: OutputSpec,
+        count: Callable[[float], object],
     ) -> Iterator[None]:
         """A stop for the key charges the segments made before it (the rest were made after the revoke),
-        settling its reservation with them; with none made the reservation is given back as it ends."""
+        settling its reservation with them and `count`ing them (the metrics' audio seconds: they missed
+        what such a stop charged); with none made the reservation is given back as it ends."""
         try:
             yield
         except (KeyRevoked, KeyChanged):
             if spec.key is not None and self.cleared_s > 0:
                 settle(spec, self.cleared_s)
+                count(self.cleared_s)
             raise
 
 
