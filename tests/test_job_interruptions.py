@@ -357,3 +357,34 @@ def test_a_worker_drops_what_an_ended_jobs_earlier_attempt_kept(worker) -> None:
     assert service.access.quota.used(key) == pytest.approx(0.0) and service.jobs.get(job_id).charged_s == 0.0
     worker._claimed(FakeTask(), job_id, lambda attempt: pytest.fail("an ended job ran"))
     assert service.access.quota.used(key) == pytest.approx(0.0)
+
+
+def test_a_long_text_revoked_while_it_waited_to_go_on_keeps_its_finished_pieces(
+    start_api_server, api_synthesizer, prompt_wav_bytes, monkeypatch
+):
+    """Revoked between a restart and its next attempt, a long text failed saying "the parts finished
+    before are kept and charged" and kept nothing, its charge given back: its pieces are its result."""
+    server = start_api_server(max_text_chars=40, service_kwargs={"shutdown_grace_s": 0.2})
+    record, key = server.service.keys.create("leaver", "user", quota=600.0)
+    _, admin_key = server.service.keys.create("restarter", "admin")
+    try:
+        with server.client(headers={"Authorization": f"Bearer {key}"}) as client:
+            enrol_voice(client, "bea", prompt_wav_bytes)
+            hold = HoldOneSegment(api_synthesizer.engine, hold_at=3)  # pieces 1 and 2 finish, 3 is held
+            monkeypatch.setattr(api_synthesizer.engine, "generate", hold)
+            job_id = client.post("/v1/jobs", json={"text": LONG_TEXT, "voice": "bea", "seed": 5}).json()["id"]
+            assert hold.holding.wait(60)
+        with server.client(headers={"Authorization": f"Bearer {admin_key}"}) as admin:
+            assert admin.post("/admin/engine/restart").status_code == 202
+            server.service.keys.revoke(record.id)
+            final = wait_job(admin, job_id, timeout=300)
+            assert final["state"] == "failed" and final["error"]["code"] == "key_revoked", final
+            assert "the parts finished before are kept and charged" in final["error"]["message"]
+            assert final["partial"]["segments_done"] == 2 and final["result_url"], final
+            audio = admin.get(f"/v1/outputs/{final['output_id']}")
+            assert audio.status_code == 200 and final["duration_s"] > 0
+            assert hold.calls == 3  # nothing made after the revoke
+        wait_for(lambda: server.service.access.quota.reserved(record.id) == 0)
+        assert server.service.access.quota.used(record.id) == pytest.approx(final["duration_s"], abs=0.05)
+    finally:
+        server.stop()

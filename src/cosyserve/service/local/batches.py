@@ -106,6 +106,7 @@ class BatchRunner:
         unexpected = 0
         pins = VoicePins(self.host.voices, plan.shared.get(SNAPSHOTS), plan.voices)
         first = True
+        counts = self.batches.counts(plan.job_id)  # (items an earlier attempt made count as made)
         while (item := self.batches.next_unfinished(plan.job_id)) is not None:
             # Each item is a unit: other work may have the engine in between. The first runs in the slot
             # the ticket started with (giving it back before any work would count an empty unit).
@@ -118,7 +119,8 @@ class BatchRunner:
                 if not run.quota.allows_id(run.key_id, run.job_id):
                     stopped = run.quota.exceeded(run.key_id)
                     break
-                run.check_key(pins.voices())
+                # a revoke found before any item was made says that nothing was (not "kept and charged")
+                run.check_key(pins.voices(), stage="segment" if counts.done else "start")
                 unexpected = self._item(ctx, plan, run, item, unexpected, pins)
             except (KeyRevoked, KeyChanged) as exc:
                 stopped = exc

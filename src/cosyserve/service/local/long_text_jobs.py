@@ -90,10 +90,10 @@ class JobRun:
             "the server may be overloaded; retry the job, or raise job_segment_timeout_s",
         )
 
-    def check_key(self, voices: Iterable[Any] = ()) -> None:
+    def check_key(self, voices: Iterable[Any] = (), *, stage: str = "segment") -> None:
         """KeyRevoked / KeyChanged when the job's key may no longer go on with `voices` (one query; none
-        without a key)."""
-        KeyWatch(self.quota.key_lookup, self.key_id).check(voices)
+        without a key); `stage`: see `KeyWatch.check`."""
+        KeyWatch(self.quota.key_lookup, self.key_id).check(voices, stage=stage)
 
 
 class QuotaStop(Exception):
@@ -153,7 +153,8 @@ def run_pieces(
     voice as the job pinned it. `kept`: the first pieces, finished by an earlier attempt (the rest go on
     with their seed); `keep(index, result, charged_s)` is told of each piece finished."""
     voices = [pinned.voice] if pinned is not None else []
-    run.check_key(voices)  # revoked while it waited in the queue
+    if not kept:  # revoked while it waited in the queue: nothing was made (with kept pieces: below)
+        run.check_key(voices, stage="start")
     if not run.quota.allows_id(run.key_id, run.job_id):  # used up, or lowered below its usage, as it waited
         raise run.quota.exceeded(run.key_id, started=False)
     run.arm(ctx)  # checking every piece is part of the first segment's time
@@ -196,6 +197,11 @@ def run_pieces(
     results: list[SynthesisResult] = [piece.result for piece in kept]
     total = sum(len(r.timings) for r in results) + sum(stream.segment_count for _, stream in streams)
     if results:
+        try:  # revoked while it waited after a restart: the pieces an earlier attempt made are its result
+            run.check_key(voices)
+        except (KeyRevoked, KeyChanged) as exc:
+            done = sum(len(r.timings) for r in results)
+            return PiecesMade(merge_results(results), exc, done, total)
         ctx.set_progress(len(results) / len(pieces))
         ctx.share_partial(tuple(results))
     for index, stream in streams:
