@@ -314,6 +314,40 @@ def test_links_to_outputs_deleted_by_an_earlier_version_are_cleared(engine: sa.E
         jobs.mark_running(job.id)
         jobs.finish_done(job.id, output_id=output_id)
         made.append(job.id)
-    assert forget_missing(engine, lambda output_id: output_id.endswith("1")) == 1
+    exists = lambda output_id: output_id.endswith("1")  # noqa: E731
+    assert forget_missing(engine, lambda output_id: not exists(output_id), exists) == 1
     assert jobs.get(made[0]).output_id is None and jobs.get(made[1]).output_id == "output_20250101_120001"
     assert jobs.get(made[0]).result_extra.get("result_deleted") is True
+
+
+def test_a_start_on_an_empty_output_directory_keeps_every_result_linked(engine, tmp_path, caplog) -> None:
+    """One start with the wrong (or an unmounted) --output-dir cleared every job's and item's link to its
+    result for good: only outputs deleted here (a tombstone) or past retention's age are forgotten now."""
+    import time
+
+    from cosyserve.service.stores.batches import BatchStore
+    from cosyserve.service.stores.output_refs import forget_missing
+    from cosyserve.service.stores.outputs import OutputStore
+
+    jobs = JobStore(engine)
+    BatchStore(engine)
+    store = OutputStore(tmp_path / "empty", retention_days=30)
+    now = time.time()
+    stamp = lambda days_ago: time.strftime("%Y%m%d_%H%M%S", time.localtime(now - days_ago * 86400))  # noqa: E731
+    named = {
+        "recent": f"output_{stamp(2)}",
+        "deleted": f"output_{stamp(3)}",
+        "expired": f"output_{stamp(40)}",
+    }
+    (tmp_path / "empty" / f"{named['deleted']}.gone").touch()
+    made = {}
+    for what, output_id in named.items():
+        job = jobs.create({"text": "hi"})
+        jobs.mark_running(job.id)
+        jobs.finish_done(job.id, output_id=output_id)
+        made[what] = job.id
+    caplog.set_level("WARNING")
+    assert forget_missing(engine, store.removed_here, store.has_local) == 2
+    assert jobs.get(made["recent"]).output_id == named["recent"]  # missing, not deleted: kept
+    assert jobs.get(made["deleted"]).output_id is None and jobs.get(made["expired"]).output_id is None
+    assert "1 of the 3 results that jobs and batch items name are not in the output directory" in caplog.text

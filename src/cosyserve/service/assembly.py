@@ -170,7 +170,7 @@ class Service:
 
     def _forget_missing(self) -> None:
         try:
-            forget_missing(self.db, self.outputs.has_local)
+            forget_missing(self.db, self.outputs.removed_here, self.outputs.has_local)
         except Exception as exc:
             log_failure("outputs", f"clearing links to deleted outputs failed: {exc}", exc=exc)
 

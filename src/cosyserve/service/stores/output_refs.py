@@ -10,12 +10,15 @@ size cap) are followed the same way.
 
 from __future__ import annotations
 
+import logging
 from collections.abc import Callable, Sequence
 
 from sqlalchemy import Engine, select, update
 
 from cosyserve.service.stores.batches import batch_items_table
 from cosyserve.service.stores.job_table import jobs_table
+
+log = logging.getLogger(__name__)
 
 DELETED = "result_deleted"  # the flag a job's `result_extra` gets
 
@@ -50,12 +53,22 @@ def forget_outputs(engine: Engine, output_ids: Sequence[str]) -> int:
     return changed
 
 
-def forget_missing(engine: Engine, exists: Callable[[str], bool]) -> int:
-    """Clear every job's and batch item's output id whose output `exists` says is gone (deleted by a
-    version before these links were cleared, or by hand); returns how many rows changed. For a node
-    whose outputs are all local (no bucket to read through)."""
+def forget_missing(engine: Engine, removed: Callable[[str], bool], exists: Callable[[str], bool]) -> int:
+    """Clear every job's and batch item's output id whose output `removed` says is gone for good (deleted
+    by a version before these links were cleared); returns how many rows changed. Outputs that are only
+    missing (`exists` false) stay linked, with a warning: one start on an empty or unmounted output
+    directory cut every job from its result for good. For a node whose outputs are all local."""
     with engine.connect() as conn:
         named: set[str] = set()
         for column in (jobs_table.c.output_id, batch_items_table.c.output_id):
             named |= set(conn.execute(select(column).where(column.is_not(None))).scalars())
-    return forget_outputs(engine, [output_id for output_id in sorted(named) if not exists(output_id)])
+    missing = [output_id for output_id in sorted(named) if not exists(output_id)]
+    gone = [output_id for output_id in missing if removed(output_id)]
+    if len(missing) > len(gone):
+        log.warning(
+            "%d of the %d results that jobs and batch items name are not in the output directory and were "
+            "not deleted there: left linked (is --output-dir the folder they were saved in, and mounted?)",
+            len(missing) - len(gone),
+            len(named),
+        )
+    return forget_outputs(engine, gone)

@@ -42,7 +42,7 @@ import random
 import threading
 import time
 from collections.abc import Callable, Iterator
-from datetime import tzinfo
+from datetime import datetime, tzinfo
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
@@ -58,6 +58,7 @@ from cosyserve.service.stores.bucket import (
 from cosyserve.service.stores.output_files import (
     EXTENSION,
     OUTPUT_ID,
+    TOMBSTONE,
     OutputNotFound,
     StoredOutput,
     build_manifest,  # noqa: F401  (re-exported)
@@ -353,6 +354,21 @@ class OutputStore(Retention):
         except (OutputNotFound, InputError):
             return False
         return True
+
+    def removed_here(self, output_id: str, now: float | None = None) -> bool:
+        """Whether this node's output `output_id` is known to be gone: missing, and deleted here (its
+        tombstone) or older than retention keeps outputs. Missing alone is not enough: an output
+        directory not mounted yet, moved, or restored after the database misses every result."""
+        if self.has_local(output_id):
+            return False
+        if (self.root / f"{output_id}{TOMBSTONE}").exists():
+            return True
+        stamp = sort_key(output_id)[0]
+        if self.retention_days is None or not stamp:
+            return False
+        made = datetime.strptime(stamp, "%Y%m%d%H%M%S").replace(tzinfo=self.zone)  # (naive: local time)
+        age_s = (now if now is not None else time.time()) - made.timestamp()
+        return age_s > (self.retention_days + 1) * 86400  # (+1 day: the stamp's zone may be off by hours)
 
     def drop_local(self, output_id: str) -> bool:
         """Remove this node's copy of an output deleted through another node (the bucket's copy is gone
