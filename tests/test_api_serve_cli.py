@@ -171,6 +171,20 @@ def test_a_second_server_on_one_data_dir_is_refused(tmp_path: Path, capsys) -> N
     hold_data_dir(tmp_path).close()
 
 
+def test_a_second_server_on_one_output_dir_is_refused_too(tmp_path: Path, capsys) -> None:
+    """With its own --data-dir and the first one's outputs it listed the first server's users' outputs to
+    its own keys of the same ids, and ran its retention over them."""
+    from cosyserve.commands.data_dir_lock import hold_single_server
+
+    database = f"sqlite:///{tmp_path / 'a' / 'cosyserve.db'}"
+    first = hold_single_server(tmp_path / "a", database, tmp_path / "a" / "outputs")
+    args = ["serve", "--model", str(tmp_path / "no-model"), "--data-dir", str(tmp_path / "b")]
+    assert cli_main([*args, "--output-dir", str(tmp_path / "a" / "outputs")]) == 2
+    err = [line for line in capsys.readouterr().err.splitlines() if "error" in line]
+    assert len(err) == 1 and "serves the output directory" in err[0], err
+    first.close()
+
+
 def test_a_second_server_on_one_database_is_refused_too(tmp_path: Path, capsys) -> None:
     """Another --data-dir with the first one's --database-url read its running job as left behind too."""
     from cosyserve.commands.data_dir_lock import hold_single_server

@@ -41,14 +41,18 @@ class HeldServer:
         self._held.clear()
 
 
-def hold_single_server(data_dir: Path, database_url: str) -> HeldServer:
-    """Every lock a single server on `data_dir` and `database_url` needs; InputError naming who holds one
-    when another server does (the ones taken before are given back)."""
+def hold_single_server(data_dir: Path, database_url: str, output_dir: Path | None = None) -> HeldServer:
+    """Every lock a single server on `data_dir`, `database_url` and `output_dir` needs; InputError naming
+    who holds one when another server does (the ones taken before are given back). Two servers on one
+    output directory listed each other's users' outputs as their own keys' (both number keys from 1),
+    applied their retention to the other's files and removed the other's running jobs' kept pieces."""
     from cosyserve.service.stores.db import sqlite_path
 
     held = HeldServer()
     try:
         held.hold(hold_data_dir(data_dir))
+        if output_dir is not None and output_dir.resolve() != data_dir.resolve():
+            held.hold(hold_data_dir(output_dir, what=f"the output directory {output_dir}"))
         database = sqlite_path(database_url)
         if database is not None and database.parent.resolve() != data_dir.resolve():
             held.hold(hold_data_dir(database.parent, what=f"the database {database}"))

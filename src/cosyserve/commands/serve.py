@@ -99,7 +99,9 @@ def cmd_serve(args: argparse.Namespace) -> int:
         return ExitCode.USAGE
     storage = settings.storage
     held = (
-        None if settings.queue.queue_url else hold_single_server(storage.data_dir, storage.database_url or "")
+        None
+        if settings.queue.queue_url
+        else hold_single_server(storage.data_dir, storage.database_url or "", storage.output_dir)
     )
     if not settings.queue.queue_url and not settings.server.keep_serving_on_load_error:
         unreachable = unreachable_download(settings.engine.model, models_root=settings.engine.models_dir)
