@@ -299,13 +299,15 @@ def test_keys_cli_create_list_revoke(store: KeyStore, capsys: pytest.CaptureFixt
     assert "web" in listing and plaintext[:11] in listing and plaintext not in listing and "admin" in listing
     assert run_cli(store, "keys", "create", "bot", "--quiet").strip().startswith("cs_")
     assert run_cli(store, "keys", "revoke", plaintext[:11]).strip().endswith(") revoked")
-    assert "was already revoked" in run_cli(store, "keys", "revoke", "1")  # not "revoked" once more
+    web = store.authenticate(plaintext) or next(k for k in store.list() if k.name == "web")
+    assert "was already revoked" in run_cli(store, "keys", "revoke", str(web.id))  # not "revoked" once more
     rows = json.loads(run_cli(store, "keys", "list", "--json"))
     assert [r["name"] for r in rows] == ["web", "bot"] and rows[0]["revoked_at"] is not None
     twin = store.create("twin")[0], store.create("twin")[0]
     with pytest.raises(KeyNotFound, match=rf"2 active keys are named 'twin': {twin[0].id} \(cs_"):
         run_cli(store, "keys", "revoke", "twin")  # which one? the error names both
-    assert run_cli(store, "keys", "revoke", "bot").startswith("key 2 (bot, cs_")  # by its name, as created
+    bot = next(k for k in store.list() if k.name == "bot")
+    assert run_cli(store, "keys", "revoke", "bot").startswith(f"key {bot.id} (bot, cs_")  # by its name
     with pytest.raises(KeyNotFound, match="no active key's name"):
         run_cli(store, "keys", "revoke", "bot")
     assert "web" not in run_cli(store, "keys", "list", "--active")
@@ -336,3 +338,23 @@ def test_a_damaged_key_or_voice_row_does_not_break_its_listing(tmp_path: Path) -
     assert stored_defaults(row).instruct is None and stored_json(row, "report", {}) == {"duration_s": 3.0}
     newer = {"id": "v2", "defaults": json.dumps({"speed": 1.25, "from_a_newer_version": 1})}
     assert stored_defaults(newer).speed == 1.25
+
+
+def test_a_key_never_gets_the_id_of_a_key_made_before_it(tmp_path: Path) -> None:
+    """Owners are `key:<id>` in outputs' files and the bucket: a database restored from an older backup
+    (or a deleted row) gave the next key the id of a key made after the backup, and with it that key's
+    outputs. Ids are random now, not counted on from the highest one left."""
+    import shutil
+
+    path = tmp_path / "keys.db"
+    store = KeyStore(sa.create_engine(f"sqlite:///{path}"), sa.MetaData())
+    store.create("alice")
+    store.engine.dispose()
+    shutil.copy(path, tmp_path / "backup.db")
+    carol, _ = store.create("carol")  # made after the backup: her outputs name key:<carol.id>
+    store.engine.dispose()
+    shutil.copy(tmp_path / "backup.db", path)  # the backup restored
+    restored = KeyStore(sa.create_engine(f"sqlite:///{path}"), sa.MetaData())
+    dave, _ = restored.create("dave")
+    assert dave.id != carol.id and 1 <= dave.id <= 2**31 - 1
+    assert [key.name for key in restored.list()] == ["alice", "dave"]  # listed as they were made

@@ -147,9 +147,13 @@ class KeyStore:
         if role not in ROLES:
             raise InputError(f"role {role!r} is unknown; use one of {', '.join(ROLES)}")
         rate_limit, quota = checked_rate_limit(rate_limit), checked_quota(quota)
-        for _ in range(5):  # a prefix collision (48 random bits) is astronomically rare; retry anyway
+        for _ in range(5):  # a prefix (48 random bits) or id collision is astronomically rare; retry anyway
             plaintext = KEY_SCHEME + secrets.token_urlsafe(32)
             values = {
+                # Never an earlier key's id: outputs (files, a bucket) and jobs name their owner `key:<id>`,
+                # and a database restored from an older backup (or a deleted row) gave the next key the id,
+                # and so the outputs, of a key made after the backup. Random ids are not counted back.
+                "id": secrets.randbelow(MAX_KEY_ID) + 1,
                 "name": name,
                 "prefix": plaintext[: len(KEY_SCHEME) + PREFIX_CHARS],
                 "hash": hash_key(plaintext),
@@ -178,7 +182,7 @@ class KeyStore:
         return _record(row)
 
     def list(self, include_revoked: bool = True) -> list[ApiKey]:
-        query = sa.select(self.table).order_by(self.table.c.id)
+        query = sa.select(self.table).order_by(self.table.c.created_at, self.table.c.id)
         if not include_revoked:
             query = query.where(self.table.c.revoked_at.is_(None))
         with self.engine.connect() as conn:
