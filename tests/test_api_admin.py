@@ -115,10 +115,16 @@ def test_metrics_are_all_cosyserve_and_count_requests(server) -> None:
 def test_admin_logs_status_and_request_ids(server) -> None:
     with server.client() as client:
         marker = client.get("/v1/voices", headers={"X-Request-ID": "trace-me-123"})
-        assert marker.headers["x-request-id"] == "trace-me-123"
+        again = client.get("/v1/voices", headers={"X-Request-ID": "trace-me-123"})
+        traced = marker.headers["x-request-id"]  # the client's id leads; no other request has this one
+        assert (
+            traced.startswith("trace-me-123.")
+            and len(traced) == 29
+            and again.headers["x-request-id"] != traced
+        )
         assert client.get("/health", headers={"X-Request-ID": "bad id!"}).headers["x-request-id"] != "bad id!"
         logs = client.get("/admin/logs", params={"limit": 1000}).json()["data"]
-        assert any(entry["request_id"] == "trace-me-123" for entry in logs)
+        assert any(entry["request_id"] == traced for entry in logs)
         warnings = client.get("/admin/logs", params={"level": "WARNING"}).json()["data"]
         assert all(entry["level"] in ("WARNING", "ERROR", "CRITICAL") for entry in warnings)
         status = client.get("/admin/status").json()
