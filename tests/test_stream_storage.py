@@ -52,7 +52,12 @@ def test_a_full_disk_is_told_to_streams(start_api_server, prompt_wav_bytes, full
         with live.client() as client:
             enrol_voice(client, "alice", prompt_wav_bytes)
             sse = client.post("/v1/audio/speech", json=SSE)
-            assert sse.status_code == 200 and "No space" in sse.headers["x-cosyserve-storage-warning"]
+            warning = sse.headers["x-cosyserve-storage-warning"]  # said to users without the folder's path
+            assert sse.status_code == 200 and "can't be saved" in warning and str(full_disk) not in warning
+            with live.client() as anyone:  # /ready too; an admin's detailed one names the path
+                reason = anyone.get("/ready").json()["error"]["message"]
+            assert "can't be saved" in reason and str(full_disk) not in reason
+            assert "No space" in live.service.readiness(detailed=True)["storage"]
             events = _events(sse)
             assert any(event["type"] == "speech.audio.delta" for event in events)  # the audio still came
             done = events[-1]
@@ -62,7 +67,7 @@ def test_a_full_disk_is_told_to_streams(start_api_server, prompt_wav_bytes, full
             assert "No space left" in done["storage_error"]
             raw = client.post("/v1/tts", json={"text": API_TEXT, "voice": "alice", "stream": True})
             assert raw.status_code == 200 and len(raw.content) > 1000
-            assert "No space" in raw.headers["x-cosyserve-storage-warning"]
+            assert "can't be saved" in raw.headers["x-cosyserve-storage-warning"]
             assert _outputs_of(client, raw) == [] and client.get("/v1/outputs").json()["data"] == []
     finally:
         live.stop()

@@ -137,6 +137,9 @@ def build_parser() -> argparse.ArgumentParser:
     from cosyserve.commands import verify
 
     verify.add_parser(sub)
+    from cosyserve.commands import backup
+
+    backup.add_parser(sub)
     return parser
 
 

@@ -33,7 +33,7 @@ from cosyserve.service.setting_groups import S3Settings
 from cosyserve.service.settings import Settings
 from cosyserve.service.startup_clock import StartupClock
 from cosyserve.service.stores.batches import BatchStore
-from cosyserve.service.stores.db import make_engine, metadata
+from cosyserve.service.stores.db import make_engine, metadata, sqlite_damage
 from cosyserve.service.stores.jobs import JobStore
 from cosyserve.service.stores.keys import ApiKey, KeyStore
 from cosyserve.service.stores.output_refs import forget_missing, forget_outputs
@@ -76,6 +76,7 @@ class Service:
         )
         # Stores
         self.db = make_engine(s.storage.database_url or "")
+        self.database_problem: str | None = None  # what the check at start found (`_check_stores`)
         self.jobs = JobStore(self.db)
         self.batches = BatchStore(self.db)
         self.keys = KeyStore(self.db, metadata)
@@ -168,6 +169,20 @@ class Service:
             labels=self.labels,
         )
 
+    def _check_stores(self) -> None:
+        """In the background at start: the database's own check (a damaged one makes the server
+        unready), then (a single server without a bucket) links to outputs deleted by a version that left
+        jobs and items pointing at them."""
+        try:
+            self.database_problem = sqlite_damage(self.db)
+        except Exception as exc:
+            log_failure("database", f"checking the database failed: {exc}", exc=exc)
+        if self.database_problem:
+            log_failure("database", self.database_problem)
+            return
+        if self.role == "single" and self.outputs.bucket is None:  # every output is here to look at
+            self._forget_missing()
+
     def _forget_missing(self) -> None:
         try:
             forget_missing(self.db, self.outputs.removed_here, self.outputs.has_local)
@@ -229,10 +244,8 @@ class Service:
             self.voices.prune_local()
         except Exception as exc:
             log_failure("voices", f"sharing or pruning local voice files failed: {exc}", exc=exc)
-        if self.role == "single" and self.outputs.bucket is None:  # every output is here to look at
-            # results deleted by a version that left their jobs and items pointing at them: one look at
-            # every job's output, in the background (not on the start-up path)
-            threading.Thread(target=self._forget_missing, name="cosyserve-output-links", daemon=True).start()
+        # one look at the database and every job's output, in the background (not on the start-up path)
+        threading.Thread(target=self._check_stores, name="cosyserve-store-check", daemon=True).start()
         if self.s3 is not None:
             try:
                 self.s3.prepare()
@@ -270,10 +283,13 @@ class Service:
         """{"ready": bool, "state": ..., "reason": why not ready (or None), model info}; `detailed` adds
         what only admins see (the model's path, the last engine failure, the workers)."""
         state = self.backend.readiness(detailed, accepting=self.scheduler.accepting)
-        problem = self.outputs.health.problem()  # results that can't be kept: not ready either
+        health = self.outputs.health  # results that can't be kept: not ready either
+        problem = health.problem() if detailed else health.public_problem()  # (paths: admins only)
         state["storage"] = problem or "ok"
         if problem and state["ready"]:
             state.update(ready=False, reason=f"storage: {problem}")
+        if self.database_problem and state["ready"]:
+            state.update(ready=False, reason=self.database_problem)
         if self.s3 is not None:  # said, not unready: results are kept here and catch up when it is back
             sync = self.s3.status()
             if not detailed:  # its last error names the endpoint, bucket, prefix and object: admins only

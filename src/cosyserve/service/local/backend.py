@@ -181,7 +181,7 @@ class LocalBackend:
                 spec.request_id or "stream",
                 explicit,
             )
-            warning = self.outputs.health.problem()  # the stream's end cannot say so: its start does
+            warning = self.outputs.health.public_problem()  # the stream's end cannot say so: its start does
             yield StreamStart(stream.seed, encoder.media_type, encoder.sample_rate, warning)
             yielded = 1
             head = encoder.header()

@@ -91,6 +91,27 @@ def make_engine(database_url: str, *, echo: bool = False) -> Engine:
     return engine
 
 
+def sqlite_damage(engine: Engine) -> str | None:
+    """What SQLite's `quick_check` finds wrong with the database of `engine` (None: nothing, or not a
+    SQLite database). A copy of a running server's files (its WAL and database copied moments apart) or a
+    failing disk gives a malformed database, which served every request touching it a 500 while /ready said
+    ready."""
+    if engine.dialect.name != "sqlite":
+        return None
+    try:
+        with engine.connect() as conn:
+            found = [row[0] for row in conn.execute(text("PRAGMA quick_check"))]
+    except DBAPIError as exc:  # "database disk image is malformed" may come as an error
+        found = [str(exc.orig)]
+    if found == ["ok"]:
+        return None
+    lines = [line for row in found for line in str(row).splitlines() if line and not line.startswith("***")]
+    return (
+        f"the database is damaged ({'; '.join(lines[:2])[:200]}): stop the server and restore the last "
+        "backup (docs/deploy.md, Backups)"
+    )
+
+
 def _private(path: Path) -> None:
     """The database holds key hashes, voices and job texts: readable by its owner only (0600). SQLite
     gives its -wal and -shm files the database's permissions."""

@@ -116,6 +116,16 @@ class StorageHealth:
                 self._problem, self._checked_at = self._check(), now
             return self._problem
 
+    def public_problem(self) -> str | None:
+        """`problem()` as said to anyone (unauthenticated `/ready`, a user's stream): without the output
+        folder's path, its free space or the system's error, which only admins see."""
+        problem = self.problem()
+        if problem is None:
+            return None
+        if problem.startswith("only "):
+            return "the output disk is nearly full: results may not be saved (/admin/status says more)"
+        return "results can't be saved on this server now (/admin/status says why)"
+
     def note_failure(self, reason: str) -> None:
         """A save just failed: report it until the next check finds the directory usable again."""
         with self._lock:
