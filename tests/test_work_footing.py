@@ -321,6 +321,8 @@ def test_a_stream_left_early_is_charged_for_the_audio_it_was_sent(server) -> Non
     body = {"text": "第一句话。第二句话。第三句话。第四句话。", "voice": "alice", "stream": True,
             "format": "pcm", "seed": 7}  # fmt: skip
     rate = server.service.backend.model_info["sample_rate"]
+    left = server.service.metrics.requests_total.labels(route="/v1/tts", status="499")
+    left_before = left._value.get()
     with as_key(server, secret) as user:
         whole = user.post("/v1/tts", json=body)
         assert whole.status_code == 200, whole.text
@@ -330,6 +332,11 @@ def test_a_stream_left_early_is_charged_for_the_audio_it_was_sent(server) -> Non
             received = next(response.iter_bytes())  # the first chunk, then the client hangs up
     left_early = settled(server, key.id) - whole_s
     assert len(received) / 2 / rate - 0.01 <= left_early < whole_s, (left_early, whole_s)
+    # counted and logged as left (499), as the README says: it was a 200, as if it had been read whole
+    deadline = time.monotonic() + 30
+    while left._value.get() < left_before + 1:
+        assert time.monotonic() < deadline, "the hung-up stream was not counted as 499"
+        time.sleep(0.05)
 
 
 def test_a_stream_left_early_is_charged_what_its_reader_took_not_what_waited_in_its_buffer() -> None:

@@ -23,6 +23,7 @@ from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
 from cosyserve.api.body_budget import BodyBudget, FreedMemoryReleaser
 from cosyserve.api.errors import (
+    CLIENT_CLOSED,
     BodyTooLarge,
     body_cap_bytes,
     body_too_large_message,
@@ -78,6 +79,8 @@ class ApiMiddleware:
         scope.setdefault("state", {})["request_id"] = request_id
         started = time.perf_counter()
         status: list[int] = []
+        ended: list[bool] = []  # the body's last part went out: the answer is whole
+        cut_off: list[int] = []  # the status of the error that cut a begun answer off
 
         private = credentialed(headers)
 
@@ -89,6 +92,8 @@ class ApiMiddleware:
                     *secured(list(message["headers"]), private=private),
                     (b"x-request-id", request_id.encode("latin-1")),
                 ]
+            elif message["type"] == "http.response.body" and not message.get("more_body", False):
+                ended.append(True)
             await send(message)
 
         send_with_id = _EnvelopeForeignErrors(send_with_id, scope, request_id)
@@ -134,13 +139,16 @@ class ApiMiddleware:
             if not status:
                 await error_response(exc, self.metrics)(scope, receive, send_with_id)
             else:  # logs and counts it as what it is; the body is cut off
-                error_response(started_response_error(exc), self.metrics)
+                cut_off.append(error_response(started_response_error(exc), self.metrics).status_code)
         finally:
             if held:
                 await self._release(held)
             if self.body_budget is not None and self.body_budget.counts(received):
                 self.releaser.soon()  # the body's memory is garbage now: give it back to the system
-            self._record(scope, status[0] if status else 500, time.perf_counter() - started)
+            code = status[0] if status else 500
+            if status and not ended:  # begun, never finished (a stream left by its client counted as a 200)
+                code = cut_off[0] if cut_off else CLIENT_CLOSED
+            self._record(scope, code, time.perf_counter() - started)
             reset_request_id(token)
 
     def _record(self, scope: Scope, code: int, elapsed: float) -> None:
