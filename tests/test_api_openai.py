@@ -131,11 +131,14 @@ def test_a_text_over_the_limit_names_its_field(server) -> None:
         error = client.post("/v1/tts", json={"text": long, "voice": "alice"}).json()["error"]
         assert error["param"] == "text" and error["message"].startswith("text is 5000 characters")
         # an input with nothing to speak is about `input` too (it said "the text …", param null)
+        counted = server.service.metrics.errors_total.labels(kind="invalid_input")
         for empty, says in (("   ", "the input is empty"), ("!!!", "the input '!!!' has nothing"),
                             ("[sad]", "the input '[sad]' is only an instruction tag")):  # fmt: skip
             body = {"model": "tts-1", "voice": "alice", "input": empty}
+            before = counted._value.get()
             error = client.post("/v1/audio/speech", json=body).json()["error"]
             assert error["param"] == "input" and error["message"].startswith(says), error
+            assert counted._value.get() == before + 1  # once (renamed for `input`, it counted twice)
 
 
 def test_a_body_that_is_not_json_says_so(server) -> None:

@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import contextlib
 import logging
-from typing import Any
+from typing import Any, TypeVar
 
 from fastapi import FastAPI, Request
 from fastapi.exceptions import RequestValidationError
@@ -25,6 +25,7 @@ from cosyserve.service.logs import get_request_id, log_failure
 
 log = logging.getLogger(__name__)
 _COUNTED = "_cosyserve_counted"
+E = TypeVar("E", bound=BaseException)
 
 
 class BodyTooLarge(StarletteHTTPException):
@@ -85,6 +86,16 @@ def mark_counted(exc: BaseException, job_id: str | None = None) -> BaseException
     with contextlib.suppress(AttributeError):  # exceptions with __slots__ stay unmarked
         setattr(exc, _COUNTED, job_id or True)
     return exc
+
+
+def reworded(exc: E, message: str) -> E:
+    """`exc` again with another message, still flagged as counted if it was (a new one lost the flag, and
+    the failure was counted and logged twice)."""
+    again = type(exc)(message)
+    counted = getattr(exc, _COUNTED, None)
+    if counted:
+        mark_counted(again, counted if isinstance(counted, str) else None)
+    return again
 
 
 CLIENT_CLOSED = 499  # as nginx logs a request its client closed before the answer

@@ -14,7 +14,7 @@ from __future__ import annotations
 from fastapi import APIRouter, Request, Response
 
 from cosyserve.api.deps import CurrentPrincipal, get_service, output_spec, usable_voice
-from cosyserve.api.errors import naming
+from cosyserve.api.errors import naming, reworded
 from cosyserve.api.schemas import AUDIO_CONTENT, ERRORS, SpeechParams
 from cosyserve.api.streaming import (
     audio_response,
@@ -92,4 +92,4 @@ async def speech(body: SpeechParams, request: Request, principal: CurrentPrincip
         return audio_response(await await_ticket(request, ticket))
     except TextError as exc:  # its text is this endpoint's `input`
         said = str(exc).replace("the text", "the input", 1).replace("text is", "input is", 1)
-        raise naming(type(exc)(said), "input") from None
+        raise naming(reworded(exc, said), "input") from None
