@@ -215,6 +215,29 @@ def test_a_long_texts_kept_pieces_give_their_room_to_its_result(server, monkeypa
     assert not (server.service.outputs.root / ".job-pieces" / job["id"]).exists()
 
 
+def test_a_job_that_cannot_save_its_result_is_counted_once(server, monkeypatch) -> None:
+    """Saving, making room and saving again each counted: one failed job was three storage errors and
+    twice its audio in the metrics."""
+
+    def disk_full(*args, **kwargs):
+        raise OSError(28, "No space left on device")
+
+    monkeypatch.setattr(server.service.outputs, "save", disk_full)
+    metrics = server.service.metrics
+    errors = metrics.errors_total.labels(kind="storage_error")
+
+    def observed() -> float:  # syntheses counted (the real-time factor's observations)
+        samples = next(iter(metrics.real_time_factor.collect())).samples
+        return next(sample.value for sample in samples if sample.name.endswith("_count"))
+
+    before = errors._value.get(), observed()
+    with as_key(server, server.admin_key) as client:
+        job = client.post("/v1/jobs", json={"text": SENTENCES, "voice": "alice", "seed": 3}).json()
+        final = wait(client, f"/v1/jobs/{job['id']}")
+    assert (final["state"], final["error"]["code"]) == ("failed", "storage_error"), final
+    assert errors._value.get() - before[0] == 1 and observed() - before[1] == 1
+
+
 def test_a_dub_whose_track_cannot_be_written_is_charged_its_speech_not_the_track(server, monkeypatch) -> None:
     from cosyserve.service.local import batches
 

@@ -333,17 +333,19 @@ class LocalJobs:
                     ctx.check_cancelled()  # lost the job while finishing the last piece: no output
                 else:
                     extra["partial"] = made.partial()
-                # the key was charged segment by segment (`run_pieces`), not again here
+                # The key was charged segment by segment (`run_pieces`), not again here. The kept pieces
+                # hold ~2x the result's bytes on the same disk: a failed save gives their room to the
+                # result (all of it is in memory now) and tries once more.
+                kept_pieces = self.pieces
                 outcome = self.results.finish(
-                    synth, request, made.result, dataclasses.replace(spec, key=None), encoded=False
+                    synth,
+                    request,
+                    made.result,
+                    dataclasses.replace(spec, key=None),
+                    encoded=False,
+                    make_room=(lambda: kept_pieces.drop(job_id)) if kept_pieces is not None else None,
+                    fails_the_job=True,
                 )
-                if outcome.output_id is None and self.pieces is not None:
-                    # The kept pieces hold ~2x the result's bytes on the same disk: give their room to the
-                    # result (all of it is in memory now) and try once more.
-                    self.pieces.drop(job_id)
-                    outcome = self.results.finish(
-                        synth, request, made.result, dataclasses.replace(spec, key=None), encoded=False
-                    )
             if outcome.output_id is None:
                 raise StorageError(
                     f"the job's audio could not be saved ({outcome.storage_error or 'see the server log'}): "

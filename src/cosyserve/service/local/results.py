@@ -60,14 +60,21 @@ class Results:
         spec: OutputSpec,
         *,
         encoded: bool,
+        make_room: Callable[[], object] | None = None,
+        fails_the_job: bool = False,
     ) -> TtsOutcome:
         """Store the result with its manifest, count it, settle its quota, and encode the response if
-        `encoded` (the caller waits for the whole file; a stream sent its bytes already)."""
+        `encoded` (the caller waits for the whole file; a stream sent its bytes already). A failed save is
+        tried once more after `make_room()`; with `fails_the_job` it is not counted here (the failed job
+        is: a job that could not save was counted as three storage errors and twice its audio)."""
         self.host.note_result(None)
         produced = result  # what the engine made: metrics and the quota count it, not the cue
         explicit = self.labels.explicit_for(synth, request, spec.extra, spec.voice_scope)
         result = self.labels.with_explicit(result, explicit)  # the audio delivered and stored
-        stored, storage_error = self._store(synth, request, result, spec)
+        stored, storage_error = self._store(synth, request, result, spec, count=not fails_the_job)
+        if stored is None and make_room is not None:
+            make_room()
+            stored, storage_error = self._store(synth, request, result, spec, count=not fails_the_job)
         audio = self._response_audio(synth, request, result, spec, stored) if encoded else None
         total_s = produced.stage_seconds.get("total", 0.0)
         self.metrics.observe_synthesis(produced.duration_s, total_s)
@@ -89,7 +96,13 @@ class Results:
         )
 
     def _store(
-        self, synth: Synthesizer, request: SynthesisRequest, result: SynthesisResult, spec: OutputSpec
+        self,
+        synth: Synthesizer,
+        request: SynthesisRequest,
+        result: SynthesisResult,
+        spec: OutputSpec,
+        *,
+        count: bool,
     ) -> tuple[StoredOutput | None, str | None]:
         """The result as a WAV at the model's rate with its manifest: (stored, None), or (None, why) when
         saving failed (a waiting caller still gets its audio, marked unsaved; jobs fail)."""
@@ -116,7 +129,8 @@ class Results:
             return self.outputs.save(wav, "wav", manifest, upload_now=self.upload_outputs), None
         except Exception as exc:
             log_failure("storage_error", f"saving the output failed: {exc}", exc=exc)
-            self.metrics.count_error("storage_error")
+            if count:
+                self.metrics.count_error("storage_error")
             return None, str(exc) or type(exc).__name__
 
     def _response_audio(
