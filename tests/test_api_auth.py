@@ -378,3 +378,40 @@ def test_an_enrolment_that_waited_while_its_key_was_revoked_saves_no_voice(serve
     assert not {"late", "for-all"} & {voice.name for voice in server.service.voices.list()}
     own = EnrolmentRequest("own", prompt_wav_bytes, owner=f"key:{demoted.id}")  # its own: still fine
     assert backend.submit_enrolment(own).result(timeout=60).owner == f"key:{demoted.id}"
+
+
+def test_a_rotated_key_keeps_its_voices_outputs_and_usage_and_the_old_secret_stops(
+    server, prompt_wav_bytes
+) -> None:
+    """Replacing a leaked key meant a new key that owned nothing: its voices (and their consent), outputs
+    and jobs stayed with the revoked one. A rotation gives the same key a new secret."""
+    record, old = server.service.keys.create("rotating", "user")
+    files = {"audio": ("r.wav", prompt_wav_bytes, "audio/wav")}
+    with as_key(server, old) as user:
+        voice = user.post("/v1/voices", data={"name": "mine", "consent": "true"}, files=files).json()
+        spoken = user.post("/v1/tts", json={"text": API_TEXT, "voice": "mine", "seed": API_SEED})
+        used = user.get("/v1/me").json()["quota"]["used_s"]
+    with as_key(server, server.admin_key) as admin, as_key(server, server.other_key) as bob:
+        rotated = admin.post(f"/admin/keys/{record.id}/rotate")
+        assert rotated.status_code == 200, rotated.text
+        new = rotated.json()["key"]
+        assert rotated.json()["id"] == record.id and new.startswith("cs_") and new != old
+        assert rotated.json()["prefix"] != record.prefix and rotated.json()["active"] is True
+        assert bob.get("/v1/voices").status_code == 200  # nobody else is touched
+        assert bob.post(f"/admin/keys/{record.id}/rotate").status_code == 403
+    with as_key(server, old) as stale:
+        assert stale.get("/v1/me").status_code == 401
+    with as_key(server, new) as user:
+        assert [v["id"] for v in user.get("/v1/voices").json()["data"] if v["name"] == "mine"] == [
+            voice["id"]
+        ]
+        assert user.get(f"/v1/outputs/{spoken.headers['x-cosyserve-output-id']}").status_code == 200
+        assert user.get("/v1/me").json()["quota"]["used_s"] == pytest.approx(used)
+    server.service.keys.revoke(record.id)
+    with as_key(server, server.admin_key) as admin:
+        refused = admin.post(f"/admin/keys/{record.id}/rotate")
+        assert (
+            refused.status_code == 400
+            and "is revoked: create a new key" in refused.json()["error"]["message"]
+        )
+        assert admin.post("/admin/keys/999999999/rotate").status_code == 404

@@ -79,6 +79,7 @@ def test_only_hashes_are_stored(store: KeyStore) -> None:
 
 def test_list_and_revoke_errors(store: KeyStore) -> None:
     first, _ = store.create("one", "admin")
+    store._clock.now += 1  # (keys list in the order they were made)
     second, _ = store.create("two")
     store.revoke(second.id)
     assert [k.name for k in store.list()] == ["one", "two"]
@@ -291,6 +292,8 @@ def run_cli(store: KeyStore, *argv: str) -> str:
 
 
 def test_keys_cli_create_list_revoke(store: KeyStore, capsys: pytest.CaptureFixture[str]) -> None:
+    ticks = iter(range(int(T0), int(T0) + 10_000))
+    store._clock = lambda: float(next(ticks))  # keys made one after another (they list in that order)
     created = run_cli(store, "keys", "create", "web", "--role", "admin", "--rate-limit", "30")
     plaintext = created.strip().splitlines()[-1]
     assert plaintext.startswith("cs_") and "shown only now" in created
@@ -311,6 +314,13 @@ def test_keys_cli_create_list_revoke(store: KeyStore, capsys: pytest.CaptureFixt
     with pytest.raises(KeyNotFound, match="no active key's name"):
         run_cli(store, "keys", "revoke", "bot")
     assert "web" not in run_cli(store, "keys", "list", "--active")
+    old = run_cli(store, "keys", "create", "robot", "--quiet").strip()
+    robot = store.authenticate(old)
+    said = run_cli(store, "keys", "rotate", "robot")  # by name, id or prefix, as revoke takes them
+    new = said.strip().splitlines()[-1]
+    assert f"key {robot.id} (robot) has a new secret" in said and new.startswith("cs_")
+    assert store.authenticate(old) is None and store.authenticate(new).id == robot.id
+    assert run_cli(store, "keys", "rotate", str(robot.id), "--quiet").strip().startswith("cs_")
     # The `func` the CLI dispatches to opens the store through `get_store`.
     parser = argparse.ArgumentParser()
     add_keys_parser(parser.add_subparsers(dest="command"), lambda args: store)

@@ -75,6 +75,18 @@ def revoke_key(key_id: str, request: Request, principal: CurrentPrincipal) -> di
     return _key_view(service, key)
 
 
+@router.post(
+    "/keys/{key_id}/rotate",
+    responses=ERRORS,
+    summary="Give a key a new secret on the same id (returned once, as `key`); the old one stops working",
+)
+def rotate_key(key_id: str, request: Request, principal: CurrentPrincipal) -> dict[str, Any]:
+    service = get_service(request)
+    who = principal.name or principal.owner
+    key, plaintext = key_admin.rotate_key(service.keys, key_id, who=who, endpoint="api")
+    return {**_key_view(service, key), "key": plaintext}
+
+
 @router.patch("/keys/{key_id}", responses=ERRORS, summary="Change a key's role, daily quota or rate limit")
 def update_key(key_id: str, body: KeyUpdate, request: Request, principal: CurrentPrincipal) -> dict[str, Any]:
     service = get_service(request)

@@ -1,4 +1,4 @@
-"""`cosyserve keys create|list|revoke`: API key administration from the command line.
+"""`cosyserve keys create|list|revoke|rotate`: API key administration from the command line.
 
 The CLI wires it in with `add_keys_parser(subparsers, get_store)`, where `get_store(args)` opens the
 KeyStore of the configured database (so this module knows nothing about settings).
@@ -53,6 +53,14 @@ def add_keys_parser(
         "key", help="numeric id, prefix (cs_xxxxxxxx) or the name of one active key, as `keys list` shows"
     )
 
+    rotate = actions.add_parser(
+        "rotate",
+        help="give a key a new secret on the same id (its voices, outputs, jobs and usage stay its own); "
+        "the old one stops working at once",
+    )
+    rotate.add_argument("key", help="numeric id, prefix (cs_xxxxxxxx) or the name of one active key")
+    rotate.add_argument("--quiet", action="store_true", help="print only the new key (for scripts)")
+
     def run(args: argparse.Namespace) -> int:
         return run_keys_command(args, get_store(args))
 
@@ -87,18 +95,28 @@ def run_keys_command(args: argparse.Namespace, store: KeyStore, out: TextIO | No
         done = f"was already revoked ({_when(record.revoked_at)})" if earlier else "revoked"
         print(f"key {record.id} ({record.name}, {record.prefix}) {done}", file=out)
         return 0
+    if args.keys_command == "rotate":
+        record, plaintext = store.rotate(_id_or_prefix(store, args.key, "rotate"))
+        if args.quiet:
+            print(plaintext, file=out)
+            return 0
+        print(f"key {record.id} ({record.name}) has a new secret; the old one no longer works", file=out)
+        print(f"\nAPI key (shown only now; store it somewhere safe):\n{plaintext}", file=out)
+        return 0
     raise AssertionError(f"unhandled keys command {args.keys_command!r}")  # argparse restricts the choices
 
 
-def _id_or_prefix(store: KeyStore, key: str) -> str:
-    """`key` as `KeyStore.revoke` takes it: an id or a prefix as given, a name as its one active key's id
-    (KeyNotFound naming the keys when several active keys have that name)."""
+def _id_or_prefix(store: KeyStore, key: str, action: str = "revoke") -> str:
+    """`key` as `KeyStore.revoke` and `rotate` take it: an id or a prefix as given, a name as its one
+    active key's id (KeyNotFound naming the keys when several active keys have that name)."""
     if store.is_id_or_prefix(key):
         return key
     named = [record for record in store.list(include_revoked=False) if record.name == key.strip()]
     if len(named) > 1:
         ids = ", ".join(f"{record.id} ({record.prefix})" for record in named)
-        raise KeyNotFound(f"{len(named)} active keys are named {key.strip()!r}: {ids}; revoke one by its id")
+        raise KeyNotFound(
+            f"{len(named)} active keys are named {key.strip()!r}: {ids}; {action} one by its id"
+        )
     if not named:
         raise KeyNotFound(
             f"{key!r} is no key id, no key prefix like cs_Ab3dEf9h and no active key's name; "

@@ -49,6 +49,14 @@ def revoke_key(keys: KeyStore, key_id: int | str, *, who: str | None, endpoint: 
     return key
 
 
+def rotate_key(keys: KeyStore, key_id: int | str, *, who: str | None, endpoint: str) -> tuple[ApiKey, str]:
+    """A new secret for the active key with this numeric id, on the same id (`KeyStore.rotate`)."""
+    target = keys.get(key_id)  # type: ignore[arg-type]  # get: KeyNotFound for a prefix
+    key, plaintext = keys.rotate(target.id)
+    log_activity("key_rotate", "ok", who=who, endpoint=endpoint, key_id=key.id)
+    return key, plaintext
+
+
 def update_key(
     keys: KeyStore,
     key_id: int | str,

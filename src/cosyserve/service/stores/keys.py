@@ -148,15 +148,14 @@ class KeyStore:
             raise InputError(f"role {role!r} is unknown; use one of {', '.join(ROLES)}")
         rate_limit, quota = checked_rate_limit(rate_limit), checked_quota(quota)
         for _ in range(5):  # a prefix (48 random bits) or id collision is astronomically rare; retry anyway
-            plaintext = KEY_SCHEME + secrets.token_urlsafe(32)
+            plaintext, secret = _new_secret()
             values = {
                 # Never an earlier key's id: outputs (files, a bucket) and jobs name their owner `key:<id>`,
                 # and a database restored from an older backup (or a deleted row) gave the next key the id,
                 # and so the outputs, of a key made after the backup. Random ids are not counted back.
                 "id": secrets.randbelow(MAX_KEY_ID) + 1,
                 "name": name,
-                "prefix": plaintext[: len(KEY_SCHEME) + PREFIX_CHARS],
-                "hash": hash_key(plaintext),
+                **secret,
                 "role": role,
                 "created_at": self._clock(),
                 "rate_limit_per_minute": None if rate_limit is None else int(rate_limit),
@@ -169,6 +168,47 @@ class KeyStore:
                 continue
             return self.get(key_id), plaintext
         raise InputError("could not create a unique API key; try again")
+
+    def rotate(self, id_or_prefix: int | str) -> tuple[ApiKey, str]:
+        """A new secret (and prefix) for an active key, on the same id: its voices, outputs, jobs, usage
+        and limits stay its own (a leaked key replaced by a new one lost them all), the old secret stops
+        working at once and the UI sessions signed in with it end (they are bound to the prefix).
+        Returns the record and the new plaintext, which is not stored."""
+        key = self.find(id_or_prefix)
+        if not key.active:
+            raise InputError(f"API key {key.id} ({key.name}) is revoked: create a new key instead")
+        for _ in range(5):
+            plaintext, secret = _new_secret()
+            active = (self.table.c.id == key.id) & self.table.c.revoked_at.is_(None)
+            try:
+                with self.engine.begin() as conn:
+                    changed = conn.execute(self.table.update().where(active).values(**secret)).rowcount
+            except IntegrityError:  # the new prefix is another key's
+                continue
+            if not changed:
+                raise InputError(f"API key {key.id} ({key.name}) was revoked meanwhile: create a new key")
+            return self.get(key.id), plaintext
+        raise InputError("could not make a unique API key; try again")
+
+    def find(self, id_or_prefix: int | str) -> ApiKey:
+        """The key with this numeric id or prefix (`cs_Ab3dEf9h`; a whole key works too); KeyNotFound
+        if none."""
+        with self.engine.connect() as conn:
+            row = conn.execute(sa.select(self.table).where(self._named(str(id_or_prefix).strip()))).first()
+        if row is None:
+            raise KeyNotFound(f"no API key {id_or_prefix!r}; `cosyserve keys list` shows them")
+        return _record(row)
+
+    def _named(self, text: str) -> sa.ColumnElement[bool]:
+        prefix = text[: len(KEY_SCHEME) + PREFIX_CHARS]  # a whole key works too
+        if text.isdigit():
+            number = _key_number(text)
+            if number is None:
+                raise KeyNotFound(f"no API key {text!r}; `cosyserve keys list` shows them")
+            return self.table.c.id == number
+        if PREFIX_PATTERN.fullmatch(prefix):
+            return self.table.c.prefix == prefix
+        raise KeyNotFound(f"{text!r} is neither a key id nor a key prefix like cs_Ab3dEf9h")
 
     def get(self, key_id: int) -> ApiKey:
         """The key with this id; KeyNotFound if none (also for anything that is not a possible id)."""
@@ -198,16 +238,7 @@ class KeyStore:
         """Revoke by numeric id or by prefix (`cs_Ab3dEf9h`); revoking twice keeps the first time.
         `keep_an_admin`: InputError rather than revoke the last admin key in use."""
         text = str(id_or_prefix).strip()
-        prefix = text[: len(KEY_SCHEME) + PREFIX_CHARS]  # a whole key works too
-        if text.isdigit():
-            number = _key_number(text)
-            if number is None:
-                raise KeyNotFound(f"no API key {text!r}; `cosyserve keys list` shows them")
-            condition = self.table.c.id == number
-        elif PREFIX_PATTERN.fullmatch(prefix):
-            condition = self.table.c.prefix == prefix
-        else:
-            raise KeyNotFound(f"{text!r} is neither a key id nor a key prefix like cs_Ab3dEf9h")
+        condition = self._named(text)
         with self.engine.begin() as conn:
             row = conn.execute(sa.select(self.table).where(condition)).first()
             if row is None:
@@ -291,6 +322,12 @@ class KeyStore:
             else:
                 key = dataclasses.replace(key, last_used_at=now)
         return key
+
+
+def _new_secret() -> tuple[str, dict[str, str]]:
+    """A new plaintext key, and the prefix and hash a row stores of it."""
+    plaintext = KEY_SCHEME + secrets.token_urlsafe(32)
+    return plaintext, {"prefix": plaintext[: len(KEY_SCHEME) + PREFIX_CHARS], "hash": hash_key(plaintext)}
 
 
 def _key_number(key_id: object) -> int | None:
