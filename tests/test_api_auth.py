@@ -194,9 +194,13 @@ def test_ui_login_session(server) -> None:
         )
         assert browser.get("/v1/voices").status_code == 200
         assert browser.get("/admin/status").status_code == 200
+        session = dict(browser.cookies)
         browser.post("/auth/logout")
         browser.cookies.clear()
         assert browser.get("/v1/voices").status_code == 401
+    with server.client(cookies=session) as stale:  # an ended sign-in is told so (it was told to send a key)
+        ended = stale.get("/v1/voices")
+        assert ended.status_code == 401 and "your sign-in has ended" in ended.json()["error"]["message"]
 
 
 def test_openai_sdk_with_a_key(server) -> None:

@@ -79,6 +79,11 @@ async def current_principal(request: Request) -> Principal:
     principal = await run_in_threadpool(functools.partial(access.identify, touch=touch), key_text, session)
     if principal is None and key_text is not None:
         raise AuthRequired("the API key is not valid (unknown, malformed or revoked)")
+    if principal is None and session:  # (it was told to send an API key)
+        raise AuthRequired(
+            "your sign-in has ended (it expired, or its key was revoked, rotated or given another role): "
+            "sign in again on the web page, or send an API key"
+        )
     if principal is None:
         raise AuthRequired(
             "this server requires an API key: send `Authorization: Bearer <key>` or `X-API-Key: <key>` "
