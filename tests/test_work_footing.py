@@ -190,6 +190,7 @@ def test_a_revoked_keys_job_stops_at_the_next_segment_keeping_what_was_charged(s
         assert final["state"] == "failed" and final["error"]["code"] == "key_revoked", final
         partial = final["partial"]
         assert partial["segments_done"] == partial["missing_from"] == 1 and partial["segments_total"] >= 3
+        assert final["progress"] == pytest.approx(1 / partial["segments_total"], abs=1e-3)  # how far it got
         assert seconds_of(admin, final["result_url"]) == pytest.approx(partial["audio_s"], abs=0.01)
     # charged for its first segment, made before the revoke; nothing made after it
     assert server.service.access.quota.used(key.id) == pytest.approx(partial["audio_s"], abs=0.01)

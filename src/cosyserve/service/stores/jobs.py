@@ -244,6 +244,12 @@ class JobStore(JobRecovery, JobCharges):
                 "error_code": fit_to_column(error_code(stopped), jobs_table.c.error_code),
                 "error_message": clean_text(str(stopped)),
             }
+            partial = (extra or {}).get("partial") or {}
+            made, total = partial.get("segments_done"), partial.get("segments_total")
+            if isinstance(made, int) and isinstance(total, int) and total > 0:
+                # how far it got (the last progress written, at most one a second, was older: a stopped
+                # job's progress went back from 0.14 to 0.11)
+                ending["progress"] = min(1.0, made / total)
         return self._transition(
             job_id,
             ("running",),
