@@ -187,6 +187,8 @@ def test_forged_lines_reach_neither_the_log_nor_the_admin_tab(restore_root: None
         server.stop()
     lines = out.getvalue().splitlines()
     assert any("/v1/x\\n2026-12-07" in line for line in lines), lines
+    # a name that is not the UI's (a password typed into the name field) is not written down
+    assert any("who=(another name)" in line for line in lines) and not any("who=x" in line for line in lines)
     assert not any(line.startswith(("2026-12-07 23:59", "\x1b")) for line in lines), lines
     shown = logs_text(recent_logs(200)).splitlines()
     assert not any(FORGED[:30] in line and not line.startswith("20") for line in shown)

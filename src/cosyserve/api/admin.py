@@ -121,9 +121,9 @@ async def login(body: LoginBody, request: Request, response: Response) -> dict[s
     try:
         token = await run_in_threadpool(service.access.login, body.username, body.password)
     except Exception as exc:
-        log_activity("login", error_code(exc), who=body.username[:64], endpoint="api")
+        log_activity("login", error_code(exc), who=service.access.logged_name(body.username), endpoint="api")
         raise
-    log_activity("login", "ok", who=body.username[:64], endpoint="api")
+    log_activity("login", "ok", who=service.access.logged_name(body.username), endpoint="api")
     response.set_cookie(**service.access.session_cookie(token, secure=request.url.scheme == "https"))
     return {"user": body.username}
 

@@ -123,6 +123,16 @@ class Access:
             raise AuthRequired("wrong user name or password")
         return self.sessions.create("user", auth.ui_username or "", self._login_binding())
 
+    def logged_name(self, username: str) -> str:
+        """How a sign-in's user name is logged: the UI's user name when it was typed, else "(another
+        name)": a password typed into the name field landed in the log (and a line break with it)."""
+        name = self.auth.ui_username or ""
+        return (
+            name
+            if name and hmac.compare_digest(name.encode(), (username or "").encode())
+            else "(another name)"
+        )
+
     def key_login(self, key_text: str) -> tuple[ApiKey, str]:
         """The key and a new session token for it (the browser keeps the token, never the key), or
         AuthRequired."""

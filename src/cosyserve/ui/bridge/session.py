@@ -59,7 +59,8 @@ class SessionPart:
             token = self.service.access.login(username, password)
         except AuthRequired:
             token = None
-        log_activity("login", "ok" if token else "bad_password", who=username[:64], endpoint="ui")
+        who = self.service.access.logged_name(username)
+        log_activity("login", "ok" if token else "bad_password", who=who, endpoint="ui")
         return token
 
     def logout(self, token: str | None) -> None:
