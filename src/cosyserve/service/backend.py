@@ -14,7 +14,7 @@ from typing import Any, Protocol
 
 from cosyserve.errors import InputError, JobStateError, TextError
 from cosyserve.frontend.prompt_check import load_prompt
-from cosyserve.frontend.text.prepare import check_inline_instruction
+from cosyserve.frontend.text.prepare import check_inline_instruction, quoted
 from cosyserve.frontend.text.prompts import inline_instruction
 from cosyserve.frontend.text.split import has_content, require_visible_text, split_long_text
 from cosyserve.frontend.text.tags import nfc
@@ -171,7 +171,7 @@ def job_pieces(request: SynthesisRequest, max_chars: int) -> list[str]:
         pieces = [f"{inline}{ENDOFPROMPT}{piece}" for piece in pieces]
     if not pieces or not any(has_content(piece) for piece in pieces):
         raise TextError(
-            f"the text {request.text[:80]!r} has nothing to speak (only punctuation or blanks): "
+            f"the text {quoted(request.text)} has nothing to speak (only punctuation or blanks): "
             "give words to read"
         )
     return pieces

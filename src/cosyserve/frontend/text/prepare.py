@@ -156,7 +156,7 @@ def prepare_texts(
     tagged, rest = leading_tag_instruction(body)
     if tagged is not None and not rest.strip():  # it said "the text '' has nothing to speak"
         raise TextError(
-            f"the text {body.strip()!r} is only an instruction tag: give the words to speak after it"
+            f"the text {quoted(body.strip())} is only an instruction tag: give the words to speak after it"
         )
     body = rest
     for found, where in (
@@ -188,7 +188,9 @@ def prepare_texts(
     spoken = normalize_text(converted, lang)
     segments = split_text(spoken, tokenizer, text_language(spoken))
     if not segments:
-        raise TextError(f"the text {body!r} has nothing to speak after normalisation: give words to read")
+        raise TextError(
+            f"the text {quoted(body)} has nothing to speak after normalisation: give words to read"
+        )
 
     lm_texts = assemble_lm_texts(segments, prompt_transcript=transcript, instruction=instruction)
     if lm_texts.use_prompt_speech_tokens and transcript is not None:
@@ -205,3 +207,11 @@ def prepare_texts(
         segment_ids=[tokenizer.encode(text) for text in lm_texts.texts],
         typed_finder=_typed_finder(body, lexicon, lang),
     )
+
+
+QUOTED_CHARS = 40  # of a refused text, in its message (and so in the log): it was echoed whole
+
+
+def quoted(text: str) -> str:
+    """`text` quoted for a message, its first QUOTED_CHARS characters only."""
+    return repr(text) if len(text) <= QUOTED_CHARS else f"{text[:QUOTED_CHARS]!r}… ({len(text)} characters)"

@@ -21,6 +21,7 @@ from typing import Any
 
 from cosyserve.errors import InputError
 from cosyserve.frontend.subtitles import Cue
+from cosyserve.frontend.text.prepare import quoted
 from cosyserve.frontend.text.split import has_content, require_visible_text
 from cosyserve.limits import (
     DEFAULT_MAX_BATCH_ITEMS,
@@ -290,7 +291,7 @@ def _check(params: dict[str, Any], rules: BatchRules) -> None:
     if len(text) > rules.max_text_chars:
         raise InputError(f"text is {len(text)} characters, the limit is {rules.max_text_chars}: split it")
     if not has_content(text):
-        raise InputError(f"the text {text!r} has nothing to speak: give words to read")
+        raise InputError(f"the text {quoted(text)} has nothing to speak: give words to read")
     if not params.get("voice") and not rules.has_prompt:
         raise InputError("no voice: give a `voice` for the item or for the whole batch")
     params["seed"] = _number(params.get("seed"), "seed", int, 0, MAX_SEED)
