@@ -34,17 +34,17 @@ UI_PLUMBING = ("/assets/", "/gradio_api/", "/static/", "/theme.css", "/config", 
 def logs_text(entries: list[dict[str, Any]]) -> str:
     lines = []
     for entry in entries:
-        message = one_line(entry.get("message", ""))
+        message = one_line(strip_ansi(str(entry.get("message", ""))))  # colours dropped, other controls shown
         if entry.get("logger") == "cosyserve.access" and any(f" {p}" in message for p in UI_PLUMBING):
             continue
         where = f"[{entry.get('request_id', '-')}] {entry.get('logger', '')}"
         extras = " ".join(
-            f"{k}={one_line(v)}"
+            f"{k}={one_line(strip_ansi(str(v)))}"
             for k, v in entry.items()
             if k not in ("ts", "level", "logger", "message", "request_id", "exc") and v is not None
         )
         line = f"{entry.get('ts', '')} {entry.get('level', ''):7} {where}: {message} {extras}".rstrip()
-        lines.append(strip_ansi(line))
+        lines.append(line)
     return "\n".join(lines[-LOG_LINES:])
 
 
