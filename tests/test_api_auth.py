@@ -419,3 +419,22 @@ def test_a_rotated_key_keeps_its_voices_outputs_and_usage_and_the_old_secret_sto
             and "is revoked: create a new key" in refused.json()["error"]["message"]
         )
         assert admin.post("/admin/keys/999999999/rotate").status_code == 404
+
+
+def test_admins_create_keys_through_the_api_and_a_revoked_key_cannot_change(server) -> None:
+    """The README named the API beside the UI for creating keys, but only the CLI and the UI could; a
+    PATCH of a revoked key answered 200 and logged a change that could never apply."""
+    with as_key(server, server.admin_key) as admin, as_key(server, server.other_key) as bob:
+        made = admin.post("/admin/keys", json={"name": "new-app", "daily_audio_seconds_quota": 30})
+        assert made.status_code == 201, made.text
+        body = made.json()
+        assert body["name"] == "new-app" and body["role"] == "user" and body["key"].startswith("cs_")
+        assert body["daily_audio_seconds_quota"] == 30 and "hash" not in body
+        assert bob.post("/admin/keys", json={"name": "mine"}).status_code == 403
+        assert admin.post("/admin/keys", json={"name": ""}).status_code == 422
+        assert admin.post("/admin/keys", json={"name": "x", "role": "root"}).status_code == 422
+        with as_key(server, body["key"]) as new:
+            assert new.get("/v1/me").json()["role"] == "user"
+        assert admin.post(f"/admin/keys/{body['id']}/revoke").status_code == 200
+        changed = admin.patch(f"/admin/keys/{body['id']}", json={"daily_audio_seconds_quota": 60})
+        assert changed.status_code == 400 and "is revoked" in changed.json()["error"]["message"]

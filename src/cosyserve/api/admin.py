@@ -8,7 +8,7 @@ from typing import Any, Literal
 from fastapi import APIRouter, Depends, Query, Request, Response
 from starlette.concurrency import run_in_threadpool
 
-from cosyserve.api.admin_schemas import KeyUpdate, LoginBody
+from cosyserve.api.admin_schemas import KeyCreate, KeyUpdate, LoginBody
 from cosyserve.api.deps import CurrentPrincipal, get_service, require_admin
 from cosyserve.api.schemas import ERRORS
 from cosyserve.errors import InputError, error_code
@@ -65,6 +65,26 @@ def list_keys(request: Request, include_revoked: bool = True) -> dict[str, Any]:
     service = get_service(request)
     keys = service.keys.list(include_revoked=include_revoked)
     return {"object": "list", "data": [_key_view(service, key) for key in keys]}
+
+
+@router.post(
+    "/keys",
+    status_code=201,
+    responses=ERRORS,
+    summary="Create a key (returned once, as `key`; only its hash is stored)",
+)
+def create_key(body: KeyCreate, request: Request, principal: CurrentPrincipal) -> dict[str, Any]:
+    service = get_service(request)
+    key, plaintext = key_admin.create_key(
+        service.keys,
+        who=principal.name or principal.owner,
+        endpoint="api",
+        name=body.name,
+        role=body.role,
+        quota=body.daily_audio_seconds_quota,
+        rate_limit=body.rate_limit_per_minute,
+    )
+    return {**_key_view(service, key), "key": plaintext}
 
 
 @router.post("/keys/{key_id}/revoke", responses=ERRORS, summary="Revoke a key (its running work stops too)")

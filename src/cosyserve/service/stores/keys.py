@@ -265,6 +265,8 @@ class KeyStore:
         at its next segment (`access.key_watch`). `keep_an_admin`: InputError rather than make the last
         admin key in use a user key."""
         key = self.get(key_id)  # type: ignore[arg-type]
+        if not key.active:  # (it answered 200 and logged a change that could never apply)
+            raise InputError(f"API key {key.id} ({key.name}) is revoked: nothing of it can change")
         values: dict[str, object] = {}
         if role is not None:
             if role not in ROLES:
