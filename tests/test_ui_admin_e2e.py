@@ -119,7 +119,8 @@ def test_status_enrolments_and_logs(page, ui_server):
     assert re.search(r"Uptime\s+\d+ (s|min)\b", status), status  # e.g. "42 s", "1 min 3 s"
     enrolments = wait_text(page, "#admin-enrolments", "dora-voice")
     row = next(line for line in enrolments.splitlines() if "dora-voice" in line)
-    assert "dora (key:1)" in row and "UTC" in row and "no" in row, row  # owner, enrolled by, date, private
+    dora = next(key for key in ui_server.service.keys.list() if key.name == "dora")
+    assert f"dora (key:{dora.id})" in row and "UTC" in row and "no" in row, row  # owner, by, date, private
     page.wait_for_function("document.querySelector('#admin-logs pre')?.textContent.includes('red alert')")
     logs = page.text_content("#admin-logs pre")
     assert "\x1b" not in logs and "[1;31m" not in logs and "red alert from a coloured logger" in logs
@@ -178,6 +179,24 @@ def test_create_a_key_with_a_quota_then_change_it_and_revoke_it(page, ui_server)
     gone = httpx.get(f"{ui_server.url}/v1/me", headers={"X-API-Key": plaintext}, timeout=30)
     assert gone.status_code == 401
     shot(page, "key-revoked")
+
+
+def test_a_key_gets_a_new_secret_after_a_question(page, ui_server):
+    """New secret: the key keeps its id (its voices, outputs and usage), the old secret stops, the new one
+    is shown once."""
+    service = ui_server.service
+    key, old = service.keys.create("leaky-laptop", "user")
+    page.click("#admin-refresh")
+    choose_key(page, f"{key.id} · leaky-laptop")
+    page.click("#admin-key-rotate")
+    wait_text(page, "#admin-keys-message", "Give key leaky-laptop")
+    assert page.is_visible("#admin-key-confirm-rotate") and not page.is_visible("#admin-key-confirm-revoke")
+    page.click("#admin-key-confirm-rotate")
+    created = wait_text(page, "#admin-key-created", "has a new secret")
+    new = re.search(r"cs_\S+", created).group(0)
+    assert service.keys.authenticate(old) is None and service.keys.authenticate(new).id == key.id
+    page.locator("#admin-key-confirm-row").wait_for(state="hidden")
+    shot(page, "key-rotated")
 
 
 def test_a_bad_key_name_is_refused_with_a_reason(page, ui_server):

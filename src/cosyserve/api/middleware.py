@@ -45,6 +45,23 @@ HTTP_METHODS = frozenset({"GET", "POST", "PUT", "PATCH", "DELETE", "HEAD", "OPTI
 _MAX_HELD_BODY = 64 * 1024  # a bare `{"detail": ...}` error is far smaller: larger bodies pass through
 
 
+def request_id_for(incoming: str) -> str:
+    """A request's id: the server's own, which no other request has, led by the client's (a proxy's, a
+    trace) when it sent a usable one: two users sending one id shared log lines, and an admin's output
+    lookup by it found only one of theirs."""
+    return f"{incoming[:47]}.{new_request_id()}" if _SAFE_ID.fullmatch(incoming) else new_request_id()
+
+
+def final_status(status: list[int], ended: list[bool], cut_off: list[int]) -> int:
+    """What a request is counted and logged as: its status; 500 when none was sent; for an answer begun
+    and never finished, the error that cut it off or 499 (a stream left by its client was a 200)."""
+    if not status:
+        return 500
+    if not ended:
+        return cut_off[0] if cut_off else CLIENT_CLOSED
+    return status[0]
+
+
 class ApiMiddleware:
     def __init__(
         self,
@@ -69,12 +86,7 @@ class ApiMiddleware:
             await self.app(scope, receive, send)
             return
         headers = {k.decode("latin-1").lower(): v.decode("latin-1") for k, v in scope.get("headers", [])}
-        incoming = headers.get(REQUEST_ID_HEADER, "")
-        # A client's id (a proxy's, a trace) leads the server's own, which no other request has: two users
-        # sending one id shared log lines, and an admin's output lookup by it found only one of theirs.
-        request_id = (
-            f"{incoming[:47]}.{new_request_id()}" if _SAFE_ID.fullmatch(incoming) else new_request_id()
-        )
+        request_id = request_id_for(headers.get(REQUEST_ID_HEADER, ""))
         token = set_request_id(request_id)
         scope.setdefault("state", {})["request_id"] = request_id
         started = time.perf_counter()
@@ -145,10 +157,7 @@ class ApiMiddleware:
                 await self._release(held)
             if self.body_budget is not None and self.body_budget.counts(received):
                 self.releaser.soon()  # the body's memory is garbage now: give it back to the system
-            code = status[0] if status else 500
-            if status and not ended:  # begun, never finished (a stream left by its client counted as a 200)
-                code = cut_off[0] if cut_off else CLIENT_CLOSED
-            self._record(scope, code, time.perf_counter() - started)
+            self._record(scope, final_status(status, ended, cut_off), time.perf_counter() - started)
             reset_request_id(token)
 
     def _record(self, scope: Scope, code: int, elapsed: float) -> None:

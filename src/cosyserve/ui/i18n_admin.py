@@ -42,6 +42,18 @@ ADMIN_STRINGS: dict[str, tuple[str, str]] = {
         "密钥 {name}（ID {id}）已吊销，其正在运行的任务也会停止。",
         "Key {name} (id {id}) is revoked; its running work stops too.",
     ),
+    "key_rotate": ("换新密钥", "New secret"),
+    "key_rotate_question": (
+        "给密钥 {name}（ID {id}）换一个新密钥？旧密钥立即失效，用它登录的浏览器会被登出；"
+        "它的音色、输出、任务和用量保持不变。",
+        "Give key {name} (id {id}) a new secret? The old one stops working at once and browsers signed in "
+        "with it are signed out; its voices, outputs, jobs and usage stay its own.",
+    ),
+    "key_rotate_confirm": ("确认换新", "Yes, give it a new secret"),
+    "key_rotated": (
+        "密钥 **{name}**（ID {id}）已换新。请立即复制，它只显示这一次：",
+        "Key **{name}** (id {id}) has a new secret. Copy it now: it is shown only this once:",
+    ),
     "key_set_quota": ("设置配额", "Set quota"),
     "key_quota_set": ("密钥 {name} 的每日配额：{quota}", "Daily quota of key {name}: {quota}"),
     "key_pick_first": ("请先选择一个密钥。", "Choose a key first."),

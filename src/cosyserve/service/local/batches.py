@@ -104,8 +104,7 @@ class BatchRunner:
         the key's quota ran out, or when the key was revoked (what finished is kept)."""
         stopped: CosyServeError | None = None
         unexpected = 0
-        pins = VoicePins(self.host.voices, plan.shared.get(SNAPSHOTS), plan.voices)
-        first = True
+        pins, first = VoicePins(self.host.voices, plan.shared.get(SNAPSHOTS), plan.voices), True
         counts = self.batches.counts(plan.job_id)  # (items an earlier attempt made count as made)
         while (item := self.batches.next_unfinished(plan.job_id)) is not None:
             # Each item is a unit: other work may have the engine in between. The first runs in the slot

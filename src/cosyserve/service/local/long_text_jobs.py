@@ -197,11 +197,8 @@ def run_pieces(
     results: list[SynthesisResult] = [piece.result for piece in kept]
     total = sum(len(r.timings) for r in results) + sum(stream.segment_count for _, stream in streams)
     if results:
-        try:  # revoked while it waited after a restart: the pieces an earlier attempt made are its result
-            run.check_key(voices)
-        except (KeyRevoked, KeyChanged) as exc:
-            done = sum(len(r.timings) for r in results)
-            return PiecesMade(merge_results(results), exc, done, total)
+        if (revoked := _kept_if_revoked(run, voices, results, total)) is not None:
+            return revoked
         ctx.set_progress(len(results) / len(pieces))
         ctx.share_partial(tuple(results))
     for index, stream in streams:
@@ -218,6 +215,17 @@ def run_pieces(
             keep(index, result, charged_by_piece[index])
         ctx.share_partial(tuple(results))  # the studio plays the finished pieces while the rest is made
     return PiecesMade(merge_results(results), None, total, total)
+
+
+def _kept_if_revoked(
+    run: JobRun, voices: list[Any], results: list[SynthesisResult], total: int
+) -> PiecesMade | None:
+    """Revoked while it waited after a restart: the pieces an earlier attempt made are its result."""
+    try:
+        run.check_key(voices)
+    except (KeyRevoked, KeyChanged) as exc:
+        return PiecesMade(merge_results(results), exc, sum(len(r.timings) for r in results), total)
+    return None
 
 
 def _stopped_early(

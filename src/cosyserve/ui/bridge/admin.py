@@ -99,6 +99,12 @@ class AdminPart:
         key = key_admin.revoke_key(self.service.keys, key_id, who=_who(principal), endpoint="ui")
         return key_admin.key_view(self.service.access.quota, key)
 
+    def rotate_key(self, principal: Principal, key_id: int | str) -> tuple[dict[str, Any], str]:
+        """The same as POST /admin/keys/{id}/rotate (admins only): the view and the new plaintext."""
+        self.require_admin(principal)
+        key, plaintext = key_admin.rotate_key(self.service.keys, key_id, who=_who(principal), endpoint="ui")
+        return key_admin.key_view(self.service.access.quota, key), plaintext
+
     def set_quota(self, principal: Principal, key_id: int | str, quota: float | None) -> dict[str, Any]:
         """A key's daily audio seconds (None: the server default), as PATCH /admin/keys/{id} (admins only)."""
         self.require_admin(principal)
