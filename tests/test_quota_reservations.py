@@ -149,6 +149,22 @@ def test_holds_of_dead_processes_and_expired_holds_stop_counting(tracker) -> Non
     assert os.getpid() != int(dead.stdout)
 
 
+def test_a_restarted_container_releases_what_its_dead_predecessor_held(tracker) -> None:
+    """A server that is PID 1 in its container (our image) came back after a crash with the same host and
+    pid as the dead one, took its reservations for its own and held the key's quota for an hour."""
+    key = key_with(10.0)
+    host, mine = this_process().rsplit("-", 1)
+    pid = mine.partition(".")[0]
+    assert mine != pid  # the start time is part of the name where /proc tells it
+    tracker.reserve(key, 3.0, holder=f"{host}-{pid}")  # a predecessor of this version (pid alone)
+    tracker.reserve(key, 2.0, holder=f"{host}-{pid}.1")  # a predecessor that started at another time
+    parent = os.getppid()  # running, but not the process that started at tick 1 with that pid
+    tracker.reserve(key, 1.5, holder=f"{host}-{parent}.1")
+    held = tracker.reserve(key, 1.0)  # this process's own
+    assert tracker.release_dead() == 3 and tracker.reserved(key) == 1.0
+    tracker.release(held)
+
+
 def test_reservations_count_against_their_own_day(tracker) -> None:
     key, clock = key_with(10.0), tracker._clock
     tracker.reserve(key, 9.0, ttl_s=7 * 86400)

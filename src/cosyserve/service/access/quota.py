@@ -28,7 +28,6 @@ how much admitted requests outran their estimates (for one request at a time: it
 from __future__ import annotations
 
 import math
-import os
 import socket
 import time
 import uuid
@@ -39,6 +38,7 @@ import sqlalchemy as sa
 from sqlalchemy.exc import IntegrityError, OperationalError
 
 from cosyserve.errors import InputError, StorageError, is_resource_exhausted
+from cosyserve.service.access.holders import holder_alive, this_process
 from cosyserve.service.access.quota_days import exceeded, resets_at, utc_day
 from cosyserve.service.stores.db import create_tables, table
 from cosyserve.service.stores.keys import ApiKey
@@ -71,11 +71,6 @@ def reservations_table(metadata: sa.MetaData) -> sa.Table:
         sa.Column("expires_at", sa.Float, nullable=False),
         sa.Index("ix_quota_reservations_key_day", "key_id", "day"),
     )
-
-
-def this_process() -> str:
-    """The holder name of this process's request reservations: `host-pid`."""
-    return f"{socket.gethostname()}-{os.getpid()}"
 
 
 @dataclass(frozen=True)
@@ -284,7 +279,7 @@ class QuotaTracker:
                 .where(self.reservations.c.holder.like(f"{host}-%"))
                 .distinct()
             ).scalars()
-            dead = [h for h in holders if not _alive(h[len(host) + 1 :])]
+            dead = [h for h in holders if not holder_alive(h[len(host) + 1 :])]
             if dead:
                 gone += conn.execute(
                     self.reservations.delete().where(self.reservations.c.holder.in_(dead))
@@ -356,22 +351,6 @@ class QuotaTracker:
 def _check_seconds(seconds: float) -> None:
     if seconds < 0:
         raise InputError(f"audio seconds to add must be >= 0, got {seconds}")
-
-
-def _alive(pid_text: str) -> bool:
-    try:
-        pid = int(pid_text)
-    except ValueError:
-        return True  # not a holder this code wrote: leave it to its expiry
-    if pid == os.getpid():
-        return True
-    try:
-        os.kill(pid, 0)
-    except ProcessLookupError:
-        return False
-    except PermissionError:  # another user's process: it runs
-        return True
-    return True
 
 
 def _key_id(key: ApiKey | int) -> int:
