@@ -246,6 +246,38 @@ def test_a_long_text_past_the_retry_limit_gives_back_its_charge(tmp_path) -> Non
         after.backend.stop()
 
 
+def test_a_job_that_cannot_run_again_after_a_restart_gives_back_what_it_held(tmp_path, start_api_server):
+    """Restarted with settings its text no longer fits (here a lower --max-text-chars), a long text failed
+    `invalid_input` but kept its reservation (a third of the key's day, with nothing running), its pieces'
+    charge and its pieces' folder."""
+    before = services_without_a_model(tmp_path)()
+    key, _ = before.keys.create("erin", role="user", quota=600.0)
+    text = "今天天气很好。" * 400  # 2800 characters: more than a job takes at --max-text-chars 40
+    job = before.jobs.create({"text": text, "voice": "v"}, owner=f"key:{key.id}", reserved_s=200)
+    assert before.reservations.hold_job(job.id, key, 200.0)
+    before.jobs.claim(job.id, "node", 0)
+    before.jobs.charge(job.id, 12.5)
+    before.access.quota.add(key, 12.5)  # its first pieces, charged as they were made
+    pieces = before.outputs.root / ".job-pieces" / job.id
+    pieces.mkdir(parents=True)
+    (pieces / "0.json").write_text("{}")
+    before.db.dispose()
+
+    after = start_api_server(data_dir=tmp_path, max_text_chars=40)  # the start after the crash
+    try:
+        deadline = time.monotonic() + 60
+        while (ended := after.service.jobs.get(job.id)).state != "failed":
+            assert time.monotonic() < deadline, ended
+            time.sleep(0.05)
+        assert ended.error_code == "invalid_input", ended
+        quota = after.service.access.quota
+        wait_for(lambda: quota.reserved(key) == 0.0)
+        assert quota.used(key) == pytest.approx(0.0) and after.service.jobs.get(job.id).charged_s == 0.0
+        assert not pieces.exists()
+    finally:
+        after.stop()
+
+
 def test_a_batch_that_progresses_in_every_attempt_does_not_use_up_its_retries(tmp_path) -> None:
     """Three kill -9s, each after some items were done, failed a 300-item batch that was going fine."""
     start = services_without_a_model(tmp_path, job_max_attempts=1)

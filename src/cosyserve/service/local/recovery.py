@@ -102,5 +102,8 @@ class JobFeeder:
             except CosyServeError as exc:  # its parameters no longer make a job (a voice was deleted, ...)
                 with contextlib.suppress(JobStateError):
                     jobs.finish_with_exception(record.id, exc)
+                ended = jobs.get(record.id)
+                if ended is not None and ended.is_terminal:  # what it held goes: items, charge, reservation
+                    self.runner.ended_interrupted(ended)
                 log.warning("queued job %s could not run again: %s", record.id, exc)
             self.pending.popleft()
