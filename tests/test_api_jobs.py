@@ -85,6 +85,37 @@ def test_cancel_queued_and_running_jobs(client) -> None:
     assert client.get(f"/v1/jobs/{running['id']}/result").status_code == 409
 
 
+def test_a_cancel_as_a_job_finishes_keeps_its_result(server, client, monkeypatch) -> None:
+    """The attempt leaves the scheduler a moment before its end is written: a cancel in that moment ended
+    the record `cancelled` and the result was deleted (a dub's key stayed charged its whole track). The
+    cancel waits for the write and answers that the job already ended."""
+    import threading
+
+    from cosyserve.service.local.job_state import JobStateRecorder
+
+    writing, go = threading.Event(), threading.Event()
+    done = JobStateRecorder._done
+
+    def slow_done(self, result):
+        writing.set()
+        go.wait(30)
+        return done(self, result)
+
+    monkeypatch.setattr(JobStateRecorder, "_done", slow_done)
+    job = client.post("/v1/jobs", json={"text": API_TEXT, "voice": "alice"}).json()
+    assert writing.wait(60)
+    answers = []
+    cancel = threading.Thread(target=lambda: answers.append(client.delete(f"/v1/jobs/{job['id']}")))
+    cancel.start()
+    time.sleep(0.3)  # the cancel waits for the end being written
+    go.set()
+    cancel.join(30)
+    final = wait_job(client, job["id"])
+    assert final["state"] == "done" and final["output_id"], final
+    assert answers[0].status_code == 409 and "already ended" in answers[0].json()["error"]["message"]
+    assert client.get(f"/v1/outputs/{final['output_id']}").status_code == 200
+
+
 def test_job_errors(client) -> None:
     assert client.get("/v1/jobs/nope").json()["error"]["code"] == "job_not_found"
     assert client.delete("/v1/jobs/nope").status_code == 404

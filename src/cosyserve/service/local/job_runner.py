@@ -13,6 +13,7 @@ from __future__ import annotations
 import dataclasses
 import logging
 import threading
+import time
 from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
@@ -48,6 +49,7 @@ from cosyserve.service.stores.outputs import OutputStore
 Body = Callable[[WorkContext, JobRun], JobResult]
 
 log = logging.getLogger(__name__)
+END_WRITE_WAIT_S = 10.0  # how long a cancel waits for a finishing attempt to record its end (one write)
 
 
 @dataclass(frozen=True)
@@ -158,6 +160,10 @@ class LocalJobs:
         """Cancel a queued or running job (JobStateError if it already ended)."""
         record = cancellable_job(self.jobs, job_id)
         if not self.scheduler.cancel(job_id, CLIENT_CANCEL):
+            if record.state == "running" and record.worker == self.node:
+                record = self._after_its_end_is_written(job_id)  # JobStateError once it ended
+                if self.scheduler.cancel(job_id, CLIENT_CANCEL):  # (back in the queue meanwhile)
+                    return self.jobs.get(job_id) or record
             # Not on this process's scheduler (waiting to be resubmitted): end the record itself.
             if record.kind != "tts":  # the items first: whoever sees the batch cancelled sees them ended
                 self.batches.cancel_rest(job_id, "cancelled", "cancelled by the client")
@@ -165,6 +171,18 @@ class LocalJobs:
             self.ended_unrun(job_id)
             return ended
         return self.jobs.get(job_id) or record
+
+    def _after_its_end_is_written(self, job_id: str) -> JobRecord:
+        """A job running here but no longer on the scheduler has just ended its attempt: its recorder is
+        writing how (done with its result, or back to the queue). Ending the record in that moment threw
+        the result away (a dub's track deleted, its key still charged): wait for the write, then the record
+        as `cancellable_job` gives it."""
+        deadline = time.monotonic() + END_WRITE_WAIT_S
+        while (now := self.jobs.get(job_id)) is not None and now.state == "running":
+            if time.monotonic() > deadline or self.scheduler.get(job_id) is not None:
+                break
+            time.sleep(0.02)
+        return cancellable_job(self.jobs, job_id)
 
     def ended_interrupted(self, record: JobRecord) -> None:
         """A job that failed at start, interrupted by restarts as often as the retry limit allows: a batch's
