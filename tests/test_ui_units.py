@@ -736,3 +736,32 @@ def test_the_batch_tick_resends_the_table_only_when_an_item_moved():
     counts.update(done=3, queued=0)
     last = actions.tick("en", "b1", moved[-1], None)
     assert len(reads) == 4 and last[-1] != moved[-1]
+
+
+def test_partial_uploads_of_hung_up_clients_are_removed(tmp_path):
+    """Gradio leaves the temporary file of an upload whose client hung up, tracked by nothing: they piled
+    up in its upload folder for ever. Old `tmp*` files directly in it go; finished uploads (in folders of
+    their own), young ones still arriving and other files stay."""
+    import os
+    import time
+
+    from cosyserve.ui.upload_leftovers import LEFTOVER_AGE_S, remove_partial_uploads
+
+    now = time.time()
+    (tmp_path / "3f2a").mkdir()
+    files = {
+        "tmpold": now - LEFTOVER_AGE_S - 60,
+        "tmpyoung": now - 60,
+        "3f2a/tmpdone.wav": now - LEFTOVER_AGE_S - 60,
+        "notes.txt": now - LEFTOVER_AGE_S - 60,
+    }
+    for name, when in files.items():
+        (tmp_path / name).write_bytes(b"x" * 10)
+        os.utime(tmp_path / name, (when, when))
+    assert remove_partial_uploads(tmp_path, now=now) == 1
+    assert sorted(str(p.relative_to(tmp_path)) for p in tmp_path.rglob("*") if p.is_file()) == [
+        "3f2a/tmpdone.wav",
+        "notes.txt",
+        "tmpyoung",
+    ]
+    assert remove_partial_uploads(tmp_path / "missing", now=now) == 0

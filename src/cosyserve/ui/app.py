@@ -17,11 +17,13 @@ Security by construction:
 from __future__ import annotations
 
 import html
+from pathlib import Path
 from typing import Any
 
 import gradio as gr
 from fastapi import FastAPI
 from fastapi.routing import APIRoute
+from gradio import utils as gradio_utils
 
 from cosyserve.ui import assets
 from cosyserve.ui.admin_tab import build_admin_tab
@@ -37,6 +39,7 @@ from cosyserve.ui.library_tab import build_library_tab, refresh_values
 from cosyserve.ui.login import LOGIN_PATH, LOGOUT_PATH, install_login_routes, ui_auth_dependency
 from cosyserve.ui.studio import UiContext, build_mode_panel
 from cosyserve.ui.studio_events import wire_panel
+from cosyserve.ui.upload_leftovers import start_sweeping
 
 STATUS_POLL_S = 3.0
 LANG_STORAGE_KEY = "cosyserve-lang"
@@ -275,4 +278,5 @@ def mount_ui(app: FastAPI, service: Service, path: str = "/") -> gr.Blocks:
     )
     cap_waiting_events(demo)
     app.add_middleware(UploadOwnerRecorder)
+    start_sweeping(Path(gradio_utils.get_upload_folder()))  # what hung-up uploads leave there
     return demo
