@@ -262,3 +262,23 @@ def test_no_address_in_a_users_words_becomes_a_link() -> None:
     for address in ("www.1password.com", "http://evil.example/x", "mail@evil.example", "WWW.x.org"):
         shown = as_written(f"see {address} now")
         assert "www." not in shown.lower() and "://" not in shown and "@" not in shown, shown
+
+
+def test_an_admin_giving_its_own_key_a_new_secret_is_shown_it(bridge):
+    """Signed in with the key it rotated, the admin's session ended with the old secret before the page
+    was redrawn: the new secret was shown to nobody and the page only said the login had expired."""
+    from types import SimpleNamespace
+
+    from cosyserve.ui.admin_keys import _KeyActions
+    from cosyserve.ui.bridge import SESSION_COOKIE
+
+    key, plaintext = bridge.service.keys.create("ops", role="admin")
+    token = bridge.key_login(plaintext)
+    request = SimpleNamespace(headers={}, cookies={SESSION_COOKIE: token})
+    *_, created, _, said, _ = _KeyActions(bridge).rotate("en", str(key.id), request)
+    new = created.split("```")[1].strip()
+    assert (
+        bridge.service.keys.authenticate(new).id == key.id
+        and bridge.service.keys.authenticate(plaintext) is None
+    )
+    assert "the key you signed in with" in said

@@ -13,7 +13,7 @@ import gradio as gr
 from cosyserve.errors import CosyServeError
 from cosyserve.ui import assets
 from cosyserve.ui.admin_status import enrolments_markdown, keys_markdown
-from cosyserve.ui.bridge import ROLES
+from cosyserve.ui.bridge import ROLES, AuthRequired
 from cosyserve.ui.generate import UiError, as_gr_error, error_message
 from cosyserve.ui.i18n import text
 from cosyserve.ui.messages import as_written
@@ -185,10 +185,14 @@ class _KeyActions:
     def rotate(self, lang: str, picked: Any, request: gr.Request) -> tuple[Any, ...]:
         try:
             view, plaintext = self.bridge.rotate_key(self.bridge.principal_of(request), _key_id(picked))
-            shown = _shown_once("key_rotated", lang, view, plaintext)
-            return (*self.listing(lang, request, shown), gr.update(visible=False))
         except Exception as exc:
             return (*refused(exc, lang, 4), gr.update(visible=False))
+        shown = _shown_once("key_rotated", lang, view, plaintext)
+        try:
+            return (*self.listing(lang, request, shown), gr.update(visible=False))
+        except AuthRequired:  # the admin's own key: its sign-in ended with the old secret; show the new one
+            said = text("key_rotated_own", lang)
+            return (gr.skip(), gr.skip(), shown, gr.skip(), said, gr.update(visible=False))
 
     def set_quota(self, lang: str, picked: Any, value: float | None, request: gr.Request) -> tuple[Any, ...]:
         try:

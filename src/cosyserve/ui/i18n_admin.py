@@ -54,6 +54,10 @@ ADMIN_STRINGS: dict[str, tuple[str, str]] = {
         "密钥 **{name}**（ID {id}）已换新。请立即复制，它只显示这一次：",
         "Key **{name}** (id {id}) has a new secret. Copy it now: it is shown only this once:",
     ),
+    "key_rotated_own": (
+        "这是你登录所用的密钥：请复制上面的新密钥，再用它重新登录。",
+        "This is the key you signed in with: copy the new key above, then sign in again with it.",
+    ),
     "key_set_quota": ("设置配额", "Set quota"),
     "key_quota_set": ("密钥 {name} 的每日配额：{quota}", "Daily quota of key {name}: {quota}"),
     "key_pick_first": ("请先选择一个密钥。", "Choose a key first."),
