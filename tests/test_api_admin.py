@@ -210,3 +210,12 @@ def test_repeated_engine_failures_make_ready_false_until_a_success(
         monkeypatch.undo()
         assert client.post("/v1/tts", json=voice_json).status_code == 200  # a success resets the count
         assert client.get("/ready").status_code == 200
+
+
+def test_with_authentication_off_no_request_creates_the_first_key(server) -> None:
+    """Auth off makes every local caller an admin: `POST /admin/keys` let any program on the host create
+    the first key, which switches authentication on and locks everyone else out."""
+    with server.client() as client:
+        refused = client.post("/admin/keys", json={"name": "grab", "role": "admin"})
+    assert refused.status_code == 403 and "cosyserve keys create" in refused.json()["error"]["message"]
+    assert server.service.keys.list() == []

@@ -11,7 +11,7 @@ from starlette.concurrency import run_in_threadpool
 from cosyserve.api.admin_schemas import KeyCreate, KeyUpdate, LoginBody
 from cosyserve.api.deps import CurrentPrincipal, get_service, require_admin
 from cosyserve.api.schemas import ERRORS
-from cosyserve.errors import InputError, error_code
+from cosyserve.errors import Forbidden, InputError, error_code
 from cosyserve.service.access import key_admin
 from cosyserve.service.access.sessions import AUTH_COOKIES, LEGACY_KEY_COOKIE, SESSION_COOKIE
 from cosyserve.service.activity import log_activity
@@ -74,6 +74,11 @@ def list_keys(request: Request, include_revoked: bool = True) -> dict[str, Any]:
     summary="Create a key (returned once, as `key`; only its hash is stored)",
 )
 def create_key(body: KeyCreate, request: Request, principal: CurrentPrincipal) -> dict[str, Any]:
+    if principal.kind == "anonymous":  # auth is off: any local program would switch it on for everyone
+        raise Forbidden(
+            "authentication is off on this server: create the first key on the server itself, "
+            "`cosyserve keys create NAME --role admin` (it turns authentication on)"
+        )
     service = get_service(request)
     key, plaintext = key_admin.create_key(
         service.keys,
