@@ -52,12 +52,12 @@ def request_id_for(incoming: str) -> str:
     return f"{incoming[:47]}.{new_request_id()}" if _SAFE_ID.fullmatch(incoming) else new_request_id()
 
 
-def final_status(status: list[int], ended: list[bool], cut_off: list[int]) -> int:
+def final_status(status: list[int], whole: bool, cut_off: list[int]) -> int:
     """What a request is counted and logged as: its status; 500 when none was sent; for an answer begun
-    and never finished, the error that cut it off or 499 (a stream left by its client was a 200)."""
+    and not `whole`, the error that cut it off or 499 (a stream left by its client was a 200)."""
     if not status:
         return 500
-    if not ended:
+    if not whole:
         return cut_off[0] if cut_off else CLIENT_CLOSED
     return status[0]
 
@@ -157,7 +157,9 @@ class ApiMiddleware:
                 await self._release(held)
             if self.body_budget is not None and self.body_budget.counts(received):
                 self.releaser.soon()  # the body's memory is garbage now: give it back to the system
-            self._record(scope, final_status(status, ended, cut_off), time.perf_counter() - started)
+            # (the web UI's event streams end when their page closes: not a request left midway)
+            whole = bool(ended) or scope.get("path", "").startswith(_QUIET_PREFIXES)
+            self._record(scope, final_status(status, whole, cut_off), time.perf_counter() - started)
             reset_request_id(token)
 
     def _record(self, scope: Scope, code: int, elapsed: float) -> None:
