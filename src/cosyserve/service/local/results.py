@@ -128,7 +128,7 @@ class Results:
         try:
             return self.outputs.save(wav, "wav", manifest, upload_now=self.upload_outputs), None
         except Exception as exc:
-            log_failure("storage_error", f"saving the output failed: {exc}", exc=exc)
+            log_failure("storage_error", f"saving the output in {self.outputs.root} failed: {exc}", exc=exc)
             if count:
                 self.metrics.count_error("storage_error")
             return None, str(exc) or type(exc).__name__

@@ -189,9 +189,8 @@ class OutputStore(Retention):
             sidecar_path.unlink(missing_ok=True)
             if isinstance(exc, OSError):  # disk full, read-only, permissions: the caller must know
                 self.health.note_failure(exc.strerror or str(exc))
-                raise StorageError(
-                    f"the output could not be saved in {self.root}: {exc.strerror or exc}"
-                ) from exc
+                # (said to the caller: no path, which its log line gives)
+                raise StorageError(f"the output could not be saved: {exc.strerror or exc}") from exc
             raise
         stored = StoredOutput(stem, audio_path, sidecar_path, f"{self.url_prefix}/{stem}", record)
         self._keep_under_cap(stored)
