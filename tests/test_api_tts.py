@@ -110,6 +110,10 @@ def test_stream_starts_before_synthesis_ends_and_is_stored(client) -> None:
     assert arrivals[0] < arrivals[-1]  # the header went out while the audio was still being made
     listed = client.get("/v1/outputs", params={"request_id": request_id}).json()["data"]
     assert len(listed) == 1 and listed[0]["seed"] == 1
+    # by the id the client sent too (it leads the request's own): found without the answer's headers
+    traced = client.post("/v1/tts", json={**body, "stream": False}, headers={"X-Request-Id": "my-trace-7"})
+    found = client.get("/v1/outputs", params={"request_id": "my-trace-7"}).json()["data"]
+    assert [o["id"] for o in found] == [traced.headers["x-cosyserve-output-id"]]
 
 
 def test_stream_mp3_and_errors_before_start_are_envelopes(client) -> None:

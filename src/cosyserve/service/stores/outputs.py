@@ -288,9 +288,11 @@ class OutputStore(Retention):
                 yield output
 
     def of_request(self, request_id: str, owner: str | None = None) -> StoredOutput | None:
-        """The output the request `request_id` made (`owner`'s), however many were made after it."""
+        """The output the request `request_id` made (`owner`'s), however many were made after it; by the
+        id a client sent too (it leads the request's id: `trace-1.3f9c…`), the newest of them."""
         for output in self.newest_first(owner, fetches=MAX_REQUEST_SEARCH):
-            if (output.manifest.get("parameters") or {}).get("request_id") == request_id:
+            made_by = str((output.manifest.get("parameters") or {}).get("request_id") or "")
+            if made_by == request_id or made_by.startswith(f"{request_id}."):
                 return output
         return None
 
