@@ -315,7 +315,8 @@ def test_links_to_outputs_deleted_by_an_earlier_version_are_cleared(engine: sa.E
         jobs.finish_done(job.id, output_id=output_id)
         made.append(job.id)
     exists = lambda output_id: output_id.endswith("1")  # noqa: E731
-    assert forget_missing(engine, lambda output_id: not exists(output_id), exists) == 1
+    # no tombstone tells it was deleted, but the folder holds the other one: it is the right folder
+    assert forget_missing(engine, lambda output_id: False, exists) == 1
     assert jobs.get(made[0]).output_id is None and jobs.get(made[1]).output_id == "output_20250101_120001"
     assert jobs.get(made[0]).result_extra.get("result_deleted") is True
 

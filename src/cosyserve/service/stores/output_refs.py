@@ -54,15 +54,19 @@ def forget_outputs(engine: Engine, output_ids: Sequence[str]) -> int:
 
 
 def forget_missing(engine: Engine, removed: Callable[[str], bool], exists: Callable[[str], bool]) -> int:
-    """Clear every job's and batch item's output id whose output `removed` says is gone for good (deleted
-    by a version before these links were cleared); returns how many rows changed. Outputs that are only
-    missing (`exists` false) stay linked, with a warning: one start on an empty or unmounted output
-    directory cut every job from its result for good. For a node whose outputs are all local."""
+    """Clear every job's and batch item's output id whose output is gone (deleted by a version before
+    these links were cleared, or by hand); returns how many rows changed. For a node whose outputs are
+    all local. Where the output directory holds fewer than half the outputs jobs name, it is not taken for
+    the one they were saved in (one start on an empty or unmounted folder cut every job from its result
+    for good): only outputs `removed` says are gone (deleted there, or past retention's age) are cleared,
+    the others stay linked, with a warning."""
     with engine.connect() as conn:
         named: set[str] = set()
         for column in (jobs_table.c.output_id, batch_items_table.c.output_id):
             named |= set(conn.execute(select(column).where(column.is_not(None))).scalars())
     missing = [output_id for output_id in sorted(named) if not exists(output_id)]
+    if 2 * len(missing) <= len(named):  # the folder they were saved in: what it lacks was deleted
+        return forget_outputs(engine, missing)
     gone = [output_id for output_id in missing if removed(output_id)]
     if len(missing) > len(gone):
         log.warning(
