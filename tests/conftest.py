@@ -40,6 +40,16 @@ def _one_torch_thread():
         torch.set_num_threads(1)
 
 
+@pytest.fixture(autouse=True)
+def _file_mask_as_it_was():
+    """Every test leaves the process's file-creation mask as it found it (`serve`, `worker`, `backup`,
+    `keys` and `voices` narrow it, as they should, for the process they run in)."""
+    mask = os.umask(0o022)
+    os.umask(mask)
+    yield
+    os.umask(mask)
+
+
 def require_installed(what: str, present: bool) -> None:
     """A test's outside tool or package: in CI its absence is a failure (scripts/test.sh installs it),
     elsewhere the test is skipped."""

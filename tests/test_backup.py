@@ -5,7 +5,6 @@ from __future__ import annotations
 import sqlite3
 import threading
 
-import pytest
 from tests.conftest import API_TEXT, enrol_voice
 
 from cosyserve.cli import main as cli_main
@@ -72,41 +71,6 @@ def test_backup_refuses_what_it_cannot_do(tmp_path, capsys) -> None:
     assert "pg_dump" in capsys.readouterr().err
 
 
-@pytest.fixture(autouse=True)
-def _quiet_umask():
-    """`backup` narrows the process's file-creation mask (as serve does): give the next test its own."""
-    import os
-
-    mask = os.umask(0o022)
-    os.umask(mask)
-    yield
-    os.umask(mask)
-
-
-def test_backup_copies_the_secrets_and_finished_outputs_only(tmp_path, capsys) -> None:
-    data = tmp_path / "data"
-    (data / "c2pa").mkdir(parents=True)
-    (data / "c2pa" / "key.pem").write_text("k")
-    (data / "signing_secret").write_text("s" * 44)
-    (data / "server.lock").write_text("pid 1")
-    with sqlite3.connect(data / "cosyserve.db") as db:
-        db.execute("CREATE TABLE t (x)")
-    outputs = data / "outputs"
-    outputs.mkdir()
-    for name in ("output_20261207_120000.wav", "output_20261207_120000.json", ".output_1.tmp", "server.lock"):
-        (outputs / name).write_text(name)
-    assert cli_main(["backup", str(tmp_path / "b"), "--outputs", "--data-dir", str(data)]) == 0
-    copied = sorted(str(p.relative_to(tmp_path / "b")) for p in (tmp_path / "b").rglob("*") if p.is_file())
-    assert copied == [
-        "c2pa/key.pem",
-        "cosyserve.db",
-        "outputs/output_20261207_120000.json",
-        "outputs/output_20261207_120000.wav",
-        "signing_secret",
-    ]
-    assert "outputs: 2 files" in capsys.readouterr().out
-
-
 def test_a_damaged_database_makes_the_server_unready(start_api_server, tmp_path) -> None:
     """A server started on a malformed database (a copy taken mid-write, a failing disk) said ready and
     answered what touched the damage with 500s: its start checks the database and says what to do."""
@@ -141,3 +105,12 @@ def test_a_damaged_database_makes_the_server_unready(start_api_server, tmp_path)
         assert "restore the last backup" in ready.json()["error"]["message"]
     finally:
         server.stop()
+
+
+def test_keys_and_voices_commands_make_private_files_too(tmp_path) -> None:
+    """Only serve and worker narrowed the mask: a first `keys create` made the data folder 0755 and
+    `voices add` wrote the recording 0644."""
+    data = tmp_path / "fresh"
+    assert cli_main(["keys", "create", "ops", "--role", "admin", "--quiet", "--data-dir", str(data)]) == 0
+    made = [data, *data.rglob("*")]
+    assert {str(p): oct(p.stat().st_mode & 0o777) for p in made if p.stat().st_mode & 0o077} == {}

@@ -146,6 +146,10 @@ def build_parser() -> argparse.ArgumentParser:
 def main(argv: Sequence[str] | None = None) -> int:
     args = build_parser().parse_args(argv)
     func: Callable[[argparse.Namespace], int] = args.func
+    if args.command in DATA_DIR_WRITERS:  # (serve, worker and backup see to it themselves)
+        from cosyserve.commands.private_files import keep_files_private
+
+        keep_files_private()
     try:
         status = int(func(args))
         sys.stdout.flush()  # a reader that went away is found here, not in the exit's own flush
@@ -188,6 +192,8 @@ def main(argv: Sequence[str] | None = None) -> int:
 
 # errors a full, read-only or failing disk gives without naming a file
 DISK_ERRORS = frozenset({errno.ENOSPC, errno.EDQUOT, errno.EROFS, errno.EIO})
+# commands that write the data directory: its recordings, keys and database are the user's alone
+DATA_DIR_WRITERS = frozenset({"voices", "keys"})
 
 
 def report_error(command: str, exc: BaseException) -> int:
