@@ -101,13 +101,22 @@ def test_a_cancel_as_a_job_finishes_keeps_its_result(server, client, monkeypatch
         go.wait(30)
         return done(self, result)
 
+    from cosyserve.service.local.job_runner import LocalJobs
+
+    waiting, wait_for_end = threading.Event(), LocalJobs._after_its_end_is_written
+
+    def waits(self, job_id):
+        waiting.set()
+        return wait_for_end(self, job_id)
+
     monkeypatch.setattr(JobStateRecorder, "_done", slow_done)
+    monkeypatch.setattr(LocalJobs, "_after_its_end_is_written", waits)
     job = client.post("/v1/jobs", json={"text": API_TEXT, "voice": "alice"}).json()
     assert writing.wait(60)
     answers = []
     cancel = threading.Thread(target=lambda: answers.append(client.delete(f"/v1/jobs/{job['id']}")))
     cancel.start()
-    time.sleep(0.3)  # the cancel waits for the end being written
+    assert waiting.wait(30)  # the cancel waits for the end being written
     go.set()
     cancel.join(30)
     final = wait_job(client, job["id"])
