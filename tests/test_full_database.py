@@ -86,3 +86,22 @@ def test_a_jobs_end_is_recorded_once_the_database_takes_it(tmp_path: Path, monke
             break
         deadline.wait(0.01)
     assert jobs.get(job.id).state == "cancelled" and refusals == [0]
+
+
+def test_a_damaged_database_is_a_503_saying_so_without_the_drivers_text() -> None:
+    """A malformed database answered a bare 500 `internal` (and a full one's 503 quoted the driver's
+    text, its SQL included)."""
+    import json
+
+    from cosyserve.api.errors import error_response
+
+    malformed = sqlite3.DatabaseError("database disk image is malformed")
+    malformed.sqlite_errorname = "SQLITE_CORRUPT"  # type: ignore[attr-defined]
+    damaged = sa.exc.DatabaseError("SELECT secret FROM jobs", {}, malformed)
+    for exc, says in ((damaged, "database is damaged"), (disk_full(), "storage is full")):
+        response = error_response(exc)
+        error = json.loads(response.body)["error"]
+        assert response.status_code == 503 and error["code"] == "storage_error", error
+        assert (
+            says in error["message"] and "SELECT" not in error["message"] and "UPDATE" not in error["message"]
+        )

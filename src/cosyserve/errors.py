@@ -374,7 +374,7 @@ def error_kind(exc: BaseException) -> ErrorKind:
         )
     if is_out_of_memory(exc):
         return _OUT_OF_MEMORY
-    if is_resource_exhausted(exc):
+    if is_resource_exhausted(exc) or is_database_damaged(exc):
         return _STORAGE
     return _INTERNAL
 
@@ -394,6 +394,17 @@ def is_resource_exhausted(exc: BaseException | None) -> bool:
             return True
         name = getattr(exc, "sqlite_errorname", None) or ""
         if name.startswith(_EXHAUSTED_SQLITE) or type(exc).__name__ == "DiskFull":  # (psycopg's)
+            return True
+        exc = getattr(exc, "orig", None) or exc.__cause__ or exc.__context__
+    return False
+
+
+def is_database_damaged(exc: BaseException | None) -> bool:
+    """A malformed SQLite database anywhere in `exc`'s chain (a copy taken mid-write, a failing disk)."""
+    seen = 0
+    while exc is not None and seen < 8:
+        seen += 1
+        if (getattr(exc, "sqlite_errorname", None) or "") in ("SQLITE_CORRUPT", "SQLITE_NOTADB"):
             return True
         exc = getattr(exc, "orig", None) or exc.__cause__ or exc.__context__
     return False

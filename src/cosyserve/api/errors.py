@@ -18,7 +18,7 @@ from fastapi.responses import JSONResponse, Response
 from starlette.exceptions import HTTPException as StarletteHTTPException
 from starlette.requests import ClientDisconnect
 
-from cosyserve.errors import OUT_OF_MEMORY_RETRY_AFTER_S, CosyServeError, error_kind
+from cosyserve.errors import OUT_OF_MEMORY_RETRY_AFTER_S, CosyServeError, error_kind, is_database_damaged
 from cosyserve.errors import PayloadTooLarge as PayloadTooLarge  # defined there, with the error table
 from cosyserve.errors import UnsupportedMediaType as UnsupportedMediaType
 from cosyserve.service.logs import get_request_id, log_failure
@@ -139,6 +139,14 @@ def classify(exc: BaseException) -> tuple[int, str]:
     return kind.status, kind.code
 
 
+def storage_message(exc: BaseException) -> str:
+    """What a caller is told of a full or failing disk or database, without the driver's text."""
+    where = f"the server log has the details under request id {get_request_id()}"
+    if is_database_damaged(exc):
+        return f"the server's database is damaged: an administrator must restore it from a backup ({where})"
+    return f"the server's storage is full or out of file handles: retry later ({where})"
+
+
 def error_response(exc: BaseException, metrics: Any = None) -> JSONResponse:
     """The envelope for any exception, logged and counted unless the scheduler already did."""
     status, code = classify(exc)
@@ -154,6 +162,8 @@ def error_response(exc: BaseException, metrics: Any = None) -> JSONResponse:
         headers["WWW-Authenticate"] = 'Bearer realm="cosyserve"'
     if status == 500:
         message = f"internal error: the server log has the details under request id {get_request_id()}"
+    elif code == "storage_error" and not isinstance(exc, CosyServeError):  # a driver's text names its SQL
+        message = storage_message(exc)
     else:
         message = str(exc) or code.replace("_", " ")
     reason = str(exc) or type(exc).__name__
