@@ -114,3 +114,35 @@ def test_keys_and_voices_commands_make_private_files_too(tmp_path) -> None:
     assert cli_main(["keys", "create", "ops", "--role", "admin", "--quiet", "--data-dir", str(data)]) == 0
     made = [data, *data.rglob("*")]
     assert {str(p): oct(p.stat().st_mode & 0o777) for p in made if p.stat().st_mode & 0o077} == {}
+
+
+def test_backup_copies_the_secrets_finished_outputs_and_kept_pieces_only(tmp_path, capsys) -> None:
+    data = tmp_path / "data"
+    (data / "c2pa").mkdir(parents=True)
+    (data / "c2pa" / "key.pem").write_text("k")
+    (data / "signing_secret").write_text("s" * 44)
+    (data / "server.lock").write_text("pid 1")
+    with sqlite3.connect(data / "cosyserve.db") as db:
+        db.execute("CREATE TABLE t (x)")
+    outputs = data / "outputs"
+    outputs.mkdir()
+    for name in ("output_20261207_120000.wav", "output_20261207_120000.json", ".output_1.tmp", "server.lock"):
+        (outputs / name).write_text(name)
+    (outputs / ".job-pieces" / "job1").mkdir(parents=True)  # a running long text's finished pieces
+    (outputs / ".job-pieces" / "job1" / "0.npy").write_text("0")
+    assert cli_main(["backup", str(tmp_path / "b"), "--outputs", "--data-dir", str(data)]) == 0
+    copied = sorted(str(p.relative_to(tmp_path / "b")) for p in (tmp_path / "b").rglob("*") if p.is_file())
+    assert copied == [
+        "c2pa/key.pem",
+        "cosyserve.db",
+        "outputs/.job-pieces/job1/0.npy",  # (a restored running job goes on from them)
+        "outputs/output_20261207_120000.json",
+        "outputs/output_20261207_120000.wav",
+        "signing_secret",
+    ]
+    assert "outputs: 2 files" in capsys.readouterr().out
+    (tmp_path / "bare").mkdir()
+    (tmp_path / "bare" / "cosyserve.db").write_bytes(b"")
+    argv = ["backup", str(tmp_path / "d"), "--outputs", "--data-dir", str(tmp_path / "bare")]
+    assert cli_main(argv) != 0 and "no output folder" in capsys.readouterr().err
+    assert not (tmp_path / "d").exists()  # refused before anything was written: a retry may use it

@@ -16,6 +16,7 @@ writes the files again), the lock file, temporary files. A PostgreSQL database i
 from __future__ import annotations
 
 import argparse
+import contextlib
 import shutil
 import sqlite3
 import sys
@@ -24,6 +25,7 @@ from pathlib import Path
 from typing import Any
 
 from cosyserve.errors import InputError, StorageError
+from cosyserve.service.stores.job_pieces import FOLDER as PIECES_FOLDER
 
 DATABASE_FILE = "cosyserve.db"
 KEY_MATERIAL = ("signing_secret", "c2pa")  # beside the database in the data directory
@@ -64,6 +66,9 @@ def cmd_backup(args: argparse.Namespace) -> int:
             "the database is not a SQLite file: back it up with pg_dump (docs/deploy.md, Backups), and "
             "copy the data directory's signing_secret and c2pa/"
         )
+    outputs = Path(storage.output_dir)
+    if args.outputs and not outputs.is_dir():  # said before anything is written (a retry found DEST taken)
+        raise InputError(f"no output folder at {outputs}: check --output-dir")
     dest = _empty_folder(Path(args.dest))
     pages = backup_database(database, dest / DATABASE_FILE, progress=_say_progress("database pages"))
     print(f"database: {database} -> {dest / DATABASE_FILE} ({pages} pages, integrity checked)")
@@ -74,7 +79,7 @@ def cmd_backup(args: argparse.Namespace) -> int:
         elif source.is_file():
             shutil.copy2(source, dest / name)
     if args.outputs:
-        copied = copy_outputs(Path(storage.output_dir), dest / "outputs", progress=_say_progress("outputs"))
+        copied = copy_outputs(outputs, dest / "outputs", progress=_say_progress("outputs"))
         print(f"outputs: {copied} files -> {dest / 'outputs'}")
     print(f"backup written to {dest}")
     return 0
@@ -106,8 +111,9 @@ def backup_database(source: Path, target: Path, progress: Callable[[int, int], A
 
 
 def copy_outputs(source: Path, target: Path, progress: Callable[[int, int], Any] | None = None) -> int:
-    """Every finished output file of `source` (audio, sidecar, subtitles, tombstones) into `target`;
-    returns how many were copied. Temporary files of saves in progress are left out."""
+    """Every finished output file of `source` (audio, sidecar, subtitles, tombstones) into `target`, and
+    the pieces long texts kept (a restored running job goes on from them); returns how many output files
+    were copied. Temporary files of saves in progress are left out."""
     if not source.is_dir():
         raise InputError(f"no output folder at {source}: check --output-dir")
     names = sorted(p.name for p in source.iterdir() if p.is_file() and _is_output_file(p.name))
@@ -121,6 +127,10 @@ def copy_outputs(source: Path, target: Path, progress: Callable[[int, int], Any]
         copied += 1
         if progress is not None and copied % PROGRESS_EVERY == 0:
             progress(copied, len(names))
+    pieces = source / PIECES_FOLDER
+    if pieces.is_dir():
+        with contextlib.suppress(shutil.Error):  # a job ended while its pieces were copied: they went with it
+            shutil.copytree(pieces, target / PIECES_FOLDER, dirs_exist_ok=True)
     return copied
 
 
