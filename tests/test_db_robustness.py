@@ -159,6 +159,8 @@ def test_key_names_with_nul_are_refused(engine: sa.Engine) -> None:
         keys.create("bad\x00name")
     with pytest.raises(InputError, match="surrogate"):
         keys.create("bad\udc80name")
+    with pytest.raises(InputError, match="line breaks"):  # it broke `keys list`'s table
+        keys.create("bad\nname")
     assert keys.list() == []
     assert keys.authenticate("cs_" + "\x00" * 43) is None
 

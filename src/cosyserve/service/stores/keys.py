@@ -142,8 +142,11 @@ class KeyStore:
         name = (name or "").strip()
         if not 1 <= len(name) <= NAME_MAX_CHARS:
             raise InputError(f"a key name must be 1 to {NAME_MAX_CHARS} characters, got {len(name)}")
-        if re.search("[\x00\ud800-\udfff]", name):  # PostgreSQL refuses NUL; surrogates aren't UTF-8
-            raise InputError("a key name must not contain NUL characters or lone surrogates; remove them")
+        if re.search("[\x00-\x1f\x7f\ud800-\udfff]", name):  # PostgreSQL refuses NUL; surrogates aren't UTF-8
+            raise InputError(
+                "a key name must not contain control characters (line breaks, tabs, NUL) or lone "
+                "surrogates; remove them"
+            )
         if role not in ROLES:
             raise InputError(f"role {role!r} is unknown; use one of {', '.join(ROLES)}")
         rate_limit, quota = checked_rate_limit(rate_limit), checked_quota(quota)
