@@ -107,8 +107,10 @@ def test_serve_answers_then_stops_cleanly_on_sigterm(
         deadline = time.monotonic() + 120
         while True:
             assert process.poll() is None, process.stdout.read()
-            try:
-                if httpx.get(f"{base}/ready", timeout=2).status_code == 200:
+            log = tmp_path / "logs" / "cosyserve.log"
+            ours = log.exists() and "Uvicorn running on" in log.read_text()  # (not another test's server
+            try:  # that took the port free_port saw free: it answered /ready and needed a key)
+                if ours and httpx.get(f"{base}/ready", timeout=2).status_code == 200:
                     break
             except httpx.TransportError:
                 pass
