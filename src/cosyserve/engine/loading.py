@@ -23,6 +23,7 @@ from cosyserve.engine.device import Placement
 from cosyserve.engine.lm_layout import pack_speech_lm
 from cosyserve.engine.native_activation import use_compiled_gelu
 from cosyserve.engine.native_attention import use_native_attention
+from cosyserve.engine.packed_dit import pack_dit_products
 from cosyserve.model.checkpoint import load_into, read_state_dict
 from cosyserve.model.flow import CausalFlow
 from cosyserve.model.hift import HiFTVocoder
@@ -94,15 +95,19 @@ def place_speech_lm(model: SpeechLM, placement: Placement, *, pack: bool = True)
     return model
 
 
-def place_flow(flow: CausalFlow, placement: Placement) -> CausalFlow:
+def place_flow(flow: CausalFlow, placement: Placement, *, pack: bool = False) -> CausalFlow:
     """The flow on the placement's device: float32, its DiT's products in the reduced dtype if any.
     On the CPU in float32 the DiT's feed-forward GELU runs compiled where it can (`native_activation`,
-    the same values to a few ulp)."""
+    the same values to a few ulp), and with `pack` (the exact preset: a preset converts the linears
+    itself) its products on oneDNN-packed weights where this machine runs them faster (`packed_dit`)."""
     flow = flow.to(device=placement.device)
     if placement.autocast_enabled:
         cast_dit_products(flow, placement.dtype)
-    elif placement.device.type == "cpu" and use_compiled_gelu(flow.decoder.estimator):
+        return flow
+    if placement.device.type == "cpu" and use_compiled_gelu(flow.decoder.estimator):
         log.info("DiT feed-forward GELU: compiled (native_activation)")
+    if placement.device.type == "cpu" and pack and (packed := pack_dit_products(flow.decoder.estimator)):
+        log.info("DiT products: %d linears on oneDNN-packed weights", packed)
     return flow
 
 
@@ -114,11 +119,11 @@ def place_hift(hift: HiFTVocoder, placement: Placement) -> HiFTVocoder:
 def place_networks(
     llm: SpeechLM, flow: CausalFlow, hift: HiFTVocoder, placement: Placement, *, pack_lm: bool = True
 ) -> tuple[SpeechLM, CausalFlow, HiFTVocoder]:
-    """All three networks placed as the engine runs them (see the module docstring); `pack_lm`: see
-    `place_speech_lm`."""
+    """All three networks placed as the engine runs them (see the module docstring); `pack_lm` (the
+    exact preset): see `place_speech_lm`, and the DiT's products in `place_flow`."""
     return (
         place_speech_lm(llm, placement, pack=pack_lm),
-        place_flow(flow, placement),
+        place_flow(flow, placement, pack=pack_lm),
         place_hift(hift, placement),
     )
 
