@@ -25,7 +25,7 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
 
-from cosyserve.engine.linear_kernels import onednn_available
+from cosyserve.engine.linear_kernels import onednn_available, release_file_pages
 
 __all__ = ["MIN_GAIN", "PackedLinear", "pack_dit_products", "packed_products_chosen"]
 
@@ -78,6 +78,10 @@ def pack_dit_products(dit: nn.Module) -> int:
         if packed is not None:  # (one that fails its check stays MKL's)
             parent_name, _, child = name.rpartition(".")
             setattr(dit.get_submodule(parent_name), child, PackedLinear(linear, packed))
+            # The copy replaces its source: a memory-mapped checkpoint's pages go back to the kernel
+            # (the mapping outlives one tensor), anonymous memory is freed now, layer by layer.
+            release_file_pages(linear.weight)
+            linear.weight = None  # type: ignore[assignment]
             replaced += 1
     return replaced
 
