@@ -13,7 +13,6 @@ from __future__ import annotations
 import base64
 import dataclasses
 import json
-import re
 from collections.abc import Callable
 from typing import Any
 
@@ -34,7 +33,7 @@ from cosyserve.errors import NoWorkers as NoWorkers
 from cosyserve.errors import QueueUnavailable as QueueUnavailable
 from cosyserve.errors import RemoteFailure as RemoteFailure  # defined there, with the error table
 from cosyserve.errors import WorkerLost as WorkerLost
-from cosyserve.service.access.key_watch import KeyChanged, KeyRevoked
+from cosyserve.service.access.key_watch import KeyChanged, KeyRevoked, key_id_of
 from cosyserve.service.outcomes import StreamStart, TtsOutcome
 from cosyserve.service.quality import TakeReport
 from cosyserve.service.requests import EnrolmentRequest, OutputSpec, SynthesisRequest, VoiceDefaults
@@ -237,11 +236,11 @@ def encode_job_spec(spec: OutputSpec) -> dict[str, Any]:
 def job_key_id(spec: dict[str, Any] | None, owner: str | None) -> int | None:
     """The id of the key a job is charged to, from its record's spec and owner."""
     key_id = (spec or {}).get("key_id")
-    if key_id is None and owner and re.fullmatch(r"key:\d+", owner):
+    if key_id is None:
         # a job recorded before specs were (2026-12-01) names its key only as its owner: without this it
         # ran keyless after an upgrade, uncharged, with every voice, even for a revoked key
-        key_id = int(owner.removeprefix("key:"))
-    return None if key_id is None else int(key_id)
+        return key_id_of(owner)
+    return int(key_id)
 
 
 def decode_job_spec(
